@@ -1,0 +1,88 @@
+"""The fates a message can meet, the exceptions task code raises to choose one, and fate events."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: The message was handled (acked).
+DONE = "done"
+#: A copy went to the tail of the same queue.
+REQUEUED = "requeued"
+#: The message waits in the parking store until its due time.
+PARKED = "parked"
+#: The drain republished a due parked message to its queue.
+DRAINED = "drained"
+#: The message went to the graveyard with an obituary.
+BURIED = "buried"
+#: An obituary's message was put back on its queue.
+REPLAYED = "replayed"
+#: An obituary was deleted from the graveyard.
+PURGED = "purged"
+#: A message that had failed before succeeded.
+RECOVERED = "recovered"
+#: An obituary past the graveyard's retention left the graveyard; the history keeps it whole.
+ARCHIVED = "archived"
+
+#: Every fate change celery_dlx records in the failure history.
+FATE_CHANGES = (REQUEUED, PARKED, DRAINED, BURIED, REPLAYED, PURGED, RECOVERED, ARCHIVED)
+
+
+class FateRequest(Exception):
+    """Base of the exceptions task code raises to choose a fate explicitly."""
+
+
+class Requeue(FateRequest):
+    """Put the message at the tail of its queue (uses the requeue budget, then escalates)."""
+
+
+class Park(FateRequest):
+    """Retry the message later (uses the park budget, then buries).
+
+    Args:
+        countdown: seconds until the retry; None uses the task's backoff schedule.
+    """
+
+    def __init__(self, countdown: float | None = None, message: str = "") -> None:
+        if countdown is not None and countdown < 0:
+            raise ValueError(f"Park(countdown=...) must be >= 0, got {countdown}")
+        super().__init__(message or (f"park for {countdown}s" if countdown is not None else "park"))
+        self.countdown = countdown
+
+
+class Bury(FateRequest):
+    """Send the message to the graveyard now, with ``reason`` as its cause."""
+
+    def __init__(self, reason: str = "buried by task") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def now_ms() -> int:
+    """Wall-clock time in epoch milliseconds (Redis scores and history use it)."""
+    return int(time.time() * 1000)
+
+
+@dataclass
+class FateEvent:
+    """One fate change of one message, as logged, counted, recorded and sent to integrations."""
+
+    fate: str
+    queue: str
+    message_id: str
+    attempt: int
+    task: str | None = None
+    cause: str = ""
+    exc_type: str = ""
+    exc_message: str = ""
+    reason: str = ""
+    delay: float | None = None
+    importance: str = "notify"
+    traceback: str = ""
+    first_failure_ms: int | None = None
+    at_ms: int = field(default_factory=now_ms)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

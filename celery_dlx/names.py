@@ -1,0 +1,98 @@
+"""Header names, Redis key layout and default broker names, gathered in one place."""
+
+from __future__ import annotations
+
+#: Header carrying the number of failed runs before this delivery (0 on the first delivery).
+ATTEMPT_HEADER = "x-dlx-attempt"
+#: Header carrying how many requeues this message has used.
+REQUEUES_HEADER = "x-dlx-requeues"
+#: Header carrying how many parks this message has used.
+PARKS_HEADER = "x-dlx-parks"
+#: Header carrying the attempt history: a JSON list of ``[ms, fate, cause]`` (capped).
+HISTORY_HEADER = "x-dlx-history"
+#: Header naming the queue the message failed in (the queue a retry returns to).
+QUEUE_HEADER = "x-dlx-queue"
+#: Header with the fingerprint of the last failure's cause.
+CAUSE_HEADER = "x-dlx-cause"
+#: Header with the last failure's exception type (``module.QualName``).
+EXC_TYPE_HEADER = "x-dlx-exc-type"
+#: Header with the last failure's exception message (truncated).
+EXC_MESSAGE_HEADER = "x-dlx-exc-message"
+#: Header with the reason a message was buried by publishing rather than by reject.
+REASON_HEADER = "x-dlx-reason"
+#: Header set on messages republished from the graveyard.
+REPLAYED_HEADER = "x-dlx-replayed"
+#: Header with the first failure's time, in epoch milliseconds.
+FIRST_FAILURE_HEADER = "x-dlx-first-failure-ms"
+
+#: Every header celery_dlx owns.
+OWN_HEADERS = frozenset(
+    {
+        ATTEMPT_HEADER,
+        REQUEUES_HEADER,
+        PARKS_HEADER,
+        HISTORY_HEADER,
+        QUEUE_HEADER,
+        CAUSE_HEADER,
+        EXC_TYPE_HEADER,
+        EXC_MESSAGE_HEADER,
+        REASON_HEADER,
+        REPLAYED_HEADER,
+        FIRST_FAILURE_HEADER,
+    }
+)
+
+#: Broker-owned header prefixes stripped from every message celery_dlx republishes.
+BROKER_HEADER_PREFIXES = ("x-death", "x-first-death-", "x-last-death-")
+#: Broker-owned headers stripped on republish (quorum queues count deliveries in this one).
+BROKER_HEADERS = frozenset({"x-delivery-count"})
+
+#: How many entries of attempt history a message carries.
+HISTORY_LIMIT = 20
+#: Longest exception message carried in a header.
+EXC_MESSAGE_LIMIT = 500
+
+#: Default name of the dead-letter exchange every DLX queue routes to.
+DEFAULT_DLX_EXCHANGE = "celery_dlx"
+#: Default name of the queue the DLX service consumes.
+DEFAULT_SERVICE_QUEUE = "celery_dlx.dead"
+#: Default Redis key prefix; always wrapped in ``{}`` so every key shares one Redis Cluster slot.
+DEFAULT_KEY_PREFIX = "dlx"
+
+
+class Keys:
+    """Redis key names for one prefix.
+
+    Every key starts with ``{prefix}`` (a hash tag), so Lua scripts touching several keys work on
+    Redis Cluster.
+    """
+
+    def __init__(self, prefix: str = DEFAULT_KEY_PREFIX) -> None:
+        if not prefix or any(c in prefix for c in "{} "):
+            raise ValueError(f"dlx_key_prefix must be non-empty without braces or spaces: {prefix!r}")
+        self.prefix = prefix
+        base = "{" + prefix + "}"
+        #: Sorted set: parked entry id -> due time (ms); a claimed entry is re-scored to its lease end.
+        self.parked_due = f"{base}:parked:due"
+        #: Hash: parked entry id -> JSON metadata (queue, headers, properties, due, attempt...).
+        self.parked_meta = f"{base}:parked:meta"
+        #: Hash: parked entry id -> raw body bytes.
+        self.parked_body = f"{base}:parked:body"
+        #: Stream: the failure history, one entry per fate change.
+        self.history = f"{base}:history"
+        #: Hash per message: the cause of a burial known only to the worker (read by the service).
+        self.cause_prefix = f"{base}:cause:"
+        #: Graveyard keys (obituaries and their indexes).
+        self.graveyard_prefix = f"{base}:graveyard:"
+        #: Counters per queue, fate and minute.
+        self.counter_prefix = f"{base}:count:"
+        #: Set of message identities already handled by the DLX service (dedup of redeliveries).
+        self.seen_prefix = f"{base}:seen:"
+        #: Replay ledger.
+        self.replay_ledger = f"{base}:replay:ledger"
+
+    def cause(self, message_id: str) -> str:
+        return f"{self.cause_prefix}{message_id}"
+
+    def graveyard(self, suffix: str) -> str:
+        return f"{self.graveyard_prefix}{suffix}"

@@ -1,0 +1,138 @@
+"""Per-app runtime: validated settings, the Redis client, store, history and fate recording.
+
+One :class:`Runtime` hangs off each Celery app (``get_runtime(app)``); nothing is a module-level
+singleton. Clients and broker connections are made lazily per process, so prefork children never
+share a socket with their parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .config import DLXConfig, load_config
+from .fates import BURIED, FateEvent
+from .history import History
+from .names import Keys
+from .publish import ConfirmingPublisher
+from .store import ParkingStore, redis_client
+
+logger = logging.getLogger("celery_dlx")
+
+#: A fate listener: called once per fate change; its failures are logged, never raised.
+Listener = Callable[[FateEvent], None]
+
+#: Seconds a per-minute counter is kept.
+COUNTER_TTL = 8 * 86400
+
+
+class Runtime:
+    """celery_dlx's state for one Celery app."""
+
+    def __init__(self, app: Any, config: DLXConfig) -> None:
+        self.app = app
+        self.config = config
+        self.keys = Keys(config.key_prefix)
+        self.listeners: list[Listener] = []
+        self._pid: int | None = None
+        self._redis: Any = None
+        self._publisher: ConfirmingPublisher | None = None
+        self._connection: Any = None
+
+    def _check_fork(self) -> None:
+        pid = os.getpid()
+        if self._pid != pid:
+            self._pid = pid
+            self._redis = None
+            self._publisher = None
+            self._connection = None
+
+    @property
+    def redis(self) -> Any:
+        """This process's Redis client for ``dlx_redis_url``."""
+        self._check_fork()
+        if self._redis is None:
+            self._redis = redis_client(self.config.redis_url)
+        return self._redis
+
+    @property
+    def store(self) -> ParkingStore:
+        return ParkingStore(self.redis, self.keys)
+
+    @property
+    def history(self) -> History:
+        return History(self.redis, self.keys)
+
+    @property
+    def publisher(self) -> ConfirmingPublisher:
+        """This process's confirm-mode publisher on its own broker connection."""
+        self._check_fork()
+        if self._publisher is None:
+            self._connection = self.app.connection_for_write()
+            self._publisher = ConfirmingPublisher(self._connection)
+        return self._publisher
+
+    def reset_publisher(self) -> None:
+        """Drop the publisher (after a connection error) so the next use reconnects."""
+        if self._publisher is not None:
+            self._publisher.close()
+        if self._connection is not None:
+            try:
+                self._connection.release()
+            except Exception:  # a dead connection may fail to close
+                logger.debug("releasing publisher connection failed", exc_info=True)
+        self._publisher = None
+        self._connection = None
+
+    def record(self, event: FateEvent, *, history: bool = True) -> None:
+        """Log, count and append one fate change, then tell the listeners.
+
+        The history append is part of the fate (its failure propagates); counters and listeners
+        are best effort.
+        """
+        what = event.task or "-"
+        line = "%s %s[%s] attempt=%d queue=%s cause=%s%s%s"
+        args = (
+            event.fate,
+            what,
+            event.message_id,
+            event.attempt,
+            event.queue,
+            event.cause or "-",
+            f" delay={event.delay:.3f}s" if event.delay is not None else "",
+            f" reason={event.reason}" if event.reason else "",
+        )
+        if event.fate == BURIED:
+            logger.error(line + ("\n%s" if event.traceback else "%s"), *args, event.traceback or "")
+        else:
+            logger.info(line, *args)
+        if history:
+            self.history.append(event)
+        try:
+            self._count(event)
+        except Exception:  # counters must never decide a fate
+            logger.warning("celery_dlx counter update failed", exc_info=True)
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except Exception:
+                logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
+
+    def _count(self, event: FateEvent) -> None:
+        minute = event.at_ms // 60000
+        key = f"{self.keys.counter_prefix}{minute}"
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hincrby(key, f"{event.queue}|{event.fate}", 1)
+        pipe.expire(key, COUNTER_TTL)
+        pipe.execute()
+
+
+def get_runtime(app: Any) -> Runtime:
+    """The app's runtime, made on first use from its validated ``dlx_*`` settings."""
+    runtime = app.__dict__.get("_celery_dlx_runtime")
+    if runtime is None:
+        runtime = Runtime(app, load_config(app.conf, getattr(app, "namespace", None)))
+        app._celery_dlx_runtime = runtime
+    return runtime

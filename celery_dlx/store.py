@@ -1,0 +1,274 @@
+"""Redis parking store: delayed retries wait in a sorted set scored by due time.
+
+Layout (see :class:`celery_dlx.names.Keys`): ``parked:due`` (zset id -> due ms), ``parked:meta``
+(hash id -> JSON) and ``parked:body`` (hash id -> raw bytes). Claiming is atomic (Lua): due entries
+are re-scored to ``now + lease`` and returned, so a drain that dies after claiming leaves them to be
+claimed again when the lease runs out. An entry is deleted only after its publish is confirmed.
+Parking is idempotent per message id and attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from .fates import now_ms
+from .names import Keys
+
+logger = logging.getLogger(__name__)
+
+# Claim up to ARGV[3] entries due at ARGV[1] (ms): move their score to ARGV[2] (lease end) and
+# return [id, claimed-score, meta, body, ...]. Entries whose meta vanished are dropped from the zset.
+_CLAIM = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {}
+for _, id in ipairs(ids) do
+  local meta = redis.call('HGET', KEYS[2], id)
+  if meta then
+    redis.call('ZADD', KEYS[1], 'XX', ARGV[2], id)
+    table.insert(out, id)
+    table.insert(out, meta)
+    table.insert(out, redis.call('HGET', KEYS[3], id) or '')
+  else
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+return out
+"""
+
+# Park one entry unless it exists: ZADD NX + HSETNX, so a second park of the same id and attempt
+# changes nothing. Returns 1 if stored, 0 if it was already there.
+_PARK = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return 1
+"""
+
+# Delete entries only if still leased with the score this claim gave them (ARGV pairs id, score):
+# an entry re-claimed by another drain after our lease ran out is left to that drain.
+_ACK = """
+local n = 0
+for i = 1, #ARGV, 2 do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) == tonumber(ARGV[i + 1]) then
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    redis.call('HDEL', KEYS[3], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+@dataclass
+class ParkedMessage:
+    """A message waiting for its retry.
+
+    ``entry_id`` is ``"<message id>:<attempt>"``; ``queue`` is where the retry goes (through the
+    default exchange); ``due_ms`` is when.
+    """
+
+    message_id: str
+    attempt: int
+    queue: str
+    body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict)
+    due_ms: int = 0
+    parked_ms: int = field(default_factory=now_ms)
+    task: str | None = None
+    cause: str = ""
+    lease_score: int = 0
+
+    @property
+    def entry_id(self) -> str:
+        return f"{self.message_id}:{self.attempt}"
+
+    def meta_json(self) -> str:
+        return json.dumps(
+            {
+                "message_id": self.message_id,
+                "attempt": self.attempt,
+                "queue": self.queue,
+                "headers": _jsonable(self.headers),
+                "properties": _jsonable(self.properties),
+                "due_ms": self.due_ms,
+                "parked_ms": self.parked_ms,
+                "task": self.task,
+                "cause": self.cause,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_stored(cls, meta: bytes | str, body: bytes, lease_score: int = 0) -> ParkedMessage:
+        data = json.loads(meta)
+        return cls(
+            message_id=data["message_id"],
+            attempt=int(data["attempt"]),
+            queue=data["queue"],
+            body=body,
+            headers=_from_jsonable(data.get("headers") or {}),
+            properties=_from_jsonable(data.get("properties") or {}),
+            due_ms=int(data["due_ms"]),
+            parked_ms=int(data.get("parked_ms") or 0),
+            task=data.get("task"),
+            cause=data.get("cause") or "",
+            lease_score=lease_score,
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    """Header values as JSON: bytes and datetimes tagged so they come back as they were."""
+    from datetime import datetime
+
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return {"__bytes__": value.hex()}
+    if isinstance(value, datetime):
+        return {"__datetime__": value.isoformat()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return {"__repr__": repr(value)}
+
+
+def _from_jsonable(value: Any) -> Any:
+    from datetime import datetime
+
+    if isinstance(value, dict):
+        if set(value) == {"__bytes__"}:
+            return bytes.fromhex(value["__bytes__"])
+        if set(value) == {"__datetime__"}:
+            return datetime.fromisoformat(value["__datetime__"])
+        if set(value) == {"__repr__"}:
+            return value["__repr__"]
+        return {k: _from_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_jsonable(v) for v in value]
+    return value
+
+
+class ParkingStore:
+    """Parked retries in Redis.
+
+    Args:
+        client: a ``redis.Redis`` (or ``RedisCluster``) client; bytes responses.
+        keys: the key layout (prefix).
+    """
+
+    def __init__(self, client: Any, keys: Keys | None = None) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+        self._claim = client.register_script(_CLAIM)
+        self._park = client.register_script(_PARK)
+        self._ack = client.register_script(_ACK)
+
+    @property
+    def _kk(self) -> list[str]:
+        return [self.keys.parked_due, self.keys.parked_meta, self.keys.parked_body]
+
+    def park(self, message: ParkedMessage) -> bool:
+        """Store ``message`` until ``message.due_ms``. Returns False if that id+attempt is parked."""
+        return bool(self._park(keys=self._kk, args=[message.entry_id, message.due_ms, message.meta_json(), message.body]))
+
+    def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
+        """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims."""
+        now = now_ms() if now is None else now
+        lease_end = now + lease_ms
+        raw = self._claim(keys=self._kk, args=[now, lease_end, limit])
+        out = []
+        for i in range(0, len(raw), 3):
+            try:
+                out.append(ParkedMessage.from_stored(raw[i + 1], raw[i + 2], lease_score=lease_end))
+            except (ValueError, KeyError, TypeError):
+                # A corrupt entry is left leased, not deleted: it stays visible to `dlx parked`.
+                logger.error("parked entry %r has unreadable metadata; left in place", raw[i])
+        return out
+
+    def ack(self, messages: Iterable[ParkedMessage]) -> int:
+        """Delete claimed entries whose publish was confirmed. Returns how many were deleted."""
+        args: list[Any] = []
+        for m in messages:
+            args.extend((m.entry_id, m.lease_score))
+        if not args:
+            return 0
+        return int(self._ack(keys=self._kk, args=args))
+
+    def release(self, messages: Iterable[ParkedMessage], due_ms: int | None = None) -> None:
+        """Make claimed entries due again (at ``due_ms``, default now) after a failed publish."""
+        when = now_ms() if due_ms is None else due_ms
+        pipe = self.client.pipeline(transaction=False)
+        for m in messages:
+            pipe.zadd(self.keys.parked_due, {m.entry_id: when}, xx=True)
+        pipe.execute()
+
+    def count(self) -> int:
+        """How many retries are parked (claimed ones included)."""
+        return int(self.client.zcard(self.keys.parked_due))
+
+    def due_count(self, now: int | None = None) -> int:
+        return int(self.client.zcount(self.keys.parked_due, "-inf", now_ms() if now is None else now))
+
+    def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
+        """Parked retries by due time, without claiming them."""
+        ids = self.client.zrange(self.keys.parked_due, offset, offset + limit - 1, withscores=True)
+        if not ids:
+            return []
+        metas = self.client.hmget(self.keys.parked_meta, [i for i, _ in ids])
+        out = []
+        for (entry, score), meta in zip(ids, metas, strict=True):
+            if meta is None:
+                continue
+            msg = ParkedMessage.from_stored(meta, b"", lease_score=int(score))
+            out.append(msg)
+        return out
+
+    def remove(self, entry_ids: Sequence[str]) -> int:
+        """Delete parked entries by id (an operator's purge)."""
+        if not entry_ids:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(self.keys.parked_due, *entry_ids)
+        pipe.hdel(self.keys.parked_meta, *entry_ids)
+        pipe.hdel(self.keys.parked_body, *entry_ids)
+        return int(pipe.execute()[0])
+
+
+def redis_client(url: str) -> Any:
+    """A Redis client for ``url``: ``redis://``/``rediss://``/``unix://``, ``sentinel://host:port/
+    service[/db]`` (several hosts separated by commas), or ``redis://...?cluster=true``."""
+    from urllib.parse import parse_qs, urlparse
+
+    parsed = urlparse(url)
+    query = parse_qs(parsed.query)
+    if parsed.scheme in ("sentinel", "sentinels"):
+        from redis.sentinel import Sentinel
+
+        hosts = []
+        for part in parsed.netloc.split("@")[-1].split(","):
+            host, _, port = part.partition(":")
+            hosts.append((host or "127.0.0.1", int(port or 26379)))
+        path = [p for p in parsed.path.split("/") if p]
+        if not path:
+            raise ValueError(f"sentinel URL needs a service name: {url}")
+        db = int(path[1]) if len(path) > 1 else 0
+        password = parsed.password
+        sentinel = Sentinel(hosts, socket_timeout=5.0, password=password, sentinel_kwargs={"password": password} if password else None)
+        return sentinel.master_for(path[0], db=db, socket_timeout=5.0)
+    if query.get("cluster", ["false"])[0].lower() in ("1", "true", "yes"):
+        from redis.cluster import RedisCluster
+
+        clean = url.split("?", 1)[0]
+        return RedisCluster.from_url(clean)
+    return redis.Redis.from_url(url, socket_timeout=10.0, socket_connect_timeout=5.0, health_check_interval=30)

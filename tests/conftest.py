@@ -1,0 +1,83 @@
+"""Shared fixtures: real RabbitMQ and Redis on loopback, unique names per test, cleanup after."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BROKER_URL = os.environ.get("DLX_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+REDIS_URL = os.environ.get("DLX_TEST_REDIS", "redis://127.0.0.1:6379/0")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    for item in items:
+        path = str(item.fspath)
+        if f"{os.sep}integration{os.sep}" in path:
+            item.add_marker(pytest.mark.integration)
+        if f"{os.sep}spark{os.sep}" in path:
+            item.add_marker(pytest.mark.spark)
+
+
+@pytest.fixture
+def uid() -> str:
+    """A short unique id for queue names and key prefixes of one test."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def redis_client() -> Iterator[Any]:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key_prefix(uid: str, redis_client: Any) -> Iterator[str]:
+    """A unique celery_dlx key prefix; every key under it is deleted after the test."""
+    prefix = f"test-{uid}"
+    yield prefix
+    for key in redis_client.scan_iter(match="{" + prefix + "}*", count=1000):
+        redis_client.delete(key)
+
+
+@pytest.fixture
+def keys(key_prefix: str) -> Any:
+    from celery_dlx.names import Keys
+
+    return Keys(key_prefix)
+
+
+@pytest.fixture
+def broker() -> Iterator[Any]:
+    """A connected kombu connection to the real RabbitMQ."""
+    from kombu import Connection
+
+    conn = Connection(BROKER_URL)
+    conn.ensure_connection(max_retries=3)
+    yield conn
+    conn.release()
+
+
+@pytest.fixture
+def cleanup_queues(broker: Any) -> Iterator[list[str]]:
+    """Append queue (or ``exchange:NAME``) names to delete them after the test."""
+    names: list[str] = []
+    yield names
+    channel = broker.channel()
+    for name in names:
+        try:
+            if name.startswith("exchange:"):
+                channel.exchange_delete(name[len("exchange:") :])
+            else:
+                channel.queue_delete(name)
+        except Exception:
+            channel = broker.channel()
+    channel.close()
