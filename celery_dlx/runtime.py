@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import DLXConfig, load_config
 from .fates import BURIED, FateEvent
-from .history import History
+from .history import History, history_fields
 from .names import Keys
 from .publish import ConfirmingPublisher
 from .store import ParkingStore, redis_client
@@ -92,6 +93,49 @@ class Runtime:
         The history append is part of the fate (its failure propagates); counters and listeners
         are best effort.
         """
+        self._log(event)
+        if history:
+            self.history.append(event)
+        try:
+            self._count(event)
+        except Exception:  # counters must never decide a fate
+            logger.warning("celery_dlx counter update failed", exc_info=True)
+        self._notify(event)
+
+    def record_many(self, events: Sequence[FateEvent]) -> None:
+        """Log many fate changes, append and count them in one Redis round trip, notify each.
+
+        History appends and counters go in one pipeline (a drain batch must not cost a round trip
+        per message). A failed history append propagates, after the rest of the batch was sent;
+        counters and listeners are best effort.
+
+        Raises:
+            redis.RedisError: the pipeline failed or a history append was refused.
+        """
+        if not events:
+            return
+        for event in events:
+            self._log(event)
+        pipe = self.redis.pipeline(transaction=False)
+        counters: Counter[tuple[str, str]] = Counter()
+        for event in events:
+            pipe.xadd(self.keys.history, history_fields(event))
+            minute_key = f"{self.keys.counter_prefix}{event.at_ms // 60000}"
+            counters[(minute_key, f"{event.queue}|{event.fate}")] += 1
+        for (key, name), n in counters.items():
+            pipe.hincrby(key, name, n)
+        for key in {key for key, _ in counters}:
+            pipe.expire(key, COUNTER_TTL)
+        results = pipe.execute(raise_on_error=False)
+        failed = next((r for r in results[: len(events)] if isinstance(r, Exception)), None)
+        if any(isinstance(r, Exception) for r in results[len(events) :]):
+            logger.warning("celery_dlx counter update failed for %d events", len(events))
+        if failed is not None:
+            raise failed
+        for event in events:
+            self._notify(event)
+
+    def _log(self, event: FateEvent) -> None:
         what = event.task or "-"
         line = "%s %s[%s] attempt=%d queue=%s cause=%s%s%s"
         args = (
@@ -108,12 +152,8 @@ class Runtime:
             logger.error(line + ("\n%s" if event.traceback else "%s"), *args, event.traceback or "")
         else:
             logger.info(line, *args)
-        if history:
-            self.history.append(event)
-        try:
-            self._count(event)
-        except Exception:  # counters must never decide a fate
-            logger.warning("celery_dlx counter update failed", exc_info=True)
+
+    def _notify(self, event: FateEvent) -> None:
         for listener in list(self.listeners):
             try:
                 listener(event)
@@ -131,7 +171,7 @@ class Runtime:
 
 def get_runtime(app: Any) -> Runtime:
     """The app's runtime, made on first use from its validated ``dlx_*`` settings."""
-    runtime = app.__dict__.get("_celery_dlx_runtime")
+    runtime: Runtime | None = app.__dict__.get("_celery_dlx_runtime")
     if runtime is None:
         runtime = Runtime(app, load_config(app.conf, getattr(app, "namespace", None)))
         app._celery_dlx_runtime = runtime
