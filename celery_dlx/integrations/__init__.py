@@ -1,0 +1,44 @@
+"""Monitoring integrations: Sentry (burials once per cause) and Celery task events (Flower).
+
+:func:`install_integrations` appends the enabled fate listeners to ``runtime.listeners``;
+``celery_dlx.install(app)`` calls it. Each listener is told every fate change after it was
+logged, counted and appended to the failure history (see :meth:`celery_dlx.runtime.Runtime.record`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..runtime import Listener, Runtime
+from .events import EventSender, install_events
+from .sentry import SentryReporter, install_sentry, mark_handled
+
+__all__ = ["EventSender", "SentryReporter", "install_integrations", "mark_handled"]
+
+
+def install_integrations(app: Any, runtime: Runtime) -> list[Listener]:
+    """Add the Sentry and task-event listeners that the settings enable; idempotent.
+
+    ``dlx_sentry`` (and sentry-sdk being installed) enables Sentry reporting, which sends only
+    when the app's own ``sentry_sdk.init`` ran in the process; ``dlx_send_events`` enables the
+    ``task-requeued``/``task-parked``/``task-buried``/``task-replayed`` events.
+
+    Args:
+        app: the Celery app (its event dispatcher carries the task events).
+        runtime: the app's runtime, whose ``listeners`` are extended.
+
+    Returns:
+        the listeners added by this call (empty when already installed).
+    """
+    if runtime.app is not app:
+        raise ValueError("install_integrations: runtime belongs to another app")
+    present = {type(listener) for listener in runtime.listeners}
+    added: list[Listener] = []
+    for make, kind in ((install_sentry, SentryReporter), (install_events, EventSender)):
+        if kind in present:
+            continue
+        listener = make(runtime)
+        if listener is not None:
+            runtime.listeners.append(listener)
+            added.append(listener)
+    return added

@@ -1,0 +1,135 @@
+"""Celery task events for fate changes, so Flower and other event monitors see them.
+
+Each fate change below is sent through the app's event dispatcher as a task event whose
+``uuid`` is the message's id (the Celery task id for task messages):
+
+=================  ==================================================================
+event type         sent when
+=================  ==================================================================
+``task-requeued``  a copy went to the tail of the same queue
+``task-parked``    the message waits in the parking store (``delay`` seconds)
+``task-buried``    the message went to the graveyard (once, by the DLX service)
+``task-replayed``  an obituary's message was put back on its queue
+=================  ==================================================================
+
+Fields: ``name`` (task), ``queue``, ``attempt``, ``cause``, ``exc_type``, ``reason``,
+``importance``, ``delay`` (parked), ``obituary_id`` (buried, replayed when known), and the
+fields Flower's task page displays: ``exception`` (``Type('message')``), ``traceback`` (buried
+only) and ``result``, a one-line summary naming queue, attempt and cause.
+
+Celery's event state turns an unknown ``task-<x>`` event into the custom state ``X`` (so
+``REQUEUED``, ``PARKED``, ``BURIED``, ``REPLAYED``), and Flower counts every task event in
+``flower_events_total{type="task-buried", task=..., worker=...}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from ..fates import BURIED, PARKED, REPLAYED, REQUEUED, FateEvent
+from ..runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+#: Event type per fate; other fate changes are not sent.
+EVENT_TYPES = {
+    REQUEUED: "task-requeued",
+    PARKED: "task-parked",
+    BURIED: "task-buried",
+    REPLAYED: "task-replayed",
+}
+#: Longest traceback sent in an event (events are broadcast; the graveyard keeps it whole).
+TRACEBACK_LIMIT = 16384
+#: Longest exception message or reason sent in an event.
+TEXT_LIMIT = 1000
+#: Publish retry of an event: one quick retry on a stale pooled connection, never a long wait.
+RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
+
+
+def summary(event: FateEvent) -> str:
+    """One line naming what happened, for Flower's ``Result`` column."""
+    parts = [f"{event.fate} queue={event.queue} attempt={event.attempt}"]
+    if event.cause:
+        parts.append(f"cause={event.cause}")
+    if event.delay is not None:
+        parts.append(f"delay={event.delay:.3f}s")
+    if event.reason:
+        parts.append(f"reason={event.reason[:200]}")
+    return " ".join(parts)
+
+
+def event_fields(event: FateEvent) -> dict[str, Any]:
+    """The JSON-safe fields of the Celery event for ``event`` (without ``type`` and ``uuid``)."""
+    fields: dict[str, Any] = {
+        "queue": event.queue,
+        "attempt": event.attempt,
+        "cause": event.cause,
+        "exc_type": event.exc_type,
+        "reason": event.reason[:TEXT_LIMIT],
+        "importance": event.importance,
+        "result": summary(event),
+    }
+    if event.task:
+        fields["name"] = event.task
+    if event.exc_type:
+        fields["exception"] = f"{event.exc_type}({event.exc_message[:TEXT_LIMIT]!r})"
+    if event.delay is not None:
+        fields["delay"] = round(event.delay, 3)
+    if event.fate == BURIED and event.traceback:
+        fields["traceback"] = event.traceback[-TRACEBACK_LIMIT:]
+    obituary = event.extra.get("obituary")
+    obituary_id = event.extra.get("obituary_id") or (
+        obituary.get("id") if isinstance(obituary, dict) else None
+    )
+    if obituary_id:
+        fields["obituary_id"] = str(obituary_id)
+    return fields
+
+
+def event_hostname(app: Any) -> str:
+    """The node name events are sent as: the worker's when inside a task, else ``celery_dlx@host``.
+
+    Flower lists task events under their hostname as a worker; one stable name per host keeps
+    the DLX service and CLI tools from adding a new name per process.
+    """
+    task = getattr(app, "current_worker_task", None)
+    hostname = getattr(getattr(task, "request", None), "hostname", None) if task else None
+    return str(hostname) if hostname else f"celery_dlx@{socket.gethostname()}"
+
+
+class EventSender:
+    """Fate listener sending ``task-<fate>`` events through the app's event dispatcher.
+
+    Args:
+        runtime: the app's runtime (its app's broker connection pool carries the events).
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.app = runtime.app
+
+    def __call__(self, event: FateEvent) -> None:
+        self.send(event)
+
+    def send(self, event: FateEvent) -> bool:
+        """Send the event for ``event``; False when its fate has no event type."""
+        event_type = EVENT_TYPES.get(event.fate)
+        if event_type is None:
+            return False
+        with self.app.events.default_dispatcher(hostname=event_hostname(self.app)) as dispatcher:
+            dispatcher.send(
+                event_type,
+                uuid=event.message_id,
+                retry=True,
+                retry_policy=RETRY_POLICY,
+                **event_fields(event),
+            )
+        return True
+
+
+def install_events(runtime: Runtime) -> EventSender | None:
+    """The event listener for ``runtime``, or None when ``dlx_send_events`` is off."""
+    if not runtime.config.send_events:
+        return None
+    return EventSender(runtime)

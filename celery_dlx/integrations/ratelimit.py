@@ -1,0 +1,56 @@
+"""A per-key event budget per time window, kept in Redis so every process shares it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..names import Keys
+
+#: INCR the key; start its window (PEXPIRE) on the first hit; return the count so far.
+#: A key left without a TTL (a crash between the two calls is impossible in Lua, but a key
+#: written by hand is not) gets one, so a budget can never be spent forever.
+_SPEND = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 or redis.call('PTTL', KEYS[1]) < 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return n
+"""
+
+
+class WindowBudget:
+    """At most ``limit`` uses per key within ``window`` seconds of the key's first use.
+
+    The window starts with the first use of a key and ends ``window`` seconds later, across all
+    processes sharing the Redis: workers, the DLX service and the CLI alike.
+
+    Args:
+        keys: the key layout; budget keys live under its hash-tagged prefix.
+        name: what is budgeted (part of the key).
+        limit: uses per window.
+        window: seconds.
+    """
+
+    def __init__(self, keys: Keys, name: str, limit: int, window: float) -> None:
+        if limit < 1:
+            raise ValueError(f"budget limit must be >= 1, got {limit}")
+        if window <= 0:
+            raise ValueError(f"budget window must be > 0 seconds, got {window}")
+        self.base = "{" + keys.prefix + "}:budget:" + name + ":"
+        self.limit = limit
+        self.window_ms = max(1, int(window * 1000))
+        self._script: Any = None
+
+    def key(self, what: str) -> str:
+        return self.base + what
+
+    def spend(self, client: Any, what: str) -> tuple[bool, int]:
+        """Use one unit for ``what``: ``(allowed, uses in this window including this one)``.
+
+        Args:
+            client: the redis-py client of the calling process.
+        """
+        if self._script is None:
+            self._script = client.register_script(_SPEND)
+        used = int(self._script(keys=[self.key(what)], args=[self.window_ms], client=client))
+        return used <= self.limit, used
