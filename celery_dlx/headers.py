@@ -20,6 +20,7 @@ from .names import (
     BROKER_HEADER_PREFIXES,
     BROKER_HEADERS,
     CAUSE_HEADER,
+    DELIVERY_QUEUE_HEADER,
     EXC_MESSAGE_HEADER,
     EXC_MESSAGE_LIMIT,
     EXC_TYPE_HEADER,
@@ -180,8 +181,8 @@ def state_headers(state: DLXState) -> dict[str, Any]:
 
 
 def is_broker_header(name: str) -> bool:
-    """True for headers the broker owns and a republished copy must not carry."""
-    return name in BROKER_HEADERS or name.startswith(BROKER_HEADER_PREFIXES)
+    """True for headers the broker owns (and transient ones) that a republished copy must not carry."""
+    return name in BROKER_HEADERS or name == DELIVERY_QUEUE_HEADER or name.startswith(BROKER_HEADER_PREFIXES)
 
 
 def clean_headers(headers: Mapping[str, Any] | None, state: DLXState | None = None) -> dict[str, Any]:

@@ -96,3 +96,7 @@ class Keys:
 
     def graveyard(self, suffix: str) -> str:
         return f"{self.graveyard_prefix}{suffix}"
+
+#: Header the worker's main process adds to a delivery, naming the queue it was consumed from
+#: (a fanout or topic delivery's routing key does not name it). Never carried by a copy.
+DELIVERY_QUEUE_HEADER = "x-dlx-delivered-from"

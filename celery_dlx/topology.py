@@ -102,6 +102,8 @@ def migration_hint(queue: str, exchange: str) -> str:
 class DLXQueue(Queue):  # type: ignore[misc]
     """A kombu ``Queue`` that declares its dead-letter exchange and service queue first."""
 
+    # In ``attrs`` so kombu's copies (every bind makes one) keep them.
+    attrs = (*Queue.attrs, ("dlx_service_queue", None), ("dlx_quorum_service", bool))
     dlx_service_queue: str = DEFAULT_SERVICE_QUEUE
     dlx_quorum_service: bool = False
 
@@ -151,16 +153,15 @@ def dlx_queue(
     if isinstance(exchange, str):
         exchange = Exchange(exchange, type="direct") if exchange else Exchange("")
     options.setdefault("durable", True)
-    queue = DLXQueue(
+    return DLXQueue(
         name,
         exchange=exchange if exchange is not None else Exchange(name, type="direct"),
         routing_key=routing_key if routing_key is not None else name,
         queue_arguments=args,
+        dlx_service_queue=service,
+        dlx_quorum_service=quorum,
         **options,
     )
-    queue.dlx_service_queue = service
-    queue.dlx_quorum_service = quorum
-    return queue
 
 
 def as_dlx_queue(
@@ -210,9 +211,9 @@ def as_dlx_queue(
         max_length=queue.max_length,
         max_length_bytes=queue.max_length_bytes,
         on_declared=queue.on_declared,
+        dlx_service_queue=service,
+        dlx_quorum_service=quorum,
     )
-    new.dlx_service_queue = service
-    new.dlx_quorum_service = quorum
     return new
 
 

@@ -1,0 +1,90 @@
+"""Test apps on the real services: a DLX-enabled Celery app per test, with unique names."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+import celery_dlx
+from celery_dlx.drain import run_drain
+from celery_dlx.runtime import get_runtime
+from tests.conftest import BROKER_URL, REDIS_URL
+
+
+def make_app(uid: str, **conf: Any) -> Celery:
+    """A DLX-enabled app whose queue, exchange, service queue and key prefix are unique to ``uid``."""
+    app = Celery(f"dlxtest-{uid}", broker=BROKER_URL, set_as_current=False)
+    celery_dlx.install(app)
+    settings: dict[str, Any] = {
+        "task_default_queue": f"work-{uid}",
+        "dlx_enabled": True,
+        "dlx_redis_url": REDIS_URL,
+        "dlx_key_prefix": f"test-{uid}",
+        "dlx_exchange": f"dlx-{uid}",
+        "dlx_service_queue": f"dead-{uid}",
+        "dlx_max_requeues": 2,
+        "dlx_max_parks": 2,
+        "dlx_backoff": [0.2, 0.3],
+        "dlx_drain_interval": 0.2,
+        "worker_prefetch_multiplier": 1,
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+        "task_ignore_result": True,
+    }
+    settings.update(conf)
+    app.conf.update(settings)
+    return app
+
+
+def queue_names(app: Celery) -> list[str]:
+    """Every queue the test app declares (for cleanup)."""
+    conf = app.conf
+    names = [conf.task_default_queue, conf.dlx_service_queue]
+    for q in conf.task_queues or ():
+        names.append(q.name)
+    return names
+
+
+@contextlib.contextmanager
+def drain_thread(app: Celery, interval: float = 0.1) -> Iterator[None]:
+    """Drain due parked retries every ``interval`` seconds, as beat would, until the block ends."""
+    stop = threading.Event()
+    runtime = get_runtime(app)
+
+    def loop() -> None:
+        while not stop.is_set():
+            run_drain(runtime, budget_seconds=interval)
+            stop.wait(interval)
+
+    thread = threading.Thread(target=loop, name="test-drain", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+@contextlib.contextmanager
+def worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
+    """A real worker in a thread (solo pool) consuming the app's queues."""
+    kwargs.setdefault("pool", "solo")
+    kwargs.setdefault("concurrency", 1)
+    kwargs.setdefault("perform_ping_check", False)
+    kwargs.setdefault("loglevel", "WARNING")
+    kwargs.setdefault("shutdown_timeout", 30.0)
+    with start_worker(app, **kwargs) as w:
+        try:
+            yield w
+        finally:
+            # The worker's event loop only sees the stop flag when it wakes: a ping wakes it now
+            # instead of at its next timer, seconds later.
+            from celery.worker import state
+
+            state.should_terminate = 0
+            app.control.ping(destination=[w.hostname], timeout=0.05)
