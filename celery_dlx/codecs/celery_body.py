@@ -1,0 +1,89 @@
+"""Celery task messages (protocol 1 and 2) shown as task, id, args, kwargs and embed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: Keys of a protocol 1 body that protocol 2 moved into the ``embed`` part.
+_PROTOCOL1_EMBED = ("callbacks", "errbacks", "chord", "chain", "taskset", "group")
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def header_task(headers: Mapping[Any, Any] | None) -> str | None:
+    """The task name of a protocol 2 message, from its ``task`` header, if there is one."""
+    if not headers:
+        return None
+    name = _text(_get(headers, "task"))
+    return name or None
+
+
+def _get(headers: Mapping[Any, Any], key: str) -> Any:
+    try:
+        return headers.get(key)
+    except Exception:  # a foreign mapping may fail on lookups; treat as absent
+        return None
+
+
+def celery_view(
+    value: Any, headers: Mapping[Any, Any] | None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """``value`` (a decoded body) as a Celery message, or None and why it is not one.
+
+    Returns ``(view, None)`` for a Celery message, ``(None, note)`` when the headers name a task
+    but the body does not have Celery's shape, ``(None, None)`` when it is not Celery at all.
+    """
+    task = header_task(headers)
+    if task is not None and headers is not None:
+        return _protocol2(task, value, headers)
+    if (
+        isinstance(value, Mapping)
+        and isinstance(value.get("task"), str)
+        and ("args" in value or "kwargs" in value)
+    ):
+        return _protocol1(value), None
+    return None, None
+
+
+def _protocol2(
+    task: str, value: Any, headers: Mapping[Any, Any]
+) -> tuple[dict[str, Any] | None, str | None]:
+    shaped = (
+        isinstance(value, list)
+        and len(value) == 3
+        and isinstance(value[0], list)
+        and isinstance(value[1], Mapping)
+        and (value[2] is None or isinstance(value[2], Mapping))
+    )
+    if not shaped:
+        return None, (
+            f"header task={task!r} says Celery protocol 2, but the body is not "
+            "[args, kwargs, embed]: shown as it is"
+        )
+    view = {
+        "task": task,
+        "id": _text(_get(headers, "id")),
+        "args": value[0],
+        "kwargs": value[1],
+        "embed": value[2] or {},
+        "protocol": 2,
+    }
+    return view, None
+
+
+def _protocol1(value: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "task": value["task"],
+        "id": _text(value.get("id")),
+        "args": value.get("args") or [],
+        "kwargs": value.get("kwargs") or {},
+        "embed": {k: value[k] for k in _PROTOCOL1_EMBED if value.get(k) is not None},
+        "protocol": 1,
+    }

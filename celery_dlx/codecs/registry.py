@@ -1,0 +1,241 @@
+"""Protobuf types known for decoding: from descriptor sets and from modules of generated classes.
+
+``google.protobuf`` is imported only when a registry is filled, so celery_dlx works without the
+``protobuf`` extra; filling a registry without it raises a :class:`ConfigurationError` saying how
+to install it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigurationError
+
+#: Where to get protobuf support.
+INSTALL_HINT = "protobuf support needs `pip install celery-dlx[protobuf]`"
+SETS_SETTING = "dlx_protobuf_descriptor_sets"
+MODULES_SETTING = "dlx_protobuf_modules"
+# Types of these packages (descriptor.proto, well-known types) fit far too many payloads to be
+# offered as candidates; they still decode when used inside a registered type.
+_NOT_CANDIDATES = ("google.protobuf.",)
+
+
+def protobuf_available() -> bool:
+    """True when ``google.protobuf`` can be imported."""
+    try:
+        importlib.import_module("google.protobuf.message")
+    except ImportError:
+        return False
+    return True
+
+
+def _protobuf(setting: str) -> Any:
+    try:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    except ImportError:
+        raise ConfigurationError(f"{setting} is set but {INSTALL_HINT}") from None
+    return descriptor_pb2, descriptor_pool, message_factory
+
+
+class ProtobufRegistry:
+    """Message types that :func:`~celery_dlx.codecs.decode_payload` tries on a protobuf body.
+
+    Descriptor sets go into a private descriptor pool (no generated code needed, no clash with
+    the application's own pool); generated classes are used as they are.
+    """
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+        self._classes: dict[str, Any] = {}
+        self._sources: list[str] = []
+
+    @property
+    def type_names(self) -> tuple[str, ...]:
+        """Full names of the candidate types, sorted."""
+        return tuple(sorted(self._classes))
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Descriptor set paths and module names the types came from."""
+        return tuple(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._classes)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._classes
+
+    def message_class(self, name: str) -> Any:
+        """The message class of type ``name``, or None when it is not registered."""
+        return self._classes.get(name)
+
+    def candidates(self) -> Iterator[tuple[str, Any]]:
+        """``(full name, message class)`` of every candidate type, sorted by name."""
+        for name in sorted(self._classes):
+            yield name, self._classes[name]
+
+    def add_descriptor_set(self, source: str | os.PathLike[str] | bytes) -> list[str]:
+        """Register every message type of a ``FileDescriptorSet``.
+
+        Args:
+            source: a path to the file written by ``protoc --descriptor_set_out=FILE
+                --include_imports``, or its bytes.
+
+        Returns:
+            The full names of the types added.
+
+        Raises:
+            ConfigurationError: protobuf is not installed, or the file is missing, unreadable or
+                not a descriptor set (the message names ``dlx_protobuf_descriptor_sets``).
+        """
+        descriptor_pb2, descriptor_pool, message_factory = _protobuf(SETS_SETTING)
+        label = "<bytes>" if isinstance(source, bytes) else os.fspath(source)
+        raw = source if isinstance(source, bytes) else _read(label)
+        try:
+            files = descriptor_pb2.FileDescriptorSet.FromString(raw).file
+        except Exception as exc:  # DecodeError, or anything the parser raises on garbage
+            raise ConfigurationError(
+                f"{SETS_SETTING}: {label} is not a FileDescriptorSet ({exc}); write one with "
+                "`protoc --descriptor_set_out=FILE --include_imports ...`"
+            ) from None
+        if self._pool is None:
+            self._pool = descriptor_pool.DescriptorPool()
+        self._add_files(list(files), label)
+        added = []
+        for file_proto in files:
+            for name in _message_names(file_proto.package, file_proto.message_type):
+                descriptor = self._pool.FindMessageTypeByName(name)
+                if self._register(name, message_factory.GetMessageClass(descriptor)):
+                    added.append(name)
+        self._sources.append(label)
+        return added
+
+    def _add_files(self, files: list[Any], label: str) -> None:
+        # --include_imports writes dependencies first, but hand-made sets may not: add what is
+        # ready, round after round.
+        pending = [f for f in files if not self._has_file(f.name)]
+        while pending:
+            ready = [f for f in pending if all(self._has_file(d) for d in f.dependency)]
+            if not ready:
+                missing = sorted(
+                    {d for f in pending for d in f.dependency if not self._has_file(d)}
+                )
+                raise ConfigurationError(
+                    f"{SETS_SETTING}: {label} lacks imported files {', '.join(missing)}; "
+                    "write it with `protoc --include_imports`"
+                )
+            for file_proto in ready:
+                try:
+                    self._pool.Add(file_proto)
+                except Exception as exc:  # TypeError on conflicting definitions, and others
+                    raise ConfigurationError(
+                        f"{SETS_SETTING}: {label}: cannot load {file_proto.name}: {exc}"
+                    ) from None
+            pending = [f for f in pending if f not in ready]
+
+    def _has_file(self, name: str) -> bool:
+        try:
+            self._pool.FindFileByName(name)
+        except KeyError:
+            return False
+        return True
+
+    def add_module(self, name: str) -> list[str]:
+        """Register the message classes of a module of generated code (``*_pb2``).
+
+        Takes the types of the module's file descriptor and any message class the module holds,
+        so a package re-exporting classes from several ``_pb2`` modules works too.
+
+        Raises:
+            ConfigurationError: protobuf is not installed, the module cannot be imported, or it
+                holds no message type (the message names ``dlx_protobuf_modules``).
+        """
+        _descriptor_pb2, _pool, message_factory = _protobuf(MODULES_SETTING)
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # an import runs arbitrary module code; report whatever it raised
+            raise ConfigurationError(f"{MODULES_SETTING}: cannot import {name!r}: {exc}") from None
+        descriptors = list(_module_descriptors(module))
+        if not descriptors:
+            raise ConfigurationError(
+                f"{MODULES_SETTING}: module {name!r} holds no protobuf message type"
+            )
+        added = []
+        for descriptor in descriptors:
+            if self._register(descriptor.full_name, message_factory.GetMessageClass(descriptor)):
+                added.append(descriptor.full_name)
+        self._sources.append(name)
+        return added
+
+    def add_message_class(self, cls: Any) -> bool:
+        """Register one generated message class; False when its type was already registered."""
+        return self._register(cls.DESCRIPTOR.full_name, cls)
+
+    def _register(self, name: str, cls: Any) -> bool:
+        if name in self._classes or name.startswith(_NOT_CANDIDATES):
+            return False
+        if cls.DESCRIPTOR.GetOptions().map_entry:
+            return False
+        self._classes[name] = cls
+        return True
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"{SETS_SETTING}: cannot read {path}: {exc.strerror or exc}"
+        ) from None
+
+
+def _message_names(scope: str, messages: Iterable[Any]) -> Iterator[str]:
+    for message in messages:
+        name = f"{scope}.{message.name}" if scope else message.name
+        yield name
+        yield from _message_names(name, message.nested_type)
+
+
+def _module_descriptors(module: Any) -> Iterator[Any]:
+    seen: set[str] = set()
+    file_descriptor = getattr(module, "DESCRIPTOR", None)
+    roots = list(getattr(file_descriptor, "message_types_by_name", {}).values())
+    for value in vars(module).values():
+        descriptor = getattr(value, "DESCRIPTOR", None)
+        if isinstance(value, type) and hasattr(descriptor, "fields_by_number"):
+            roots.append(descriptor)
+    stack = roots
+    while stack:
+        descriptor = stack.pop()
+        if descriptor.full_name not in seen:
+            seen.add(descriptor.full_name)
+            yield descriptor
+            stack.extend(descriptor.nested_types)
+
+
+def registry_from_config(config: Any) -> ProtobufRegistry:
+    """The registry described by ``dlx_protobuf_descriptor_sets`` and ``dlx_protobuf_modules``.
+
+    Args:
+        config: a :class:`~celery_dlx.config.DLXConfig`, or a mapping of those two settings.
+
+    Raises:
+        ConfigurationError: a descriptor set or module cannot be loaded, or protobuf is missing
+            while one of the settings is set.
+    """
+    if isinstance(config, Mapping):
+        sets = config.get(SETS_SETTING) or []
+        modules = config.get(MODULES_SETTING) or []
+    else:
+        sets = config[SETS_SETTING] or []
+        modules = config[MODULES_SETTING] or []
+    registry = ProtobufRegistry()
+    for path in sets:
+        registry.add_descriptor_set(path)
+    for name in modules:
+        registry.add_module(name)
+    return registry
