@@ -106,12 +106,14 @@ class SentrySink:
     def wait_for(
         self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 30.0
     ) -> list[dict[str, Any]]:
-        """Wait until ``predicate(events)`` holds; return a copy of the events (raise on timeout)."""
+        """Wait until ``predicate(events)`` holds; return a copy of the events."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while not predicate(self.events):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"Sentry sink: condition not met; got {len(self.events)} events")
+                    raise AssertionError(
+                        f"Sentry sink: condition not met; got {len(self.events)} events"
+                    )
                 self._cond.wait(left)
             return list(self.events)

@@ -116,22 +116,40 @@ def _iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat()
 
 
-def _history(event: FateEvent) -> list[Any]:
+def _entry(entry: Any) -> tuple[Any, str, str] | None:
+    """``(ms, fate, cause)`` of a history entry: ``[ms, fate, cause]`` or an Attempt's dict."""
+    if isinstance(entry, dict):
+        entry = [entry.get("at_ms"), entry.get("fate"), entry.get("cause")]
+    if not isinstance(entry, (list, tuple)) or len(entry) < 2 or not entry[1]:
+        return None
+    cause = entry[2] if len(entry) > 2 and entry[2] is not None else ""
+    return entry[0], str(entry[1]), str(cause)
+
+
+def event_history(event: FateEvent) -> list[Any] | None:
+    """The attempt history a fate event carries (``extra`` history or obituary), if any."""
     history = event.extra.get("history")
     obituary = event.extra.get("obituary")
     if history is None and isinstance(obituary, dict):
-        history = obituary.get("history")
-    return history if isinstance(history, list) else []
+        history = obituary.get("attempts") or obituary.get("history")
+    return history if isinstance(history, list) else None
 
 
-def history_breadcrumbs(event: FateEvent) -> list[dict[str, Any]]:
-    """Breadcrumbs from the message's attempt history (``[ms, fate, cause]`` entries)."""
+def history_breadcrumbs(event: FateEvent, history: list[Any] | None = None) -> list[dict[str, Any]]:
+    """Breadcrumbs from the message's attempt history, oldest first.
+
+    Args:
+        event: the burial.
+        history: entries ``[ms, fate, cause]`` or ``{"at_ms", "fate", "cause"}``; default: the
+            history the event carries.
+    """
     crumbs = []
-    for entry in _history(event)[-HISTORY_BREADCRUMBS:]:
-        if not isinstance(entry, (list, tuple)) or len(entry) < 2:
+    entries = event_history(event) if history is None else history
+    for raw in (entries or [])[-HISTORY_BREADCRUMBS:]:
+        entry = _entry(raw)
+        if entry is None:
             continue
-        ms, fate = entry[0], str(entry[1])
-        cause = str(entry[2]) if len(entry) > 2 and entry[2] is not None else ""
+        ms, fate, cause = entry
         crumb: dict[str, Any] = {
             "type": "default",
             "category": "celery_dlx",
@@ -139,7 +157,7 @@ def history_breadcrumbs(event: FateEvent) -> list[dict[str, Any]]:
             "message": f"{fate} {event.task or event.queue}[{event.message_id}]",
             "data": {"fate": fate, "cause": cause, "queue": event.queue},
         }
-        if isinstance(ms, (int, float)):
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool):
             crumb["timestamp"] = ms / 1000
         crumbs.append(crumb)
     return crumbs
@@ -176,10 +194,6 @@ def burial_event(event: FateEvent, level: str) -> dict[str, Any]:
     message = event.exc_message[:MESSAGE_LIMIT] or event.reason[:MESSAGE_LIMIT]
     values = exception_values(event.exc_type or "Buried", message, event.traceback)
     values[-1]["mechanism"] = {"type": "celery_dlx", "handled": True}
-    obituary = event.extra.get("obituary")
-    obituary_id = event.extra.get("obituary_id") or (
-        obituary.get("id") if isinstance(obituary, dict) else None
-    )
     context = {
         "message_id": event.message_id,
         "queue": event.queue,
@@ -190,7 +204,7 @@ def burial_event(event: FateEvent, level: str) -> dict[str, Any]:
         "exc_type": event.exc_type,
         "first_failure": _iso(event.first_failure_ms),
         "buried_at": _iso(event.at_ms),
-        "obituary_id": obituary_id,
+        "obituary_id": _obituary_id(event),
     }
     return {
         "level": level,
@@ -210,47 +224,54 @@ def burial_event(event: FateEvent, level: str) -> dict[str, Any]:
 
 
 def _payload(event: FateEvent) -> tuple[bytes | None, str | None, str | None]:
-    extra = event.extra
-    obituary = extra.get("obituary") if isinstance(extra.get("obituary"), dict) else {}
-    body = extra.get("payload", obituary.get("payload") if obituary else None)
-    if isinstance(body, str):
-        body = body.encode("utf-8", "surrogateescape")
+    """The raw body and its content type and encoding, as the DLX service puts them in ``extra``."""
+    body = event.extra.get("payload")
     if not isinstance(body, (bytes, bytearray, memoryview)):
         return None, None, None
-    ctype = extra.get("content_type") or (obituary.get("content_type") if obituary else None)
-    cenc = extra.get("content_encoding") or (obituary.get("content_encoding") if obituary else None)
-    return bytes(body), ctype, cenc
+    ctype, cenc = event.extra.get("content_type"), event.extra.get("content_encoding")
+    return bytes(body), (str(ctype) if ctype else None), (str(cenc) if cenc else None)
 
 
-def _decode(body: bytes, content_type: str | None, content_encoding: str | None) -> Any:
-    """The codecs' JSON-safe view of ``body``; None when the codecs are not available."""
+def payload_view(
+    body: bytes,
+    content_type: str | None,
+    content_encoding: str | None,
+    limit: int,
+    registry: Any = None,
+) -> dict[str, Any]:
+    """The payload as Sentry ``extra``: decoded by the codecs, shown in at most ``limit`` bytes.
+
+    Returns:
+        ``payload`` (text), ``payload_kind``, ``payload_bytes``, ``payload_truncated`` and, when
+        the codecs had something to say, ``payload_notes`` and ``payload_type``.
+    """
+    view: dict[str, Any] = {"payload_bytes": len(body), "payload_content_type": content_type}
     try:
-        from ..codecs import decode_payload  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    decoded = decode_payload(body, content_type=content_type, content_encoding=content_encoding)
-    to_json = getattr(decoded, "to_json", None)
-    return to_json() if callable(to_json) else decoded
+        from ..codecs import decode_payload
 
-
-def payload_text(
-    body: bytes, content_type: str | None, content_encoding: str | None, limit: int
-) -> tuple[str, bool]:
-    """``(text, truncated)``: the decoded payload (or a repr of the bytes) in ``limit`` bytes."""
-    try:
-        decoded = _decode(body, content_type, content_encoding)
+        decoded = decode_payload(
+            body,
+            content_type=content_type,
+            content_encoding=content_encoding,
+            registry=registry,
+            limit=max(limit * 4, 65536),
+        )
+        text = json.dumps(decoded.data, ensure_ascii=False, default=str, indent=1)
+        view.update(payload_kind=decoded.kind, payload_truncated=decoded.truncated)
+        if decoded.notes:
+            view["payload_notes"] = list(decoded.notes)
+        if decoded.type_name:
+            view["payload_type"] = decoded.type_name
     except Exception as exc:  # a payload that breaks a codec is shown raw, with the reason
-        logger.debug("payload decoding failed: %r", exc)
-        decoded = None
-    if decoded is None:
         text = repr(body[: limit + 1])
-    else:
-        text = json.dumps(decoded, ensure_ascii=False, default=str, indent=1)
+        view.update(payload_kind="repr", payload_truncated=len(body) > limit)
+        view["payload_notes"] = [f"not decoded: {exc!r}"[:300]]
     raw = text.encode("utf-8")
-    truncated = len(raw) > limit
     if len(raw) > limit:
         text = raw[:limit].decode("utf-8", "ignore")
-    return text, truncated
+        view["payload_truncated"] = True
+    view["payload"] = text
+    return view
 
 
 class SentryReporter:
@@ -265,6 +286,7 @@ class SentryReporter:
         config = runtime.config
         self.include_payload: bool = config.sentry_include_payload
         self.payload_limit: int = config.sentry_payload_limit
+        self._protobuf: tuple[Any] | None = None
         self.budget = WindowBudget(
             runtime.keys, "sentry", config.sentry_rate_limit, config.sentry_rate_window
         )
@@ -276,6 +298,35 @@ class SentryReporter:
             self.report(event)
         else:
             _sentry().add_breadcrumb(fate_breadcrumb(event))
+
+    def _registry(self) -> Any:
+        """The protobuf registry of ``dlx_protobuf_*`` settings, made once; None if unusable."""
+        if self._protobuf is None:
+            try:
+                from ..codecs import registry_from_config
+
+                self._protobuf = (registry_from_config(self.runtime.config),)
+            except Exception as exc:  # the payload is still shown, decoded without schemas
+                logger.warning("Sentry payloads decoded without protobuf types: %s", exc)
+                self._protobuf = (None,)
+        return self._protobuf[0]
+
+    def _history(self, event: FateEvent) -> list[Any] | None:
+        """The event's attempt history, else the attempts of its obituary in the graveyard."""
+        history = event_history(event)
+        obituary_id = _obituary_id(event)
+        if history is not None or obituary_id is None:
+            return history
+        try:
+            from ..graveyard import Graveyard
+
+            (ob,) = Graveyard(self.runtime.redis, self.runtime.keys).load([obituary_id])
+        except Exception as exc:  # breadcrumbs are a nicety; the event goes without them
+            logger.debug("could not read obituary %s for breadcrumbs: %r", obituary_id, exc)
+            return None
+        if ob is None:
+            return None
+        return [[a.at_ms, a.fate, a.cause] for a in ob.attempts]
 
     def report(self, event: FateEvent) -> str | None:
         """Send the burial ``event``, unless its importance or its cause's budget says no.
@@ -295,20 +346,23 @@ class SentryReporter:
         if self.include_payload:
             body, ctype, cenc = _payload(event)
             if body is not None:
-                text, truncated = payload_text(body, ctype, cenc, self.payload_limit)
-                data["extra"] = {
-                    "payload": text,
-                    "payload_content_type": ctype,
-                    "payload_bytes": len(body),
-                    "payload_truncated": truncated,
-                }
+                registry = self._registry()
+                data["extra"] = payload_view(body, ctype, cenc, self.payload_limit, registry)
         sdk = _sentry()
         with sdk.isolation_scope() as scope:
             scope.clear_breadcrumbs()
-            for crumb in history_breadcrumbs(event):
+            for crumb in history_breadcrumbs(event, self._history(event)):
                 scope.add_breadcrumb(crumb)
             event_id: str | None = sdk.capture_event(data)
         return event_id
+
+
+def _obituary_id(event: FateEvent) -> str | None:
+    obituary = event.extra.get("obituary")
+    found = event.extra.get("obituary_id") or (
+        obituary.get("id") if isinstance(obituary, dict) else None
+    )
+    return str(found) if found else None
 
 
 def install_sentry(runtime: Runtime) -> SentryReporter | None:

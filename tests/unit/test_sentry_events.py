@@ -7,7 +7,6 @@ import json
 import pytest
 
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
-from celery_dlx.integrations import sentry
 from celery_dlx.integrations.sentry import (
     burial_event,
     drop_handled,
@@ -15,7 +14,7 @@ from celery_dlx.integrations.sentry import (
     handled_fate,
     history_breadcrumbs,
     mark_handled,
-    payload_text,
+    payload_view,
 )
 
 TRACEBACK = (
@@ -92,7 +91,9 @@ def test_obituary_id_from_extra() -> None:
 
 def test_fate_breadcrumb_carries_queue_attempt_cause_and_delay() -> None:
     crumb = fate_breadcrumb(
-        FateEvent(fate=PARKED, queue="q", message_id="m", attempt=3, task="t", cause="c", delay=12.5)
+        FateEvent(
+            fate=PARKED, queue="q", message_id="m", attempt=3, task="t", cause="c", delay=12.5
+        )
     )
     assert crumb["category"] == "celery_dlx"
     assert crumb["level"] == "warning"
@@ -115,32 +116,50 @@ def test_history_breadcrumbs_skip_malformed_entries() -> None:
     assert crumbs[1]["data"]["cause"] == ""
 
 
-def test_history_breadcrumbs_from_the_obituary() -> None:
-    event = _buried(extra={"obituary": {"history": [[1000, REQUEUED, "c"]]}})
-    assert len(history_breadcrumbs(event)) == 1
+def test_history_breadcrumbs_from_obituary_attempts() -> None:
+    attempts = [{"at_ms": 1000, "fate": REQUEUED, "cause": "c"}, {"fate": ""}]
+    event = _buried(extra={"obituary": {"attempts": attempts}})
+    (crumb,) = history_breadcrumbs(event)
+    assert crumb["data"] == {"fate": "requeued", "cause": "c", "queue": "orders"}
 
 
-def test_payload_is_capped_in_bytes() -> None:
+def test_payload_is_decoded_and_capped_in_bytes() -> None:
     body = json.dumps({"order": "é" * 5000}).encode()
-    text, truncated = payload_text(body, "application/json", "utf-8", 100)
-    assert len(text.encode("utf-8")) <= 100
-    assert truncated is True
+    view = payload_view(body, "application/json", "utf-8", 100)
+    assert view["payload_kind"] == "json"
+    assert view["payload"].startswith('{\n "order": "éé')
+    assert len(view["payload"].encode("utf-8")) <= 100
+    assert view["payload_truncated"] is True
+    assert view["payload_bytes"] == len(body)
 
 
 def test_small_payload_is_whole() -> None:
-    text, truncated = payload_text(b'{"a": 1}', "application/json", "utf-8", 4096)
-    assert truncated is False
-    assert "1" in text
+    view = payload_view(b'{"a": 1}', "application/json", "utf-8", 4096)
+    assert view["payload_truncated"] is False
+    assert json.loads(view["payload"]) == {"a": 1}
+
+
+def test_pickle_is_never_loaded() -> None:
+    import pickle
+
+    body = pickle.dumps({"secret": 1})
+    view = payload_view(body, "application/x-python-serialize", "binary", 4096)
+    assert view["payload_kind"] == "opaque-unsafe"
+    assert json.loads(view["payload"])["length"] == len(body)
+    assert "never loaded" in view["payload_notes"][0]
 
 
 def test_payload_falls_back_to_repr_when_a_codec_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(*_: object) -> object:
+    import celery_dlx.codecs
+
+    def broken(*_: object, **__: object) -> object:
         raise RuntimeError("codec bug")
 
-    monkeypatch.setattr(sentry, "_decode", broken)
-    text, truncated = payload_text(b"\x80\x04pickle", "application/x-python-serialize", None, 50)
-    assert text == repr(b"\x80\x04pickle")
-    assert truncated is False
+    monkeypatch.setattr(celery_dlx.codecs, "decode_payload", broken)
+    view = payload_view(b"\x80\x04pickle", "application/x-python-serialize", None, 50)
+    assert view["payload"] == repr(b"\x80\x04pickle")
+    assert view["payload_kind"] == "repr"
+    assert view["payload_notes"] == ["not decoded: RuntimeError('codec bug')"]
 
 
 def test_mark_handled_drops_events_of_that_exception_and_its_wrappers() -> None:

@@ -54,7 +54,9 @@ def _runtime(**settings: Any) -> QuietRuntime:
 @pytest.fixture
 def transport() -> Iterator[CapturingTransport]:
     capture = CapturingTransport()
-    sentry_sdk.init(dsn="http://public@127.0.0.1:9/1", transport=capture, default_integrations=False)
+    sentry_sdk.init(
+        dsn="http://public@127.0.0.1:9/1", transport=capture, default_integrations=False
+    )
     yield capture
     sentry_sdk.get_client().close()
     sentry_sdk.init()
@@ -67,7 +69,9 @@ def _reporter(limit: int = 10, **settings: Any) -> tuple[SentryReporter, FakeBud
     return reporter, budget
 
 
-def _event(fate: str = BURIED, cause: str = "cause-a", importance: str = "page", **kw: Any) -> FateEvent:
+def _event(
+    fate: str = BURIED, cause: str = "cause-a", importance: str = "page", **kw: Any
+) -> FateEvent:
     return FateEvent(
         fate=fate,
         queue="orders",

@@ -34,7 +34,7 @@ def _chained_context() -> None:
     try:
         _outer("first")
     except ValueError:
-        {}["missing"]  # noqa: B018 - the KeyError is the point
+        {}["missing"]  # the KeyError is the point
 
 
 def test_frames_in_order_with_code_and_location() -> None:

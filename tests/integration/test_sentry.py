@@ -1,0 +1,172 @@
+"""Burials reach Sentry once per cause: a local HTTP server is the DSN, real envelopes decoded.
+
+The rate limit is kept in the real Redis, so it holds across processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sentry_sdk
+from celery import Celery
+from sentry_sdk.integrations.logging import LoggingIntegration
+
+from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
+from celery_dlx.integrations import SentryReporter, install_integrations
+from celery_dlx.runtime import get_runtime
+from tests.conftest import BROKER_URL, REDIS_URL, ROOT
+from tests.sentry_sink import SentrySink
+
+
+@pytest.fixture
+def sink() -> Iterator[SentrySink]:
+    with SentrySink() as running:
+        yield running
+    sentry_sdk.init()  # leave no client behind for other tests
+
+
+def _init(sink: SentrySink, **kw: Any) -> None:
+    sentry_sdk.init(
+        dsn=sink.dsn,
+        integrations=[LoggingIntegration(level=logging.INFO, event_level=logging.ERROR)],
+        **kw,
+    )
+
+
+def _app(uid: str, key_prefix: str, **conf: Any) -> Celery:
+    app = Celery(f"sentry-test-{uid}", broker=BROKER_URL, set_as_current=False)
+    app.conf.update(
+        dlx_key_prefix=key_prefix, dlx_redis_url=REDIS_URL, dlx_send_events=False, **conf
+    )
+    return app
+
+
+def _burial(cause: str, i: int, importance: str = "page", **kw: Any) -> FateEvent:
+    return FateEvent(
+        fate=BURIED,
+        queue="orders",
+        message_id=f"{cause}-{i}",
+        attempt=8,
+        task="shop.charge",
+        cause=cause,
+        exc_type="shop.errors.BadOrder",
+        exc_message=f"order {i} is bad",
+        reason="park budget spent",
+        importance=importance,
+        traceback=(
+            "Traceback (most recent call last):\n"
+            '  File "/srv/shop/tasks.py", line 31, in charge\n'
+            "    raise BadOrder(f'order {order_id} is bad')\n"
+            f"shop.errors.BadOrder: order {i} is bad\n"
+        ),
+        extra={"history": [[1000, REQUEUED, cause], [2000, PARKED, cause], [3000, BURIED, cause]]},
+        **kw,
+    )
+
+
+def _settled(sink: SentrySink, expected: int) -> list[dict[str, Any]]:
+    """The events once ``expected`` arrived and the client has nothing more in flight."""
+    sentry_sdk.flush(timeout=10)
+    sink.wait_for(lambda evs: len(evs) >= expected)
+    sentry_sdk.flush(timeout=10)  # a flushed client has nothing more in flight
+    return list(sink.events)
+
+
+def test_poison_storm_of_two_causes_makes_one_event_per_cause(
+    sink: SentrySink, uid: str, key_prefix: str
+) -> None:
+    _init(sink)
+    app = _app(uid, key_prefix, dlx_sentry_rate_limit=1, dlx_sentry_rate_window=600)
+    runtime = get_runtime(app)
+    install_integrations(app, runtime)
+    for i in range(10):
+        runtime.record(_burial(f"cause-a-{uid}", i), history=False)
+        runtime.record(_burial(f"cause-b-{uid}", i, importance="notify"), history=False)
+    runtime.record(_burial(f"cause-c-{uid}", 0, importance="ignore"), history=False)
+    events = _settled(sink, 2)
+    assert len(events) == 2, [e.get("fingerprint") for e in events]
+    by_cause = {e["fingerprint"][0]: e for e in events}
+    assert set(by_cause) == {f"cause-a-{uid}", f"cause-b-{uid}"}
+    page, notify = by_cause[f"cause-a-{uid}"], by_cause[f"cause-b-{uid}"]
+    assert (page["level"], notify["level"]) == ("fatal", "warning")
+    assert page["tags"] == {
+        "queue": "orders",
+        "task": "shop.charge",
+        "attempts": "8",
+        "importance": "page",
+        "fate": "buried",
+    }
+    (exc,) = page["exception"]["values"]
+    assert (exc["type"], exc["module"], exc["value"]) == (
+        "BadOrder",
+        "shop.errors",
+        "order 0 is bad",
+    )
+    assert exc["stacktrace"]["frames"][-1]["function"] == "charge"
+    crumbs = [c["data"]["fate"] for c in page["breadcrumbs"]["values"]]
+    assert crumbs == ["requeued", "parked", "buried"]
+    assert "payload" not in page.get("extra", {})
+
+
+def test_rate_limit_holds_across_processes(sink: SentrySink, uid: str, key_prefix: str) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import sentry_sdk
+        from celery import Celery
+        from celery_dlx.integrations import install_integrations
+        from celery_dlx.runtime import get_runtime
+        from tests.integration.test_sentry import _burial
+
+        sentry_sdk.init(dsn={sink.dsn!r}, default_integrations=False)
+        app = Celery("child", broker={BROKER_URL!r}, set_as_current=False)
+        app.conf.update(dlx_key_prefix={key_prefix!r}, dlx_redis_url={REDIS_URL!r},
+                        dlx_send_events=False, dlx_sentry_rate_limit=3)
+        runtime = get_runtime(app)
+        install_integrations(app, runtime)
+        for i in range(10):
+            runtime.record(_burial("shared-{uid}", i), history=False)
+        sentry_sdk.flush(timeout=10)
+        """
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=ROOT) for _ in range(3)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    events = sink.wait_for(lambda evs: len(evs) >= 3)
+    assert len(events) == 3  # every child flushed before exiting: no more can arrive
+    assert {e["fingerprint"][0] for e in events} == {f"shared-{uid}"}
+    used = sorted(e["contexts"]["celery_dlx"]["events_of_cause_in_window"] for e in events)
+    assert used == [1, 2, 3]
+
+
+def test_payload_only_when_the_setting_opts_in(sink: SentrySink, uid: str, key_prefix: str) -> None:
+    _init(sink)
+    app = _app(uid, key_prefix, dlx_sentry_include_payload=True, dlx_sentry_payload_limit=64)
+    runtime = get_runtime(app)
+    install_integrations(app, runtime)
+    body = b'{"order_id": 42, "note": "' + b"n" * 500 + b'"}'
+    extra = {"payload": body, "content_type": "application/json", "content_encoding": "utf-8"}
+    event = _burial(f"payload-{uid}", 0)
+    event.extra.update(extra)
+    runtime.record(event, history=False)
+    (sent,) = _settled(sink, 1)
+    assert sent["extra"]["payload_bytes"] == len(body)
+    assert sent["extra"]["payload_truncated"] is True
+    assert len(sent["extra"]["payload"].encode()) <= 64
+    assert "42" in sent["extra"]["payload"]
+
+
+def test_listener_is_installed_once_and_only_when_enabled(uid: str, key_prefix: str) -> None:
+    app = _app(uid, key_prefix)
+    runtime = get_runtime(app)
+    first = install_integrations(app, runtime)
+    assert [type(x) for x in first] == [SentryReporter]
+    assert install_integrations(app, runtime) == []
+    off = _app(uid, key_prefix, dlx_sentry=False)
+    assert install_integrations(off, get_runtime(off)) == []
