@@ -110,14 +110,15 @@ class ParkedMessage:
 
     @classmethod
     def from_stored(cls, meta: bytes | str, body: bytes, lease_score: int = 0) -> ParkedMessage:
-        data = json.loads(meta)
+        # The hook decodes tagged values inside json's C loop: a drain decodes every claimed entry.
+        data = json.loads(meta, object_hook=_untag)
         return cls(
             message_id=data["message_id"],
             attempt=int(data["attempt"]),
             queue=data["queue"],
             body=body,
-            headers=_from_jsonable(data.get("headers") or {}),
-            properties=_from_jsonable(data.get("properties") or {}),
+            headers=data.get("headers") or {},
+            properties=data.get("properties") or {},
             due_ms=int(data["due_ms"]),
             parked_ms=int(data.get("parked_ms") or 0),
             task=data.get("task"),
@@ -143,20 +144,18 @@ def _jsonable(value: Any) -> Any:
     return {"__repr__": repr(value)}
 
 
-def _from_jsonable(value: Any) -> Any:
-    from datetime import datetime
+def _untag(obj: dict[str, Any]) -> Any:
+    """``json.loads`` object hook: one tagged object of :func:`_jsonable` back to its value."""
+    if len(obj) == 1:
+        if "__bytes__" in obj:
+            return bytes.fromhex(obj["__bytes__"])
+        if "__datetime__" in obj:
+            from datetime import datetime
 
-    if isinstance(value, dict):
-        if set(value) == {"__bytes__"}:
-            return bytes.fromhex(value["__bytes__"])
-        if set(value) == {"__datetime__"}:
-            return datetime.fromisoformat(value["__datetime__"])
-        if set(value) == {"__repr__"}:
-            return value["__repr__"]
-        return {k: _from_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_jsonable(v) for v in value]
-    return value
+            return datetime.fromisoformat(obj["__datetime__"])
+        if "__repr__" in obj:
+            return obj["__repr__"]
+    return obj
 
 
 class ParkingStore:
