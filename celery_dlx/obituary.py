@@ -1,0 +1,267 @@
+"""The obituary: everything known about one buried message, and the hook task that is sent it.
+
+An :class:`Obituary` is written to the graveyard by the DLX service when it buries a dead letter.
+Its record is JSON (header and property values tagged so bytes and datetimes survive); the payload
+is kept aside as raw bytes, never decoded here and never unpickled. :func:`send_to_hook` sends the
+JSON-safe form (payload as base64 with its content type) to the task named by
+``dlx_obituary_task``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Payloads larger than this are left out of the hook task's message (the graveyard keeps them;
+#: the hook gets the obituary id to fetch them), so a 10 MB body does not become a 13 MB task.
+HOOK_PAYLOAD_LIMIT = 1024 * 1024
+
+#: Obituary origins: a Celery task message, or a message of any other producer or consumer.
+ORIGIN_CELERY = "celery"
+ORIGIN_FOREIGN = "foreign"
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON-safe data: bytes, datetimes and decimals tagged so they can be restored.
+
+    Tags: ``{"__bytes__": hex}``, ``{"__datetime__": iso}``, ``{"__decimal__": text}``; anything
+    else unknown becomes ``{"__repr__": repr}``.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"__bytes__": bytes(value).hex()}
+    if isinstance(value, (datetime, date)):
+        return {"__datetime__": value.isoformat()}
+    if isinstance(value, Decimal):
+        return {"__decimal__": str(value)}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return {"__repr__": repr(value)[:1000]}
+
+
+def from_jsonable(value: Any) -> Any:
+    """Undo :func:`jsonable` (``__repr__`` values stay text)."""
+    if isinstance(value, dict):
+        if len(value) == 1:
+            (tag, inner), *_ = value.items()
+            if tag == "__bytes__" and isinstance(inner, str):
+                return bytes.fromhex(inner)
+            if tag == "__datetime__" and isinstance(inner, str):
+                return datetime.fromisoformat(inner)
+            if tag == "__decimal__" and isinstance(inner, str):
+                return Decimal(inner)
+            if tag == "__repr__":
+                return inner
+        return {k: from_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_jsonable(v) for v in value]
+    return value
+
+
+@dataclass
+class Attempt:
+    """One failed run of the message: when (epoch ms), which fate followed, and its cause."""
+
+    at_ms: int
+    fate: str
+    cause: str = ""
+
+
+@dataclass
+class Obituary:
+    """The record of one buried message.
+
+    Attributes:
+        id: the obituary id, derived from queue, message id, attempt and replay (stable, so a
+            redelivered dead letter writes the same obituary).
+        message_id: the message's stable id (``headers.message_identity``).
+        queue: the queue the message died in (its retries and replays return there).
+        reason: why it was buried (burial reason, ``undecodable: ...``, x-death reason...).
+        buried_ms: when the graveyard received it (epoch ms).
+        task: the Celery task name, None for foreign messages.
+        origin: ``celery`` or ``foreign``.
+        cause: cause fingerprint (task or queue + exception type + normalized message).
+        exc_type, exc_message, traceback: the last failure, as far as it is known.
+        importance: page, notify or ignore.
+        attempt: failed runs, the last one included.
+        attempts: every failed run with its time and fate, ending with the burial.
+        first_failure_ms, last_failure_ms: first and last failure times (epoch ms).
+        death_reason: the broker's x-death reason (rejected, expired, maxlen, delivery_limit), or
+            ``published`` when a worker buried the message by publishing a clean copy.
+        x_death: the broker's x-death tables, JSON-safe.
+        headers, properties: the dead letter's headers and AMQP properties, JSON-safe.
+        exchange, routing_key: where the dead letter was published (the DLX and the queue name).
+        payload: the raw body; None when the obituary was listed without it.
+        payload_size: body length in bytes.
+        code_version: ``dlx_code_version`` or the environment's, at burial.
+        hostname: the worker that decided the burial, or the DLX service's host.
+        replayed_from: the obituary this message was replayed from, if any.
+        replays: epoch ms of every replay of this obituary (from the replay ledger).
+    """
+
+    id: str
+    message_id: str
+    queue: str
+    reason: str
+    buried_ms: int
+    task: str | None = None
+    origin: str = ORIGIN_FOREIGN
+    cause: str = ""
+    exc_type: str = ""
+    exc_message: str = ""
+    traceback: str = ""
+    importance: str = "notify"
+    attempt: int = 0
+    attempts: list[Attempt] = field(default_factory=list)
+    first_failure_ms: int | None = None
+    last_failure_ms: int | None = None
+    death_reason: str = ""
+    x_death: list[Any] = field(default_factory=list)
+    headers: dict[str, Any] = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict)
+    exchange: str = ""
+    routing_key: str = ""
+    payload: bytes | None = None
+    payload_size: int = 0
+    code_version: str | None = None
+    hostname: str | None = None
+    replayed_from: str | None = None
+    replays: list[int] = field(default_factory=list)
+
+    @property
+    def content_type(self) -> str | None:
+        value = self.properties.get("content_type")
+        return value if isinstance(value, str) else None
+
+    @property
+    def content_encoding(self) -> str | None:
+        value = self.properties.get("content_encoding")
+        return value if isinstance(value, str) else None
+
+    def record(self) -> dict[str, Any]:
+        """The stored JSON record: everything but the payload bytes and the replays."""
+        data = asdict(self)
+        data.pop("payload")
+        data.pop("replays")
+        data["headers"] = jsonable(self.headers)
+        data["properties"] = jsonable(self.properties)
+        data["x_death"] = jsonable(self.x_death)
+        return data
+
+    def record_json(self) -> str:
+        return json.dumps(self.record(), separators=(",", ":"))
+
+    @classmethod
+    def from_record(
+        cls, record: Mapping[str, Any] | str | bytes, payload: bytes | None = None
+    ) -> Obituary:
+        """Rebuild an obituary from its stored record (JSON text or a mapping) and payload.
+
+        Raises:
+            ValueError: the record is not JSON or lacks id, message_id, queue, reason or buried_ms.
+        """
+        data = json.loads(record) if isinstance(record, (str, bytes)) else dict(record)
+        if not isinstance(data, dict):
+            raise ValueError("an obituary record must be a JSON object")
+        missing = [k for k in ("id", "message_id", "queue", "reason", "buried_ms") if k not in data]
+        if missing:
+            raise ValueError(f"obituary record lacks {', '.join(missing)}")
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["attempts"] = [Attempt(**a) for a in data.get("attempts") or []]
+        kwargs["headers"] = from_jsonable(data.get("headers") or {})
+        kwargs["properties"] = from_jsonable(data.get("properties") or {})
+        kwargs["x_death"] = from_jsonable(data.get("x_death") or [])
+        kwargs["payload"] = payload
+        return cls(**kwargs)
+
+    def summary(self) -> dict[str, Any]:
+        """A small JSON-safe view for logs, events and integrations (no payload, no headers)."""
+        return {
+            "id": self.id,
+            "message_id": self.message_id,
+            "queue": self.queue,
+            "task": self.task,
+            "origin": self.origin,
+            "reason": self.reason,
+            "cause": self.cause,
+            "exc_type": self.exc_type,
+            "exc_message": self.exc_message,
+            "importance": self.importance,
+            "attempt": self.attempt,
+            "death_reason": self.death_reason,
+            "buried_ms": self.buried_ms,
+            "first_failure_ms": self.first_failure_ms,
+            "last_failure_ms": self.last_failure_ms,
+            "payload_size": self.payload_size,
+            "content_type": self.content_type,
+            "code_version": self.code_version,
+            "hostname": self.hostname,
+        }
+
+    def json_safe(self, payload_limit: int | None = None) -> dict[str, Any]:
+        """The whole obituary as JSON-safe data, the payload as base64 with its content type.
+
+        Args:
+            payload_limit: payloads larger than this many bytes are left out
+                (``payload["truncated"]`` is then True); None keeps any size.
+        """
+        data = self.record()
+        data["replays"] = list(self.replays)
+        body = self.payload
+        left_out = body is None or (payload_limit is not None and len(body) > payload_limit)
+        data["payload"] = {
+            "base64": None if left_out or body is None else base64.b64encode(body).decode("ascii"),
+            "size": self.payload_size,
+            "content_type": self.content_type,
+            "content_encoding": self.content_encoding,
+            "truncated": left_out,
+        }
+        return data
+
+
+def payload_from_json_safe(data: Mapping[str, Any]) -> bytes | None:
+    """The payload bytes of a :meth:`Obituary.json_safe` dict, or None when it was left out."""
+    payload = data.get("payload") or {}
+    encoded = payload.get("base64") if isinstance(payload, Mapping) else None
+    return base64.b64decode(encoded) if isinstance(encoded, str) else None
+
+
+def send_to_hook(app: Any, task_name: str | None, obituary: Obituary) -> bool:
+    """Send ``obituary`` (JSON-safe) to the hook task ``task_name`` (``dlx_obituary_task``).
+
+    The obituary is already in the graveyard: a failure to send is logged and swallowed. An
+    obituary of the hook task itself is not sent to it, so a failing hook cannot feed itself.
+
+    Returns:
+        True if the task message was sent.
+    """
+    if not task_name or obituary.task == task_name:
+        return False
+    try:
+        app.send_task(
+            task_name,
+            args=[obituary.json_safe(payload_limit=HOOK_PAYLOAD_LIMIT)],
+            serializer="json",
+        )
+    except Exception:  # the hook is best effort: the graveyard holds the obituary
+        logger.warning(
+            "obituary hook %s could not be sent for obituary %s (message %s); the obituary is kept",
+            task_name,
+            obituary.id,
+            obituary.message_id,
+            exc_info=True,
+        )
+        return False
+    return True

@@ -1,0 +1,256 @@
+"""The graveyard on real Redis (RabbitMQ for replays): listing, groups, replay, purge, retention."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from kombu import Queue
+
+from celery_dlx import graveyard
+from celery_dlx.errors import DLXError
+from celery_dlx.fates import ARCHIVED, BURIED, PURGED, REPLAYED
+from celery_dlx.graveyard import Graveyard
+from celery_dlx.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEADER
+from celery_dlx.obituary import Attempt, Obituary, payload_from_json_safe
+from celery_dlx.runtime import Runtime, get_runtime
+from celery_dlx.service import buried_event
+
+BROKER_URL = os.environ.get("DLX_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+REDIS_URL = os.environ.get("DLX_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture
+def runtime(uid: str, key_prefix: str) -> Iterator[Runtime]:
+    app = Celery(f"gy-{uid}", broker=BROKER_URL, set_as_current=False)
+    app.conf.update(
+        dlx_key_prefix=key_prefix, dlx_redis_url=REDIS_URL, dlx_graveyard_retention=3600
+    )
+    rt = get_runtime(app)
+    yield rt
+    rt.reset_publisher()
+
+
+def make(
+    n: int,
+    *,
+    queue: str = "billing",
+    task: str | None = None,
+    cause: str = "c1",
+    buried_ms: int | None = None,
+    payload: bytes = b"{}",
+    **extra: Any,
+) -> Obituary:
+    at = buried_ms if buried_ms is not None else 1_700_000_000_000 + n
+    return Obituary(
+        id=f"ob-{n}",
+        message_id=f"m-{n}",
+        queue=queue,
+        reason="retry budget spent",
+        buried_ms=at,
+        task=task,
+        cause=cause,
+        exc_type="ValueError",
+        exc_message=f"bad value {n}",
+        attempt=3,
+        attempts=[Attempt(at - 2, "parked", cause), Attempt(at, "buried", cause)],
+        first_failure_ms=at - 2,
+        last_failure_ms=at,
+        headers={
+            ATTEMPT_HEADER: 2,
+            PARKS_HEADER: 2,
+            "custom": "kept",
+            "x-death": [{"queue": queue, "reason": "rejected", "count": 1}],
+        },
+        properties={"content_type": "application/json", "message_id": f"m-{n}"},
+        payload=payload,
+        payload_size=len(payload),
+        **extra,
+    )
+
+
+def bury(rt: Runtime, *obits: Obituary) -> list[bool]:
+    return Graveyard(rt.redis, rt.keys).write_many([(ob, buried_event(ob)) for ob in obits])
+
+
+def history(rt: Runtime) -> list[dict[str, str]]:
+    return [fields for _, fields in rt.history.read()]
+
+
+def test_write_is_idempotent_and_records_one_burial(runtime: Runtime) -> None:
+    ob = make(1)
+    runtime.redis.set(runtime.keys.cause("m-1"), b"{}")
+    assert bury(runtime, ob) == [True]
+    assert bury(runtime, ob) == [False]
+    rows = history(runtime)
+    assert [(r["fate"], r["message_id"]) for r in rows] == [(BURIED, "m-1")]
+    assert runtime.redis.exists(runtime.keys.cause("m-1")) == 0
+    assert graveyard.count(runtime) == 1
+
+
+def test_get_by_id_or_message_id_with_payload_bytes(runtime: Runtime) -> None:
+    body = os.urandom(10 * 1024 * 1024)
+    bury(runtime, make(1, payload=body))
+    ob = graveyard.get_obituary(runtime, "ob-1")
+    assert ob is not None and ob.payload == body and ob.payload_size == len(body)
+    assert ob.headers["custom"] == "kept"
+    by_message = graveyard.get_obituary(runtime, "m-1", with_payload=False)
+    assert by_message is not None and by_message.id == "ob-1" and by_message.payload is None
+    assert graveyard.get_obituary(runtime, "nope") is None
+
+
+def test_list_by_time_queue_task_cause_and_bounds(runtime: Runtime) -> None:
+    bury(
+        runtime,
+        make(1, queue="billing", cause="c1"),
+        make(2, queue="billing", cause="c2", task="proj.charge"),
+        make(3, queue="audit", cause="c1"),
+        make(4, queue="audit", cause="c2", task="proj.charge"),
+    )
+
+    def ids(**kw: Any) -> list[str]:
+        return [ob.id for ob in graveyard.list_obituaries(runtime, **kw)]
+
+    assert ids() == ["ob-4", "ob-3", "ob-2", "ob-1"]
+    assert ids(oldest_first=True, limit=2) == ["ob-1", "ob-2"]
+    assert ids(queue="audit") == ["ob-4", "ob-3"]
+    assert ids(task="proj.charge") == ["ob-4", "ob-2"]
+    assert ids(cause="c1") == ["ob-3", "ob-1"]
+    assert ids(cause="c2", queue="billing") == ["ob-2"]
+    assert ids(message_id="m-3") == ["ob-3"]
+    assert ids(since=1_700_000_000.002, until=1_700_000_000.003) == ["ob-3", "ob-2"]
+    assert [ob.payload for ob in graveyard.list_obituaries(runtime, limit=1)] == [None]
+    assert graveyard.queues(runtime) == [
+        ("audit", 2, 1_700_000_000_004),
+        ("billing", 2, 1_700_000_000_002),
+    ]
+
+
+def test_post_filtered_listing_pages_through_large_indexes(runtime: Runtime) -> None:
+    obits = [make(i, queue="billing" if i % 10 else "audit", cause="c") for i in range(350)]
+    bury(runtime, *obits)
+    found = graveyard.list_obituaries(runtime, cause="c", queue="audit", limit=None)
+    assert [ob.id for ob in found] == [f"ob-{i}" for i in range(340, -1, -10)]
+
+
+def test_groups_summarise_causes_still_in_the_graveyard(runtime: Runtime) -> None:
+    bury(runtime, make(1, cause="c1"), make(2, cause="c1"), make(3, cause="c2", queue="audit"))
+    groups = {g.cause: g for g in graveyard.groups(runtime)}
+    assert set(groups) == {"c1", "c2"}
+    c1 = groups["c1"]
+    assert (c1.count, c1.total, c1.first_ms, c1.last_ms, c1.example_id) == (
+        2,
+        2,
+        1_700_000_000_001,
+        1_700_000_000_002,
+        "ob-2",
+    )
+    assert (c1.exc_type, c1.exc_message, c1.queue) == ("ValueError", "bad value 2", "billing")
+    assert [g.cause for g in graveyard.groups(runtime)] == ["c2", "c1"]
+    graveyard.purge(runtime, ["ob-3"])
+    assert [g.cause for g in graveyard.groups(runtime)] == ["c1"]
+    graveyard.purge(runtime, ["ob-2"])
+    (c1,) = graveyard.groups(runtime)
+    assert (c1.count, c1.total, c1.example_id) == (1, 2, "ob-1")
+
+
+def test_purge_records_the_whole_obituary_in_the_history(runtime: Runtime) -> None:
+    bury(runtime, make(1, payload=b"\x00\xffraw"), make(2), make(3, queue="audit"))
+    with pytest.raises(DLXError, match="needs obituary ids or a filter"):
+        graveyard.purge(runtime)
+    dry = graveyard.purge(runtime, queue="billing", dry_run=True)
+    assert dry.purged == ["ob-1", "ob-2"] and graveyard.count(runtime) == 3
+    report = graveyard.purge(runtime, ["ob-1", "missing"])
+    assert (report.purged, report.missing) == (["ob-1"], ["missing"])
+    purged = [r for r in history(runtime) if r["fate"] == PURGED]
+    assert len(purged) == 1
+    kept = json.loads(purged[0]["obituary"])
+    assert kept["id"] == "ob-1" and payload_from_json_safe(kept) == b"\x00\xffraw"
+    assert graveyard.get_obituary(runtime, "ob-1") is None
+    assert graveyard.list_obituaries(runtime, message_id="m-1") == []
+    assert graveyard.purge(runtime, everything=True).purged == ["ob-2", "ob-3"]
+    assert graveyard.count(runtime) == 0 and graveyard.queues(runtime) == []
+
+
+def test_retention_moves_old_obituaries_to_the_history(runtime: Runtime) -> None:
+    now = 1_700_000_000_000 + 7200 * 1000
+    bury(
+        runtime,
+        make(1, buried_ms=now - 7200 * 1000),
+        make(2, buried_ms=now - 3601 * 1000),
+        make(3, buried_ms=now - 10),
+    )
+    assert graveyard.sweep_retention(runtime, now=now) == 2
+    assert graveyard.sweep_retention(runtime, now=now) == 0
+    assert [ob.id for ob in graveyard.list_obituaries(runtime)] == ["ob-3"]
+    archived = [r for r in history(runtime) if r["fate"] == ARCHIVED]
+    assert sorted(json.loads(r["obituary"])["id"] for r in archived) == ["ob-1", "ob-2"]
+    assert all("dlx_graveyard_retention" in r["reason"] for r in archived)
+
+
+@pytest.fixture
+def work_queue(uid: str, broker: Any, cleanup_queues: list[str]) -> str:
+    name = f"replay-{uid}"
+    Queue(name, durable=False)(broker.channel()).declare()
+    cleanup_queues.append(name)
+    return name
+
+
+def take_all(broker: Any, queue: str) -> list[Any]:
+    channel = broker.channel()
+    out = []
+    while (msg := channel.basic_get(queue, no_ack=True)) is not None:
+        out.append(msg)
+    channel.close()
+    return out
+
+
+def test_replay_publishes_to_the_queue_once_with_a_fresh_budget(
+    runtime: Runtime, broker: Any, work_queue: str
+) -> None:
+    bury(runtime, make(1, queue=work_queue, payload=b'{"a": 1}'), make(2, queue=work_queue))
+    dry = graveyard.replay(runtime, ["ob-1"], dry_run=True)
+    assert dry.replayed == ["ob-1"] and take_all(broker, work_queue) == []
+    report = graveyard.replay(runtime, ["ob-1"])
+    assert report.replayed == ["ob-1"]
+    (msg,) = take_all(broker, work_queue)
+    assert msg.body == b'{"a": 1}'
+    headers = msg.headers
+    assert headers[REPLAYED_HEADER] == "ob-1" and headers["custom"] == "kept"
+    assert ATTEMPT_HEADER not in headers and PARKS_HEADER not in headers
+    assert not any(k.startswith("x-death") for k in headers)
+    assert msg.properties["message_id"] == "m-1"
+    again = graveyard.replay(runtime, ["ob-1"])
+    assert again.replayed == [] and again.skipped[0][0] == "ob-1"
+    assert take_all(broker, work_queue) == []
+    forced = graveyard.replay(runtime, ["ob-1"], force=True, keep_attempts=True)
+    assert forced.replayed == ["ob-1"]
+    (kept,) = take_all(broker, work_queue)
+    assert kept.headers[ATTEMPT_HEADER] == 2
+    ob = graveyard.get_obituary(runtime, "ob-1")
+    assert ob is not None and len(ob.replays) == 2
+    replayed = [r for r in history(runtime) if r["fate"] == REPLAYED]
+    assert [(r["message_id"], r["attempt"]) for r in replayed] == [("m-1", "0"), ("m-1", "3")]
+
+
+def test_replay_by_group_with_a_rate_and_a_missing_queue(
+    runtime: Runtime, broker: Any, work_queue: str, uid: str
+) -> None:
+    bury(
+        runtime,
+        *(make(i, queue=work_queue, cause="grp") for i in range(5)),
+        make(9, queue=f"gone-{uid}", cause="grp"),
+        make(10, queue=work_queue, cause="other"),
+    )
+    seen: list[int] = []
+    report = graveyard.replay(runtime, cause="grp", rate=50, progress=seen.append)
+    assert sorted(report.replayed) == [f"ob-{i}" for i in range(5)]
+    assert [oid for oid, _ in report.failed] == ["ob-9"]
+    assert sum(seen) == 6
+    assert len(take_all(broker, work_queue)) == 5
+    with pytest.raises(DLXError, match="rate"):
+        graveyard.replay(runtime, ["ob-10"], rate=0)

@@ -1,0 +1,390 @@
+"""The DLX service's pure part: reading a dead letter and deciding its fate (no I/O)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from celery_dlx.config import load_config
+from celery_dlx.deadletter import (
+    EXPIRED_CAUSE,
+    PUBLISHED,
+    UNKNOWN,
+    BuryVerdict,
+    ParkVerdict,
+    RequeueVerdict,
+    build_obituary,
+    decide_letter,
+    read_dead_letter,
+)
+from celery_dlx.headers import DLXState, HistoryEntry, fingerprint, state_headers
+from celery_dlx.names import ATTEMPT_HEADER, QUEUE_HEADER, REASON_HEADER, REPLAYED_HEADER
+
+NOW = 1_700_000_000_000
+
+
+def death(queue: str = "billing", reason: str = "rejected", count: int = 1) -> dict[str, Any]:
+    return {
+        "queue": queue,
+        "reason": reason,
+        "count": count,
+        "exchange": "events",
+        "routing-keys": ["billing.created"],
+        "time": datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+    }
+
+
+def letter(
+    headers: dict[str, Any] | None = None,
+    props: dict[str, Any] | None = None,
+    body: bytes = b'{"n": 1}',
+    routing_key: str = "billing",
+) -> Any:
+    return read_dead_letter(
+        body,
+        headers if headers is not None else {"x-death": [death()]},
+        props if props is not None else {"message_id": "m-1", "content_type": "application/json"},
+        exchange="celery_dlx",
+        routing_key=routing_key,
+    )
+
+
+def config(**conf: Any) -> Any:
+    base: dict[str, Any] = {
+        "dlx_queues": {
+            "billing": {
+                "backoff": [10, 100, 1000],
+                "max_parks": 3,
+                "max_requeues": 0,
+                "importance": "page",
+            }
+        },
+    }
+    base.update(conf)
+    return load_config(base)
+
+
+def with_state(state: DLXState, reason: str = "rejected") -> dict[str, Any]:
+    return {"x-death": [death(reason=reason)], **state_headers(state)}
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def test_reads_queue_reason_and_identity_from_x_death() -> None:
+    dl = letter()
+    assert (dl.queue, dl.death_reason, dl.identity, dl.problem) == (
+        "billing",
+        "rejected",
+        "m-1",
+        None,
+    )
+    assert dl.death_ms == int(datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc).timestamp() * 1000)
+    assert dl.task is None and dl.scope == "billing"
+
+
+def test_newest_x_death_names_the_queue() -> None:
+    dl = letter({"x-death": [death("work", "rejected"), death("work_dlq_10", "expired")]})
+    assert (dl.queue, dl.death_reason) == ("work", "rejected")
+
+
+def test_missing_message_id_gets_a_stable_derived_id() -> None:
+    a = letter(props={}, body=b"payload")
+    b = letter(props={}, body=b"payload")
+    c = letter(props={}, body=b"other")
+    assert a.identity == b.identity and a.identity.startswith("sha1-")
+    assert a.identity != c.identity
+    assert a.key == b.key != c.key
+
+
+def test_celery_task_id_and_name_come_from_headers() -> None:
+    dl = letter({"x-death": [death("celery")], "id": "t-9", "task": "proj.tasks.add"}, props={})
+    assert (dl.identity, dl.task, dl.scope) == ("t-9", "proj.tasks.add", "proj.tasks.add")
+
+
+def test_key_is_stable_for_a_redelivery_and_distinct_per_death() -> None:
+    base = letter()
+    redelivered = read_dead_letter(
+        b'{"n": 1}', {"x-death": [death()]}, {"message_id": "m-1"}, redelivered=True
+    )
+    assert base.key == redelivered.key
+    other_queue = letter({"x-death": [death("audit")]})
+    later = letter(
+        with_state(DLXState(attempt=1, parks=1, history=(HistoryEntry(5, "parked", "c"),)))
+    )
+    replayed = letter({"x-death": [death()], REPLAYED_HEADER: "ob-1"})
+    assert len({base.key, other_queue.key, later.key, replayed.key}) == 4
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"x-death": ["not-a-table"]}, "undecodable: x-death[0] must be a table"),
+        ({"x-death": "nope"}, "undecodable: x-death must be a list"),
+        ({"x-death": [death()], ATTEMPT_HEADER: "abc"}, "undecodable: header x-dlx-attempt"),
+        ({"x-death": [death()], "x-dlx-history": "{bad json"}, "undecodable: header x-dlx-history"),
+    ],
+)
+def test_unreadable_headers_become_a_problem_not_an_exception(
+    headers: dict[str, Any], expected: str
+) -> None:
+    dl = letter(headers)
+    assert dl.problem is not None and dl.problem.startswith(expected)
+    verdict = decide_letter(dl, config(), None, NOW)
+    assert isinstance(verdict, BuryVerdict)
+    assert verdict.reason.startswith(expected)
+    assert verdict.exc_type == "undecodable"
+
+
+def test_body_that_is_not_bytes_is_a_problem() -> None:
+    dl = read_dead_letter("text", {"x-death": [death()]}, {})  # type: ignore[arg-type]
+    assert dl.problem is not None and "body is str" in dl.problem
+    assert isinstance(decide_letter(dl, config(), None, NOW), BuryVerdict)
+
+
+def test_nothing_naming_the_queue_is_a_problem() -> None:
+    dl = read_dead_letter(b"x", {}, {}, routing_key="")
+    assert dl.queue == "unknown" and dl.problem is not None
+
+
+header_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+header_names = st.sampled_from(
+    [
+        "x-death",
+        ATTEMPT_HEADER,
+        "x-dlx-requeues",
+        "x-dlx-parks",
+        "x-dlx-history",
+        QUEUE_HEADER,
+        REASON_HEADER,
+        REPLAYED_HEADER,
+        "x-dlx-first-failure-ms",
+        "id",
+        "task",
+        "other",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    headers=st.dictionaries(header_names, header_values, max_size=6),
+    props=st.dictionaries(
+        st.sampled_from(["message_id", "correlation_id", "type"]), header_values, max_size=2
+    ),
+    body=st.binary(max_size=64),
+)
+def test_any_headers_are_read_and_decided_without_raising(
+    headers: dict[str, Any], props: dict[str, Any], body: bytes
+) -> None:
+    dl = read_dead_letter(body, headers, props, routing_key="q")
+    verdict = decide_letter(dl, config(), None, NOW)
+    assert isinstance(verdict, (BuryVerdict, ParkVerdict, RequeueVerdict))
+    if isinstance(verdict, BuryVerdict):
+        ob = build_obituary(dl, verdict, buried_ms=NOW, code_version=None, hostname="h")
+        json.loads(ob.record_json())
+
+
+# -- deciding -----------------------------------------------------------------------------------
+
+
+def test_foreign_reject_parks_with_the_queue_backoff_then_buries_after_the_budget() -> None:
+    cfg = config()
+    state = DLXState()
+    delays = []
+    for _ in range(3):
+        verdict = decide_letter(letter(with_state(state)), cfg, None, NOW)
+        assert isinstance(verdict, ParkVerdict) and verdict.counted
+        assert verdict.importance == "page"
+        delays.append(verdict.delay)
+        state = verdict.state
+    assert delays == [10, 100, 1000]
+    assert (state.attempt, state.parks, state.requeues, state.queue) == (3, 3, 0, "billing")
+    assert [e.fate for e in state.history] == ["parked"] * 3
+    final = decide_letter(letter(with_state(state)), cfg, None, NOW)
+    assert isinstance(final, BuryVerdict)
+    assert final.reason.startswith("retry budget spent: 0 requeues, 3 parks")
+    assert final.attempt == 4
+    assert [e.fate for e in final.history] == ["parked", "parked", "parked", "buried"]
+    assert final.importance == "page"
+
+
+def test_default_policy_requeues_before_parking() -> None:
+    cfg = load_config({"dlx_max_requeues": 1, "dlx_max_parks": 1, "dlx_backoff": [7]})
+    first = decide_letter(letter(), cfg, None, NOW)
+    assert isinstance(first, RequeueVerdict)
+    assert (first.state.requeues, first.state.attempt) == (1, 1)
+    second = decide_letter(letter(with_state(first.state)), cfg, None, NOW)
+    assert isinstance(second, ParkVerdict) and second.delay == 7
+
+
+def test_cause_is_the_queue_scoped_fingerprint_of_the_failure() -> None:
+    state = DLXState(exc_type="billing.Timeout", exc_message="took 31s")
+    verdict = decide_letter(letter(with_state(state)), config(), None, NOW)
+    assert isinstance(verdict, ParkVerdict)
+    assert verdict.cause == fingerprint("billing", "billing.Timeout", "took 99s")
+    unknown = decide_letter(letter(), config(), None, NOW)
+    assert unknown.cause == fingerprint("billing", "rejected", "")
+
+
+def test_expired_parks_without_counting_a_failure() -> None:
+    cfg = config()
+    first = decide_letter(letter({"x-death": [death(reason="expired")]}), cfg, None, NOW)
+    assert isinstance(first, ParkVerdict) and not first.counted
+    assert (first.state.attempt, first.state.parks, first.delay) == (0, 0, 10)
+    assert first.state.history[-1].cause == EXPIRED_CAUSE
+    second = decide_letter(letter(with_state(first.state, "expired")), cfg, None, NOW + 1)
+    assert isinstance(second, ParkVerdict) and second.delay == 100
+    assert (
+        letter(with_state(first.state, "expired")).key
+        != letter({"x-death": [death(reason="expired")]}).key
+    )
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"dlx_expired": "bury"},
+        {"dlx_queues": {"billing": {"expired": "bury"}}},
+    ],
+)
+def test_expired_is_buried_when_configured(cfg: dict[str, Any]) -> None:
+    verdict = decide_letter(
+        letter({"x-death": [death(reason="expired")]}), load_config(cfg), None, NOW
+    )
+    assert isinstance(verdict, BuryVerdict)
+    assert "expired" in verdict.reason and verdict.attempt == 0
+
+
+def test_maxlen_parks_skipping_requeues_then_buries() -> None:
+    cfg = load_config({"dlx_max_requeues": 5, "dlx_max_parks": 1, "dlx_backoff": [3]})
+    first = decide_letter(letter({"x-death": [death(reason="maxlen")]}), cfg, None, NOW)
+    assert isinstance(first, ParkVerdict) and first.delay == 3 and first.counted
+    second = decide_letter(letter(with_state(first.state, "maxlen")), cfg, None, NOW)
+    assert isinstance(second, BuryVerdict)
+
+
+def test_delivery_limit_buries() -> None:
+    verdict = decide_letter(
+        letter({"x-death": [death(reason="delivery_limit")]}), config(), None, NOW
+    )
+    assert isinstance(verdict, BuryVerdict) and "delivery limit" in verdict.reason
+
+
+def test_cause_record_buries_with_the_workers_facts_even_with_budget_left() -> None:
+    record = {
+        "task": "proj.tasks.charge",
+        "queue": "celery",
+        "message_id": "t-1",
+        "attempt": 3,
+        "cause": "abc123",
+        "exc_type": "ValueError",
+        "exc_message": "bad card 42",
+        "traceback": "Traceback (most recent call last):\n  ...\nValueError: bad card 42",
+        "reason": "permanent failure: ValueError",
+        "importance": "page",
+        "history": [[1, "requeued", "abc123"], [2, "parked", "abc123"], [3, "buried", "abc123"]],
+        "first_failure_ms": 1,
+        "at_ms": 3,
+        "hostname": "worker@a",
+    }
+    dl = letter({"x-death": [death("celery")], "id": "t-1", "task": "proj.tasks.charge"}, props={})
+    verdict = decide_letter(dl, config(), record, NOW)
+    assert isinstance(verdict, BuryVerdict) and verdict.from_worker
+    assert (verdict.reason, verdict.cause, verdict.attempt, verdict.hostname) == (
+        "permanent failure: ValueError",
+        "abc123",
+        3,
+        "worker@a",
+    )
+    ob = build_obituary(dl, verdict, buried_ms=NOW, code_version="v1", hostname="svc")
+    assert ob.traceback.endswith("ValueError: bad card 42")
+    assert [(a.at_ms, a.fate) for a in ob.attempts] == [
+        (1, "requeued"),
+        (2, "parked"),
+        (3, "buried"),
+    ]
+    assert (ob.first_failure_ms, ob.last_failure_ms, ob.hostname, ob.origin) == (
+        1,
+        3,
+        "worker@a",
+        "celery",
+    )
+    assert (ob.id, ob.message_id, ob.task, ob.code_version) == (
+        dl.key,
+        "t-1",
+        "proj.tasks.charge",
+        "v1",
+    )
+
+
+def test_cause_record_with_junk_fields_still_buries() -> None:
+    record = {"attempt": "x", "history": "nope", "reason": 5, "cause": None}
+    verdict = decide_letter(letter(), config(), record, NOW)
+    assert isinstance(verdict, BuryVerdict)
+    assert verdict.reason == "buried by the worker" and verdict.attempt == 1
+
+
+def test_message_buried_by_publishing_keeps_the_workers_reason() -> None:
+    headers = {
+        REASON_HEADER: "undecodable: x-death[0] must be a table",
+        QUEUE_HEADER: "orders",
+        "id": "t-2",
+    }
+    dl = read_dead_letter(b"x", headers, {}, routing_key="orders")
+    assert (dl.death_reason, dl.queue, dl.problem) == (PUBLISHED, "orders", None)
+    verdict = decide_letter(dl, config(), None, NOW)
+    assert isinstance(verdict, BuryVerdict) and verdict.reason == headers[REASON_HEADER]
+
+
+def test_message_published_to_the_dlx_directly_is_buried_not_parked() -> None:
+    dl = read_dead_letter(b"x", {}, {"message_id": "m"}, routing_key="orders")
+    assert dl.death_reason == UNKNOWN
+    verdict = decide_letter(dl, config(), None, NOW)
+    assert isinstance(verdict, BuryVerdict) and "origin unknown" in verdict.reason
+
+
+def test_foreign_obituary_carries_everything() -> None:
+    state = DLXState(
+        attempt=2,
+        parks=2,
+        history=(HistoryEntry(10, "parked", "c"), HistoryEntry(20, "parked", "c")),
+        first_failure_ms=10,
+    )
+    cfg = load_config({"dlx_max_parks": 2, "dlx_max_requeues": 0})
+    dl = letter(
+        {**with_state(state), "custom": b"\x00\x01"}, props={"message_id": "m-7", "priority": 3}
+    )
+    verdict = decide_letter(dl, cfg, None, NOW)
+    assert isinstance(verdict, BuryVerdict)
+    ob = build_obituary(dl, verdict, buried_ms=NOW, code_version=None, hostname="svc")
+    assert (ob.origin, ob.queue, ob.attempt, ob.death_reason, ob.hostname) == (
+        "foreign",
+        "billing",
+        3,
+        "rejected",
+        "svc",
+    )
+    assert [a.at_ms for a in ob.attempts] == [10, 20, NOW]
+    assert (ob.first_failure_ms, ob.payload, ob.payload_size) == (10, b'{"n": 1}', 8)
+    assert ob.x_death[0]["queue"] == "billing"
+    assert ob.headers["custom"] == b"\x00\x01" and ob.properties["priority"] == 3
+    record = json.loads(ob.record_json())
+    assert record["headers"]["custom"] == {"__bytes__": "0001"}
+    assert record["x_death"][0]["time"] == {"__datetime__": "2024-01-02T03:04:05+00:00"}
