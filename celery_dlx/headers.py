@@ -103,7 +103,7 @@ def _count(headers: Mapping[str, Any], name: str) -> int:
         raise MalformedHeader(f"header {name} must be a non-negative integer, got a boolean")
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a float infinity
         raise MalformedHeader(f"header {name} must be a non-negative integer, got {value!r:.80}") from None
     if number < 0:
         raise MalformedHeader(f"header {name} must be a non-negative integer, got {number}")
@@ -115,7 +115,7 @@ def _history(raw: Any) -> tuple[HistoryEntry, ...]:
         return ()
     try:
         items = json.loads(_text(raw))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: arrays nested past the parser's stack
         raise MalformedHeader(f"header {HISTORY_HEADER} is not JSON: {_text(raw)!r:.80}") from None
     if not isinstance(items, list):
         raise MalformedHeader(f"header {HISTORY_HEADER} must be a JSON list")
