@@ -1,4 +1,4 @@
-"""The parking store's JSON codec: a parked message's headers and properties come back as they were."""
+"""The parking store's JSON codec: parked headers and properties come back as they were."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _message(**overrides: object) -> ParkedMessage:
         "message_id": "c0ffee-1",
         "attempt": 3,
         "queue": "orders",
-        "body": b'[[1], {}, {}]',
+        "body": b"[[1], {}, {}]",
         "headers": {},
         "properties": {},
         "due_ms": 1_700_000_005_000,
