@@ -57,7 +57,7 @@ def charset_of(content_encoding: str | None) -> str | None:
     except (LookupError, ValueError):
         return None
     # Codecs such as "hex" or "rot13" are bytes/str transforms, not text encodings.
-    return info.name if getattr(info, "_is_text_encoding", True) else None
+    return name if getattr(info, "_is_text_encoding", True) else None
 
 
 @dataclass

@@ -40,15 +40,18 @@ def prune(value: Any, limit: int) -> tuple[Any, bool]:
 
 
 def _prune(value: Any, budget: _Budget, depth: int) -> Any:
+    # Sizes taken are close to the value's JSON text, separators included.
     if value is None or isinstance(value, bool):
-        budget.take(5)
+        budget.take(6)
         return value
     if isinstance(value, int):
-        budget.take(8)
+        budget.take(_int_size(value))
         return value
     if isinstance(value, float):
-        budget.take(12)
-        return value if math.isfinite(value) else str(value)
+        if not math.isfinite(value):
+            return _cut_text(str(value), budget)
+        budget.take(len(repr(value)) + 1)
+        return value
     if isinstance(value, str):
         return _cut_text(value, budget)
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -63,8 +66,13 @@ def _prune(value: Any, budget: _Budget, depth: int) -> Any:
     return _cut_text(str(value), budget)
 
 
+def _int_size(value: int) -> int:
+    # Huge integers (JSON allows 4300 digits) are measured without formatting them.
+    return min(value.bit_length() * 3 // 10 + 2, 4400) + 1
+
+
 def _cut_text(text: str, budget: _Budget) -> str:
-    budget.take(2)
+    budget.take(3)
     if len(text) <= budget.remaining:
         budget.take(len(text))
         return text
@@ -84,6 +92,7 @@ def _prune_mapping(value: Mapping[Any, Any], budget: _Budget, depth: int) -> dic
             out["…"] = f"truncated: {total - done} more keys"
             break
         name = _cut_text(key if isinstance(key, str) else str(key), budget)
+        budget.take(1)
         out[name] = _prune(item, budget, depth + 1)
     return out
 

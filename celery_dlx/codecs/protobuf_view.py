@@ -54,7 +54,7 @@ def _reading(best: Fit, second: Fit | None, ctx: Context, chosen_by_hint: bool) 
     elif second is not None and second.score == best.score:
         ctx.notes.append(
             f"ambiguous: {best.type_name} and {second.type_name} fit equally well "
-            f"(score {best.score}); the first by name is shown"
+            f"(score {best.score}); a top-level type, else the first by name, is shown"
         )
     runner_up = RunnerUp(second.type_name, second.score) if second is not None else None
     return Reading(KIND_PROTOBUF, data, best.type_name, best.score, runner_up)
