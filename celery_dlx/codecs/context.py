@@ -73,6 +73,8 @@ class Context:
     notes: list[str] = field(default_factory=list)
     layers: list[str] = field(default_factory=list)
     truncated: bool = False
+    #: Size of the bytes being decoded before the limit cut them (their own size if not cut).
+    full_size: int = 0
 
     @property
     def declares_json(self) -> bool:
@@ -112,6 +114,7 @@ class Context:
             notes=[],
             layers=[*self.layers, layer],
             truncated=self.truncated,
+            full_size=self.full_size,
         )
 
     def adopt(self, child: Context) -> None:

@@ -188,6 +188,8 @@ def _inflate(data: bytes, fmt: str, name: str, ctx: Context, *, declared: bool) 
 
 
 def _cap(data: bytes, ctx: Context) -> bytes:
+    # Decompression stopped at the limit has no known full size: any cut field is plausible.
+    ctx.full_size = len(data) if not ctx.truncated else 1 << 62
     if len(data) <= ctx.limit:
         return data
     ctx.truncated = True

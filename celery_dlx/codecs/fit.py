@@ -1,103 +1,119 @@
-"""How well a protobuf type fits a body, measured on the wire fields (no schema-less guessing).
+"""How well a protobuf type fits a body, measured on its wire fields.
 
-A type's score (0 to 1) weighs, in this order: the share of wire fields the type declares with the
-wire type found (nested messages included), the share of the type's own fields present, and its
-required (proto2) fields being present. Only a type the protobuf parser accepts can win.
+A type's score (0 to 1) weighs, in this order: the share of wire fields the type explains with the
+declared wire type (nested messages included, checked field by field), the share of the type's own
+fields present, and its required (proto2) fields being present. A field the type calls ``bytes``
+explains a value that reads as text or as a message only weakly: a type that names what is inside
+explains it better. Only a type the protobuf parser accepts can win.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .jsonsafe import printable_text
-from .limits import MAX_CANDIDATES, MAX_SCAN_FIELDS, MAX_TYPED_DEPTH
+from .limits import MAX_CANDIDATES, MAX_FIT_NODES, MAX_TYPED_DEPTH, PRESELECTED
 from .registry import ProtobufRegistry
-from .wire import FIXED32, FIXED64, LEN, START_GROUP, VARINT, Field, Scan, scan
+from .shapes import (
+    SIGNED_32,
+    TYPE_BOOL,
+    TYPE_BYTES,
+    TYPE_STRING,
+    UNSIGNED_32,
+    FieldShape,
+    Shape,
+    shape_of,
+)
+from .wire import FIXED32, FIXED64, LEN, VARINT, Field, Scan, scan
 
-# FieldDescriptor.TYPE_* numbers (fixed by descriptor.proto) -> the wire type they travel as.
-_WIRE_OF = {
-    1: FIXED64,  # double
-    2: FIXED32,  # float
-    3: VARINT,  # int64
-    4: VARINT,  # uint64
-    5: VARINT,  # int32
-    6: FIXED64,  # fixed64
-    7: FIXED32,  # fixed32
-    8: VARINT,  # bool
-    9: LEN,  # string
-    10: START_GROUP,  # group
-    11: LEN,  # message
-    12: LEN,  # bytes
-    13: VARINT,  # uint32
-    14: VARINT,  # enum
-    15: FIXED32,  # sfixed32
-    16: FIXED64,  # sfixed64
-    17: VARINT,  # sint32
-    18: VARINT,  # sint64
-}
-_TYPE_BOOL, _TYPE_STRING, _TYPE_GROUP, _TYPE_MESSAGE = 8, 9, 10, 11
-# 32-bit varint types: int32 and enum (negatives travel sign-extended to 64 bits), uint32, sint32.
-_SIGNED_32 = frozenset({5, 14})
-_UNSIGNED_32 = frozenset({13, 17})
-_INT32_NEGATIVE = (1 << 64) - (1 << 31)
 _WEIGHT_MATCH, _WEIGHT_COVERAGE, _WEIGHT_REQUIRED = 0.7, 0.2, 0.1
+# Evidence from a bytes field whose value would read as text or as a message.
+_WEAK = 0.5
+_INT32_NEGATIVE = (1 << 64) - (1 << 31)
 #: Share of wire fields a type must explain to be used rather than a schema-less dump.
 MIN_MATCH = 0.6
 
 
-def is_repeated(fd: Any) -> bool:
-    """Whether a field descriptor is repeated (works across protobuf versions)."""
-    flag = getattr(fd, "is_repeated", None)
-    return bool(flag) if flag is not None else bool(fd.label == fd.LABEL_REPEATED)
-
-
-def is_required(fd: Any) -> bool:
-    """Whether a field descriptor is a proto2 required field (works across protobuf versions)."""
-    flag = getattr(fd, "is_required", None)
-    return bool(flag) if flag is not None else bool(fd.label == fd.LABEL_REQUIRED)
-
-
-@dataclass
-class _Tally:
-    matched: int = 0
-    total: int = 0
-    nodes: int = 0
-    seen: set[int] = field(default_factory=set)
-    strays: list[Field] = field(default_factory=list)
-    cache: dict[int, tuple[bytes, Scan]] = field(default_factory=dict)
-
-
 @dataclass(frozen=True)
 class Fit:
-    """One type measured against one body."""
+    """One type measured against one body (``message`` is set once protobuf parsed it)."""
 
     type_name: str
     score: float
     match: float
     coverage: float
     missing_required: tuple[str, ...]
-    strays: tuple[Field, ...]
+    strays: tuple[Field, ...] = ()
     nested: bool = False
     message: Any = None
 
 
+@dataclass
+class _Tally:
+    shapes: dict[str, Shape]
+    scans: dict[int, tuple[bytes, Scan]]
+    nodes: int = 0
+    seen: set[int] = field(default_factory=set)
+    strays: list[Field] = field(default_factory=list)
+
+
 def rank(
     registry: ProtobufRegistry, scanned: Scan, data: bytes, hint: str | None = None
-) -> list[Fit]:
+) -> tuple[list[Fit], bool]:
     """Registered types that parse ``data``, best first (``hint``, when it parses, first of all).
 
-    Every type is measured on the wire fields; only the best :data:`MAX_CANDIDATES` (and the hint)
-    are parsed by protobuf, which also confirms nested required fields.
+    Every type gets a quick score from the top-level wire types alone, which can only fall once
+    nested messages and string contents are looked at. Types are measured field by field in quick
+    score order until no unmeasured type can beat the runner-up, or :data:`PRESELECTED` different
+    shapes were measured (types of one shape are measured once). The best
+    :data:`MAX_CANDIDATES` are parsed by protobuf, which also finds missing required fields in
+    nested messages.
+
+    Returns:
+        The fits, and whether the search stopped at :data:`PRESELECTED` with types left that
+        might have fitted better.
     """
-    cache: dict[int, tuple[bytes, Scan]] = {}
-    cheap = [_measure(name, cls, scanned, cache) for name, cls in registry.candidates()]
-    cheap.sort(key=_order)
-    chosen = cheap[:MAX_CANDIDATES]
-    chosen += [f for f in cheap[MAX_CANDIDATES:] if f.type_name == hint]
+    shapes = registry.shapes
+    pairs = Counter((f.number, f.wire_type) for f in scanned.fields)
+    quick = sorted(
+        (
+            (_quick(shape_of(cls.DESCRIPTOR, shapes), pairs), cls)
+            for _, cls in registry.candidates()
+        ),
+        key=lambda item: item[0],
+    )
+    scans: dict[int, tuple[bytes, Scan]] = {}
+    measured: list[Fit] = []
+    alike: dict[tuple[Any, ...], Fit] = {}
+    cut_short = False
+    for (bound, *_), cls in quick:
+        # Only the best and the runner-up need exact scores; the rest are parse fallbacks.
+        if len(measured) >= 2 and -bound < measured[1].score:
+            break
+        shape = shape_of(cls.DESCRIPTOR, shapes)
+        twin = alike.get(shape.signature)
+        if twin is not None:
+            measured.append(replace(twin, type_name=shape.name, nested=shape.nested))
+        elif len(alike) >= PRESELECTED:
+            cut_short = True
+            break
+        else:
+            alike[shape.signature] = _measure(cls, scanned, shapes, scans)
+            measured.append(alike[shape.signature])
+        measured.sort(key=_order)
+    named = [cls for _, cls in quick if _named(cls, hint)]
+    if named and all(f.type_name != hint for f in measured):
+        measured.append(_measure(named[0], scanned, shapes, scans))
+    chosen = [f for i, f in enumerate(measured) if i < MAX_CANDIDATES or f.type_name == hint]
     parsed = [fit for fit in (_parse(f, registry, data) for f in chosen) if fit is not None]
     parsed.sort(key=lambda f: (f.type_name != hint, *_order(f)))
-    return parsed
+    return parsed, cut_short
+
+
+def _named(cls: Any, hint: str | None) -> bool:
+    return hint is not None and cls.DESCRIPTOR.full_name == hint
 
 
 def _order(fit: Fit) -> tuple[float, bool, str]:
@@ -105,26 +121,45 @@ def _order(fit: Fit) -> tuple[float, bool, str]:
     return (-fit.score, fit.nested, fit.type_name)
 
 
-def _measure(name: str, cls: Any, scanned: Scan, cache: dict[int, tuple[bytes, Scan]]) -> Fit:
-    descriptor = cls.DESCRIPTOR
-    tally = _Tally(cache=cache)
-    _walk(descriptor, scanned.fields, 0, tally)
-    declared = len(descriptor.fields)
-    missing = tuple(
-        fd.name for fd in descriptor.fields if is_required(fd) and fd.number not in tally.seen
+def _quick(shape: Shape, pairs: Counter[tuple[int, int]]) -> tuple[float, bool, str]:
+    """A sort key from top-level wire types alone (nested content is not looked at)."""
+    total = sum(pairs.values())
+    matched = sum(
+        n for (number, wire), n in pairs.items() if _wire_ok(shape.fields.get(number), wire)
     )
-    return _fit(name, tally, declared, missing, descriptor.containing_type is not None)
+    seen = {number for number, wire in pairs if _wire_ok(shape.fields.get(number), wire)}
+    missing = any(number not in seen for number, _ in shape.required)
+    score = _score(matched / total if total else 0.0, _coverage(seen, shape), not missing)
+    return (-score, shape.nested, shape.name)
 
 
-def _fit(name: str, tally: _Tally, declared: int, missing: tuple[str, ...], nested: bool) -> Fit:
-    match = tally.matched / tally.total if tally.total else 0.0
-    coverage = len(tally.seen) / declared if declared else 0.0
-    score = (
-        _WEIGHT_MATCH * match
-        + _WEIGHT_COVERAGE * coverage
-        + (_WEIGHT_REQUIRED if not missing else 0.0)
+def _wire_ok(fs: FieldShape | None, wire: int) -> bool:
+    if fs is None:
+        return False
+    return wire == fs.wire or (
+        wire == LEN and fs.repeated and fs.wire in (VARINT, FIXED32, FIXED64)
     )
-    return Fit(name, round(score, 3), match, coverage, missing, tuple(tally.strays), nested)
+
+
+def _coverage(seen: set[int], shape: Shape) -> float:
+    return len(seen) / len(shape.fields) if shape.fields else 0.0
+
+
+def _score(match: float, coverage: float, required_ok: bool) -> float:
+    weighted = _WEIGHT_MATCH * match + _WEIGHT_COVERAGE * coverage
+    return round(weighted + (_WEIGHT_REQUIRED if required_ok else 0.0), 3)
+
+
+def _measure(
+    cls: Any, scanned: Scan, shapes: dict[str, Shape], scans: dict[int, tuple[bytes, Scan]]
+) -> Fit:
+    shape = shape_of(cls.DESCRIPTOR, shapes)
+    tally = _Tally(shapes, scans)
+    match = _walk(shape, scanned.fields, 0, tally) if scanned.fields else 0.0
+    coverage = _coverage(tally.seen, shape)
+    missing = tuple(name for number, name in shape.required if number not in tally.seen)
+    score = _score(match, coverage, not missing)
+    return Fit(shape.name, score, match, coverage, missing, tuple(tally.strays), shape.nested)
 
 
 def _parse(fit: Fit, registry: ProtobufRegistry, data: bytes) -> Fit | None:
@@ -141,71 +176,92 @@ def _parse(fit: Fit, registry: ProtobufRegistry, data: bytes) -> Fit | None:
 
 
 def _walk(
-    descriptor: Any, fields: list[Field] | tuple[Field, ...], depth: int, tally: _Tally
-) -> None:
+    shape: Shape, fields: list[Field] | tuple[Field, ...], depth: int, tally: _Tally
+) -> float:
+    """Mean evidence ``shape`` gives the fields (those read before the node budget ran out)."""
+    total, got = 0, 0.0
     for item in fields:
-        if tally.nodes >= MAX_SCAN_FIELDS:
-            return
+        if tally.nodes >= MAX_FIT_NODES:
+            break
         tally.nodes += 1
-        tally.total += 1
-        fd = descriptor.fields_by_number.get(item.number)
-        fits = fd is not None and _fits(fd, item, depth, tally)
-        if fits:
-            tally.matched += 1
+        total += 1
+        fs = shape.fields.get(item.number)
+        evidence = _evidence(fs, item, depth, tally) if fs is not None else 0.0
+        got += evidence
         if depth == 0:
-            if fits:
+            if evidence:
                 tally.seen.add(item.number)
             else:
                 tally.strays.append(item)
+    # An empty sub-message fits any message type.
+    return got / total if total else 1.0
 
 
-def _fits(fd: Any, item: Field, depth: int, tally: _Tally) -> bool:
-    expected = _WIRE_OF.get(fd.type)
+def _evidence(fs: FieldShape, item: Field, depth: int, tally: _Tally) -> float:
+    """How well one declared field explains one wire field, 0 to 1."""
     value = item.value
-    if item.wire_type != expected:
-        return _packed_fits(fd, item, expected)
-    if fd.type in (_TYPE_MESSAGE, _TYPE_GROUP):
-        return _nested_fits(fd.message_type, value, depth, tally)
-    if fd.type == _TYPE_STRING:
-        # Parsers accept any UTF-8 (proto3) or any bytes (proto2); real strings are readable.
-        return isinstance(value, bytes) and printable_text(value) is not None
-    if fd.type == _TYPE_BOOL:
+    if item.wire_type != fs.wire:
+        return 1.0 if _packed_fits(fs, item) else 0.0
+    if fs.message is not None:
+        return _nested(fs.message, value, depth, tally)
+    if isinstance(value, bytes):
+        text = printable_text(value)
+        if fs.type == TYPE_STRING:
+            # Parsers accept any UTF-8 (proto3) or any bytes (proto2); real strings are readable.
+            return 1.0 if text is not None else 0.0
+        if fs.type == TYPE_BYTES and (text is not None or _message_like(value, tally)):
+            return _WEAK
+        return 1.0
+    return 1.0 if _in_range(fs.type, value) else 0.0
+
+
+def _in_range(type_number: int, value: Any) -> bool:
+    if not isinstance(value, int):
+        return True
+    if type_number == TYPE_BOOL:
         return value in (0, 1)
-    if fd.type in _SIGNED_32 and isinstance(value, int):
+    if type_number in SIGNED_32:
         return value < (1 << 31) or value >= _INT32_NEGATIVE
-    if fd.type in _UNSIGNED_32 and isinstance(value, int):
+    if type_number in UNSIGNED_32:
         return value < (1 << 32)
     return True
 
 
-def _nested_fits(descriptor: Any, value: Any, depth: int, tally: _Tally) -> bool:
-    if depth + 1 >= MAX_TYPED_DEPTH:
-        return True
-    if isinstance(value, tuple):
-        _walk(descriptor, value, depth + 1, tally)
-        return True
-    if not isinstance(value, bytes):
-        return False
+def _scan(value: bytes, tally: _Tally) -> Scan:
     key = id(value)
-    if key not in tally.cache:
-        tally.cache[key] = (value, scan(value))
-    inner = tally.cache[key][1]
-    if not inner.ok:
-        return False
-    _walk(descriptor, inner.fields, depth + 1, tally)
-    return True
+    if key not in tally.scans:
+        tally.scans[key] = (value, scan(value))
+    return tally.scans[key][1]
 
 
-def _packed_fits(fd: Any, item: Field, expected: int | None) -> bool:
-    """A repeated number field may arrive packed: one length-delimited run of values."""
-    if item.wire_type != LEN or not is_repeated(fd) or expected not in (VARINT, FIXED32, FIXED64):
-        return False
-    value = item.value
+def _message_like(value: bytes, tally: _Tally) -> bool:
+    inner = _scan(value, tally)
+    return bool(value) and inner.ok
+
+
+def _nested(descriptor: Any, value: Any, depth: int, tally: _Tally) -> float:
+    """How well a sub-message (or group) fits its declared type, 0 to 1."""
+    if depth + 1 >= MAX_TYPED_DEPTH:
+        return 1.0
+    shape = shape_of(descriptor, tally.shapes)
+    if isinstance(value, tuple):
+        return _walk(shape, value, depth + 1, tally)
     if not isinstance(value, bytes):
+        return 0.0
+    inner = _scan(value, tally)
+    if not inner.ok:
+        return 0.0
+    return _walk(shape, inner.fields, depth + 1, tally)
+
+
+def _packed_fits(fs: FieldShape, item: Field) -> bool:
+    """A repeated number field may arrive packed: one length-delimited run of values."""
+    value = item.value
+    if not (item.wire_type == LEN and _wire_ok(fs, LEN) and isinstance(value, bytes)):
         return False
-    if expected == FIXED32:
+    if fs.wire == FIXED32:
         return len(value) % 4 == 0
-    if expected == FIXED64:
+    if fs.wire == FIXED64:
         return len(value) % 8 == 0
     # Varints end on a byte without the high bit, so a packed run ends on one too.
     return not value or value[-1] < 0x80

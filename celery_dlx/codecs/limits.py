@@ -15,8 +15,12 @@ MAX_DATA_DEPTH = 64
 MAX_WIRE_DEPTH = 8
 #: Fields a schema-less wire dump shows at most (all levels together).
 MAX_DUMP_FIELDS = 1000
-#: Fields read from one body when scoring protobuf types; the rest is not looked at.
+#: Fields read from one message without a schema (a longer message is read in part).
 MAX_SCAN_FIELDS = 20_000
+#: Wire fields (all levels) looked at when measuring how one type fits a body.
+MAX_FIT_NODES = 2_000
+#: Registered types measured field by field per body at most (the best by top-level wire types).
+PRESELECTED = 64
 #: Nesting of typed protobuf messages followed when scoring a type.
 MAX_TYPED_DEPTH = 16
 #: Registered protobuf types fully parsed per body (the best by a cheap wire-level fit).

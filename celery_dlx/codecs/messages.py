@@ -9,11 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .fit import is_repeated
 from .jsonsafe import hex_preview, printable_text
 from .limits import MAX_TYPED_DEPTH, PREVIEW_BYTES
+from .shapes import TYPE_BYTES, TYPE_ENUM, is_repeated
 
-_TYPE_ENUM, _TYPE_BYTES = 14, 12
 # Values of bytes fields longer than this are shown as a hex preview only.
 _BYTES_SHOWN = PREVIEW_BYTES * 16
 _NOT_WELL_KNOWN = object()
@@ -44,11 +43,11 @@ def _single(fd: Any, value: Any, depth: int) -> Any:
             return f"…(nested deeper than {MAX_TYPED_DEPTH} levels)"
         known = _well_known(value)
         return message_data(value, depth + 1) if known is _NOT_WELL_KNOWN else known
-    if fd.type == _TYPE_ENUM:
+    if fd.type == TYPE_ENUM:
         known = fd.enum_type.values_by_number.get(value)
         return known.name if known is not None else value
     if isinstance(value, bytes):
-        return _bytes(value) if fd.type == _TYPE_BYTES else value.decode("utf-8", errors="replace")
+        return _bytes(value) if fd.type == TYPE_BYTES else value.decode("utf-8", errors="replace")
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .context import Context, Reading
 from .fit import MIN_MATCH, Fit, rank
+from .limits import PRESELECTED
 from .messages import message_data
 from .registry import INSTALL_HINT, MODULES_SETTING, SETS_SETTING, protobuf_available
 from .result import KIND_PROTOBUF, KIND_PROTOBUF_WIRE, RunnerUp
@@ -23,7 +24,12 @@ def typed(data: bytes, ctx: Context, scanned: Scan | None = None) -> Reading | N
     hint = ctx.type_hint
     if hint and hint not in ctx.registry:
         ctx.notes.append(f"the content type names protobuf type {hint}, which is not registered")
-    fits = rank(ctx.registry, scanned, data, hint)
+    fits, cut_short = rank(ctx.registry, scanned, data, hint)
+    if cut_short:
+        ctx.notes.append(
+            f"many registered types fit the top-level fields; only the best {PRESELECTED} by "
+            "those were measured in depth"
+        )
     if not fits:
         ctx.notes.append("no registered protobuf type parses the body")
         return None
@@ -74,7 +80,9 @@ def wire(
             ctx.notes.append(f"not valid protobuf: {scanned.error}")
         return None
     if scanned.error is not None:
-        if not (declared or ctx.truncated):
+        # A body cut at the limit breaks its last field; a break the full body explains is fine.
+        cut_here = scanned.needs is not None and scanned.needs <= ctx.full_size
+        if not (declared or (ctx.truncated and cut_here)):
             return None
         what = "the body is cut at the decode limit" if ctx.truncated else "not valid protobuf"
         ctx.notes.append(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
+from .shapes import Shape
 
 #: Where to get protobuf support.
 INSTALL_HINT = "protobuf support needs `pip install celery-dlx[protobuf]`"
@@ -52,6 +53,8 @@ class ProtobufRegistry:
         self._pool: Any = None
         self._classes: dict[str, Any] = {}
         self._sources: list[str] = []
+        #: Per-type data the decoder derives from descriptors, built once per registry.
+        self.shapes: dict[str, Shape] = {}
 
     @property
     def type_names(self) -> tuple[str, ...]:

@@ -47,6 +47,9 @@ class Scan:
     fields: list[Field] = field(default_factory=list)
     error: str | None = None
     capped: bool = False
+    #: Where the data would have to go on for the field that failed to be whole, when the
+    #: error is the data ending mid-field (a cut body) rather than bytes that are not protobuf.
+    needs: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -56,6 +59,12 @@ class Scan:
 
 class _Corrupt(ValueError):
     pass
+
+
+class _Ended(_Corrupt):
+    def __init__(self, message: str, needs: int) -> None:
+        super().__init__(message)
+        self.needs = needs
 
 
 def scan(data: bytes, max_fields: int = MAX_SCAN_FIELDS) -> Scan:
@@ -75,6 +84,7 @@ def scan(data: bytes, max_fields: int = MAX_SCAN_FIELDS) -> Scan:
             result.fields.append(item)
     except _Corrupt as exc:
         result.error = str(exc)
+        result.needs = exc.needs if isinstance(exc, _Ended) else None
     return result
 
 
@@ -82,7 +92,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     value = 0
     for shift in range(0, 70, 7):
         if pos >= len(data):
-            raise _Corrupt(f"varint at byte {pos} runs past the end of the data")
+            raise _Ended(f"varint at byte {pos} runs past the end of the data", pos + 1)
         byte = data[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
@@ -105,9 +115,10 @@ def _field(data: bytes, pos: int, depth: int) -> tuple[Field, int]:
     if wire_type in (FIXED64, FIXED32):
         size = 8 if wire_type == FIXED64 else 4
         if pos + size > len(data):
-            raise _Corrupt(
+            raise _Ended(
                 f"field {number} ({WIRE_NAMES[wire_type]}) at byte {start} needs {size} bytes "
-                f"but only {len(data) - pos} remain"
+                f"but only {len(data) - pos} remain",
+                pos + size,
             )
         return Field(
             number, wire_type, int.from_bytes(data[pos : pos + size], "little"), start
@@ -115,9 +126,10 @@ def _field(data: bytes, pos: int, depth: int) -> tuple[Field, int]:
     if wire_type == LEN:
         size, pos = _varint(data, pos)
         if pos + size > len(data):
-            raise _Corrupt(
+            raise _Ended(
                 f"field {number} (length-delimited) at byte {start} claims {size} bytes "
-                f"but only {len(data) - pos} remain"
+                f"but only {len(data) - pos} remain",
+                pos + size,
             )
         return Field(number, wire_type, data[pos : pos + size], start), pos + size
     if wire_type == START_GROUP:
@@ -133,7 +145,7 @@ def _group(data: bytes, pos: int, number: int, start: int, depth: int) -> tuple[
     members: list[Field] = []
     while True:
         if pos >= len(data):
-            raise _Corrupt(f"group {number} starting at byte {start} has no end")
+            raise _Ended(f"group {number} starting at byte {start} has no end", pos + 1)
         item, pos = _field(data, pos, depth + 1)
         if item.wire_type == END_GROUP:
             if item.number != number:

@@ -407,3 +407,65 @@ def test_wire_dump_of_very_many_fields_is_cut_with_a_note() -> None:
     assert decoded.data[-1] == {"truncated": "4000 more fields not shown"}
     assert "wire dump cut: too many fields or nested too deeply" in decoded.notes
     assert decoded.truncated
+
+
+def _decoys(count: int) -> bytes:
+    """A descriptor set of ``count`` types with Shipment's first fields, sub-messages as bytes."""
+    from google.protobuf import descriptor_pb2
+
+    proto = descriptor_pb2.FieldDescriptorProto
+    fds = descriptor_pb2.FileDescriptorSet()
+    file = fds.file.add(name="decoys.proto", package="decoys", syntax="proto3")
+    for i in range(count):
+        message = file.message_type.add(name=f"Decoy{i}")
+        first = proto.TYPE_STRING if i % 2 else proto.TYPE_BYTES
+        message.field.add(name="id", number=1, type=first, label=proto.LABEL_OPTIONAL)
+        message.field.add(name="blob", number=2, type=proto.TYPE_BYTES, label=proto.LABEL_OPTIONAL)
+        message.field.add(name="parts", number=3, type=proto.TYPE_BYTES, label=proto.LABEL_REPEATED)
+    return fds.SerializeToString()
+
+
+def test_a_type_naming_nested_messages_beats_many_that_call_them_bytes(
+    descriptor_set: Path,
+) -> None:
+    registry = ProtobufRegistry()
+    registry.add_descriptor_set(descriptor_set)
+    registry.add_descriptor_set(_decoys(200))
+    # Only fields 1-3: a decoy {1: string, 2: bytes, 3: bytes} covers all it declares.
+    message = registry.message_class(f"{EVENTS}.Shipment")(order_id="o-1")
+    message.address.city = "Brest"
+    message.items.add(sku="C-3", quantity=4)
+    decoded = decode(message.SerializeToString(), registry)
+    assert decoded.type_name == f"{EVENTS}.Shipment"
+    assert decoded.runner_up is not None and decoded.runner_up.type_name.startswith("decoys.")
+    assert decoded.runner_up.score < decoded.score
+    assert decoded.data == {
+        "order_id": "o-1",
+        "address": {"city": "Brest"},
+        "items": [{"sku": "C-3", "quantity": 4}],
+    }
+
+
+def test_protobuf_longer_than_the_limit_is_dumped_up_to_the_cut(registry: ProtobufRegistry) -> None:
+    message = registry.message_class(f"{EVENTS}.Shipment")(order_id="o-big")
+    for i in range(3000):
+        message.items.add(sku=f"sku-{i}", quantity=i % 5)
+    decoded = decode(message.SerializeToString(), registry, limit=4096)
+    assert decoded.kind == "protobuf-wire"
+    assert decoded.truncated
+    assert decoded.data[0] == {
+        "field": 1,
+        "wire_type": "length-delimited",
+        "length": 5,
+        "text": "o-big",
+    }
+    assert decoded.data[1]["message"][0]["text"] == "sku-0"
+    assert "typed protobuf decoding skipped: the body is cut at the decode limit" in decoded.notes
+    assert any(n.startswith("the body is cut at the decode limit: field 3") for n in decoded.notes)
+
+
+def test_random_bytes_cut_at_the_limit_are_not_passed_off_as_protobuf() -> None:
+    # Field 1 varint, then wire type 7 (invalid) long before the cut: not a cut message.
+    decoded = decode(b"\x08\x01\x0f" + b"\x00" * 5000, None, limit=1024)
+    assert decoded.kind == "binary"
+    assert decoded.truncated

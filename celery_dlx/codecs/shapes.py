@@ -1,0 +1,93 @@
+"""Protobuf message types reduced to what fitting needs: per field number, wire type and kind.
+
+Reading descriptors is slow compared with plain dicts; a registry keeps each type's shape once
+built, so fitting a body against hundreds of types stays cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .wire import FIXED32, FIXED64, LEN, START_GROUP, VARINT
+
+# FieldDescriptor.TYPE_* numbers (fixed by descriptor.proto) -> the wire type they travel as.
+WIRE_OF = {
+    1: FIXED64,  # double
+    2: FIXED32,  # float
+    3: VARINT,  # int64
+    4: VARINT,  # uint64
+    5: VARINT,  # int32
+    6: FIXED64,  # fixed64
+    7: FIXED32,  # fixed32
+    8: VARINT,  # bool
+    9: LEN,  # string
+    10: START_GROUP,  # group
+    11: LEN,  # message
+    12: LEN,  # bytes
+    13: VARINT,  # uint32
+    14: VARINT,  # enum
+    15: FIXED32,  # sfixed32
+    16: FIXED64,  # sfixed64
+    17: VARINT,  # sint32
+    18: VARINT,  # sint64
+}
+TYPE_BOOL, TYPE_STRING, TYPE_GROUP, TYPE_MESSAGE, TYPE_BYTES, TYPE_ENUM = 8, 9, 10, 11, 12, 14
+#: 32-bit varint types whose negatives travel sign-extended to 64 bits (int32, enum).
+SIGNED_32 = frozenset({5, 14})
+#: 32-bit varint types that never exceed 32 bits on the wire (uint32, sint32).
+UNSIGNED_32 = frozenset({13, 17})
+
+
+def is_repeated(fd: Any) -> bool:
+    """Whether a field descriptor is repeated (works across protobuf versions)."""
+    flag = getattr(fd, "is_repeated", None)
+    return bool(flag) if flag is not None else bool(fd.label == fd.LABEL_REPEATED)
+
+
+def is_required(fd: Any) -> bool:
+    """Whether a field descriptor is a proto2 required field (works across protobuf versions)."""
+    flag = getattr(fd, "is_required", None)
+    return bool(flag) if flag is not None else bool(fd.label == fd.LABEL_REQUIRED)
+
+
+@dataclass(frozen=True)
+class FieldShape:
+    """One declared field: the wire type it travels as, its type number, and its message type."""
+
+    wire: int | None
+    type: int
+    repeated: bool
+    message: Any = None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One message type: its fields by number, required fields, and whether it is nested."""
+
+    name: str
+    fields: dict[int, FieldShape]
+    required: tuple[tuple[int, str], ...]
+    nested: bool
+    #: Equal for types that look the same on the wire (so fit the same bodies equally).
+    signature: tuple[Any, ...] = ()
+
+
+def shape_of(descriptor: Any, cache: dict[str, Shape]) -> Shape:
+    """The shape of a message descriptor, built once per ``cache``."""
+    name = descriptor.full_name
+    found = cache.get(name)
+    if found is not None:
+        return found
+    fields = {
+        fd.number: FieldShape(WIRE_OF.get(fd.type), fd.type, is_repeated(fd), fd.message_type)
+        for fd in descriptor.fields
+    }
+    required = tuple((fd.number, fd.name) for fd in descriptor.fields if is_required(fd))
+    signature = tuple(
+        (number, fs.wire, fs.type, fs.repeated, fs.message.full_name if fs.message else None)
+        for number, fs in sorted(fields.items())
+    ) + tuple(number for number, _ in required)
+    shape = Shape(name, fields, required, descriptor.containing_type is not None, signature)
+    cache[name] = shape
+    return shape
