@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .context import header
+
 #: Keys of a protocol 1 body that protocol 2 moved into the ``embed`` part.
 _PROTOCOL1_EMBED = ("callbacks", "errbacks", "chord", "chain", "taskset", "group")
 
@@ -21,15 +23,8 @@ def header_task(headers: Mapping[Any, Any] | None) -> str | None:
     """The task name of a protocol 2 message, from its ``task`` header, if there is one."""
     if not headers:
         return None
-    name = _text(_get(headers, "task"))
+    name = _text(header(headers, "task"))
     return name or None
-
-
-def _get(headers: Mapping[Any, Any], key: str) -> Any:
-    try:
-        return headers.get(key)
-    except Exception:  # a foreign mapping may fail on lookups; treat as absent
-        return None
 
 
 def celery_view(
@@ -69,7 +64,7 @@ def _protocol2(
         )
     view = {
         "task": task,
-        "id": _text(_get(headers, "id")),
+        "id": _text(header(headers, "id")),
         "args": value[0],
         "kwargs": value[1],
         "embed": value[2] or {},

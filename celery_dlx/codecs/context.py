@@ -47,6 +47,16 @@ def media_type(content_type: Any) -> tuple[str | None, dict[str, str]]:
     return head.strip().lower(), params
 
 
+def header(headers: Mapping[Any, Any] | None, name: str) -> Any:
+    """``headers[name]``, or None when absent or when a foreign mapping fails on the lookup."""
+    if not headers:
+        return None
+    try:
+        return headers.get(name)
+    except Exception:  # a broker client's mapping type may raise on odd keys: treat as absent
+        return None
+
+
 def charset_of(content_encoding: str | None) -> str | None:
     """A text encoding named by ``content_encoding`` other than UTF-8, else None."""
     name = (content_encoding or "").strip().lower()

@@ -12,7 +12,7 @@ from typing import Any
 from . import protobuf_view
 from .celery_body import celery_view, header_task
 from .compression import UNSUPPORTED, format_of, inflate, sniff_format
-from .context import Context, Reading, charset_of, media_type
+from .context import Context, Reading, charset_of, header, media_type
 from .jsonsafe import is_printable, opaque_view, printable_text, prune
 from .limits import DEFAULT_LIMIT, MAX_EMBEDDED, MAX_LAYERS, MIN_LIMIT
 from .registry import ProtobufRegistry
@@ -128,7 +128,7 @@ def _decode(
 
 def _declared_layers(data: bytes, encoding: str | None, ctx: Context) -> bytes:
     """Undo the compression or base64 the content encoding and Kombu's header declare."""
-    compression = ctx.headers.get("compression") if ctx.headers else None
+    compression = header(ctx.headers, "compression")
     if isinstance(compression, bytes):
         compression = compression.decode("latin-1")
     for name in (compression, encoding):
@@ -224,7 +224,7 @@ def _opaque(data: bytes, ctx: Context) -> dict[str, Any]:
     task = header_task(ctx.headers)
     if task is not None and ctx.headers is not None:
         view["task"] = task
-        view["id"] = _header_text(ctx.headers.get("id"))
+        view["id"] = _header_text(header(ctx.headers, "id"))
     return view
 
 

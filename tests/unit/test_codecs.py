@@ -11,6 +11,7 @@ import lzma
 import os
 import tracemalloc
 import zlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -348,3 +349,22 @@ def test_msgpack_is_decoded_when_installed_and_named_when_not() -> None:
 def test_headers_and_content_metadata_are_optional() -> None:
     decoded = decode_payload(b'{"a": 1}')
     assert (decoded.kind, decoded.data) == ("json", {"a": 1})
+
+
+class _HostileHeaders(Mapping[str, Any]):
+    """A header mapping that fails on every lookup, as a broken client's table type might."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise RuntimeError("boom")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["task"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+def test_a_header_mapping_that_fails_on_lookup_is_treated_as_empty() -> None:
+    decoded = decode(b"[[1], {}, {}]", content_type="application/json", headers=_HostileHeaders())
+    assert (decoded.kind, decoded.data) == ("json", [[1], {}, {}])
+    assert not any(note.startswith("internal error") for note in decoded.notes)
