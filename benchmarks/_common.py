@@ -1,0 +1,90 @@
+"""Helpers shared by the benchmark scripts: service URLs, unique names, percentiles, ratio lines.
+
+Benchmarks run against the real RabbitMQ and Redis (``DLX_BENCH_BROKER`` / ``DLX_BENCH_REDIS``
+override the loopback defaults), use unique queue names and key prefixes, and delete what they
+created. Speed is reported as a ratio against a baseline measured in the same run, so a busy
+machine moves both sides together.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BROKER_URL = os.environ.get("DLX_BENCH_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+REDIS_URL = os.environ.get("DLX_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def unique(prefix: str) -> str:
+    """A name no other run uses: ``<prefix>-<10 hex digits>``."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """The ``pct`` percentile (0-100) of ``values``, linearly interpolated; NaN when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * pct / 100.0
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of ``values``; NaN when empty."""
+    return statistics.median(values) if values else math.nan
+
+
+def ratio_line(name: str, measured: float, baseline: float, target: float) -> str:
+    """One line ``RATIO <name>: <measured>/<baseline> = <x> (target >= <t>) OK|BELOW``."""
+    ratio = measured / baseline if baseline else math.nan
+    verdict = "OK" if ratio >= target else "BELOW"
+    return (
+        f"RATIO {name}: {measured:,.1f} / {baseline:,.1f} = {ratio:.2f}x "
+        f"(target >= {target:.2f}x) {verdict}"
+    )
+
+
+def limit_line(name: str, measured: float, limit: float, unit: str = "") -> str:
+    """One line ``LIMIT <name>: <measured> (target <= <limit>) OK|ABOVE``."""
+    verdict = "OK" if measured <= limit else "ABOVE"
+    return f"LIMIT {name}: {measured:,.1f}{unit} (target <= {limit:,.1f}{unit}) {verdict}"
+
+
+def delete_keys(client: Any, prefix: str) -> int:
+    """Delete every Redis key of the celery_dlx key prefix ``prefix`` (``{prefix}*``)."""
+    deleted = 0
+    for key in client.scan_iter(match="{" + prefix + "}*", count=1000):
+        deleted += int(client.delete(key))
+    return deleted
+
+
+@contextmanager
+def scratch_queues(connection: Any) -> Iterator[list[str]]:
+    """Yield a list; every queue (or ``exchange:NAME``) appended is deleted on exit."""
+    names: list[str] = []
+    try:
+        yield names
+    finally:
+        channel = connection.channel()
+        for name in names:
+            try:
+                if name.startswith("exchange:"):
+                    channel.exchange_delete(name[len("exchange:") :])
+                else:
+                    channel.queue_delete(name)
+            except Exception:  # a queue already gone closes the channel; keep cleaning
+                channel = connection.channel()
+        channel.close()
