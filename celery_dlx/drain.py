@@ -199,14 +199,14 @@ def _pipelined(runtime: Runtime, io: Executor, deadline: float, total: DrainResu
         _record(runtime, published)
         total.add(published.result(len(claimed)))
     if claiming is not None:
-        _give_back(runtime, claiming.result(), total)
+        _give_back(runtime, claiming.result())
     for settle in settles:
         stale, failed = settle.result()
         total.stale += stale
         total.failed = total.failed or failed
 
 
-def _give_back(runtime: Runtime, claimed: list[ParkedMessage] | None, total: DrainResult) -> None:
+def _give_back(runtime: Runtime, claimed: list[ParkedMessage] | None) -> None:
     """Release a batch claimed ahead that a failure kept from being published.
 
     Nothing of it reached the broker, so it is safe to make it due again now rather than at the

@@ -492,6 +492,45 @@ def test_a_lost_broker_connection_keeps_the_batch_and_logs_one_warning(
         proxy.close()
 
 
+def test_a_broker_lost_during_a_backlog_run_loses_nothing(
+    key_prefix: str,
+    broker: Connection,
+    cleanup_queues: list[str],
+    uid: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    proxy = CuttableProxy(("127.0.0.1", 5672))
+    app = make_app(key_prefix, f"amqp://guest:guest@127.0.0.1:{proxy.port}//", dlx_drain_batch=10)
+    runtime = get_runtime(app)
+    queue = declare(broker, cleanup_queues, f"cut-{uid}")
+    park(runtime, queue, count=50)
+    # The connection drops right after the first batch is recorded, while the run has more
+    # full batches to go (one of them claimed ahead).
+    runtime.listeners.append(lambda event: proxy.cut())
+    caplog.set_level(logging.WARNING, logger="celery_dlx")
+    try:
+        result = run_drain(runtime, budget_seconds=WAIT)
+
+        assert (result.published, result.failed) == (10, True)
+        assert len(drain_warnings(caplog)) == 1
+        assert message_count(broker, queue) == 10
+        assert runtime.store.count() == 40
+        # The batch whose publish failed stays leased; the batch claimed ahead, never
+        # published, is due again at once.
+        assert runtime.store.due_count() == 30
+        lease_end = max(m.lease_score for m in runtime.store.peek(limit=50))
+
+        runtime.listeners.clear()
+        again = drain_once(runtime, now_ms=lease_end)
+        while again.claimed:
+            again = drain_once(runtime, now_ms=lease_end)
+        assert runtime.store.count() == 0
+        assert len({m.body for m in get_all(broker, queue)}) == 50
+    finally:
+        runtime.reset_publisher()
+        proxy.close()
+
+
 def test_an_unreachable_redis_fails_the_drain_with_one_warning(
     key_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
