@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,3 +171,66 @@ def test_listener_is_installed_once_and_only_when_enabled(uid: str, key_prefix: 
     assert install_integrations(app, runtime) == []
     off = _app(uid, key_prefix, dlx_sentry=False)
     assert install_integrations(off, get_runtime(off)) == []
+
+
+def test_celery_integration_on_real_worker_reports_each_cause_once(
+    sink: SentrySink, uid: str, redis_client: Any, cleanup_queues: list[str]
+) -> None:
+    """sentry-sdk's CeleryIntegration on, DLX tasks failing through requeues, parks and burial:
+    only the burial events arrive, one per cause, from the DLX service."""
+    import threading
+
+    from sentry_sdk.integrations.celery import CeleryIntegration
+
+    from celery_dlx.graveyard import Graveyard
+    from celery_dlx.headers import fingerprint
+    from celery_dlx.service import DLXService
+    from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker
+
+    _init(sink)  # default integrations too: logging (events from ERROR lines), threading...
+    sentry_sdk.init(
+        dsn=sink.dsn,
+        integrations=[
+            CeleryIntegration(),
+            LoggingIntegration(level=logging.INFO, event_level=logging.ERROR),
+        ],
+    )
+    app = make_app(uid, dlx_sentry_rate_limit=1, task_acks_late=True)
+    cleanup_queues.extend(queue_names(app))
+    runtime = get_runtime(app)
+
+    @app.task(name=f"charge-{uid}", dlx_importance="page")
+    def charge(order_id: int) -> None:
+        raise ValueError(f"order {order_id} is bad")
+
+    @app.task(name=f"ship-{uid}")
+    def ship(sku: str) -> None:
+        raise LookupError(f"no stock for sku {sku}")
+
+    service = DLXService(app)
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    try:
+        with worker(app), drain_thread(app):
+            for i in range(3):
+                charge.delay(i)
+                ship.delay(f"s{i}")
+            graveyard = Graveyard(redis_client, runtime.keys)
+            deadline = time.monotonic() + 90
+            while graveyard.count() < 6 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert graveyard.count() == 6, "six poison messages should be buried"
+    finally:
+        service.stop()
+        thread.join(30)
+    events = _settled(sink, 2)
+    want = {
+        fingerprint(f"charge-{uid}", "ValueError", "order 0 is bad"): "fatal",
+        fingerprint(f"ship-{uid}", "LookupError", "no stock for sku s0"): "warning",
+    }
+    got = {e["fingerprint"][0]: e["level"] for e in events}
+    assert got == want, [(e.get("logger"), e.get("exception", {}).get("values")) for e in events]
+    assert all(e["tags"]["fate"] == "buried" for e in events)
+    assert all(e["tags"]["attempts"] == "5" for e in events)
+    crumbs = [c["data"]["fate"] for c in events[0]["breadcrumbs"]["values"]]
+    assert crumbs == ["requeued", "requeued", "parked", "parked", "buried"]
