@@ -1,0 +1,155 @@
+"""The exporter on a real local SparkSession reading the history stream from the real Redis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REDIS_URL
+
+from . import checks, generated
+
+dlx_export = pytest.importorskip("dlx_export")
+import dlx_progress  # noqa: E402
+import dlx_source  # noqa: E402
+import dlx_storage  # noqa: E402
+import dlx_stream  # noqa: E402
+
+
+def _options(out: Path, prefix: str, **kwargs: Any) -> Any:
+    kwargs.setdefault("progress", False)
+    return dlx_export.ExportOptions(out=str(out), redis_url=REDIS_URL, prefix=prefix, **kwargs)
+
+
+def test_export_from_redis_gives_exact_aggregates(
+    spark: Any, redis_client: Any, key_prefix: str, keys: Any, tmp_path: Path
+) -> None:
+    entries = generated.history()
+    generated.write(redis_client, keys.history, entries)
+    out = tmp_path / "out"
+
+    result = dlx_export.export(spark, _options(out, key_prefix, ranges=4))
+
+    assert result["status"] == "exported"
+    assert result["ranges"] == 4
+    assert result["records"] == generated.VALID
+    assert result["malformed"] == sum(generated.MALFORMED.values())
+    assert result["malformed_by_reason"] == generated.MALFORMED
+    assert result["end_id"] == entries[-1][0]
+    checks.assert_events(spark, out, checks.valid_ids(entries))
+    checks.assert_aggregates(spark, out)
+    checks.assert_summary(result["summary"])
+
+    malformed = spark.read.parquet(str(out / "malformed")).collect()
+    reasons = {json.loads(row["raw"])["message_id"]: row["reason"] for row in malformed}
+    assert reasons == {
+        "bad0": "missing field 'at_ms'",
+        "bad1": "bad number in 'attempt': 'two'",
+        "bad2": "unknown fate 'exploded'",
+        "bad3": "'obituary' is not a JSON object",
+        "bad4": "bad number in 'delay': 'soon'",
+    }
+
+    checkpoint = json.loads((out / "_checkpoint.json").read_text())
+    assert checkpoint["last_id"] == entries[-1][0]
+    assert checkpoint["aggregated_id"] == entries[-1][0]
+    assert (checkpoint["exported"], checkpoint["malformed"], checkpoint["batches"]) == (151, 5, 1)
+    mirror = redis_client.hgetall(keys.history + ":export")
+    assert mirror[b"last_id"].decode() == entries[-1][0]
+    assert redis_client.xlen(keys.history) == len(entries), "no --trim: the stream stays whole"
+
+    png = (out / "failures_by_cause.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10000
+    text = dlx_export.format_result(result)
+    assert "c-timeout" in text and "72.7%" in text and "malformed bad_number: 2" in text
+
+    again = dlx_export.export(spark, _options(out, key_prefix, ranges=4))
+    assert again["status"] == "up-to-date" and again["records"] == 0
+    assert "summary" not in again, "nothing new: the aggregates are not recomputed"
+    checks.assert_events(spark, out, checks.valid_ids(entries))
+
+
+def test_interrupted_export_resumes_without_duplicates_or_gaps(
+    spark: Any, redis_client: Any, key_prefix: str, keys: Any, tmp_path: Path
+) -> None:
+    entries = generated.history()
+    first, second, third = entries[:80], entries[80:120], entries[120:]
+    out = tmp_path / "out"
+    generated.write(redis_client, keys.history, first)
+    done = dlx_export.export(spark, _options(out, key_prefix, ranges=3, aggregates=False))
+    assert done["records"] == len(checks.valid_ids(first))
+
+    # an export killed after its Parquet write, before its checkpoint
+    generated.write(redis_client, keys.history, second)
+    storage = dlx_storage.open_storage(spark, str(out))
+    counter = spark.sparkContext.accumulator(0)
+    with dlx_progress.Progress(spark, enabled=False) as progress:
+        client = dlx_source.connect(REDIS_URL)
+        try:
+            partial = dlx_export.write_batch(
+                spark,
+                _options(out, key_prefix, ranges=2),
+                storage,
+                client,
+                keys.history,
+                first[-1][0],
+                counter,
+                progress,
+            )
+        finally:
+            client.close()
+    assert partial is not None and partial.end_id == second[-1][0]
+    checks.assert_events(spark, out, checks.valid_ids(first + second))
+    assert dlx_storage.read_checkpoint(storage).last_id == first[-1][0]
+
+    generated.write(redis_client, keys.history, third)
+    resumed = dlx_export.export(spark, _options(out, key_prefix, ranges=5, trim=True))
+
+    assert resumed["batch"] == partial.name, "the rerun rewrites the interrupted batch"
+    assert resumed["records"] == len(checks.valid_ids(second + third))
+    checks.assert_events(spark, out, checks.valid_ids(entries))
+    checks.assert_aggregates(spark, out)
+    checkpoint = dlx_storage.read_checkpoint(storage)
+    assert (checkpoint.exported, checkpoint.malformed, checkpoint.batches) == (151, 5, 2)
+    assert resumed["trimmed"] == len(entries)
+    assert redis_client.xlen(keys.history) == 0
+
+    late = (f"{generated.DAY2 + 5 * generated.H}-0", dict(entries[-1][1], message_id="z1"))
+    generated.write(redis_client, keys.history, [late])
+    after_trim = dlx_export.export(spark, _options(out, key_prefix, aggregates=False))
+    assert after_trim["records"] == 1 and after_trim["start_after"] == entries[-1][0]
+    checks.assert_events(spark, out, checks.valid_ids(entries) | {late[0]})
+
+
+def test_a_second_export_of_the_same_stream_is_refused(
+    spark: Any, redis_client: Any, key_prefix: str, keys: Any, tmp_path: Path
+) -> None:
+    generated.write(redis_client, keys.history, generated.history()[:5])
+    with (
+        dlx_stream.ExportLock(redis_client, keys.history),
+        pytest.raises(dlx_stream.LockedError, match="another export"),
+    ):
+        dlx_export.export(spark, _options(tmp_path / "out", key_prefix))
+    assert not (tmp_path / "out" / "_checkpoint.json").exists()
+
+
+def test_an_output_directory_serves_one_stream(
+    spark: Any, redis_client: Any, key_prefix: str, keys: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    storage = dlx_storage.LocalStorage(str(out))
+    dlx_storage.write_checkpoint(storage, dlx_storage.Checkpoint(stream="{other}:history"))
+    with pytest.raises(dlx_export.ExportError, match="--prefix"):
+        dlx_export.export(spark, _options(out, key_prefix))
+
+
+def test_commit_refuses_a_checkpoint_moved_by_another_run(tmp_path: Path) -> None:
+    storage = dlx_storage.LocalStorage(str(tmp_path))
+    dlx_storage.write_checkpoint(storage, dlx_storage.Checkpoint(stream="s", last_id="5-0"))
+    batch = dlx_export.Batch("after-4-0", "4-0", "9-0", 3, 0, {}, 1)
+    with pytest.raises(dlx_export.ExportError, match="moved during this export"):
+        dlx_export.commit(storage, dlx_storage.Checkpoint(stream="s", last_id="4-0"), batch)
+    assert dlx_storage.read_checkpoint(storage).last_id == "5-0"

@@ -1,0 +1,88 @@
+"""celery_dlx.export: the spark-submit command, and a real run through spark-submit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_dlx import export
+from tests.conftest import REDIS_URL
+
+from . import generated
+
+
+def test_command_runs_the_job_with_its_modules_and_options(tmp_path: Path) -> None:
+    command = export.build_spark_submit_command(
+        out=tmp_path / "out",
+        redis_url="redis://h:6379/2",
+        key_prefix="shop",
+        master="spark://master:7077",
+        trim=True,
+        ranges=12,
+        aggregates=False,
+        conf={"spark.executor.memory": "2g"},
+        spark_submit="/opt/spark/bin/spark-submit",
+    )
+    assert command[:3] == ["/opt/spark/bin/spark-submit", "--master", "spark://master:7077"]
+    assert "spark.executor.memory=2g" in command
+    assert "spark.driver.bindAddress=127.0.0.1" not in command, "only local runs pin loopback"
+    py_files = command[command.index("--py-files") + 1].split(",")
+    assert {Path(p).name for p in py_files} == set(export.JOB_MODULES)
+    job = Path(command[command.index("--py-files") + 2])
+    assert job.name == "dlx_export.py" and job.is_file()
+    args = command[command.index("--py-files") + 3 :]
+    assert args == [
+        "--out",
+        str(tmp_path / "out"),
+        "--redis-url",
+        "redis://h:6379/2",
+        "--prefix",
+        "shop",
+        "--ranges",
+        "12",
+        "--trim",
+        "--no-aggregates",
+    ]
+
+
+def test_command_rejects_what_cannot_run(tmp_path: Path) -> None:
+    with pytest.raises(export.ExportError, match="redis_url"):
+        export.build_spark_submit_command(out=tmp_path, spark_submit="spark-submit")
+    with pytest.raises(export.ExportError, match="trim"):
+        export.build_spark_submit_command(
+            out=tmp_path, snapshot=tmp_path / "s.jsonl", trim=True, spark_submit="x"
+        )
+    with pytest.raises(export.ExportError, match="not found"):
+        export.build_spark_submit_command(
+            out=tmp_path, redis_url=REDIS_URL, job=tmp_path / "missing.py", spark_submit="x"
+        )
+
+
+def test_run_export_with_the_apps_settings_through_spark_submit(
+    redis_client: Any, key_prefix: str, keys: Any, tmp_path: Path
+) -> None:
+    pytest.importorskip("pyspark")
+    entries = generated.history()
+    generated.write(redis_client, keys.history, entries)
+    app = Celery("export-test", set_as_current=False)
+    app.conf.update(dlx_redis_url=REDIS_URL, dlx_key_prefix=key_prefix)
+    out = tmp_path / "out"
+
+    result = export.run_export(
+        app, out=out, master="local[2]", ranges=2, aggregates=False, echo=False, timeout=280
+    )
+
+    assert result.exported and result.records == generated.VALID
+    assert result.malformed_by_reason == generated.MALFORMED
+    assert result.checkpoint["last_id"] == entries[-1][0] == result.end_id
+    assert result.command[result.command.index("--prefix") + 1] == key_prefix
+    assert result.chart is None and result.summary == []
+    events = list((out / "events").glob("day=*/queue=*/batch=after-0-0/*.parquet"))
+    assert events, "Parquet written under day/queue/batch partitions"
+    assert (out / "_last_export.json").is_file()
+
+    with pytest.raises(export.ExportError, match="--prefix"):
+        export.run_export(out=out, redis_url=REDIS_URL, key_prefix="other", echo=False, timeout=280)
