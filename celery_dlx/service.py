@@ -1,0 +1,588 @@
+"""The DLX service: consumes dead letters of any origin and parks, requeues or buries them.
+
+Runs standalone (``celery -A proj dlx service``) or inside a worker (a bootstep, when
+``dlx_service_in_worker`` is on), on its own broker connections. Dead letters arrive on
+``dlx_service_queue``; each batch is read (:mod:`celery_dlx.deadletter`, pure), looked up in Redis
+in one round trip (already handled? worker's cause record?), decided, then written: requeued
+copies published with confirms, parked retries stored, obituaries written with their history
+entries. Only then is a dead letter acked, so a kill -9 at any point loses nothing; a redelivered
+dead letter is recognised by its key (queue, message id, attempt, history) and acked without a
+second fate. Nothing is ever rejected from the service queue (it has no dead-letter exchange): a
+dead letter the service cannot handle for now (Redis or the broker is down) stays unacked and is
+retried, with one log line per outage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from amqp.exceptions import AMQPError, PreconditionFailed
+from kombu import Connection, Consumer
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
+from .deadletter import (
+    BuryVerdict,
+    DeadLetter,
+    ParkVerdict,
+    RequeueVerdict,
+    Verdict,
+    build_obituary,
+    bury_verdict,
+    decide_letter,
+    read_dead_letter,
+)
+from .errors import PublishError, TopologyError
+from .fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
+from .graveyard import Graveyard, sweep_retention
+from .headers import clean_headers, read_state
+from .names import HISTORY_HEADER
+from .obituary import Obituary, send_to_hook
+from .publish import ConfirmingPublisher, Outgoing, copy_properties
+from .runtime import Runtime, get_runtime
+from .store import ParkedMessage
+from .topology import service_queue
+
+logger = logging.getLogger(__name__)
+
+#: How long a handled dead letter's key is remembered, to ack a redelivery without a second fate.
+SEEN_TTL_MS = 24 * 3600 * 1000
+#: Seconds one wait for dead letters lasts before the idle work (heartbeats, retention sweep).
+IDLE_POLL = 1.0
+#: Seconds to wait for more dead letters once one arrived, to handle them as one batch.
+BATCH_WAIT = 0.005
+#: Most dead letters handled as one batch.
+BATCH_LIMIT = 500
+#: Seconds between retention sweeps of the graveyard.
+SWEEP_INTERVAL = 60.0
+#: Waits (seconds) between retries while Redis or the broker is unavailable; the last repeats.
+RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+#: Errors of the broker side (connection, channel, publish confirm).
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    OperationalError,
+    AMQPError,
+    OSError,
+    ConnectionError,
+)
+#: Errors that mean "not now": the batch stays unacked and is retried.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (RedisError, PublishError, *BROKER_ERRORS)
+
+
+@dataclass
+class ServiceStats:
+    """Counts of what one service run did."""
+
+    received: int = 0
+    buried: int = 0
+    parked: int = 0
+    requeued: int = 0
+    duplicates: int = 0
+    batches: int = 0
+    archived: int = 0
+    outages: int = 0
+    retries: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Work:
+    """One dead letter in a batch, from delivery to ack."""
+
+    message: Any
+    letter: DeadLetter
+    verdict: Verdict | None = None
+    record: dict[str, Any] | None = None
+    duplicate: bool = False
+    events: list[FateEvent] = field(default_factory=list)
+
+
+class _Outage:
+    """Logs the start and the end of an outage once, however many retries it takes."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.since: float | None = None
+        self.tries = 0
+
+    def begin(self, exc: BaseException, held: int, stats: ServiceStats) -> float:
+        if self.since is None:
+            self.since = time.monotonic()
+            stats.outages += 1
+            logger.warning(
+                "DLX service: %s unavailable (%s: %s); holding %d dead letter(s) unacked until it "
+                "returns",
+                self.what,
+                type(exc).__name__,
+                exc,
+                held,
+            )
+        delay = RETRY_DELAYS[min(self.tries, len(RETRY_DELAYS) - 1)]
+        self.tries += 1
+        return delay
+
+    def end(self) -> None:
+        if self.since is not None:
+            logger.warning(
+                "DLX service: %s back after %.1fs", self.what, time.monotonic() - self.since
+            )
+        self.since = None
+        self.tries = 0
+
+
+def _parse_record(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def buried_event(ob: Obituary) -> FateEvent:
+    """The one ``buried`` fate event of an obituary (history, log with traceback, listeners)."""
+    return FateEvent(
+        fate=BURIED,
+        queue=ob.queue,
+        message_id=ob.message_id,
+        attempt=ob.attempt,
+        task=ob.task,
+        cause=ob.cause,
+        exc_type=ob.exc_type,
+        exc_message=ob.exc_message,
+        reason=ob.reason,
+        importance=ob.importance,
+        traceback=ob.traceback,
+        first_failure_ms=ob.first_failure_ms,
+        at_ms=ob.buried_ms,
+        extra={
+            "obituary_id": ob.id,
+            "obituary_summary": ob.summary(),
+            "history": [[a.at_ms, a.fate, a.cause] for a in ob.attempts],
+            "payload": ob.payload,
+            "content_type": ob.content_type,
+            "content_encoding": ob.content_encoding,
+            "source": "dlx-service",
+        },
+    )
+
+
+def _retry_event(work: _Work, now: int) -> FateEvent:
+    verdict = work.verdict
+    assert isinstance(verdict, (ParkVerdict, RequeueVerdict))
+    letter = work.letter
+    parked = isinstance(verdict, ParkVerdict)
+    return FateEvent(
+        fate=PARKED if parked else REQUEUED,
+        queue=letter.queue,
+        message_id=letter.identity,
+        attempt=verdict.state.attempt,
+        task=letter.task,
+        cause=verdict.cause,
+        exc_type=verdict.exc_type,
+        exc_message=verdict.exc_message,
+        reason=verdict.reason,
+        delay=verdict.delay if isinstance(verdict, ParkVerdict) else None,
+        importance=verdict.importance,
+        first_failure_ms=verdict.state.first_failure_ms,
+        at_ms=now,
+        extra={
+            "source": "dlx-service",
+            "death_reason": letter.death_reason,
+            "counted": verdict.counted if isinstance(verdict, ParkVerdict) else True,
+        },
+    )
+
+
+class DLXService:
+    """The DLX service of one app.
+
+    Args:
+        app: the Celery app (its ``dlx_*`` settings and broker are used).
+        prefetch: consumer prefetch (default ``dlx_service_prefetch``).
+        hostname: written into obituaries of foreign messages (default: this host).
+        runtime: the app's runtime (default ``get_runtime(app)``).
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        prefetch: int | None = None,
+        hostname: str | None = None,
+        runtime: Runtime | None = None,
+    ) -> None:
+        self.app = app
+        self.runtime = runtime or get_runtime(app)
+        self.config = self.runtime.config
+        self.prefetch = prefetch or int(self.config.service_prefetch)
+        self.hostname = hostname or socket.gethostname()
+        self.stats = ServiceStats()
+        self._stop = threading.Event()
+        self._publisher: ConfirmingPublisher | None = None
+        self._publish_conn: Connection | None = None
+        self._inbox: list[Any] = []
+        self._last_sweep = 0.0
+        self._idle_since = time.monotonic()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the service to stop after the batch in hand (acked first). Thread-safe."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, *, idle_timeout: float | None = None) -> ServiceStats:
+        """Consume dead letters until :meth:`stop` (or ``idle_timeout`` seconds without any).
+
+        Broker connection losses are retried forever (one log line per outage).
+
+        Raises:
+            TopologyError: the service queue exists with other arguments.
+        """
+        outage = _Outage("broker")
+        self._idle_since = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._consume(idle_timeout, outage)
+                except TopologyError:
+                    raise
+                except BROKER_ERRORS as exc:
+                    self._wait(outage.begin(exc, len(self._inbox), self.stats))
+                finally:
+                    self._inbox.clear()
+        finally:
+            self._close_publisher()
+        return self.stats
+
+    def _consume(self, idle_timeout: float | None, outage: _Outage) -> None:
+        with self.app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1)
+            channel = conn.channel()
+            # py-amqp decodes a body with a content_encoding to text; the graveyard keeps bytes.
+            channel.auto_decode = False
+            queue = service_queue(
+                self.config.service_queue, self.config.exchange, quorum=self.config.quorum
+            )
+            try:
+                queue(channel).declare()
+            except PreconditionFailed as exc:
+                raise TopologyError(
+                    f"the DLX service queue {self.config.service_queue!r} exists with other "
+                    f"arguments (dlx_service_queue, dlx_quorum): {exc}"
+                ) from exc
+            consumer = Consumer(channel, queues=[queue], on_message=self._inbox.append, accept=None)
+            consumer.qos(prefetch_count=self.prefetch)
+            consumer.consume()
+            outage.end()
+            logger.info(
+                "DLX service consuming %s (prefetch %d)", self.config.service_queue, self.prefetch
+            )
+            self._loop(conn, idle_timeout)
+
+    def _loop(self, conn: Connection, idle_timeout: float | None) -> None:
+        while not self._stop.is_set():
+            try:
+                conn.drain_events(timeout=IDLE_POLL)
+            except TimeoutError:
+                conn.heartbeat_check()
+                self._idle_work()
+                if idle_timeout is not None and time.monotonic() - self._idle_since > idle_timeout:
+                    logger.info("DLX service idle for %ss: stopping", idle_timeout)
+                    self.stop()
+                    return
+                continue
+            while len(self._inbox) < BATCH_LIMIT:
+                try:
+                    conn.drain_events(timeout=BATCH_WAIT)
+                except TimeoutError:
+                    break
+            batch, self._inbox[:] = list(self._inbox), []
+            self._process(conn, batch)
+            self._idle_since = time.monotonic()
+            if time.monotonic() - self._last_sweep > SWEEP_INTERVAL:
+                self._idle_work()
+
+    def _process(self, conn: Connection, batch: list[Any]) -> None:
+        """Handle ``batch`` until it is done, retrying while Redis or the publisher is down."""
+        outage = _Outage("Redis or the broker")
+        while True:
+            try:
+                self.handle(batch)
+            except TRANSIENT_ERRORS as exc:
+                if isinstance(exc, (*BROKER_ERRORS, PublishError)):
+                    self._close_publisher()
+                delay = outage.begin(exc, len(batch), self.stats)
+                self.stats.retries += 1
+                if not self._wait(delay, conn):
+                    return  # stopping: the unacked batch goes back to the queue
+                continue
+            outage.end()
+            return
+
+    def _wait(self, seconds: float, conn: Connection | None = None) -> bool:
+        """Sleep up to ``seconds`` (heartbeats kept); False if the service is stopping."""
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            self._stop.wait(min(left, 1.0))
+            if conn is not None:
+                try:
+                    conn.heartbeat_check()
+                except BROKER_ERRORS:
+                    return False
+        return False
+
+    def _idle_work(self) -> None:
+        if time.monotonic() - self._last_sweep < SWEEP_INTERVAL:
+            return
+        self._last_sweep = time.monotonic()
+        try:
+            self.stats.archived += sweep_retention(self.runtime)
+        except RedisError as exc:
+            logger.warning(
+                "DLX service: graveyard retention sweep failed (%s); next in %ds",
+                exc,
+                int(SWEEP_INTERVAL),
+            )
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    def handle(self, messages: Sequence[Any]) -> None:
+        """Give every dead letter of ``messages`` (kombu messages) its fate, then ack them.
+
+        Idempotent: run again on the same messages after a failure, it gives no second fate.
+
+        Raises:
+            redis.RedisError, PublishError, OSError...: a write failed; nothing of the batch was
+                acked.
+        """
+        now = now_ms()
+        works = [_Work(m, self._read(m)) for m in messages]
+        self.stats.received += len(works)
+        self._lookup(works)
+        live = [w for w in works if not w.duplicate]
+        for w in live:
+            w.verdict = self._decide(w, now)
+        self._requeue([w for w in live if isinstance(w.verdict, RequeueVerdict)], now)
+        self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
+        retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
+        if retried:
+            self.runtime.history.append_many(retried)
+        obituaries = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
+        for event in retried:
+            self.runtime.record(event, history=False)
+        for ob in obituaries:
+            self.runtime.record(buried_event(ob), history=False)
+            send_to_hook(self.app, self.config.obituary_task, ob)
+        self._mark_seen(live)
+        for w in works:
+            w.message.ack()
+        self._count(live, len(works) - len(live))
+
+    def _count(self, live: list[_Work], duplicates: int) -> None:
+        self.stats.batches += 1
+        self.stats.duplicates += duplicates
+        for w in live:
+            if isinstance(w.verdict, BuryVerdict):
+                self.stats.buried += 1
+            elif isinstance(w.verdict, ParkVerdict):
+                self.stats.parked += 1
+            else:
+                self.stats.requeued += 1
+        if duplicates:
+            logger.info(
+                "DLX service acked %d redelivered dead letter(s) handled before", duplicates
+            )
+
+    def _read(self, message: Any) -> DeadLetter:
+        info = message.delivery_info or {}
+        body = message.body
+        if isinstance(body, str):  # a transport decoded it: encoding it back restores the bytes
+            body = body.encode(message.content_encoding or "utf-8", errors="surrogateescape")
+        return read_dead_letter(
+            body,
+            message.headers,
+            message.properties,
+            exchange=str(info.get("exchange") or ""),
+            routing_key=str(info.get("routing_key") or ""),
+            redelivered=bool(info.get("redelivered")),
+        )
+
+    def _seen_key(self, letter: DeadLetter) -> str:
+        return f"{self.runtime.keys.seen_prefix}{letter.key}"
+
+    def _lookup(self, works: list[_Work]) -> None:
+        pipe = self.runtime.redis.pipeline(transaction=False)
+        for w in works:
+            pipe.exists(self._seen_key(w.letter))
+            pipe.get(self.runtime.keys.cause(w.letter.identity))
+        results = pipe.execute()
+        for i, w in enumerate(works):
+            w.duplicate = bool(results[2 * i])
+            w.record = _parse_record(results[2 * i + 1])
+
+    def _decide(self, work: _Work, now: int) -> Verdict:
+        try:
+            return decide_letter(work.letter, self.config, work.record, now)
+        except Exception as exc:  # a letter nobody foresaw is buried with the reason, never lost
+            logger.exception("DLX service could not decide dead letter %s", work.letter.identity)
+            why = f"undecodable: {type(exc).__name__}: {exc}"
+            return bury_verdict(work.letter, self.config, why, now, failed=False)
+
+    @property
+    def publisher(self) -> ConfirmingPublisher:
+        """The service's own confirm-mode publisher (its own connection, this thread only)."""
+        if self._publisher is None:
+            self._publish_conn = self.app.connection_for_write()
+            self._publisher = ConfirmingPublisher(self._publish_conn)
+        return self._publisher
+
+    def _close_publisher(self) -> None:
+        if self._publisher is not None:
+            self._publisher.close()
+        if self._publish_conn is not None:
+            try:
+                self._publish_conn.release()
+            except Exception:  # a dead connection may fail to close
+                logger.debug("releasing the DLX service publisher connection failed", exc_info=True)
+        self._publisher = None
+        self._publish_conn = None
+
+    def _requeue(self, works: list[_Work], now: int) -> None:
+        if not works:
+            return
+        copies = []
+        for w in works:
+            assert isinstance(w.verdict, RequeueVerdict)
+            copies.append(
+                Outgoing(
+                    body=w.letter.body,
+                    routing_key=w.letter.queue,
+                    exchange="",
+                    headers=clean_headers(w.letter.headers, w.verdict.state),
+                    properties=copy_properties(w.letter.properties),
+                )
+            )
+        for w, ok in zip(works, self.publisher.publish_many(copies), strict=True):
+            if not ok:
+                why = f"requeue to {w.letter.queue!r} refused by the broker (queue missing?)"
+                w.verdict = bury_verdict(w.letter, self.config, why, now, failed=True)
+
+    def _park(self, works: list[_Work], now: int) -> None:
+        for w in works:
+            verdict = w.verdict
+            assert isinstance(verdict, ParkVerdict)
+            letter = w.letter
+            parked = ParkedMessage(
+                message_id=letter.identity,
+                attempt=verdict.state.attempt,
+                queue=letter.queue,
+                body=letter.body,
+                headers=clean_headers(letter.headers, verdict.state),
+                properties=copy_properties(letter.properties),
+                due_ms=now + int(verdict.delay * 1000),
+                parked_ms=now,
+                task=letter.task,
+                cause=verdict.cause,
+            )
+            self._park_one(parked, letter, now)
+
+    def _park_one(self, parked: ParkedMessage, letter: DeadLetter, now: int) -> None:
+        """Park, idempotently; an entry id held by another message gets a more specific id.
+
+        The store's entry id is message id + attempt. It may already be held by this very dead
+        letter (a redelivery after a crash: done), by the same message dead in another queue (a
+        fanout copy), or by the entry this letter was drained from, not yet deleted (an expired
+        message keeps its attempt). The last two must not swallow this letter.
+        """
+        store = self.runtime.store
+        candidates = [
+            parked.message_id,
+            f"{parked.message_id}@{letter.queue}",
+            f"{parked.message_id}@{letter.queue}~{now}",
+        ]
+        for candidate in candidates:
+            parked.message_id = candidate
+            if store.park(parked):
+                return
+            if self._parked_by_this_letter(parked.entry_id, letter):
+                return
+        raise RuntimeError(f"parking {parked.entry_id} failed: every entry id is taken")
+
+    def _parked_by_this_letter(self, entry_id: str, letter: DeadLetter) -> bool:
+        raw = self.runtime.redis.hget(self.runtime.keys.parked_meta, entry_id)
+        if raw is None:
+            return False  # the entry left meanwhile (drained): park under the next id
+        try:
+            existing = ParkedMessage.from_stored(raw, b"")
+            history = read_state({HISTORY_HEADER: existing.headers.get(HISTORY_HEADER)}).history
+        except Exception:  # an unreadable entry is not ours
+            return False
+        # The entry this letter was drained from carries exactly the letter's history.
+        return existing.queue == letter.queue and history != letter.state.history
+
+    def _bury(self, works: list[_Work], now: int) -> list[Obituary]:
+        items = []
+        for w in works:
+            verdict = w.verdict
+            assert isinstance(verdict, BuryVerdict)
+            ob = build_obituary(
+                w.letter,
+                verdict,
+                buried_ms=now,
+                code_version=self.config.code_version,
+                hostname=self.hostname,
+            )
+            items.append((ob, buried_event(ob)))
+        Graveyard(self.runtime.redis, self.runtime.keys).write_many(items)
+        return [ob for ob, _ in items]
+
+    def _mark_seen(self, works: list[_Work]) -> None:
+        if not works:
+            return
+        pipe = self.runtime.redis.pipeline(transaction=False)
+        for w in works:
+            pipe.set(self._seen_key(w.letter), b"1", px=SEEN_TTL_MS)
+        pipe.execute()
+
+
+def run_service(
+    app: Any,
+    *,
+    prefetch: int | None = None,
+    idle_timeout: float | None = None,
+    install_signals: bool = True,
+    on_start: Callable[[DLXService], None] | None = None,
+) -> ServiceStats:
+    """Run the DLX service in this thread until SIGTERM/SIGINT (or ``idle_timeout``).
+
+    A signal lets the batch in hand finish and be acked before the service returns.
+    """
+    import signal
+
+    service = DLXService(app, prefetch=prefetch)
+    if install_signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: service.stop())
+    if on_start is not None:
+        on_start(service)
+    stats = service.run(idle_timeout=idle_timeout)
+    logger.info("DLX service stopped: %s", stats.as_dict())
+    return stats
