@@ -4,12 +4,25 @@ Failures become fates: requeued at the tail, parked in Redis and drained by beat
 graveyard that can be inspected and replayed. Start with :func:`install` and ``dlx_enabled``.
 """
 
-from .errors import ConfigurationError, DLXError, MalformedHeader, PublishError, StoreError, TopologyError
+from .errors import (
+    ConfigurationError,
+    DLXError,
+    MalformedHeader,
+    PublishError,
+    StoreError,
+    TopologyError,
+)
 from .fates import Bury, Park, Requeue
 from .install import install
 from .policy import ExponentialBackoff, ListBackoff, Policy
 from .task import AutoDLXTask, DLXTask
-from .topology import dead_letter_arguments, declare_topology, dlx_exchange, dlx_queue, service_queue
+from .topology import (
+    dead_letter_arguments,
+    declare_topology,
+    dlx_exchange,
+    dlx_queue,
+    service_queue,
+)
 
 __version__ = "0.1.0"
 

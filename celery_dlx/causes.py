@@ -13,9 +13,15 @@ from typing import Any
 from .names import Keys
 
 
-def stash_cause(client: Any, keys: Keys, message_id: str, record: dict[str, Any], ttl_seconds: float) -> None:
+def stash_cause(
+    client: Any, keys: Keys, message_id: str, record: dict[str, Any], ttl_seconds: float
+) -> None:
     """Store ``record`` (JSON-safe) for ``message_id`` for ``ttl_seconds``."""
-    client.set(keys.cause(message_id), json.dumps(record, separators=(",", ":"), default=str), px=int(ttl_seconds * 1000))
+    client.set(
+        keys.cause(message_id),
+        json.dumps(record, separators=(",", ":"), default=str),
+        px=int(ttl_seconds * 1000),
+    )
 
 
 def read_cause(client: Any, keys: Keys, message_id: str) -> dict[str, Any] | None:

@@ -27,7 +27,16 @@ EXPIRED_ACTIONS = ("park", "bury")
 def _bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lower() in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+    if isinstance(value, str) and value.lower() in {
+        "1",
+        "true",
+        "yes",
+        "on",
+        "0",
+        "false",
+        "no",
+        "off",
+    }:
         return value.lower() in {"1", "true", "yes", "on"}
     raise ConfigurationError(f"{name} must be a boolean, got {value!r}")
 
@@ -97,6 +106,13 @@ def _ladder(name: str, value: Any) -> tuple[float, ...]:
     return steps
 
 
+def _key_prefix(name: str, value: Any) -> str:
+    text = _str(name, value)
+    if any(c in text for c in "{} \t\n"):
+        raise ConfigurationError(f"{name} must not contain braces or white space, got {text!r}")
+    return text
+
+
 def _backoff(name: str, value: Any) -> Backoff:
     return parse_backoff(value, name)
 
@@ -127,7 +143,9 @@ def _queue_policies(name: str, value: Any) -> dict[str, dict[str, Any]]:
             if key in spec:
                 checked[key] = _count(f"{where}[{key!r}]", spec[key])
         if "importance" in spec:
-            checked["importance"] = _choice(IMPORTANCES)(f"{where}['importance']", spec["importance"])
+            checked["importance"] = _choice(IMPORTANCES)(
+                f"{where}['importance']", spec["importance"]
+            )
         if "expired" in spec:
             checked["expired"] = _choice(EXPIRED_ACTIONS)(f"{where}['expired']", spec["expired"])
         out[str(queue)] = checked
@@ -148,38 +166,184 @@ class Setting:
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in (
-        Setting("dlx_enabled", False, _bool, "Make every task of the app a DLX task, declare the topology, schedule the drain."),
-        Setting("dlx_redis_url", "redis://127.0.0.1:6379/0", _str, "Redis for parked retries, graveyard and history (redis://, rediss://, sentinel://, or a cluster URL with ?cluster=true)."),
-        Setting("dlx_key_prefix", DEFAULT_KEY_PREFIX, _str, "Prefix of every Redis key; wrapped in {} so the keys share one Redis Cluster slot."),
-        Setting("dlx_max_requeues", 2, _count, "Requeues at the tail before a failure escalates to parking."),
+        Setting(
+            "dlx_enabled",
+            False,
+            _bool,
+            "Make every task of the app a DLX task, declare the topology, schedule the drain.",
+        ),
+        Setting(
+            "dlx_redis_url",
+            "redis://127.0.0.1:6379/0",
+            _str,
+            "Redis for parked retries, graveyard and history (redis://, rediss://, sentinel://, or a cluster URL with ?cluster=true).",
+        ),
+        Setting(
+            "dlx_key_prefix",
+            DEFAULT_KEY_PREFIX,
+            _key_prefix,
+            "Prefix of every Redis key; wrapped in {} so the keys share one Redis Cluster slot.",
+        ),
+        Setting(
+            "dlx_max_requeues",
+            2,
+            _count,
+            "Requeues at the tail before a failure escalates to parking.",
+        ),
         Setting("dlx_max_parks", 5, _count, "Parked (delayed) retries before a message is buried."),
-        Setting("dlx_backoff", {"base": 10.0, "factor": 2.0, "max": 3600.0, "jitter": 0.1}, _backoff, "Delay before each parked retry: list of seconds, {base, factor, max, jitter}, or a callable of the park index."),
-        Setting("dlx_drain_interval", 1.0, _seconds, "Seconds between drains of due parked retries (beat schedule)."),
-        Setting("dlx_drain_batch", 500, _positive_count, "Most parked retries one drain claims at once."),
-        Setting("dlx_drain_lease", 30.0, _seconds, "Seconds a claimed retry is reserved for one drain before another may claim it."),
-        Setting("dlx_importance", "notify", _choice(IMPORTANCES), "Default task importance: page, notify or ignore."),
-        Setting("dlx_exchange", DEFAULT_DLX_EXCHANGE, _str, "Name of the dead-letter exchange every DLX queue routes to."),
-        Setting("dlx_service_queue", DEFAULT_SERVICE_QUEUE, _str, "Queue the DLX service consumes dead letters from."),
-        Setting("dlx_quorum", False, _bool, "Declare the app's queues as quorum queues with at-least-once dead-lettering."),
-        Setting("dlx_delivery_limit", None, _optional_count, "x-delivery-limit of quorum queues (None: unlimited, celery_dlx counts attempts itself)."),
-        Setting("dlx_queues", {}, _queue_policies, "Per-queue policies, also for foreign queues: {queue: {backoff, max_requeues, max_parks, importance, expired}}."),
-        Setting("dlx_expired", "park", _choice(EXPIRED_ACTIONS), "What the DLX service does with a message that died of TTL expiry: park (return it later) or bury."),
-        Setting("dlx_service_in_worker", False, _bool, "Run the DLX service inside every worker of the app (a bootstep)."),
-        Setting("dlx_service_prefetch", 100, _positive_count, "Prefetch of the DLX service consumer."),
-        Setting("dlx_obituary_task", None, _optional_str, "Name of a task sent every obituary (as JSON-safe data) when a message is buried."),
-        Setting("dlx_code_version", None, _optional_str, "Code version written into obituaries (default: $DLX_CODE_VERSION, $GIT_COMMIT or unset)."),
-        Setting("dlx_graveyard_retention", 30 * 86400.0, _seconds, "Seconds an obituary stays in the graveyard before it moves to the failure history only."),
-        Setting("dlx_cause_ttl", 7 * 86400.0, _seconds, "Seconds a worker-side cause record waits for the DLX service."),
-        Setting("dlx_delay_backend", "redis", _choice(DELAY_BACKENDS), "Where parked retries wait: redis (sorted set) or ttl (broker-only delay-queue ladder)."),
-        Setting("dlx_ttl_ladder", [1, 5, 10, 30, 60, 300, 900, 3600], _ladder, "Delays (seconds) of the TTL delay queues; other delays round up to the next step."),
-        Setting("dlx_protobuf_descriptor_sets", [], _str_list, "Paths of protobuf descriptor sets used to decode payloads for inspection."),
-        Setting("dlx_protobuf_modules", [], _str_list, "Python modules with generated protobuf classes used to decode payloads."),
-        Setting("dlx_send_events", True, _bool, "Send task-requeued/parked/buried/replayed events (Flower shows them)."),
-        Setting("dlx_sentry", True, _bool, "Report burials to Sentry when sentry_sdk is initialised."),
-        Setting("dlx_sentry_include_payload", False, _bool, "Attach the (size-capped, decoded) payload to Sentry events."),
-        Setting("dlx_sentry_payload_limit", 4096, _positive_count, "Bytes of payload attached to a Sentry event at most."),
-        Setting("dlx_sentry_rate_limit", 10, _positive_count, "Sentry events per cause fingerprint per window at most."),
-        Setting("dlx_sentry_rate_window", 3600.0, _seconds, "Seconds of the per-cause Sentry rate-limit window."),
+        Setting(
+            "dlx_backoff",
+            {"base": 10.0, "factor": 2.0, "max": 3600.0, "jitter": 0.1},
+            _backoff,
+            "Delay before each parked retry: list of seconds, {base, factor, max, jitter}, or a callable of the park index.",
+        ),
+        Setting(
+            "dlx_drain_interval",
+            1.0,
+            _seconds,
+            "Seconds between drains of due parked retries (beat schedule).",
+        ),
+        Setting(
+            "dlx_drain_batch", 500, _positive_count, "Most parked retries one drain claims at once."
+        ),
+        Setting(
+            "dlx_drain_lease",
+            30.0,
+            _seconds,
+            "Seconds a claimed retry is reserved for one drain before another may claim it.",
+        ),
+        Setting(
+            "dlx_importance",
+            "notify",
+            _choice(IMPORTANCES),
+            "Default task importance: page, notify or ignore.",
+        ),
+        Setting(
+            "dlx_exchange",
+            DEFAULT_DLX_EXCHANGE,
+            _str,
+            "Name of the dead-letter exchange every DLX queue routes to.",
+        ),
+        Setting(
+            "dlx_service_queue",
+            DEFAULT_SERVICE_QUEUE,
+            _str,
+            "Queue the DLX service consumes dead letters from.",
+        ),
+        Setting(
+            "dlx_quorum",
+            False,
+            _bool,
+            "Declare the app's queues as quorum queues with at-least-once dead-lettering.",
+        ),
+        Setting(
+            "dlx_delivery_limit",
+            None,
+            _optional_count,
+            "x-delivery-limit of quorum queues (None: unlimited, celery_dlx counts attempts itself).",
+        ),
+        Setting(
+            "dlx_queues",
+            {},
+            _queue_policies,
+            "Per-queue policies, also for foreign queues: {queue: {backoff, max_requeues, max_parks, importance, expired}}.",
+        ),
+        Setting(
+            "dlx_expired",
+            "park",
+            _choice(EXPIRED_ACTIONS),
+            "What the DLX service does with a message that died of TTL expiry: park (return it later) or bury.",
+        ),
+        Setting(
+            "dlx_service_in_worker",
+            False,
+            _bool,
+            "Run the DLX service inside every worker of the app (a bootstep).",
+        ),
+        Setting(
+            "dlx_service_prefetch", 100, _positive_count, "Prefetch of the DLX service consumer."
+        ),
+        Setting(
+            "dlx_obituary_task",
+            None,
+            _optional_str,
+            "Name of a task sent every obituary (as JSON-safe data) when a message is buried.",
+        ),
+        Setting(
+            "dlx_code_version",
+            None,
+            _optional_str,
+            "Code version written into obituaries (default: $DLX_CODE_VERSION, $GIT_COMMIT or unset).",
+        ),
+        Setting(
+            "dlx_graveyard_retention",
+            30 * 86400.0,
+            _seconds,
+            "Seconds an obituary stays in the graveyard before it moves to the failure history only.",
+        ),
+        Setting(
+            "dlx_cause_ttl",
+            7 * 86400.0,
+            _seconds,
+            "Seconds a worker-side cause record waits for the DLX service.",
+        ),
+        Setting(
+            "dlx_delay_backend",
+            "redis",
+            _choice(DELAY_BACKENDS),
+            "Where parked retries wait: redis (sorted set) or ttl (broker-only delay-queue ladder).",
+        ),
+        Setting(
+            "dlx_ttl_ladder",
+            [1, 5, 10, 30, 60, 300, 900, 3600],
+            _ladder,
+            "Delays (seconds) of the TTL delay queues; other delays round up to the next step.",
+        ),
+        Setting(
+            "dlx_protobuf_descriptor_sets",
+            [],
+            _str_list,
+            "Paths of protobuf descriptor sets used to decode payloads for inspection.",
+        ),
+        Setting(
+            "dlx_protobuf_modules",
+            [],
+            _str_list,
+            "Python modules with generated protobuf classes used to decode payloads.",
+        ),
+        Setting(
+            "dlx_send_events",
+            True,
+            _bool,
+            "Send task-requeued/parked/buried/replayed events (Flower shows them).",
+        ),
+        Setting(
+            "dlx_sentry", True, _bool, "Report burials to Sentry when sentry_sdk is initialised."
+        ),
+        Setting(
+            "dlx_sentry_include_payload",
+            False,
+            _bool,
+            "Attach the (size-capped, decoded) payload to Sentry events.",
+        ),
+        Setting(
+            "dlx_sentry_payload_limit",
+            4096,
+            _positive_count,
+            "Bytes of payload attached to a Sentry event at most.",
+        ),
+        Setting(
+            "dlx_sentry_rate_limit",
+            10,
+            _positive_count,
+            "Sentry events per cause fingerprint per window at most.",
+        ),
+        Setting(
+            "dlx_sentry_rate_window",
+            3600.0,
+            _seconds,
+            "Seconds of the per-cause Sentry rate-limit window.",
+        ),
     )
 }
 
@@ -231,7 +395,9 @@ class DLXConfig:
     @property
     def code_version(self) -> str | None:
         explicit = self.values["dlx_code_version"]
-        return explicit or os.environ.get("DLX_CODE_VERSION") or os.environ.get("GIT_COMMIT") or None
+        return (
+            explicit or os.environ.get("DLX_CODE_VERSION") or os.environ.get("GIT_COMMIT") or None
+        )
 
     def policy(self, queue: str | None = None) -> Policy:
         """The default policy, refined by ``dlx_queues[queue]`` when present."""
@@ -268,4 +434,8 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
         found, raw = _lookup(conf, name, namespace)
         value = raw if found else setting.default
         values[name] = setting.check(name, value) if (found or value is not None) else None
+    if values["dlx_delivery_limit"] is not None and not values["dlx_quorum"]:
+        raise ConfigurationError(
+            "dlx_delivery_limit needs quorum queues: set dlx_quorum = True or remove dlx_delivery_limit"
+        )
     return DLXConfig(values=values)

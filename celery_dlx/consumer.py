@@ -31,7 +31,9 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
         runtime = get_runtime(self.app)
         headers = dict(message.headers or {})
         info = message.delivery_info or {}
-        queue = _queue_of(self, message) or info.get("routing_key") or self.app.conf.task_default_queue
+        queue = (
+            _queue_of(self, message) or info.get("routing_key") or self.app.conf.task_default_queue
+        )
         try:
             state = read_state(headers)
         except MalformedHeader:
@@ -45,9 +47,11 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
                 REASON_HEADER: reason[:1000],
                 QUEUE_HEADER: str(queue),
             },
-            properties={**copy_properties(message.properties),
-                        "content_type": message.content_type,
-                        "content_encoding": message.content_encoding},
+            properties={
+                **copy_properties(message.properties),
+                "content_type": message.content_type,
+                "content_encoding": message.content_encoding,
+            },
         )
         try:
             runtime.publisher.publish(copy)
@@ -61,7 +65,9 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
     def _divert(self, message: Any, reason: str) -> None:
         """Make Celery's coming reject of ``message`` an ack (buried) or a requeue (never DLX)."""
         if self._bury_raw(message, reason):
-            message.reject_log_error = lambda log, errors, requeue=False: message.ack_log_error(log, errors)
+            message.reject_log_error = lambda log, errors, requeue=False: message.ack_log_error(
+                log, errors
+            )
         elif x_death_problem(message.headers):
             message.reject_log_error = lambda log, errors, requeue=False: message.requeue()
 

@@ -45,14 +45,20 @@ def celery_copy(
     if extra_headers:
         headers.update(extra_headers)
     content_type = props.get("content_type")
-    serializer = serialization.registry.type_to_name.get(content_type, default_serializer) if content_type else default_serializer
+    serializer = (
+        serialization.registry.type_to_name.get(content_type, default_serializer)
+        if content_type
+        else default_serializer
+    )
     embed = {
         "callbacks": request.callbacks,
         "errbacks": request.errbacks,
         "chain": request.chain,
         "chord": request.chord,
     }
-    ctype, cenc, body = serialization.dumps((list(request.args or ()), dict(request.kwargs or {}), embed), serializer=serializer)
+    ctype, cenc, body = serialization.dumps(
+        (list(request.args or ()), dict(request.kwargs or {}), embed), serializer=serializer
+    )
     compression = headers.get("compression")
     if compression:
         body, _ = compress(body, compression)

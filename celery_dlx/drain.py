@@ -232,6 +232,9 @@ def _claim(runtime: Runtime, now_ms: int | None) -> list[ParkedMessage] | None:
 
 def _publish(runtime: Runtime, claimed: list[ParkedMessage]) -> _Published | None:
     """Publish a claimed batch with confirms, or None after a broker error (logged)."""
+    # The fate changes when the copies leave, not when their confirms come back: by then a
+    # worker may already be running a retry.
+    published_ms = wall_ms()
     try:
         flags = runtime.publisher.publish_many([outgoing(m) for m in claimed])
     except BROKER_ERRORS as exc:
@@ -245,7 +248,6 @@ def _publish(runtime: Runtime, claimed: list[ParkedMessage]) -> _Published | Non
             runtime.config.drain_lease,
         )
         return None
-    published_ms = wall_ms()
     sent = [m for m, ok in zip(claimed, flags, strict=True) if ok]
     refused = [m for m, ok in zip(claimed, flags, strict=True) if not ok]
     return _Published(sent, refused, published_ms)

@@ -104,7 +104,9 @@ def _count(headers: Mapping[str, Any], name: str) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError, OverflowError):  # OverflowError: a float infinity
-        raise MalformedHeader(f"header {name} must be a non-negative integer, got {value!r:.80}") from None
+        raise MalformedHeader(
+            f"header {name} must be a non-negative integer, got {value!r:.80}"
+        ) from None
     if number < 0:
         raise MalformedHeader(f"header {name} must be a non-negative integer, got {number}")
     return number
@@ -182,10 +184,16 @@ def state_headers(state: DLXState) -> dict[str, Any]:
 
 def is_broker_header(name: str) -> bool:
     """True for headers the broker owns (and transient ones) that a republished copy must not carry."""
-    return name in BROKER_HEADERS or name == DELIVERY_QUEUE_HEADER or name.startswith(BROKER_HEADER_PREFIXES)
+    return (
+        name in BROKER_HEADERS
+        or name == DELIVERY_QUEUE_HEADER
+        or name.startswith(BROKER_HEADER_PREFIXES)
+    )
 
 
-def clean_headers(headers: Mapping[str, Any] | None, state: DLXState | None = None) -> dict[str, Any]:
+def clean_headers(
+    headers: Mapping[str, Any] | None, state: DLXState | None = None
+) -> dict[str, Any]:
     """Headers for a republished copy: broker ``x-death*`` headers stripped, ``state`` written."""
     out = {k: v for k, v in (headers or {}).items() if not is_broker_header(str(k))}
     if state is not None:
@@ -232,7 +240,9 @@ def parse_x_death(headers: Mapping[str, Any] | None) -> list[Death]:
             raise MalformedHeader(f"x-death[{i}] has an unknown reason {reason!r:.40}")
         count = item.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise MalformedHeader(f"x-death[{i}] count must be a non-negative integer, got {count!r:.40}")
+            raise MalformedHeader(
+                f"x-death[{i}] count must be a non-negative integer, got {count!r:.40}"
+            )
         keys = item.get("routing-keys") or []
         if not isinstance(keys, (list, tuple)):
             raise MalformedHeader(f"x-death[{i}] routing-keys must be a list")

@@ -88,7 +88,9 @@ class History:
             pipe.xadd(self.keys.history, history_fields(event))
         pipe.execute()
 
-    def read(self, start: str = "-", end: str = "+", count: int | None = None) -> list[tuple[str, dict[str, str]]]:
+    def read(
+        self, start: str = "-", end: str = "+", count: int | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
         """Entries between ``start`` and ``end`` (stream ids), decoded to text."""
         rows = self.client.xrange(self.keys.history, start, end, count=count)
         out = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery import signals
 from celery.app.amqp import AMQP, Queues
 
 from .errors import ConfigurationError
@@ -34,11 +35,17 @@ class DLXQueues(Queues):  # type: ignore[misc]
             queue = as_dlx_queue(queue, **self.dlx_options)
         super().__setitem__(name, queue)
 
+    def _add(self, queue: Any) -> Any:
+        # Celery returns the queue it was given; return the converted one that was stored, so
+        # a queue created on demand (routing, `worker -Q`) is declared with its arguments.
+        super()._add(queue)
+        return dict.__getitem__(self, queue.name)
+
 
 class DLXAMQP(AMQP):  # type: ignore[misc]
     """Celery's AMQP helper whose queue map adds dead-letter arguments when ``dlx_enabled``."""
 
-    def Queues(self, queues: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - Celery's name
+    def Queues(self, queues: Any, *args: Any, **kwargs: Any) -> Any:
         config = get_runtime(self.app).config
         options: dict[str, Any] = {}
         if config.enabled:
@@ -77,6 +84,25 @@ def install(app: Any) -> None:
     app.on_after_configure.connect(on_configure, weak=False)
     if app.configured:
         configure(app)
+    _warm_on_start(app)
+
+
+def _warm_on_start(app: Any) -> None:
+    """Connect each worker process to Redis and the broker when it starts, not at its first failure.
+
+    Pool processes start with ``worker_process_init``; solo and thread pools run tasks in the
+    worker process itself (``worker_ready``). Signals are global, so each handler checks its app.
+    """
+
+    def warm(sender: Any = None, **_: Any) -> None:
+        owner = getattr(sender, "app", None)
+        if owner is not None and owner is not app:
+            return
+        if get_runtime(app).config.enabled:
+            get_runtime(app).warm()
+
+    signals.worker_process_init.connect(warm, weak=False)
+    signals.worker_ready.connect(warm, weak=False)
 
 
 def configure(app: Any) -> None:

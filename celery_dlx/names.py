@@ -69,7 +69,9 @@ class Keys:
 
     def __init__(self, prefix: str = DEFAULT_KEY_PREFIX) -> None:
         if not prefix or any(c in prefix for c in "{} "):
-            raise ValueError(f"dlx_key_prefix must be non-empty without braces or spaces: {prefix!r}")
+            raise ValueError(
+                f"dlx_key_prefix must be non-empty without braces or spaces: {prefix!r}"
+            )
         self.prefix = prefix
         base = "{" + prefix + "}"
         #: Sorted set: parked entry id -> due time (ms); a claimed entry is re-scored to its lease end.
@@ -96,6 +98,7 @@ class Keys:
 
     def graveyard(self, suffix: str) -> str:
         return f"{self.graveyard_prefix}{suffix}"
+
 
 #: Header the worker's main process adds to a delivery, naming the queue it was consumed from
 #: (a fanout or topic delivery's routing key does not name it). Never carried by a copy.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import FunctionType
 from typing import Any
 
 from .config import IMPORTANCES, DLXConfig
@@ -34,17 +35,29 @@ def unknown_task_options(task_cls: type) -> list[str]:
     return sorted(
         name
         for name in dir(task_cls)
-        if name.startswith("dlx_") and name not in TASK_OPTIONS and not callable(getattr(task_cls, name, None))
+        # Exception classes and lambdas are callable too, so only a method defined under its
+        # own name is exempt: a misspelt dlx_bury_onn=ValueError must not pass.
+        if name.startswith("dlx_")
+        and name not in TASK_OPTIONS
+        and not _is_method(getattr(task_cls, name, None), name)
     )
+
+
+def _is_method(value: Any, name: str) -> bool:
+    return isinstance(value, FunctionType) and value.__name__ == name
 
 
 def _count(task: str, name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(f"task {task}: option {name} must be a non-negative integer, got {value!r}")
+        raise ConfigurationError(
+            f"task {task}: option {name} must be a non-negative integer, got {value!r}"
+        )
     return value
 
 
-def resolve_task_options(task_cls: type, config: DLXConfig, queue: str | None = None) -> TaskOptions:
+def resolve_task_options(
+    task_cls: type, config: DLXConfig, queue: str | None = None
+) -> TaskOptions:
     """The policy of ``task_cls``: its options over ``dlx_queues[queue]`` over the settings.
 
     Raises:
@@ -57,7 +70,10 @@ def resolve_task_options(task_cls: type, config: DLXConfig, queue: str | None = 
             f"task {name}: unknown option(s) {', '.join(unknown)}; known: {', '.join(TASK_OPTIONS)}"
         )
     base = config.policy(queue)
-    get = lambda option: getattr(task_cls, option, None)  # noqa: E731
+
+    def get(option: str) -> Any:
+        return getattr(task_cls, option, None)
+
     backoff = get("dlx_backoff")
     importance = get("dlx_importance")
     if importance is not None and importance not in IMPORTANCES:
@@ -72,7 +88,9 @@ def resolve_task_options(task_cls: type, config: DLXConfig, queue: str | None = 
             max_parks=base.max_parks
             if get("dlx_max_parks") is None
             else _count(name, "dlx_max_parks", get("dlx_max_parks")),
-            backoff=base.backoff if backoff is None else parse_backoff(backoff, f"task {name}: option dlx_backoff"),
+            backoff=base.backoff
+            if backoff is None
+            else parse_backoff(backoff, f"task {name}: option dlx_backoff"),
             requeue_on=parse_matchers(get("dlx_requeue_on"), f"task {name}: option dlx_requeue_on"),
             park_on=parse_matchers(get("dlx_park_on"), f"task {name}: option dlx_park_on"),
             bury_on=parse_matchers(get("dlx_bury_on"), f"task {name}: option dlx_bury_on"),

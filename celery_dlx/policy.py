@@ -6,19 +6,20 @@ it does no I/O, so every rule is a table test.
 
 from __future__ import annotations
 
+import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Union
+from typing import Any
 
 from .errors import ConfigurationError
 from .fates import Bury, Park, Requeue
 from .headers import DLXState
 
 #: What a classification list may hold: exception classes, or predicates over an exception.
-Matcher = Union[type[BaseException], Callable[[BaseException], bool]]
+Matcher = type[BaseException] | Callable[[BaseException], bool]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class ToBury:
     reason: str
 
 
-Decision = Union[ToRequeue, ToPark, ToBury]
+Decision = ToRequeue | ToPark | ToBury
 
 
 class Backoff(ABC):
@@ -96,8 +97,19 @@ class CallableBackoff(Backoff):
 def _seconds(value: Any, name: str) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise ConfigurationError(f"{name} must hold non-negative seconds, got {value!r}")
+    return float(value)
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
@@ -115,11 +127,13 @@ def parse_backoff(value: Any, name: str = "dlx_backoff") -> Backoff:
     if isinstance(value, Mapping):
         unknown = set(value) - {"base", "factor", "max", "jitter"}
         if unknown:
-            raise ConfigurationError(f"{name} has unknown keys {sorted(unknown)}; use base, factor, max, jitter")
-        jitter = float(value.get("jitter", 0.1))
+            raise ConfigurationError(
+                f"{name} has unknown keys {sorted(unknown)}; use base, factor, max, jitter"
+            )
+        jitter = _number(value.get("jitter", 0.1), f"{name}['jitter']")
         if not 0 <= jitter <= 1:
             raise ConfigurationError(f"{name}['jitter'] must be between 0 and 1, got {jitter}")
-        factor = float(value.get("factor", 2.0))
+        factor = _number(value.get("factor", 2.0), f"{name}['factor']")
         if factor < 1:
             raise ConfigurationError(f"{name}['factor'] must be >= 1, got {factor}")
         return ExponentialBackoff(
@@ -148,12 +162,14 @@ def parse_matchers(value: Any, name: str) -> tuple[Matcher, ...]:
         value = (value,)
     out: list[Matcher] = []
     for item in value:
-        if isinstance(item, type) and issubclass(item, BaseException):
-            out.append(item)
-        elif callable(item) and not isinstance(item, type):
+        if (isinstance(item, type) and issubclass(item, BaseException)) or (
+            callable(item) and not isinstance(item, type)
+        ):
             out.append(item)
         else:
-            raise ConfigurationError(f"{name} must hold exception classes or predicates, got {item!r}")
+            raise ConfigurationError(
+                f"{name} must hold exception classes or predicates, got {item!r}"
+            )
     return tuple(out)
 
 

@@ -53,7 +53,9 @@ class Outgoing:
     properties: dict[str, Any] = field(default_factory=dict)
 
     def amqp_message(self, seq: int) -> amqp.Message:
-        props = {k: v for k, v in self.properties.items() if k in COPIED_PROPERTIES and v is not None}
+        props = {
+            k: v for k, v in self.properties.items() if k in COPIED_PROPERTIES and v is not None
+        }
         props.setdefault("delivery_mode", 2)
         headers = clean_headers(self.headers)
         headers[PUBLISH_SEQ_HEADER] = seq
@@ -81,6 +83,10 @@ class ConfirmingPublisher:
         self._next_tag = 1
         self._acked: dict[int, bool] = {}
         self._returned: set[int] = set()
+
+    def connect(self) -> None:
+        """Open the connection and the confirm-mode channel now."""
+        self._ensure_channel()
 
     def _ensure_channel(self) -> Any:
         if self._channel is None or not getattr(self._channel, "is_open", False):
@@ -115,7 +121,9 @@ class ConfirmingPublisher:
         seq = (message.headers or {}).get(PUBLISH_SEQ_HEADER) if message is not None else None
         if isinstance(seq, int):
             self._returned.add(seq)
-        logger.warning("broker returned a message for %r (%s): its queue does not exist", routing_key, exc)
+        logger.warning(
+            "broker returned a message for %r (%s): its queue does not exist", routing_key, exc
+        )
 
     _pending: set[int]
 
@@ -139,7 +147,12 @@ class ConfirmingPublisher:
             tag = self._next_tag
             self._next_tag += 1
             self._pending.add(tag)
-            channel.basic_publish(msg.amqp_message(seq), exchange=msg.exchange, routing_key=msg.routing_key, mandatory=True)
+            channel.basic_publish(
+                msg.amqp_message(seq),
+                exchange=msg.exchange,
+                routing_key=msg.routing_key,
+                mandatory=True,
+            )
             tags.append((tag, seq))
         deadline = time.monotonic() + self.timeout
         raw = self.connection.connection
@@ -147,7 +160,9 @@ class ConfirmingPublisher:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._channel = None
-                raise PublishError(f"{len(self._pending)} of {len(messages)} publishes not confirmed in {self.timeout}s")
+                raise PublishError(
+                    f"{len(self._pending)} of {len(messages)} publishes not confirmed in {self.timeout}s"
+                )
             try:
                 raw.drain_events(timeout=min(left, 1.0))
             except TimeoutError:
@@ -163,7 +178,9 @@ class ConfirmingPublisher:
             PublishError: the broker nacked or returned it, or did not confirm in time.
         """
         if not self.publish_many([message])[0]:
-            raise PublishError(f"broker did not accept the message for {message.routing_key!r} (nacked or unroutable)")
+            raise PublishError(
+                f"broker did not accept the message for {message.routing_key!r} (nacked or unroutable)"
+            )
 
     def close(self) -> None:
         if self._channel is not None:
@@ -179,6 +196,12 @@ def outgoing_copies(
 ) -> list[Outgoing]:
     """Build :class:`Outgoing` copies from ``(body, headers, properties, routing_key)`` tuples."""
     return [
-        Outgoing(body=b, routing_key=rk, exchange=exchange, headers=dict(h), properties=copy_properties(p))
+        Outgoing(
+            body=b,
+            routing_key=rk,
+            exchange=exchange,
+            headers=dict(h),
+            properties=copy_properties(p),
+        )
         for b, h, p, rk in items
     ]

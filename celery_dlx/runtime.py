@@ -88,19 +88,56 @@ class Runtime:
         self._connection = None
 
     def record(self, event: FateEvent, *, history: bool = True) -> None:
-        """Log, count and append one fate change, then tell the listeners.
+        """Log one fate change, append and count it in one Redis round trip, notify listeners.
 
-        The history append is part of the fate (its failure propagates); counters and listeners
-        are best effort.
+        ``history=False`` is for callers that appended the event themselves (in the same
+        transaction as their own write): it is then logged, counted and notified only.
+
+        Raises:
+            redis.RedisError: the history append failed (it is part of the fate).
         """
-        self._log(event)
         if history:
-            self.history.append(event)
+            self.record_many([event])
+            return
+        self._log(event)
         try:
-            self._count(event)
+            self._count([event])
         except Exception:  # counters must never decide a fate
             logger.warning("celery_dlx counter update failed", exc_info=True)
         self._notify(event)
+
+    def _count(self, events: Sequence[FateEvent], pipe: Any = None) -> None:
+        """Add ``events`` to the per-minute counters (in ``pipe`` if given, else now)."""
+        own = pipe is None
+        if own:
+            pipe = self.redis.pipeline(transaction=False)
+        counters: Counter[tuple[str, str]] = Counter()
+        for event in events:
+            minute_key = f"{self.keys.counter_prefix}{event.at_ms // 60000}"
+            counters[(minute_key, f"{event.queue}|{event.fate}")] += 1
+        for (key, name), n in counters.items():
+            pipe.hincrby(key, name, n)
+        for key in {key for key, _ in counters}:
+            pipe.expire(key, COUNTER_TTL)
+        if own:
+            pipe.execute()
+
+    def warm(self) -> None:
+        """Connect to Redis and the broker now (a pool process starting), not at the first failure.
+
+        Best effort: a service that is down is connected to again on first use.
+        """
+        try:
+            self.redis.ping()
+            self.store.load_scripts()
+        except Exception as exc:
+            logger.warning("celery_dlx could not reach Redis at start (%s); will retry on use", exc)
+        try:
+            self.publisher.connect()
+        except Exception as exc:
+            logger.warning(
+                "celery_dlx could not reach the broker at start (%s); will retry on use", exc
+            )
 
     def record_many(self, events: Sequence[FateEvent]) -> None:
         """Log many fate changes, append and count them in one Redis round trip, notify each.
@@ -117,15 +154,9 @@ class Runtime:
         for event in events:
             self._log(event)
         pipe = self.redis.pipeline(transaction=False)
-        counters: Counter[tuple[str, str]] = Counter()
         for event in events:
             pipe.xadd(self.keys.history, history_fields(event))
-            minute_key = f"{self.keys.counter_prefix}{event.at_ms // 60000}"
-            counters[(minute_key, f"{event.queue}|{event.fate}")] += 1
-        for (key, name), n in counters.items():
-            pipe.hincrby(key, name, n)
-        for key in {key for key, _ in counters}:
-            pipe.expire(key, COUNTER_TTL)
+        self._count(events, pipe)
         results = pipe.execute(raise_on_error=False)
         failed = next((r for r in results[: len(events)] if isinstance(r, Exception)), None)
         if any(isinstance(r, Exception) for r in results[len(events) :]):
@@ -159,14 +190,6 @@ class Runtime:
                 listener(event)
             except Exception:
                 logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
-
-    def _count(self, event: FateEvent) -> None:
-        minute = event.at_ms // 60000
-        key = f"{self.keys.counter_prefix}{minute}"
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hincrby(key, f"{event.queue}|{event.fate}", 1)
-        pipe.expire(key, COUNTER_TTL)
-        pipe.execute()
 
 
 def get_runtime(app: Any) -> Runtime:

@@ -173,13 +173,23 @@ class ParkingStore:
         self._park = client.register_script(_PARK)
         self._ack = client.register_script(_ACK)
 
+    def load_scripts(self) -> None:
+        """Load the Lua scripts into Redis now (the first call otherwise pays for it)."""
+        for script in (self._claim, self._park, self._ack):
+            script.sha = self.client.script_load(script.script)
+
     @property
     def _kk(self) -> list[str]:
         return [self.keys.parked_due, self.keys.parked_meta, self.keys.parked_body]
 
     def park(self, message: ParkedMessage) -> bool:
         """Store ``message`` until ``message.due_ms``. Returns False if that id+attempt is parked."""
-        return bool(self._park(keys=self._kk, args=[message.entry_id, message.due_ms, message.meta_json(), message.body]))
+        return bool(
+            self._park(
+                keys=self._kk,
+                args=[message.entry_id, message.due_ms, message.meta_json(), message.body],
+            )
+        )
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims."""
@@ -217,7 +227,9 @@ class ParkingStore:
         return int(self.client.zcard(self.keys.parked_due))
 
     def due_count(self, now: int | None = None) -> int:
-        return int(self.client.zcount(self.keys.parked_due, "-inf", now_ms() if now is None else now))
+        return int(
+            self.client.zcount(self.keys.parked_due, "-inf", now_ms() if now is None else now)
+        )
 
     def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
         """Parked retries by due time, without claiming them."""
@@ -226,7 +238,7 @@ class ParkingStore:
             return []
         metas = self.client.hmget(self.keys.parked_meta, [i for i, _ in ids])
         out = []
-        for (entry, score), meta in zip(ids, metas, strict=True):
+        for (_, score), meta in zip(ids, metas, strict=True):
             if meta is None:
                 continue
             msg = ParkedMessage.from_stored(meta, b"", lease_score=int(score))
@@ -263,11 +275,18 @@ def redis_client(url: str) -> Any:
             raise ValueError(f"sentinel URL needs a service name: {url}")
         db = int(path[1]) if len(path) > 1 else 0
         password = parsed.password
-        sentinel = Sentinel(hosts, socket_timeout=5.0, password=password, sentinel_kwargs={"password": password} if password else None)
+        sentinel = Sentinel(
+            hosts,
+            socket_timeout=5.0,
+            password=password,
+            sentinel_kwargs={"password": password} if password else None,
+        )
         return sentinel.master_for(path[0], db=db, socket_timeout=5.0)
     if query.get("cluster", ["false"])[0].lower() in ("1", "true", "yes"):
         from redis.cluster import RedisCluster
 
         clean = url.split("?", 1)[0]
         return RedisCluster.from_url(clean)
-    return redis.Redis.from_url(url, socket_timeout=10.0, socket_connect_timeout=5.0, health_check_interval=30)
+    return redis.Redis.from_url(
+        url, socket_timeout=10.0, socket_connect_timeout=5.0, health_check_interval=30
+    )

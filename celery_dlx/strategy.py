@@ -30,7 +30,9 @@ def dlx_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
     """Celery's default strategy, with the delivery's queue name added to its headers."""
     handler = default(task, app, consumer, **kwargs)
 
-    def task_message_handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> Any:
+    def task_message_handler(
+        message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any
+    ) -> Any:
         headers = message.headers
         if isinstance(headers, dict):
             queue = _queue_of(consumer, message)

@@ -94,11 +94,12 @@ def _options(task: Task, runtime: Runtime, queue: str) -> TaskOptions:
     cache = task.__class__.__dict__.get("_dlx_options_cache")
     if cache is None:
         cache = {}
-        setattr(task.__class__, "_dlx_options_cache", cache)
+        task.__class__._dlx_options_cache = cache
     key = (id(runtime.config), queue)
-    if key not in cache:
-        cache[key] = resolve_task_options(task.__class__, runtime.config, queue)
-    return cache[key]
+    options: TaskOptions | None = cache.get(key)
+    if options is None:
+        options = cache[key] = resolve_task_options(task.__class__, runtime.config, queue)
+    return options
 
 
 def _root(exc: BaseException) -> BaseException:
@@ -119,11 +120,11 @@ class DLXTask(Task):  # type: ignore[misc]
     """
 
     #: Ack only after the fate is settled; a crash redelivers the message (counted as an attempt).
-    acks_late = True
-    reject_on_worker_lost = True
-    acks_on_failure_or_timeout = False
-    acks_on_failure = False
-    acks_on_timeout = False
+    acks_late: bool | None = True
+    reject_on_worker_lost: bool | None = True
+    acks_on_failure_or_timeout: bool | None = False
+    acks_on_failure: bool | None = False
+    acks_on_timeout: bool | None = False
     Strategy = "celery_dlx.strategy:dlx_strategy"
 
     #: True on DLXTask (explicit opt-in); AutoDLXTask follows the ``dlx_enabled`` setting.
@@ -163,7 +164,14 @@ class DLXTask(Task):  # type: ignore[misc]
         if delivery.problem:
             self._quarantine(runtime, delivery, delivery.problem)
         if delivery.redelivered:
-            self._fail(runtime, delivery, Redelivered("redelivered by the broker: the worker died or lost its connection mid-task"), None)
+            self._fail(
+                runtime,
+                delivery,
+                Redelivered(
+                    "redelivered by the broker: the worker died or lost its connection mid-task"
+                ),
+                None,
+            )
         try:
             result = super().__call__(*args, **kwargs)
         except (Ignore, Reject, Retry):
@@ -174,8 +182,17 @@ class DLXTask(Task):  # type: ignore[misc]
             self._record_recovery(runtime, delivery)
         return result
 
-    def retry(self, args: Any = None, kwargs: Any = None, exc: Any = None, throw: bool = True,
-              eta: Any = None, countdown: Any = None, max_retries: Any = None, **options: Any) -> Any:
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: Any = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: Any = None,
+        max_retries: Any = None,
+        **options: Any,
+    ) -> Any:
         """Park the message instead of holding an ETA retry in worker memory.
 
         ``countdown`` (or ``eta``) becomes the park delay; the park budget replaces
@@ -192,7 +209,9 @@ class DLXTask(Task):  # type: ignore[misc]
             raise park from exc
         raise park
 
-    def _fail(self, runtime: Runtime, delivery: Delivery, exc: BaseException, einfo: ExceptionInfo | None) -> None:
+    def _fail(
+        self, runtime: Runtime, delivery: Delivery, exc: BaseException, einfo: ExceptionInfo | None
+    ) -> None:
         options = _options(self, runtime, delivery.queue)
         decision = decide(exc, delivery.state, options.policy)
         root = _root(exc)
@@ -201,65 +220,136 @@ class DLXTask(Task):  # type: ignore[misc]
         cause = fingerprint(self.name, exc_type, exc_message)
         at = now_ms()
         if isinstance(decision, ToBury):
-            self._bury(runtime, delivery, options, decision.reason, exc_type, exc_message, cause, einfo, at, root)
+            self._bury(
+                runtime,
+                delivery,
+                options,
+                decision.reason,
+                exc_type,
+                exc_message,
+                cause,
+                einfo,
+                at,
+                root,
+            )
         fate = fates.REQUEUED if isinstance(decision, ToRequeue) else fates.PARKED
         state = delivery.state.after_failure(
-            fate=fate, at_ms=at, cause=cause, queue=delivery.queue, exc_type=exc_type, exc_message=exc_message
+            fate=fate,
+            at_ms=at,
+            cause=cause,
+            queue=delivery.queue,
+            exc_type=exc_type,
+            exc_message=exc_message,
         )
-        copy = celery_copy(self.request, state=state, routing_key=delivery.queue,
-                           default_serializer=self.serializer or self.app.conf.task_serializer)
+        copy = celery_copy(
+            self.request,
+            state=state,
+            routing_key=delivery.queue,
+            default_serializer=self.serializer or self.app.conf.task_serializer,
+        )
         delay: float | None = None
         try:
             if isinstance(decision, ToPark):
                 delay = decision.delay
-                runtime.store.park(ParkedMessage(
-                    message_id=delivery.message_id, attempt=state.attempt, queue=delivery.queue,
-                    body=copy.body, headers=copy.headers, properties=copy.properties,
-                    due_ms=at + int(delay * 1000), parked_ms=at, task=self.name, cause=cause,
-                ))
+                runtime.store.park(
+                    ParkedMessage(
+                        message_id=delivery.message_id,
+                        attempt=state.attempt,
+                        queue=delivery.queue,
+                        body=copy.body,
+                        headers=copy.headers,
+                        properties=copy.properties,
+                        due_ms=at + int(delay * 1000),
+                        parked_ms=at,
+                        task=self.name,
+                        cause=cause,
+                    )
+                )
             else:
                 runtime.publisher.publish(copy)
         except Exception as err:
             self._fallback(runtime, delivery, fate, err)
-        runtime.record(FateEvent(
-            fate=fate, queue=delivery.queue, message_id=delivery.message_id, attempt=state.attempt,
-            task=self.name, cause=cause, exc_type=exc_type, exc_message=exc_message[:500],
-            reason=decision.reason, delay=delay, importance=options.importance,
-            first_failure_ms=state.first_failure_ms, at_ms=at,
-        ))
+        runtime.record(
+            FateEvent(
+                fate=fate,
+                queue=delivery.queue,
+                message_id=delivery.message_id,
+                attempt=state.attempt,
+                task=self.name,
+                cause=cause,
+                exc_type=exc_type,
+                exc_message=exc_message[:500],
+                reason=decision.reason,
+                delay=delay,
+                importance=options.importance,
+                first_failure_ms=state.first_failure_ms,
+                at_ms=at,
+            )
+        )
         self._mark_retry(root, einfo)
         raise Ignore()
 
-    def _fallback(self, runtime: Runtime, delivery: Delivery, fate: str, err: BaseException) -> None:
+    def _fallback(
+        self, runtime: Runtime, delivery: Delivery, fate: str, err: BaseException
+    ) -> None:
         """The copy could not be stored or published: hand the original to the dead-letter path.
 
         The DLX service applies the queue's policy once Redis and the broker answer again, so
         nothing is lost. A message with a malformed x-death must never be dead-lettered by
         reject (RabbitMQ 3.10 crashes the queue on it): it goes back to its queue instead.
         """
-        logger.warning("could not %s %s[%s] (%r); handing it to the dead-letter path",
-                       "park" if fate == fates.PARKED else "requeue", self.name, delivery.message_id, err)
+        logger.warning(
+            "could not %s %s[%s] (%r); handing it to the dead-letter path",
+            "park" if fate == fates.PARKED else "requeue",
+            self.name,
+            delivery.message_id,
+            err,
+        )
         runtime.reset_publisher()
         if delivery.x_death_problem:
             raise Reject(err, requeue=True)
         raise Reject(err, requeue=False)
 
-    def _bury(self, runtime: Runtime, delivery: Delivery, options: TaskOptions, reason: str, exc_type: str,
-              exc_message: str, cause: str, einfo: ExceptionInfo | None, at: int, root: BaseException) -> None:
+    def _bury(
+        self,
+        runtime: Runtime,
+        delivery: Delivery,
+        options: TaskOptions,
+        reason: str,
+        exc_type: str,
+        exc_message: str,
+        cause: str,
+        einfo: ExceptionInfo | None,
+        at: int,
+        root: BaseException,
+    ) -> None:
         history = [e.to_json() for e in delivery.state.history] + [[at, fates.BURIED, cause]]
         record = {
-            "task": self.name, "queue": delivery.queue, "message_id": delivery.message_id,
-            "attempt": delivery.state.attempt + 1, "cause": cause, "exc_type": exc_type,
-            "exc_message": exc_message[:2000], "reason": reason, "importance": options.importance,
-            "traceback": einfo.traceback if einfo is not None else "".join(tb.format_exception_only(type(root), root)),
+            "task": self.name,
+            "queue": delivery.queue,
+            "message_id": delivery.message_id,
+            "attempt": delivery.state.attempt + 1,
+            "cause": cause,
+            "exc_type": exc_type,
+            "exc_message": exc_message[:2000],
+            "reason": reason,
+            "importance": options.importance,
+            "traceback": einfo.traceback
+            if einfo is not None
+            else "".join(tb.format_exception_only(type(root), root)),
             "history": history,
-            "first_failure_ms": delivery.state.first_failure_ms or at, "at_ms": at,
+            "first_failure_ms": delivery.state.first_failure_ms or at,
+            "at_ms": at,
             "hostname": self.request.hostname or socket.gethostname(),
         }
         try:
-            stash_cause(runtime.redis, runtime.keys, delivery.message_id, record, runtime.config.cause_ttl)
+            stash_cause(
+                runtime.redis, runtime.keys, delivery.message_id, record, runtime.config.cause_ttl
+            )
         except Exception as err:  # the DLX service still buries it, with the x-death reason only
-            logger.warning("could not stash the cause of %s[%s]: %r", self.name, delivery.message_id, err)
+            logger.warning(
+                "could not stash the cause of %s[%s]: %r", self.name, delivery.message_id, err
+            )
         if delivery.x_death_problem:
             self._publish_to_graveyard(runtime, delivery, reason)
         raise Reject(root, requeue=False)
@@ -268,23 +358,37 @@ class DLXTask(Task):  # type: ignore[misc]
         """Bury a message whose headers cannot be trusted, by publishing a clean copy."""
         at = now_ms()
         record = {
-            "task": self.name, "queue": delivery.queue, "message_id": delivery.message_id,
-            "attempt": delivery.state.attempt, "cause": fingerprint(self.name, "Quarantined", reason),
-            "exc_type": "Quarantined", "exc_message": reason, "reason": f"undecodable: {reason}",
-            "importance": _options(self, runtime, delivery.queue).importance, "traceback": "",
-            "history": [[at, fates.BURIED, "quarantined"]], "first_failure_ms": at, "at_ms": at,
+            "task": self.name,
+            "queue": delivery.queue,
+            "message_id": delivery.message_id,
+            "attempt": delivery.state.attempt,
+            "cause": fingerprint(self.name, "Quarantined", reason),
+            "exc_type": "Quarantined",
+            "exc_message": reason,
+            "reason": f"undecodable: {reason}",
+            "importance": _options(self, runtime, delivery.queue).importance,
+            "traceback": "",
+            "history": [[at, fates.BURIED, "quarantined"]],
+            "first_failure_ms": at,
+            "at_ms": at,
             "hostname": self.request.hostname or socket.gethostname(),
         }
         try:
-            stash_cause(runtime.redis, runtime.keys, delivery.message_id, record, runtime.config.cause_ttl)
+            stash_cause(
+                runtime.redis, runtime.keys, delivery.message_id, record, runtime.config.cause_ttl
+            )
         except Exception as err:
-            logger.warning("could not stash the cause of %s[%s]: %r", self.name, delivery.message_id, err)
+            logger.warning(
+                "could not stash the cause of %s[%s]: %r", self.name, delivery.message_id, err
+            )
         self._publish_to_graveyard(runtime, delivery, f"undecodable: {reason}")
 
     def _publish_to_graveyard(self, runtime: Runtime, delivery: Delivery, reason: str) -> None:
         copy = celery_copy(
-            self.request, state=DLXState(attempt=delivery.state.attempt, queue=delivery.queue),
-            routing_key=delivery.queue, exchange=runtime.config.exchange,
+            self.request,
+            state=DLXState(attempt=delivery.state.attempt, queue=delivery.queue),
+            routing_key=delivery.queue,
+            exchange=runtime.config.exchange,
             default_serializer=self.serializer or self.app.conf.task_serializer,
             extra_headers={REASON_HEADER: reason, QUEUE_HEADER: delivery.queue},
         )
@@ -292,12 +396,22 @@ class DLXTask(Task):  # type: ignore[misc]
             runtime.publisher.publish(copy)
         except Exception as err:
             # Never reject it into a dead-letter exchange; put it back and try again later.
-            logger.warning("could not bury %s[%s] by publishing (%r); returning it to its queue",
-                           self.name, delivery.message_id, err)
+            logger.warning(
+                "could not bury %s[%s] by publishing (%r); returning it to its queue",
+                self.name,
+                delivery.message_id,
+                err,
+            )
             runtime.reset_publisher()
             raise Reject(err, requeue=True) from err
-        logger.error("buried %s[%s] attempt=%d queue=%s reason=%s", self.name, delivery.message_id,
-                     delivery.state.attempt, delivery.queue, reason)
+        logger.error(
+            "buried %s[%s] attempt=%d queue=%s reason=%s",
+            self.name,
+            delivery.message_id,
+            delivery.state.attempt,
+            delivery.queue,
+            reason,
+        )
         raise Ignore()
 
     def _mark_retry(self, exc: BaseException, einfo: ExceptionInfo | None) -> None:
@@ -305,22 +419,32 @@ class DLXTask(Task):  # type: ignore[misc]
         req = self.request
         if not (self.ignore_result or req.ignore_result):
             try:
-                self.backend.mark_as_retry(req.id, exc, einfo.traceback if einfo else None, request=req)
+                self.backend.mark_as_retry(
+                    req.id, exc, einfo.traceback if einfo else None, request=req
+                )
             except Exception:  # a result backend outage must not change the fate
                 logger.debug("could not store RETRY state for %s", req.id, exc_info=True)
         signals.task_retry.send(sender=self, request=req, reason=exc, einfo=einfo)
 
     def _record_recovery(self, runtime: Runtime, delivery: Delivery) -> None:
         try:
-            runtime.record(FateEvent(
-                fate=fates.RECOVERED, queue=delivery.queue, message_id=delivery.message_id,
-                attempt=delivery.state.attempt, task=self.name, cause=delivery.state.cause or "",
-                exc_type=delivery.state.exc_type or "",
-                importance=_options(self, runtime, delivery.queue).importance,
-                first_failure_ms=delivery.state.first_failure_ms,
-            ))
+            runtime.record(
+                FateEvent(
+                    fate=fates.RECOVERED,
+                    queue=delivery.queue,
+                    message_id=delivery.message_id,
+                    attempt=delivery.state.attempt,
+                    task=self.name,
+                    cause=delivery.state.cause or "",
+                    exc_type=delivery.state.exc_type or "",
+                    importance=_options(self, runtime, delivery.queue).importance,
+                    first_failure_ms=delivery.state.first_failure_ms,
+                )
+            )
         except Exception:  # the task succeeded; a history outage must not fail it
-            logger.warning("could not record recovery of %s[%s]", self.name, delivery.message_id, exc_info=True)
+            logger.warning(
+                "could not record recovery of %s[%s]", self.name, delivery.message_id, exc_info=True
+            )
 
 
 class AutoDLXTask(DLXTask):

@@ -50,7 +50,9 @@ def dead_letter_arguments(
     if not queue_name:
         raise ValueError("queue name must not be empty")
     if not exchange:
-        raise ValueError("dead-letter exchange name must not be empty (the default exchange cannot be a DLX here)")
+        raise ValueError(
+            "dead-letter exchange name must not be empty (the default exchange cannot be a DLX here)"
+        )
     args: dict[str, Any] = {
         "x-dead-letter-exchange": exchange,
         "x-dead-letter-routing-key": queue_name,
@@ -93,7 +95,7 @@ def migration_hint(queue: str, exchange: str) -> str:
         f"queue {queue!r} already exists with other arguments (RabbitMQ answered 406 "
         f"PRECONDITION_FAILED). To add the dead-letter exchange without losing messages either: "
         f"(1) add a policy: `celery -A proj dlx migrate {queue} --policy` (or rabbitmqctl set_policy "
-        f"dlx-{queue} '^{queue}$' '{{\"dead-letter-exchange\":\"{exchange}\",\"dead-letter-routing-key\":\"{queue}\"}}' "
+        f'dlx-{queue} \'^{queue}$\' \'{{"dead-letter-exchange":"{exchange}","dead-letter-routing-key":"{queue}"}}\' '
         f"--apply-to queues), which changes nothing else; or (2) rename: `celery -A proj dlx migrate "
         f"{queue} --rename`, which declares a new queue and moves the messages. See docs/migration.md."
     )
@@ -114,12 +116,16 @@ class DLXQueue(Queue):  # type: ignore[misc]
         args = self.queue_arguments or {}
         exchange = args.get("x-dead-letter-exchange")
         if exchange:
-            target = service_queue(self.dlx_service_queue, str(exchange), quorum=self.dlx_quorum_service)
+            target = service_queue(
+                self.dlx_service_queue, str(exchange), quorum=self.dlx_quorum_service
+            )
             target(channel).declare()
         try:
             return str(super().declare(nowait=nowait, channel=channel))
         except PreconditionFailed as exc:
-            raise TopologyError(migration_hint(str(self.name), str(exchange or DEFAULT_DLX_EXCHANGE))) from exc
+            raise TopologyError(
+                migration_hint(str(self.name), str(exchange or DEFAULT_DLX_EXCHANGE))
+            ) from exc
 
 
 def dlx_queue(
@@ -181,7 +187,11 @@ def as_dlx_queue(
         return queue
     args = dict(queue.queue_arguments or {})
     if args.get("x-dead-letter-exchange") not in (None, dlx):
-        logger.info("queue %s keeps its own dead-letter exchange %s", queue.name, args["x-dead-letter-exchange"])
+        logger.info(
+            "queue %s keeps its own dead-letter exchange %s",
+            queue.name,
+            args["x-dead-letter-exchange"],
+        )
         return queue
     args.update(
         dead_letter_arguments(
@@ -217,8 +227,14 @@ def as_dlx_queue(
     return new
 
 
-def declare_topology(channel: Any, queues: Iterable[Queue], *, exchange: str = DEFAULT_DLX_EXCHANGE,
-                     service: str = DEFAULT_SERVICE_QUEUE, quorum: bool = False) -> list[str]:
+def declare_topology(
+    channel: Any,
+    queues: Iterable[Queue],
+    *,
+    exchange: str = DEFAULT_DLX_EXCHANGE,
+    service: str = DEFAULT_SERVICE_QUEUE,
+    quorum: bool = False,
+) -> list[str]:
     """Declare the DLX exchange and service queue, then ``queues``, on ``channel``.
 
     Returns the names declared, in order.

@@ -72,8 +72,10 @@ def drain_thread(app: Celery, interval: float = 0.1) -> Iterator[None]:
 
 @contextlib.contextmanager
 def worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
-    """A real worker in a thread (solo pool) consuming the app's queues."""
-    kwargs.setdefault("pool", "solo")
+    """A real worker in a thread (a one-thread pool) consuming the app's queues."""
+    # The solo pool waits ~2 s for the next delivery after a task that ends in Ignore or Reject
+    # under acks_late at prefetch 1 (a Celery solo-pool artifact); one thread behaves like prefork.
+    kwargs.setdefault("pool", "threads")
     kwargs.setdefault("concurrency", 1)
     kwargs.setdefault("perform_ping_check", False)
     kwargs.setdefault("loglevel", "WARNING")

@@ -10,7 +10,9 @@ from celery_dlx.history import History
 from celery_dlx.names import Keys
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = "") -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> Any:
     """Poll ``predicate`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -36,7 +38,9 @@ def fates_of(client: Any, keys: Keys, message_id: str) -> list[str]:
     rows = [f for _, f in History(client, keys).read() if f["message_id"] == message_id]
     # Within one millisecond, a republish precedes the run it causes.
     rank = {"drained": 0, "replayed": 0}
-    return [f["fate"] for f in sorted(rows, key=lambda f: (int(f["at_ms"]), rank.get(f["fate"], 1)))]
+    return [
+        f["fate"] for f in sorted(rows, key=lambda f: (int(f["at_ms"]), rank.get(f["fate"], 1)))
+    ]
 
 
 def get_all(channel: Any, queue: str) -> list[Any]:

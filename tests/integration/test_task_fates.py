@@ -12,7 +12,6 @@ from kombu import Exchange, Queue
 from celery_dlx import Bury, Park, TopologyError
 from celery_dlx.causes import read_cause
 from celery_dlx.names import ATTEMPT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER
-from celery_dlx.runtime import get_runtime
 from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker
 from tests.integration.helpers import fates_of, get_all, queue_depth, wait_until
 
@@ -29,7 +28,9 @@ def runs_key(key_prefix: str, name: str) -> str:
     return "{" + key_prefix + "}:test:" + name
 
 
-def test_flaky_message_succeeds_after_requeues_and_parks(app: Any, uid: str, redis_client: Any, key_prefix: str, keys: Any) -> None:
+def test_flaky_message_succeeds_after_requeues_and_parks(
+    app: Any, uid: str, redis_client: Any, key_prefix: str, keys: Any
+) -> None:
     runs = runs_key(key_prefix, "runs")
 
     @app.task(name=f"flaky-{uid}", bind=True)
@@ -41,9 +42,18 @@ def test_flaky_message_succeeds_after_requeues_and_parks(app: Any, uid: str, red
 
     with worker(app), drain_thread(app):
         result = flaky.delay()
-        wait_until(lambda: b"recovered" in str(fates_of(redis_client, keys, result.id)).encode(), what="recovery")
+        wait_until(
+            lambda: b"recovered" in str(fates_of(redis_client, keys, result.id)).encode(),
+            what="recovery",
+        )
     assert int(redis_client.get(runs)) == 4
-    assert fates_of(redis_client, keys, result.id) == ["requeued", "requeued", "parked", "drained", "recovered"]
+    assert fates_of(redis_client, keys, result.id) == [
+        "requeued",
+        "requeued",
+        "parked",
+        "drained",
+        "recovered",
+    ]
 
 
 def test_permanent_failure_is_buried_after_exactly_1_plus_n_plus_m_runs(
@@ -61,11 +71,20 @@ def test_permanent_failure_is_buried_after_exactly_1_plus_n_plus_m_runs(
         result = poison.delay(42)
         wait_until(lambda: queue_depth(channel, f"dead-{uid}") == 1, what="the dead letter")
     assert int(redis_client.get(runs)) == 1 + 2 + 2
-    assert fates_of(redis_client, keys, result.id) == ["requeued", "requeued", "parked", "drained", "parked", "drained"]
+    assert fates_of(redis_client, keys, result.id) == [
+        "requeued",
+        "requeued",
+        "parked",
+        "drained",
+        "parked",
+        "drained",
+    ]
     [dead] = get_all(channel, f"dead-{uid}")
     death = dead.headers["x-death"][0]
     assert death["reason"] == "rejected" and death["queue"] == f"work-{uid}"
-    assert dead.headers[ATTEMPT_HEADER] == 4  # the buried delivery had failed 4 times before its last run
+    assert (
+        dead.headers[ATTEMPT_HEADER] == 4
+    )  # the buried delivery had failed 4 times before its last run
     history = json.loads(dead.headers[HISTORY_HEADER])
     assert [h[1] for h in history] == ["requeued", "requeued", "parked", "parked"]
     cause = read_cause(redis_client, keys, result.id)
@@ -75,7 +94,9 @@ def test_permanent_failure_is_buried_after_exactly_1_plus_n_plus_m_runs(
     assert cause["task"] == f"poison-{uid}" and cause["queue"] == f"work-{uid}"
 
 
-def test_explicit_fates_and_classification(app: Any, uid: str, redis_client: Any, key_prefix: str, keys: Any, broker: Any) -> None:
+def test_explicit_fates_and_classification(
+    app: Any, uid: str, redis_client: Any, key_prefix: str, keys: Any, broker: Any
+) -> None:
     runs = runs_key(key_prefix, "runs")
 
     @app.task(name=f"bury-{uid}")
@@ -104,7 +125,9 @@ def test_explicit_fates_and_classification(app: Any, uid: str, redis_client: Any
         t = classified.delay("timeout")
         wait_until(lambda: queue_depth(channel, f"dead-{uid}") == 2, what="two burials")
         wait_until(lambda: "recovered" in fates_of(redis_client, keys, p.id), what="park recovery")
-        wait_until(lambda: "recovered" in fates_of(redis_client, keys, t.id), what="timeout recovery")
+        wait_until(
+            lambda: "recovered" in fates_of(redis_client, keys, t.id), what="timeout recovery"
+        )
     assert int(redis_client.get(runs + ":bury")) == 1
     assert int(redis_client.get(runs + ":key")) == 1
     assert fates_of(redis_client, keys, p.id) == ["parked", "drained", "recovered"]
@@ -114,7 +137,9 @@ def test_explicit_fates_and_classification(app: Any, uid: str, redis_client: Any
     assert read_cause(redis_client, keys, k.id)["reason"] == "permanent failure: KeyError"
 
 
-def test_requeue_goes_to_the_tail_not_the_head(app: Any, uid: str, redis_client: Any, key_prefix: str) -> None:
+def test_requeue_goes_to_the_tail_not_the_head(
+    app: Any, uid: str, redis_client: Any, key_prefix: str
+) -> None:
     order = runs_key(key_prefix, "order")
 
     @app.task(name=f"step-{uid}")
@@ -130,7 +155,14 @@ def test_requeue_goes_to_the_tail_not_the_head(app: Any, uid: str, redis_client:
             step.apply_async((name,), connection=conn)
     with worker(app):
         wait_until(lambda: redis_client.llen(order) == 6, what="6 runs")
-    assert [x.decode() for x in redis_client.lrange(order, 0, -1)] == ["poison", "a", "b", "c", "poison", "poison"]
+    assert [x.decode() for x in redis_client.lrange(order, 0, -1)] == [
+        "poison",
+        "a",
+        "b",
+        "c",
+        "poison",
+        "poison",
+    ]
 
 
 def test_poison_filling_the_prefetch_window_does_not_block_good_messages(
@@ -152,15 +184,25 @@ def test_poison_filling_the_prefetch_window_does_not_block_good_messages(
             work.apply_async((False,), connection=conn)
     channel = broker.channel()
     with worker(app), drain_thread(app):
-        wait_until(lambda: int(redis_client.get(done) or 0) == 200, timeout=60, what="200 good messages")
+        wait_until(
+            lambda: int(redis_client.get(done) or 0) == 200, timeout=60, what="200 good messages"
+        )
         wait_until(lambda: queue_depth(channel, f"dead-{uid}") == 10, timeout=60, what="10 burials")
 
 
-def test_retry_of_a_fanout_queue_reaches_only_that_queue(uid: str, redis_client: Any, key_prefix: str, broker: Any, cleanup_queues: list[str]) -> None:
+def test_retry_of_a_fanout_queue_reaches_only_that_queue(
+    uid: str, redis_client: Any, key_prefix: str, broker: Any, cleanup_queues: list[str]
+) -> None:
     fan = Exchange(f"fan-{uid}", type="fanout")
-    app = make_app(uid, task_queues=[Queue(f"a-{uid}", fan), Queue(f"b-{uid}", fan)],
-                   task_default_exchange=fan.name, task_default_exchange_type="fanout")
-    cleanup_queues.extend([f"a-{uid}", f"b-{uid}", f"dead-{uid}", f"exchange:fan-{uid}", f"exchange:dlx-{uid}"])
+    app = make_app(
+        uid,
+        task_queues=[Queue(f"a-{uid}", fan), Queue(f"b-{uid}", fan)],
+        task_default_exchange=fan.name,
+        task_default_exchange_type="fanout",
+    )
+    cleanup_queues.extend(
+        [f"a-{uid}", f"b-{uid}", f"dead-{uid}", f"exchange:fan-{uid}", f"exchange:dlx-{uid}"]
+    )
     runs = runs_key(key_prefix, "runs")
 
     @app.task(name=f"fan-{uid}")
@@ -178,7 +220,9 @@ def test_retry_of_a_fanout_queue_reaches_only_that_queue(uid: str, redis_client:
     assert queue_depth(channel, f"a-{uid}") == 0
 
 
-def test_existing_queue_with_other_arguments_gives_a_clear_error(app: Any, uid: str, broker: Any) -> None:
+def test_existing_queue_with_other_arguments_gives_a_clear_error(
+    app: Any, uid: str, broker: Any
+) -> None:
     channel = broker.channel()
     channel.queue_declare(f"work-{uid}", durable=True, auto_delete=False)  # a pre-celery_dlx queue
 
@@ -193,7 +237,9 @@ def test_existing_queue_with_other_arguments_gives_a_clear_error(app: Any, uid: 
     assert "dlx migrate" in message and "policy" in message and "rename" in message
 
 
-def test_malformed_x_death_is_buried_by_publishing_never_rejected(app: Any, uid: str, redis_client: Any, key_prefix: str, keys: Any, broker: Any) -> None:
+def test_malformed_x_death_is_buried_by_publishing_never_rejected(
+    app: Any, uid: str, redis_client: Any, key_prefix: str, keys: Any, broker: Any
+) -> None:
     runs = runs_key(key_prefix, "runs")
 
     @app.task(name=f"victim-{uid}")
@@ -231,9 +277,14 @@ def test_undecodable_body_is_buried_not_dropped(app: Any, uid: str, broker: Any)
     wait_until(lambda: queue_depth(channel, f"work-{uid}") == 1)
     from kombu import Producer
 
-    Producer(channel).publish(b"\xff\xfe{not json", routing_key=f"work-{uid}", exchange="",
-                             content_type="application/json", content_encoding="utf-8",
-                             headers={"task": f"t-{uid}", "id": "bad-1", "lang": "py"})
+    Producer(channel).publish(
+        b"\xff\xfe{not json",
+        routing_key=f"work-{uid}",
+        exchange="",
+        content_type="application/json",
+        content_encoding="utf-8",
+        headers={"task": f"t-{uid}", "id": "bad-1", "lang": "py"},
+    )
     with worker(app):
         wait_until(lambda: queue_depth(channel, f"dead-{uid}") == 1, what="the undecodable message")
         wait_until(lambda: queue_depth(channel, f"work-{uid}") == 0)
@@ -242,9 +293,15 @@ def test_undecodable_body_is_buried_not_dropped(app: Any, uid: str, broker: Any)
     assert copy.headers[REASON_HEADER].startswith("undecodable")
 
 
-def test_result_states_and_signals_stay_meaningful(uid: str, redis_client: Any, key_prefix: str, cleanup_queues: list[str]) -> None:
-    app = make_app(uid, task_ignore_result=False, result_backend=f"redis://127.0.0.1:6379/0",
-                   result_backend_transport_options={"global_keyprefix": f"{{test-{uid}}}:"})
+def test_result_states_and_signals_stay_meaningful(
+    uid: str, redis_client: Any, key_prefix: str, cleanup_queues: list[str]
+) -> None:
+    app = make_app(
+        uid,
+        task_ignore_result=False,
+        result_backend="redis://127.0.0.1:6379/0",
+        result_backend_transport_options={"global_keyprefix": f"{{test-{uid}}}:"},
+    )
     cleanup_queues.extend(queue_names(app))
     retried: list[str] = []
     failed: list[Any] = []

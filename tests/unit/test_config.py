@@ -191,7 +191,9 @@ def test_error_messages(conf: dict[str, Any], message: str) -> None:
     ],
 )
 def test_good_values_are_normalized(name: str, value: Any, expected: Any) -> None:
-    assert load_config({name: value})[name] == expected
+    # A delivery limit needs quorum queues (checked across settings).
+    extra = {"dlx_quorum": True} if name == "dlx_delivery_limit" else {}
+    assert load_config({name: value, **extra})[name] == expected
 
 
 def test_queue_policies_are_validated_and_parsed() -> None:

@@ -1,0 +1,76 @@
+"""Edge cases of settings and task options: each bad value is a ConfigurationError naming it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import celery_dlx
+from celery_dlx.config import load_config
+from celery_dlx.errors import ConfigurationError
+from celery_dlx.options import resolve_task_options
+from celery_dlx.policy import parse_backoff
+from celery_dlx.topology import DLXQueue, dead_letter_arguments
+
+NO_BROKER = "amqp://nobody:nothing@127.0.0.1:1//"
+
+
+def enabled_app(**conf: Any) -> Celery:
+    app = Celery("bugs", broker=NO_BROKER, set_as_current=False)
+    celery_dlx.install(app)
+    app.conf.update(dlx_enabled=True, task_default_queue="work", **conf)
+    return app
+
+
+def test_on_demand_queue_first_lookup_returns_a_dlx_queue() -> None:
+    queue = enabled_app().amqp.queues["new"]
+    assert isinstance(queue, DLXQueue)
+    assert queue.queue_arguments == dead_letter_arguments("new")
+
+
+def test_router_gives_producers_a_dlx_queue_for_an_unknown_queue() -> None:
+    route = enabled_app().amqp.router.route({"queue": "fresh"}, "proj.add", (), {})
+    assert route["queue"].queue_arguments == dead_letter_arguments("fresh")
+
+
+def test_worker_minus_q_on_an_unknown_queue_consumes_a_dlx_queue() -> None:
+    queues = enabled_app().amqp.queues
+    queues.select(["other"])
+    assert queues.consume_from["other"].queue_arguments == dead_letter_arguments("other")
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        ({"jitter": "abc"}, "jitter"),
+        ({"factor": None}, "factor"),
+        ({"jitter": None}, "jitter"),
+        ({"factor": "2x"}, "factor"),
+    ],
+)
+def test_parse_backoff_non_numbers_name_the_setting(value: Any, key: str) -> None:
+    with pytest.raises(ConfigurationError, match=rf"^dlx_backoff\['{key}'\]"):
+        parse_backoff(value)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"dlx_bury_onn": ValueError}, {"dlx_requeue": ConnectionError}, {"dlx_bakoff": lambda n: 1.0}],
+)
+def test_misspelt_option_with_a_callable_value_is_reported(options: dict[str, Any]) -> None:
+    cls = type("T", (), {"name": "proj.t", **options})
+    with pytest.raises(ConfigurationError, match=r"unknown option\(s\)"):
+        resolve_task_options(cls, load_config({}))
+
+
+@pytest.mark.parametrize("prefix", ["{dlx}", "a b", "x}"])
+def test_key_prefix_with_braces_or_spaces_is_a_configuration_error(prefix: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"^dlx_key_prefix"):
+        load_config({"dlx_key_prefix": prefix})
+
+
+def test_delivery_limit_without_quorum_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match=r"dlx_delivery_limit"):
+        load_config({"dlx_delivery_limit": 5})
