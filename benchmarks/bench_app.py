@@ -1,0 +1,96 @@
+"""The app the P1-P3 benchmark workers run: plain Celery or celery_dlx, named by environment.
+
+``BENCH_MODE`` is ``dlx`` (celery_dlx installed and enabled) or ``plain`` (Celery alone);
+``BENCH_UID`` names the queue and keys; ``BENCH_PREFETCH`` sets the prefetch multiplier.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+import celery_dlx
+
+try:
+    from benchmarks._common import BROKER_URL, REDIS_URL
+except ImportError:  # run as a worker with benchmarks/ on the path
+    from _common import BROKER_URL, REDIS_URL  # type: ignore[no-redef]
+
+MODE = os.environ.get("BENCH_MODE", "dlx")
+UID = os.environ.get("BENCH_UID", "bench")
+PREFIX = f"bench-{UID}"
+
+
+def make_app(mode: str, uid: str, prefetch: int = 10) -> Celery:
+    """The benchmark app for ``mode`` (publishers use it too, so queues are declared alike)."""
+    app = Celery(f"bench-{uid}", broker=BROKER_URL, set_as_current=False)
+    if mode == "dlx":
+        celery_dlx.install(app)
+    app.conf.update(
+        task_default_queue=f"bench-{uid}",
+        worker_prefetch_multiplier=prefetch,
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    if mode == "dlx":
+        app.conf.update(
+            dlx_enabled=True,
+            dlx_redis_url=REDIS_URL,
+            dlx_key_prefix=f"bench-{uid}",
+            dlx_exchange=f"bench-dlx-{uid}",
+            dlx_service_queue=f"bench-dead-{uid}",
+            dlx_backoff=[3600.0],
+        )
+    return app
+
+
+app = make_app(MODE, UID, int(os.environ.get("BENCH_PREFETCH", "10")))
+_redis = redis.Redis.from_url(REDIS_URL)
+
+
+def key(name: str) -> str:
+    return "{" + PREFIX + "}:bench:" + name
+
+
+def _mark(total: int) -> None:
+    n = _redis.incr(key("done"))
+    if n == 1:
+        _redis.set(key("first"), repr(time.time()), nx=True)
+    if n == total:
+        _redis.set(key("last"), repr(time.time()))
+
+
+@app.task(name="bench.noop")
+def noop(total: int) -> None:
+    """Does nothing but count itself (the same cost in both modes)."""
+    _mark(total)
+
+
+@app.task(name="bench.work")
+def work(poison: bool, total: int) -> None:
+    """A good message counts itself; a poison message always fails."""
+    if _redis.get(key("first")) is None:
+        _redis.set(key("first"), repr(time.time()), nx=True)
+    if poison:
+        raise ValueError("poison message: cannot parse payload")
+    _mark(total)
+
+
+@app.task(name="bench.park_hour", bind=True, max_retries=None)
+def park_hour(self: Any) -> None:
+    """Fails with a retry due in one hour: parked in Redis (dlx) or an ETA message (plain)."""
+    _redis.incr(key("runs"))
+    if self.request.retries:
+        return
+    raise self.retry(countdown=3600, exc=TimeoutError("supplier API rate limited"))
+
+
+@app.task(name="bench.fresh")
+def fresh(sent_at: float) -> None:
+    """Records how long it waited between publish and run."""
+    _redis.rpush(key("latency"), repr(time.time() - sent_at))

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install celery_dlx with every extra and the test tools (skipped when nothing
+# in setup.cfg/pyproject.toml changed since the last install).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.celery_dlx-installed
+want=$(cat setup.cfg pyproject.toml | sha1sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
+  .venv/bin/python -m pip install -q -e ".[test,sentry,protobuf,spark,flower]"
+  echo "$want" > "$stamp"
+fi

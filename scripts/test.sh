@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole check on a fresh machine: services, virtualenv, lint, type check, every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/ensure-services.sh
+bash scripts/setup.sh
+echo "== ruff"; .venv/bin/ruff check celery_dlx tests benchmarks spark example_project
+.venv/bin/ruff format --check celery_dlx tests benchmarks spark example_project
+echo "== mypy"; .venv/bin/mypy
+echo "== pytest"; exec .venv/bin/pytest -q "$@"
