@@ -57,6 +57,21 @@ def ratio_line(name: str, measured: float, baseline: float, target: float) -> st
     )
 
 
+def paired_ratio_line(name: str, ratios: Sequence[float], target: float) -> str:
+    """One line ``RATIO <name>: median of per-round ratios <x> (rounds ...) OK|BELOW``.
+
+    Each round measures both sides back to back, so a load change on a shared machine moves
+    both; the median of the rounds' ratios is steadier than a ratio of medians.
+    """
+    ratio = median(ratios)
+    verdict = "OK" if ratio >= target else "BELOW"
+    rounds = ", ".join(f"{r:.2f}" for r in ratios)
+    return (
+        f"RATIO {name}: {ratio:.2f}x median of per-round ratios ({rounds}) "
+        f"(target >= {target:.2f}x) {verdict}"
+    )
+
+
 def limit_line(name: str, measured: float, limit: float, unit: str = "") -> str:
     """One line ``LIMIT <name>: <measured> (target <= <limit>) OK|ABOVE``."""
     verdict = "OK" if measured <= limit else "ABOVE"
