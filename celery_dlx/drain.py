@@ -60,7 +60,7 @@ class DrainResult:
         claimed: entries claimed from the store.
         published: entries the broker confirmed (and that were then deleted, unless ``stale``).
         released: entries the broker nacked or returned, made due again in ``RELEASE_DELAY``.
-        lateness_ms: per published entry, confirm time minus due time, in milliseconds.
+        lateness_ms: per published entry, publish time minus due time, in milliseconds.
         stale: confirmed entries another drain had claimed again after our lease ran out (they
             will be published twice).
         failed: a cycle stopped on a broker or Redis error (already logged once).
