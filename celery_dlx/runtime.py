@@ -196,6 +196,11 @@ def get_runtime(app: Any) -> Runtime:
     """The app's runtime, made on first use from its validated ``dlx_*`` settings."""
     runtime: Runtime | None = app.__dict__.get("_celery_dlx_runtime")
     if runtime is None:
-        runtime = Runtime(app, load_config(app.conf, getattr(app, "namespace", None)))
-        app._celery_dlx_runtime = runtime
+        config = load_config(app.conf, getattr(app, "namespace", None))
+        # Reading app.conf may have configured the app just now, and install()'s configure hook
+        # made the runtime (with its listeners) meanwhile: keep that one.
+        runtime = app.__dict__.get("_celery_dlx_runtime")
+        if runtime is None:
+            runtime = Runtime(app, config)
+            app._celery_dlx_runtime = runtime
     return runtime

@@ -195,3 +195,19 @@ def test_burial_log_line_is_not_a_second_event() -> None:
         assert with_hooks[0]["fingerprint"] == ["cause-a"]  # ours, not the log line
     finally:
         sentry_sdk.init()
+
+
+def test_listeners_survive_when_get_runtime_is_what_configures_the_app() -> None:
+    """install(app)'s configure hook runs inside the first app.conf read: one runtime results."""
+    from celery import Celery
+
+    import celery_dlx
+    from celery_dlx.integrations import EventSender
+    from celery_dlx.runtime import get_runtime
+
+    app = Celery("unit-first-touch", set_as_current=False)
+    celery_dlx.install(app)
+    app.conf.update(dlx_enabled=True, dlx_key_prefix="unit")
+    runtime = get_runtime(app)  # the first read of app.conf
+    assert runtime is get_runtime(app)
+    assert {type(x) for x in runtime.listeners} == {SentryReporter, EventSender}
