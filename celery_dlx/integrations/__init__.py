@@ -11,17 +11,27 @@ from typing import Any
 
 from ..runtime import Listener, Runtime
 from .events import EventSender, install_events
+from .logs import CeleryEchoFilter, install_log_filter
 from .sentry import SentryReporter, install_sentry, mark_handled
 
-__all__ = ["EventSender", "SentryReporter", "install_integrations", "mark_handled"]
+__all__ = [
+    "CeleryEchoFilter",
+    "EventSender",
+    "SentryReporter",
+    "install_integrations",
+    "mark_handled",
+]
 
 
 def install_integrations(app: Any, runtime: Runtime) -> list[Listener]:
-    """Add the Sentry and task-event listeners that the settings enable; idempotent.
+    """Add the Sentry and task-event listeners that the settings enable, and quiet Celery's echo
+    of handled runs; idempotent.
 
     ``dlx_sentry`` (and sentry-sdk being installed) enables Sentry reporting, which sends only
     when the app's own ``sentry_sdk.init`` ran in the process; ``dlx_send_events`` enables the
-    ``task-requeued``/``task-parked``/``task-buried``/``task-replayed`` events.
+    ``task-requeued``/``task-parked``/``task-buried``/``task-replayed`` events. Celery's own
+    ``ignored``/``rejected`` line of a run celery_dlx handled goes to DEBUG (see
+    :mod:`celery_dlx.integrations.logs`).
 
     Args:
         app: the Celery app (its event dispatcher carries the task events).
@@ -34,6 +44,10 @@ def install_integrations(app: Any, runtime: Runtime) -> list[Listener]:
         raise ValueError("install_integrations: runtime belongs to another app")
     present = {type(listener) for listener in runtime.listeners}
     added: list[Listener] = []
+    if CeleryEchoFilter not in present:
+        echo = install_log_filter(app)
+        runtime.listeners.append(echo)
+        added.append(echo)
     for make, kind in ((install_sentry, SentryReporter), (install_events, EventSender)):
         if kind in present:
             continue

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from celery import Celery
 from sentry_sdk.integrations.logging import LoggingIntegration
 
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
-from celery_dlx.integrations import SentryReporter, install_integrations
+from celery_dlx.integrations import CeleryEchoFilter, SentryReporter, install_integrations
 from celery_dlx.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL, ROOT
 from tests.sentry_sink import SentrySink
@@ -167,17 +168,23 @@ def test_listener_is_installed_once_and_only_when_enabled(uid: str, key_prefix: 
     app = _app(uid, key_prefix)
     runtime = get_runtime(app)
     first = install_integrations(app, runtime)
-    assert [type(x) for x in first] == [SentryReporter]
+    assert [type(x) for x in first] == [CeleryEchoFilter, SentryReporter]
     assert install_integrations(app, runtime) == []
     off = _app(uid, key_prefix, dlx_sentry=False)
-    assert install_integrations(off, get_runtime(off)) == []
+    assert [type(x) for x in install_integrations(off, get_runtime(off))] == [CeleryEchoFilter]
 
 
 def test_celery_integration_on_real_worker_reports_each_cause_once(
-    sink: SentrySink, uid: str, redis_client: Any, cleanup_queues: list[str]
+    sink: SentrySink,
+    uid: str,
+    redis_client: Any,
+    cleanup_queues: list[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """sentry-sdk's CeleryIntegration on, DLX tasks failing through requeues, parks and burial:
-    only the burial events arrive, one per cause, from the DLX service."""
+    only the burial events arrive, one per cause, from the DLX service; the logs have one line
+    per fate change and the traceback once, at burial."""
+    caplog.set_level(logging.INFO)
     import threading
 
     from sentry_sdk.integrations.celery import CeleryIntegration
@@ -211,7 +218,7 @@ def test_celery_integration_on_real_worker_reports_each_cause_once(
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
     try:
-        with worker(app), drain_thread(app):
+        with worker(app, loglevel="INFO"), drain_thread(app):
             for i in range(3):
                 charge.delay(i)
                 ship.delay(f"s{i}")
@@ -234,3 +241,14 @@ def test_celery_integration_on_real_worker_reports_each_cause_once(
     assert all(e["tags"]["attempts"] == "5" for e in events)
     crumbs = [c["data"]["fate"] for c in events[0]["breadcrumbs"]["values"]]
     assert crumbs == ["requeued", "requeued", "parked", "parked", "buried"]
+
+    ids = {r.message.split("[", 1)[1].split("]", 1)[0] for r in caplog.records
+           if r.name == "celery_dlx" and r.message.startswith("buried ")}  # fmt: skip
+    assert len(ids) == 6
+    mine = [r for r in caplog.records if any(i in r.getMessage() for i in ids)]
+    fates = Counter(r.getMessage().split(" ", 1)[0] for r in mine if r.name == "celery_dlx")
+    assert fates == {"requeued": 12, "parked": 12, "drained": 12, "buried": 6}
+    echoes = [r.getMessage() for r in mine if r.name == "celery.app.trace"]
+    assert echoes == [], echoes[:3]  # Celery's "ignored" / "reject" lines of handled runs
+    with_traceback = [r for r in mine if r.exc_info or "Traceback (most recent" in r.getMessage()]
+    assert [(r.name, r.levelname) for r in with_traceback] == [("celery_dlx", "ERROR")] * 6

@@ -43,7 +43,7 @@ class FakeBudget:
 class QuietRuntime(Runtime):
     """A runtime whose counters are not written (no Redis in unit tests)."""
 
-    def _count(self, event: FateEvent) -> None:
+    def _count(self, events: Any, pipe: Any = None) -> None:
         return None
 
 
@@ -202,7 +202,7 @@ def test_listeners_survive_when_get_runtime_is_what_configures_the_app() -> None
     from celery import Celery
 
     import celery_dlx
-    from celery_dlx.integrations import EventSender
+    from celery_dlx.integrations import CeleryEchoFilter, EventSender
     from celery_dlx.runtime import get_runtime
 
     app = Celery("unit-first-touch", set_as_current=False)
@@ -210,4 +210,4 @@ def test_listeners_survive_when_get_runtime_is_what_configures_the_app() -> None
     app.conf.update(dlx_enabled=True, dlx_key_prefix="unit")
     runtime = get_runtime(app)  # the first read of app.conf
     assert runtime is get_runtime(app)
-    assert {type(x) for x in runtime.listeners} == {SentryReporter, EventSender}
+    assert {type(x) for x in runtime.listeners} == {CeleryEchoFilter, SentryReporter, EventSender}

@@ -1,0 +1,96 @@
+"""Quiet logs: Celery's own per-run lines that only repeat a celery_dlx fate line go to DEBUG.
+
+A DLX task ends a failed run with ``Ignore`` (requeued or parked) or ``Reject(requeue=False)``
+(buried through the dead-letter exchange). Celery then logs, per run, ``Task x[id] ignored`` at
+INFO, or ``Task x[id] reject requeue=False: ...`` at WARNING with the whole chained traceback.
+celery_dlx has already logged the fate (one line with task, id, attempt and cause) and logs the
+traceback once, when the DLX service buries the message. :class:`CeleryEchoFilter` lowers those
+echoes to DEBUG without their traceback (shown only when Celery's trace logger is at DEBUG). Runs
+celery_dlx did not handle (a task's own ``Ignore``, a ``Reject(requeue=True)``, plain tasks) keep
+Celery's lines.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from celery._state import get_current_worker_task
+
+from ..fates import PARKED, REQUEUED, FateEvent
+
+#: Celery's logger of per-run outcomes.
+TRACE_LOGGER = "celery.app.trace"
+#: Message ids remembered between a fate change and Celery's line about the same run.
+REMEMBER = 4096
+
+
+class CeleryEchoFilter(logging.Filter):
+    """Lowers Celery's ``ignored``/``rejected`` run lines of runs celery_dlx handled to DEBUG.
+
+    It is also a fate listener: a requeue or park recorded in this process marks its message,
+    so the ``ignored`` line of exactly that run is lowered.
+
+    Args:
+        app: the Celery app whose DLX tasks are concerned.
+    """
+
+    def __init__(self, app: Any) -> None:
+        super().__init__(TRACE_LOGGER)
+        self.app = app
+        self._handled: OrderedDict[str, str] = OrderedDict()
+
+    def __call__(self, event: FateEvent) -> None:
+        if event.fate in (REQUEUED, PARKED):
+            self._handled[event.message_id] = event.fate
+            while len(self._handled) > REMEMBER:
+                self._handled.popitem(last=False)
+
+    @staticmethod
+    def _dlx_run(task_id: Any) -> bool:
+        """True when the run being logged is ``task_id``'s, of a DLX-enabled task.
+
+        Celery logs a run's outcome before it pops the task, so the current worker task is the
+        one the line is about (a task name alone is ambiguous: shared tasks join every app).
+        """
+        task = get_current_worker_task()
+        if task is None or getattr(task.request, "id", None) != task_id:
+            return False
+        enabled = getattr(task, "_dlx_enabled_for", None)
+        return bool(callable(enabled) and enabled(task.app))
+
+    def _echo(self, record: logging.LogRecord) -> bool:
+        data = getattr(record, "data", None)
+        if not isinstance(data, dict):
+            return False
+        description = data.get("description")
+        if description == "ignored":
+            return self._handled.pop(str(data.get("id")), None) is not None
+        if description == "rejected" and record.exc_info:
+            exc = record.exc_info[1]
+            return getattr(exc, "requeue", True) is False and self._dlx_run(data.get("id"))
+        return False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            if record.name != TRACE_LOGGER or not self._echo(record):
+                return True
+        except Exception:  # a log filter must never break logging
+            return True
+        # Handlers check only their own level, so a lowered record must also be dropped unless
+        # the logger really is at DEBUG.
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.exc_info, record.exc_text = None, None
+        return logging.getLogger(TRACE_LOGGER).isEnabledFor(logging.DEBUG)
+
+
+def install_log_filter(app: Any) -> CeleryEchoFilter:
+    """Attach a :class:`CeleryEchoFilter` for ``app`` to Celery's trace logger (once per app)."""
+    trace = logging.getLogger(TRACE_LOGGER)
+    for existing in trace.filters:
+        if isinstance(existing, CeleryEchoFilter) and existing.app is app:
+            return existing
+    echo = CeleryEchoFilter(app)
+    trace.addFilter(echo)
+    return echo
