@@ -13,7 +13,7 @@ import base64
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -48,6 +48,14 @@ def jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return {"__repr__": repr(value)[:1000]}
+
+
+def _tag(value: Any) -> Any:
+    """``json.dumps`` default: the :func:`jsonable` tag of a value JSON cannot hold."""
+    tagged = jsonable(value)
+    if tagged is value:
+        raise TypeError(f"cannot tag {type(value).__name__}")
+    return tagged
 
 
 def from_jsonable(value: Any) -> Any:
@@ -151,16 +159,29 @@ class Obituary:
 
     def record(self) -> dict[str, Any]:
         """The stored JSON record: everything but the payload bytes and the replays."""
-        data = asdict(self)
-        data.pop("payload")
-        data.pop("replays")
+        # Built by hand: dataclasses.asdict deep-copies every header value, 5x slower.
+        data = {name: getattr(self, name) for name in _PLAIN_FIELDS}
+        data["attempts"] = [
+            {"at_ms": a.at_ms, "fate": a.fate, "cause": a.cause} for a in self.attempts
+        ]
         data["headers"] = jsonable(self.headers)
         data["properties"] = jsonable(self.properties)
         data["x_death"] = jsonable(self.x_death)
         return data
 
     def record_json(self) -> str:
-        return json.dumps(self.record(), separators=(",", ":"))
+        """:meth:`record` as JSON text (the same tagging, done by the encoder: faster)."""
+        data = {name: getattr(self, name) for name in _PLAIN_FIELDS}
+        data["attempts"] = [
+            {"at_ms": a.at_ms, "fate": a.fate, "cause": a.cause} for a in self.attempts
+        ]
+        data["headers"] = self.headers
+        data["properties"] = self.properties
+        data["x_death"] = self.x_death
+        try:
+            return json.dumps(data, separators=(",", ":"), default=_tag)
+        except (TypeError, ValueError):  # a non-text key or a NaN: the slow, total path
+            return json.dumps(self.record(), separators=(",", ":"))
 
     @classmethod
     def from_record(
@@ -229,6 +250,14 @@ class Obituary:
             "truncated": left_out,
         }
         return data
+
+
+#: Obituary fields stored as they are (the others are converted or kept out of the record).
+_PLAIN_FIELDS = tuple(
+    f.name
+    for f in fields(Obituary)
+    if f.name not in {"attempts", "headers", "properties", "x_death", "payload", "replays"}
+)
 
 
 def payload_from_json_safe(data: Mapping[str, Any]) -> bytes | None:

@@ -139,12 +139,13 @@ class Runtime:
                 "celery_dlx could not reach the broker at start (%s); will retry on use", exc
             )
 
-    def record_many(self, events: Sequence[FateEvent]) -> None:
+    def record_many(self, events: Sequence[FateEvent], *, history: bool = True) -> None:
         """Log many fate changes, append and count them in one Redis round trip, notify each.
 
         History appends and counters go in one pipeline (a drain batch must not cost a round trip
         per message). A failed history append propagates, after the rest of the batch was sent;
-        counters and listeners are best effort.
+        counters and listeners are best effort. ``history=False``: as in :meth:`record`, the
+        caller appended the events itself; they are logged, counted and notified only.
 
         Raises:
             redis.RedisError: the pipeline failed or a history append was refused.
@@ -154,12 +155,18 @@ class Runtime:
         for event in events:
             self._log(event)
         pipe = self.redis.pipeline(transaction=False)
-        for event in events:
+        appended = len(events) if history else 0
+        for event in events[:appended]:
             pipe.xadd(self.keys.history, history_fields(event))
         self._count(events, pipe)
-        results = pipe.execute(raise_on_error=False)
-        failed = next((r for r in results[: len(events)] if isinstance(r, Exception)), None)
-        if any(isinstance(r, Exception) for r in results[len(events) :]):
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except Exception:
+            if history:
+                raise
+            results = [RuntimeError("counter update not sent")]  # counters are best effort
+        failed = next((r for r in results[:appended] if isinstance(r, Exception)), None)
+        if any(isinstance(r, Exception) for r in results[appended:]):
             logger.warning("celery_dlx counter update failed for %d events", len(events))
         if failed is not None:
             raise failed

@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +48,7 @@ from .names import HISTORY_HEADER
 from .obituary import Obituary, send_to_hook
 from .publish import ConfirmingPublisher, Outgoing, copy_properties
 from .runtime import Runtime, get_runtime
-from .store import ParkedMessage
+from .store import ParkedMessage, ParkingStore
 from .topology import service_queue
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,13 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 )
 #: Errors that mean "not now": the batch stays unacked and is retried.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (RedisError, PublishError, *BROKER_ERRORS)
+
+
+# Set every key of KEYS with a time to live of ARGV[1] ms: the batch's "handled" markers.
+_MARK_SEEN = """
+for _, key in ipairs(KEYS) do redis.call('SET', key, '1', 'PX', ARGV[1]) end
+return #KEYS
+"""
 
 
 @dataclass
@@ -204,6 +212,30 @@ def _retry_event(work: _Work, now: int) -> FateEvent:
     )
 
 
+def _ack_all(messages: Sequence[Any]) -> None:
+    """Ack a batch with one ``basic.ack(multiple)`` per channel (a batch holds every delivery
+    received before it, so nothing outside it is acked)."""
+    last: dict[Any, int] = {}
+    for m in messages:
+        last[m.channel] = max(last.get(m.channel, 0), int(m.delivery_tag))
+    for channel, tag in last.items():
+        channel.basic_ack(tag, multiple=True)
+
+
+class BatchParkingStore(ParkingStore):
+    """The parking store, parking a batch in one Redis round trip (same script as ``park``)."""
+
+    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
+        """Park every message; per message, False if that id+attempt was parked already."""
+        if not messages:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for m in messages:
+            args = [m.entry_id, m.due_ms, m.meta_json(), m.body]
+            self._park(keys=self._kk, args=args, client=pipe)
+        return [bool(r) for r in pipe.execute()]
+
+
 class DLXService:
     """The DLX service of one app.
 
@@ -295,61 +327,79 @@ class DLXService:
             self._loop(conn, idle_timeout)
 
     def _loop(self, conn: Connection, idle_timeout: float | None) -> None:
-        while not self._stop.is_set():
-            try:
-                conn.drain_events(timeout=IDLE_POLL)
-            except TimeoutError:
-                conn.heartbeat_check()
-                self._idle_work()
-                if idle_timeout is not None and time.monotonic() - self._idle_since > idle_timeout:
-                    logger.info("DLX service idle for %ss: stopping", idle_timeout)
-                    self.stop()
-                    return
-                continue
-            while len(self._inbox) < BATCH_LIMIT:
-                try:
-                    conn.drain_events(timeout=BATCH_WAIT)
-                except TimeoutError:
-                    break
-            batch, self._inbox[:] = list(self._inbox), []
-            self._process(conn, batch)
-            self._idle_since = time.monotonic()
-            if time.monotonic() - self._last_sweep > SWEEP_INTERVAL:
-                self._idle_work()
+        """Receive and ack on this thread while a helper thread settles the batch in hand.
 
-    def _process(self, conn: Connection, batch: list[Any]) -> None:
-        """Handle ``batch`` until it is done, retrying while Redis or the publisher is down."""
+        The connection stays on this thread (it is not thread-safe); settling a batch is mostly
+        Redis and publisher I/O, so receiving the next batch overlaps it.
+        """
+        pending: tuple[list[Any], Future[bool]] | None = None
+        with ThreadPoolExecutor(1, thread_name_prefix="celery_dlx-settle") as helper:
+            while True:
+                if pending is not None and (pending[1].done() or self._stop.is_set()):
+                    batch, settled = pending
+                    pending = None
+                    if settled.result():  # at a stop, the batch in hand is finished first
+                        _ack_all(batch)
+                        self._idle_since = time.monotonic()
+                        self._maybe_sweep()
+                if self._stop.is_set():
+                    return
+                if pending is None and self._inbox:
+                    batch = self._inbox[:BATCH_LIMIT]
+                    del self._inbox[:BATCH_LIMIT]
+                    pending = (batch, helper.submit(self._process, batch))
+                busy = pending is not None or bool(self._inbox)
+                try:
+                    conn.drain_events(timeout=BATCH_WAIT if busy else IDLE_POLL)
+                except TimeoutError:
+                    conn.heartbeat_check()
+                    if not busy and self._idle(idle_timeout):
+                        return
+
+    def _idle(self, idle_timeout: float | None) -> bool:
+        """Idle work; True when the service has been idle for ``idle_timeout`` (and stops)."""
+        self._maybe_sweep()
+        if idle_timeout is not None and time.monotonic() - self._idle_since > idle_timeout:
+            logger.info("DLX service idle for %ss: stopping", idle_timeout)
+            self.stop()
+            return True
+        return False
+
+    def _process(self, batch: list[Any]) -> bool:
+        """Settle ``batch``, retrying while Redis or the publisher is down.
+
+        Returns:
+            True once settled (it may be acked); False if the service stopped first.
+        """
         outage = _Outage("Redis or the broker")
         while True:
             try:
-                self.handle(batch)
+                self.settle(batch)
             except TRANSIENT_ERRORS as exc:
                 if isinstance(exc, (*BROKER_ERRORS, PublishError)):
                     self._close_publisher()
                 delay = outage.begin(exc, len(batch), self.stats)
                 self.stats.retries += 1
-                if not self._wait(delay, conn):
-                    return  # stopping: the unacked batch goes back to the queue
+                if not self._wait(delay):
+                    return False  # stopping: the unacked batch goes back to the queue
+                continue
+            except Exception as exc:  # a bug must not kill the service: hold the batch, retry
+                if outage.since is None:
+                    logger.exception("DLX service failed to settle %d dead letters", len(batch))
+                delay = outage.begin(exc, len(batch), self.stats)
+                self.stats.retries += 1
+                if not self._wait(max(delay, RETRY_DELAYS[-1])):
+                    return False
                 continue
             outage.end()
-            return
+            return True
 
-    def _wait(self, seconds: float, conn: Connection | None = None) -> bool:
-        """Sleep up to ``seconds`` (heartbeats kept); False if the service is stopping."""
-        deadline = time.monotonic() + seconds
-        while not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return True
-            self._stop.wait(min(left, 1.0))
-            if conn is not None:
-                try:
-                    conn.heartbeat_check()
-                except BROKER_ERRORS:
-                    return False
-        return False
+    def _wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; False if the service is stopping."""
+        return not self._stop.wait(seconds)
 
-    def _idle_work(self) -> None:
+    def _maybe_sweep(self) -> None:
+        """Run the graveyard's retention sweep if it is due (every ``SWEEP_INTERVAL``)."""
         if time.monotonic() - self._last_sweep < SWEEP_INTERVAL:
             return
         self._last_sweep = time.monotonic()
@@ -367,11 +417,20 @@ class DLXService:
     def handle(self, messages: Sequence[Any]) -> None:
         """Give every dead letter of ``messages`` (kombu messages) its fate, then ack them.
 
+        Raises:
+            redis.RedisError, PublishError, OSError...: a write failed; nothing was acked.
+        """
+        self.settle(messages)
+        _ack_all(messages)
+
+    def settle(self, messages: Sequence[Any]) -> None:
+        """Give every dead letter of ``messages`` its fate (everything but the ack).
+
         Idempotent: run again on the same messages after a failure, it gives no second fate.
+        Touches no broker channel of the messages, so it may run on another thread.
 
         Raises:
-            redis.RedisError, PublishError, OSError...: a write failed; nothing of the batch was
-                acked.
+            redis.RedisError, PublishError, OSError...: a write failed; ack none of them.
         """
         now = now_ms()
         works = [_Work(m, self._read(m)) for m in messages]
@@ -383,17 +442,13 @@ class DLXService:
         self._requeue([w for w in live if isinstance(w.verdict, RequeueVerdict)], now)
         self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
         retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
-        if retried:
-            self.runtime.history.append_many(retried)
+        self.runtime.record_many(retried)
         obituaries = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
-        for event in retried:
-            self.runtime.record(event, history=False)
+        # The buried entries went to the history with the obituaries, atomically.
+        self.runtime.record_many([buried_event(ob) for ob in obituaries], history=False)
         for ob in obituaries:
-            self.runtime.record(buried_event(ob), history=False)
             send_to_hook(self.app, self.config.obituary_task, ob)
         self._mark_seen(live)
-        for w in works:
-            w.message.ack()
         self._count(live, len(works) - len(live))
 
     def _count(self, live: list[_Work], duplicates: int) -> None:
@@ -429,14 +484,14 @@ class DLXService:
         return f"{self.runtime.keys.seen_prefix}{letter.key}"
 
     def _lookup(self, works: list[_Work]) -> None:
+        """Which letters were handled before, and the worker's cause records: two MGETs."""
         pipe = self.runtime.redis.pipeline(transaction=False)
-        for w in works:
-            pipe.exists(self._seen_key(w.letter))
-            pipe.get(self.runtime.keys.cause(w.letter.identity))
-        results = pipe.execute()
-        for i, w in enumerate(works):
-            w.duplicate = bool(results[2 * i])
-            w.record = _parse_record(results[2 * i + 1])
+        pipe.mget([self._seen_key(w.letter) for w in works])
+        pipe.mget([self.runtime.keys.cause(w.letter.identity) for w in works])
+        seen, records = pipe.execute()
+        for w, marker, record in zip(works, seen, records, strict=True):
+            w.duplicate = marker is not None
+            w.record = _parse_record(record)
 
     def _decide(self, work: _Work, now: int) -> Verdict:
         try:
@@ -486,43 +541,48 @@ class DLXService:
                 w.verdict = bury_verdict(w.letter, self.config, why, now, failed=True)
 
     def _park(self, works: list[_Work], now: int) -> None:
+        if not works:
+            return
+        entries = []
         for w in works:
             verdict = w.verdict
             assert isinstance(verdict, ParkVerdict)
             letter = w.letter
-            parked = ParkedMessage(
-                message_id=letter.identity,
-                attempt=verdict.state.attempt,
-                queue=letter.queue,
-                body=letter.body,
-                headers=clean_headers(letter.headers, verdict.state),
-                properties=copy_properties(letter.properties),
-                due_ms=now + int(verdict.delay * 1000),
-                parked_ms=now,
-                task=letter.task,
-                cause=verdict.cause,
+            entries.append(
+                ParkedMessage(
+                    message_id=letter.identity,
+                    attempt=verdict.state.attempt,
+                    queue=letter.queue,
+                    body=letter.body,
+                    headers=clean_headers(letter.headers, verdict.state),
+                    properties=copy_properties(letter.properties),
+                    due_ms=now + int(verdict.delay * 1000),
+                    parked_ms=now,
+                    task=letter.task,
+                    cause=verdict.cause,
+                )
             )
-            self._park_one(parked, letter, now)
+        store = BatchParkingStore(self.runtime.redis, self.runtime.keys)
+        for w, entry, stored in zip(works, entries, store.park_many(entries), strict=True):
+            if not stored:
+                self._park_taken(store, entry, w.letter, now)
 
-    def _park_one(self, parked: ParkedMessage, letter: DeadLetter, now: int) -> None:
-        """Park, idempotently; an entry id held by another message gets a more specific id.
+    def _park_taken(
+        self, store: ParkingStore, parked: ParkedMessage, letter: DeadLetter, now: int
+    ) -> None:
+        """Park, idempotently, a letter whose entry id was taken; maybe under a more specific id.
 
         The store's entry id is message id + attempt. It may already be held by this very dead
         letter (a redelivery after a crash: done), by the same message dead in another queue (a
         fanout copy), or by the entry this letter was drained from, not yet deleted (an expired
         message keeps its attempt). The last two must not swallow this letter.
         """
-        store = self.runtime.store
-        candidates = [
-            parked.message_id,
-            f"{parked.message_id}@{letter.queue}",
-            f"{parked.message_id}@{letter.queue}~{now}",
-        ]
-        for candidate in candidates:
+        if self._parked_by_this_letter(parked.entry_id, letter):
+            return
+        base = parked.message_id
+        for candidate in (f"{base}@{letter.queue}", f"{base}@{letter.queue}~{now}"):
             parked.message_id = candidate
-            if store.park(parked):
-                return
-            if self._parked_by_this_letter(parked.entry_id, letter):
+            if store.park(parked) or self._parked_by_this_letter(parked.entry_id, letter):
                 return
         raise RuntimeError(f"parking {parked.entry_id} failed: every entry id is taken")
 
@@ -555,12 +615,9 @@ class DLXService:
         return [ob for ob, _ in items]
 
     def _mark_seen(self, works: list[_Work]) -> None:
-        if not works:
-            return
-        pipe = self.runtime.redis.pipeline(transaction=False)
-        for w in works:
-            pipe.set(self._seen_key(w.letter), b"1", px=SEEN_TTL_MS)
-        pipe.execute()
+        if works:
+            script = self.runtime.redis.register_script(_MARK_SEEN)
+            script(keys=[self._seen_key(w.letter) for w in works], args=[SEEN_TTL_MS])
 
 
 def run_service(

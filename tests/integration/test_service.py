@@ -148,7 +148,8 @@ def publish(
 
 
 @pytest.fixture
-def names(uid: str, cleanup_queues: list[str]) -> dict[str, str]:
+def names(uid: str, key_prefix: str, cleanup_queues: list[str]) -> dict[str, str]:
+    assert key_prefix == service_settings(uid)["dlx_key_prefix"]  # its keys are deleted after
     out = {
         "billing": f"billing-{uid}",
         "audit": f"audit-{uid}",
@@ -567,3 +568,17 @@ def test_redis_outage_holds_dead_letters_unacked_and_logs_once(
     assert len(unavailable) == 1 and "holding" in unavailable[0].getMessage()
     assert any("back after" in r.getMessage() for r in caplog.records)
     assert svc.stats.outages == 1 and svc.stats.buried == 20
+
+
+def test_record_many_without_history_counts_and_notifies_only(uid: str, key_prefix: str) -> None:
+    from celery_dlx.fates import FateEvent
+
+    runtime = get_runtime(make_app(uid))
+    heard: list[str] = []
+    runtime.listeners.append(lambda event: heard.append(event.message_id))
+    events = [FateEvent(fate=BURIED, queue="q", message_id=f"m{i}", attempt=1) for i in range(3)]
+    runtime.record_many(events, history=False)
+    assert runtime.history.length() == 0
+    assert heard == ["m0", "m1", "m2"]
+    minute = events[0].at_ms // 60000
+    assert int(runtime.redis.hget(f"{runtime.keys.counter_prefix}{minute}", "q|buried")) == 3

@@ -154,3 +154,17 @@ def test_no_hook_configured_or_hook_task_buried_sends_nothing() -> None:
     assert send_to_hook(app, None, obituary()) is False
     assert send_to_hook(app, "hook", obituary(task="hook")) is False
     assert app.sent == []
+
+
+def test_fast_json_record_equals_the_slow_one() -> None:
+    ob = obituary(
+        headers={
+            "b": b"\x01",
+            "t": datetime(2024, 1, 1, tzinfo=timezone.utc),
+            "l": (1, [b"x"]),
+            7: "int key",
+        }
+    )
+    assert json.loads(ob.record_json()) == json.loads(json.dumps(ob.record()))
+    odd = obituary(headers={b"bytes-key": 1})  # not JSON-encodable directly: the slow path
+    assert json.loads(odd.record_json())["headers"] == {"b'bytes-key'": 1}

@@ -1,0 +1,198 @@
+"""P6: dead letters the DLX service handles per second, against the broker's own dead-lettering.
+
+Each round fills two durable work queues (dead-lettering to a unique DLX exchange and service
+queue) with ``--messages`` foreign messages in all (1 KB JSON bodies with a message id), half of
+them in a queue whose policy buries at once and half in one whose policy parks (``--park-share``),
+then measures back to back:
+
+- baseline: the broker dead-lettering them: a consumer with a large prefetch rejects every
+  delivery with one ``basic.nack(multiple=True, requeue=False)`` per batch, so the client costs
+  next to nothing; the clock runs from the first nack until the service queue holds every message;
+- service: a :class:`~celery_dlx.service.DLXService` consuming that backlog: read, one Redis
+  lookup per batch, park (Redis store) or bury (obituary + indexes + history), fate events, seen
+  markers, ack; the clock runs from its first batch until every dead letter is acked.
+
+It checks that the graveyard and the parking store then hold exactly the messages of each queue.
+The ratio is the median of the rounds' service/broker ratios (target >= 0.5x).
+
+Run: ``.venv/bin/python benchmarks/p6_service.py [--messages 10000] [--rounds 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import pika
+import redis
+from _common import (
+    BROKER_URL,
+    REDIS_URL,
+    delete_keys,
+    median,
+    paired_ratio_line,
+    scratch_queues,
+    unique,
+)
+from celery import Celery
+from kombu import Connection, Producer
+
+from celery_dlx import graveyard
+from celery_dlx.runtime import get_runtime
+from celery_dlx.service import DLXService
+from celery_dlx.topology import dlx_queue
+
+logging.basicConfig(level=logging.INFO, stream=open(os.devnull, "w"))  # noqa: SIM115
+
+TARGET = 0.5
+
+
+class TimedService(DLXService):
+    """The DLX service, noting when its first batch started."""
+
+    first_batch: float | None = None
+
+    def settle(self, messages: Any) -> None:
+        if self.first_batch is None:
+            self.first_batch = time.perf_counter()
+        super().settle(messages)
+
+
+def depth(conn: Connection, queue: str) -> int:
+    channel = conn.channel()
+    try:
+        return int(channel.queue_declare(queue, passive=True).message_count)
+    finally:
+        channel.close()
+
+
+def fill(conn: Connection, queue: str, count: int, body_size: int) -> None:
+    producer = Producer(conn.channel())
+    pad = "x" * max(0, body_size - 60)
+    for i in range(count):
+        body = json.dumps({"invoice": i, "customer": f"c-{i % 977}", "pad": pad}).encode()
+        producer.publish(
+            body,
+            routing_key=queue,
+            message_id=f"{queue}-{i}",
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers={"source": "billing-go", "trace-id": f"{i:016x}"},
+            delivery_mode=2,
+        )
+
+
+def broker_dead_letters(conn: Connection, queues: list[str], dead: str, total: int) -> float:
+    """Reject everything in ``queues`` in bulk; seconds until ``dead`` holds ``total``.
+
+    pika, because py-amqp has no ``basic.nack`` (only single ``basic.reject``).
+    """
+    url = BROKER_URL[:-2] + "/%2F" if BROKER_URL.endswith("//") else BROKER_URL
+    pconn = pika.BlockingConnection(pika.URLParameters(url))
+    channel = pconn.channel()
+    channel.basic_qos(prefetch_count=2000)
+    last: dict[str, int] = {}
+
+    def on_message(ch: Any, method: Any, props: Any, body: bytes) -> None:
+        last["tag"] = method.delivery_tag
+
+    for queue in queues:
+        channel.basic_consume(queue, on_message)
+    start: float | None = None
+    while depth(conn, dead) < total:
+        pconn.process_data_events(time_limit=0.005)
+        if "tag" in last:
+            if start is None:
+                start = time.perf_counter()
+            channel.basic_nack(last.pop("tag"), multiple=True, requeue=False)
+    elapsed = time.perf_counter() - (start or time.perf_counter())
+    pconn.close()
+    return elapsed
+
+
+def service_run(app: Celery, total: int) -> tuple[float, dict[str, int]]:
+    """Run the service over the backlog; seconds from its first batch until ``total`` acked."""
+    service = TimedService(app)
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    while service.stats.received < total:
+        time.sleep(0.005)
+    done = time.perf_counter()
+    service.stop()
+    thread.join(30)
+    assert service.first_batch is not None
+    return done - service.first_batch, service.stats.as_dict()
+
+
+def one_round(total: int, park_share: float, body_size: int) -> tuple[float, float, dict[str, int]]:
+    uid = unique("p6")
+    bury_q, park_q, dead, exchange = f"{uid}-bury", f"{uid}-park", f"{uid}-dead", f"{uid}-dlx"
+    parks = int(total * park_share)
+    app = Celery(uid, broker=BROKER_URL, set_as_current=False)
+    app.conf.update(
+        dlx_redis_url=REDIS_URL,
+        dlx_key_prefix=uid,
+        dlx_exchange=exchange,
+        dlx_service_queue=dead,
+        dlx_service_prefetch=1000,
+        dlx_queues={
+            bury_q: {"max_requeues": 0, "max_parks": 0},
+            park_q: {"max_requeues": 0, "backoff": [3600]},
+        },
+    )
+    runtime = get_runtime(app)
+    client = redis.Redis.from_url(REDIS_URL)
+    with Connection(BROKER_URL) as conn, scratch_queues(conn) as scratch:
+        scratch.extend([bury_q, park_q, dead, f"exchange:{exchange}"])
+        channel = conn.channel()
+        for queue in (bury_q, park_q):
+            dlx_queue(queue, dlx=exchange, service=dead)(channel).declare()
+        fill(conn, bury_q, total - parks, body_size)
+        fill(conn, park_q, parks, body_size)
+        try:
+            broker_s = broker_dead_letters(conn, [bury_q, park_q], dead, total)
+            service_s, stats = service_run(app, total)
+            buried = graveyard.count(runtime)
+            parked = runtime.store.count()
+            assert (buried, parked) == (total - parks, parks), (buried, parked)
+            assert depth(conn, dead) == 0
+        finally:
+            delete_keys(client, uid)
+            runtime.reset_publisher()
+    return total / broker_s, total / service_s, stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=10000, help="dead letters per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--park-share", type=float, default=0.5, help="share parked, rest buried")
+    parser.add_argument("--body-size", type=int, default=1024)
+    args = parser.parse_args()
+    ratios = []
+    broker_rates, service_rates = [], []
+    for n in range(args.rounds):
+        broker_rate, service_rate, stats = one_round(args.messages, args.park_share, args.body_size)
+        ratios.append(service_rate / broker_rate)
+        broker_rates.append(broker_rate)
+        service_rates.append(service_rate)
+        print(
+            f"round {n + 1}: broker dead-letters {broker_rate:,.0f}/s, service handles "
+            f"{service_rate:,.0f}/s ({stats['batches']} batches, {stats['buried']} buried, "
+            f"{stats['parked']} parked) -> {service_rate / broker_rate:.2f}x"
+        )
+    print(
+        f"median: broker {median(broker_rates):,.0f}/s, service {median(service_rates):,.0f}/s "
+        f"({args.messages} dead letters per round, {args.park_share:.0%} parked, "
+        f"{args.body_size} B bodies)"
+    )
+    print(paired_ratio_line("P6 DLX service / broker dead-lettering", ratios, TARGET))
+
+
+if __name__ == "__main__":
+    main()
