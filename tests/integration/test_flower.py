@@ -227,6 +227,27 @@ def test_each_fate_change_is_a_task_event_flower_shows_and_counts(
     assert flower.metric("flower_events_total", type="task-drained") == 0.0
 
 
+def test_retry_events_keep_the_custom_state_until_success(
+    app: Celery, flower: Flower, uid: str
+) -> None:
+    runtime = get_runtime(app)
+    sender = EventSender(runtime)
+    _wait_for_receiver(flower, sender, uid)
+    message, task = f"retry-{uid}", f"shop.charge.{uid}"
+    sender.send(_event(REQUEUED, message, task=task))
+    assert wait_for_task(flower, message, "REQUEUED") is not None
+    with app.events.default_dispatcher(hostname=f"worker-{uid}@test") as dispatcher:
+        dispatcher.send("task-received", uuid=message, name=task, args="()", kwargs="{}")
+        dispatcher.send("task-started", uuid=message)
+    sender.send(_event(PARKED, f"marker-{uid}", task=task))  # events arrive in order
+    assert wait_for_task(flower, f"marker-{uid}", "PARKED") is not None
+    assert flower.task(message)["state"] == "REQUEUED"  # type: ignore[index]
+    with app.events.default_dispatcher(hostname=f"worker-{uid}@test") as dispatcher:
+        dispatcher.send("task-succeeded", uuid=message, result="'ok'", runtime=0.01)
+    info = wait_for_task(flower, message, "SUCCESS")
+    assert info is not None and info["result"] == "'ok'"
+
+
 def test_foreign_message_events_and_disabled_setting(app: Celery, flower: Flower, uid: str) -> None:
     runtime = get_runtime(app)
     sender = EventSender(runtime)
