@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import os
-import threading
 import time
 from typing import Any
 
@@ -115,21 +115,38 @@ def broker_dead_letters(conn: Connection, queues: list[str], dead: str, total: i
     return elapsed
 
 
-def service_run(app: Celery, total: int) -> tuple[float, dict[str, int]]:
-    """Run the service over the backlog; seconds from its first batch until ``total`` acked."""
+def _service_process(app: Celery, out: Any) -> None:
     service = TimedService(app)
-    thread = threading.Thread(target=service.run, daemon=True)
-    thread.start()
-    while service.stats.received < total:
+    service.run(idle_timeout=1.0)
+    out.put((service.first_batch, service.stats.as_dict()))
+
+
+def service_run(app: Celery, total: int, instances: int) -> tuple[float, dict[str, int]]:
+    """Run ``instances`` service processes over the backlog; seconds from the first batch of any
+    until the store and the graveyard hold every dead letter (each is acked right after)."""
+    runtime = get_runtime(app)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_service_process, args=(app, out)) for _ in range(instances)]
+    for proc in procs:
+        proc.start()
+    while graveyard.count(runtime) + runtime.store.count() < total:
         time.sleep(0.005)
     done = time.perf_counter()
-    service.stop()
-    thread.join(30)
-    assert service.first_batch is not None
-    return done - service.first_batch, service.stats.as_dict()
+    results = [out.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+    first = min(r[0] for r in results if r[0] is not None)
+    stats: dict[str, int] = {}
+    for _, part in results:
+        for key, value in part.items():
+            stats[key] = stats.get(key, 0) + value
+    return done - first, stats
 
 
-def one_round(total: int, park_share: float, body_size: int) -> tuple[float, float, dict[str, int]]:
+def one_round(
+    total: int, park_share: float, body_size: int, instances: int = 1
+) -> tuple[float, float, dict[str, int]]:
     uid = unique("p6")
     bury_q, park_q, dead, exchange = f"{uid}-bury", f"{uid}-park", f"{uid}-dead", f"{uid}-dlx"
     parks = int(total * park_share)
@@ -156,7 +173,7 @@ def one_round(total: int, park_share: float, body_size: int) -> tuple[float, flo
         fill(conn, park_q, parks, body_size)
         try:
             broker_s = broker_dead_letters(conn, [bury_q, park_q], dead, total)
-            service_s, stats = service_run(app, total)
+            service_s, stats = service_run(app, total, instances)
             buried = graveyard.count(runtime)
             parked = runtime.store.count()
             assert (buried, parked) == (total - parks, parks), (buried, parked)
@@ -173,11 +190,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--park-share", type=float, default=0.5, help="share parked, rest buried")
     parser.add_argument("--body-size", type=int, default=1024)
+    parser.add_argument("--services", type=int, default=1, help="DLX service processes")
     args = parser.parse_args()
     ratios = []
     broker_rates, service_rates = [], []
     for n in range(args.rounds):
-        broker_rate, service_rate, stats = one_round(args.messages, args.park_share, args.body_size)
+        broker_rate, service_rate, stats = one_round(
+            args.messages, args.park_share, args.body_size, args.services
+        )
         ratios.append(service_rate / broker_rate)
         broker_rates.append(broker_rate)
         service_rates.append(service_rate)

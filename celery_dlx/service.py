@@ -443,10 +443,10 @@ class DLXService:
         self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
         retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
         self.runtime.record_many(retried)
-        obituaries = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
+        burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
         # The buried entries went to the history with the obituaries, atomically.
-        self.runtime.record_many([buried_event(ob) for ob in obituaries], history=False)
-        for ob in obituaries:
+        self.runtime.record_many([event for _, event in burials], history=False)
+        for ob, _ in burials:
             send_to_hook(self.app, self.config.obituary_task, ob)
         self._mark_seen(live)
         self._count(live, len(works) - len(live))
@@ -598,7 +598,7 @@ class DLXService:
         # The entry this letter was drained from carries exactly the letter's history.
         return existing.queue == letter.queue and history != letter.state.history
 
-    def _bury(self, works: list[_Work], now: int) -> list[Obituary]:
+    def _bury(self, works: list[_Work], now: int) -> list[tuple[Obituary, FateEvent]]:
         items = []
         for w in works:
             verdict = w.verdict
@@ -612,7 +612,7 @@ class DLXService:
             )
             items.append((ob, buried_event(ob)))
         Graveyard(self.runtime.redis, self.runtime.keys).write_many(items)
-        return [ob for ob, _ in items]
+        return items
 
     def _mark_seen(self, works: list[_Work]) -> None:
         if works:
