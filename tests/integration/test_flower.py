@@ -266,3 +266,58 @@ def test_foreign_message_events_and_disabled_setting(app: Celery, flower: Flower
         assert not any(isinstance(x, EventSender) for x in added)
     finally:
         off.close()
+
+
+def test_real_worker_and_service_fates_reach_flower(
+    flower: Flower, uid: str, cleanup_queues: list[str]
+) -> None:
+    """A poison message through a real worker, drain and DLX service: Flower sees every fate."""
+    import threading
+
+    from celery_dlx.service import DLXService
+    from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker
+
+    app = make_app(uid)
+    cleanup_queues.extend(queue_names(app))
+    task_name = f"charge-{uid}"
+
+    @app.task(name=task_name)
+    def charge(order_id: int) -> None:
+        raise ValueError(f"order {order_id} is bad")
+
+    runtime = get_runtime(app)
+    sender = next(x for x in runtime.listeners if isinstance(x, EventSender))
+    _wait_for_receiver(flower, sender, uid)
+    service = DLXService(app)
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    try:
+        with worker(app), drain_thread(app):
+            task_id = charge.delay(7).id
+            info = wait_for_task(flower, task_id, "BURIED", timeout=90)
+    finally:
+        service.stop()
+        thread.join(30)
+    assert info is not None, "task-buried not seen"
+    assert info["name"] == task_name
+    assert "ValueError: order 7 is bad" in info["traceback"]
+    assert info["result"].startswith("buried queue=work-") and "attempt=5" in info["result"]
+
+    service_node = f"celery_dlx@{socket.gethostname()}"
+
+    def counted() -> dict[tuple[str, bool], float]:
+        got: dict[tuple[str, bool], float] = {}
+        for line in flower.get("/metrics")[1].decode().splitlines():
+            if line.startswith("flower_events_total{") and f'task="{task_name}"' in line:
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+                key = (labels["type"], labels["worker"] == service_node)
+                got[key] = got.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return got if ("task-buried", True) in got else {}
+
+    # requeues and parks are sent from the task's run (the worker's node name), the burial
+    # by the DLX service (celery_dlx@<host>)
+    assert wait_until(counted, "flower_events_total of the poison message") == {
+        ("task-requeued", False): 2.0,
+        ("task-parked", False): 2.0,
+        ("task-buried", True): 1.0,
+    }
