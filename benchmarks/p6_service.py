@@ -166,6 +166,7 @@ def one_round(
     client = redis.Redis.from_url(REDIS_URL)
     with Connection(BROKER_URL) as conn, scratch_queues(conn) as scratch:
         scratch.extend([bury_q, park_q, dead, f"exchange:{exchange}"])
+        scratch.extend([f"exchange:{bury_q}", f"exchange:{park_q}"])
         channel = conn.channel()
         for queue in (bury_q, park_q):
             dlx_queue(queue, dlx=exchange, service=dead)(channel).declare()

@@ -159,7 +159,7 @@ def names(uid: str, key_prefix: str, cleanup_queues: list[str]) -> dict[str, str
         "hooks": f"hooks-{uid}",
     }
     cleanup_queues.extend([out["billing"], out["audit"], out["dead"], out["hooks"]])
-    cleanup_queues.extend([f"exchange:{out['events']}", f"exchange:{out['dlx']}"])
+    cleanup_queues.extend(f"exchange:{out[name]}" for name in ("events", "dlx", "billing", "hooks"))
     return out
 
 
@@ -243,7 +243,7 @@ def test_celery_task_buried_by_the_in_worker_service_keeps_its_exception_and_tra
     app = Celery(f"celery-{uid}", broker=BROKER_URL, set_as_current=False)
     celery_dlx.install(app)
     work = f"work-{uid}"
-    cleanup_queues.append(work)
+    cleanup_queues.extend([work, f"exchange:{work}"])
     app.conf.update(service_settings(uid))
     app.conf.update(
         dlx_enabled=True,
@@ -403,7 +403,7 @@ def test_service_killed_mid_batch_loses_nothing(
     uid: str, names: dict[str, str], broker: Any, cleanup_queues: list[str]
 ) -> None:
     bury_q, park_q = f"buryq-{uid}", f"parkq-{uid}"
-    cleanup_queues.extend([bury_q, park_q])
+    cleanup_queues.extend([bury_q, park_q, f"exchange:{bury_q}", f"exchange:{park_q}"])
     conf = {
         "dlx_queues": {
             bury_q: {"max_parks": 0, "max_requeues": 0},
@@ -432,16 +432,24 @@ def test_service_killed_mid_batch_loses_nothing(
         return graveyard.count(runtime) + runtime.store.count()
 
     kills = []
-    for _ in range(3):
-        before = progress()
-        proc = service_process(uid, conf)
-        wait_until(lambda b=before: progress() > b, "the service to make progress")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-        kills.append(progress())
-    assert any(k < 2 * n for k in kills), "every kill came after the work was done"
-    final = service_process(uid, conf, "--until-idle", "2", "--json", capture=True)
-    out, err = final.communicate(timeout=120)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(3):
+            before = progress()
+            procs.append(service_process(uid, conf))
+            wait_until(lambda b=before: progress() > b, "the service to make progress")
+            procs[-1].send_signal(signal.SIGKILL)
+            procs[-1].wait(30)
+            kills.append(progress())
+        assert any(k < 2 * n for k in kills), "every kill came after the work was done"
+        procs.append(service_process(uid, conf, "--until-idle", "2", "--json", capture=True))
+        out, err = procs[-1].communicate(timeout=120)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    final = procs[-1]
     assert final.returncode == 0, err.decode()
     stats = json.loads(out.decode().strip().splitlines()[-1])
 
@@ -461,9 +469,13 @@ def test_service_killed_mid_batch_loses_nothing(
 
 def test_sigterm_stops_the_service_cleanly(uid: str, names: dict[str, str], broker: Any) -> None:
     proc = service_process(uid, {}, script="celery")  # through the celery.commands entry point
-    wait_until(lambda: _consumers(broker, names["dead"]) == 1, "the service consumer")
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
+    try:
+        wait_until(lambda: _consumers(broker, names["dead"]) == 1, "the service consumer")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert _consumers(broker, names["dead"]) == 0
 
 
