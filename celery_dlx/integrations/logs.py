@@ -13,6 +13,7 @@ Celery's lines.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -38,8 +39,14 @@ class CeleryEchoFilter(logging.Filter):
 
     def __init__(self, app: Any) -> None:
         super().__init__(TRACE_LOGGER)
-        self.app = app
+        # A weak reference: the filter lives on a process-wide logger and must not keep the app.
+        self._app = weakref.ref(app)
         self._handled: OrderedDict[str, str] = OrderedDict()
+
+    @property
+    def app(self) -> Any:
+        """The app this filter was installed for (None once it is gone)."""
+        return self._app()
 
     def __call__(self, event: FateEvent) -> None:
         if event.fate in (REQUEUED, PARKED):
@@ -88,9 +95,12 @@ class CeleryEchoFilter(logging.Filter):
 def install_log_filter(app: Any) -> CeleryEchoFilter:
     """Attach a :class:`CeleryEchoFilter` for ``app`` to Celery's trace logger (once per app)."""
     trace = logging.getLogger(TRACE_LOGGER)
-    for existing in trace.filters:
-        if isinstance(existing, CeleryEchoFilter) and existing.app is app:
-            return existing
+    for existing in list(trace.filters):
+        if isinstance(existing, CeleryEchoFilter):
+            if existing.app is app:
+                return existing
+            if existing.app is None:  # its app was garbage-collected
+                trace.removeFilter(existing)
     echo = CeleryEchoFilter(app)
     trace.addFilter(echo)
     return echo

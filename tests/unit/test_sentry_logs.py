@@ -155,3 +155,17 @@ def test_one_filter_per_app(app: Any, trace: tuple[logging.Logger, Capture]) -> 
     other = Celery("unit-logs-other", set_as_current=False)
     assert install_log_filter(other) is not first
     assert sum(isinstance(f, CeleryEchoFilter) for f in logger.filters) == 2
+
+
+def test_filters_of_collected_apps_are_removed(trace: tuple[logging.Logger, Capture]) -> None:
+    import gc
+
+    logger, _ = trace
+    gone = Celery("unit-logs-gone", set_as_current=False)
+    install_log_filter(gone)
+    del gone
+    gc.collect()
+    kept = Celery("unit-logs-kept", set_as_current=False)
+    install_log_filter(kept)
+    echoes = [f for f in logger.filters if isinstance(f, CeleryEchoFilter)]
+    assert [f.app for f in echoes] == [kept]
