@@ -154,7 +154,8 @@ def test_one_filter_per_app(app: Any, trace: tuple[logging.Logger, Capture]) -> 
     assert install_log_filter(app) is first
     other = Celery("unit-logs-other", set_as_current=False)
     assert install_log_filter(other) is not first
-    assert sum(isinstance(f, CeleryEchoFilter) for f in logger.filters) == 2
+    mine = [f for f in logger.filters if isinstance(f, CeleryEchoFilter) and f.app in (app, other)]
+    assert len(mine) == 2
 
 
 def test_filters_of_collected_apps_are_removed(trace: tuple[logging.Logger, Capture]) -> None:
@@ -167,5 +168,6 @@ def test_filters_of_collected_apps_are_removed(trace: tuple[logging.Logger, Capt
     gc.collect()
     kept = Celery("unit-logs-kept", set_as_current=False)
     install_log_filter(kept)
-    echoes = [f for f in logger.filters if isinstance(f, CeleryEchoFilter)]
-    assert [f.app for f in echoes] == [kept]
+    apps = [f.app for f in logger.filters if isinstance(f, CeleryEchoFilter)]
+    assert None not in apps
+    assert apps.count(kept) == 1
