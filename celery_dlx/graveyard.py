@@ -53,28 +53,31 @@ logger = logging.getLogger(__name__)
 CHUNK = 100
 
 # KEYS: records payloads time queue task cause message group groups queues tasks history causerec
-# ARGV: id score record payload queue task cause exc_type exc_message <history field pairs...>
+# ARGV: id score record payload facts, facts = JSON [queue, task, cause, exc_type, exc_message,
+# history field, value, ...] (one argument instead of thirty: packing arguments costs the client).
 # Writes nothing and returns 0 when the id is there already (a redelivered dead letter).
 _WRITE = """
 redis.call('DEL', KEYS[13])
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
-redis.call('ZADD', KEYS[10], 'GT', ARGV[2], ARGV[5])
-if ARGV[6] ~= '' then
-  redis.call('ZADD', KEYS[5], ARGV[2], ARGV[1])
-  redis.call('ZADD', KEYS[11], 'GT', ARGV[2], ARGV[6])
+local f = cjson.decode(ARGV[5])
+local id, at, queue, task, cause = ARGV[1], ARGV[2], f[1], f[2], f[3]
+redis.call('HSET', KEYS[1], id, ARGV[3])
+redis.call('HSET', KEYS[2], id, ARGV[4])
+redis.call('ZADD', KEYS[3], at, id)
+redis.call('ZADD', KEYS[4], at, id)
+redis.call('ZADD', KEYS[10], 'GT', at, queue)
+if task ~= '' then
+  redis.call('ZADD', KEYS[5], at, id)
+  redis.call('ZADD', KEYS[11], 'GT', at, task)
 end
-redis.call('ZADD', KEYS[6], ARGV[2], ARGV[1])
-redis.call('ZADD', KEYS[7], ARGV[2], ARGV[1])
-redis.call('HSET', KEYS[8], 'cause', ARGV[7], 'queue', ARGV[5], 'task', ARGV[6],
-  'exc_type', ARGV[8], 'exc_message', ARGV[9], 'example', ARGV[1], 'last_ms', ARGV[2])
-redis.call('HSETNX', KEYS[8], 'first_ms', ARGV[2])
+redis.call('ZADD', KEYS[6], at, id)
+redis.call('ZADD', KEYS[7], at, id)
+redis.call('HSET', KEYS[8], 'cause', cause, 'queue', queue, 'task', task,
+  'exc_type', f[4], 'exc_message', f[5], 'example', id, 'last_ms', at)
+redis.call('HSETNX', KEYS[8], 'first_ms', at)
 redis.call('HINCRBY', KEYS[8], 'total', 1)
-redis.call('ZADD', KEYS[9], 'GT', ARGV[2], ARGV[7])
-redis.call('XADD', KEYS[12], '*', unpack(ARGV, 10))
+redis.call('ZADD', KEYS[9], 'GT', at, cause)
+redis.call('XADD', KEYS[12], '*', unpack(f, 6))
 return 1
 """
 
@@ -215,18 +218,9 @@ class Graveyard:
             return []
         pipe = self.client.pipeline(transaction=False)
         for ob, event in items:
-            args: list[Any] = [
-                ob.id,
-                ob.buried_ms,
-                ob.record_json(),
-                ob.payload or b"",
-                ob.queue,
-                ob.task or "",
-                ob.cause,
-                ob.exc_type,
-                ob.exc_message[:500],
-                *_flat(history_fields(event)),
-            ]
+            facts = [ob.queue, ob.task or "", ob.cause, ob.exc_type, ob.exc_message[:500]]
+            facts.extend(_flat(history_fields(event)))
+            args = [ob.id, ob.buried_ms, ob.record_json(), ob.payload or b"", json.dumps(facts)]
             keys = [*self._index_keys(ob), self.keys.cause(ob.message_id)]
             self._write(keys=keys, args=args, client=pipe)
         return [bool(r) for r in pipe.execute()]

@@ -254,3 +254,20 @@ def test_replay_by_group_with_a_rate_and_a_missing_queue(
     assert len(take_all(broker, work_queue)) == 5
     with pytest.raises(DLXError, match="rate"):
         graveyard.replay(runtime, ["ob-10"], rate=0)
+
+
+def test_text_outside_ascii_survives_the_write_script(runtime: Runtime) -> None:
+    ob = make(1, queue="facturación", task="proj.tâche", cause="c☕")
+    ob.exc_message = 'naïve "quoted" ☕ \\ \x00 end'
+    ob.reason = "budget spent ☕"
+    bury(runtime, ob)
+    (group,) = graveyard.groups(runtime)
+    assert (group.cause, group.queue, group.task, group.exc_message) == (
+        "c☕",
+        "facturación",
+        "proj.tâche",
+        ob.exc_message,
+    )
+    (row,) = history(runtime)
+    assert (row["queue"], row["task"], row["reason"]) == ("facturación", "proj.tâche", ob.reason)
+    assert [o.id for o in graveyard.list_obituaries(runtime, queue="facturación")] == ["ob-1"]
