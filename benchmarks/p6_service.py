@@ -156,7 +156,7 @@ def one_round(
         dlx_key_prefix=uid,
         dlx_exchange=exchange,
         dlx_service_queue=dead,
-        dlx_service_prefetch=1000,
+        dlx_service_prefetch=2000,
         dlx_queues={
             bury_q: {"max_requeues": 0, "max_parks": 0},
             park_q: {"max_requeues": 0, "backoff": [3600]},

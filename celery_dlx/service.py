@@ -19,13 +19,14 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from amqp.exceptions import AMQPError, PreconditionFailed
-from kombu import Connection, Consumer
+from kombu import Connection
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
@@ -61,6 +62,8 @@ IDLE_POLL = 1.0
 BATCH_WAIT = 0.005
 #: Most dead letters handled as one batch.
 BATCH_LIMIT = 500
+#: Batches settled at once (threads; the broker connection stays on the receiving thread).
+SETTLERS = 2
 #: Seconds between retention sweeps of the graveyard.
 SWEEP_INTERVAL = 60.0
 #: Waits (seconds) between retries while Redis or the broker is unavailable; the last repeats.
@@ -97,9 +100,16 @@ class ServiceStats:
     archived: int = 0
     outages: int = 0
     retries: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        """Add to counts (settling threads share the stats)."""
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
 
     def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
 
 
 @dataclass
@@ -111,21 +121,27 @@ class _Work:
     verdict: Verdict | None = None
     record: dict[str, Any] | None = None
     duplicate: bool = False
-    events: list[FateEvent] = field(default_factory=list)
 
 
 class _Outage:
-    """Logs the start and the end of an outage once, however many retries it takes."""
+    """Logs the start and the end of an outage once, however many retries (and threads) see it."""
 
     def __init__(self, what: str) -> None:
         self.what = what
         self.since: float | None = None
         self.tries = 0
+        self._lock = threading.Lock()
 
     def begin(self, exc: BaseException, held: int, stats: ServiceStats) -> float:
-        if self.since is None:
-            self.since = time.monotonic()
-            stats.outages += 1
+        """Note a failure; returns the seconds to wait before the next try."""
+        with self._lock:
+            first = self.since is None
+            if first:
+                self.since = time.monotonic()
+            delay = RETRY_DELAYS[min(self.tries, len(RETRY_DELAYS) - 1)]
+            self.tries += 1
+        stats.add(retries=1, outages=1 if first else 0)
+        if first:
             logger.warning(
                 "DLX service: %s unavailable (%s: %s); holding %d dead letter(s) unacked until it "
                 "returns",
@@ -133,18 +149,15 @@ class _Outage:
                 type(exc).__name__,
                 exc,
                 held,
+                exc_info=not isinstance(exc, TRANSIENT_ERRORS),
             )
-        delay = RETRY_DELAYS[min(self.tries, len(RETRY_DELAYS) - 1)]
-        self.tries += 1
         return delay
 
     def end(self) -> None:
-        if self.since is not None:
-            logger.warning(
-                "DLX service: %s back after %.1fs", self.what, time.monotonic() - self.since
-            )
-        self.since = None
-        self.tries = 0
+        with self._lock:
+            since, self.since, self.tries = self.since, None, 0
+        if since is not None:
+            logger.warning("DLX service: %s back after %.1fs", self.what, time.monotonic() - since)
 
 
 def _parse_record(raw: Any) -> dict[str, Any] | None:
@@ -261,8 +274,10 @@ class DLXService:
         self.hostname = hostname or socket.gethostname()
         self.stats = ServiceStats()
         self._stop = threading.Event()
-        self._publisher: ConfirmingPublisher | None = None
-        self._publish_conn: Connection | None = None
+        self._settle_outage = _Outage("Redis or the broker")
+        self._local = threading.local()  # each settling thread has its own publisher
+        self._publishers: list[tuple[ConfirmingPublisher, Connection]] = []
+        self._publishers_lock = threading.Lock()
         self._inbox: list[Any] = []
         self._last_sweep = 0.0
         self._idle_since = time.monotonic()
@@ -298,7 +313,7 @@ class DLXService:
                 finally:
                     self._inbox.clear()
         finally:
-            self._close_publisher()
+            self._close_publisher(every=True)
         return self.stats
 
     def _consume(self, idle_timeout: float | None, outage: _Outage) -> None:
@@ -317,9 +332,9 @@ class DLXService:
                     f"the DLX service queue {self.config.service_queue!r} exists with other "
                     f"arguments (dlx_service_queue, dlx_quorum): {exc}"
                 ) from exc
-            consumer = Consumer(channel, queues=[queue], on_message=self._inbox.append, accept=None)
-            consumer.qos(prefetch_count=self.prefetch)
-            consumer.consume()
+            # Raw deliveries (amqp.Message): nothing is decoded, and no per-message wrapper.
+            channel.basic_qos(0, self.prefetch, False)
+            channel.basic_consume(self.config.service_queue, callback=self._inbox.append)
             outage.end()
             logger.info(
                 "DLX service consuming %s (prefetch %d)", self.config.service_queue, self.prefetch
@@ -327,28 +342,30 @@ class DLXService:
             self._loop(conn, idle_timeout)
 
     def _loop(self, conn: Connection, idle_timeout: float | None) -> None:
-        """Receive and ack on this thread while a helper thread settles the batch in hand.
+        """Receive and ack on this thread while helper threads settle the batches in hand.
 
-        The connection stays on this thread (it is not thread-safe); settling a batch is mostly
-        Redis and publisher I/O, so receiving the next batch overlaps it.
+        The connection stays on this thread (it is not thread-safe). Settling is mostly Redis
+        and publisher I/O, so receiving overlaps it, and two batches settle at once (one waits
+        for Redis while the other runs). Batches are acked in the order they arrived, each with
+        one ``basic.ack(multiple)``, and only once every earlier batch is acked too.
         """
-        pending: tuple[list[Any], Future[bool]] | None = None
-        with ThreadPoolExecutor(1, thread_name_prefix="celery_dlx-settle") as helper:
+        pending: deque[tuple[list[Any], Future[bool]]] = deque()
+        with ThreadPoolExecutor(SETTLERS, thread_name_prefix="celery_dlx-settle") as helpers:
             while True:
-                if pending is not None and (pending[1].done() or self._stop.is_set()):
-                    batch, settled = pending
-                    pending = None
-                    if settled.result():  # at a stop, the batch in hand is finished first
-                        _ack_all(batch)
-                        self._idle_since = time.monotonic()
-                        self._maybe_sweep()
+                while pending and (pending[0][1].done() or self._stop.is_set()):
+                    batch, settled = pending.popleft()
+                    if not settled.result():  # at a stop, the batches in hand finish first
+                        return  # stopped mid-outage: this and later batches stay unacked
+                    _ack_all(batch)
+                    self._idle_since = time.monotonic()
+                    self._maybe_sweep()
                 if self._stop.is_set():
                     return
-                if pending is None and self._inbox:
+                while len(pending) < SETTLERS and self._inbox:
                     batch = self._inbox[:BATCH_LIMIT]
                     del self._inbox[:BATCH_LIMIT]
-                    pending = (batch, helper.submit(self._process, batch))
-                busy = pending is not None or bool(self._inbox)
+                    pending.append((batch, helpers.submit(self._process, batch)))
+                busy = bool(pending) or bool(self._inbox)
                 try:
                     conn.drain_events(timeout=BATCH_WAIT if busy else IDLE_POLL)
                 except TimeoutError:
@@ -371,25 +388,18 @@ class DLXService:
         Returns:
             True once settled (it may be acked); False if the service stopped first.
         """
-        outage = _Outage("Redis or the broker")
+        outage = self._settle_outage
         while True:
             try:
                 self.settle(batch)
-            except TRANSIENT_ERRORS as exc:
+            except Exception as exc:  # Redis or broker down, or a bug: hold the batch, retry
                 if isinstance(exc, (*BROKER_ERRORS, PublishError)):
                     self._close_publisher()
                 delay = outage.begin(exc, len(batch), self.stats)
-                self.stats.retries += 1
+                if not isinstance(exc, TRANSIENT_ERRORS):
+                    delay = max(delay, RETRY_DELAYS[-1])
                 if not self._wait(delay):
                     return False  # stopping: the unacked batch goes back to the queue
-                continue
-            except Exception as exc:  # a bug must not kill the service: hold the batch, retry
-                if outage.since is None:
-                    logger.exception("DLX service failed to settle %d dead letters", len(batch))
-                delay = outage.begin(exc, len(batch), self.stats)
-                self.stats.retries += 1
-                if not self._wait(max(delay, RETRY_DELAYS[-1])):
-                    return False
                 continue
             outage.end()
             return True
@@ -404,7 +414,7 @@ class DLXService:
             return
         self._last_sweep = time.monotonic()
         try:
-            self.stats.archived += sweep_retention(self.runtime)
+            self.stats.add(archived=sweep_retention(self.runtime))
         except RedisError as exc:
             logger.warning(
                 "DLX service: graveyard retention sweep failed (%s); next in %ds",
@@ -434,7 +444,6 @@ class DLXService:
         """
         now = now_ms()
         works = [_Work(m, self._read(m)) for m in messages]
-        self.stats.received += len(works)
         self._lookup(works)
         live = [w for w in works if not w.duplicate]
         for w in live:
@@ -452,15 +461,15 @@ class DLXService:
         self._count(live, len(works) - len(live))
 
     def _count(self, live: list[_Work], duplicates: int) -> None:
-        self.stats.batches += 1
-        self.stats.duplicates += duplicates
-        for w in live:
-            if isinstance(w.verdict, BuryVerdict):
-                self.stats.buried += 1
-            elif isinstance(w.verdict, ParkVerdict):
-                self.stats.parked += 1
-            else:
-                self.stats.requeued += 1
+        kinds = Counter(type(w.verdict) for w in live)
+        self.stats.add(
+            received=len(live) + duplicates,
+            batches=1,
+            duplicates=duplicates,
+            buried=kinds[BuryVerdict],
+            parked=kinds[ParkVerdict],
+            requeued=kinds[RequeueVerdict],
+        )
         if duplicates:
             logger.info(
                 "DLX service acked %d redelivered dead letter(s) handled before", duplicates
@@ -503,22 +512,29 @@ class DLXService:
 
     @property
     def publisher(self) -> ConfirmingPublisher:
-        """The service's own confirm-mode publisher (its own connection, this thread only)."""
-        if self._publisher is None:
-            self._publish_conn = self.app.connection_for_write()
-            self._publisher = ConfirmingPublisher(self._publish_conn)
-        return self._publisher
+        """This thread's confirm-mode publisher, on its own connection."""
+        found: ConfirmingPublisher | None = getattr(self._local, "publisher", None)
+        if found is None:
+            conn = self.app.connection_for_write()
+            found = ConfirmingPublisher(conn)
+            self._local.publisher = found
+            with self._publishers_lock:
+                self._publishers.append((found, conn))
+        return found
 
-    def _close_publisher(self) -> None:
-        if self._publisher is not None:
-            self._publisher.close()
-        if self._publish_conn is not None:
+    def _close_publisher(self, *, every: bool = False) -> None:
+        """Close this thread's publisher (after an error), or every thread's (at the end)."""
+        with self._publishers_lock:
+            mine = getattr(self._local, "publisher", None)
+            closing = [p for p in self._publishers if every or p[0] is mine]
+            self._publishers = [p for p in self._publishers if p not in closing]
+        self._local.publisher = None
+        for publisher, conn in closing:
+            publisher.close()
             try:
-                self._publish_conn.release()
+                conn.release()
             except Exception:  # a dead connection may fail to close
-                logger.debug("releasing the DLX service publisher connection failed", exc_info=True)
-        self._publisher = None
-        self._publish_conn = None
+                logger.debug("releasing a DLX service publisher connection failed", exc_info=True)
 
     def _requeue(self, works: list[_Work], now: int) -> None:
         if not works:
