@@ -145,7 +145,7 @@ def service_run(app: Celery, total: int, instances: int) -> tuple[float, dict[st
 
 
 def one_round(
-    total: int, park_share: float, body_size: int, instances: int = 1
+    total: int, park_share: float, body_size: int, instances: int = 1, prefetch: int = 2000
 ) -> tuple[float, float, dict[str, int]]:
     uid = unique("p6")
     bury_q, park_q, dead, exchange = f"{uid}-bury", f"{uid}-park", f"{uid}-dead", f"{uid}-dlx"
@@ -156,7 +156,7 @@ def one_round(
         dlx_key_prefix=uid,
         dlx_exchange=exchange,
         dlx_service_queue=dead,
-        dlx_service_prefetch=2000,
+        dlx_service_prefetch=prefetch,
         dlx_queues={
             bury_q: {"max_requeues": 0, "max_parks": 0},
             park_q: {"max_requeues": 0, "backoff": [3600]},
@@ -192,12 +192,13 @@ def main() -> None:
     parser.add_argument("--park-share", type=float, default=0.5, help="share parked, rest buried")
     parser.add_argument("--body-size", type=int, default=1024)
     parser.add_argument("--services", type=int, default=1, help="DLX service processes")
+    parser.add_argument("--prefetch", type=int, default=2000, help="dlx_service_prefetch")
     args = parser.parse_args()
     ratios = []
     broker_rates, service_rates = [], []
     for n in range(args.rounds):
         broker_rate, service_rate, stats = one_round(
-            args.messages, args.park_share, args.body_size, args.services
+            args.messages, args.park_share, args.body_size, args.services, args.prefetch
         )
         ratios.append(service_rate / broker_rate)
         broker_rates.append(broker_rate)
@@ -210,7 +211,7 @@ def main() -> None:
     print(
         f"median: broker {median(broker_rates):,.0f}/s, service {median(service_rates):,.0f}/s "
         f"({args.messages} dead letters per round, {args.park_share:.0%} parked, "
-        f"{args.body_size} B bodies)"
+        f"{args.body_size} B bodies, prefetch {args.prefetch}, {args.services} service process(es))"
     )
     print(paired_ratio_line("P6 DLX service / broker dead-lettering", ratios, TARGET))
 

@@ -437,7 +437,8 @@ def build_obituary(
         last_failure_ms=verdict.last_failure_ms,
         death_reason=letter.death_reason,
         x_death=list(letter.x_death),
-        headers=dict(letter.headers),
+        # x-death is kept once, in x_death.
+        headers={k: v for k, v in letter.headers.items() if k != "x-death"},
         properties=dict(letter.properties),
         exchange=letter.exchange,
         routing_key=letter.routing_key,

@@ -60,7 +60,8 @@ SEEN_TTL_MS = 24 * 3600 * 1000
 IDLE_POLL = 1.0
 #: Seconds to wait for more dead letters once one arrived, to handle them as one batch.
 BATCH_WAIT = 0.005
-#: Most dead letters handled as one batch.
+#: Most dead letters handled as one batch (at most a third of the prefetch, so that while two
+#: batches settle, the next one is being received).
 BATCH_LIMIT = 500
 #: Batches settled at once (threads; the broker connection stays on the receiving thread).
 SETTLERS = 2
@@ -271,6 +272,7 @@ class DLXService:
         self.runtime = runtime or get_runtime(app)
         self.config = self.runtime.config
         self.prefetch = prefetch or int(self.config.service_prefetch)
+        self.batch_limit = max(1, min(BATCH_LIMIT, self.prefetch // (SETTLERS + 1)))
         self.hostname = hostname or socket.gethostname()
         self.stats = ServiceStats()
         self._stop = threading.Event()
@@ -362,8 +364,8 @@ class DLXService:
                 if self._stop.is_set():
                     return
                 while len(pending) < SETTLERS and self._inbox:
-                    batch = self._inbox[:BATCH_LIMIT]
-                    del self._inbox[:BATCH_LIMIT]
+                    batch = self._inbox[: self.batch_limit]
+                    del self._inbox[: self.batch_limit]
                     pending.append((batch, helpers.submit(self._process, batch)))
                 busy = bool(pending) or bool(self._inbox)
                 try:

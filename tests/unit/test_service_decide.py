@@ -383,7 +383,7 @@ def test_foreign_obituary_carries_everything() -> None:
     )
     assert [a.at_ms for a in ob.attempts] == [10, 20, NOW]
     assert (ob.first_failure_ms, ob.payload, ob.payload_size) == (10, b'{"n": 1}', 8)
-    assert ob.x_death[0]["queue"] == "billing"
+    assert ob.x_death[0]["queue"] == "billing" and "x-death" not in ob.headers  # kept once
     assert ob.headers["custom"] == b"\x00\x01" and ob.properties["priority"] == 3
     record = json.loads(ob.record_json())
     assert record["headers"]["custom"] == {"__bytes__": "0001"}
