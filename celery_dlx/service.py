@@ -282,6 +282,7 @@ class DLXService:
         self._publishers_lock = threading.Lock()
         self._inbox: list[Any] = []
         self._last_sweep = 0.0
+        self._sweep_failing = False
         self._idle_since = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -418,11 +419,15 @@ class DLXService:
         try:
             self.stats.add(archived=sweep_retention(self.runtime))
         except RedisError as exc:
-            logger.warning(
-                "DLX service: graveyard retention sweep failed (%s); next in %ds",
-                exc,
-                int(SWEEP_INTERVAL),
-            )
+            if not self._sweep_failing:  # once per outage, not once a minute
+                logger.warning(
+                    "DLX service: graveyard retention sweep failed (%s); retried every %ds",
+                    exc,
+                    int(SWEEP_INTERVAL),
+                )
+            self._sweep_failing = True
+        else:
+            self._sweep_failing = False
 
     # -- one batch ---------------------------------------------------------------------------
 

@@ -642,3 +642,21 @@ def test_a_redelivered_dead_letter_gets_no_second_fate(
     assert [h["fate"] for h in history(runtime)].count(BURIED) == 1
     assert [h["fate"] for h in history(runtime)].count(PARKED) == 1
     assert dead(channel).get() is None
+
+
+def test_the_service_moves_obituaries_past_retention_to_the_history(
+    uid: str, names: dict[str, str]
+) -> None:
+    from celery_dlx.fates import ARCHIVED
+    from celery_dlx.graveyard import Graveyard
+    from celery_dlx.obituary import Obituary
+    from celery_dlx.service import buried_event
+
+    app = make_app(uid, dlx_graveyard_retention=3600)
+    runtime = get_runtime(app)
+    old = Obituary(id="old", message_id="m", queue="q", reason="r", buried_ms=1_000, payload=b"x")
+    Graveyard(runtime.redis, runtime.keys).write_many([(old, buried_event(old))])
+    with service(app):
+        wait_until(lambda: graveyard.count(runtime) == 0, "the retention sweep")
+    archived = [h for h in history(runtime) if h["fate"] == ARCHIVED]
+    assert [json.loads(h["obituary"])["id"] for h in archived] == ["old"]
