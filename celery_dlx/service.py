@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import socket
 import threading
 import time
@@ -41,7 +43,7 @@ from .deadletter import (
     decide_letter,
     read_dead_letter,
 )
-from .errors import PublishError, TopologyError
+from .errors import DLXError, PublishError, TopologyError
 from .fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
 from .graveyard import Graveyard, sweep_retention
 from .headers import clean_headers, read_state
@@ -101,6 +103,7 @@ class ServiceStats:
     archived: int = 0
     outages: int = 0
     retries: int = 0
+    processes: int = 1
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -648,15 +651,24 @@ def run_service(
     *,
     prefetch: int | None = None,
     idle_timeout: float | None = None,
+    processes: int = 1,
     install_signals: bool = True,
     on_start: Callable[[DLXService], None] | None = None,
 ) -> ServiceStats:
-    """Run the DLX service in this thread until SIGTERM/SIGINT (or ``idle_timeout``).
+    """Run the DLX service until SIGTERM/SIGINT (or ``idle_timeout``), in ``processes`` processes.
 
-    A signal lets the batch in hand finish and be acked before the service returns.
+    One process runs in this thread. More are forked children (one Python process handles a few
+    thousand dead letters a second; instances share the queue and dedup each other's
+    redeliveries); the parent forwards the signal and returns their summed counts. A signal lets
+    every process finish and ack the batches in hand.
+
+    Raises:
+        DLXError: ``processes`` above 1 where ``fork`` is unavailable, or below 1.
     """
-    import signal
-
+    if processes < 1:
+        raise DLXError(f"the DLX service needs at least one process (--processes), got {processes}")
+    if processes > 1:
+        return _run_processes(app, processes, prefetch=prefetch, idle_timeout=idle_timeout)
     service = DLXService(app, prefetch=prefetch)
     if install_signals:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -666,3 +678,45 @@ def run_service(
     stats = service.run(idle_timeout=idle_timeout)
     logger.info("DLX service stopped: %s", stats.as_dict())
     return stats
+
+
+def _child(app: Any, prefetch: int | None, idle_timeout: float | None, out: Any) -> None:
+    stats = run_service(app, prefetch=prefetch, idle_timeout=idle_timeout)
+    out.put(stats.as_dict())
+
+
+def _run_processes(
+    app: Any, processes: int, *, prefetch: int | None, idle_timeout: float | None
+) -> ServiceStats:
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise DLXError("--processes above 1 needs fork; run several `celery dlx service` instead")
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    children = [
+        ctx.Process(target=_child, args=(app, prefetch, idle_timeout, out), daemon=False)
+        for _ in range(processes)
+    ]
+    for child in children:
+        child.start()
+
+    def forward(signum: int, _: Any) -> None:
+        for child in children:
+            if child.pid is not None and child.is_alive():
+                os.kill(child.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    total = ServiceStats(processes=0)
+    try:
+        for child in children:
+            child.join()
+        while not out.empty():
+            total.add(**out.get())
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    failed = [c.exitcode for c in children if c.exitcode != 0]
+    if failed:
+        raise DLXError(f"DLX service processes failed (exit codes {failed}); see their logs")
+    return total

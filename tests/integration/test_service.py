@@ -660,3 +660,37 @@ def test_the_service_moves_obituaries_past_retention_to_the_history(
         wait_until(lambda: graveyard.count(runtime) == 0, "the retention sweep")
     archived = [h for h in history(runtime) if h["fate"] == ARCHIVED]
     assert [json.loads(h["obituary"])["id"] for h in archived] == ["old"]
+
+
+def test_several_service_processes_share_the_queue(
+    uid: str, names: dict[str, str], broker: Any
+) -> None:
+    conf = {"dlx_queues": {names["billing"]: {"max_parks": 0, "max_requeues": 0}}}
+    runtime = get_runtime(make_app(uid, **conf))
+    channel = broker.channel()
+    dead = Queue(names["dead"], exchange=Exchange(names["dlx"], type="topic"), routing_key="#")
+    dead(channel).declare()
+    producer = Producer(channel)
+    death = [{"queue": names["billing"], "reason": "rejected", "count": 1}]
+    for i in range(300):
+        producer.publish(
+            b"{}",
+            exchange=names["dlx"],
+            routing_key=names["billing"],
+            headers={"x-death": death},
+            message_id=f"p-{i}",
+            retry=True,
+        )
+    proc = service_process(
+        uid, conf, "--processes", "2", "--until-idle", "2", "--json", capture=True
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    stats = json.loads(out.decode().strip().splitlines()[-1])
+    assert stats["received"] == stats["buried"] == 300 and stats["processes"] == 2
+    assert graveyard.count(runtime) == 300
+    assert channel.queue_declare(names["dead"], passive=True).message_count == 0
