@@ -46,6 +46,8 @@ from dlx_progress import Progress
 ENTRIES_PER_RANGE = 20000
 #: Name of the result of the last run in the output directory.
 LAST_RUN = "_last_export.json"
+#: Where a batch is staged (validated, not yet split) until its checkpoint is written.
+STAGING = "_staging"
 #: Name of the chart in the output directory.
 CHART = "failures_by_cause.png"
 
@@ -173,7 +175,6 @@ def write_batch(
     """Step one of an export: write the batch of records after ``after`` (the checkpoint) to
     ``OUT/events`` and ``OUT/malformed``, first deleting what a killed run left of it. The
     checkpoint is not moved (that is :func:`commit`); returns None when nothing is newer."""
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     progress.set_phase("reading the history")
@@ -188,32 +189,33 @@ def write_batch(
         checkpoint_id = dlx_source.parse_id(after) if after else None
         raw = dlx_source.snapshot_frame(spark, options.snapshot)
         validated = dlx_records.after(dlx_records.validate(raw), checkpoint_id)
-    validated = validated.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        stats = (
-            validated.groupBy("reason_code")
-            .agg(F.count("*").alias("n"), F.max(F.struct("id_ms", "id_seq")).alias("last"))
-            .collect()
-        )
-        if end_id is None:
-            ids = [row["last"] for row in stats if row["last"] is not None]
-            ids = [row for row in ids if row["id_ms"] is not None and row["id_seq"] is not None]
-            if not ids:
-                return None
-            end_id = dlx_source.format_id(*max((row["id_ms"], row["id_seq"]) for row in ids))
-        batch = batch_name(after)
-        progress.set_phase(f"writing batch {batch}")
-        # a run killed before its checkpoint left part of this batch: drop it, then write it whole
-        storage.delete_glob(f"events/day=*/queue=*/batch={batch}")
-        storage.delete_glob(f"malformed/batch={batch}")
-        events = dlx_records.events(validated, batch)
-        events.write.mode("append").partitionBy("day", "queue", "batch").parquet(
-            storage.uri("events")
-        )
-        bad = dlx_records.malformed(validated, batch)
-        bad.write.mode("append").partitionBy("batch").parquet(storage.uri("malformed"))
-    finally:
-        validated.unpersist()
+    batch = batch_name(after)
+    # the batch is validated once into a staging copy: the stream is read once, and the
+    # events, the malformed records and the counts all come from that copy
+    storage.delete_glob(f"{STAGING}/*")
+    staging = storage.uri(f"{STAGING}/batch={batch}")
+    validated.write.mode("overwrite").parquet(staging)
+    staged = spark.read.parquet(staging)
+    stats = (
+        staged.groupBy("reason_code")
+        .agg(F.count("*").alias("n"), F.max(F.struct("id_ms", "id_seq")).alias("last"))
+        .collect()
+    )
+    if end_id is None:
+        ids = [row["last"] for row in stats if row["last"] is not None]
+        ids = [row for row in ids if row["id_ms"] is not None and row["id_seq"] is not None]
+        if not ids:
+            storage.delete_glob(f"{STAGING}/*")
+            return None
+        end_id = dlx_source.format_id(*max((row["id_ms"], row["id_seq"]) for row in ids))
+    progress.set_phase(f"writing batch {batch}")
+    # a run killed before its checkpoint left part of this batch: drop it, then write it whole
+    storage.delete_glob(f"events/day=*/queue=*/batch={batch}")
+    storage.delete_glob(f"malformed/batch={batch}")
+    events = dlx_records.events(staged, batch)
+    events.write.mode("append").partitionBy("day", "queue", "batch").parquet(storage.uri("events"))
+    bad = dlx_records.malformed(staged, batch)
+    bad.write.mode("append").partitionBy("batch").parquet(storage.uri("malformed"))
     by_reason = {row["reason_code"]: row["n"] for row in stats if row["reason_code"] is not None}
     good = sum(row["n"] for row in stats if row["reason_code"] is None)
     return Batch(batch, after, end_id, good, sum(by_reason.values()), by_reason, range_count)
@@ -302,6 +304,7 @@ def export(spark: Any, options: ExportOptions) -> dict[str, Any]:
         if batch is not None:
             progress.set_phase("committing the checkpoint")
             checkpoint = commit(storage, checkpoint, batch)
+            storage.delete_glob(f"{STAGING}/*")
             if client is not None and options.mirror:
                 dlx_stream.mirror_checkpoint(client, key, _mirror_fields(checkpoint, options))
             if client is not None and options.trim:

@@ -22,9 +22,6 @@ REQUIRED_FIELDS = ("fate", "at_ms", "queue", "message_id", "attempt")
 TEXT_FIELDS = ("task", "cause", "exc_type", "reason", "importance")
 #: First millisecond of year 10000: later timestamps are bad numbers, not dates.
 MAX_AT_MS = 253402300800000
-_INTEGER = r"^[0-9]{1,19}$"
-_DECIMAL = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
-_STREAM_ID = "^([0-9]{1,19})-([0-9]{1,19})$"
 
 #: Reason codes of malformed records.
 BAD_LINE = "bad_json_line"
@@ -73,81 +70,89 @@ def _quote(value: Any) -> Any:
     return F.concat(F.lit("'"), F.substring(value, 1, 80), F.lit("'"))
 
 
-def _integer(name: str, maximum: int | None = None) -> tuple[Any, Any]:
-    """(parsed column or null, condition that the present value is bad)."""
+def _parsed_columns() -> dict[str, Any]:
+    """Typed values of the raw text columns (null when absent or unparseable)."""
     from pyspark.sql import functions as F
 
-    text = F.col(name)
-    value = F.when(text.rlike(_INTEGER), F.expr(f"try_cast(`{name}` AS BIGINT)"))
-    bad = text.isNotNull() & value.isNull()
-    if maximum is not None:
-        bad = bad | (value >= F.lit(maximum))
-    return value, bad
+    ms = "try_cast(substring_index(id, '-', 1) AS BIGINT)"
+    seq = "try_cast(substring_index(id, '-', -1) AS BIGINT)"
+    # canonical ids only: "12-3", not "012-3", "+12-3" or "12-3-4"
+    canonical = f"concat({ms}, '-', {seq}) = id AND {ms} >= 0 AND {seq} >= 0"
+    return {
+        "id_ms": F.expr(f"CASE WHEN {canonical} THEN {ms} END"),
+        "id_seq": F.expr(f"CASE WHEN {canonical} THEN {seq} END"),
+        "at_ms_n": F.expr("try_cast(at_ms AS BIGINT)"),
+        "attempt_n": F.expr("try_cast(attempt AS BIGINT)"),
+        "first_failure_ms_n": F.expr("try_cast(first_failure_ms AS BIGINT)"),
+        "delay_n": F.expr("try_cast(delay AS DOUBLE)"),
+    }
 
 
-def validate(raw: Any) -> Any:
-    """Typed columns plus ``reason_code``/``reason`` (null when the record is good) for a raw
-    frame of ``dlx_source.RAW_COLUMNS``."""
+def _checks() -> list[tuple[str, str, Any, Any]]:
+    """``(flag column, reason code, condition, reason text)``, in the order they are reported;
+    conditions read the raw text and the columns of :func:`_parsed_columns`."""
     from pyspark.sql import functions as F
 
-    blank = {name: F.nullif(F.col(name), F.lit("")) for name in (*HISTORY_FIELDS, "id")}
-    frame = raw.select(*[blank[name].alias(name) for name in blank], "_corrupt")
-    for part, name in ((1, "id_ms"), (2, "id_seq")):
-        digits = f"regexp_extract(id, '{_STREAM_ID}', {part})"
-        frame = frame.withColumn(name, F.expr(f"try_cast(nullif({digits}, '') AS BIGINT)"))
+    def bad_integer(name: str, maximum: int | None) -> Any:
+        value = F.col(f"{name}_n")
+        bad = value.isNull() | (value < 0)
+        if maximum is not None:
+            bad = bad | (value >= maximum)
+        return F.col(name).isNotNull() & bad
 
-    at_ms, bad_at = _integer("at_ms", MAX_AT_MS)
-    attempt, bad_attempt = _integer("attempt")
-    first_failure, bad_first = _integer("first_failure_ms", MAX_AT_MS)
-    delay = F.when(F.col("delay").rlike(_DECIMAL), F.expr("try_cast(delay AS DOUBLE)"))
-    bad_delay = F.col("delay").isNotNull() & delay.isNull()
+    delay = F.col("delay_n")
+    bad_delay = F.col("delay").isNotNull() & (
+        delay.isNull() | F.isnan(delay) | (delay < 0) | (delay == float("inf"))
+    )
     obituary = F.trim(F.col("obituary"))
     bad_obituary = F.col("obituary").isNotNull() & (
         F.expr("json_object_keys(obituary)").isNull() | ~obituary.endswith("}")
     )
-
-    checks: list[tuple[Any, str, Any]] = [
-        (F.col("_corrupt").isNotNull(), BAD_LINE, F.lit("snapshot line is not a JSON object")),
+    checks: list[tuple[str, str, Any, Any]] = [
+        ("_bad_line", BAD_LINE, F.col("_corrupt").isNotNull(), F.lit("snapshot line is not JSON")),
         (
-            F.col("id_ms").isNull() | F.col("id_seq").isNull(),
+            "_bad_id",
             BAD_ID,
+            F.col("id_ms").isNull() | F.col("id_seq").isNull(),
             F.concat(F.lit("bad stream id "), F.coalesce(_quote(F.col("id")), F.lit("(none)"))),
         ),
     ]
     for name in REQUIRED_FIELDS:
-        checks.append((F.col(name).isNull(), MISSING_FIELD, F.lit(f"missing field '{name}'")))
-    checks.append(
-        (
-            ~F.col("fate").isin(*FATES),
-            UNKNOWN_FATE,
-            F.concat(F.lit("unknown fate "), _quote(F.col("fate"))),
-        )
-    )
+        message = F.lit(f"missing field '{name}'")
+        checks.append((f"_missing_{name}", MISSING_FIELD, F.col(name).isNull(), message))
+    fate_text = F.concat(F.lit("unknown fate "), _quote(F.col("fate")))
+    checks.append(("_bad_fate", UNKNOWN_FATE, ~F.col("fate").isin(*FATES), fate_text))
     for name, bad in (
-        ("at_ms", bad_at),
-        ("attempt", bad_attempt),
-        ("first_failure_ms", bad_first),
+        ("at_ms", bad_integer("at_ms", MAX_AT_MS)),
+        ("attempt", bad_integer("attempt", None)),
+        ("first_failure_ms", bad_integer("first_failure_ms", MAX_AT_MS)),
         ("delay", bad_delay),
     ):
         message = F.concat(F.lit(f"bad number in '{name}': "), _quote(F.col(name)))
-        checks.append((bad, BAD_NUMBER, message))
-    checks.append((bad_obituary, BAD_JSON, F.lit("'obituary' is not a JSON object")))
+        checks.append((f"_bad_{name}", BAD_NUMBER, bad, message))
+    obituary_text = F.lit("'obituary' is not a JSON object")
+    checks.append(("_bad_obituary", BAD_JSON, bad_obituary, obituary_text))
+    return checks
 
+
+def validate(raw: Any) -> Any:
+    """Typed columns plus ``reason_code``/``reason_text`` (null when the record is good) for a
+    raw frame of ``dlx_source.RAW_COLUMNS``."""
+    from pyspark.sql import functions as F
+
+    names = ("id", *HISTORY_FIELDS)
+    frame = raw.select(*[F.nullif(F.col(n), F.lit("")).alias(n) for n in names], "_corrupt")
+    frame = frame.select("*", *[value.alias(name) for name, value in _parsed_columns().items()])
+    checks = _checks()
+    # every check once, as a column, so the code and the reason below only read booleans
+    flagged = frame.select("*", *[condition.alias(flag) for flag, _, condition, _ in checks])
     code = F.lit(None).cast("string")
     reason = F.lit(None).cast("string")
-    for condition, check_code, message in reversed(checks):
-        code = F.when(condition, F.lit(check_code)).otherwise(code)
-        reason = F.when(condition, message).otherwise(reason)
-
-    return frame.select(
-        "*",
-        at_ms.alias("at_ms_n"),
-        attempt.alias("attempt_n"),
-        first_failure.alias("first_failure_ms_n"),
-        delay.alias("delay_n"),
-        code.alias("reason_code"),
-        reason.alias("reason_text"),
-    )
+    for flag, check_code, _, message in reversed(checks):
+        code = F.when(F.col(flag), F.lit(check_code)).otherwise(code)
+        reason = F.when(F.col(flag), message).otherwise(reason)
+    columns = [*names, "_corrupt", *_parsed_columns()]
+    return flagged.select(*columns, code.alias("reason_code"), reason.alias("reason_text"))
 
 
 def after(frame: Any, checkpoint: tuple[int, int] | None) -> Any:

@@ -84,5 +84,28 @@ def test_run_export_with_the_apps_settings_through_spark_submit(
     assert events, "Parquet written under day/queue/batch partitions"
     assert (out / "_last_export.json").is_file()
 
-    with pytest.raises(export.ExportError, match="--prefix"):
-        export.run_export(out=out, redis_url=REDIS_URL, key_prefix="other", echo=False, timeout=280)
+
+def _fake_spark_submit(tmp_path: Path, body: str) -> str:
+    """A stand-in for spark-submit (a real process) that fails the way a job can fail."""
+    script = tmp_path / "spark-submit"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_job_that_dies_without_a_result_raises_with_its_output(tmp_path: Path) -> None:
+    fake = _fake_spark_submit(tmp_path, "echo 'java.lang.OutOfMemoryError: heap' >&2\nexit 3\n")
+    with pytest.raises(export.ExportError, match=r"exited with 3(?s:.)*OutOfMemoryError"):
+        export.run_export(out=tmp_path / "out", snapshot="s.jsonl", spark_submit=fake, echo=False)
+
+
+def test_a_job_that_reports_a_failure_raises_its_error(tmp_path: Path) -> None:
+    # the job writes its result to the path after --result-json, then exits 1
+    body = (
+        'while [ "$1" != "--result-json" ]; do shift; done\n'
+        'printf \'{"status": "failed", "error": "--out holds another stream"}\' > "$2"\n'
+        "exit 1\n"
+    )
+    fake = _fake_spark_submit(tmp_path, body)
+    with pytest.raises(export.ExportError, match="export failed: --out holds another stream"):
+        export.run_export(out=tmp_path / "out", redis_url=REDIS_URL, spark_submit=fake, echo=False)
