@@ -55,18 +55,21 @@ def test_ranges_from_the_start_and_on_tiny_spans() -> None:
 
 def test_page_blobs_keep_columns_even_with_separators_in_values() -> None:
     rows = [
-        (b"1-0", {b"fate": b"parked", b"queue": b"q", b"delay": b"1.5"}),
-        (b"1-1", {b"fate": b"buried", b"reason": b"a\x1eb\x1fc", b"task": b"\xff"}),
+        (b"1-0", [b"fate", b"parked", b"queue", b"q", b"delay", b"1.5"]),
+        (b"1-1", [b"task", b"\xff", b"fate", b"buried", b"reason", b"a\x1eb\x1fc"]),
+        (b"1-2", [b"queue", b"x", b"queue", b"y", b"extra", b"kept out"]),
     ]
     blob = dlx_source.encode_page(rows)
     records = blob.split(dlx_source.RECORD_SEP)
-    assert len(records) == 2
-    first, second = (record.split(dlx_source.UNIT_SEP) for record in records)
-    assert len(first) == len(second) == len(dlx_source.RAW_COLUMNS) - 1
+    assert len(records) == 3
+    first, second, third = (record.split(dlx_source.UNIT_SEP) for record in records)
+    assert len(first) == len(second) == len(third) == len(dlx_source.RAW_COLUMNS) - 1
     columns = dlx_source.RAW_COLUMNS
     assert first[columns.index("delay")] == "1.5" and first[columns.index("task")] == ""
     assert second[columns.index("reason")] == "a\ufffdb\ufffdc"
     assert second[columns.index("task")] == "\ufffd"
+    assert third[columns.index("queue")] == "y", "a repeated field: the last value, as in a dict"
+    assert "kept out" not in records[2]
 
 
 def test_ids_and_successors() -> None:
