@@ -16,7 +16,8 @@ OTHER = "\x00other"
 
 
 def hourly_failures(events: Any, days: float, top: int = TOP_CAUSES) -> dict[str, Any]:
-    """Failures per hour and cause over the last ``days`` days of the history (by event time).
+    """Failures per hour and cause over the last ``days`` days before the last failure (or since
+    the first failure, when the history is shorter).
 
     Returns:
         ``{"hours": [epoch hour, ...], "series": {label: [count per hour]}}`` with every hour of
@@ -26,11 +27,11 @@ def hourly_failures(events: Any, days: float, top: int = TOP_CAUSES) -> dict[str
     from pyspark.sql import functions as F
 
     failures = events.filter(F.col("fate").isin(*FAILURE_FATES))
-    latest = failures.agg(F.max("at_ms")).first()
-    if latest is None or latest[0] is None:
+    bounds = failures.agg(F.min("at_ms"), F.max("at_ms")).first()
+    if bounds is None or bounds[1] is None:
         return {"hours": [], "series": {}}
-    last_hour = int(latest[0]) // HOUR_MS
-    first_hour = last_hour - max(1, int(days * 24)) + 1
+    last_hour = int(bounds[1]) // HOUR_MS
+    first_hour = max(int(bounds[0]) // HOUR_MS, last_hour - max(1, int(days * 24)) + 1)
     window = failures.filter(F.col("at_ms") >= first_hour * HOUR_MS)
     counts = (
         window.groupBy(F.floor(F.col("at_ms") / HOUR_MS).alias("hour"), "cause")
@@ -63,6 +64,17 @@ def _label(cause: str, exc_type: str | None) -> str:
     return f"{text[:16]} {name}".strip() if name else text[:16]
 
 
+def title(data: dict[str, Any]) -> str:
+    """The chart's title, naming the hours it covers."""
+    if not data["hours"]:
+        return "Failures per hour by top cause"
+    first, last = (
+        datetime.fromtimestamp(h * 3600, tz=timezone.utc)
+        for h in (data["hours"][0], data["hours"][-1])
+    )
+    return f"Failures per hour by top cause, {first:%Y-%m-%d %H:00} to {last:%Y-%m-%d %H:00} UTC"
+
+
 def render_png(data: dict[str, Any], title: str) -> bytes:
     """Draw ``hourly_failures`` data as a PNG (matplotlib, Agg backend: no display needed)."""
     import matplotlib
@@ -88,7 +100,7 @@ def render_png(data: dict[str, Any], title: str) -> bytes:
             axes.xaxis.set_major_locator(locator)
             formatter = mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
             axes.xaxis.set_major_formatter(formatter)
-            axes.legend(loc="upper left", fontsize=8, title="cause")
+            axes.legend(loc="best", fontsize=8, title="cause")
         axes.set_ylim(bottom=0)
         figure.tight_layout()
         buffer = io.BytesIO()

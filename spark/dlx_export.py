@@ -260,8 +260,7 @@ def _aggregate(
     finally:
         facts.unpersist()
     hourly = dlx_chart.hourly_failures(events, options.chart_days)
-    title = f"Failures per hour by top cause, last {options.chart_days:g} days (UTC)"
-    storage.write_atomic(CHART, dlx_chart.render_png(hourly, title))
+    storage.write_atomic(CHART, dlx_chart.render_png(hourly, dlx_chart.title(hourly)))
     return {"totals": totals, "rows": rows, "chart": storage.uri(CHART)}
 
 

@@ -13,6 +13,7 @@ from tests.conftest import REDIS_URL
 from . import checks, generated
 
 dlx_export = pytest.importorskip("dlx_export")
+import dlx_chart  # noqa: E402
 import dlx_progress  # noqa: E402
 import dlx_source  # noqa: E402
 import dlx_storage  # noqa: E402
@@ -61,6 +62,23 @@ def test_export_from_redis_gives_exact_aggregates(
     assert mirror[b"last_id"].decode() == entries[-1][0]
     assert redis_client.xlen(keys.history) == len(entries), "no --trim: the stream stays whole"
 
+    hourly = dlx_chart.hourly_failures(checks.read_events(spark, out), days=7)
+    first_hour = (generated.DAY1 + 6 * generated.H) // generated.H
+    assert hourly["hours"] == list(range(first_hour, first_hour + 22)), "day 1 06:00 to day 2 03:00"
+    by_hour = {
+        label: {h: n for h, n in zip(hourly["hours"], counts, strict=True) if n}
+        for label, counts in hourly["series"].items()
+    }
+    assert by_hour == {
+        "c-timeout Timeout": {first_hour + 2: 60, first_hour + 21: 4},
+        "c-db OperationalError": {first_hour + 6: 15},
+        "c-smtp SMTPServerDisconnected": {first_hour + 3: 5},
+        "(unknown cause)": {first_hour: 3},
+        "c-late TimeoutError": {first_hour + 17: 1},
+    }
+    top2 = dlx_chart.hourly_failures(checks.read_events(spark, out), days=7, top=2)
+    assert list(top2["series"]) == ["c-timeout Timeout", "c-db OperationalError", "other causes"]
+    assert sum(top2["series"]["other causes"]) == 5 + 3 + 1
     png = (out / "failures_by_cause.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10000
     text = dlx_export.format_result(result)
