@@ -261,7 +261,10 @@ SETTINGS: dict[str, Setting] = {
             "Run the DLX service inside every worker of the app (a bootstep).",
         ),
         Setting(
-            "dlx_service_prefetch", 100, _positive_count, "Prefetch of the DLX service consumer."
+            "dlx_service_prefetch",
+            1000,
+            _positive_count,
+            "Prefetch of the DLX service consumer (a batch is up to a third of it).",
         ),
         Setting(
             "dlx_obituary_task",

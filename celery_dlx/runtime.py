@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import DLXConfig, load_config
-from .fates import BURIED, FateEvent
+from .fates import BURIED, DRAINED, FateEvent
 from .history import History, history_fields
 from .names import Keys
 from .publish import ConfirmingPublisher
-from .store import ParkingStore, redis_client
+from .store import ParkedMessage, ParkingStore, redis_client
 
 logger = logging.getLogger("celery_dlx")
 
@@ -61,6 +61,13 @@ class Runtime:
     @property
     def store(self) -> ParkingStore:
         return ParkingStore(self.redis, self.keys)
+
+    def park(self, message: ParkedMessage) -> bool:
+        """Park ``message`` until ``message.due_ms`` with the configured delay backend.
+
+        Returns False when this message id and attempt were already parked (idempotent).
+        """
+        return self.store.park(message)
 
     @property
     def history(self) -> History:
@@ -186,6 +193,10 @@ class Runtime:
             f" delay={event.delay:.3f}s" if event.delay is not None else "",
             f" reason={event.reason}" if event.reason else "",
         )
+        if event.fate == DRAINED:
+            # The park line said when it comes back; the republish itself is routine.
+            logger.debug(line, *args)
+            return
         if event.fate == BURIED:
             logger.error(line + ("\n%s" if event.traceback else "%s"), *args, event.traceback or "")
         else:

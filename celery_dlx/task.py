@@ -251,7 +251,7 @@ class DLXTask(Task):  # type: ignore[misc]
         try:
             if isinstance(decision, ToPark):
                 delay = decision.delay
-                runtime.store.park(
+                runtime.park(
                     ParkedMessage(
                         message_id=delivery.message_id,
                         attempt=state.attempt,

@@ -37,7 +37,7 @@ def test_defaults() -> None:
         "dlx_queues": {},
         "dlx_expired": "park",
         "dlx_service_in_worker": False,
-        "dlx_service_prefetch": 100,
+        "dlx_service_prefetch": 1000,
         "dlx_obituary_task": None,
         "dlx_code_version": None,
         "dlx_graveyard_retention": 30 * 86400.0,
