@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -419,11 +419,3 @@ def dump_snapshot(
             if len(rows) < page:
                 return written
             start = "(" + rows[-1][0]
-
-
-def iter_job_files(job: str | os.PathLike[str] | None = None) -> Iterable[Path]:
-    """The job's files (entry first), e.g. to copy them to a cluster's gateway."""
-    entry = find_job(job)
-    yield entry
-    for name in JOB_MODULES:
-        yield entry.parent / name

@@ -9,8 +9,9 @@ or through ``celery -A proj dlx export``, which builds that command (``celery_dl
 
 One run exports one *batch*: the stream entries after the checkpoint up to the last entry when the
 run started. The executors read the stream in id ranges (the driver never reads an entry), the
-records are validated, good ones are appended to ``OUT/events`` (partitioned by ``day``, ``queue``
-and ``batch``) and malformed ones to ``OUT/malformed`` with their reason. Only then is
+records are validated once into ``OUT/_staging``, then good ones are appended to ``OUT/events``
+(partitioned by ``day``, ``queue`` and ``batch``) and malformed ones to ``OUT/malformed`` with
+their reason. Only then is
 ``OUT/_checkpoint.json`` replaced (atomically); a run killed before that leaves the checkpoint
 where it was, and its rerun first deletes the batch's partial output (the batch is named after
 the checkpoint it starts from), so nothing is duplicated or skipped. With ``--trim`` the stream is

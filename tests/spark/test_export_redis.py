@@ -13,6 +13,8 @@ from tests.conftest import REDIS_URL
 from . import checks, generated
 
 dlx_export = pytest.importorskip("dlx_export")
+
+pytestmark = pytest.mark.spark
 import dlx_chart  # noqa: E402
 import dlx_progress  # noqa: E402
 import dlx_source  # noqa: E402

@@ -14,6 +14,8 @@ from . import checks, generated
 
 dlx_export = pytest.importorskip("dlx_export")
 
+pytestmark = pytest.mark.spark
+
 #: Lines a hand-edited or truncated snapshot may hold: not JSON, a bad id, an empty line.
 BAD_LINES = ['{"id": "1709510400000-0", "fate": "requeued", "at_ms": "17', '{"id":"abc"}', ""]
 

@@ -10,6 +10,8 @@ import pytest
 from celery_dlx import fates, history, names
 
 dlx_source = pytest.importorskip("dlx_source")
+
+pytestmark = pytest.mark.spark
 import dlx_aggregates  # noqa: E402
 import dlx_export  # noqa: E402
 import dlx_records  # noqa: E402

@@ -13,6 +13,8 @@ from tests.conftest import REDIS_URL
 
 from . import generated
 
+pytestmark = pytest.mark.spark
+
 
 def test_command_runs_the_job_with_its_modules_and_options(tmp_path: Path) -> None:
     command = export.build_spark_submit_command(

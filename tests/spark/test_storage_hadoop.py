@@ -10,6 +10,8 @@ import pytest
 
 dlx_storage = pytest.importorskip("dlx_storage")
 
+pytestmark = pytest.mark.spark
+
 
 def test_hadoop_storage_checkpoint_and_batch_cleanup(spark: Any, tmp_path: Path) -> None:
     storage = dlx_storage.HadoopStorage(spark, tmp_path.as_uri())
