@@ -273,6 +273,7 @@ def export(spark: Any, options: ExportOptions) -> dict[str, Any]:
         ExportError: bad options, or the output directory belongs to another stream or was
             changed by a concurrent export.
         dlx_stream.LockedError: another export of the same stream is running.
+        dlx_storage.CheckpointError: the checkpoint file in ``out`` cannot be read.
     """
     options.check()
     started = time.monotonic()
@@ -463,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("WARN")
     try:
         result = export(spark, options)
-    except (ExportError, dlx_stream.LockedError) as exc:
+    except (ExportError, dlx_stream.LockedError, dlx_storage.CheckpointError) as exc:
         result = {"status": "failed", "error": str(exc)}
         print(f"dlx export: {exc}", file=sys.stderr)
     except Exception as exc:  # reported to the launcher through --result-json, then shown whole

@@ -166,12 +166,31 @@ def open_storage(spark: Any, root: str) -> Storage:
     return LocalStorage(root) if is_local(root) else HadoopStorage(spark, root)
 
 
+class CheckpointError(ValueError):
+    """The checkpoint file exists but cannot be read."""
+
+
 def read_checkpoint(storage: Storage) -> Checkpoint | None:
-    """The output directory's checkpoint, or None before the first export."""
-    text = storage.read_text(CHECKPOINT)
+    """The output directory's checkpoint, or None before the first export.
+
+    Raises:
+        CheckpointError: the file is not a checkpoint (never guessed: a wrong guess would export
+            records twice or skip them).
+    """
+    name = CHECKPOINT
+    text = storage.read_text(name)
     if text is None:
-        text = storage.read_text(CHECKPOINT_NEW)
-    return None if text is None else Checkpoint.from_json(text)
+        name = CHECKPOINT_NEW
+        text = storage.read_text(name)
+    if text is None:
+        return None
+    try:
+        return Checkpoint.from_json(text)
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(
+            f"{storage.uri(name)} is not a readable checkpoint ({exc}); restore it from the "
+            f"Redis mirror (HGETALL <stream>:export) or export to a new --out"
+        ) from exc
 
 
 def write_checkpoint(storage: Storage, checkpoint: Checkpoint) -> None:

@@ -120,6 +120,12 @@ def test_local_checkpoint_is_replaced_atomically_and_batches_deleted(tmp_path: P
     assert [p.name for p in (tmp_path / "events").glob("*/*/*")] == ["batch=after-0-0"]
 
 
+def test_an_unreadable_checkpoint_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
+    (tmp_path / "_checkpoint.json").write_text('{"stream": "s", "last_id": ')
+    with pytest.raises(dlx_storage.CheckpointError, match="not a readable checkpoint"):
+        dlx_storage.read_checkpoint(dlx_storage.LocalStorage(str(tmp_path)))
+
+
 def test_summary_table_lines_up() -> None:
     rows = [
         {
