@@ -210,7 +210,11 @@ def write_batch(
             return None
         end_id = dlx_source.format_id(*max((row["id_ms"], row["id_seq"]) for row in ids))
     progress.set_phase(f"writing batch {batch}")
-    # a run killed before its checkpoint left part of this batch: drop it, then write it whole
+    # a run killed before its checkpoint left part of this batch: drop it, then write it whole;
+    # that includes task output it committed under _temporary, which the next job's commit
+    # would otherwise merge into the output (one export per output directory runs at a time)
+    for output in ("events", "malformed"):
+        storage.delete_glob(f"{output}/_temporary")
     storage.delete_glob(f"events/day=*/queue=*/batch={batch}")
     storage.delete_glob(f"malformed/batch={batch}")
     events = dlx_records.events(staged, batch)
