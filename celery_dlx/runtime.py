@@ -16,6 +16,7 @@ from typing import Any
 from .config import DLXConfig, load_config
 from .fates import BURIED, DRAINED, FateEvent
 from .history import History, history_fields
+from .ladder import Ladder
 from .names import Keys
 from .publish import ConfirmingPublisher
 from .store import ParkedMessage, ParkingStore, redis_client
@@ -41,6 +42,8 @@ class Runtime:
         self._redis: Any = None
         self._publisher: ConfirmingPublisher | None = None
         self._connection: Any = None
+        self._ladder: Ladder | None = None
+        self._history_failing = False
 
     def _check_fork(self) -> None:
         pid = os.getpid()
@@ -49,6 +52,7 @@ class Runtime:
             self._redis = None
             self._publisher = None
             self._connection = None
+            self._ladder = None
 
     @property
     def redis(self) -> Any:
@@ -62,11 +66,33 @@ class Runtime:
     def store(self) -> ParkingStore:
         return ParkingStore(self.redis, self.keys)
 
+    @property
+    def ladder(self) -> Ladder:
+        """This process's TTL delay-queue ladder (``dlx_ttl_ladder``, quorum per ``dlx_quorum``)."""
+        self._check_fork()
+        if self._ladder is None:
+            self._ladder = Ladder(self.config.ttl_ladder, quorum=bool(self.config.quorum))
+        return self._ladder
+
+    @property
+    def broker_delays(self) -> bool:
+        """True when parked retries wait in the broker (``dlx_delay_backend = "ttl"``)."""
+        return bool(self.config.delay_backend == "ttl")
+
     def park(self, message: ParkedMessage) -> bool:
         """Park ``message`` until ``message.due_ms`` with the configured delay backend.
 
-        Returns False when this message id and attempt were already parked (idempotent).
+        ``redis``: stored in the parking store; returns False when this message id and attempt
+        were already parked (idempotent). ``ttl``: published to the delay queue of its delay
+        (rounded up to a step of ``dlx_ttl_ladder``); always returns True, Redis is not used.
+
+        Raises:
+            redis.RedisError: (redis) the store is unavailable.
+            PublishError, TopologyError, connection errors: (ttl) the broker did not take it.
         """
+        if self.broker_delays:
+            self.ladder.park(self.publisher, message)
+            return True
         return self.store.park(message)
 
     @property
@@ -100,9 +126,15 @@ class Runtime:
         ``history=False`` is for callers that appended the event themselves (in the same
         transaction as their own write): it is then logged, counted and notified only.
 
+        With the ``ttl`` delay backend the broker holds every fate, so a failed history append is
+        logged (once per outage) and not raised: Redis is optional there.
+
         Raises:
             redis.RedisError: the history append failed (it is part of the fate).
         """
+        if history and self.broker_delays:
+            self._record_best_effort(event)
+            return
         if history:
             self.record_many([event])
             return
@@ -112,6 +144,24 @@ class Runtime:
         except Exception:  # counters must never decide a fate
             logger.warning("celery_dlx counter update failed", exc_info=True)
         self._notify(event)
+
+    def _record_best_effort(self, event: FateEvent) -> None:
+        try:
+            self.record_many([event])
+        except Exception as exc:  # the fate is settled in the broker; history is an extra
+            if not self._history_failing:
+                logger.warning(
+                    "celery_dlx could not append to the failure history (%s: %s); fates go on "
+                    "without it until Redis (dlx_redis_url) answers",
+                    type(exc).__name__,
+                    exc,
+                )
+            self._history_failing = True
+            self._notify(event)
+            return
+        if self._history_failing:
+            logger.warning("celery_dlx failure history is being appended again")
+        self._history_failing = False
 
     def _count(self, events: Sequence[FateEvent], pipe: Any = None) -> None:
         """Add ``events`` to the per-minute counters (in ``pipe`` if given, else now)."""

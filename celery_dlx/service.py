@@ -588,10 +588,21 @@ class DLXService:
                     cause=verdict.cause,
                 )
             )
+        if self.runtime.broker_delays:
+            self._park_in_ladder(entries)
+            return
         store = BatchParkingStore(self.runtime.redis, self.runtime.keys)
         for w, entry, stored in zip(works, entries, store.park_many(entries), strict=True):
             if not stored:
                 self._park_taken(store, entry, w.letter, now)
+
+    def _park_in_ladder(self, entries: list[ParkedMessage]) -> None:
+        """``dlx_delay_backend = "ttl"``: publish the retries to their delay queues (confirmed).
+
+        No entry id to dedup against: a batch settled twice (a crash before its ack) parks its
+        retries twice, the at-least-once the seen markers otherwise narrow.
+        """
+        self.runtime.ladder.park_many(self.publisher, entries)
 
     def _park_taken(
         self, store: ParkingStore, parked: ParkedMessage, letter: DeadLetter, now: int
