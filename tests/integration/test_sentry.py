@@ -247,7 +247,8 @@ def test_celery_integration_on_real_worker_reports_each_cause_once(
     assert len(ids) == 6
     mine = [r for r in caplog.records if any(i in r.getMessage() for i in ids)]
     fates = Counter(r.getMessage().split(" ", 1)[0] for r in mine if r.name == "celery_dlx")
-    assert fates == {"requeued": 12, "parked": 12, "drained": 12, "buried": 6}
+    # One line per failed attempt (the drain's republish is logged at DEBUG): attempts lines each.
+    assert fates == {"requeued": 12, "parked": 12, "buried": 6}
     echoes = [r.getMessage() for r in mine if r.name == "celery.app.trace"]
     assert echoes == [], echoes[:3]  # Celery's "ignored" / "reject" lines of handled runs
     with_traceback = [r for r in mine if r.exc_info or "Traceback (most recent" in r.getMessage()]
