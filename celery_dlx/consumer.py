@@ -59,7 +59,10 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
             logger.warning("could not bury an undecodable message from %s (%r)", queue, err)
             runtime.reset_publisher()
             return False
-        logger.error("buried message from %s: %s", queue, reason[:300])
+        # The DLX service logs (and alerts on) the burial itself, once, with the obituary.
+        logger.warning(
+            "quarantined a message from %s: %s: sent to the graveyard", queue, reason[:300]
+        )
         return True
 
     def _divert(self, message: Any, reason: str) -> None:

@@ -404,8 +404,9 @@ class DLXTask(Task):  # type: ignore[misc]
             )
             runtime.reset_publisher()
             raise Reject(err, requeue=True) from err
-        logger.error(
-            "buried %s[%s] attempt=%d queue=%s reason=%s",
+        # The DLX service logs (and alerts on) the burial itself, once, with the obituary.
+        logger.warning(
+            "quarantined %s[%s] attempt=%d queue=%s reason=%s: sent to the graveyard",
             self.name,
             delivery.message_id,
             delivery.state.attempt,

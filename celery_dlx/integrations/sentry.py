@@ -106,6 +106,9 @@ def install_sentry_hooks() -> None:
     from sentry_sdk.scope import add_global_event_processor, global_event_processors
 
     ignore_logger(FATE_LOGGER)
+    # The worker's quarantine lines (celery_dlx.task, celery_dlx.consumer): the service reports
+    # the burial itself.
+    ignore_logger(f"{FATE_LOGGER}.*")
     if drop_handled not in global_event_processors:
         add_global_event_processor(drop_handled)
 
