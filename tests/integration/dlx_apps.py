@@ -12,8 +12,14 @@ from celery.contrib.testing.worker import start_worker
 
 import celery_dlx
 from celery_dlx.drain import run_drain
+from celery_dlx.ladder import delay_queue_name, ladder_ms
 from celery_dlx.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL
+
+#: The delay backends the fate tests run with.
+DELAY_BACKENDS = ("redis", "ttl")
+#: Sub-second ladder of the test apps: the test backoff [0.2, 0.3] waits 0.2 and 0.5 s.
+TEST_LADDER = [0.2, 0.5, 1.0]
 
 
 def make_app(uid: str, **conf: Any) -> Celery:
@@ -31,6 +37,7 @@ def make_app(uid: str, **conf: Any) -> Celery:
         "dlx_max_parks": 2,
         "dlx_backoff": [0.2, 0.3],
         "dlx_drain_interval": 0.2,
+        "dlx_ttl_ladder": TEST_LADDER,
         "worker_prefetch_multiplier": 1,
         "broker_connection_retry_on_startup": True,
         "worker_hijack_root_logger": False,
@@ -42,12 +49,31 @@ def make_app(uid: str, **conf: Any) -> Celery:
 
 
 def queue_names(app: Celery) -> list[str]:
-    """Every queue the test app declares (for cleanup)."""
+    """Every queue the test app declares (for cleanup), its delay queues with the ttl backend."""
     conf = app.conf
-    names = [conf.task_default_queue, conf.dlx_service_queue]
-    for q in conf.task_queues or ():
-        names.append(q.name)
+    work = [conf.task_default_queue, *(q.name for q in conf.task_queues or ())]
+    names = [*work, conf.dlx_service_queue]
+    if conf.get("dlx_delay_backend") == "ttl":
+        steps = ladder_ms(conf.get("dlx_ttl_ladder") or TEST_LADDER)
+        names.extend(delay_queue_name(q, step) for q in work for step in steps)
     return names
+
+
+def expected_fates(fates: list[str], backend: str) -> list[str]:
+    """``fates`` as the history records them with ``backend``: the ttl backend has no drain, so
+    no ``drained`` entries (the broker returns the message)."""
+    return [f for f in fates if backend == "redis" or f != "drained"]
+
+
+@contextlib.contextmanager
+def delays_returning(app: Celery, interval: float = 0.1) -> Iterator[None]:
+    """Parked retries come back while the block runs: a drain thread for the Redis backend;
+    nothing for the ttl backend (the broker returns them)."""
+    if app.conf.get("dlx_delay_backend") == "ttl":
+        yield
+        return
+    with drain_thread(app, interval):
+        yield
 
 
 @contextlib.contextmanager

@@ -1,4 +1,8 @@
-"""DLXTask fates end to end: a real worker, the real RabbitMQ and Redis."""
+"""DLXTask fates end to end: a real worker, the real RabbitMQ and Redis.
+
+Tests that park run with both delay backends (``delay_backend``): Redis with the drain, and the
+broker-only TTL ladder.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +16,29 @@ from kombu import Exchange, Queue
 from celery_dlx import Bury, Park, TopologyError
 from celery_dlx.causes import read_cause
 from celery_dlx.names import ATTEMPT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER
-from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker
+from tests.integration.dlx_apps import (
+    DELAY_BACKENDS,
+    delays_returning,
+    expected_fates,
+    make_app,
+    queue_names,
+    worker,
+)
 from tests.integration.helpers import fates_of, get_all, queue_depth, wait_until
+
+#: Tests that park run once per delay backend.
+both_backends = pytest.mark.parametrize("delay_backend", DELAY_BACKENDS)
 
 
 @pytest.fixture
-def app(uid: str, key_prefix: str, cleanup_queues: list[str]) -> Any:
-    app = make_app(uid)
+def delay_backend() -> str:
+    """The delay backend of ``app``; tests marked ``both_backends`` override it."""
+    return "redis"
+
+
+@pytest.fixture
+def app(uid: str, key_prefix: str, cleanup_queues: list[str], delay_backend: str) -> Any:
+    app = make_app(uid, dlx_delay_backend=delay_backend)
     cleanup_queues.extend(queue_names(app))
     cleanup_queues.append(f"exchange:dlx-{uid}")
     return app
@@ -28,8 +48,9 @@ def runs_key(key_prefix: str, name: str) -> str:
     return "{" + key_prefix + "}:test:" + name
 
 
+@both_backends
 def test_flaky_message_succeeds_after_requeues_and_parks(
-    app: Any, uid: str, redis_client: Any, key_prefix: str, keys: Any
+    app: Any, uid: str, redis_client: Any, key_prefix: str, keys: Any, delay_backend: str
 ) -> None:
     runs = runs_key(key_prefix, "runs")
 
@@ -40,24 +61,27 @@ def test_flaky_message_succeeds_after_requeues_and_parks(
             raise ConnectionError(f"upstream down (run {n})")
         return "ok"
 
-    with worker(app), drain_thread(app):
+    with worker(app), delays_returning(app):
         result = flaky.delay()
         wait_until(
             lambda: b"recovered" in str(fates_of(redis_client, keys, result.id)).encode(),
             what="recovery",
         )
     assert int(redis_client.get(runs)) == 4
-    assert fates_of(redis_client, keys, result.id) == [
-        "requeued",
-        "requeued",
-        "parked",
-        "drained",
-        "recovered",
-    ]
+    assert fates_of(redis_client, keys, result.id) == expected_fates(
+        ["requeued", "requeued", "parked", "drained", "recovered"], delay_backend
+    )
 
 
+@both_backends
 def test_permanent_failure_is_buried_after_exactly_1_plus_n_plus_m_runs(
-    app: Any, uid: str, redis_client: Any, key_prefix: str, keys: Any, broker: Any
+    app: Any,
+    uid: str,
+    redis_client: Any,
+    key_prefix: str,
+    keys: Any,
+    broker: Any,
+    delay_backend: str,
 ) -> None:
     runs = runs_key(key_prefix, "runs")
 
@@ -67,21 +91,20 @@ def test_permanent_failure_is_buried_after_exactly_1_plus_n_plus_m_runs(
         raise ValueError(f"order {order} has no customer")
 
     channel = broker.channel()
-    with worker(app), drain_thread(app):
+    with worker(app), delays_returning(app):
         result = poison.delay(42)
         wait_until(lambda: queue_depth(channel, f"dead-{uid}") == 1, what="the dead letter")
     assert int(redis_client.get(runs)) == 1 + 2 + 2
-    assert fates_of(redis_client, keys, result.id) == [
-        "requeued",
-        "requeued",
-        "parked",
-        "drained",
-        "parked",
-        "drained",
-    ]
+    assert fates_of(redis_client, keys, result.id) == expected_fates(
+        ["requeued", "requeued", "parked", "drained", "parked", "drained"], delay_backend
+    )
     [dead] = get_all(channel, f"dead-{uid}")
     death = dead.headers["x-death"][0]
     assert death["reason"] == "rejected" and death["queue"] == f"work-{uid}"
+    if delay_backend == "ttl":  # the newest death is the work queue's; the ladder's comes after
+        assert [(d["queue"], d["reason"]) for d in dead.headers["x-death"][1:]] == [
+            (f"work-{uid}_dlq_0.5", "expired")
+        ]
     assert (
         dead.headers[ATTEMPT_HEADER] == 4
     )  # the buried delivery had failed 4 times before its last run
@@ -94,8 +117,15 @@ def test_permanent_failure_is_buried_after_exactly_1_plus_n_plus_m_runs(
     assert cause["task"] == f"poison-{uid}" and cause["queue"] == f"work-{uid}"
 
 
+@both_backends
 def test_explicit_fates_and_classification(
-    app: Any, uid: str, redis_client: Any, key_prefix: str, keys: Any, broker: Any
+    app: Any,
+    uid: str,
+    redis_client: Any,
+    key_prefix: str,
+    keys: Any,
+    broker: Any,
+    delay_backend: str,
 ) -> None:
     runs = runs_key(key_prefix, "runs")
 
@@ -118,7 +148,7 @@ def test_explicit_fates_and_classification(
             raise TimeoutError("slow lookup")
 
     channel = broker.channel()
-    with worker(app), drain_thread(app):
+    with worker(app), delays_returning(app):
         b = bury_now.delay()
         p = park_then_ok.delay()
         k = classified.delay("key")
@@ -130,8 +160,9 @@ def test_explicit_fates_and_classification(
         )
     assert int(redis_client.get(runs + ":bury")) == 1
     assert int(redis_client.get(runs + ":key")) == 1
-    assert fates_of(redis_client, keys, p.id) == ["parked", "drained", "recovered"]
-    assert fates_of(redis_client, keys, t.id) == ["parked", "drained", "recovered"]
+    returned = expected_fates(["parked", "drained", "recovered"], delay_backend)
+    assert fates_of(redis_client, keys, p.id) == returned
+    assert fates_of(redis_client, keys, t.id) == returned
     assert fates_of(redis_client, keys, b.id) == [] and fates_of(redis_client, keys, k.id) == []
     assert read_cause(redis_client, keys, b.id)["reason"] == "order cancelled upstream"
     assert read_cause(redis_client, keys, k.id)["reason"] == "permanent failure: KeyError"
@@ -165,8 +196,9 @@ def test_requeue_goes_to_the_tail_not_the_head(
     ]
 
 
+@both_backends
 def test_poison_filling_the_prefetch_window_does_not_block_good_messages(
-    app: Any, uid: str, redis_client: Any, key_prefix: str, broker: Any
+    app: Any, uid: str, redis_client: Any, key_prefix: str, broker: Any, delay_backend: str
 ) -> None:
     done = runs_key(key_prefix, "done")
     app.conf.worker_prefetch_multiplier = 10
@@ -183,7 +215,7 @@ def test_poison_filling_the_prefetch_window_does_not_block_good_messages(
         for _ in range(200):
             work.apply_async((False,), connection=conn)
     channel = broker.channel()
-    with worker(app), drain_thread(app):
+    with worker(app), delays_returning(app):
         wait_until(
             lambda: int(redis_client.get(done) or 0) == 200, timeout=60, what="200 good messages"
         )
@@ -212,7 +244,7 @@ def test_retry_of_a_fanout_queue_reaches_only_that_queue(
 
     channel = broker.channel()
     app.amqp.queues[f"b-{uid}"](channel).declare()  # b has no consumer in this test
-    with worker(app, queues=[f"a-{uid}"]), drain_thread(app):
+    with worker(app, queues=[f"a-{uid}"]), delays_returning(app):
         handler.apply_async(exchange=fan.name, routing_key="any", exchange_type="fanout")
         wait_until(lambda: int(redis_client.get(runs) or 0) == 3, what="3 runs on queue a")
     # Queue b got the one fanout copy and nothing from a's two requeues.
