@@ -93,20 +93,24 @@ class ParkedMessage:
         return f"{self.message_id}:{self.attempt}"
 
     def meta_json(self) -> str:
-        return json.dumps(
-            {
-                "message_id": self.message_id,
-                "attempt": self.attempt,
-                "queue": self.queue,
-                "headers": _jsonable(self.headers),
-                "properties": _jsonable(self.properties),
-                "due_ms": self.due_ms,
-                "parked_ms": self.parked_ms,
-                "task": self.task,
-                "cause": self.cause,
-            },
-            separators=(",", ":"),
-        )
+        doc = {
+            "message_id": self.message_id,
+            "attempt": self.attempt,
+            "queue": self.queue,
+            "headers": self.headers,
+            "properties": self.properties,
+            "due_ms": self.due_ms,
+            "parked_ms": self.parked_ms,
+            "task": self.task,
+            "cause": self.cause,
+        }
+        try:
+            # Fast path: only bytes, datetimes and odd values need a tag (``default``).
+            return json.dumps(doc, separators=(",", ":"), default=_tag)
+        except (TypeError, ValueError):  # e.g. a non-string key deep in a header table
+            doc["headers"] = _jsonable(self.headers)
+            doc["properties"] = _jsonable(self.properties)
+            return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def from_stored(cls, meta: bytes | str, body: bytes, lease_score: int = 0) -> ParkedMessage:
@@ -141,6 +145,17 @@ def _jsonable(value: Any) -> Any:
         return {"__datetime__": value.isoformat()}
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
+    return {"__repr__": repr(value)}
+
+
+def _tag(value: Any) -> Any:
+    """``json.dumps`` default: the tagged form :func:`_jsonable` gives a non-JSON value."""
+    from datetime import datetime
+
+    if isinstance(value, (bytes, bytearray)):
+        return {"__bytes__": bytes(value).hex()}
+    if isinstance(value, datetime):
+        return {"__datetime__": value.isoformat()}
     return {"__repr__": repr(value)}
 
 
@@ -190,6 +205,17 @@ class ParkingStore:
                 args=[message.entry_id, message.due_ms, message.meta_json(), message.body],
             )
         )
+
+    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
+        """Park a batch in one Redis round trip; per message, False if already parked."""
+        if not messages:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for m in messages:
+            self._park(
+                keys=self._kk, args=[m.entry_id, m.due_ms, m.meta_json(), m.body], client=pipe
+            )
+        return [bool(r) for r in pipe.execute()]
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims."""
