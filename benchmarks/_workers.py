@@ -106,6 +106,21 @@ def unacked(queue: str) -> int:
     return 0
 
 
+def cleanup(uid: str) -> None:
+    """Delete the keys, queues and exchanges of one bench_app run."""
+    import redis
+    from _common import BROKER_URL, REDIS_URL, delete_keys
+    from kombu import Connection
+
+    delete_keys(redis.Redis.from_url(REDIS_URL), f"bench-{uid}")
+    with Connection(BROKER_URL) as conn:
+        channel = conn.channel()
+        for queue in (f"bench-{uid}", f"bench-dead-{uid}"):
+            channel.queue_delete(queue)
+        channel.exchange_delete(f"bench-dlx-{uid}")
+        channel.exchange_delete(f"bench-{uid}")
+
+
 def wait_key(client: Any, key: str, timeout: float) -> bytes:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

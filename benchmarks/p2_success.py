@@ -16,10 +16,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redis
-from _common import BROKER_URL, REDIS_URL, delete_keys, unique
-from _workers import bench_worker, wait_key
+from _common import REDIS_URL, unique
+from _workers import bench_worker, cleanup, wait_key
 from bench_app import make_app
-from kombu import Connection
 
 
 def run(mode: str, tasks: int) -> float:
@@ -41,13 +40,7 @@ def run(mode: str, tasks: int) -> float:
         first = float(client.get(key("first")))
         return (tasks - 1) / (last - first)
     finally:
-        delete_keys(client, prefix)
-        with Connection(BROKER_URL) as conn:
-            ch = conn.channel()
-            for q in (f"bench-{uid}", f"bench-dead-{uid}"):
-                ch.queue_delete(q)
-            ch.exchange_delete(f"bench-dlx-{uid}")
-            ch.exchange_delete(f"bench-{uid}")
+        cleanup(uid)
 
 
 def main() -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redis
-from _common import BROKER_URL, REDIS_URL, delete_keys, percentile, unique
-from _workers import bench_worker, tree_rss, unacked, wait_for_consumer
+from _common import BROKER_URL, REDIS_URL, percentile, unique
+from _workers import bench_worker, cleanup, tree_rss, unacked, wait_for_consumer
 from bench_app import make_app
 from kombu import Connection
 
@@ -81,13 +81,7 @@ def run(mode: str, n: int, fresh: int = 20, task: str = "bench.park_hour") -> di
             "fresh_max_ms": max(latencies),
         }
     finally:
-        delete_keys(client, prefix)
-        with Connection(BROKER_URL) as conn:
-            ch = conn.channel()
-            for q in (queue, f"bench-dead-{uid}"):
-                ch.queue_delete(q)
-            ch.exchange_delete(f"bench-dlx-{uid}")
-            ch.exchange_delete(f"bench-{uid}")
+        cleanup(uid)
 
 
 def main() -> None:
