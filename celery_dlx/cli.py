@@ -4,7 +4,9 @@
 
 ``celery -A proj dlx <command>`` gets the app from Celery (``ctx.obj.app``); ``celery-dlx -A proj
 <command>`` (or ``celery-dlx -A proj dlx <command>``, as with ``celery``) loads it itself. Commands
-are thin: the work is done by plain functions of the package, which return data.
+are thin: the work is done by plain functions of the package, which return data; the graveyard
+commands live in :mod:`celery_dlx.cli_graveyard`, the operational ones in
+:mod:`celery_dlx.cli_ops`, shared options and exit codes in :mod:`celery_dlx.clikit`.
 """
 
 from __future__ import annotations
@@ -127,6 +129,16 @@ def service(
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(stats.as_dict(), sort_keys=True))
+
+
+def _add_commands() -> None:
+    from . import cli_graveyard, cli_ops
+
+    for command in (*cli_graveyard.COMMANDS, *cli_ops.COMMANDS):
+        dlx.add_command(command)
+
+
+_add_commands()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
