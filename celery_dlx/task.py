@@ -31,7 +31,7 @@ from .headers import (
     read_state,
     x_death_problem,
 )
-from .names import DELIVERY_QUEUE_HEADER, QUEUE_HEADER, REASON_HEADER
+from .names import DELIVERY_QUEUE_HEADER, QUEUE_HEADER, REASON_HEADER, REPLAYED_HEADER
 from .options import TaskOptions, resolve_task_options
 from .policy import ToBury, ToPark, ToRequeue, decide
 from .runtime import Runtime, get_runtime
@@ -178,7 +178,9 @@ class DLXTask(Task):  # type: ignore[misc]
             raise
         except Exception as exc:
             self._fail(runtime, delivery, exc, ExceptionInfo())
-        if delivery.state.attempt > 0:
+        # A replay resets the attempts; its success is a recovery all the same (the canary of
+        # `celery dlx replay --canary` waits for it).
+        if delivery.state.attempt > 0 or REPLAYED_HEADER in delivery.headers:
             self._record_recovery(runtime, delivery)
         return result
 
