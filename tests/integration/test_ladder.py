@@ -319,3 +319,18 @@ def test_with_ttl_a_redis_outage_does_not_change_a_fate(
     assert runs[1][ATTEMPT_HEADER] == 1 and runs[1][PARKS_HEADER] == 1
     assert runs[1]["x-death"][0]["queue"] == f"work-{uid}_dlq_0.2"
     assert queue_depth(broker.channel(), f"dead-{uid}") == 0  # parked, not handed to the DLX
+
+
+def test_a_delay_queue_deleted_while_the_cache_trusts_it_is_declared_again(
+    uid: str, broker: Any, cleanup_queues: list[str]
+) -> None:
+    app = ttl_app(uid, cleanup_queues)
+    work = f"work-{uid}"
+    broker.channel().queue_declare(work, durable=True, auto_delete=False)
+    runtime = get_runtime(app)
+    runtime.park(parked(work, delay_ms=200, message_id="m-1"))
+    take(broker, work, "the first retry")
+    broker.channel().queue_delete(f"{work}_dlq_0.2")  # by hand, within the declare refresh
+    runtime.park(parked(work, delay_ms=200, message_id="m-2"))  # returned, declared, published
+    again = take(broker, work, "the second retry")
+    assert again.properties["message_id"] == "m-2"
