@@ -101,6 +101,10 @@ def _ladder(name: str, value: Any) -> tuple[float, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigurationError(f"{name} must be a non-empty list of seconds, got {value!r}")
     steps = tuple(_seconds(f"{name}[{i}]", v) for i, v in enumerate(value))
+    if steps[0] < 0.001:
+        raise ConfigurationError(
+            f"{name} steps must be at least 0.001 s (RabbitMQ TTLs are whole milliseconds), got {steps[0]}"
+        )
     if list(steps) != sorted(set(steps)):
         raise ConfigurationError(f"{name} must be strictly increasing, got {list(steps)}")
     return steps

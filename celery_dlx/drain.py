@@ -224,10 +224,19 @@ def _claim(runtime: Runtime, now_ms: int | None) -> list[ParkedMessage] | None:
     """Claim a batch, or None after a Redis error (logged)."""
     config = runtime.config
     try:
-        return runtime.store.claim(config.drain_batch, int(config.drain_lease * 1000), now=now_ms)
+        claimed = runtime.store.claim(
+            config.drain_batch, int(config.drain_lease * 1000), now=now_ms
+        )
     except RedisError as exc:
-        logger.warning("drain could not claim parked retries from Redis: %s", exc)
+        # One line per outage, not one per beat tick.
+        if not runtime.drain_failing:
+            logger.warning("drain could not claim parked retries from Redis: %s", exc)
+        runtime.drain_failing = True
         return None
+    if runtime.drain_failing:
+        logger.warning("drain reaches Redis again")
+        runtime.drain_failing = False
+    return claimed
 
 
 def _publish(runtime: Runtime, claimed: list[ParkedMessage]) -> _Published | None:

@@ -38,6 +38,8 @@ class Runtime:
         self.config = config
         self.keys = Keys(config.key_prefix)
         self.listeners: list[Listener] = []
+        #: True while the drain cannot reach Redis (it logs once per outage).
+        self.drain_failing = False
         self._pid: int | None = None
         self._redis: Any = None
         self._publisher: ConfirmingPublisher | None = None

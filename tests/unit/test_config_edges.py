@@ -74,3 +74,8 @@ def test_key_prefix_with_braces_or_spaces_is_a_configuration_error(prefix: str) 
 def test_delivery_limit_without_quorum_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match=r"dlx_delivery_limit"):
         load_config({"dlx_delivery_limit": 5})
+
+
+def test_ttl_ladder_steps_below_a_millisecond_are_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match=r"^dlx_ttl_ladder steps must be at least 0.001 s"):
+        load_config({"dlx_ttl_ladder": [0.0004, 1]})
