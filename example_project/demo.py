@@ -153,41 +153,50 @@ def _watch(
     runtime: Any, tracked: list[Any], ledger: Any, since: str, timeout: float, database: Any
 ) -> list[Any]:
     """Print fate changes until every message has its final fate (or ``timeout``)."""
-    from .report import describe, fates
+    from .report import fates
 
     labels = {t.message_id: t.label for t in tracked}
-    late_row = next(t for t in tracked if t.kind == "late row")
+    late_row = next(t for t in tracked if t.kind == "late row").message_id
     published_ms = int(since.split("-")[0])
-    start = time.monotonic()
+    start = last_progress = time.monotonic()
     last_id = since
-    last_progress = start
-    row_committed = False
     while True:
         reply = runtime.redis.xread({runtime.keys.history: last_id}, count=100, block=500)
+        batch = []
         for _, entries in reply or []:
             for entry_id, raw in entries:
-                last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                fields = {_text(k): _text(v) for k, v in raw.items()}
-                label = labels.get(fields.get("message_id", ""))
-                if label is None:
-                    continue
-                at = (int(fields.get("at_ms") or published_ms) - published_ms) / 1000
-                say(describe(fields, label, at))
-                if fields.get("message_id") == late_row.message_id and not row_committed:
-                    # The other service commits the row while the task waits in Redis.
-                    database.insert("A-1006", {"order_id": "A-1006", "customer": "c-6"})
-                    row_committed = True
-                    say(f"  +{at:5.1f}s  (another service commits the row of order A-1006 now)")
+                last_id = _text(entry_id)
+                batch.append({_text(k): _text(v) for k, v in raw.items()})
+        if _show(batch, labels, published_ms, late_row):
+            # The other service commits the row while the task waits in Redis.
+            database.insert("A-1006", {"order_id": "A-1006", "customer": "c-6"})
+            say("           (another service commits the row of order A-1006 now)")
         current = fates(runtime, tracked, ledger, since)
-        if all(f.final for f in current):
-            return current
         now = time.monotonic()
-        if now - start > timeout:
+        if all(f.final for f in current) or now - start > timeout:
             return current
         if now - last_progress >= PROGRESS_EVERY:
             last_progress = now
             waiting = [f.tracked.label for f in current if not f.final]
             say(f"  +{now - start:5.1f}s  waiting for {len(waiting)}: {', '.join(waiting)}")
+
+
+def _show(batch: list[dict[str, str]], labels: dict[str, str], t0_ms: int, late_row: str) -> bool:
+    """Print the history entries of tracked messages; True when the late row's first park shows."""
+    from .report import describe
+
+    # Processes append concurrently: show a batch in the order the changes happened.
+    batch.sort(key=lambda f: (int(f.get("at_ms") or 0), f.get("fate") != "drained"))
+    parked_late_row = False
+    for fields in batch:
+        label = labels.get(fields.get("message_id", ""))
+        if label is None:
+            continue
+        at = (int(fields.get("at_ms") or t0_ms) - t0_ms) / 1000
+        say(describe(fields, label, at))
+        if fields.get("message_id") == late_row and fields.get("fate") == "parked":
+            parked_late_row = fields.get("attempt") == "1"
+    return parked_late_row
 
 
 def _text(value: Any) -> str:

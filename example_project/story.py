@@ -65,8 +65,10 @@ def publish_orders(app: Any, gateway: Gateway, database: Database) -> list[Track
     gateway.script("A-1005", ["timeout", "timeout"])
     send(charge, ("A-1005", 2500), "A-1005 charge", "flaky", RECOVERED, "2 gateway timeouts")
     send(ship, ("A-1006",), "A-1006 ship", "late row", RECOVERED, "row committed after a park")
-    gateway.script("A-1007", ["timeout"] * 20)
-    send(charge, ("A-1007", 9900), "A-1007 charge", "poison", BURIED, "gateway down for good")
+    # Down for exactly the retry budget (1 run + 2 requeues + 3 parks): buried, and a replay
+    # after the outage succeeds.
+    gateway.script("A-1007", ["timeout"] * 6)
+    send(charge, ("A-1007", 9900), "A-1007 charge", "poison", BURIED, "gateway down for a while")
     gateway.script("A-1008", ["decline"])
     send(charge, ("A-1008", 120000), "A-1008 charge", "poison", BURIED, "card declined")
     good = {"order_id": "A-1011", "customer": "c-11", "amount_cents": 700, "currency": "EUR"}
