@@ -232,13 +232,24 @@ def _keep(names: Any, run: str, rundir: Path, *, generated: bool) -> None:
         redis = client(names.REDIS_URL)
         for key in redis.scan_iter(match="{" + run + "}*", count=1000):
             redis.expire(key, KEEP_SECONDS)
-    say("look around (the README walks through it; this run's keys expire in a day):")
+    celery = _celery_command()
+    kept = "its Redis keys expire in a day" if generated else "nothing expires"
+    say(f"the run is kept ({kept}); look around as example_project/README.md shows:")
     say(f"  export EXAMPLE_RUN={run}")
-    say("  celery -A example_project.app dlx list")
-    say("  celery -A example_project.app dlx groups")
-    say("  celery -A example_project.app dlx show <obituary id>")
-    say("  celery -A example_project.app dlx replay --cause <fingerprint>")
+    for command in ("list", "groups", "show <obituary id>", "replay --cause <cause> --canary"):
+        say(f"  {celery} -A example_project.app dlx {command}")
     say(f"  logs: {rundir}")
+
+
+def _celery_command() -> str:
+    """How to call this interpreter's ``celery`` (``.venv/bin/celery`` from the repository)."""
+    path = Path(sys.executable).parent / "celery"
+    if not path.exists():
+        return "celery"
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _cleanup(names: Any, run: str) -> None:
