@@ -46,6 +46,7 @@ from .history import history_fields
 from .names import OWN_HEADERS, REPLAYED_HEADER, Keys
 from .obituary import Obituary
 from .publish import Outgoing, copy_properties
+from .store import run_script_many
 
 logger = logging.getLogger(__name__)
 
@@ -216,14 +217,13 @@ class Graveyard:
         """
         if not items:
             return []
-        pipe = self.client.pipeline(transaction=False)
+        calls = []
         for ob, event in items:
             facts = [ob.queue, ob.task or "", ob.cause, ob.exc_type, ob.exc_message[:500]]
             facts.extend(_flat(history_fields(event)))
             args = [ob.id, ob.buried_ms, ob.record_json(), ob.payload or b"", json.dumps(facts)]
-            keys = [*self._index_keys(ob), self.keys.cause(ob.message_id)]
-            self._write(keys=keys, args=args, client=pipe)
-        return [bool(r) for r in pipe.execute()]
+            calls.append(([*self._index_keys(ob), self.keys.cause(ob.message_id)], args))
+        return [bool(r) for r in run_script_many(self.client, self._write, calls)]
 
     def remove(self, ob: Obituary, event: FateEvent) -> bool:
         """Append ``event`` to the history and delete ``ob``, atomically; False if it was gone."""

@@ -51,7 +51,7 @@ from .names import HISTORY_HEADER
 from .obituary import Obituary, send_to_hook
 from .publish import ConfirmingPublisher, Outgoing, copy_properties
 from .runtime import Runtime, get_runtime
-from .store import ParkedMessage, ParkingStore
+from .store import ParkedMessage, ParkingStore, mget_many, run_script_many
 from .topology import service_queue
 
 logger = logging.getLogger(__name__)
@@ -246,11 +246,8 @@ class BatchParkingStore(ParkingStore):
         """Park every message; per message, False if that id+attempt was parked already."""
         if not messages:
             return []
-        pipe = self.client.pipeline(transaction=False)
-        for m in messages:
-            args = [m.entry_id, m.due_ms, m.meta_json(), m.body]
-            self._park(keys=self._kk, args=args, client=pipe)
-        return [bool(r) for r in pipe.execute()]
+        calls = [(self._kk, [m.entry_id, m.due_ms, m.meta_json(), m.body]) for m in messages]
+        return [bool(r) for r in run_script_many(self.client, self._park, calls)]
 
 
 class DLXService:
@@ -504,10 +501,11 @@ class DLXService:
 
     def _lookup(self, works: list[_Work]) -> None:
         """Which letters were handled before, and the worker's cause records: two MGETs."""
-        pipe = self.runtime.redis.pipeline(transaction=False)
-        pipe.mget([self._seen_key(w.letter) for w in works])
-        pipe.mget([self.runtime.keys.cause(w.letter.identity) for w in works])
-        seen, records = pipe.execute()
+        seen, records = mget_many(
+            self.runtime.redis,
+            [self._seen_key(w.letter) for w in works],
+            [self.runtime.keys.cause(w.letter.identity) for w in works],
+        )
         for w, marker, record in zip(works, seen, records, strict=True):
             w.duplicate = marker is not None
             w.record = _parse_record(record)

@@ -210,12 +210,8 @@ class ParkingStore:
         """Park a batch in one Redis round trip; per message, False if already parked."""
         if not messages:
             return []
-        pipe = self.client.pipeline(transaction=False)
-        for m in messages:
-            self._park(
-                keys=self._kk, args=[m.entry_id, m.due_ms, m.meta_json(), m.body], client=pipe
-            )
-        return [bool(r) for r in pipe.execute()]
+        calls = [(self._kk, [m.entry_id, m.due_ms, m.meta_json(), m.body]) for m in messages]
+        return [bool(r) for r in run_script_many(self.client, self._park, calls)]
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims."""
@@ -280,6 +276,42 @@ class ParkingStore:
         pipe.hdel(self.keys.parked_meta, *entry_ids)
         pipe.hdel(self.keys.parked_body, *entry_ids)
         return int(pipe.execute()[0])
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a ``RedisCluster`` client (``dlx_redis_url`` with ``?cluster=true``)."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+def run_script_many(
+    client: Any, script: Any, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+) -> list[Any]:
+    """Run ``script`` once per ``(keys, args)`` of ``calls``; returns the replies in order.
+
+    One pipelined round trip on a plain client. redis-py refuses scripts in a Redis Cluster
+    pipeline, so there each call goes on its own (its keys share one hash tag, hence one slot).
+    """
+    if is_cluster(client):
+        return [script(keys=list(keys), args=list(args)) for keys, args in calls]
+    pipe = client.pipeline(transaction=False)
+    for keys, args in calls:
+        script(keys=list(keys), args=list(args), client=pipe)
+    return list(pipe.execute())
+
+
+def mget_many(client: Any, *key_lists: Sequence[str]) -> list[list[Any]]:
+    """``MGET`` of each key list (each within one hash tag), in one round trip where possible.
+
+    redis-py refuses ``MGET`` in a Redis Cluster pipeline; there each list is its own ``MGET``.
+    """
+    if is_cluster(client):
+        return [list(client.mget(list(keys))) if keys else [] for keys in key_lists]
+    pipe = client.pipeline(transaction=False)
+    for keys in key_lists:
+        pipe.mget(list(keys))
+    return [list(r) for r in pipe.execute()]
 
 
 def redis_client(url: str) -> Any:
