@@ -196,9 +196,9 @@ class RedisClusterServers:
         for node in self.nodes:
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        create = ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "0"]
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "0"]
-            + ["--cluster-yes"],
+            [*create, "--cluster-yes"],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
