@@ -3,6 +3,7 @@ classification, management URLs, canary watching (a recording fake Redis), usage
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -363,3 +364,32 @@ def test_replay_without_targets_is_refused_clearly() -> None:
     result = invoke("replay", "--json")
     assert result.exit_code == 1 and "--all" in result.stderr
     assert result.stdout == ""
+
+
+def test_export_prints_the_spark_submit_command_from_the_app_settings() -> None:
+    app = Celery("t", set_as_current=False)
+    app.conf.update(dlx_redis_url="redis://10.1.2.3:6380/4", dlx_key_prefix="shop")
+    obj = CLIContext(app=app, no_color=True, workdir=None)
+    args = ["export", "--out", "/data/dlx", "--trim", "--print-command", "--json"]
+    result = CliRunner().invoke(dlx, args, obj=obj)
+    assert result.exit_code == 0, result.output
+    command = json.loads(result.stdout)
+    assert (
+        command[0].endswith("spark-submit") and command[command.index("--master") + 1] == "local[*]"
+    )
+    tail = command[command.index("--out") :]
+    assert tail[:2] == ["--out", "/data/dlx"] and "--trim" in tail
+    assert tail[tail.index("--redis-url") + 1] == "redis://10.1.2.3:6380/4"
+    assert tail[tail.index("--prefix") + 1] == "shop"
+
+
+def test_progress_bar_only_for_people(capsys: pytest.CaptureFixture[str]) -> None:
+    from celery_dlx.clikit import progress_bar, show_progress
+
+    assert show_progress(as_json=True) is False
+    with progress_bar(5, "replaying", enabled=False) as advance:
+        advance(5)
+    assert capsys.readouterr().err == ""
+    with progress_bar(5, "replaying", enabled=True) as advance:
+        advance(5)
+    assert "replaying" in capsys.readouterr().err
