@@ -71,12 +71,37 @@ def management_api(app: Any, url: str | None, user: str | None, password: str | 
 
 @click.command("parked")
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option(
+    "--purge",
+    "purge_ids",
+    multiple=True,
+    metavar="ENTRY_ID",
+    help="Delete this parked retry (its entry_id, MESSAGE_ID:ATTEMPT); repeatable.",
+)
+@click.option("--yes", "-y", is_flag=True, help="With --purge: do not ask for confirmation.")
 @json_option
 @click.pass_context
 @handle_errors
-def parked_command(ctx: click.Context, limit: int, as_json: bool) -> None:
-    """Parked retries, soonest due first (and the TTL ladder's queues with dlx_delay_backend=ttl)."""
-    from .inspection import parked_data
+def parked_command(
+    ctx: click.Context, limit: int, purge_ids: tuple[str, ...], yes: bool, as_json: bool
+) -> None:
+    """Parked retries, soonest due first (and the TTL ladder's queues with dlx_delay_backend=ttl).
+
+    With --purge, deletes the named retries instead (recorded in the history as purged).
+    """
+    from .inspection import parked_data, purge_parked
+
+    if purge_ids:
+        if not yes:
+            click.confirm(f"Purge {len(purge_ids)} parked retries?", abort=True, err=True)
+        report = purge_parked(runtime_of(ctx), purge_ids)
+        if as_json:
+            echo_json(report)
+        else:
+            click.echo(f"{len(report['purged'])} purged, {len(report['missing'])} not found")
+        if report["missing"]:
+            ctx.exit(EXIT_NOT_FOUND)
+        return
 
     data = parked_data(runtime_of(ctx), limit=limit)
     if as_json:

@@ -201,6 +201,54 @@ def parked_data(runtime: Any, *, limit: int = 50, at_ms: int | None = None) -> d
     }
 
 
+def purge_parked(runtime: Any, entry_ids: Sequence[str]) -> dict[str, Any]:
+    """Delete parked retries by entry id (``<message id>:<attempt>``, as ``parked`` shows).
+
+    Each purged retry is recorded in the failure history as ``purged``, with its whole record
+    (headers, properties, base64 body) under ``obituary``, so nothing is silently lost.
+    """
+    import base64
+
+    from .fates import PURGED, FateEvent
+    from .store import ParkedMessage
+
+    store = runtime.store
+    keys = runtime.keys
+    purged, missing = [], []
+    for entry_id in entry_ids:
+        meta = runtime.redis.hget(keys.parked_meta, entry_id)
+        body = runtime.redis.hget(keys.parked_body, entry_id)
+        if meta is None or not store.remove([entry_id]):
+            missing.append(entry_id)
+            continue
+        message = ParkedMessage.from_stored(meta, body or b"")
+        record = json_safe_parked(message)
+        record["body_b64"] = base64.b64encode(message.body).decode("ascii")
+        runtime.record(
+            FateEvent(
+                fate=PURGED,
+                queue=message.queue,
+                message_id=message.message_id,
+                attempt=message.attempt,
+                task=message.task,
+                cause=message.cause,
+                reason="parked retry purged by an operator",
+                importance=runtime.config.importance(message.queue),
+                extra={"obituary": record},
+            )
+        )
+        purged.append(entry_id)
+    return {"purged": purged, "missing": missing}
+
+
+def json_safe_parked(message: Any) -> dict[str, Any]:
+    """A parked retry's metadata as JSON-safe data."""
+    import json
+
+    data: dict[str, Any] = json.loads(message.meta_json())
+    return data
+
+
 def ladder_rows(runtime: Any) -> list[dict[str, Any]] | None:
     """Messages waiting in the TTL delay queues (``dlx_delay_backend = "ttl"``), else None.
 

@@ -436,3 +436,27 @@ def test_list_table_fits_the_terminal(shop: dict[str, Any]) -> None:
     assert all(len(line) <= 120 for line in lines), lines
     assert [line.split()[0] for line in lines[1:-1]] == [line.split()[0] for line in wide[1:-1]]
     assert any(line.endswith("…") for line in lines[1:-1])
+
+
+def test_parked_purge_deletes_one_retry_and_keeps_it_in_the_history(
+    uid: str, key_prefix: str
+) -> None:
+    from celery_dlx.history import History
+
+    app = make_app(uid)
+    runtime = get_runtime(app)
+    now = now_ms()
+    for i in range(2):
+        runtime.park(
+            ParkedMessage(
+                message_id=f"p-{i}", attempt=1, queue="orders", body=b'{"order": 7}',
+                due_ms=now + 60_000, parked_ms=now, task="shop.charge", cause="c",
+            )
+        )  # fmt: skip
+    report = run_json(app, "parked", "--purge", "p-0:1", "--purge", "nope:1", "--yes", code=3)
+    assert report == {"purged": ["p-0:1"], "missing": ["nope:1"]}
+    assert [m["entry_id"] for m in run_json(app, "parked")["messages"]] == ["p-1:1"]
+    [entry] = [f for _, f in History(runtime.redis, runtime.keys).read() if f["fate"] == "purged"]
+    assert entry["message_id"] == "p-0" and entry["queue"] == "orders"
+    kept = json.loads(entry["obituary"])
+    assert kept["task"] == "shop.charge" and kept["body_b64"] == "eyJvcmRlciI6IDd9"
