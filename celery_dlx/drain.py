@@ -44,9 +44,6 @@ RELEASE_DELAY = 5.0
 #: Share of ``dlx_drain_interval`` one drain run may spend, so a run ends before the next tick.
 BUDGET_SHARE = 0.8
 
-#: Share of ``dlx_drain_interval`` after which a beat tick no worker has started is discarded, so
-#: ticks sent while workers were down do not pile up.
-EXPIRES_SHARE = 0.9
 
 #: Errors meaning the broker connection or channel is unusable: the publisher is rebuilt.
 BROKER_ERRORS = (PublishError, OperationalError, AMQPError, OSError)
@@ -349,14 +346,9 @@ def register_drain_task(app: Any) -> Any:
 def beat_entry(config: DLXConfig) -> dict[str, dict[str, Any]]:
     """The ``beat_schedule`` entry running the drain every ``dlx_drain_interval`` seconds.
 
-    Ticks expire after :data:`EXPIRES_SHARE` of the interval. Celery compares ``expires`` with the
-    worker's clock, so beat and worker clocks must agree to well under the interval (NTP).
+    Ticks carry no ``expires``: Celery turns it into an AMQP expiration, and a tick expiring in a
+    queue with a dead-letter exchange would become a dead letter. Ticks that piled up while no
+    worker ran cost one Redis call each (the per-process lock makes overlapping ones return).
     """
     interval = float(config.drain_interval)
-    return {
-        DRAIN_TASK_NAME: {
-            "task": DRAIN_TASK_NAME,
-            "schedule": interval,
-            "options": {"expires": EXPIRES_SHARE * interval},
-        }
-    }
+    return {DRAIN_TASK_NAME: {"task": DRAIN_TASK_NAME, "schedule": interval}}
