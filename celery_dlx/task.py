@@ -271,23 +271,33 @@ class DLXTask(Task):  # type: ignore[misc]
                 runtime.publisher.publish(copy)
         except Exception as err:
             self._fallback(runtime, delivery, fate, err)
-        runtime.record(
-            FateEvent(
-                fate=fate,
-                queue=delivery.queue,
-                message_id=delivery.message_id,
-                attempt=state.attempt,
-                task=self.name,
-                cause=cause,
-                exc_type=exc_type,
-                exc_message=exc_message[:500],
-                reason=decision.reason,
-                delay=delay,
-                importance=options.importance,
-                first_failure_ms=state.first_failure_ms,
-                at_ms=at,
-            )
+        event = FateEvent(
+            fate=fate,
+            queue=delivery.queue,
+            message_id=delivery.message_id,
+            attempt=state.attempt,
+            task=self.name,
+            cause=cause,
+            exc_type=exc_type,
+            exc_message=exc_message[:500],
+            reason=decision.reason,
+            delay=delay,
+            importance=options.importance,
+            first_failure_ms=state.first_failure_ms,
+            at_ms=at,
         )
+        try:
+            runtime.record(event)
+        except Exception as err:
+            # The copy is out (published or parked): failing the run now would dead-letter the
+            # original as well, and the message would live twice.
+            logger.warning(
+                "could not record the %s fate of %s[%s] in the history: %r",
+                fate,
+                self.name,
+                delivery.message_id,
+                err,
+            )
         self._mark_retry(root, einfo)
         raise Ignore()
 
