@@ -1,0 +1,456 @@
+"""A chaos run: messages of every kind through workers, DLX services and drains under kill -9.
+
+:func:`run_chaos` starts celery_dlx's own Redis (AOF, fsync always) on a free port, the run's
+processes (:mod:`tests.chaos.processes`), publishes the messages (with publisher confirms)
+while the monkey kills and restarts, lets the system settle, stops everything and accounts for
+every message id:
+
+- done: executed successfully at least once (the ledger, on a Redis the chaos never touches);
+- buried: in the graveyard;
+- pending: still parked in Redis or ready in a queue when the settle time ran out;
+- lost: none of these. The run exists to show this is 0.
+
+Duplicates are successful executions beyond the first one of a message (at-least-once).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from kombu import Connection, Producer
+
+from celery_dlx import graveyard
+from celery_dlx.runtime import get_runtime
+from celery_dlx.topology import dlx_queue
+from tests.chaos import processes as P
+from tests.chaos.chaos_app import BROKER_URL, LEDGER_URL, Names, make_chaos_app
+from tests.chaos.servers import RedisServer
+
+logger = logging.getLogger("chaos")
+
+#: Default share of each kind of message.
+DEFAULT_MIX = {"good": 0.6, "flaky": 0.2, "poison": 0.05, "foreign": 0.15}
+#: Actions without the RabbitMQ restart (the only ones allowed in the test suite).
+PROCESS_ACTIONS = (
+    P.KILL_WORKER,
+    P.KILL_POOL_CHILD,
+    P.KILL_SERVICE,
+    P.KILL_DRAIN,
+    P.KILL_FOREIGN,
+    P.RESTART_REDIS,
+)
+#: Publish retry policy: a restarting broker is retried for about a minute.
+RETRY_POLICY = {"max_retries": 60, "interval_start": 0.5, "interval_step": 0.5, "interval_max": 2}
+
+
+@dataclass
+class ChaosPlan:
+    """What a chaos run does. Durations in seconds."""
+
+    messages: int = 10_000
+    mix: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
+    workers: int = 2
+    concurrency: int = 2
+    services: int = 1
+    drains: int = 2
+    foreign_consumers: int = 1
+    publish_seconds: float = 30.0
+    chaos_seconds: float = 60.0
+    settle_seconds: float = 180.0
+    gap: tuple[float, float] = (1.0, 4.0)
+    actions: tuple[str, ...] = PROCESS_ACTIONS
+    rabbit_restarts: int = 0
+    quorum: bool = False
+    seed: int = 7
+    keep_logs: bool = False
+
+
+@dataclass
+class Message:
+    """One message of the run: its id, kind and how many times it fails before succeeding."""
+
+    id: str
+    kind: str
+    fails: int = 0
+
+
+def make_messages(plan: ChaosPlan, rng: random.Random) -> list[Message]:
+    """The run's messages in a shuffled order; ``fails`` drawn per kind."""
+    kinds = list(plan.mix)
+    counts = [int(plan.messages * plan.mix[k]) for k in kinds]
+    counts[0] += plan.messages - sum(counts)
+    out = []
+    for kind, n in zip(kinds, counts, strict=True):
+        for i in range(n):
+            if kind == "flaky":
+                fails = rng.randint(1, 3)
+            elif kind == "foreign":
+                # Most succeed at once, some after rejects, some are never accepted (buried).
+                fails = rng.choice([0, 0, 0, 0, 1, 2, 99])
+            else:
+                fails = 0
+            out.append(Message(f"{kind}-{i}", kind, fails))
+    rng.shuffle(out)
+    return out
+
+
+@dataclass
+class ChaosReport:
+    """The accounting of one run."""
+
+    sent: int = 0
+    unsent: int = 0
+    done: int = 0
+    buried: int = 0
+    pending: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    duplicated_messages: int = 0
+    max_executions: int = 0
+    done_and_buried: int = 0
+    buried_twice: int = 0
+    runs: int = 0
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+    lost_ids: list[str] = field(default_factory=list)
+    pending_ids: list[str] = field(default_factory=list)
+    events: dict[str, int] = field(default_factory=dict)
+    unexpected_exits: list[str] = field(default_factory=list)
+    monkey_errors: list[str] = field(default_factory=list)
+    publish_seconds: float = 0.0
+    settle_seconds: float = 0.0
+    total_seconds: float = 0.0
+    settled: bool = False
+    quorum: bool = False
+    logdir: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """A human summary."""
+        out = [
+            f"messages sent {self.sent} (unsent {self.unsent}), queues "
+            f"{'quorum' if self.quorum else 'classic'}, runs {self.runs}",
+            f"done {self.done}, buried {self.buried}, pending {self.pending}, LOST {self.lost}",
+            f"duplicates {self.duplicates} extra executions over {self.duplicated_messages} "
+            f"messages (at most {self.max_executions} executions of one); done and buried "
+            f"{self.done_and_buried}; buried twice {self.buried_twice}",
+            f"chaos events: {json.dumps(self.events, sort_keys=True)}",
+            f"unexpected exits: {len(self.unexpected_exits)}; monkey errors: "
+            f"{len(self.monkey_errors)}",
+            f"publish {self.publish_seconds:.1f}s, settle {self.settle_seconds:.1f}s, "
+            f"total {self.total_seconds:.1f}s, settled {self.settled}",
+        ]
+        for kind, counts in sorted(self.by_kind.items()):
+            out.append(f"  {kind:8} {json.dumps(counts, sort_keys=True)}")
+        if self.lost_ids:
+            out.append(f"lost ids (first 20): {self.lost_ids[:20]}")
+        if self.pending_ids:
+            out.append(f"pending ids (first 20): {self.pending_ids[:20]}")
+        return out
+
+
+class ChaosRun:
+    """One run of ``plan`` (see :func:`run_chaos`)."""
+
+    def __init__(self, plan: ChaosPlan, workdir: Path, uid: str) -> None:
+        self.plan = plan
+        self.workdir = workdir
+        self.uid = uid
+        self.names = Names(uid)
+        self.rng = random.Random(plan.seed)
+        self.messages = make_messages(plan, self.rng)
+        self.redis = RedisServer(workdir / "redis")
+        self.rabbit = P.Rabbit()
+        self.ledger = redis.Redis.from_url(LEDGER_URL)
+        self.logdir = workdir / "logs"
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.procs: list[P.Proc] = []
+        self.sent: set[str] = set()
+        self.unsent: list[str] = []
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "CHAOS_UID": self.uid,
+            "CHAOS_REDIS": self.redis.url,
+            "CHAOS_LEDGER": LEDGER_URL,
+            "CHAOS_QUORUM": "1" if self.plan.quorum else "0",
+            "PYTHONPATH": str(P.ROOT),
+        }
+
+    def app(self) -> Any:
+        return make_chaos_app(self.uid, self.redis.url, quorum=self.plan.quorum)
+
+    def declare(self, conn: Connection) -> None:
+        """Declare the work queue (with the service queue first) and the foreign queue."""
+        app = self.app()
+        channel = conn.channel()
+        for queue in app.amqp.queues.values():
+            queue(channel).declare()
+        dlx_queue(
+            self.names.foreign,
+            exchange="",
+            routing_key=self.names.foreign,
+            dlx=self.names.exchange,
+            service=self.names.service,
+            quorum=self.plan.quorum,
+        )(channel).declare()
+        channel.close()
+
+    def start_processes(self) -> None:
+        env = self.env()
+        plan = self.plan
+        layout = [
+            (P.WORKER, plan.workers),
+            (P.SERVICE, plan.services),
+            (P.DRAIN, plan.drains),
+            (P.FOREIGN, plan.foreign_consumers),
+        ]
+        for kind, n in layout:
+            for i in range(n):
+                name = f"{kind}{i}-{self.uid}"
+                proc = P.Proc(kind, name, env, self.logdir, plan.concurrency)
+                proc.start()
+                self.procs.append(proc)
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def publish_all(self) -> None:
+        """Publish every message (confirmed) spread over ``publish_seconds``."""
+        app = self.app()
+        interval = self.plan.publish_seconds / max(1, len(self.messages))
+        start = time.monotonic()
+        with app.connection_for_write() as conn:
+            producer = Producer(conn.channel())
+            for i, message in enumerate(self.messages):
+                ahead = start + i * interval - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+                if self._publish(app, conn, producer, message):
+                    self.sent.add(message.id)
+                else:
+                    self.unsent.append(message.id)
+
+    def _publish(self, app: Any, conn: Any, producer: Producer, message: Message) -> bool:
+        for _ in range(5):
+            try:
+                if message.kind == "foreign":
+                    producer.publish(
+                        json.dumps({"id": message.id, "fails": message.fails}).encode(),
+                        exchange="",
+                        routing_key=self.names.foreign,
+                        message_id=message.id,
+                        content_type="application/json",
+                        content_encoding="utf-8",
+                        delivery_mode=2,
+                        retry=True,
+                        retry_policy=RETRY_POLICY,
+                    )
+                else:
+                    args: list[Any] = [message.id]
+                    if message.kind == "flaky":
+                        args.append(message.fails)
+                    app.send_task(
+                        f"chaos.{message.kind}",
+                        args=args,
+                        task_id=message.id,
+                        connection=conn,
+                        retry=True,
+                        retry_policy=RETRY_POLICY,
+                    )
+                return True
+            except Exception as exc:  # not confirmed: publish again (a duplicate at worst)
+                logger.warning("publish of %s failed (%r); again", message.id, exc)
+                time.sleep(1.0)
+                conn.ensure_connection(max_retries=30)
+                producer = Producer(conn.channel())
+        return False
+
+    # -- settling and accounting ------------------------------------------------------------
+
+    def done_counts(self) -> dict[str, int]:
+        raw = self.ledger.hgetall(self.names.done)
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    def buried_counts(self, runtime: Any) -> Counter[str]:
+        return Counter(ob.message_id for ob in graveyard.list_obituaries(runtime, limit=None))
+
+    def settle(self, runtime: Any) -> bool:
+        """Wait until every sent id is done or buried and nothing is parked; False at timeout."""
+        deadline = time.monotonic() + self.plan.settle_seconds
+        while time.monotonic() < deadline:
+            try:
+                rough = self.ledger.hlen(self.names.done) + graveyard.count(runtime)
+                if rough >= len(self.sent) and runtime.store.count() == 0:
+                    settled = set(self.done_counts()) | set(self.buried_counts(runtime))
+                    if self.sent <= settled:
+                        return True
+            except redis.RedisError as exc:
+                logger.warning("settle check failed (%r)", exc)
+            time.sleep(1.0)
+        return False
+
+    def pending(self, runtime: Any, conn: Connection) -> set[str]:
+        """Ids still parked, or ready in a queue of the run (consumers stopped)."""
+        found = {m.message_id.split("@")[0] for m in runtime.store.peek(limit=10 * len(self.sent))}
+        channel = conn.channel()
+        for queue in self.names.queues:
+            while (msg := channel.basic_get(queue, no_ack=True)) is not None:
+                headers = msg.headers or {}
+                found.add(str(headers.get("id") or msg.properties.get("message_id")))
+        channel.close()
+        return found
+
+    def account(self, runtime: Any, conn: Connection) -> ChaosReport:
+        done = self.done_counts()
+        buried = self.buried_counts(runtime)
+        pending = self.pending(runtime, conn) - set(done) - set(buried)
+        report = ChaosReport(sent=len(self.sent), unsent=len(self.unsent), quorum=self.plan.quorum)
+        report.done = sum(1 for m in self.sent if m in done)
+        report.buried = sum(1 for m in self.sent if m in buried and m not in done)
+        report.pending = len(pending & self.sent)
+        report.pending_ids = sorted(pending & self.sent)
+        lost = sorted(
+            m for m in self.sent if m not in done and m not in buried and m not in pending
+        )
+        report.lost, report.lost_ids = len(lost), lost
+        report.duplicates = sum(n - 1 for n in done.values() if n > 1)
+        report.duplicated_messages = sum(1 for n in done.values() if n > 1)
+        report.max_executions = max(done.values(), default=0)
+        report.done_and_buried = sum(1 for m in done if m in buried)
+        report.buried_twice = sum(1 for n in buried.values() if n > 1)
+        report.runs = sum(int(v) for v in self.ledger.hvals(self.names.runs))
+        report.by_kind = self._by_kind(done, buried, pending)
+        return report
+
+    def _by_kind(
+        self, done: dict[str, int], buried: Counter[str], pending: set[str]
+    ) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for message in self.messages:
+            if message.id not in self.sent:
+                continue
+            kind = message.kind if message.fails < 99 else "foreign-poison"
+            row = out.setdefault(kind, Counter())
+            row["sent"] += 1
+            if message.id in done:
+                row["done"] += 1
+            elif message.id in buried:
+                row["buried"] += 1
+            elif message.id in pending:
+                row["pending"] += 1
+            else:
+                row["lost"] += 1
+        return {k: dict(v) for k, v in out.items()}
+
+    # -- teardown ----------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Delete the run's ledger keys, queues and exchanges (the broker started first)."""
+        self.rabbit.ensure_running()
+        self.ledger.delete(*self.names.ledger_keys)
+        with Connection(BROKER_URL) as conn:
+            self._delete_topology(conn)
+
+    def _delete_topology(self, conn: Connection) -> None:
+        channel = conn.channel()
+        for queue in self.names.queues:
+            try:
+                channel.queue_delete(queue)
+            except Exception:  # already gone: the channel closed, take another
+                channel = conn.channel()
+        for exchange in self.names.exchanges:
+            try:
+                channel.exchange_delete(exchange)
+            except Exception:
+                channel = conn.channel()
+        channel.close()
+
+
+def _stop_order(proc: P.Proc) -> int:
+    # Producers of work stop first (drains, foreign), then workers, the service last: it acks
+    # what the others dead-lettered while stopping.
+    return {P.DRAIN: 0, P.FOREIGN: 1, P.WORKER: 2, P.SERVICE: 3}[proc.kind]
+
+
+@contextmanager
+def _workdir(keep: bool) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dlx-chaos-"))
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def run_chaos(plan: ChaosPlan, uid: str | None = None) -> ChaosReport:
+    """Run ``plan`` and return its accounting. The RabbitMQ node is running when this returns,
+    whatever happened (``rabbitmqctl start_app`` + ``await_startup`` if the run stopped it)."""
+    import uuid
+
+    uid = uid or uuid.uuid4().hex[:8]
+    started = time.monotonic()
+    with ExitStack() as stack:
+        workdir = stack.enter_context(_workdir(plan.keep_logs))
+        run = ChaosRun(plan, workdir, uid)
+        stack.callback(run.rabbit.ensure_running)
+        run.redis.start()
+        stack.callback(run.redis.kill)
+        conn = stack.enter_context(Connection(BROKER_URL))
+        stack.callback(run.cleanup)
+        run.declare(conn)
+        stack.callback(lambda: P.stop_all(run.procs, _stop_order))
+        run.start_processes()
+        monkey = P.Monkey(
+            procs=run.procs,
+            redis=run.redis,
+            rabbit=run.rabbit,
+            actions=plan.actions,
+            gap=plan.gap,
+            rng=random.Random(plan.seed + 1),
+            rabbit_limit=plan.rabbit_restarts,
+        )
+        monkey.start()
+        stack.callback(monkey.stop)
+        chaos_end = time.monotonic() + plan.chaos_seconds
+        run.publish_all()
+        publish_seconds = time.monotonic() - started
+        while time.monotonic() < chaos_end:
+            time.sleep(0.2)
+        monkey.stop()
+        run.rabbit.ensure_running()
+        if run.redis.proc is None:
+            run.redis.start()
+        monkey.supervise()
+        settle_start = time.monotonic()
+        runtime = get_runtime(run.app())
+        settled = run.settle(runtime)
+        settle_seconds = time.monotonic() - settle_start
+        P.stop_all(run.procs, _stop_order)
+        with Connection(BROKER_URL) as fresh:
+            report = run.account(runtime, fresh)
+        report.events = monkey.counts()
+        report.unexpected_exits = monkey.unexpected_exits
+        report.monkey_errors = monkey.errors
+        report.publish_seconds = publish_seconds
+        report.settle_seconds = settle_seconds
+        report.settled = settled
+        report.logdir = str(run.logdir) if plan.keep_logs else ""
+        report.total_seconds = time.monotonic() - started
+        return report

@@ -1,0 +1,295 @@
+"""The processes of a chaos run, and the monkey that kills and restarts them.
+
+Every process runs in its own session (``kill -9`` of a Celery worker reaches its pool children
+through the process group) and writes its output to a log file of the run. The monkey picks an
+action at random every few seconds: kill -9 a worker, a worker's pool child, a DLX service, a
+drain or the foreign consumer (each is started again at once, as a supervisor would), restart
+celery_dlx's Redis (SIGKILL, then start on its AOF), or restart the RabbitMQ node
+(``rabbitmqctl stop_app``/``start_app``, only when the plan allows it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from tests.chaos.servers import RedisServer
+
+logger = logging.getLogger("chaos")
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+BIN = Path(sys.executable).parent
+
+#: Kinds of process a run starts.
+WORKER, SERVICE, DRAIN, FOREIGN = "worker", "service", "drain", "foreign"
+
+#: Monkey actions.
+KILL_WORKER = "kill -9 worker"
+KILL_POOL_CHILD = "kill -9 pool child"
+KILL_SERVICE = "kill -9 DLX service"
+KILL_DRAIN = "kill -9 drain"
+KILL_FOREIGN = "kill -9 foreign consumer"
+RESTART_REDIS = "restart Redis (SIGKILL + AOF)"
+RESTART_RABBITMQ = "restart RabbitMQ (stop_app/start_app)"
+
+#: Seconds RabbitMQ commands may take.
+RABBITMQCTL_TIMEOUT = 180
+
+
+def command(kind: str, name: str, concurrency: int) -> list[str]:
+    """The command line of one process of ``kind``."""
+    if kind == WORKER:
+        return [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.chaos.chaos_app",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-l",
+            "WARNING",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-n",
+            f"{name}@%h",
+        ]
+    if kind == SERVICE:
+        return [str(BIN / "celery-dlx"), "-A", "tests.chaos.chaos_app", "service", "-l", "WARNING"]
+    return [sys.executable, "-m", "tests.chaos.roles", kind]
+
+
+class Proc:
+    """One process of the run, restartable; its output goes to ``<logdir>/<name>.log``."""
+
+    def __init__(self, kind: str, name: str, env: dict[str, str], logdir: Path, concurrency: int):
+        self.kind = kind
+        self.name = name
+        self.env = env
+        self.log = logdir / f"{name}.log"
+        self.concurrency = concurrency
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                command(self.kind, self.name, self.concurrency),
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.starts += 1
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        """SIGKILL the whole process group (a worker's pool children too) and reap it."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def kill_pool_child(self, rng: random.Random) -> bool:
+        """SIGKILL one pool child of a worker (its main process starts another); False if none."""
+        if not self.alive or self.proc is None:
+            return False
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.NoSuchProcess:
+            return False
+        if not children:
+            return False
+        victim = rng.choice(children)
+        try:
+            victim.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            return False
+        return True
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (a worker finishes what it runs, a service acks its batch), then SIGKILL."""
+        if not self.alive or self.proc is None:
+            return
+        try:
+            # The main process only: it stops its pool children after their tasks.
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+        except ProcessLookupError:
+            pass
+        # Pool children left behind by a killed main process must not keep consuming.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+class Rabbit:
+    """The RabbitMQ node: restarted with ``rabbitmqctl``, and always started again."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self.restarts = 0
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(
+            ["rabbitmqctl", *args],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=RABBITMQCTL_TIMEOUT,
+        )
+
+    def restart(self, down_seconds: float) -> None:
+        """``stop_app``, wait, ``start_app``, ``await_startup``."""
+        self.stopped = True
+        try:
+            self._ctl("stop_app")
+            time.sleep(down_seconds)
+        finally:
+            self.ensure_running()
+        self.restarts += 1
+
+    def ensure_running(self) -> None:
+        """Start the app again if this run stopped it, and wait until the node is up."""
+        if self.stopped:
+            self._ctl("start_app")
+            self._ctl("await_startup")
+            self.stopped = False
+
+
+@dataclass
+class Event:
+    """One thing the monkey did, at ``at`` seconds into the run."""
+
+    at: float
+    action: str
+    target: str = ""
+
+
+@dataclass
+class Monkey:
+    """Kills and restarts at random intervals of ``gap`` seconds until stopped.
+
+    Also restarts any process that died by itself (counted in ``unexpected_exits``).
+    """
+
+    procs: list[Proc]
+    redis: RedisServer
+    rabbit: Rabbit
+    actions: tuple[str, ...]
+    gap: tuple[float, float]
+    rng: random.Random
+    started: float = field(default_factory=time.monotonic)
+    rabbit_limit: int = 2
+    redis_down: tuple[float, float] = (0.2, 2.0)
+    rabbit_down: tuple[float, float] = (1.0, 5.0)
+    events: list[Event] = field(default_factory=list)
+    unexpected_exits: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="chaos-monkey", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(RABBITMQCTL_TIMEOUT * 3)
+
+    def _run(self) -> None:
+        # Every action once first (in a random order), so a short run still covers them all.
+        first = list(self.actions)
+        self.rng.shuffle(first)
+        next_at = time.monotonic() + self.rng.uniform(*self.gap)
+        while not self._stop.wait(0.2):
+            self.supervise()
+            if time.monotonic() < next_at:
+                continue
+            try:
+                self.act(first.pop() if first else self.rng.choice(self.actions))
+            except Exception as exc:  # a failed action is reported, the run goes on
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                logger.exception("chaos action failed")
+            next_at = time.monotonic() + self.rng.uniform(*self.gap)
+
+    def supervise(self) -> None:
+        """Start again every process that is not running (killed, or died by itself)."""
+        for proc in self.procs:
+            if not proc.alive:
+                if proc.proc is not None:
+                    self.unexpected_exits.append(f"{proc.name} exit {proc.proc.returncode}")
+                proc.start()
+
+    def _note(self, action: str, target: str = "") -> None:
+        self.events.append(Event(round(time.monotonic() - self.started, 2), action, target))
+
+    def _pick(self, kind: str) -> Proc | None:
+        alive = [p for p in self.procs if p.kind == kind and p.alive]
+        return self.rng.choice(alive) if alive else None
+
+    def act(self, action: str) -> None:
+        """Carry out one action now."""
+        kinds = {
+            KILL_WORKER: WORKER,
+            KILL_SERVICE: SERVICE,
+            KILL_DRAIN: DRAIN,
+            KILL_FOREIGN: FOREIGN,
+        }
+        if action in kinds:
+            victim = self._pick(kinds[action])
+            if victim is not None:
+                victim.kill9()
+                self._note(action, victim.name)
+                victim.start()
+        elif action == KILL_POOL_CHILD:
+            victim = self._pick(WORKER)
+            if victim is not None and victim.kill_pool_child(self.rng):
+                self._note(action, victim.name)
+        elif action == RESTART_REDIS:
+            self.redis.kill()
+            self._note(action, f"port {self.redis.port}")
+            time.sleep(self.rng.uniform(*self.redis_down))
+            self.redis.start()
+        elif action == RESTART_RABBITMQ:
+            if self.rabbit.restarts >= self.rabbit_limit:
+                return
+            self._note(action)
+            self.rabbit.restart(self.rng.uniform(*self.rabbit_down))
+        else:
+            raise ValueError(f"unknown chaos action {action!r}")
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for event in self.events:
+            out[event.action] = out.get(event.action, 0) + 1
+        return out
+
+
+def stop_all(procs: list[Proc], order: Callable[[Proc], int]) -> None:
+    """Stop every process, in ``order`` (consumers before what feeds them)."""
+    for proc in sorted(procs, key=order):
+        proc.stop()
