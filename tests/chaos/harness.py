@@ -15,6 +15,7 @@ Duplicates are successful executions beyond the first one of a message (at-least
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -52,8 +53,8 @@ PROCESS_ACTIONS = (
     P.KILL_FOREIGN,
     P.RESTART_REDIS,
 )
-#: Publish retry policy: a restarting broker is retried for about a minute.
-RETRY_POLICY = {"max_retries": 60, "interval_start": 0.5, "interval_step": 0.5, "interval_max": 2}
+#: Seconds a publish is retried (on new connections) before the message counts as unsent.
+PUBLISH_PATIENCE = 180.0
 
 
 @dataclass
@@ -163,6 +164,62 @@ class ChaosReport:
         return out
 
 
+class _Publisher:
+    """Publishes the run's messages with confirms, on a new connection after any failure."""
+
+    def __init__(self, app: Any, names: Names) -> None:
+        self.app = app
+        self.names = names
+        self.conn: Any = None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):  # a dead connection may fail to close
+                self.conn.release()
+        self.conn = None
+
+    def publish(self, message: Message) -> bool:
+        """Publish ``message`` until the broker confirms it (a restart is waited out)."""
+        deadline = time.monotonic() + PUBLISH_PATIENCE
+        while True:
+            try:
+                self._send(message)
+                return True
+            except Exception as exc:  # not confirmed: publish again (a duplicate at worst)
+                self.close()
+                if time.monotonic() > deadline:
+                    logger.error("gave up publishing %s: %r", message.id, exc)
+                    return False
+                time.sleep(0.5)
+
+    def _send(self, message: Message) -> None:
+        if self.conn is None:
+            conn = self.app.connection_for_write()
+            conn.ensure_connection(max_retries=1)
+            self.conn = conn
+        if message.kind == "foreign":
+            Producer(self.conn.default_channel).publish(
+                json.dumps({"id": message.id, "fails": message.fails}).encode(),
+                exchange="",
+                routing_key=self.names.foreign,
+                message_id=message.id,
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=2,
+            )
+            return
+        args: list[Any] = [message.id]
+        if message.kind == "flaky":
+            args.append(message.fails)
+        self.app.send_task(
+            f"chaos.{message.kind}",
+            args=args,
+            task_id=message.id,
+            connection=self.conn,
+            retry=False,
+        )
+
+
 class ChaosRun:
     """One run of ``plan`` (see :func:`run_chaos`)."""
 
@@ -233,54 +290,20 @@ class ChaosRun:
 
     def publish_all(self) -> None:
         """Publish every message (confirmed) spread over ``publish_seconds``."""
-        app = self.app()
+        publisher = _Publisher(self.app(), self.names)
         interval = self.plan.publish_seconds / max(1, len(self.messages))
         start = time.monotonic()
-        with app.connection_for_write() as conn:
-            producer = Producer(conn.channel())
+        try:
             for i, message in enumerate(self.messages):
                 ahead = start + i * interval - time.monotonic()
                 if ahead > 0:
                     time.sleep(ahead)
-                if self._publish(app, conn, producer, message):
+                if publisher.publish(message):
                     self.sent.add(message.id)
                 else:
                     self.unsent.append(message.id)
-
-    def _publish(self, app: Any, conn: Any, producer: Producer, message: Message) -> bool:
-        for _ in range(5):
-            try:
-                if message.kind == "foreign":
-                    producer.publish(
-                        json.dumps({"id": message.id, "fails": message.fails}).encode(),
-                        exchange="",
-                        routing_key=self.names.foreign,
-                        message_id=message.id,
-                        content_type="application/json",
-                        content_encoding="utf-8",
-                        delivery_mode=2,
-                        retry=True,
-                        retry_policy=RETRY_POLICY,
-                    )
-                else:
-                    args: list[Any] = [message.id]
-                    if message.kind == "flaky":
-                        args.append(message.fails)
-                    app.send_task(
-                        f"chaos.{message.kind}",
-                        args=args,
-                        task_id=message.id,
-                        connection=conn,
-                        retry=True,
-                        retry_policy=RETRY_POLICY,
-                    )
-                return True
-            except Exception as exc:  # not confirmed: publish again (a duplicate at worst)
-                logger.warning("publish of %s failed (%r); again", message.id, exc)
-                time.sleep(1.0)
-                conn.ensure_connection(max_retries=30)
-                producer = Producer(conn.channel())
-        return False
+        finally:
+            publisher.close()
 
     # -- settling and accounting ------------------------------------------------------------
 
