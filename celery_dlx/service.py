@@ -229,6 +229,17 @@ def _retry_event(work: _Work, now: int) -> FateEvent:
     )
 
 
+def _body_bytes(body: str, encoding: Any) -> bytes:
+    """The bytes of a body a transport decoded to text (py-amqp also leaves an empty body as "").
+
+    The property may be absent (py-amqp then raises on attribute access) or name no codec.
+    """
+    try:
+        return body.encode(str(encoding or "utf-8"), errors="surrogateescape")
+    except LookupError:
+        return body.encode("utf-8", errors="surrogateescape")
+
+
 def _ack_all(messages: Sequence[Any]) -> None:
     """Ack a batch with one ``basic.ack(multiple)`` per channel (a batch holds every delivery
     received before it, so nothing outside it is acked)."""
@@ -485,8 +496,8 @@ class DLXService:
     def _read(self, message: Any) -> DeadLetter:
         info = message.delivery_info or {}
         body = message.body
-        if isinstance(body, str):  # a transport decoded it: encoding it back restores the bytes
-            body = body.encode(message.content_encoding or "utf-8", errors="surrogateescape")
+        if isinstance(body, str):
+            body = _body_bytes(body, (message.properties or {}).get("content_encoding"))
         return read_dead_letter(
             body,
             message.headers,
