@@ -276,6 +276,8 @@ def move_messages(
     """
     publisher = ConfirmingPublisher(connection)
     channel = connection.connection.channel()
+    # py-amqp decodes a body with a content_encoding to text; the moved copy keeps the bytes.
+    channel.auto_decode = False
     moved = 0
     try:
         while limit is None or moved < limit:
@@ -285,7 +287,8 @@ def move_messages(
                 break
             copies = [
                 Outgoing(
-                    body=bytes(m.body),
+                    # An empty body comes as "" whatever auto_decode says.
+                    body=m.body.encode() if isinstance(m.body, str) else bytes(m.body),
                     routing_key=target,
                     headers=dict(m.headers or {}),
                     properties=copy_properties(m.properties),
