@@ -1,0 +1,485 @@
+"""A corpus of bad dead letters against the real DLX service and every ``celery dlx`` command.
+
+Each case is published to the dead-letter exchange as a foreign producer or consumer could send
+it: ``x-death`` of the wrong type or shape, a missing or unknown queue, non-UTF-8 header values,
+properties and header names, huge header tables, empty and 10 MB bodies, wrong content types and
+encodings, a compression bomb, invalid and truncated protobuf, and pickle payloads carrying a
+canary that creates a file if anything ever unpickles them. Every case must end kept (buried
+with a reason, or parked), the service must keep running, and every command (list, show,
+groups, parked, stats, check, replay, purge, migrate) must handle the result without a crash.
+The canary must never fire.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import amqp
+import pytest
+import redis as redis_lib
+from kombu import Connection
+
+from celery_dlx import graveyard
+from celery_dlx.names import ATTEMPT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER
+from celery_dlx.runtime import get_runtime
+from celery_dlx.service import DLXService
+from celery_dlx.topology import dead_letter_arguments, service_queue
+from tests.conftest import BROKER_URL, REDIS_URL
+from tests.integration.cli_helpers import run, shop_protos
+from tests.integration.dlx_apps import make_app
+
+MIB = 1024 * 1024
+
+
+class Canary:
+    """Unpickling this creates ``path``: proof that someone loaded a pickle payload."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
+@dataclass
+class Case:
+    """One bad dead letter and what must become of it.
+
+    ``reason`` is a fragment of the obituary's reason, or None for a case that must be parked.
+    """
+
+    name: str
+    body: bytes = b"{}"
+    headers: dict[str, Any] | None = None
+    properties: dict[str, Any] = field(default_factory=dict)
+    routing_key: str | None = None
+    reason: str | None = "retry budget spent"
+    why: str = ""
+
+
+def death(queue: str, **extra: Any) -> list[dict[str, Any]]:
+    return [{"queue": queue, "reason": "rejected", "count": 1, "exchange": "", **extra}]
+
+
+def build_cases(bury: str, park: str, canary: str, pb: Any) -> list[Case]:
+    """The corpus; ``bury``'s policy buries at once, ``park``'s parks for an hour."""
+    valid = death(bury)
+    shipment = pb.OrderPlaced(order_id="o-17", amount_cents=1250, currency="EUR")
+    wire = shipment.SerializeToString()
+    pickled = pickle.dumps(Canary(canary))
+    bomb = gzip.compress(b"\0" * (64 * MIB))
+    return [
+        Case("x-death-string", headers={"x-death": "rejected"}, reason="x-death must be a list"),
+        Case(
+            "x-death-not-tables",
+            headers={"x-death": ["not", "tables"]},
+            reason="x-death[0] must be a table",
+        ),
+        Case(
+            "x-death-no-queue",
+            headers={"x-death": [{"reason": "rejected", "count": 1}]},
+            reason="x-death[0] has no queue",
+        ),
+        Case(
+            "x-death-count-text",
+            headers={"x-death": [{"queue": bury, "reason": "rejected", "count": "many"}]},
+            reason="count must be a non-negative integer",
+        ),
+        Case(
+            "x-death-unknown-reason",
+            headers={"x-death": [{"queue": bury, "reason": "eaten", "count": 1}]},
+            reason="unknown reason",
+        ),
+        Case(
+            "x-death-field-types",
+            headers={"x-death": [{"queue": 7, "reason": None, "time": "yesterday"}]},
+            reason="x-death[0] has no queue",
+        ),
+        Case(
+            "x-death-empty-list",
+            headers={"x-death": []},
+            reason="no x-death: published to the dead-letter exchange directly",
+        ),
+        Case(
+            "x-death-500-tables",
+            headers={"x-death": death(bury) * 500},
+            why="a long death history is read, not choked on",
+        ),
+        Case(
+            "no-queue-anywhere",
+            headers={},
+            routing_key="",
+            reason="no x-death, x-dlx-queue or routing key names its queue",
+        ),
+        Case(
+            "unknown-queue",
+            headers={"x-death": death(f"{bury}-nowhere")},
+            reason="refused by the broker (queue missing?)",
+            why="the default policy requeues; the queue does not exist",
+        ),
+        Case(
+            "non-utf8-header-values",
+            headers={
+                "x-death": valid,
+                "note": b"\xff\xfe\xfd",
+                "x-dlx-exc-message": b"\xc3\x28 broken",
+                "nested": {"inner": [b"\x80\x81", "ok"]},
+            },
+        ),
+        Case(
+            "non-utf8-own-queue-header",
+            headers={QUEUE_HEADER: b"\xff\xfe-queue"},
+            reason="origin unknown",
+        ),
+        Case(
+            "non-utf8-reason-header",
+            headers={REASON_HEADER: b"\xffundecodable: by a foreign worker", "x-death": valid},
+            reason="undecodable: by a foreign worker",
+        ),
+        Case(
+            "attempt-not-a-number",
+            headers={"x-death": valid, ATTEMPT_HEADER: "many"},
+            reason="undecodable: header x-dlx-attempt",
+        ),
+        Case(
+            "attempt-negative",
+            headers={"x-death": valid, ATTEMPT_HEADER: -3},
+            reason="must be a non-negative integer",
+            why="RabbitMQ itself refuses a float infinity in a table, so a negative count stands in",
+        ),
+        Case(
+            "history-not-json",
+            headers={"x-death": valid, HISTORY_HEADER: "[[1, 'parked'"},
+            reason="undecodable",
+        ),
+        Case(
+            "task-header-not-text",
+            headers={"x-death": valid, "task": 42, "id": ["not", "an", "id"]},
+        ),
+        Case(
+            "huge-header-table",
+            headers={"x-death": valid, **{f"h-{i:05d}": "v" * 24 for i in range(2000)}},
+        ),
+        Case("deep-header-table", headers={"x-death": valid, "deep": _nest(60)}),
+        Case(
+            "empty-body",
+            body=b"",
+            headers={"x-death": valid},
+            why="py-amqp hands an empty body over as text, without a content_encoding property",
+        ),
+        Case(
+            "empty-body-gzip-encoding",
+            body=b"",
+            headers={"x-death": valid},
+            properties={"content_encoding": "gzip"},
+            why="py-amqp hands an empty body over as text; no codec is named gzip",
+        ),
+        Case("ten-mb-body", body=os.urandom(10 * MIB), headers={"x-death": valid}),
+        Case(
+            "json-type-not-json",
+            body=b"\x00\xff{not json",
+            headers={"x-death": valid},
+            properties={"content_type": "application/json", "content_encoding": "utf-8"},
+        ),
+        Case(
+            "json-utf8-well-formed",
+            body='{"order": "é-17"}'.encode(),
+            headers={"x-death": valid},
+            properties={"content_type": "application/json", "content_encoding": "utf-8"},
+            why="the control: py-amqp decodes such a body to text unless told not to",
+        ),
+        Case(
+            "gzip-encoding-not-gzip",
+            body=b"plainly not gzip",
+            headers={"x-death": valid},
+            properties={"content_type": "application/json", "content_encoding": "gzip"},
+        ),
+        Case(
+            "gzip-bomb",
+            body=bomb,
+            headers={"x-death": valid},
+            properties={"content_type": "application/json", "content_encoding": "gzip"},
+            why=f"{len(bomb)} bytes inflating to 64 MiB: decoding must stop at its cap",
+        ),
+        Case(
+            "unknown-content-type",
+            body=b"\x89PNG\r\n\x1a\n",
+            headers={"x-death": valid},
+            properties={"content_type": "image/x-made-up; charset=nonsense"},
+        ),
+        Case(
+            "protobuf-invalid",
+            body=b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",
+            headers={"x-death": valid},
+            properties={"content_type": "application/x-protobuf"},
+        ),
+        Case(
+            "protobuf-truncated",
+            body=wire[: len(wire) // 2],
+            headers={"x-death": valid},
+            properties={"content_type": "application/x-protobuf", "type": "OrderPlaced"},
+        ),
+        Case(
+            "pickle-canary-foreign",
+            body=pickled,
+            headers={"x-death": valid},
+            properties={"content_type": "application/x-python-serialize"},
+        ),
+        Case(
+            "pickle-canary-celery",
+            body=pickled,
+            headers={"x-death": valid, "task": "shop.charge", "id": "pickle-celery-id"},
+            properties={
+                "content_type": "application/x-python-serialize",
+                "content_encoding": "binary",
+            },
+        ),
+        Case(
+            "parked-non-utf8-and-pickle",
+            body=pickled,
+            headers={"x-death": death(park), "note": b"\xff\x00\xfe"},
+            properties={"content_type": "application/x-python-serialize"},
+            reason=None,
+        ),
+        Case(
+            "parked-ten-mb",
+            body=os.urandom(10 * MIB),
+            headers={"x-death": death(park)},
+            reason=None,
+        ),
+    ]
+
+
+def _nest(depth: int) -> Any:
+    value: Any = "bottom"
+    for i in range(depth):
+        value = {f"level-{i}": value}
+    return value
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Every case dead-lettered once and handled by a real DLX service."""
+    uid = uuid.uuid4().hex[:10]
+    tmp = tmp_path_factory.mktemp("corpus")
+    canary = tmp / "canary-fired"
+    descriptor_set, pb = shop_protos(tmp_path_factory.mktemp("corpus-protos"))
+    bury, park = f"corpus-bury-{uid}", f"corpus-park-{uid}"
+    app = make_app(
+        uid,
+        dlx_queues={
+            bury: {"max_requeues": 0, "max_parks": 0},
+            park: {"max_requeues": 0, "backoff": [3600]},
+        },
+        dlx_protobuf_descriptor_sets=[str(descriptor_set)],
+    )
+    runtime = get_runtime(app)
+    cases = build_cases(bury, park, str(canary), pb)
+    conn = Connection(BROKER_URL)
+    channel = conn.connection.channel()  # raw py-amqp: messages exactly as the cases say
+    try:
+        _declare(app, conn.default_channel, [bury, park])
+        for case in cases:
+            _publish(channel, app.conf.dlx_exchange, bury, case)
+        svc = DLXService(app, prefetch=30)
+        outcome: dict[str, Any] = {}
+        thread = threading.Thread(target=_run, args=(svc, outcome), daemon=True)
+        thread.start()
+        thread.join(120)
+        finished = not thread.is_alive()
+        svc.stop()
+        thread.join(30)
+        assert finished, f"the service did not finish: {svc.stats}"
+        yield {
+            "app": app,
+            "runtime": runtime,
+            "cases": cases,
+            "canary": canary,
+            "bury": bury,
+            "park": park,
+            "stats": svc.stats,
+            "outcome": outcome,
+            "channel": channel,
+            "uid": uid,
+        }
+    finally:
+        _cleanup(app, uid, [bury, park, f"{bury}-moved"], conn)
+        runtime.reset_publisher()
+
+
+def _declare(app: Any, channel: Any, queues: list[str]) -> None:
+    service_queue(app.conf.dlx_service_queue, app.conf.dlx_exchange)(channel).declare()
+    for name in queues:
+        channel.queue_declare(
+            name,
+            durable=True,
+            auto_delete=False,
+            arguments=dead_letter_arguments(name, app.conf.dlx_exchange),
+        )
+
+
+def _publish(channel: Any, exchange: str, bury: str, case: Case) -> None:
+    properties = {"message_id": case.name, "delivery_mode": 2, **case.properties}
+    if case.headers is not None:
+        properties["application_headers"] = case.headers
+    message = amqp.Message(case.body, **properties)
+    key = bury if case.routing_key is None else case.routing_key
+    channel.basic_publish(message, exchange=exchange, routing_key=key)
+
+
+def _run(svc: DLXService, outcome: dict[str, Any]) -> None:
+    try:
+        outcome["stats"] = svc.run(idle_timeout=3.0)
+    except BaseException as exc:  # a crash is the finding; the test reports it
+        outcome["crash"] = exc
+
+
+def _cleanup(app: Any, uid: str, queues: list[str], conn: Any) -> None:
+    channel = conn.connection.channel()
+    for name in [*queues, app.conf.dlx_service_queue, app.conf.task_default_queue]:
+        channel.queue_delete(name)
+    channel.exchange_delete(app.conf.dlx_exchange)
+    conn.release()
+    client = redis_lib.Redis.from_url(REDIS_URL)
+    for key in client.scan_iter(match="{" + f"test-{uid}" + "}*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+def obituaries_by_message(runtime: Any) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for ob in graveyard.list_obituaries(runtime, limit=None, with_payload=True):
+        out.setdefault(ob.message_id, []).append(ob)
+    return out
+
+
+def test_the_corpus_has_twenty_cases_or_more_each_named_once(corpus: dict[str, Any]) -> None:
+    names = [c.name for c in corpus["cases"]]
+    assert len(names) >= 20 and len(set(names)) == len(names)
+
+
+def test_the_service_keeps_every_case_with_a_reason_and_never_crashes(
+    corpus: dict[str, Any],
+) -> None:
+    assert "crash" not in corpus["outcome"], repr(corpus["outcome"].get("crash"))
+    stats = corpus["stats"]
+    cases = corpus["cases"]
+    assert stats.received == len(cases) and stats.duplicates == 0
+    runtime = corpus["runtime"]
+    buried = obituaries_by_message(runtime)
+    parked = {m.message_id for m in runtime.store.peek(limit=100)}
+    expected_buried = {c.name for c in cases if c.reason is not None}
+    # The case without any queue name gets a derived identity; everything else keeps its id.
+    for case in cases:
+        if case.reason is None:
+            assert case.name in parked, case.name
+            continue
+        (ob,) = buried[case.name]
+        assert case.reason in ob.reason, (case.name, ob.reason)
+        assert ob.payload == case.body, case.name
+    assert set(buried) == expected_buried
+    assert parked == {c.name for c in cases if c.reason is None}
+    assert stats.buried == len(expected_buried) and stats.parked == len(parked)
+    channel = corpus["channel"]
+    dead = channel.queue_declare(corpus["app"].conf.dlx_service_queue, passive=True)
+    assert dead.message_count == 0
+    assert not corpus["canary"].exists(), "a pickle payload was loaded"
+
+
+def test_show_renders_every_obituary_without_loading_pickle(corpus: dict[str, Any]) -> None:
+    app = corpus["app"]
+    for case in corpus["cases"]:
+        if case.reason is None:
+            continue
+        result = run(app, "show", case.name, "--json")
+        assert result.exit_code == 0, (case.name, result.output)
+        data = json.loads(result.stdout)
+        assert data["message_id"] == case.name and data["reason"]
+        decoded = data["payload"]["decoded"]
+        if "pickle" in case.name:
+            assert decoded is None or "pickle" in json.dumps(decoded).lower(), decoded
+        text = run(app, "show", case.name)
+        assert text.exit_code == 0 and case.name in text.stdout
+        raw = run(app, "show", case.name, "--raw", "--json")
+        assert raw.exit_code == 0
+    assert not corpus["canary"].exists(), "show loaded a pickle payload"
+
+
+def test_read_commands_list_every_case(corpus: dict[str, Any]) -> None:
+    app = corpus["app"]
+    buried = {c.name for c in corpus["cases"] if c.reason is not None}
+    listed = run(app, "list", "--limit", "1000", "--json")
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.stdout)["obituaries"]
+    assert {r["message_id"] for r in rows} == buried
+    for args in (("list", "--limit", "1000"), ("list", "--no-decode"), ("groups",)):
+        result = run(app, *args)
+        assert result.exit_code == 0, (args, result.output)
+    groups = json.loads(run(app, "groups", "--json").stdout)
+    assert groups["total"] == len(buried)
+    parked = json.loads(run(app, "parked", "--json").stdout)
+    assert {m["message_id"] for m in parked["messages"]} == {
+        c.name for c in corpus["cases"] if c.reason is None
+    }
+    assert run(app, "parked").exit_code == 0
+    stats = json.loads(run(app, "stats", "--json").stdout)
+    assert stats["graveyard"]["count"] == len(buried)
+    assert run(app, "stats").exit_code == 0
+    check = run(app, "check", "--no-management", "--json")
+    assert check.exit_code in (0, 4), check.output
+    json.loads(check.stdout)
+    assert not corpus["canary"].exists()
+
+
+def test_replay_and_purge_handle_every_case(corpus: dict[str, Any]) -> None:
+    app, runtime = corpus["app"], corpus["runtime"]
+    buried = {c.name for c in corpus["cases"] if c.reason is not None}
+    result = run(app, "replay", "--all", "--json")
+    # The cases whose queue does not exist cannot be replayed: reported, exit 5 (incomplete).
+    assert result.exit_code in (0, 5), result.output
+    report = json.loads(result.stdout)
+    replayed = set(report["replayed"])
+    failed = {f["id"] for f in report["failed"]}
+    assert replayed | failed == {
+        ob.id for obs in obituaries_by_message(runtime).values() for ob in obs
+    }
+    assert failed, "the unknown queue's obituary should not be replayable"
+    channel = corpus["channel"]
+    arrived = channel.queue_declare(corpus["bury"], passive=True).message_count
+    assert arrived == len(replayed)
+    purged = run(app, "purge", "--all", "--yes", "--json")
+    assert purged.exit_code == 0, purged.output
+    assert len(json.loads(purged.stdout)["purged"]) == len(buried)
+    assert graveyard.count(runtime) == 0
+    assert not corpus["canary"].exists()
+
+
+def test_migrate_moves_bad_messages_intact(corpus: dict[str, Any]) -> None:
+    """``migrate --rename`` moves a queue full of bad messages (the replays) without a crash."""
+    app = corpus["app"]
+    channel = corpus["channel"]
+    before = channel.queue_declare(corpus["bury"], passive=True).message_count
+    result = run(
+        app, "migrate", corpus["bury"], "--rename", "--to", f"{corpus['bury']}-moved", "--json"
+    )
+    if result.exit_code == 1 and "management" in (result.stderr + result.stdout).lower():
+        pytest.skip("the RabbitMQ management API is not enabled (scripts/ensure-services.sh)")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["moved"] == before
+    bodies = {c.name: c.body for c in corpus["cases"]}
+    arrived = {}
+    channel.auto_decode = False
+    while (msg := channel.basic_get(f"{corpus['bury']}-moved", no_ack=True)) is not None:
+        body = msg.body.encode() if isinstance(msg.body, str) else msg.body
+        arrived[msg.properties["message_id"]] = body
+    assert len(arrived) == before and "json-utf8-well-formed" in arrived
+    assert all(body == bodies[mid] for mid, body in arrived.items())
+    assert not corpus["canary"].exists()
