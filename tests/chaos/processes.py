@@ -44,6 +44,8 @@ KILL_FOREIGN = "kill -9 foreign consumer"
 RESTART_REDIS = "restart Redis (SIGKILL + AOF)"
 RESTART_RABBITMQ = "restart RabbitMQ (stop_app/start_app)"
 
+#: Seconds after a worker's start before its pool children may be killed.
+POOL_SETTLE = 10.0
 #: Seconds RabbitMQ commands may take.
 RABBITMQCTL_TIMEOUT = 180
 
@@ -86,6 +88,7 @@ class Proc:
         self.concurrency = concurrency
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.started_at = 0.0
 
     def start(self) -> None:
         with self.log.open("ab") as out:
@@ -98,6 +101,7 @@ class Proc:
                 start_new_session=True,
             )
         self.starts += 1
+        self.started_at = time.monotonic()
 
     @property
     def alive(self) -> bool:
@@ -114,6 +118,10 @@ class Proc:
     def kill_pool_child(self, rng: random.Random) -> bool:
         """SIGKILL one pool child of a worker (its main process starts another); False if none."""
         if not self.alive or self.proc is None:
+            return False
+        if time.monotonic() - self.started_at < POOL_SETTLE:
+            # Celery gives up ("Could not start worker processes") when a child dies while the
+            # pool is still starting: a Celery limit, not what this run measures.
             return False
         try:
             children = psutil.Process(self.proc.pid).children()
