@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .amqp_compat import install_tolerant_properties
 from .errors import DLXError
 from .management import Management, dead_letter_exchange_of
 from .publish import ConfirmingPublisher, Outgoing, copy_properties
@@ -274,6 +275,7 @@ def move_messages(
     Raises:
         MigrationError: the broker did not confirm a batch (the rest stays on ``source``).
     """
+    install_tolerant_properties()  # a message with non-UTF-8 properties moves like any other
     publisher = ConfirmingPublisher(connection)
     channel = connection.connection.channel()
     # py-amqp decodes a body with a content_encoding to text; the moved copy keeps the bytes.

@@ -32,6 +32,7 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
+from .amqp_compat import install_tolerant_properties
 from .deadletter import (
     BuryVerdict,
     DeadLetter,
@@ -346,6 +347,8 @@ class DLXService:
                     f"the DLX service queue {self.config.service_queue!r} exists with other "
                     f"arguments (dlx_service_queue, dlx_quorum): {exc}"
                 ) from exc
+            # A dead letter whose message_id or header names are not UTF-8 must not kill us.
+            install_tolerant_properties()
             # Raw deliveries (amqp.Message): nothing is decoded, and no per-message wrapper.
             channel.basic_qos(0, self.prefetch, False)
             channel.basic_consume(self.config.service_queue, callback=self._inbox.append)
