@@ -63,6 +63,12 @@ class Case:
     routing_key: str | None = None
     reason: str | None = "retry budget spent"
     why: str = ""
+    #: The id the service gives it (its message_id as text), when that is not ``name``.
+    identity: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.identity or self.name
 
 
 def death(queue: str, **extra: Any) -> list[dict[str, Any]]:
@@ -133,6 +139,33 @@ def build_cases(bury: str, park: str, canary: str, pb: Any) -> list[Case]:
                 "x-dlx-exc-message": b"\xc3\x28 broken",
                 "nested": {"inner": [b"\x80\x81", "ok"]},
             },
+        ),
+        Case(
+            "non-utf8-properties",
+            headers={"x-death": valid},
+            properties={
+                "correlation_id": b"\xff\xfe-corr",
+                "content_type": b"text/\xff",
+                "type": b"\xc3\x28",
+                "app_id": b"\x80go-service",
+            },
+            why="AMQP short strings are octets; py-amqp raised in its frame reader on these",
+        ),
+        Case(
+            "non-utf8-message-id",
+            headers={"x-death": valid},
+            properties={"message_id": b"\xff\xfenon-utf8-message-id"},
+            identity="\ufffd\ufffdnon-utf8-message-id",
+        ),
+        Case(
+            "non-utf8-header-name",
+            headers={"x-death": valid, b"\xff\xfe-name": 1, "fine": b"\xff"},  # type: ignore[dict-item]
+        ),
+        Case(
+            "non-utf8-header-name-parked",
+            headers={"x-death": death(park), b"\xfe\xff-name": "v"},  # type: ignore[dict-item]
+            reason=None,
+            why="a park copies the headers: every name must survive being cleaned and stored",
         ),
         Case(
             "non-utf8-own-queue-header",
@@ -376,17 +409,17 @@ def test_the_service_keeps_every_case_with_a_reason_and_never_crashes(
     runtime = corpus["runtime"]
     buried = obituaries_by_message(runtime)
     parked = {m.message_id for m in runtime.store.peek(limit=100)}
-    expected_buried = {c.name for c in cases if c.reason is not None}
+    expected_buried = {c.id for c in cases if c.reason is not None}
     # The case without any queue name gets a derived identity; everything else keeps its id.
     for case in cases:
         if case.reason is None:
-            assert case.name in parked, case.name
+            assert case.id in parked, case.name
             continue
-        (ob,) = buried[case.name]
+        (ob,) = buried[case.id]
         assert case.reason in ob.reason, (case.name, ob.reason)
         assert ob.payload == case.body, case.name
     assert set(buried) == expected_buried
-    assert parked == {c.name for c in cases if c.reason is None}
+    assert parked == {c.id for c in cases if c.reason is None}
     assert stats.buried == len(expected_buried) and stats.parked == len(parked)
     channel = corpus["channel"]
     dead = channel.queue_declare(corpus["app"].conf.dlx_service_queue, passive=True)
@@ -399,23 +432,23 @@ def test_show_renders_every_obituary_without_loading_pickle(corpus: dict[str, An
     for case in corpus["cases"]:
         if case.reason is None:
             continue
-        result = run(app, "show", case.name, "--json")
+        result = run(app, "show", case.id, "--json")
         assert result.exit_code == 0, (case.name, result.output)
         data = json.loads(result.stdout)
-        assert data["message_id"] == case.name and data["reason"]
+        assert data["message_id"] == case.id and data["reason"]
         decoded = data["payload"]["decoded"]
         if "pickle" in case.name:
             assert decoded is None or "pickle" in json.dumps(decoded).lower(), decoded
-        text = run(app, "show", case.name)
-        assert text.exit_code == 0 and case.name in text.stdout
-        raw = run(app, "show", case.name, "--raw", "--json")
+        text = run(app, "show", case.id)
+        assert text.exit_code == 0 and case.id in text.stdout
+        raw = run(app, "show", case.id, "--raw", "--json")
         assert raw.exit_code == 0
     assert not corpus["canary"].exists(), "show loaded a pickle payload"
 
 
 def test_read_commands_list_every_case(corpus: dict[str, Any]) -> None:
     app = corpus["app"]
-    buried = {c.name for c in corpus["cases"] if c.reason is not None}
+    buried = {c.id for c in corpus["cases"] if c.reason is not None}
     listed = run(app, "list", "--limit", "1000", "--json")
     assert listed.exit_code == 0, listed.output
     rows = json.loads(listed.stdout)["obituaries"]
@@ -427,7 +460,7 @@ def test_read_commands_list_every_case(corpus: dict[str, Any]) -> None:
     assert groups["total"] == len(buried)
     parked = json.loads(run(app, "parked", "--json").stdout)
     assert {m["message_id"] for m in parked["messages"]} == {
-        c.name for c in corpus["cases"] if c.reason is None
+        c.id for c in corpus["cases"] if c.reason is None
     }
     assert run(app, "parked").exit_code == 0
     stats = json.loads(run(app, "stats", "--json").stdout)
@@ -441,7 +474,7 @@ def test_read_commands_list_every_case(corpus: dict[str, Any]) -> None:
 
 def test_replay_and_purge_handle_every_case(corpus: dict[str, Any]) -> None:
     app, runtime = corpus["app"], corpus["runtime"]
-    buried = {c.name for c in corpus["cases"] if c.reason is not None}
+    buried = {c.id for c in corpus["cases"] if c.reason is not None}
     result = run(app, "replay", "--all", "--json")
     # The cases whose queue does not exist cannot be replayed: reported, exit 5 (incomplete).
     assert result.exit_code in (0, 5), result.output
@@ -474,7 +507,7 @@ def test_migrate_moves_bad_messages_intact(corpus: dict[str, Any]) -> None:
         pytest.skip("the RabbitMQ management API is not enabled (scripts/ensure-services.sh)")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["moved"] == before
-    bodies = {c.name: c.body for c in corpus["cases"]}
+    bodies = {c.id: c.body for c in corpus["cases"]}
     arrived = {}
     channel.auto_decode = False
     while (msg := channel.basic_get(f"{corpus['bury']}-moved", no_ack=True)) is not None:
