@@ -94,19 +94,19 @@ def make_chaos_app(uid: str, redis_url: str, *, quorum: bool = False) -> Celery:
     app.conf.update(chaos_settings(names, redis_url, quorum=quorum))
     ledger = redis.Redis.from_url(LEDGER_URL, socket_timeout=10)
 
-    @app.task(name="chaos.good", bind=True)
+    @app.task(name="chaos.good", bind=True, shared=False)
     def good(self: Any, message_id: str) -> None:
         ledger.hincrby(names.runs, message_id, 1)
         ledger.hincrby(names.done, message_id, 1)
 
-    @app.task(name="chaos.flaky", bind=True)
+    @app.task(name="chaos.flaky", bind=True, shared=False)
     def flaky(self: Any, message_id: str, fails: int) -> None:
         run = ledger.hincrby(names.runs, message_id, 1)
         if run <= fails:
             raise ConnectionError(f"upstream unavailable (run {run} of {message_id})")
         ledger.hincrby(names.done, message_id, 1)
 
-    @app.task(name="chaos.poison", bind=True)
+    @app.task(name="chaos.poison", bind=True, shared=False)
     def poison(self: Any, message_id: str) -> None:
         ledger.hincrby(names.runs, message_id, 1)
         raise ValueError(f"order {message_id} refers to no customer")

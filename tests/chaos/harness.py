@@ -237,6 +237,7 @@ class ChaosRun:
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.procs: list[P.Proc] = []
         self.sent: set[str] = set()
+        self._app: Any = None
         self.unsent: list[str] = []
 
     # -- setup ------------------------------------------------------------------------------
@@ -252,7 +253,10 @@ class ChaosRun:
         }
 
     def app(self) -> Any:
-        return make_chaos_app(self.uid, self.redis.url, quorum=self.plan.quorum)
+        """The run's app in this process (made once)."""
+        if self._app is None:
+            self._app = make_chaos_app(self.uid, self.redis.url, quorum=self.plan.quorum)
+        return self._app
 
     def declare(self, conn: Connection) -> None:
         """Declare the work queue (with the service queue first) and the foreign queue."""

@@ -45,7 +45,7 @@ RESTART_REDIS = "restart Redis (SIGKILL + AOF)"
 RESTART_RABBITMQ = "restart RabbitMQ (stop_app/start_app)"
 
 #: Seconds after a worker's start before its pool children may be killed.
-POOL_SETTLE = 10.0
+POOL_SETTLE = 5.0
 #: Seconds RabbitMQ commands may take.
 RABBITMQCTL_TIMEOUT = 180
 
@@ -237,8 +237,11 @@ class Monkey:
             self.supervise()
             if time.monotonic() < next_at:
                 continue
+            action = first.pop() if first else self.rng.choice(self.actions)
             try:
-                self.act(first.pop() if first else self.rng.choice(self.actions))
+                done = self.act(action)
+                if not done and action != RESTART_RABBITMQ and action not in first:
+                    first.insert(0, action)  # nothing to act on yet: again later
             except Exception as exc:  # a failed action is reported, the run goes on
                 self.errors.append(f"{type(exc).__name__}: {exc}")
                 logger.exception("chaos action failed")
@@ -259,8 +262,8 @@ class Monkey:
         alive = [p for p in self.procs if p.kind == kind and p.alive]
         return self.rng.choice(alive) if alive else None
 
-    def act(self, action: str) -> None:
-        """Carry out one action now."""
+    def act(self, action: str) -> bool:
+        """Carry out one action now; False if there was nothing to act on."""
         kinds = {
             KILL_WORKER: WORKER,
             KILL_SERVICE: SERVICE,
@@ -269,14 +272,16 @@ class Monkey:
         }
         if action in kinds:
             victim = self._pick(kinds[action])
-            if victim is not None:
-                victim.kill9()
-                self._note(action, victim.name)
-                victim.start()
+            if victim is None:
+                return False
+            victim.kill9()
+            self._note(action, victim.name)
+            victim.start()
         elif action == KILL_POOL_CHILD:
             victim = self._pick(WORKER)
-            if victim is not None and victim.kill_pool_child(self.rng):
-                self._note(action, victim.name)
+            if victim is None or not victim.kill_pool_child(self.rng):
+                return False
+            self._note(action, victim.name)
         elif action == RESTART_REDIS:
             self.redis.kill()
             self._note(action, f"port {self.redis.port}")
@@ -284,11 +289,12 @@ class Monkey:
             self.redis.start()
         elif action == RESTART_RABBITMQ:
             if self.rabbit.restarts >= self.rabbit_limit:
-                return
+                return False
             self._note(action)
             self.rabbit.restart(self.rng.uniform(*self.rabbit_down))
         else:
             raise ValueError(f"unknown chaos action {action!r}")
+        return True
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
