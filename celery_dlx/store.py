@@ -104,13 +104,23 @@ class ParkedMessage:
             "task": self.task,
             "cause": self.cause,
         }
+        tagged = [0]
+
+        def tag(value: Any) -> Any:
+            tagged[0] += 1
+            return _tag(value)
+
         try:
-            # Fast path: only bytes, datetimes and odd values need a tag (``default``).
-            return json.dumps(doc, separators=(",", ":"), default=_tag)
+            # Fast path: only bytes, datetimes and odd values need a tag (``default``), unless a
+            # header table uses a tag's key itself (then it is escaped on the slow path).
+            text = json.dumps(doc, separators=(",", ":"), default=tag)
+            if not _tag_keys_in_data(text, tagged[0]):
+                return text
         except (TypeError, ValueError):  # e.g. a non-string key deep in a header table
-            doc["headers"] = _jsonable(self.headers)
-            doc["properties"] = _jsonable(self.properties)
-            return json.dumps(doc, separators=(",", ":"))
+            pass
+        doc["headers"] = _jsonable(self.headers)
+        doc["properties"] = _jsonable(self.properties)
+        return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def from_stored(cls, meta: bytes | str, body: bytes, lease_score: int = 0) -> ParkedMessage:
@@ -131,12 +141,39 @@ class ParkedMessage:
         )
 
 
+#: Keys of the codec's tagged objects (``{"__bytes__": "00ff"}``...).
+_TAG_KEYS = ("__bytes__", "__datetime__", "__repr__")
+#: Marks a table whose keys were escaped, and prefixes each escaped key: a header table of user
+#: data whose only key is a tag's key must not come back as a tagged value.
+_ESCAPED = "__escaped__"
+
+
+def _tag_keys_in_data(text: str, tags: int) -> bool:
+    """Whether JSON ``text``, in which ``tags`` values were tagged, uses a codec key elsewhere."""
+    if '"__' not in text:  # one scan settles the common case
+        return False
+    found = sum(text.count(f'"{key}":') for key in _TAG_KEYS)
+    return found > tags or f'"{_ESCAPED}' in text
+
+
+def _needs_escape(key: str) -> bool:
+    return key in _TAG_KEYS or key.startswith(_ESCAPED)
+
+
+def _escaped(table: dict[str, Any]) -> dict[str, Any]:
+    if not any(_needs_escape(k) for k in table):
+        return table
+    out = {(_ESCAPED + k if _needs_escape(k) else k): v for k, v in table.items()}
+    out[_ESCAPED] = 1
+    return out
+
+
 def _jsonable(value: Any) -> Any:
     """Header values as JSON: bytes and datetimes tagged so they come back as they were."""
     from datetime import datetime
 
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return _escaped({str(k): _jsonable(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if isinstance(value, bytes):
@@ -170,6 +207,11 @@ def _untag(obj: dict[str, Any]) -> Any:
             return datetime.fromisoformat(obj["__datetime__"])
         if "__repr__" in obj:
             return obj["__repr__"]
+    elif _ESCAPED in obj:
+        cut = len(_ESCAPED)
+        return {
+            (k[cut:] if k.startswith(_ESCAPED) else k): v for k, v in obj.items() if k != _ESCAPED
+        }
     return obj
 
 
