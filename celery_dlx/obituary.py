@@ -36,7 +36,7 @@ def jsonable(value: Any) -> Any:
     else unknown becomes ``{"__repr__": repr}``.
     """
     if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return _escaped({str(k): jsonable(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -50,12 +50,38 @@ def jsonable(value: Any) -> Any:
     return {"__repr__": repr(value)[:1000]}
 
 
+#: Keys of the tags; a table of user data using one is escaped so it never reads as a tag.
+TAG_KEYS = ("__bytes__", "__datetime__", "__decimal__", "__repr__")
+#: Marks a table whose keys were escaped, and prefixes each escaped key.
+ESCAPED = "__escaped__"
+
+
+def _needs_escape(key: str) -> bool:
+    return key in TAG_KEYS or key.startswith(ESCAPED)
+
+
+def _escaped(table: dict[str, Any]) -> dict[str, Any]:
+    if not any(_needs_escape(k) for k in table):
+        return table
+    out = {(ESCAPED + k if _needs_escape(k) else k): v for k, v in table.items()}
+    out[ESCAPED] = 1
+    return out
+
+
 def _tag(value: Any) -> Any:
     """``json.dumps`` default: the :func:`jsonable` tag of a value JSON cannot hold."""
     tagged = jsonable(value)
     if tagged is value:
         raise TypeError(f"cannot tag {type(value).__name__}")
     return tagged
+
+
+def _tag_keys_in_data(text: str, tags: int) -> bool:
+    """Whether JSON ``text``, in which ``tags`` values were tagged, uses a tag's key elsewhere."""
+    if '"__' not in text:  # one scan settles the common case
+        return False
+    found = sum(text.count(f'"{key}":') for key in TAG_KEYS)
+    return found > tags or f'"{ESCAPED}' in text
 
 
 def from_jsonable(value: Any) -> Any:
@@ -71,6 +97,13 @@ def from_jsonable(value: Any) -> Any:
                 return Decimal(inner)
             if tag == "__repr__":
                 return inner
+        if ESCAPED in value:
+            cut = len(ESCAPED)
+            return {
+                (k[cut:] if k.startswith(ESCAPED) else k): from_jsonable(v)
+                for k, v in value.items()
+                if k != ESCAPED
+            }
         return {k: from_jsonable(v) for k, v in value.items()}
     if isinstance(value, list):
         return [from_jsonable(v) for v in value]
@@ -178,10 +211,19 @@ class Obituary:
         data["headers"] = self.headers
         data["properties"] = self.properties
         data["x_death"] = self.x_death
+        tagged = [0]
+
+        def tag(value: Any) -> Any:
+            tagged[0] += 1
+            return _tag(value)
+
         try:
-            return json.dumps(data, separators=(",", ":"), default=_tag)
+            text = json.dumps(data, separators=(",", ":"), default=tag)
         except (TypeError, ValueError):  # a non-text key or a NaN: the slow, total path
             return json.dumps(self.record(), separators=(",", ":"))
+        if _tag_keys_in_data(text, tagged[0]):
+            return json.dumps(self.record(), separators=(",", ":"))  # escapes those tables
+        return text
 
     @classmethod
     def from_record(
