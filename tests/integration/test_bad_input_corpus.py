@@ -178,6 +178,21 @@ def build_cases(bury: str, park: str, canary: str, pb: Any) -> list[Case]:
             reason="undecodable: by a foreign worker",
         ),
         Case(
+            "header-tables-like-codec-tags",
+            headers={
+                "x-death": valid,
+                "meta": {"__bytes__": "not hex"},
+                "when": {"__datetime__": None},
+                "shown": {"__repr__": ["x"]},
+            },
+            why="user data whose keys are the JSON codecs' own tags",
+        ),
+        Case(
+            "parked-header-tables-like-codec-tags",
+            headers={"x-death": death(park), "meta": {"__bytes__": "not hex"}},
+            reason=None,
+        ),
+        Case(
             "attempt-not-a-number",
             headers={"x-death": valid, ATTEMPT_HEADER: "many"},
             reason="undecodable: header x-dlx-attempt",

@@ -1,4 +1,4 @@
-"""Fuzzing what the DLX service parks and the drain republishes (bounded hypothesis runs).
+"""Fuzzing the JSON codecs of parked retries and obituaries (bounded hypothesis runs).
 
 Any header table a foreign producer can send must come back from the parking store's JSON codec
 as it went in, and its republished copy must encode as an AMQP message without broker-owned
@@ -7,6 +7,7 @@ headers. The header names include the codec's own tags, so user data can never p
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from celery_dlx.drain import outgoing
 from celery_dlx.names import BROKER_HEADERS
+from celery_dlx.obituary import Obituary
 from celery_dlx.store import ParkedMessage
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -105,3 +107,24 @@ def test_tables_using_the_codecs_own_keys_come_back_as_they_were() -> None:
     ):
         message = parked(headers, b"")
         assert ParkedMessage.from_stored(message.meta_json(), b"").headers == headers
+
+
+@FUZZ
+@given(headers=HEADERS, properties=st.dictionaries(st.sampled_from(["type", "app_id"]), VALUES))
+def test_obituary_records_keep_any_header_table(
+    headers: dict[str, Any], properties: dict[str, Any]
+) -> None:
+    """The graveyard's record codec: an obituary comes back with the tables it was written with
+    (a table shaped like a codec tag once made the obituary unreadable, hence invisible)."""
+    ob = Obituary(
+        id="o",
+        message_id="m",
+        queue="q",
+        reason="r",
+        buried_ms=1,
+        headers=headers,
+        properties=properties,
+    )
+    back = Obituary.from_record(ob.record_json(), None)
+    assert back.headers == headers and back.properties == properties
+    assert json.loads(ob.record_json()) == ob.record()
