@@ -21,7 +21,7 @@ from _workers import bench_worker, cleanup, wait_key
 from bench_app import make_app
 
 
-def run(mode: str, good: int, poison: int) -> float:
+def run(mode: str, good: int, poison: int, pool: str = "solo") -> float:
     uid = unique("p1")[3:]
     app = make_app(mode, uid)
     client = redis.Redis.from_url(REDIS_URL)
@@ -33,7 +33,7 @@ def run(mode: str, good: int, poison: int) -> float:
                 app.send_task("bench.work", (True, good), connection=conn)
             for _ in range(good):
                 app.send_task("bench.work", (False, good), connection=conn)
-        with bench_worker(mode, uid, prefetch=10):
+        with bench_worker(mode, uid, prefetch=10, pool=pool):
             last = float(wait_key(client, key("last"), timeout=600))
         first = float(client.get(key("first")))
         return last - first
@@ -45,12 +45,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--good", type=int, default=1000)
     parser.add_argument("--poison", type=int, default=10)
+    parser.add_argument("--pool", default="solo", help="worker pool (solo: one process)")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     base, dlx = [], []
     for _ in range(args.rounds):
-        base.append(run("dlx", args.good, 0))
-        dlx.append(run("dlx", args.good, args.poison))
+        base.append(run("dlx", args.good, 0, args.pool))
+        dlx.append(run("dlx", args.good, args.poison, args.pool))
     b, d = min(base), min(dlx)
     print(f"all good ({args.good}), best of {args.rounds}: {b:.2f}s")
     print(
