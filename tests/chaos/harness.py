@@ -126,6 +126,8 @@ class ChaosReport:
     runs: int = 0
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
     lost_ids: list[str] = field(default_factory=list)
+    duplicate_ids: list[str] = field(default_factory=list)
+    buried_twice_ids: list[str] = field(default_factory=list)
     pending_ids: list[str] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=dict)
     unexpected_exits: list[str] = field(default_factory=list)
@@ -159,6 +161,10 @@ class ChaosReport:
             out.append(f"  {kind:8} {json.dumps(counts, sort_keys=True)}")
         if self.lost_ids:
             out.append(f"lost ids (first 20): {self.lost_ids[:20]}")
+        if self.duplicate_ids:
+            out.append(f"executed more than once (first 20): {self.duplicate_ids[:20]}")
+        if self.buried_twice_ids:
+            out.append(f"buried more than once (first 20): {self.buried_twice_ids[:20]}")
         if self.pending_ids:
             out.append(f"pending ids (first 20): {self.pending_ids[:20]}")
         return out
@@ -362,6 +368,8 @@ class ChaosRun:
         report.max_executions = max(done.values(), default=0)
         report.done_and_buried = sum(1 for m in done if m in buried)
         report.buried_twice = sum(1 for n in buried.values() if n > 1)
+        report.duplicate_ids = sorted(m for m, n in done.items() if n > 1)
+        report.buried_twice_ids = sorted(m for m, n in buried.items() if n > 1)
         report.runs = sum(int(v) for v in self.ledger.hvals(self.names.runs))
         report.by_kind = self._by_kind(done, buried, pending)
         return report
