@@ -13,6 +13,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
+from .amqp_compat import install_tolerant_properties
 from .errors import MalformedHeader
 from .headers import DLXState, clean_headers, read_state, x_death_problem
 from .names import QUEUE_HEADER, REASON_HEADER
@@ -25,6 +26,12 @@ logger = logging.getLogger(__name__)
 
 class DLXConsumer(Consumer):  # type: ignore[misc]
     """Celery's consumer with undecodable, unknown and invalid messages buried, not dropped."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # A message whose message_id or header names are not UTF-8 would stop the worker: py-amqp
+        # raises in its frame reader, Celery calls that unrecoverable.
+        install_tolerant_properties()
+        super().__init__(*args, **kwargs)
 
     def _bury_raw(self, message: Any, reason: str) -> bool:
         """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
