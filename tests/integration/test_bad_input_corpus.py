@@ -34,7 +34,8 @@ from celery_dlx.service import DLXService
 from celery_dlx.topology import dead_letter_arguments, service_queue
 from tests.conftest import BROKER_URL, REDIS_URL
 from tests.integration.cli_helpers import run, shop_protos
-from tests.integration.dlx_apps import make_app
+from tests.integration.dlx_apps import make_app, queue_names, worker
+from tests.integration.helpers import wait_until
 
 MIB = 1024 * 1024
 
@@ -531,3 +532,32 @@ def test_migrate_moves_bad_messages_intact(corpus: dict[str, Any]) -> None:
     assert len(arrived) == before and "json-utf8-well-formed" in arrived
     assert all(body == bodies[mid] for mid, body in arrived.items())
     assert not corpus["canary"].exists()
+
+
+def test_a_worker_runs_a_task_message_whose_properties_are_not_utf8(
+    uid: str, key_prefix: str, cleanup_queues: list[str], redis_client: Any
+) -> None:
+    """py-amqp raised in the worker's frame reader ("Unrecoverable error: UnicodeDecodeError"):
+    one such message in a queue stopped every worker that received it."""
+    app = make_app(uid)
+    cleanup_queues.extend([*queue_names(app), f"exchange:dlx-{uid}", f"exchange:work-{uid}"])
+    ran = "{" + key_prefix + "}:test:ran"
+
+    @app.task(name=f"record-{uid}", bind=True)
+    def record(self: Any) -> None:
+        redis_client.rpush(ran, self.request.id)
+
+    with worker(app):
+        with app.connection_for_write() as conn:
+            body = json.dumps([[], {}, {"callbacks": None, "errbacks": None}]).encode()
+            message = amqp.Message(
+                body,
+                message_id=b"\xff\xfe-not-utf8",
+                app_id=b"\x80go",
+                content_type="application/json",
+                content_encoding="utf-8",
+                application_headers={"task": f"record-{uid}", "id": "task-1", b"\xfe-h": 1},
+            )
+            conn.connection.channel().basic_publish(message, exchange="", routing_key=f"work-{uid}")
+        wait_until(lambda: redis_client.lrange(ran, 0, -1), timeout=30, what="the task's run")
+    assert redis_client.lrange(ran, 0, -1) == [b"task-1"]
