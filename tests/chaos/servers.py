@@ -8,7 +8,6 @@ here touches the shared Redis.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import socket
@@ -287,12 +286,13 @@ class SentinelServers:
         wait_for(lambda: self.master_port() == self.master.port, "sentinel to see the master")
         wait_for(self._replica_known, "sentinel to see the replica")
 
-    def _sentinel_client(self) -> redis.Redis:
+    def sentinel_client(self) -> redis.Redis:
+        """A client of the Sentinel itself (SENTINEL commands)."""
         return redis.Redis(host="127.0.0.1", port=self.sentinel_port, socket_timeout=2)
 
     def master_port(self) -> int | None:
         """The master's port as Sentinel names it now (None while it cannot say)."""
-        client = self._sentinel_client()
+        client = self.sentinel_client()
         try:
             addr = client.execute_command("SENTINEL", "get-master-addr-by-name", self.service)
         except redis.RedisError:
@@ -302,7 +302,7 @@ class SentinelServers:
         return int(addr[1]) if addr else None
 
     def _replica_known(self) -> bool:
-        client = self._sentinel_client()
+        client = self.sentinel_client()
         try:
             return bool(client.execute_command("SENTINEL", "replicas", self.service))
         except redis.RedisError:
@@ -327,15 +327,3 @@ def redis_sentinel(workdir: str | Path) -> Iterator[SentinelServers]:
         yield servers
     finally:
         servers.kill()
-
-
-def pids_alive(pids: Sequence[int]) -> list[int]:
-    """Those of ``pids`` still running."""
-    alive = []
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        alive.append(pid)
-    return alive

@@ -64,7 +64,7 @@ def failover(sentinel: SentinelServers) -> int:
         assert master.execute_command("WAIT", 1, 10_000) == 1, "the replica did not catch up"
     finally:
         master.close()
-    admin = sentinel._sentinel_client()
+    admin = sentinel.sentinel_client()
     try:
         admin.execute_command("SENTINEL", "FAILOVER", sentinel.service)
     finally:
