@@ -116,3 +116,19 @@ def worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
 
             state.should_terminate = 0
             app.control.ping(destination=[w.hostname], timeout=0.05)
+
+
+@contextlib.contextmanager
+def service_thread(app: Celery, **kwargs: Any) -> Iterator[Any]:
+    """The app's DLX service running in a thread; stopped (and proven stopped) on exit."""
+    from celery_dlx.service import DLXService
+
+    svc = DLXService(app, **kwargs)
+    thread = threading.Thread(target=svc.run, daemon=True)
+    thread.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the service did not stop"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +23,7 @@ from celery_dlx.service import DLXService
 from celery_dlx.topology import dlx_queue
 from tests.chaos.harness import PROCESS_ACTIONS, ChaosPlan, run_chaos
 from tests.conftest import BROKER_URL
-from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker
+from tests.integration.dlx_apps import drain_thread, make_app, queue_names, service_thread, worker
 from tests.integration.helpers import fates_of, wait_until
 
 
@@ -37,13 +36,8 @@ def app(uid: str, key_prefix: str, cleanup_queues: list[str]) -> Celery:
 
 @pytest.fixture
 def service(app: Celery) -> Iterator[DLXService]:
-    svc = DLXService(app)
-    thread = threading.Thread(target=svc.run, daemon=True)
-    thread.start()
-    yield svc
-    svc.stop()
-    thread.join(30)
-    assert not thread.is_alive()
+    with service_thread(app) as svc:
+        yield svc
 
 
 def queue_facts(*names: str) -> dict[str, dict[str, Any]]:

@@ -31,6 +31,7 @@ from celery_dlx.runtime import Runtime, get_runtime
 from celery_dlx.service import DLXService
 from celery_dlx.topology import dlx_queue
 from tests.conftest import BROKER_URL, ROOT
+from tests.integration.dlx_apps import service_thread
 from tests.integration.service_app import service_settings
 
 TIMEOUT = 60.0
@@ -65,17 +66,8 @@ def running(target: Callable[[threading.Event], None]) -> Iterator[None]:
         assert not thread.is_alive()
 
 
-@contextlib.contextmanager
-def service(app: Celery) -> Iterator[DLXService]:
-    svc = DLXService(app)
-    thread = threading.Thread(target=svc.run, daemon=True)
-    thread.start()
-    try:
-        yield svc
-    finally:
-        svc.stop()
-        thread.join(30)
-        assert not thread.is_alive(), "the service did not stop"
+def service(app: Celery) -> Any:
+    return service_thread(app)
 
 
 @contextlib.contextmanager

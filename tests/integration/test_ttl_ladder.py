@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,10 +25,9 @@ from celery_dlx.names import (
 )
 from celery_dlx.publish import PUBLISH_SEQ_HEADER
 from celery_dlx.runtime import get_runtime
-from celery_dlx.service import DLXService
 from celery_dlx.store import ParkedMessage
 from celery_dlx.topology import dlx_queue
-from tests.integration.dlx_apps import make_app, queue_names, worker
+from tests.integration.dlx_apps import make_app, queue_names, service_thread, worker
 from tests.integration.helpers import fates_of, queue_depth, wait_until
 
 #: Headers the broker adds when a delay queue's TTL dead-letters a message.
@@ -207,17 +204,8 @@ def test_a_fanout_queue_retry_through_the_ladder_returns_only_to_that_queue(
     assert not exists(broker, f"b-{uid}_dlq_0.2")
 
 
-@contextlib.contextmanager
-def service(app: Celery) -> Iterator[DLXService]:
-    svc = DLXService(app)
-    thread = threading.Thread(target=svc.run, daemon=True)
-    thread.start()
-    try:
-        yield svc
-    finally:
-        svc.stop()
-        thread.join(30)
-        assert not thread.is_alive(), "the service did not stop"
+def service(app: Celery) -> Any:
+    return service_thread(app)
 
 
 def test_a_burial_after_a_ladder_return_is_the_work_queues_death_not_the_ladders(
