@@ -35,10 +35,10 @@ from _common import (
 from celery import Celery
 from kombu import Connection, Producer
 
-from celery_dlx.drain import drain_once, run_drain
 from celery_dlx.fates import now_ms
-from celery_dlx.runtime import Runtime, get_runtime
-from celery_dlx.store import ParkedMessage
+from celery_dlx.store.parking import ParkedMessage
+from celery_dlx.worker.drain import drain_once, run_drain
+from celery_dlx.worker.runtime import Runtime, get_runtime
 
 TARGET = 0.4
 

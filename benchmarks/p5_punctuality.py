@@ -35,11 +35,11 @@ from _common import (
 from celery import Celery
 from kombu import Connection, Consumer, Queue
 
-from celery_dlx.config import load_config
-from celery_dlx.drain import beat_entry, register_drain_task
 from celery_dlx.fates import now_ms
-from celery_dlx.runtime import get_runtime
-from celery_dlx.store import ParkedMessage
+from celery_dlx.policy.settings import load_config
+from celery_dlx.store.parking import ParkedMessage
+from celery_dlx.worker.drain import beat_entry, register_drain_task
+from celery_dlx.worker.runtime import get_runtime
 
 #: Header carrying a bench retry's due time (epoch ms), read at arrival.
 DUE_HEADER = "bench-due-ms"

@@ -8,7 +8,7 @@ then measures back to back:
 - baseline: the broker dead-lettering them: a consumer with a large prefetch rejects every
   delivery with one ``basic.nack(multiple=True, requeue=False)`` per batch, so the client costs
   next to nothing; the clock runs from the first nack until the service queue holds every message;
-- service: a :class:`~celery_dlx.service.DLXService` consuming that backlog: read, one Redis
+- service: a :class:`~celery_dlx.service.loop.DLXService` consuming that backlog: read, one Redis
   lookup per batch, park (Redis store) or bury (obituary + indexes + history), fate events, seen
   markers, ack; the clock runs from its first batch until every dead letter is acked.
 
@@ -42,10 +42,10 @@ from _common import (
 from celery import Celery
 from kombu import Connection, Producer
 
-from celery_dlx import graveyard
-from celery_dlx.runtime import get_runtime
-from celery_dlx.service import DLXService
-from celery_dlx.topology import dlx_queue
+from celery_dlx.broker.topology import dlx_queue
+from celery_dlx.service.loop import DLXService
+from celery_dlx.store import graveyard
+from celery_dlx.worker.runtime import get_runtime
 
 logging.basicConfig(level=logging.INFO, stream=open(os.devnull, "w"))  # noqa: SIM115
 

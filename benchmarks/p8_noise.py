@@ -52,10 +52,10 @@ from celery.exceptions import Reject
 from kombu import Connection
 
 import celery_dlx
-from celery_dlx.drain import run_drain
-from celery_dlx.graveyard import Graveyard
-from celery_dlx.runtime import get_runtime
-from celery_dlx.service import DLXService
+from celery_dlx.service.loop import DLXService
+from celery_dlx.store.graveyard import Graveyard
+from celery_dlx.worker.drain import run_drain
+from celery_dlx.worker.runtime import get_runtime
 from tests.sentry_sink import SentrySink
 
 ATTEMPTS = 5

@@ -26,13 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from celery import Celery
 
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
-from celery_dlx.graveyard import Graveyard
-from celery_dlx.headers import DLXState, clean_headers
-from celery_dlx.history import History
-from celery_dlx.names import Keys
-from celery_dlx.obituary import Attempt, Obituary
-from celery_dlx.service import buried_event
-from celery_dlx.store import ParkedMessage, ParkingStore
+from celery_dlx.message.headers import DLXState, clean_headers
+from celery_dlx.message.names import Keys
+from celery_dlx.message.obituary import Attempt, Obituary
+from celery_dlx.service.loop import buried_event
+from celery_dlx.store.graveyard import Graveyard
+from celery_dlx.store.history import History
+from celery_dlx.store.parking import ParkedMessage, ParkingStore
 from tests.chaos.servers import own_redis
 
 BATCH = 1000

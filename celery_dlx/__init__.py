@@ -4,7 +4,14 @@ Failures become fates: requeued at the tail, parked in Redis and drained by beat
 graveyard that can be inspected and replayed. Start with :func:`install` and ``dlx_enabled``.
 """
 
-from .errors import (
+from celery_dlx.broker.topology import (
+    dead_letter_arguments,
+    declare_topology,
+    dlx_exchange,
+    dlx_queue,
+    service_queue,
+)
+from celery_dlx.errors import (
     ConfigurationError,
     DLXError,
     MalformedHeader,
@@ -12,17 +19,10 @@ from .errors import (
     StoreError,
     TopologyError,
 )
-from .fates import Bury, Park, Requeue
-from .install import install
-from .policy import ExponentialBackoff, ListBackoff, Policy
-from .task import AutoDLXTask, DLXTask
-from .topology import (
-    dead_letter_arguments,
-    declare_topology,
-    dlx_exchange,
-    dlx_queue,
-    service_queue,
-)
+from celery_dlx.fates import Bury, Park, Requeue
+from celery_dlx.install import install
+from celery_dlx.policy.decide import ExponentialBackoff, ListBackoff, Policy
+from celery_dlx.worker.task import AutoDLXTask, DLXTask
 
 __version__ = "0.1.0"
 

@@ -14,15 +14,15 @@ from typing import Any
 from celery import signals
 from celery.app.amqp import AMQP, Queues
 
-from .errors import ConfigurationError
-from .runtime import get_runtime
-from .topology import as_dlx_queue
+from celery_dlx.broker.topology import as_dlx_queue
+from celery_dlx.errors import ConfigurationError
+from celery_dlx.worker.runtime import get_runtime
 
 logger = logging.getLogger(__name__)
 
 #: Celery's default worker consumer; replaced only when the app has not chosen its own.
 DEFAULT_CONSUMER = "celery.worker.consumer:Consumer"
-DLX_CONSUMER = "celery_dlx.consumer:DLXConsumer"
+DLX_CONSUMER = "celery_dlx.worker.consumer:DLXConsumer"
 
 
 class DLXQueues(Queues):  # type: ignore[misc]
@@ -74,7 +74,7 @@ def install(app: Any) -> None:
             "celery_dlx.install(app) must run before the app's tasks or queues are used: call it "
             "right after `app = Celery(...)`"
         )
-    app.task_cls = "celery_dlx.task:AutoDLXTask"
+    app.task_cls = "celery_dlx.worker.task:AutoDLXTask"
     app.amqp_cls = "celery_dlx.install:DLXAMQP"
     app._celery_dlx_installed = True
 
@@ -109,7 +109,7 @@ def configure(app: Any) -> None:
     """Apply the validated settings to ``app`` (called once its configuration is loaded)."""
     runtime = get_runtime(app)
     config = runtime.config
-    from .drain import register_drain_task
+    from celery_dlx.worker.drain import register_drain_task
 
     # The drain task is registered even when disabled, so `celery dlx` tools and a beat of
     # another app can send it; it only runs if scheduled.
@@ -123,7 +123,7 @@ def configure(app: Any) -> None:
             "worker_consumer is %s: undecodable messages are handled by it, not by celery_dlx",
             app.conf.worker_consumer,
         )
-    from .drain import beat_entry
+    from celery_dlx.worker.drain import beat_entry
 
     schedule = dict(app.conf.beat_schedule or {})
     schedule.update(beat_entry(config))
@@ -134,11 +134,11 @@ def configure(app: Any) -> None:
 def _install_optional(app: Any, runtime: Any) -> None:
     """Hook in the DLX service bootstep and the integrations when their modules are present."""
     if runtime.config.service_in_worker:
-        from .bootstep import install_service_step
+        from celery_dlx.service.bootstep import install_service_step
 
         install_service_step(app)
     try:
-        from .integrations import install_integrations
+        from celery_dlx.integrations import install_integrations
     except ImportError:  # the integrations package is optional in a minimal install
         return
     install_integrations(app, runtime)

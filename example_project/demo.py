@@ -96,7 +96,7 @@ def _check_services(names: Any) -> str | None:
 
 
 def _tour(names: Any, run: str, rundir: Path, timeout: float) -> bool:
-    from celery_dlx.runtime import get_runtime
+    from celery_dlx.worker.runtime import get_runtime
 
     from . import processes, schema, story
     from .report import table
@@ -206,7 +206,7 @@ def _text(value: Any) -> str:
 def _show_event(runtime: Any, final: list[Any]) -> None:
     """Decode the buried protobuf event the way ``celery dlx show`` does."""
     from celery_dlx.codecs import decode_payload, registry_from_config
-    from celery_dlx.graveyard import get_obituary
+    from celery_dlx.store.graveyard import get_obituary
 
     buried = [f.obituary for f in final if f.tracked.kind == "foreign poison" and f.obituary]
     ob = get_obituary(runtime, buried[0].id, with_payload=True) if buried else None

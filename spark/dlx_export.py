@@ -5,7 +5,7 @@ Run it with ``spark-submit`` (any master) or plain ``python`` (``local[*]``)::
     spark-submit --master 'local[*]' spark/dlx_export.py \\
         --redis-url redis://127.0.0.1:6379/0 --prefix dlx --out /data/dlx-history
 
-or through ``celery -A proj dlx export``, which builds that command (``celery_dlx.export``).
+or through ``celery -A proj dlx export``, which builds that command (``celery_dlx.ops.export``).
 
 One run exports one *batch*: the stream entries after the checkpoint up to the last entry when the
 run started. The executors read the stream in id ranges (the driver never reads an entry), the

@@ -18,7 +18,7 @@ import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
-#: Fields of a history entry (``celery_dlx.history.HISTORY_FIELDS`` plus ``obituary``).
+#: Fields of a history entry (``celery_dlx.store.history.HISTORY_FIELDS`` plus ``obituary``).
 HISTORY_FIELDS = (
     "fate",
     "at_ms",
@@ -60,7 +60,7 @@ def connect(url: str) -> Any:
     """A redis-py client for ``url``: ``redis://``, ``rediss://``, ``unix://``,
     ``sentinel://host:port[,host:port]/service[/db]`` or ``redis://...?cluster=true``.
 
-    Mirrors ``celery_dlx.store.redis_client``, which executors cannot import.
+    Mirrors ``celery_dlx.store.parking.redis_client``, which executors cannot import.
 
     Raises:
         ValueError: a sentinel URL without a service name.

@@ -50,7 +50,7 @@ def key_prefix(uid: str, redis_client: Any) -> Iterator[str]:
 
 @pytest.fixture
 def keys(key_prefix: str) -> Any:
-    from celery_dlx.names import Keys
+    from celery_dlx.message.names import Keys
 
     return Keys(key_prefix)
 

@@ -7,10 +7,10 @@ attachments and the graveyard. Protobuf bodies are decoded with the best-fitting
 
 from __future__ import annotations
 
-from .decode import decode_payload
-from .limits import DEFAULT_LIMIT
-from .registry import ProtobufRegistry, protobuf_available, registry_from_config
-from .result import KINDS, Decoded, RunnerUp
+from celery_dlx.codecs.decode import decode_payload
+from celery_dlx.codecs.limits import DEFAULT_LIMIT
+from celery_dlx.codecs.registry import ProtobufRegistry, protobuf_available, registry_from_config
+from celery_dlx.codecs.result import KINDS, Decoded, RunnerUp
 
 __all__ = [
     "DEFAULT_LIMIT",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .context import header
+from celery_dlx.codecs.context import header
 
 #: Keys of a protocol 1 body that protocol 2 moved into the ``embed`` part.
 _PROTOCOL1_EMBED = ("callbacks", "errbacks", "chord", "chain", "taskset", "group")

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .registry import ProtobufRegistry
-from .result import RunnerUp
+from celery_dlx.codecs.registry import ProtobufRegistry
+from celery_dlx.codecs.result import RunnerUp
 
 #: Media types that declare JSON (besides any ``*/*+json``).
 JSON_TYPES = frozenset({"application/json", "text/json", "application/x-json"})

@@ -9,14 +9,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from . import protobuf_view
-from .celery_body import celery_view, header_task
-from .compression import UNSUPPORTED, format_of, inflate, sniff_format
-from .context import Context, Reading, charset_of, header, media_type
-from .jsonsafe import is_printable, opaque_view, printable_text, prune
-from .limits import DEFAULT_LIMIT, MAX_EMBEDDED, MAX_LAYERS, MIN_LIMIT
-from .registry import ProtobufRegistry
-from .result import (
+from celery_dlx.codecs import protobuf_view
+from celery_dlx.codecs.celery_body import celery_view, header_task
+from celery_dlx.codecs.compression import UNSUPPORTED, format_of, inflate, sniff_format
+from celery_dlx.codecs.context import Context, Reading, charset_of, header, media_type
+from celery_dlx.codecs.jsonsafe import is_printable, opaque_view, printable_text, prune
+from celery_dlx.codecs.limits import DEFAULT_LIMIT, MAX_EMBEDDED, MAX_LAYERS, MIN_LIMIT
+from celery_dlx.codecs.registry import ProtobufRegistry
+from celery_dlx.codecs.result import (
     KIND_BINARY,
     KIND_CELERY,
     KIND_EMPTY,
@@ -28,9 +28,9 @@ from .result import (
     KIND_TEXT,
     Decoded,
 )
-from .textual import looks_like_json, parse_json, unbase64
-from .unsafe import pickle_globals, pickle_protocol, unsafe_reason
-from .wire import scan
+from celery_dlx.codecs.textual import looks_like_json, parse_json, unbase64
+from celery_dlx.codecs.unsafe import pickle_globals, pickle_protocol, unsafe_reason
+from celery_dlx.codecs.wire import scan
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .jsonsafe import printable_text
-from .limits import MAX_CANDIDATES, MAX_FIT_NODES, MAX_TYPED_DEPTH, PRESELECTED
-from .registry import ProtobufRegistry
-from .shapes import (
+from celery_dlx.codecs.jsonsafe import printable_text
+from celery_dlx.codecs.limits import MAX_CANDIDATES, MAX_FIT_NODES, MAX_TYPED_DEPTH, PRESELECTED
+from celery_dlx.codecs.registry import ProtobufRegistry
+from celery_dlx.codecs.shapes import (
     SIGNED_32,
     TYPE_BOOL,
     TYPE_BYTES,
@@ -26,7 +26,7 @@ from .shapes import (
     Shape,
     shape_of,
 )
-from .wire import FIXED32, FIXED64, LEN, VARINT, Field, Scan, scan
+from celery_dlx.codecs.wire import FIXED32, FIXED64, LEN, VARINT, Field, Scan, scan
 
 _WEIGHT_MATCH, _WEIGHT_COVERAGE, _WEIGHT_REQUIRED = 0.7, 0.2, 0.1
 # Evidence from a bytes field whose value would read as text or as a message.

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .limits import MAX_DATA_DEPTH, PREVIEW_BYTES
+from celery_dlx.codecs.limits import MAX_DATA_DEPTH, PREVIEW_BYTES
 
 # C0 controls other than tab, newline, form feed and carriage return, and DEL: a body holding
 # any of them is binary, not text.

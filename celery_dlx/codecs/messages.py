@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .jsonsafe import hex_preview, printable_text
-from .limits import MAX_TYPED_DEPTH, PREVIEW_BYTES
-from .shapes import TYPE_BYTES, TYPE_ENUM, is_repeated
+from celery_dlx.codecs.jsonsafe import hex_preview, printable_text
+from celery_dlx.codecs.limits import MAX_TYPED_DEPTH, PREVIEW_BYTES
+from celery_dlx.codecs.shapes import TYPE_BYTES, TYPE_ENUM, is_repeated
 
 # Values of bytes fields longer than this are shown as a hex preview only.
 _BYTES_SHOWN = PREVIEW_BYTES * 16

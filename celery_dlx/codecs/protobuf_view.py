@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from .context import Context, Reading
-from .fit import MIN_MATCH, Fit, rank
-from .limits import PRESELECTED
-from .messages import message_data
-from .registry import INSTALL_HINT, MODULES_SETTING, SETS_SETTING, protobuf_available
-from .result import KIND_PROTOBUF, KIND_PROTOBUF_WIRE, RunnerUp
-from .wire import Scan, dump, scan
+from celery_dlx.codecs.context import Context, Reading
+from celery_dlx.codecs.fit import MIN_MATCH, Fit, rank
+from celery_dlx.codecs.limits import PRESELECTED
+from celery_dlx.codecs.messages import message_data
+from celery_dlx.codecs.registry import (
+    INSTALL_HINT,
+    MODULES_SETTING,
+    SETS_SETTING,
+    protobuf_available,
+)
+from celery_dlx.codecs.result import KIND_PROTOBUF, KIND_PROTOBUF_WIRE, RunnerUp
+from celery_dlx.codecs.wire import Scan, dump, scan
 
 
 def typed(data: bytes, ctx: Context, scanned: Scan | None = None) -> Reading | None:

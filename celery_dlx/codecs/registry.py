@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigurationError
-from .shapes import Shape
+from celery_dlx.codecs.shapes import Shape
+from celery_dlx.errors import ConfigurationError
 
 #: Where to get protobuf support.
 INSTALL_HINT = "protobuf support needs `pip install celery-dlx[protobuf]`"
@@ -224,7 +224,7 @@ def registry_from_config(config: Any) -> ProtobufRegistry:
     """The registry described by ``dlx_protobuf_descriptor_sets`` and ``dlx_protobuf_modules``.
 
     Args:
-        config: a :class:`~celery_dlx.config.DLXConfig`, or a mapping of those two settings.
+        config: a :class:`~celery_dlx.policy.settings.DLXConfig`, or a mapping of those two settings.
 
     Raises:
         ConfigurationError: a descriptor set or module cannot be loaded, or protobuf is missing

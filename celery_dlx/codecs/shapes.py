@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .wire import FIXED32, FIXED64, LEN, START_GROUP, VARINT
+from celery_dlx.codecs.wire import FIXED32, FIXED64, LEN, START_GROUP, VARINT
 
 # FieldDescriptor.TYPE_* numbers (fixed by descriptor.proto) -> the wire type they travel as.
 WIRE_OF = {

@@ -11,8 +11,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from .jsonsafe import hex_preview, printable_text
-from .limits import MAX_DUMP_FIELDS, MAX_SCAN_FIELDS, MAX_WIRE_DEPTH, PREVIEW_BYTES
+from celery_dlx.codecs.jsonsafe import hex_preview, printable_text
+from celery_dlx.codecs.limits import MAX_DUMP_FIELDS, MAX_SCAN_FIELDS, MAX_WIRE_DEPTH, PREVIEW_BYTES
 
 VARINT, FIXED64, LEN, START_GROUP, END_GROUP, FIXED32 = 0, 1, 2, 3, 4, 5
 #: Names of the wire types, as a dump shows them.

@@ -2,17 +2,17 @@
 
 :func:`install_integrations` appends the enabled fate listeners to ``runtime.listeners``;
 ``celery_dlx.install(app)`` calls it. Each listener is told every fate change after it was
-logged, counted and appended to the failure history (see :meth:`celery_dlx.runtime.Runtime.record`).
+logged, counted and appended to the failure history (see :meth:`celery_dlx.worker.runtime.Runtime.record`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..runtime import Listener, Runtime
-from .events import EventSender, install_events
-from .logs import CeleryEchoFilter, install_log_filter
-from .sentry import SentryReporter, install_sentry, mark_handled
+from celery_dlx.integrations.events import EventSender, install_events
+from celery_dlx.integrations.logs import CeleryEchoFilter, install_log_filter
+from celery_dlx.integrations.sentry import SentryReporter, install_sentry, mark_handled
+from celery_dlx.worker.runtime import Listener, Runtime
 
 __all__ = [
     "CeleryEchoFilter",

@@ -28,8 +28,8 @@ import logging
 import socket
 from typing import Any
 
-from ..fates import BURIED, PARKED, REPLAYED, REQUEUED, FateEvent
-from ..runtime import Runtime
+from celery_dlx.fates import BURIED, PARKED, REPLAYED, REQUEUED, FateEvent
+from celery_dlx.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from celery._state import get_current_worker_task
 
-from ..fates import PARKED, REQUEUED, FateEvent
+from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 
 #: Celery's logger of per-run outcomes.
 TRACE_LOGGER = "celery.app.trace"

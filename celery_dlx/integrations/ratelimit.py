@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..names import Keys
+from celery_dlx.message.names import Keys
 
 #: INCR the key; start its window (PEXPIRE) on the first hit; return the count so far.
 #: A key left without a TTL (a crash between the two calls is impossible in Lua, but a key

@@ -27,10 +27,10 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
-from ..fates import BURIED, FateEvent
-from ..runtime import Runtime
-from .ratelimit import WindowBudget
-from .tracebacks import exception_values
+from celery_dlx.fates import BURIED, FateEvent
+from celery_dlx.integrations.ratelimit import WindowBudget
+from celery_dlx.integrations.tracebacks import exception_values
+from celery_dlx.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 LEVELS = {"page": "fatal", "notify": "warning"}
 #: Breadcrumb level per fate (anything not listed is ``info``).
 BREADCRUMB_LEVELS = {"parked": "warning", "requeued": "info", "buried": "error"}
-#: The logger :meth:`celery_dlx.runtime.Runtime.record` writes fate lines to.
+#: The logger :meth:`celery_dlx.worker.runtime.Runtime.record` writes fate lines to.
 FATE_LOGGER = "celery_dlx"
 #: Attribute set on an exception whose failure celery_dlx turned into a fate.
 HANDLED_ATTR = "__celery_dlx_fate__"
@@ -106,7 +106,7 @@ def install_sentry_hooks() -> None:
     from sentry_sdk.scope import add_global_event_processor, global_event_processors
 
     ignore_logger(FATE_LOGGER)
-    # The worker's quarantine lines (celery_dlx.task, celery_dlx.consumer): the service reports
+    # The worker's quarantine lines (celery_dlx.worker.task, celery_dlx.worker.consumer): the service reports
     # the burial itself.
     ignore_logger(f"{FATE_LOGGER}.*")
     if drop_handled not in global_event_processors:
@@ -250,7 +250,7 @@ def payload_view(
     """
     view: dict[str, Any] = {"payload_bytes": len(body), "payload_content_type": content_type}
     try:
-        from ..codecs import decode_payload
+        from celery_dlx.codecs import decode_payload
 
         decoded = decode_payload(
             body,
@@ -306,7 +306,7 @@ class SentryReporter:
         """The protobuf registry of ``dlx_protobuf_*`` settings, made once; None if unusable."""
         if self._protobuf is None:
             try:
-                from ..codecs import registry_from_config
+                from celery_dlx.codecs import registry_from_config
 
                 self._protobuf = (registry_from_config(self.runtime.config),)
             except Exception as exc:  # the payload is still shown, decoded without schemas
@@ -321,7 +321,7 @@ class SentryReporter:
         if history is not None or obituary_id is None:
             return history
         try:
-            from ..graveyard import Graveyard
+            from celery_dlx.store.graveyard import Graveyard
 
             (ob,) = Graveyard(self.runtime.redis, self.runtime.keys).load([obituary_id])
         except Exception as exc:  # breadcrumbs are a nicety; the event goes without them

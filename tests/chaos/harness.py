@@ -33,9 +33,9 @@ from typing import Any
 import redis
 from kombu import Connection, Producer
 
-from celery_dlx import graveyard
-from celery_dlx.runtime import get_runtime
-from celery_dlx.topology import dlx_queue
+from celery_dlx.broker.topology import dlx_queue
+from celery_dlx.store import graveyard
+from celery_dlx.worker.runtime import get_runtime
 from tests.chaos import processes as P
 from tests.chaos.chaos_app import BROKER_URL, LEDGER_URL, Names, make_chaos_app
 from tests.chaos.servers import RedisServer

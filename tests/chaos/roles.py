@@ -22,8 +22,8 @@ from tests.chaos.chaos_app import BROKER_URL, LEDGER_URL, Names
 
 
 def drain_forever() -> None:
-    from celery_dlx.drain import run_drain
-    from celery_dlx.runtime import get_runtime
+    from celery_dlx.worker.drain import run_drain
+    from celery_dlx.worker.runtime import get_runtime
     from tests.chaos.chaos_app import app
 
     runtime = get_runtime(app)
@@ -43,7 +43,7 @@ def consume_foreign() -> None:
     import pika
     import redis
 
-    from celery_dlx.names import ATTEMPT_HEADER
+    from celery_dlx.message.names import ATTEMPT_HEADER
 
     names = Names(os.environ["CHAOS_UID"])
     ledger = redis.Redis.from_url(LEDGER_URL, socket_timeout=10)

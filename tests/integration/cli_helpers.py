@@ -14,8 +14,8 @@ import amqp
 from celery.bin.base import CLIContext
 from click.testing import CliRunner, Result
 
-from celery_dlx.cli import dlx
-from celery_dlx.topology import dead_letter_arguments, service_queue
+from celery_dlx.broker.topology import dead_letter_arguments, service_queue
+from celery_dlx.cli.main import dlx
 from tests.fixtures.codecs.protos import compile_descriptor_set, compile_python
 
 

@@ -11,9 +11,9 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 import celery_dlx
-from celery_dlx.drain import run_drain
-from celery_dlx.ladder import delay_queue_name, ladder_ms
-from celery_dlx.runtime import get_runtime
+from celery_dlx.broker.ladder import delay_queue_name, ladder_ms
+from celery_dlx.worker.drain import run_drain
+from celery_dlx.worker.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL
 
 #: The delay backends the fate tests run with.
@@ -121,7 +121,7 @@ def worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
 @contextlib.contextmanager
 def service_thread(app: Celery, **kwargs: Any) -> Iterator[Any]:
     """The app's DLX service running in a thread; stopped (and proven stopped) on exit."""
-    from celery_dlx.service import DLXService
+    from celery_dlx.service.loop import DLXService
 
     svc = DLXService(app, **kwargs)
     thread = threading.Thread(target=svc.run, daemon=True)

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery_dlx.history import History
-from celery_dlx.names import Keys
+from celery_dlx.message.names import Keys
+from celery_dlx.store.history import History
 
 
 def wait_until(

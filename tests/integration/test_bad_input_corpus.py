@@ -27,11 +27,11 @@ import pytest
 import redis as redis_lib
 from kombu import Connection
 
-from celery_dlx import graveyard
-from celery_dlx.names import ATTEMPT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER
-from celery_dlx.runtime import get_runtime
-from celery_dlx.service import DLXService
-from celery_dlx.topology import dead_letter_arguments, service_queue
+from celery_dlx.broker.topology import dead_letter_arguments, service_queue
+from celery_dlx.message.names import ATTEMPT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER
+from celery_dlx.service.loop import DLXService
+from celery_dlx.store import graveyard
+from celery_dlx.worker.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL
 from tests.integration.cli_helpers import run, shop_protos
 from tests.integration.dlx_apps import make_app, queue_names, worker

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 import redis as redis_lib
 
-from celery_dlx import graveyard
 from celery_dlx.fates import PURGED, REQUEUED, FateEvent, now_ms
-from celery_dlx.graveyard import Graveyard
-from celery_dlx.obituary import Attempt, Obituary
-from celery_dlx.render import iso
-from celery_dlx.runtime import get_runtime
-from celery_dlx.service import buried_event, run_service
-from celery_dlx.store import ParkedMessage
+from celery_dlx.message.obituary import Attempt, Obituary
+from celery_dlx.ops.render import iso
+from celery_dlx.service.loop import buried_event, run_service
+from celery_dlx.store import graveyard
+from celery_dlx.store.graveyard import Graveyard
+from celery_dlx.store.parking import ParkedMessage
+from celery_dlx.worker.runtime import get_runtime
 from tests.conftest import REDIS_URL, ROOT
 from tests.integration.cli_helpers import (
     b64,
@@ -441,7 +441,7 @@ def test_list_table_fits_the_terminal(shop: dict[str, Any]) -> None:
 def test_parked_purge_deletes_one_retry_and_keeps_it_in_the_history(
     uid: str, key_prefix: str
 ) -> None:
-    from celery_dlx.history import History
+    from celery_dlx.store.history import History
 
     app = make_app(uid)
     runtime = get_runtime(app)

@@ -16,13 +16,13 @@ import pytest
 from celery import Celery
 from kombu.serialization import dumps
 
-from celery_dlx import graveyard
 from celery_dlx.fates import RECOVERED, REPLAYED, now_ms
-from celery_dlx.graveyard import Graveyard
-from celery_dlx.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEADER
-from celery_dlx.obituary import ORIGIN_FOREIGN, Attempt, Obituary
-from celery_dlx.runtime import Runtime, get_runtime
-from celery_dlx.service import buried_event
+from celery_dlx.message.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEADER
+from celery_dlx.message.obituary import ORIGIN_FOREIGN, Attempt, Obituary
+from celery_dlx.service.loop import buried_event
+from celery_dlx.store import graveyard
+from celery_dlx.store.graveyard import Graveyard
+from celery_dlx.worker.runtime import Runtime, get_runtime
 from tests.integration.cli_helpers import run_json
 from tests.integration.dlx_apps import make_app, queue_names, worker
 from tests.integration.helpers import wait_until

@@ -1,4 +1,4 @@
-"""Per-minute fate counters: written by Runtime.record, read by celery_dlx.counters (real Redis)."""
+"""Per-minute fate counters: written by Runtime.record, read by celery_dlx.store.counters (real Redis)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_dlx import counters
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
-from celery_dlx.names import Keys
-from celery_dlx.runtime import COUNTER_TTL, get_runtime
+from celery_dlx.message.names import Keys
+from celery_dlx.store import counters
+from celery_dlx.worker.runtime import COUNTER_TTL, get_runtime
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 #: A fixed minute far from now, so the test's reads see only its own writes.

@@ -24,8 +24,11 @@ from celery.beat import Scheduler
 from celery.local import maybe_evaluate
 from kombu import Connection
 
-from celery_dlx.config import load_config
-from celery_dlx.drain import (
+from celery_dlx.broker.publish import PUBLISH_SEQ_HEADER
+from celery_dlx.fates import DRAINED, FateEvent, now_ms
+from celery_dlx.policy.settings import load_config
+from celery_dlx.store.parking import ParkedMessage
+from celery_dlx.worker.drain import (
     DRAIN_TASK_NAME,
     RELEASE_DELAY,
     beat_entry,
@@ -33,10 +36,7 @@ from celery_dlx.drain import (
     register_drain_task,
     run_drain,
 )
-from celery_dlx.fates import DRAINED, FateEvent, now_ms
-from celery_dlx.publish import PUBLISH_SEQ_HEADER
-from celery_dlx.runtime import Runtime, get_runtime
-from celery_dlx.store import ParkedMessage
+from celery_dlx.worker.runtime import Runtime, get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL, ROOT
 
 #: Generous bound for anything awaited (a busy CI machine), never a timing assertion.
@@ -135,7 +135,7 @@ def drain_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "celery_dlx.drain" and r.levelno >= logging.WARNING
+        if r.name == "celery_dlx.worker.drain" and r.levelno >= logging.WARNING
     ]
 
 
@@ -351,9 +351,9 @@ _FROZEN_DRAIN = textwrap.dedent(
     """
     import sys
     from celery import Celery
-    from celery_dlx.drain import drain_once
-    from celery_dlx.publish import ConfirmingPublisher
-    from celery_dlx.runtime import get_runtime
+    from celery_dlx.worker.drain import drain_once
+    from celery_dlx.broker.publish import ConfirmingPublisher
+    from celery_dlx.worker.runtime import get_runtime
 
     broker, redis_url, prefix, lease = sys.argv[1:5]
 

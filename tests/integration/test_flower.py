@@ -21,7 +21,7 @@ from celery import Celery
 
 from celery_dlx.fates import BURIED, DRAINED, PARKED, REPLAYED, REQUEUED, FateEvent
 from celery_dlx.integrations import EventSender, install_integrations
-from celery_dlx.runtime import get_runtime
+from celery_dlx.worker.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL
 
 AUTH = "dlx:flower-test"
@@ -274,7 +274,7 @@ def test_real_worker_and_service_fates_reach_flower(
     """A poison message through a real worker, drain and DLX service: Flower sees every fate."""
     import threading
 
-    from celery_dlx.service import DLXService
+    from celery_dlx.service.loop import DLXService
     from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker
 
     app = make_app(uid)

@@ -11,14 +11,14 @@ import pytest
 from celery import Celery
 from kombu import Queue
 
-from celery_dlx import graveyard
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import ARCHIVED, BURIED, PURGED, REPLAYED
-from celery_dlx.graveyard import Graveyard
-from celery_dlx.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEADER
-from celery_dlx.obituary import Attempt, Obituary, payload_from_json_safe
-from celery_dlx.runtime import Runtime, get_runtime
-from celery_dlx.service import buried_event
+from celery_dlx.message.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEADER
+from celery_dlx.message.obituary import Attempt, Obituary, payload_from_json_safe
+from celery_dlx.service.loop import buried_event
+from celery_dlx.store import graveyard
+from celery_dlx.store.graveyard import Graveyard
+from celery_dlx.worker.runtime import Runtime, get_runtime
 
 BROKER_URL = os.environ.get("DLX_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = os.environ.get("DLX_TEST_REDIS", "redis://127.0.0.1:6379/0")

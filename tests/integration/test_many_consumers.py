@@ -19,12 +19,12 @@ import pytest
 from celery import Celery
 from kombu import Producer
 
-from celery_dlx import graveyard
+from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.fates import BURIED, DRAINED, PARKED, REQUEUED
-from celery_dlx.names import ATTEMPT_HEADER
-from celery_dlx.runtime import get_runtime
-from celery_dlx.service import DLXService
-from celery_dlx.topology import dlx_queue
+from celery_dlx.message.names import ATTEMPT_HEADER
+from celery_dlx.service.loop import DLXService
+from celery_dlx.store import graveyard
+from celery_dlx.worker.runtime import get_runtime
 from tests.conftest import BROKER_URL
 from tests.integration.dlx_apps import drain_thread, make_app
 from tests.integration.helpers import queue_depth, wait_until

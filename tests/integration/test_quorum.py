@@ -17,10 +17,10 @@ import pika
 import pytest
 from celery import Celery
 
-from celery_dlx import graveyard
-from celery_dlx.runtime import get_runtime
-from celery_dlx.service import DLXService
-from celery_dlx.topology import dlx_queue
+from celery_dlx.broker.topology import dlx_queue
+from celery_dlx.service.loop import DLXService
+from celery_dlx.store import graveyard
+from celery_dlx.worker.runtime import get_runtime
 from tests.chaos.harness import PROCESS_ACTIONS, ChaosPlan, run_chaos
 from tests.conftest import BROKER_URL
 from tests.integration.dlx_apps import drain_thread, make_app, queue_names, service_thread, worker

@@ -14,13 +14,13 @@ import pytest
 from celery import Celery
 from kombu import Exchange, Producer, Queue
 
-from celery_dlx import graveyard
-from celery_dlx.drain import drain_once
 from celery_dlx.fates import now_ms
-from celery_dlx.names import Keys
-from celery_dlx.runtime import get_runtime
-from celery_dlx.service import DLXService
-from celery_dlx.store import ParkedMessage, ParkingStore, redis_client
+from celery_dlx.message.names import Keys
+from celery_dlx.service.loop import DLXService
+from celery_dlx.store import graveyard
+from celery_dlx.store.parking import ParkedMessage, ParkingStore, redis_client
+from celery_dlx.worker.drain import drain_once
+from celery_dlx.worker.runtime import get_runtime
 from tests.chaos.servers import SentinelServers, redis_sentinel, wait_for
 from tests.conftest import BROKER_URL
 

@@ -21,7 +21,7 @@ from sentry_sdk.integrations.logging import LoggingIntegration
 
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
 from celery_dlx.integrations import CeleryEchoFilter, SentryReporter, install_integrations
-from celery_dlx.runtime import get_runtime
+from celery_dlx.worker.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL, ROOT
 from tests.sentry_sink import SentrySink
 
@@ -124,7 +124,7 @@ def test_rate_limit_holds_across_processes(sink: SentrySink, uid: str, key_prefi
         import sentry_sdk
         from celery import Celery
         from celery_dlx.integrations import install_integrations
-        from celery_dlx.runtime import get_runtime
+        from celery_dlx.worker.runtime import get_runtime
         from tests.integration.test_sentry import _burial
 
         sentry_sdk.init(dsn={sink.dsn!r}, default_integrations=False)
@@ -189,9 +189,9 @@ def test_celery_integration_on_real_worker_reports_each_cause_once(
 
     from sentry_sdk.integrations.celery import CeleryIntegration
 
-    from celery_dlx.graveyard import Graveyard
-    from celery_dlx.headers import fingerprint
-    from celery_dlx.service import DLXService
+    from celery_dlx.message.headers import fingerprint
+    from celery_dlx.service.loop import DLXService
+    from celery_dlx.store.graveyard import Graveyard
     from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker
 
     _init(sink)  # default integrations too: logging (events from ERROR lines), threading...

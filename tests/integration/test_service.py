@@ -22,14 +22,14 @@ from celery.contrib.testing.worker import start_worker
 from kombu import Exchange, Producer, Queue
 
 import celery_dlx
-from celery_dlx import graveyard
-from celery_dlx.drain import drain_once
+from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.fates import BURIED, DRAINED, PARKED, REQUEUED
-from celery_dlx.names import ATTEMPT_HEADER, REASON_HEADER
-from celery_dlx.obituary import payload_from_json_safe
-from celery_dlx.runtime import Runtime, get_runtime
-from celery_dlx.service import DLXService
-from celery_dlx.topology import dlx_queue
+from celery_dlx.message.names import ATTEMPT_HEADER, REASON_HEADER
+from celery_dlx.message.obituary import payload_from_json_safe
+from celery_dlx.service.loop import DLXService
+from celery_dlx.store import graveyard
+from celery_dlx.worker.drain import drain_once
+from celery_dlx.worker.runtime import Runtime, get_runtime
 from tests.conftest import BROKER_URL, ROOT
 from tests.integration.dlx_apps import service_thread
 from tests.integration.service_app import service_settings
@@ -559,7 +559,7 @@ def test_redis_outage_holds_dead_letters_unacked_and_logs_once(
     runtime = get_runtime(app)
     death = [{"queue": names["billing"], "reason": "rejected", "count": 1}]
     dead = Exchange(names["dlx"], type="topic", durable=True)
-    caplog.set_level("WARNING", logger="celery_dlx.service")
+    caplog.set_level("WARNING", logger="celery_dlx.service.loop")
     with service(app) as svc:
         wait_until(lambda: _consumers(broker, names["dead"]) == 1, "the service consumer")
         own_redis.stop()
@@ -640,9 +640,9 @@ def test_the_service_moves_obituaries_past_retention_to_the_history(
     uid: str, names: dict[str, str]
 ) -> None:
     from celery_dlx.fates import ARCHIVED
-    from celery_dlx.graveyard import Graveyard
-    from celery_dlx.obituary import Obituary
-    from celery_dlx.service import buried_event
+    from celery_dlx.message.obituary import Obituary
+    from celery_dlx.service.loop import buried_event
+    from celery_dlx.store.graveyard import Graveyard
 
     app = make_app(uid, dlx_graveyard_retention=3600)
     runtime = get_runtime(app)

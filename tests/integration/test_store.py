@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.names import Keys
-from celery_dlx.store import ParkedMessage, ParkingStore
+from celery_dlx.message.names import Keys
+from celery_dlx.store.parking import ParkedMessage, ParkingStore
 
 T0 = 1_700_000_000_000
 LEASE = 1_500

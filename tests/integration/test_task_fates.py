@@ -14,8 +14,8 @@ from celery import signals
 from kombu import Exchange, Queue
 
 from celery_dlx import Bury, Park, TopologyError
-from celery_dlx.causes import read_cause
-from celery_dlx.names import ATTEMPT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER
+from celery_dlx.message.names import ATTEMPT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER
+from celery_dlx.store.causes import read_cause
 from tests.integration.dlx_apps import (
     DELAY_BACKENDS,
     delays_returning,

@@ -12,21 +12,22 @@ from amqp.exceptions import NotFound, PreconditionFailed
 from celery import Celery
 from kombu import Exchange, Queue
 
-from celery_dlx import Park, graveyard
-from celery_dlx.copies import delivery_headers
+from celery_dlx import Park
+from celery_dlx.broker.ladder import delay_queue_arguments, ladder_depths
+from celery_dlx.broker.publish import PUBLISH_SEQ_HEADER
+from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.fates import BURIED, PARKED
-from celery_dlx.ladder import delay_queue_arguments, ladder_depths
-from celery_dlx.names import (
+from celery_dlx.message.copies import delivery_headers
+from celery_dlx.message.names import (
     ATTEMPT_HEADER,
     HISTORY_HEADER,
     PARKS_HEADER,
     QUEUE_HEADER,
     REQUEUES_HEADER,
 )
-from celery_dlx.publish import PUBLISH_SEQ_HEADER
-from celery_dlx.runtime import get_runtime
-from celery_dlx.store import ParkedMessage
-from celery_dlx.topology import dlx_queue
+from celery_dlx.store import graveyard
+from celery_dlx.store.parking import ParkedMessage
+from celery_dlx.worker.runtime import get_runtime
 from tests.integration.dlx_apps import make_app, queue_names, service_thread, worker
 from tests.integration.helpers import fates_of, queue_depth, wait_until
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.history import History
+from celery_dlx.store.history import History
 from tests.conftest import ROOT
 from tests.integration.dlx_apps import drain_thread, make_app, queue_names
 from tests.integration.helpers import fates_of, queue_depth, wait_until
@@ -81,7 +81,9 @@ def test_worker_killed_mid_task_counts_an_attempt(
     assert int(redis_client.get("{" + key_prefix + "}:test:block_once")) == 2
     assert fates_of(redis_client, keys, result.id) == ["requeued", "recovered"]
     [requeued] = [f for _, f in History(redis_client, keys).read() if f["fate"] == "requeued"]
-    assert requeued["exc_type"] == "celery_dlx.task.Redelivered" and requeued["attempt"] == "1"
+    assert (
+        requeued["exc_type"] == "celery_dlx.worker.task.Redelivered" and requeued["attempt"] == "1"
+    )
 
 
 def test_task_that_kills_its_worker_is_buried_after_the_budget(

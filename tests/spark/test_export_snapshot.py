@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.export import dump_snapshot
+from celery_dlx.ops.export import dump_snapshot
 
 from . import checks, generated
 

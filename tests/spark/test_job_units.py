@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from celery_dlx import fates, history, names
+from celery_dlx import fates
+from celery_dlx.message import names
+from celery_dlx.store import history
 
 dlx_source = pytest.importorskip("dlx_source")
 

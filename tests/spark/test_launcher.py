@@ -1,4 +1,4 @@
-"""celery_dlx.export: the spark-submit command, and a real run through spark-submit."""
+"""celery_dlx.ops.export: the spark-submit command, and a real run through spark-submit."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_dlx import export
+from celery_dlx.ops import export
 from tests.conftest import REDIS_URL
 
 from . import generated

@@ -6,7 +6,7 @@ import amqp
 import pytest
 from amqp import serialization
 
-from celery_dlx.amqp_compat import install_tolerant_properties
+from celery_dlx.compat import install_tolerant_properties
 
 BASIC = amqp.spec.Basic.CLASS_ID
 

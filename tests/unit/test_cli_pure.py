@@ -13,15 +13,15 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner
 from kombu import Connection
 
-from celery_dlx import checks
-from celery_dlx.cli import dlx
+from celery_dlx.broker.management import dead_letter_exchange_of, management_for
+from celery_dlx.cli.main import dlx
 from celery_dlx.errors import DLXError
-from celery_dlx.graveyard import ReplayReport
-from celery_dlx.management import dead_letter_exchange_of, management_for
-from celery_dlx.migrate import MigrationError, effective_policy, plan_policy, plan_rename
-from celery_dlx.obituary import Obituary
-from celery_dlx.render import ago, human_seconds, iso, parse_duration, parse_when, table
-from celery_dlx.replay import CanaryResult, ReplayRun, watch_canary
+from celery_dlx.message.obituary import Obituary
+from celery_dlx.ops import checks
+from celery_dlx.ops.migrate import MigrationError, effective_policy, plan_policy, plan_rename
+from celery_dlx.ops.render import ago, human_seconds, iso, parse_duration, parse_when, table
+from celery_dlx.ops.replay import CanaryResult, ReplayRun, watch_canary
+from celery_dlx.store.graveyard import ReplayReport
 
 
 @pytest.mark.parametrize(
@@ -384,7 +384,7 @@ def test_export_prints_the_spark_submit_command_from_the_app_settings() -> None:
 
 
 def test_progress_bar_only_for_people(capsys: pytest.CaptureFixture[str]) -> None:
-    from celery_dlx.clikit import progress_bar, show_progress
+    from celery_dlx.cli.kit import progress_bar, show_progress
 
     assert show_progress(as_json=True) is False
     with progress_bar(5, "replaying", enabled=False) as advance:

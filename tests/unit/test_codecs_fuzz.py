@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celery_dlx import names
 from celery_dlx.codecs import KINDS, ProtobufRegistry, decode_payload
 from celery_dlx.errors import MalformedHeader
-from celery_dlx.headers import parse_x_death, read_state, x_death_problem
+from celery_dlx.message import names
+from celery_dlx.message.headers import parse_x_death, read_state, x_death_problem
 from tests.fixtures.codecs.protos import compile_descriptor_set
 
 FUZZ = settings(

@@ -20,9 +20,9 @@ from kombu import serialization
 from kombu.compression import compress, decompress
 from kombu.transport.pyamqp import Message
 
-from celery_dlx.copies import celery_copy, delivery_headers
-from celery_dlx.headers import DLXState, HistoryEntry, read_state, state_headers
-from celery_dlx.names import DELIVERY_QUEUE_HEADER, REASON_HEADER
+from celery_dlx.message.copies import celery_copy, delivery_headers
+from celery_dlx.message.headers import DLXState, HistoryEntry, read_state, state_headers
+from celery_dlx.message.names import DELIVERY_QUEUE_HEADER, REASON_HEADER
 
 AT_MS = 1_700_000_000_000
 BROKER_HEADERS = {

@@ -9,8 +9,8 @@ from types import ModuleType
 
 import pytest
 
-from celery_dlx import config
-from celery_dlx.options import TASK_OPTIONS
+from celery_dlx.policy import settings as config
+from celery_dlx.policy.options import TASK_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from celery_dlx.errors import MalformedHeader
-from celery_dlx.headers import (
+from celery_dlx.message.headers import (
     DLXState,
     HistoryEntry,
     clean_headers,
@@ -24,7 +24,7 @@ from celery_dlx.headers import (
     state_headers,
     x_death_problem,
 )
-from celery_dlx.names import (
+from celery_dlx.message.names import (
     ATTEMPT_HEADER,
     CAUSE_HEADER,
     DELIVERY_QUEUE_HEADER,

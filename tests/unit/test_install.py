@@ -9,16 +9,16 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 import celery_dlx
+from celery_dlx.broker.topology import DLXQueue, dead_letter_arguments
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.install import DEFAULT_CONSUMER, DLX_CONSUMER
-from celery_dlx.runtime import get_runtime
-from celery_dlx.task import AutoDLXTask, DLXTask
-from celery_dlx.topology import DLXQueue, dead_letter_arguments
+from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.worker.task import AutoDLXTask, DLXTask
 
 #: Nothing listens here: a test that tried to connect would fail, not hang.
 NO_BROKER = "amqp://nobody:nothing@127.0.0.1:1//"
-DRAIN = "celery_dlx.drain"
-DLX_STRATEGY = "celery_dlx.strategy:dlx_strategy"
+DRAIN = "celery_dlx.worker.drain"
+DLX_STRATEGY = "celery_dlx.worker.strategy:dlx_strategy"
 
 
 def make_app(install: bool = True, **conf: Any) -> Celery:
@@ -275,7 +275,7 @@ def test_task_options_reach_the_policy() -> None:
     app = make_app(dlx_enabled=True, dlx_max_parks=4)
     add_task(app, dlx_max_requeues=0, dlx_bury_on=[KeyError])
     task = bound(app)
-    from celery_dlx.options import resolve_task_options
+    from celery_dlx.policy.options import resolve_task_options
 
     policy = resolve_task_options(type(task), get_runtime(app).config).policy
     assert (policy.max_requeues, policy.max_parks, policy.bury_on) == (0, 4, (KeyError,))

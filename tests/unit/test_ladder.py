@@ -12,10 +12,7 @@ from amqp.exceptions import PreconditionFailed
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celery_dlx.config import load_config
-from celery_dlx.errors import ConfigurationError, PublishError, TopologyError
-from celery_dlx.fates import PARKED, FateEvent
-from celery_dlx.ladder import (
+from celery_dlx.broker.ladder import (
     DECLARE_REFRESH,
     EXPIRES_MARGIN,
     MAX_QUEUE_NAME,
@@ -28,8 +25,11 @@ from celery_dlx.ladder import (
     ladder_ms,
     round_up,
 )
-from celery_dlx.runtime import Runtime
-from celery_dlx.store import ParkedMessage
+from celery_dlx.errors import ConfigurationError, PublishError, TopologyError
+from celery_dlx.fates import PARKED, FateEvent
+from celery_dlx.policy.settings import load_config
+from celery_dlx.store.parking import ParkedMessage
+from celery_dlx.worker.runtime import Runtime
 
 # --- names -----------------------------------------------------------------------------------
 
@@ -321,7 +321,7 @@ def test_a_delay_past_the_last_step_waits_the_last_step_and_says_so_once_per_que
 ) -> None:
     broker = FakeBroker()
     ladder = Ladder([0.2, 0.5, 1])
-    with caplog.at_level(logging.WARNING, logger="celery_dlx.ladder"):
+    with caplog.at_level(logging.WARNING, logger="celery_dlx.broker.ladder"):
         for delay in (5000, 7000, 9000):
             ladder.park(broker, parked(delay_ms=delay))  # type: ignore[arg-type]
         ladder.park(broker, parked(queue="other", delay_ms=2000))  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.obituary import (
+from celery_dlx.message.obituary import (
     HOOK_PAYLOAD_LIMIT,
     Attempt,
     Obituary,

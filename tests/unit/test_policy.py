@@ -12,8 +12,8 @@ import pytest
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import Bury, Park, Requeue
-from celery_dlx.headers import DLXState
-from celery_dlx.policy import (
+from celery_dlx.message.headers import DLXState
+from celery_dlx.policy.decide import (
     Backoff,
     CallableBackoff,
     Decision,

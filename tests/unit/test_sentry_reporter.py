@@ -10,11 +10,11 @@ import pytest
 import sentry_sdk
 from sentry_sdk.transport import Transport
 
-from celery_dlx.config import load_config
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
 from celery_dlx.integrations import sentry as sentry_mod
 from celery_dlx.integrations.sentry import SentryReporter, install_sentry
-from celery_dlx.runtime import Runtime
+from celery_dlx.policy.settings import load_config
+from celery_dlx.worker.runtime import Runtime
 
 
 class CapturingTransport(Transport):
@@ -203,7 +203,7 @@ def test_listeners_survive_when_get_runtime_is_what_configures_the_app() -> None
 
     import celery_dlx
     from celery_dlx.integrations import CeleryEchoFilter, EventSender
-    from celery_dlx.runtime import get_runtime
+    from celery_dlx.worker.runtime import get_runtime
 
     app = Celery("unit-first-touch", set_as_current=False)
     celery_dlx.install(app)

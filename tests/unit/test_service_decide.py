@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_dlx.config import load_config
-from celery_dlx.deadletter import (
+from celery_dlx.message.headers import DLXState, HistoryEntry, fingerprint, state_headers
+from celery_dlx.message.names import ATTEMPT_HEADER, QUEUE_HEADER, REASON_HEADER, REPLAYED_HEADER
+from celery_dlx.policy.deadletter import (
     EXPIRED_CAUSE,
     PUBLISHED,
     UNKNOWN,
@@ -22,8 +23,7 @@ from celery_dlx.deadletter import (
     decide_letter,
     read_dead_letter,
 )
-from celery_dlx.headers import DLXState, HistoryEntry, fingerprint, state_headers
-from celery_dlx.names import ATTEMPT_HEADER, QUEUE_HEADER, REASON_HEADER, REPLAYED_HEADER
+from celery_dlx.policy.settings import load_config
 
 NOW = 1_700_000_000_000
 

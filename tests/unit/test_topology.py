@@ -11,8 +11,7 @@ from amqp.exceptions import PreconditionFailed
 from kombu import Exchange, Queue, binding
 from kombu.transport.base import to_rabbitmq_queue_arguments
 
-from celery_dlx.errors import ConfigurationError, TopologyError
-from celery_dlx.topology import (
+from celery_dlx.broker.topology import (
     DLXQueue,
     as_dlx_queue,
     dead_letter_arguments,
@@ -21,6 +20,7 @@ from celery_dlx.topology import (
     dlx_queue,
     service_queue,
 )
+from celery_dlx.errors import ConfigurationError, TopologyError
 
 QUORUM = {
     "x-queue-type": "quorum",

@@ -1,0 +1,384 @@
+"""Broker-only delay backend (``dlx_delay_backend = "ttl"``): a ladder of TTL delay queues.
+
+A parked retry is published to the delay queue ``<queue>_dlq_<seconds>`` of its step: a queue
+with a queue-wide ``x-message-ttl`` whose dead-letter exchange is the default exchange with
+routing key ``<queue>``, so RabbitMQ itself returns the message to the queue that failed when the
+TTL runs out. One queue per delay, because a per-message TTL only expires at the queue head (a
+long delay would hold every shorter one behind it). Delays between steps round **up** to the next
+step of ``dlx_ttl_ladder``; delays beyond the last step wait the last step (logged once per queue).
+
+Pure functions (names, arguments, rounding) sit next to :class:`Ladder`, the one I/O object: it
+declares a delay queue on demand (redeclared at least every :data:`DECLARE_REFRESH` seconds, which
+re-arms its ``x-expires``) and publishes with confirms to the default exchange. See
+docs/delays.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from amqp.exceptions import NotFound, PreconditionFailed
+
+from celery_dlx.broker.publish import ConfirmingPublisher, Outgoing
+from celery_dlx.errors import ConfigurationError, PublishError, TopologyError
+from celery_dlx.store.parking import ParkedMessage
+
+if TYPE_CHECKING:
+    from celery_dlx.worker.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+#: Separator between a work queue's name and a delay queue's delay.
+DELAY_QUEUE_INFIX = "_dlq_"
+#: Longest queue name RabbitMQ accepts, in UTF-8 bytes.
+MAX_QUEUE_NAME = 255
+#: Seconds a process trusts a delay queue it declared before a park declares it again. Every
+#: declare re-arms the queue's ``x-expires``; publishing does not.
+DECLARE_REFRESH = 60.0
+#: Seconds an unused delay queue outlives its TTL before RabbitMQ deletes it (``x-expires`` is
+#: TTL + this). RabbitMQ deletes an expired queue even if it still holds messages, so this must
+#: comfortably exceed :data:`DECLARE_REFRESH`: the last message published after the last declare
+#: then always leaves the queue before the queue does.
+EXPIRES_MARGIN = 3600.0
+
+
+@dataclass(frozen=True)
+class DelayQueue:
+    """One rung of a work queue's ladder: its name, delay and declaration arguments."""
+
+    name: str
+    queue: str
+    step_ms: int
+    arguments: dict[str, Any]
+
+    @property
+    def delay_seconds(self) -> float:
+        return self.step_ms / 1000
+
+
+def step_ms(seconds: float) -> int:
+    """A delay in whole milliseconds (RabbitMQ's TTL unit), rounded to the nearest."""
+    return round(seconds * 1000)
+
+
+def ladder_ms(ladder: Iterable[float]) -> tuple[int, ...]:
+    """The steps of ``dlx_ttl_ladder`` in milliseconds.
+
+    Raises:
+        ConfigurationError: a step below 1 ms, or two steps equal once in milliseconds.
+    """
+    seconds = tuple(ladder)
+    steps = tuple(step_ms(s) for s in seconds)
+    if not steps:
+        raise ConfigurationError("dlx_ttl_ladder must have at least one step")
+    if steps[0] < 1:
+        raise ConfigurationError(
+            f"dlx_ttl_ladder steps must be at least 0.001 s (RabbitMQ TTLs are whole "
+            f"milliseconds), got {min(seconds)}"
+        )
+    if list(steps) != sorted(set(steps)):
+        raise ConfigurationError(
+            f"dlx_ttl_ladder steps must differ by at least 1 ms, got {[s / 1000 for s in steps]}"
+        )
+    return steps
+
+
+def format_seconds(ms: int) -> str:
+    """``ms`` as seconds, the stable delay part of a delay queue's name.
+
+    Whole seconds have no decimals (``5000`` -> ``"5"``); others keep the milliseconds without
+    trailing zeros (``200`` -> ``"0.2"``, ``1250`` -> ``"1.25"``), so one delay has one name.
+
+    Raises:
+        ValueError: ``ms`` is not a positive integer.
+    """
+    if isinstance(ms, bool) or not isinstance(ms, int) or ms < 1:
+        raise ValueError(f"a delay queue's delay must be a positive number of ms, got {ms!r}")
+    whole, frac = divmod(ms, 1000)
+    return str(whole) if not frac else f"{whole}.{frac:03d}".rstrip("0")
+
+
+def delay_queue_name(queue: str, ms: int) -> str:
+    """The delay queue of ``queue`` for ``ms`` milliseconds: ``<queue>_dlq_<seconds>``.
+
+    A name past RabbitMQ's 255 bytes keeps a prefix of ``queue`` plus a digest of all of it, so
+    it stays unique and stable.
+
+    Raises:
+        ValueError: ``queue`` is empty or ``ms`` is not a positive integer.
+    """
+    if not queue:
+        raise ValueError("a delay queue needs the name of its work queue")
+    suffix = DELAY_QUEUE_INFIX + format_seconds(ms)
+    name = queue + suffix
+    if len(name.encode("utf-8")) <= MAX_QUEUE_NAME:
+        return name
+    digest = hashlib.sha1(queue.encode("utf-8"), usedforsecurity=False).hexdigest()[:12]
+    room = MAX_QUEUE_NAME - len(suffix) - len(digest) - 1
+    prefix = queue.encode("utf-8")[:room].decode("utf-8", errors="ignore")
+    return f"{prefix}~{digest}{suffix}"
+
+
+def expires_ms(ms: int) -> int:
+    """``x-expires`` of a delay queue whose TTL is ``ms``: TTL + :data:`EXPIRES_MARGIN`."""
+    return ms + int(EXPIRES_MARGIN * 1000)
+
+
+def delay_queue_arguments(queue: str, ms: int, *, quorum: bool = False) -> dict[str, Any]:
+    """Arguments of the delay queue returning messages to ``queue`` after ``ms`` milliseconds.
+
+    The TTL is queue-wide, dead letters go to the default exchange (``""``) with routing key
+    ``queue``, and the queue expires when unused. With ``quorum`` it is a quorum queue that
+    dead-letters at-least-once (RabbitMQ requires ``x-overflow: reject-publish`` for that):
+    classic queues dead-letter at-most-once.
+
+    Raises:
+        ValueError: ``queue`` is empty or ``ms`` is not a positive integer.
+    """
+    if not queue:
+        raise ValueError("a delay queue needs the name of its work queue")
+    format_seconds(ms)  # validates ms
+    args: dict[str, Any] = {
+        "x-message-ttl": ms,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": queue,
+        "x-expires": expires_ms(ms),
+    }
+    if quorum:
+        args["x-queue-type"] = "quorum"
+        args["x-dead-letter-strategy"] = "at-least-once"
+        args["x-overflow"] = "reject-publish"
+    return args
+
+
+def round_up(delay_ms: int, steps: Sequence[int]) -> tuple[int, bool]:
+    """The step a delay of ``delay_ms`` waits: the smallest step at least as long.
+
+    Returns:
+        ``(step, clamped)``: ``clamped`` is True when the delay exceeds the last step, which is
+        then used.
+    """
+    for step in steps:
+        if step >= delay_ms:
+            return step, False
+    return steps[-1], True
+
+
+class DeclareCache:
+    """Which delay queues this process declared recently (thread-safe).
+
+    Args:
+        refresh: seconds a declare is trusted.
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(
+        self, refresh: float = DECLARE_REFRESH, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.refresh = refresh
+        self.clock = clock
+        self._at: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def fresh(self, name: str) -> bool:
+        """True if ``name`` was declared less than ``refresh`` seconds ago."""
+        with self._lock:
+            at = self._at.get(name)
+        return at is not None and self.clock() - at < self.refresh
+
+    def mark(self, name: str) -> None:
+        with self._lock:
+            self._at[name] = self.clock()
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._at.pop(name, None)
+
+
+class Ladder:
+    """Parks messages in the TTL delay queues of ``steps`` (one per process; thread-safe).
+
+    Args:
+        steps: the ladder in seconds (``dlx_ttl_ladder``).
+        quorum: declare quorum delay queues with at-least-once dead-lettering (``dlx_quorum``).
+        cache: the declare cache (default: refreshed every :data:`DECLARE_REFRESH` seconds).
+
+    Raises:
+        ConfigurationError: ``steps`` is not a usable ladder.
+    """
+
+    def __init__(
+        self, steps: Iterable[float], *, quorum: bool = False, cache: DeclareCache | None = None
+    ) -> None:
+        self.steps = ladder_ms(steps)
+        self.quorum = quorum
+        self.cache = cache or DeclareCache()
+        self._clamped: set[str] = set()
+
+    def plan(self, queue: str, delay_ms: int) -> DelayQueue:
+        """The delay queue a park of ``delay_ms`` for ``queue`` goes to (no I/O).
+
+        A delay beyond the last step is logged once per queue (in this process).
+        """
+        step, clamped = round_up(delay_ms, self.steps)
+        if clamped and queue not in self._clamped:
+            self._clamped.add(queue)
+            logger.warning(
+                "a %.3fs delay for queue %s is longer than the last step of dlx_ttl_ladder "
+                "(%ss): such delays wait %ss (add a longer step to dlx_ttl_ladder; logged once "
+                "per queue)",
+                delay_ms / 1000,
+                queue,
+                format_seconds(step),
+                format_seconds(step),
+            )
+        return DelayQueue(
+            name=delay_queue_name(queue, step),
+            queue=queue,
+            step_ms=step,
+            arguments=delay_queue_arguments(queue, step, quorum=self.quorum),
+        )
+
+    def park(self, publisher: ConfirmingPublisher, message: ParkedMessage) -> None:
+        """Park one message (see :meth:`park_many`)."""
+        self.park_many(publisher, [message])
+
+    def park_many(self, publisher: ConfirmingPublisher, messages: Sequence[ParkedMessage]) -> None:
+        """Publish each message, headers as they are, to the delay queue of its delay.
+
+        The delay is ``due_ms - parked_ms``. Delay queues are declared first unless this process
+        declared them within the refresh time; a publish the broker returns (its delay queue
+        vanished) is retried once after declaring the queue again.
+
+        Raises:
+            PublishError: the broker did not confirm every message (some may be parked: a retry
+                of the whole batch parks those twice, never loses one).
+            TopologyError: a delay queue exists with other arguments (406).
+            amqp/kombu connection errors: the broker is unreachable.
+        """
+        if not messages:
+            return
+        targets = [self.plan(m.queue, max(0, m.due_ms - m.parked_ms)) for m in messages]
+        self._declare(publisher, targets, force=False)
+        copies = [_outgoing(m, t) for m, t in zip(messages, targets, strict=True)]
+        flags = publisher.publish_many(copies)
+        missed = [i for i, ok in enumerate(flags) if not ok]
+        if not missed:
+            return
+        self._declare(publisher, [targets[i] for i in missed], force=True)
+        again = publisher.publish_many([copies[i] for i in missed])
+        if not all(again):
+            names = sorted({targets[i].name for i, ok in zip(missed, again, strict=True) if not ok})
+            raise PublishError(
+                f"broker did not accept {again.count(False)} parked retries for delay queue(s) "
+                f"{', '.join(names)} (nacked or unroutable)"
+            )
+
+    def _declare(
+        self, publisher: ConfirmingPublisher, targets: Sequence[DelayQueue], *, force: bool
+    ) -> None:
+        todo = {t.name: t for t in targets if force or not self.cache.fresh(t.name)}
+        if not todo:
+            return
+        publisher.connect()
+        channel = publisher.connection.connection.channel()
+        try:
+            for target in todo.values():
+                try:
+                    channel.queue_declare(
+                        target.name,
+                        durable=True,
+                        auto_delete=False,
+                        arguments=target.arguments,
+                    )
+                except PreconditionFailed as exc:
+                    self.cache.forget(target.name)
+                    raise TopologyError(_mismatch_hint(target, exc)) from exc
+                self.cache.mark(target.name)
+        finally:
+            _close_quietly(channel)
+
+
+def _outgoing(message: ParkedMessage, target: DelayQueue) -> Outgoing:
+    return Outgoing(
+        body=message.body,
+        routing_key=target.name,
+        exchange="",
+        headers=dict(message.headers),
+        properties=dict(message.properties),
+    )
+
+
+def _mismatch_hint(target: DelayQueue, exc: BaseException) -> str:
+    return (
+        f"delay queue {target.name!r} exists with other arguments ({exc}); was dlx_quorum "
+        f"changed? It is deleted by RabbitMQ {format_seconds(expires_ms(target.step_ms))}s after "
+        f"its last use (x-expires); or delete it once it is empty. Parks for "
+        f"{target.queue!r} fail until then (the DLX service keeps them). See docs/delays.md."
+    )
+
+
+def _close_quietly(channel: Any) -> None:
+    try:
+        if getattr(channel, "is_open", False):
+            channel.close()
+    except Exception:  # closing a broken channel is best effort
+        logger.debug("closing a delay-queue declare channel failed", exc_info=True)
+
+
+def ladder_queues(runtime: Runtime) -> list[str]:
+    """Work queues whose ladders :func:`ladder_depths` looks at: the app's queues and
+    ``dlx_queues``, sorted."""
+    names = set(runtime.config.queues)
+    names.update(str(name) for name in runtime.app.amqp.queues)
+    return sorted(names)
+
+
+def ladder_depths(runtime: Runtime, queues: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Messages waiting in each existing delay queue of the ladder (``celery dlx parked``).
+
+    Looks at every step of ``dlx_ttl_ladder`` for ``queues`` (default :func:`ladder_queues`)
+    with passive declares; delay queues that do not exist are left out. A passive declare
+    counts as a use of the queue: it re-arms the queue's ``x-expires``.
+
+    Returns:
+        One row per existing delay queue, by work queue then delay: ``queue`` (the work queue),
+        ``delay_queue``, ``delay_seconds``, ``messages`` (ready), ``consumers``.
+
+    Raises:
+        ConfigurationError: ``dlx_ttl_ladder`` is not a usable ladder.
+        kombu/amqp connection errors: the broker is unreachable.
+    """
+    steps = ladder_ms(runtime.config.ttl_ladder)
+    names = sorted(set(queues)) if queues is not None else ladder_queues(runtime)
+    rows: list[dict[str, Any]] = []
+    with runtime.app.connection_for_read() as conn:
+        conn.ensure_connection(max_retries=3)
+        channel = conn.connection.channel()
+        try:
+            for queue in names:
+                for step in steps:
+                    name = delay_queue_name(queue, step)
+                    try:
+                        ok = channel.queue_declare(name, passive=True)
+                    except NotFound:
+                        channel = conn.connection.channel()  # a 404 closes the channel
+                        continue
+                    rows.append(
+                        {
+                            "queue": queue,
+                            "delay_queue": name,
+                            "delay_seconds": step / 1000,
+                            "messages": int(ok.message_count),
+                            "consumers": int(ok.consumer_count),
+                        }
+                    )
+        finally:
+            _close_quietly(channel)
+    return rows

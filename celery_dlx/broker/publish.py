@@ -1,0 +1,207 @@
+"""Publishing raw messages with pipelined publisher confirms.
+
+Every republish celery_dlx makes (requeue, drain, replay, service) goes through
+:class:`ConfirmingPublisher`: messages are published ``mandatory`` on one confirm-mode channel, and
+the caller learns per message whether the broker confirmed it. A message the broker returned
+(unroutable: its queue is gone) or nacked counts as not published, so the caller keeps it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import amqp
+from kombu import Connection
+
+from celery_dlx.errors import PublishError
+from celery_dlx.message.headers import clean_headers
+
+logger = logging.getLogger(__name__)
+
+#: Header carrying a per-publisher sequence number, so a returned message is matched to its publish.
+PUBLISH_SEQ_HEADER = "x-dlx-pubseq"
+
+#: AMQP basic properties celery_dlx carries over when it copies a message.
+COPIED_PROPERTIES = (
+    "content_type",
+    "content_encoding",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+)
+
+
+@dataclass
+class Outgoing:
+    """One message to publish: raw body, headers and AMQP properties, and where it goes."""
+
+    body: bytes
+    routing_key: str
+    exchange: str = ""
+    headers: dict[str, Any] = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict)
+
+    def amqp_message(self, seq: int) -> amqp.Message:
+        props = {
+            k: v for k, v in self.properties.items() if k in COPIED_PROPERTIES and v is not None
+        }
+        props.setdefault("delivery_mode", 2)
+        headers = clean_headers(self.headers)
+        headers[PUBLISH_SEQ_HEADER] = seq
+        return amqp.Message(self.body, application_headers=headers, **props)
+
+
+def copy_properties(properties: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The properties of a received message worth carrying over to a copy."""
+    return {k: v for k, v in (properties or {}).items() if k in COPIED_PROPERTIES and v is not None}
+
+
+class ConfirmingPublisher:
+    """Publishes on a dedicated confirm-mode channel of ``connection``, confirms pipelined.
+
+    Args:
+        connection: a connected ``kombu.Connection`` to RabbitMQ (pyamqp transport).
+        timeout: seconds to wait for the confirms of one batch.
+    """
+
+    def __init__(self, connection: Connection, timeout: float = 30.0) -> None:
+        self.connection = connection
+        self.timeout = timeout
+        self._channel: Any = None
+        self._seq = itertools.count(1)
+        self._next_tag = 1
+        self._acked: dict[int, bool] = {}
+        self._returned: set[int] = set()
+
+    def connect(self) -> None:
+        """Open the connection and the confirm-mode channel now."""
+        self._ensure_channel()
+
+    def _ensure_channel(self) -> Any:
+        if self._channel is None or not getattr(self._channel, "is_open", False):
+            self.connection.ensure_connection(max_retries=3)
+            raw = self.connection.connection
+            channel = raw.channel()
+            channel.confirm_select()
+            channel.events["basic_ack"].add(self._on_ack)
+            channel.events["basic_nack"].add(self._on_nack)
+            channel.events["basic_return"].add(self._on_return)
+            self._channel = channel
+            self._next_tag = 1
+            self._acked.clear()
+        return self._channel
+
+    def _settle(self, tag: int, multiple: bool, ok: bool) -> None:
+        if multiple:
+            for pending in [t for t in self._pending if t <= tag]:
+                self._acked[pending] = ok
+                self._pending.discard(pending)
+        elif tag in self._pending:
+            self._acked[tag] = ok
+            self._pending.discard(tag)
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple, True)
+
+    def _on_nack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple, False)
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        seq = (message.headers or {}).get(PUBLISH_SEQ_HEADER) if message is not None else None
+        if isinstance(seq, int):
+            self._returned.add(seq)
+        logger.warning(
+            "broker returned a message for %r (%s): its queue does not exist", routing_key, exc
+        )
+
+    _pending: set[int]
+
+    def publish_many(self, messages: Sequence[Outgoing]) -> list[bool]:
+        """Publish ``messages`` and wait for their confirms.
+
+        Returns:
+            One flag per message: True only if the broker routed and confirmed it.
+
+        Raises:
+            PublishError: the confirms did not all arrive within ``timeout``; nothing may be
+                assumed published.
+        """
+        if not messages:
+            return []
+        channel = self._ensure_channel()
+        self._pending = set()
+        tags: list[tuple[int, int]] = []
+        for msg in messages:
+            seq = next(self._seq)
+            tag = self._next_tag
+            self._next_tag += 1
+            self._pending.add(tag)
+            channel.basic_publish(
+                msg.amqp_message(seq),
+                exchange=msg.exchange,
+                routing_key=msg.routing_key,
+                mandatory=True,
+            )
+            tags.append((tag, seq))
+        deadline = time.monotonic() + self.timeout
+        raw = self.connection.connection
+        while self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._channel = None
+                raise PublishError(
+                    f"{len(self._pending)} of {len(messages)} publishes not confirmed in {self.timeout}s"
+                )
+            try:
+                raw.drain_events(timeout=min(left, 1.0))
+            except TimeoutError:
+                continue
+        out = [self._acked.pop(tag, False) and seq not in self._returned for tag, seq in tags]
+        self._returned.difference_update(seq for _, seq in tags)
+        return out
+
+    def publish(self, message: Outgoing) -> None:
+        """Publish one message and wait for its confirm.
+
+        Raises:
+            PublishError: the broker nacked or returned it, or did not confirm in time.
+        """
+        if not self.publish_many([message])[0]:
+            raise PublishError(
+                f"broker did not accept the message for {message.routing_key!r} (nacked or unroutable)"
+            )
+
+    def close(self) -> None:
+        if self._channel is not None:
+            try:
+                self._channel.close()
+            except Exception:  # closing a broken channel is best effort
+                logger.debug("closing confirm channel failed", exc_info=True)
+            self._channel = None
+
+
+def outgoing_copies(
+    items: Iterable[tuple[bytes, Mapping[str, Any], Mapping[str, Any], str]], exchange: str = ""
+) -> list[Outgoing]:
+    """Build :class:`Outgoing` copies from ``(body, headers, properties, routing_key)`` tuples."""
+    return [
+        Outgoing(
+            body=b,
+            routing_key=rk,
+            exchange=exchange,
+            headers=dict(h),
+            properties=copy_properties(p),
+        )
+        for b, h, p, rk in items
+    ]

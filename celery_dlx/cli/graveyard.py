@@ -1,0 +1,390 @@
+# click is skipped by mypy here (pyproject: follow_imports=skip), so its decorators are untyped.
+# mypy: disable-error-code="untyped-decorator"
+"""``celery dlx list/show/groups/replay/purge``: the graveyard from the command line.
+
+Thin: :mod:`celery_dlx.ops.inspection`, :mod:`celery_dlx.ops.replay` and :mod:`celery_dlx.store.graveyard` do
+the work and return data; these commands print it (tables, or JSON with ``--json``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import click
+
+from celery_dlx.cli.kit import (
+    EXIT_CANARY,
+    EXIT_INCOMPLETE,
+    EXIT_NOT_FOUND,
+    duration,
+    echo_json,
+    filter_options,
+    handle_errors,
+    json_option,
+    progress_bar,
+    runtime_of,
+    show_progress,
+)
+from celery_dlx.fates import now_ms
+from celery_dlx.ops.render import ago, clip, dumps, human_seconds, table
+from celery_dlx.store import graveyard
+
+_PROTO = click.option(
+    "--proto",
+    "protos",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Extra protobuf descriptor set to decode payloads with (repeatable).",
+)
+
+
+@click.command("list")
+@filter_options
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--oldest-first", is_flag=True, help="Oldest burial first (default: newest).")
+@click.option("--no-decode", is_flag=True, help="Do not load and decode payloads (faster).")
+@_PROTO
+@json_option
+@click.pass_context
+@handle_errors
+def list_command(
+    ctx: click.Context,
+    queue: str | None,
+    task: str | None,
+    cause: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+    oldest_first: bool,
+    no_decode: bool,
+    protos: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """List obituaries, newest first, with a decoded payload preview."""
+    from celery_dlx.ops.inspection import list_rows, registry_for
+
+    runtime = runtime_of(ctx)
+    data = list_rows(
+        runtime,
+        registry=None if no_decode else registry_for(runtime, protos),
+        decode=not no_decode,
+        queue=queue,
+        task=task,
+        cause=cause,
+        since=since,
+        until=until,
+        limit=limit,
+        oldest_first=oldest_first,
+    )
+    if as_json:
+        echo_json(data)
+        return
+    now = now_ms()
+    rows = [
+        (
+            r["id"],
+            ago(r["buried_ms"], now),
+            r["queue"],
+            r["task"] or "-",
+            r["attempt"],
+            r["exc_type"].rsplit(".", 1)[-1],
+            r["cause"],
+            r["payload"]["preview"] or f"{r['payload']['size']} bytes",
+        )
+        for r in data["obituaries"]
+    ]
+    headers = ("ID", "BURIED", "QUEUE", "TASK", "ATT", "EXCEPTION", "CAUSE", "PAYLOAD")
+    if rows:
+        click.echo(table(headers, rows, shrink=("PAYLOAD", "TASK", "EXCEPTION", "QUEUE")))
+    click.echo(f"{data['count']} shown of {data['total']} in the graveyard")
+
+
+@click.command("show")
+@click.argument("ident")
+@click.option("--raw", is_flag=True, help="Include the payload bytes as base64.")
+@_PROTO
+@json_option
+@click.pass_context
+@handle_errors
+def show_command(
+    ctx: click.Context, ident: str, raw: bool, protos: tuple[str, ...], as_json: bool
+) -> None:
+    """Show one obituary (by obituary id or message id): decoded payload, headers, attempts,
+    traceback."""
+    from celery_dlx.ops.inspection import registry_for, show_data
+
+    runtime = runtime_of(ctx)
+    ob = graveyard.get_obituary(runtime, ident)
+    if ob is None:
+        if as_json:
+            echo_json({"error": "not found", "id": ident})
+        else:
+            click.echo(f"no obituary with id or message id {ident!r}", err=True)
+        ctx.exit(EXIT_NOT_FOUND)
+        return
+    data = show_data(ob, registry_for(runtime, protos), raw=raw)
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(_show_text(data))
+
+
+def _show_text(data: dict[str, Any]) -> str:
+    now = now_ms()
+    lines = [f"obituary {data['id']}  message {data['message_id']}"]
+    facts = (
+        ("queue", data["queue"]),
+        ("task", data["task"]),
+        ("origin", data["origin"]),
+        ("buried", f"{data['buried_at']} ({ago(data['buried_ms'], now)})"),
+        ("reason", data["reason"]),
+        ("death", data["death_reason"]),
+        ("exception", f"{data['exc_type']}: {data['exc_message']}"),
+        ("cause", data["cause"]),
+        ("importance", data["importance"]),
+        ("attempts", data["attempt"]),
+        ("first failure", data["first_failure_at"]),
+        ("code version", data["code_version"]),
+        ("host", data["hostname"]),
+        ("replayed from", data["replayed_from"]),
+        ("replays", ", ".join(r["at"] for r in data["replays"]) or "never"),
+    )
+    lines += [f"  {k + ':':<15}{'-' if v in (None, '') else v}" for k, v in facts]
+    if data["attempts"]:
+        lines += ["", "attempts:"]
+        lines += [f"  {a['at']}  {a['fate']:<9} {a['cause']}" for a in data["attempts"]]
+    lines += ["", "properties:"] + [f"  {k}: {v}" for k, v in data["properties"].items()]
+    lines += ["", "headers:"] + [f"  {k}: {clip(v, 200)}" for k, v in data["headers"].items()]
+    payload = data["payload"]
+    decoded = payload["decoded"]
+    lines += [
+        "",
+        f"payload: {payload['size']} bytes, {payload['content_type'] or 'no content type'}",
+    ]
+    if decoded is not None:
+        kind = decoded["kind"] + (
+            f" {decoded['type_name']} (score {decoded['score']})" if decoded["type_name"] else ""
+        )
+        lines.append(
+            f"  decoded as {kind}"
+            + (f", layers {'+'.join(decoded['layers'])}" if decoded["layers"] else "")
+        )
+        lines += [f"  note: {n}" for n in decoded["notes"]]
+        lines += ["  " + line for line in dumps(decoded["data"]).splitlines()]
+    if payload["base64"]:
+        lines += ["", "payload (base64):", payload["base64"]]
+    if data["traceback"]:
+        lines += ["", "traceback:", data["traceback"].rstrip()]
+    return "\n".join(lines)
+
+
+@click.command("groups")
+@json_option
+@click.pass_context
+@handle_errors
+def groups_command(ctx: click.Context, as_json: bool) -> None:
+    """Obituaries grouped by cause fingerprint: count, first and last seen, an example."""
+    from celery_dlx.ops.inspection import groups_data
+
+    data = groups_data(runtime_of(ctx))
+    if as_json:
+        echo_json(data)
+        return
+    now = now_ms()
+    rows = [
+        (
+            g["cause"],
+            g["count"],
+            ago(g["first_ms"], now),
+            ago(g["last_ms"], now),
+            g["task"] or g["queue"],
+            f"{g['exc_type'].rsplit('.', 1)[-1]}: {g['exc_message']}",
+            g["example_id"],
+        )
+        for g in data["groups"]
+    ]
+    headers = ("CAUSE", "COUNT", "FIRST", "LAST", "TASK/QUEUE", "EXCEPTION", "EXAMPLE")
+    if rows:
+        click.echo(table(headers, rows, shrink=("EXCEPTION", "TASK/QUEUE")))
+    click.echo(f"{data['count']} causes, {data['total']} obituaries")
+
+
+@click.command("replay")
+@click.argument("ids", nargs=-1)
+@filter_options
+@click.option("--all", "everything", is_flag=True, help="Replay the whole graveyard.")
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Most replays per second.",
+)
+@click.option("--canary", is_flag=True, help="Replay one first; go on only if it succeeded.")
+@click.option(
+    "--canary-timeout",
+    default="120s",
+    callback=duration("--canary-timeout"),
+    show_default=True,
+    help="How long to wait for the canary's fate.",
+)
+@click.option(
+    "--canary-settle",
+    default="5s",
+    callback=duration("--canary-settle"),
+    show_default=True,
+    help="Foreign messages: how long after the queue emptied without a failure.",
+)
+@click.option(
+    "--keep-attempts", is_flag=True, help="Keep the attempt count (default: a fresh retry budget)."
+)
+@click.option(
+    "--force", is_flag=True, help="Replay obituaries the ledger says were replayed already."
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be replayed; publish nothing.")
+@json_option
+@click.pass_context
+@handle_errors
+def replay_command(
+    ctx: click.Context,
+    ids: tuple[str, ...],
+    queue: str | None,
+    task: str | None,
+    cause: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    everything: bool,
+    rate: float | None,
+    canary: bool,
+    canary_timeout: float,
+    canary_settle: float,
+    keep_attempts: bool,
+    force: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Put buried messages back on their queues (default exchange, attempts reset).
+
+    IDS are obituary ids; otherwise the filters (or --all) choose. Each obituary is replayed once
+    (the replay ledger) unless --force.
+    """
+    from celery_dlx.ops.replay import replay_run, resolve_targets
+
+    runtime = runtime_of(ctx)
+    targets = resolve_targets(
+        runtime,
+        ids,
+        queue=queue,
+        task=task,
+        cause=cause,
+        since=since,
+        until=until,
+        everything=everything,
+    )
+    with progress_bar(len(targets), "replaying", show_progress(as_json)) as advance:
+        run = replay_run(
+            runtime,
+            targets,
+            rate=rate,
+            keep_attempts=keep_attempts,
+            force=force,
+            dry_run=dry_run,
+            canary=canary,
+            canary_timeout=canary_timeout,
+            canary_settle=canary_settle,
+            progress=advance,
+        )
+    if as_json:
+        echo_json(run.to_json())
+    else:
+        click.echo(_replay_text(run))
+    if run.canary is not None and not run.canary.succeeded:
+        ctx.exit(EXIT_CANARY)
+    if not run.complete:
+        ctx.exit(EXIT_INCOMPLETE)
+
+
+def _replay_text(run: Any) -> str:
+    r = run.report
+    verb = "would replay" if r.dry_run else "replayed"
+    lines = [f"{verb} {len(r.replayed)} of {run.targets}"]
+    if run.canary is not None:
+        c = run.canary
+        lines.append(
+            f"canary {c.obituary_id} (message {c.message_id}): {c.outcome} after "
+            f"{human_seconds(c.waited_s)}: {c.detail}"
+        )
+    if run.stopped:
+        lines.append(f"stopped: {len(run.not_replayed)} not replayed")
+    lines += [f"skipped {i}: {why}" for i, why in r.skipped]
+    lines += [f"failed {i}: {why}" for i, why in r.failed]
+    lines += [f"missing {i}" for i in r.missing]
+    return "\n".join(lines)
+
+
+@click.command("purge")
+@click.argument("ids", nargs=-1)
+@filter_options
+@click.option("--all", "everything", is_flag=True, help="Purge the whole graveyard.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--dry-run", is_flag=True, help="Say what would be purged; delete nothing.")
+@json_option
+@click.pass_context
+@handle_errors
+def purge_command(
+    ctx: click.Context,
+    ids: tuple[str, ...],
+    queue: str | None,
+    task: str | None,
+    cause: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    everything: bool,
+    yes: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Delete obituaries (ids or filters); each goes whole to the failure history as `purged`."""
+    from celery_dlx.ops.replay import resolve_targets
+
+    runtime = runtime_of(ctx)
+    targets = resolve_targets(
+        runtime,
+        ids,
+        queue=queue,
+        task=task,
+        cause=cause,
+        since=since,
+        until=until,
+        everything=everything,
+        what="purge",
+    )
+    if targets and not (yes or dry_run):
+        click.confirm(f"Purge {len(targets)} obituaries?", abort=True, err=True)
+    report = graveyard.PurgeReport(dry_run=dry_run)
+    with progress_bar(len(targets), "purging", show_progress(as_json)) as advance:
+        for start in range(0, len(targets), graveyard.CHUNK):
+            chunk = targets[start : start + graveyard.CHUNK]
+            done = graveyard.purge(runtime, chunk, dry_run=dry_run)
+            report.purged.extend(done.purged)
+            report.missing.extend(done.missing)
+            advance(len(chunk))
+    data = {
+        "dry_run": dry_run,
+        "targets": len(targets),
+        "purged": report.purged,
+        "missing": report.missing,
+    }
+    if as_json:
+        echo_json(data)
+    else:
+        verb = "would purge" if dry_run else "purged"
+        click.echo(f"{verb} {len(report.purged)} of {len(targets)}")
+        for oid in report.missing:
+            click.echo(f"missing {oid}")
+    if report.missing:
+        ctx.exit(EXIT_INCOMPLETE)
+
+
+#: The commands this module adds to the ``dlx`` group.
+COMMANDS = (list_command, show_command, groups_command, replay_command, purge_command)

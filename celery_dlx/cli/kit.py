@@ -1,0 +1,153 @@
+# click is skipped by mypy here (pyproject: follow_imports=skip), so its decorators are untyped.
+# mypy: disable-error-code="untyped-decorator"
+"""Shared pieces of the ``celery dlx`` commands: the app and runtime, exit codes, errors, output.
+
+Exit codes of every command (docs/cli.md lists them too):
+
+==  ===========================================================================================
+0   done, nothing wrong
+1   could not run: Redis, the broker or the management API unreachable, a bad setting, refused
+2   usage error (unknown option, bad value)
+3   not found: ``show`` of an unknown id, ``migrate`` of a missing queue
+4   ``check`` found a problem
+5   incomplete: ``replay``/``purge`` left some targets (not confirmed, refused, missing)
+6   the canary did not succeed: ``replay --canary`` stopped after it
+==  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+
+from celery_dlx.errors import DLXError
+from celery_dlx.ops.render import dumps, parse_duration, parse_when
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_PROBLEMS = 4
+EXIT_INCOMPLETE = 5
+EXIT_CANARY = 6
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def app_of(ctx: click.Context) -> Any:
+    """The Celery app of a ``dlx`` subcommand."""
+    return ctx.obj.app
+
+
+def runtime_of(ctx: click.Context) -> Any:
+    """The app's :class:`~celery_dlx.worker.runtime.Runtime`."""
+    from celery_dlx.worker.runtime import get_runtime
+
+    return get_runtime(app_of(ctx))
+
+
+def handle_errors(func: F) -> F:
+    """Turn celery_dlx, Redis and broker errors into one clear line and exit code 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import redis
+        from kombu.exceptions import OperationalError
+
+        try:
+            return func(*args, **kwargs)
+        except DLXError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except redis.RedisError as exc:
+            raise click.ClickException(
+                f"Redis unreachable or refused ({exc}); check dlx_redis_url"
+            ) from exc
+        except (OperationalError, ConnectionError) as exc:
+            raise click.ClickException(f"broker unreachable ({exc}); check broker_url") from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def echo_json(data: Any) -> None:
+    """Print ``data`` as JSON on stdout."""
+    click.echo(dumps(data))
+
+
+def duration(option: str) -> Callable[[click.Context, click.Parameter, Any], float | None]:
+    """A click callback parsing a duration option (``90s``, ``15m``, ``2h``)."""
+
+    def parse(ctx: click.Context, param: click.Parameter, value: Any) -> float | None:
+        if value is None:
+            return None
+        try:
+            return parse_duration(str(value), option)
+        except DLXError as exc:
+            raise click.BadParameter(str(exc)) from exc
+
+    return parse
+
+
+def when(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A click callback parsing ``--since``/``--until`` (duration ago, ISO time, ``@epoch``)."""
+    if value is None:
+        return None
+    try:
+        return parse_when(str(value), f"--{param.name}")
+    except DLXError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def filter_options(func: F) -> F:
+    """The graveyard filters shared by ``list``, ``replay`` and ``purge``."""
+    for option in reversed(
+        (
+            click.option("--queue", "-Q", default=None, help="Only obituaries of this queue."),
+            click.option("--task", "-t", default=None, help="Only obituaries of this task name."),
+            click.option(
+                "--cause",
+                "--group",
+                "cause",
+                default=None,
+                help="Only this cause fingerprint (a group of `groups`).",
+            ),
+            click.option(
+                "--since",
+                default=None,
+                callback=when,
+                help="Buried at or after: 2h (ago), 2024-05-01T10:00 (UTC) or @<epoch>.",
+            ),
+            click.option(
+                "--until", default=None, callback=when, help="Buried at or before (same forms)."
+            ),
+        )
+    ):
+        func = option(func)
+    return func
+
+
+def json_option(func: F) -> F:
+    """``--json``: print JSON instead of a table."""
+    decorated: F = click.option(
+        "--json", "as_json", is_flag=True, help="Print JSON instead of a table."
+    )(func)
+    return decorated
+
+
+def show_progress(as_json: bool) -> bool:
+    """Progress bars only for people: not with ``--json``, not when stderr is not a terminal."""
+    return not as_json and sys.stderr.isatty()
+
+
+@contextmanager
+def progress_bar(total: int, label: str, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """A callable advancing a click progress bar on stderr (a no-op when not ``enabled``)."""
+    if not enabled or total <= 1:
+        yield lambda n: None
+        return
+    with click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True) as bar:
+        yield bar.update

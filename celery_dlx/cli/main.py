@@ -1,0 +1,147 @@
+# click is skipped by mypy here (pyproject: follow_imports=skip), so its decorators are untyped.
+# mypy: disable-error-code="untyped-decorator"
+"""The ``celery dlx`` command group (``celery.commands`` entry point) and ``celery-dlx`` script.
+
+``celery -A proj dlx <command>`` gets the app from Celery (``ctx.obj.app``); ``celery-dlx -A proj
+<command>`` (or ``celery-dlx -A proj dlx <command>``, as with ``celery``) loads it itself. Commands
+are thin: the work is done by plain functions of the package, which return data; the graveyard
+commands live in :mod:`celery_dlx.cli.graveyard`, the operational ones in
+:mod:`celery_dlx.cli.ops`, shared options and exit codes in :mod:`celery_dlx.cli.kit`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from celery_dlx.errors import DLXError
+
+#: Log format of the standalone commands (the worker has its own).
+LOG_FORMAT = "[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
+
+
+class DLXGroup(click.Group):  # type: ignore[misc]
+    """The ``dlx`` group; as the root of ``celery-dlx`` it also accepts ``dlx`` as a no-op word."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "dlx" and ctx.parent is None:
+            return self
+        return super().get_command(ctx, cmd_name)
+
+
+def load_app(name: str) -> Any:
+    """The Celery app named like ``celery -A`` names it (``proj``, ``proj.celery:app``...).
+
+    Raises:
+        click.UsageError: the app cannot be imported.
+    """
+    from celery.app.utils import find_app
+
+    try:
+        return find_app(name)
+    except Exception as exc:
+        raise click.UsageError(f"cannot load the Celery app {name!r} (-A/--app): {exc}") from exc
+
+
+@click.group(name="dlx", cls=DLXGroup)
+@click.option(
+    "-A",
+    "--app",
+    "app_name",
+    default=None,
+    envvar="CELERY_DLX_APP",
+    help="Celery app, as for `celery -A` (needed when run as `celery-dlx`).",
+)
+@click.pass_context
+def dlx(ctx: click.Context, app_name: str | None, **_: Any) -> None:
+    """celery_dlx: DLX service, graveyard and parked retries."""
+    if app_name:
+        from celery.bin.base import CLIContext
+
+        ctx.obj = CLIContext(app=load_app(app_name), no_color=False, workdir=None)
+    elif getattr(ctx.obj, "app", None) is None:
+        raise click.UsageError(
+            "name the Celery app: `celery -A proj dlx ...` or `celery-dlx -A proj`"
+        )
+
+
+def app_of(ctx: click.Context) -> Any:
+    """The Celery app of a ``dlx`` subcommand."""
+    return ctx.obj.app
+
+
+def setup_logging(loglevel: str) -> None:
+    """Log to stderr at ``loglevel`` unless logging is configured already."""
+    level = logging.getLevelName(loglevel.upper())
+    if not isinstance(level, int):
+        raise click.BadParameter(f"unknown log level {loglevel!r}", param_hint="--loglevel")
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=level, format=LOG_FORMAT)
+    root.setLevel(level)
+
+
+@dlx.command("service")
+@click.option(
+    "--prefetch",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Consumer prefetch (default: dlx_service_prefetch).",
+)
+@click.option(
+    "--until-idle",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Exit after this many seconds without a dead letter (default: run forever).",
+)
+@click.option(
+    "-c",
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Service processes (forked); each handles a few thousand dead letters a second.",
+)
+@click.option("-l", "--loglevel", default="INFO", show_default=True, help="Logging level.")
+@click.option("--json", "as_json", is_flag=True, help="Print the run's counts as JSON on exit.")
+@click.pass_context
+def service(
+    ctx: click.Context,
+    prefetch: int | None,
+    until_idle: float | None,
+    processes: int,
+    loglevel: str,
+    as_json: bool,
+) -> None:
+    """Run the DLX service: park, requeue or bury every dead letter (stops on SIGTERM/SIGINT)."""
+    from celery_dlx.service.loop import run_service
+
+    setup_logging(loglevel)
+    try:
+        stats = run_service(
+            app_of(ctx), prefetch=prefetch, idle_timeout=until_idle, processes=processes
+        )
+    except DLXError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(stats.as_dict(), sort_keys=True))
+
+
+def _add_commands() -> None:
+    from celery_dlx.cli import graveyard as cli_graveyard
+    from celery_dlx.cli import ops as cli_ops
+
+    for command in (*cli_graveyard.COMMANDS, *cli_ops.COMMANDS):
+        dlx.add_command(command)
+
+
+_add_commands()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``celery-dlx`` console script."""
+    dlx.main(args=list(argv) if argv is not None else None, prog_name="celery-dlx")

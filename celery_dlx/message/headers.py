@@ -1,0 +1,321 @@
+"""Pure functions over message headers: celery_dlx's own attempt headers and broker ``x-death``.
+
+Nothing here does I/O. Parsing is defensive: malformed input raises :class:`MalformedHeader` with a
+reason a consumer can store, never any other exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from celery_dlx.errors import MalformedHeader
+from celery_dlx.message.names import (
+    ATTEMPT_HEADER,
+    BROKER_HEADER_PREFIXES,
+    BROKER_HEADERS,
+    CAUSE_HEADER,
+    DELIVERY_QUEUE_HEADER,
+    EXC_MESSAGE_HEADER,
+    EXC_MESSAGE_LIMIT,
+    EXC_TYPE_HEADER,
+    FIRST_FAILURE_HEADER,
+    HISTORY_HEADER,
+    HISTORY_LIMIT,
+    PARKS_HEADER,
+    QUEUE_HEADER,
+    REQUEUES_HEADER,
+)
+
+#: Reasons RabbitMQ gives in ``x-death``.
+DEATH_REASONS = frozenset({"rejected", "expired", "maxlen", "delivery_limit"})
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One failed attempt: when (epoch ms), which fate followed, and the cause fingerprint."""
+
+    at_ms: int
+    fate: str
+    cause: str = ""
+
+    def to_json(self) -> list[Any]:
+        return [self.at_ms, self.fate, self.cause]
+
+
+@dataclass(frozen=True)
+class DLXState:
+    """What celery_dlx's own headers say about a message."""
+
+    attempt: int = 0
+    requeues: int = 0
+    parks: int = 0
+    history: tuple[HistoryEntry, ...] = ()
+    queue: str | None = None
+    first_failure_ms: int | None = None
+    cause: str | None = None
+    exc_type: str | None = None
+    exc_message: str | None = None
+
+    def after_failure(
+        self,
+        *,
+        fate: str,
+        at_ms: int,
+        cause: str,
+        queue: str | None,
+        exc_type: str | None = None,
+        exc_message: str | None = None,
+    ) -> DLXState:
+        """The state a copy carries after a failure that led to ``fate`` (requeued or parked)."""
+        history = (*self.history, HistoryEntry(at_ms, fate, cause))[-HISTORY_LIMIT:]
+        return DLXState(
+            attempt=self.attempt + 1,
+            requeues=self.requeues + (1 if fate == "requeued" else 0),
+            parks=self.parks + (1 if fate == "parked" else 0),
+            history=history,
+            queue=queue or self.queue,
+            first_failure_ms=self.first_failure_ms if self.first_failure_ms is not None else at_ms,
+            cause=cause,
+            exc_type=exc_type,
+            exc_message=(exc_message or "")[:EXC_MESSAGE_LIMIT] if exc_message else None,
+        )
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _count(headers: Mapping[str, Any], name: str) -> int:
+    value = headers.get(name)
+    if value is None:
+        return 0
+    if isinstance(value, bytes):
+        value = value.decode("ascii", errors="replace")
+    if isinstance(value, bool):
+        raise MalformedHeader(f"header {name} must be a non-negative integer, got a boolean")
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a float infinity
+        raise MalformedHeader(
+            f"header {name} must be a non-negative integer, got {value!r:.80}"
+        ) from None
+    if number < 0:
+        raise MalformedHeader(f"header {name} must be a non-negative integer, got {number}")
+    return number
+
+
+def _history(raw: Any) -> tuple[HistoryEntry, ...]:
+    if raw is None:
+        return ()
+    try:
+        items = json.loads(_text(raw))
+    except (ValueError, RecursionError):  # RecursionError: arrays nested past the parser's stack
+        raise MalformedHeader(f"header {HISTORY_HEADER} is not JSON: {_text(raw)!r:.80}") from None
+    if not isinstance(items, list):
+        raise MalformedHeader(f"header {HISTORY_HEADER} must be a JSON list")
+    entries = []
+    for item in items:
+        if (
+            not isinstance(item, list)
+            or len(item) != 3
+            or not isinstance(item[0], int)
+            or not isinstance(item[1], str)
+            or not isinstance(item[2], str)
+        ):
+            raise MalformedHeader(f"header {HISTORY_HEADER} has a bad entry: {item!r:.80}")
+        entries.append(HistoryEntry(item[0], item[1], item[2]))
+    return tuple(entries)
+
+
+def read_state(headers: Mapping[str, Any] | None) -> DLXState:
+    """Read celery_dlx's own headers.
+
+    Raises:
+        MalformedHeader: a celery_dlx header is present with a value of the wrong type or shape.
+    """
+    if not headers:
+        return DLXState()
+    first = headers.get(FIRST_FAILURE_HEADER)
+    queue = headers.get(QUEUE_HEADER)
+    cause = headers.get(CAUSE_HEADER)
+    exc_type = headers.get(EXC_TYPE_HEADER)
+    exc_message = headers.get(EXC_MESSAGE_HEADER)
+    return DLXState(
+        attempt=_count(headers, ATTEMPT_HEADER),
+        requeues=_count(headers, REQUEUES_HEADER),
+        parks=_count(headers, PARKS_HEADER),
+        history=_history(headers.get(HISTORY_HEADER)),
+        queue=_text(queue) if queue is not None else None,
+        first_failure_ms=_count(headers, FIRST_FAILURE_HEADER) if first is not None else None,
+        cause=_text(cause) if cause is not None else None,
+        exc_type=_text(exc_type) if exc_type is not None else None,
+        exc_message=_text(exc_message) if exc_message is not None else None,
+    )
+
+
+def state_headers(state: DLXState) -> dict[str, Any]:
+    """celery_dlx's headers for ``state``: plain strings and integers, readable by any AMQP client."""
+    out: dict[str, Any] = {
+        ATTEMPT_HEADER: state.attempt,
+        REQUEUES_HEADER: state.requeues,
+        PARKS_HEADER: state.parks,
+        HISTORY_HEADER: json.dumps([e.to_json() for e in state.history], separators=(",", ":")),
+    }
+    if state.queue is not None:
+        out[QUEUE_HEADER] = state.queue
+    if state.first_failure_ms is not None:
+        out[FIRST_FAILURE_HEADER] = state.first_failure_ms
+    if state.cause is not None:
+        out[CAUSE_HEADER] = state.cause
+    if state.exc_type is not None:
+        out[EXC_TYPE_HEADER] = state.exc_type
+    if state.exc_message is not None:
+        out[EXC_MESSAGE_HEADER] = state.exc_message
+    return out
+
+
+def is_broker_header(name: str) -> bool:
+    """True for headers the broker owns (and transient ones) that a republished copy must not carry."""
+    return (
+        name in BROKER_HEADERS
+        or name == DELIVERY_QUEUE_HEADER
+        or name.startswith(BROKER_HEADER_PREFIXES)
+    )
+
+
+def clean_headers(
+    headers: Mapping[str, Any] | None, state: DLXState | None = None
+) -> dict[str, Any]:
+    """Headers for a republished copy: broker ``x-death*`` headers stripped, ``state`` written."""
+    out = {k: v for k, v in (headers or {}).items() if not is_broker_header(str(k))}
+    if state is not None:
+        out.update(state_headers(state))
+    return out
+
+
+@dataclass(frozen=True)
+class Death:
+    """One ``x-death`` table, as RabbitMQ writes it."""
+
+    queue: str
+    reason: str
+    count: int
+    exchange: str = ""
+    routing_keys: tuple[str, ...] = ()
+    time: datetime | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def parse_x_death(headers: Mapping[str, Any] | None) -> list[Death]:
+    """Parse ``x-death`` (newest death first, as RabbitMQ orders it).
+
+    Returns an empty list when the header is absent.
+
+    Raises:
+        MalformedHeader: the header is not a list of tables with a queue, a known reason and a count.
+    """
+    if not headers or "x-death" not in headers:
+        return []
+    raw = headers["x-death"]
+    if not isinstance(raw, (list, tuple)):
+        raise MalformedHeader(f"x-death must be a list of tables, got {type(raw).__name__}")
+    deaths = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            raise MalformedHeader(f"x-death[{i}] must be a table, got {type(item).__name__}")
+        queue = item.get("queue")
+        reason = item.get("reason")
+        if not isinstance(queue, (str, bytes)) or not queue:
+            raise MalformedHeader(f"x-death[{i}] has no queue")
+        reason_text = _text(reason) if isinstance(reason, (str, bytes)) else ""
+        if reason_text not in DEATH_REASONS:
+            raise MalformedHeader(f"x-death[{i}] has an unknown reason {reason!r:.40}")
+        count = item.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise MalformedHeader(
+                f"x-death[{i}] count must be a non-negative integer, got {count!r:.40}"
+            )
+        keys = item.get("routing-keys") or []
+        if not isinstance(keys, (list, tuple)):
+            raise MalformedHeader(f"x-death[{i}] routing-keys must be a list")
+        when = item.get("time")
+        deaths.append(
+            Death(
+                queue=_text(queue),
+                reason=reason_text,
+                count=count,
+                exchange=_text(item.get("exchange") or ""),
+                routing_keys=tuple(_text(k) for k in keys),
+                time=when if isinstance(when, datetime) else None,
+                extra={k: v for k, v in item.items() if k not in {"queue", "reason", "count"}},
+            )
+        )
+    return deaths
+
+
+def x_death_problem(headers: Mapping[str, Any] | None) -> str | None:
+    """The reason ``x-death`` is malformed, or None when it is absent or well formed.
+
+    A message with a malformed ``x-death`` must never be rejected into a dead-letter exchange
+    (RabbitMQ 3.10 crashes the queue process on it); callers bury it by publishing a clean copy.
+    """
+    try:
+        parse_x_death(headers)
+    except MalformedHeader as exc:
+        return str(exc)
+    return None
+
+
+def message_identity(
+    properties: Mapping[str, Any] | None, headers: Mapping[str, Any] | None, body: bytes
+) -> str:
+    """A stable id for a message: its ``message_id``, else Celery's task id, else a body digest."""
+    props = properties or {}
+    hdrs = headers or {}
+    for value in (props.get("message_id"), hdrs.get("id"), props.get("correlation_id")):
+        if isinstance(value, (str, bytes)) and value:
+            return _text(value)
+    digest = hashlib.sha1(body, usedforsecurity=False)
+    for name in ("type", "app_id", "timestamp"):
+        if props.get(name) is not None:
+            digest.update(_text(props[name]).encode("utf-8", errors="replace"))
+    return "sha1-" + digest.hexdigest()
+
+
+_NORMALIZE = (
+    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I), "<uuid>"),
+    (re.compile(r"0x[0-9a-f]+", re.I), "<hex>"),
+    (re.compile(r"\b[0-9a-f]{16,}\b", re.I), "<hex>"),
+    (re.compile(r"'[^']*'|\"[^\"]*\""), "<str>"),
+    (re.compile(r"\d+(\.\d+)?"), "<n>"),
+)
+
+
+def normalize_message(message: str) -> str:
+    """An exception message with ids, numbers and quoted values replaced, so one cause groups."""
+    text = message.strip()[:EXC_MESSAGE_LIMIT]
+    for pattern, repl in _NORMALIZE:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def fingerprint(scope: str, exc_type: str, message: str) -> str:
+    """The cause fingerprint: ``scope`` (task or queue) + exception type + normalized message."""
+    raw = "\x1f".join((scope, exc_type, normalize_message(message)))
+    return hashlib.sha1(raw.encode("utf-8"), usedforsecurity=False).hexdigest()[:16]
+
+
+def exception_type_name(exc: BaseException) -> str:
+    """``module.QualName`` of an exception's class (builtins without the module)."""
+    cls = type(exc)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"

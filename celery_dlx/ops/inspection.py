@@ -1,0 +1,320 @@
+"""What ``celery dlx list/show/groups/parked/stats`` show, as plain data.
+
+Every function takes a :class:`~celery_dlx.worker.runtime.Runtime` (or what it read) and returns
+JSON-safe dicts; the command line prints them as tables or as JSON. Payloads are shown through
+:func:`celery_dlx.codecs.decode_payload` (pickle is never loaded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from celery_dlx.codecs import Decoded, ProtobufRegistry, decode_payload, registry_from_config
+from celery_dlx.fates import now_ms
+from celery_dlx.message.obituary import Obituary
+from celery_dlx.ops.render import iso, preview
+from celery_dlx.store import counters, graveyard
+from celery_dlx.store.graveyard import Group
+
+#: Bytes of each payload decoded for a listing (``show`` decodes up to the codecs' default).
+LIST_DECODE_LIMIT = 4096
+#: Characters of the one-line payload preview in a listing.
+PREVIEW_WIDTH = 120
+
+
+def registry_for(runtime: Any, extra_sets: Sequence[str] = ()) -> ProtobufRegistry:
+    """The protobuf registry of the app's settings, plus descriptor sets given on the command line.
+
+    Raises:
+        ConfigurationError: a descriptor set or module cannot be loaded.
+    """
+    registry = registry_from_config(runtime.config)
+    for path in extra_sets:
+        registry.add_descriptor_set(path)
+    return registry
+
+
+def decode_obituary(
+    ob: Obituary, registry: ProtobufRegistry | None, limit: int | None = None
+) -> Decoded | None:
+    """The decoded payload of ``ob`` (None when it was loaded without its payload)."""
+    if ob.payload is None:
+        return None
+    options: dict[str, Any] = {} if limit is None else {"limit": limit}
+    return decode_payload(
+        ob.payload,
+        content_type=ob.content_type,
+        content_encoding=ob.content_encoding,
+        headers=ob.headers,
+        registry=registry,
+        **options,
+    )
+
+
+def payload_preview(decoded: Decoded, width: int = PREVIEW_WIDTH) -> str:
+    """One line saying what a payload holds: ``PaymentFailed {"order_id":...}``, ``celery ...``."""
+    data = decoded.data
+    if decoded.kind == "protobuf" and decoded.type_name:
+        short = decoded.type_name.rsplit(".", 1)[-1]
+        return f"{short} {preview(data, width - len(short) - 1)}"
+    if decoded.kind == "celery" and isinstance(data, dict):
+        inner = data.get("decoded")
+        if isinstance(inner, dict) and inner:
+            shown = {
+                where: {str(v.get("type_name", "")).rsplit(".", 1)[-1]: v.get("data")}
+                if isinstance(v, dict)
+                else v
+                for where, v in inner.items()
+            }
+            return preview(shown, width)
+        return preview({"args": data.get("args"), "kwargs": data.get("kwargs")}, width)
+    return preview(data, width)
+
+
+def obituary_row(ob: Obituary, registry: ProtobufRegistry | None = None) -> dict[str, Any]:
+    """One obituary as a listing row (``celery dlx list --json``)."""
+    decoded = decode_obituary(ob, registry, LIST_DECODE_LIMIT)
+    return {
+        "id": ob.id,
+        "message_id": ob.message_id,
+        "queue": ob.queue,
+        "task": ob.task,
+        "origin": ob.origin,
+        "cause": ob.cause,
+        "exc_type": ob.exc_type,
+        "exc_message": ob.exc_message,
+        "reason": ob.reason,
+        "importance": ob.importance,
+        "attempt": ob.attempt,
+        "buried_ms": ob.buried_ms,
+        "buried_at": iso(ob.buried_ms),
+        "replayed_from": ob.replayed_from,
+        "replays": list(ob.replays),
+        "payload": {
+            "size": ob.payload_size,
+            "content_type": ob.content_type,
+            "kind": decoded.kind if decoded else None,
+            "type_name": decoded.type_name if decoded else None,
+            "preview": payload_preview(decoded) if decoded else None,
+        },
+    }
+
+
+def list_rows(
+    runtime: Any,
+    *,
+    registry: ProtobufRegistry | None = None,
+    decode: bool = True,
+    **filters: Any,
+) -> dict[str, Any]:
+    """Obituaries matching ``filters`` (see :func:`celery_dlx.store.graveyard.list_obituaries`).
+
+    Returns:
+        ``{"obituaries": [row, ...], "count": shown, "total": graveyard size}``.
+    """
+    found = graveyard.list_obituaries(runtime, with_payload=decode, **filters)
+    rows = [obituary_row(ob, registry) for ob in found]
+    return {"obituaries": rows, "count": len(rows), "total": graveyard.count(runtime)}
+
+
+def show_data(
+    ob: Obituary, registry: ProtobufRegistry | None, *, raw: bool = False
+) -> dict[str, Any]:
+    """The whole obituary with its decoded payload (``celery dlx show --json``).
+
+    Every stored field of :class:`~celery_dlx.message.obituary.Obituary` is there (headers, properties
+    and x-death JSON-safe), plus ``*_at`` ISO times; ``payload.decoded`` is the codecs' view and
+    ``payload.base64`` the raw bytes, only when ``raw``.
+    """
+    data = ob.json_safe()
+    payload = data["payload"]
+    if not raw:
+        payload["base64"] = None
+    decoded = decode_obituary(ob, registry)
+    payload["decoded"] = decoded.to_json() if decoded else None
+    data["buried_at"] = iso(ob.buried_ms)
+    data["first_failure_at"] = iso(ob.first_failure_ms)
+    data["last_failure_at"] = iso(ob.last_failure_ms)
+    for attempt in data["attempts"]:
+        attempt["at"] = iso(attempt["at_ms"])
+    data["replays"] = [{"at_ms": at, "at": iso(at)} for at in ob.replays]
+    return data
+
+
+def group_row(group: Group) -> dict[str, Any]:
+    """One cause group (``celery dlx groups --json``)."""
+    return {
+        "cause": group.cause,
+        "count": group.count,
+        "total": group.total,
+        "first_ms": group.first_ms,
+        "first_seen": iso(group.first_ms),
+        "last_ms": group.last_ms,
+        "last_seen": iso(group.last_ms),
+        "example_id": group.example_id,
+        "exc_type": group.exc_type,
+        "exc_message": group.exc_message,
+        "task": group.task,
+        "queue": group.queue,
+    }
+
+
+def groups_data(runtime: Any) -> dict[str, Any]:
+    """Every cause in the graveyard, most recently seen first, with the graveyard's size."""
+    rows = [group_row(g) for g in graveyard.groups(runtime)]
+    return {"groups": rows, "count": len(rows), "total": graveyard.count(runtime)}
+
+
+def parked_data(runtime: Any, *, limit: int = 50, at_ms: int | None = None) -> dict[str, Any]:
+    """Parked retries by due time (``celery dlx parked --json``), and the TTL ladder's depths.
+
+    A message whose score differs from its due time is claimed by a drain right now
+    (``claimed``: its score is the lease end).
+    """
+    now = now_ms() if at_ms is None else at_ms
+    store = runtime.store
+    messages = []
+    for m in store.peek(limit):
+        messages.append(
+            {
+                "entry_id": m.entry_id,
+                "message_id": m.message_id,
+                "task": m.task,
+                "queue": m.queue,
+                "attempt": m.attempt,
+                "cause": m.cause,
+                "parked_ms": m.parked_ms,
+                "parked_at": iso(m.parked_ms),
+                "due_ms": m.due_ms,
+                "due_at": iso(m.due_ms),
+                "due_in_s": round((m.due_ms - now) / 1000, 3),
+                "claimed": m.lease_score != m.due_ms,
+            }
+        )
+    return {
+        "backend": runtime.config.delay_backend,
+        "count": store.count(),
+        "due_now": store.due_count(now),
+        "messages": messages,
+        "ladder": ladder_rows(runtime),
+    }
+
+
+def purge_parked(runtime: Any, entry_ids: Sequence[str]) -> dict[str, Any]:
+    """Delete parked retries by entry id (``<message id>:<attempt>``, as ``parked`` shows).
+
+    Each purged retry is recorded in the failure history as ``purged``, with its whole record
+    (headers, properties, base64 body) under ``obituary``, so nothing is silently lost.
+    """
+    import base64
+
+    from celery_dlx.fates import PURGED, FateEvent
+    from celery_dlx.store.parking import ParkedMessage
+
+    store = runtime.store
+    keys = runtime.keys
+    purged, missing = [], []
+    for entry_id in entry_ids:
+        meta = runtime.redis.hget(keys.parked_meta, entry_id)
+        body = runtime.redis.hget(keys.parked_body, entry_id)
+        if meta is None or not store.remove([entry_id]):
+            missing.append(entry_id)
+            continue
+        message = ParkedMessage.from_stored(meta, body or b"")
+        record = json_safe_parked(message)
+        record["body_b64"] = base64.b64encode(message.body).decode("ascii")
+        runtime.record(
+            FateEvent(
+                fate=PURGED,
+                queue=message.queue,
+                message_id=message.message_id,
+                attempt=message.attempt,
+                task=message.task,
+                cause=message.cause,
+                reason="parked retry purged by an operator",
+                importance=runtime.config.importance(message.queue),
+                extra={"obituary": record},
+            )
+        )
+        purged.append(entry_id)
+    return {"purged": purged, "missing": missing}
+
+
+def json_safe_parked(message: Any) -> dict[str, Any]:
+    """A parked retry's metadata as JSON-safe data."""
+    import json
+
+    data: dict[str, Any] = json.loads(message.meta_json())
+    return data
+
+
+def ladder_rows(runtime: Any) -> list[dict[str, Any]] | None:
+    """Messages waiting in the TTL delay queues (``dlx_delay_backend = "ttl"``), else None.
+
+    Rows of :func:`celery_dlx.broker.ladder.ladder_depths`: ``queue``, ``delay_queue``,
+    ``delay_seconds``, ``messages`` (ready), ``consumers``.
+    """
+    if runtime.config.delay_backend != "ttl":
+        return None
+    from celery_dlx.broker.ladder import ladder_depths
+
+    return ladder_depths(runtime)
+
+
+def stats_data(
+    runtime: Any, *, window_s: float = 3600.0, at_ms: int | None = None
+) -> dict[str, Any]:
+    """Fate counts per queue over the last ``window_s``, the graveyard and the parking store.
+
+    Returns:
+        ``window_s``, ``fates`` (queue -> fate -> count), ``totals`` (fate -> count),
+        ``graveyard`` (count, oldest buried time and age, per-queue count, last and oldest
+        burial), ``parked`` (count, due now, next due), ``history_length`` and
+        ``malformed_counters`` (counter fields that could not be read, with the reason).
+    """
+    now = now_ms() if at_ms is None else at_ms
+    counts = counters.read_window(runtime.redis, runtime.keys, window_s, at_ms=now)
+    fates: dict[str, dict[str, int]] = {}
+    for (queue, fate), n in sorted(counts.totals().items()):
+        fates.setdefault(queue, {})[fate] = n
+    per_queue = []
+    for queue, n, last_ms in graveyard.queues(runtime):
+        oldest = graveyard.list_obituaries(runtime, queue=queue, limit=1, oldest_first=True)
+        oldest_ms = oldest[0].buried_ms if oldest else None
+        per_queue.append(
+            {
+                "queue": queue,
+                "count": n,
+                "last_ms": last_ms,
+                "last_at": iso(last_ms),
+                "oldest_ms": oldest_ms,
+                "oldest_at": iso(oldest_ms),
+            }
+        )
+    oldest_all = graveyard.list_obituaries(runtime, limit=1, oldest_first=True)
+    oldest_ms = oldest_all[0].buried_ms if oldest_all else None
+    store = runtime.store
+    nxt = store.peek(1)
+    return {
+        "window_s": window_s,
+        "fates": fates,
+        "totals": dict(sorted(counts.by_fate().items())),
+        "graveyard": {
+            "count": graveyard.count(runtime),
+            "oldest_ms": oldest_ms,
+            "oldest_at": iso(oldest_ms),
+            "oldest_age_s": None if oldest_ms is None else round((now - oldest_ms) / 1000, 3),
+            "queues": per_queue,
+        },
+        "parked": {
+            "count": store.count(),
+            "due_now": store.due_count(now),
+            "next_due_ms": nxt[0].due_ms if nxt else None,
+            "next_due_at": iso(nxt[0].due_ms) if nxt else None,
+        },
+        "history_length": runtime.history.length(),
+        "malformed_counters": [
+            {"key": key, "field": name, "reason": reason} for key, name, reason in counts.malformed
+        ],
+    }

@@ -1,0 +1,425 @@
+"""``celery dlx migrate QUEUE``: give an existing queue a dead-letter exchange without a 406.
+
+RabbitMQ refuses to redeclare a queue with other arguments (406 PRECONDITION_FAILED), so a queue
+created before celery_dlx cannot simply be declared again with ``x-dead-letter-exchange``. Two
+ways out (docs/cli.md weighs them):
+
+* **policy** (:func:`migrate_policy`): a RabbitMQ policy matching only this queue sets
+  ``dead-letter-exchange`` and ``dead-letter-routing-key``. Nothing moves and no consumer
+  changes. A queue has one policy in effect (the highest priority), so the policy that applied
+  before is copied into ours, one priority above, and stays untouched;
+* **rename** (:func:`migrate_rename`): a new queue (``QUEUE.dlx`` or ``to``) declared with the
+  arguments, given the old queue's bindings, and the old queue's messages moved to it with
+  publisher confirms (a message is acked on the old queue only once the new one has it).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_dlx.broker.management import Management, dead_letter_exchange_of
+from celery_dlx.broker.publish import ConfirmingPublisher, Outgoing, copy_properties
+from celery_dlx.broker.topology import dead_letter_arguments, service_queue
+from celery_dlx.compat import install_tolerant_properties
+from celery_dlx.errors import DLXError
+
+logger = logging.getLogger(__name__)
+
+#: Prefix of the policies ``migrate --policy`` writes (one per queue).
+POLICY_PREFIX = "celery-dlx-"
+#: What a policy may apply to for it to be in effect on a queue.
+_QUEUE_TARGETS = ("queues", "all", "classic_queues", "quorum_queues")
+#: Policy keys that route dead letters; a policy already setting another exchange is a conflict.
+DLX_KEYS = ("dead-letter-exchange", "dead-letter-routing-key")
+
+
+class MigrationError(DLXError):
+    """The queue cannot be migrated as asked; the message says why and what to do."""
+
+
+class QueueNotFound(MigrationError):
+    """The queue to migrate does not exist."""
+
+
+def policy_name(queue: str) -> str:
+    """The name of the policy ``migrate --policy`` writes for ``queue``."""
+    return f"{POLICY_PREFIX}{queue}"
+
+
+def policy_pattern(queue: str) -> str:
+    """A policy pattern matching exactly ``queue``."""
+    return f"^{re.escape(queue)}$"
+
+
+def effective_policy(queue: str, policies: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The user policy in effect on ``queue`` (highest priority among those matching it)."""
+    own = policy_name(queue)
+    matching = []
+    for p in policies:
+        if p.get("name") == own or p.get("apply-to", "all") not in _QUEUE_TARGETS:
+            continue
+        try:
+            if re.search(str(p.get("pattern", "")), queue):
+                matching.append(p)
+        except re.error:
+            logger.warning("policy %s has a pattern Python cannot read; ignored", p.get("name"))
+    return max(matching, key=lambda p: int(p.get("priority", 0)), default=None)
+
+
+@dataclass
+class PolicyPlan:
+    """The policy to write for one queue, or why none is needed."""
+
+    queue: str
+    name: str
+    pattern: str
+    definition: dict[str, Any]
+    priority: int
+    apply_to: str = "queues"
+    merged_from: str | None = None
+    needed: bool = True
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pattern": self.pattern,
+            "definition": self.definition,
+            "priority": self.priority,
+            "apply_to": self.apply_to,
+            "merged_from": self.merged_from,
+            "needed": self.needed,
+            "reason": self.reason,
+        }
+
+
+def plan_policy(
+    queue: Mapping[str, Any], exchange: str, policies: Sequence[Mapping[str, Any]]
+) -> PolicyPlan:
+    """The policy giving ``queue`` (the API's view) dead-letter exchange ``exchange``.
+
+    Raises:
+        MigrationError: the queue or the policy in effect names another dead-letter exchange.
+    """
+    name = str(queue["name"])
+    plan = PolicyPlan(name, policy_name(name), policy_pattern(name), {}, 0)
+    args = queue.get("arguments") or {}
+    current = args.get("x-dead-letter-exchange")
+    if current:
+        if current != exchange:
+            raise MigrationError(
+                f"queue {name!r} already dead-letters to {current!r} by argument (arguments win "
+                f"over policies); set dlx_exchange={current!r} or use --rename"
+            )
+        plan.needed, plan.reason = False, "the queue's own arguments already set the exchange"
+        return plan
+    base = effective_policy(name, policies)
+    definition = dict((base or {}).get("definition") or {})
+    if definition.get("dead-letter-exchange") not in (None, exchange):
+        raise MigrationError(
+            f"policy {base and base.get('name')!r} already sends {name!r}'s dead letters to "
+            f"{definition['dead-letter-exchange']!r}; change that policy or set dlx_exchange"
+        )
+    definition.update({"dead-letter-exchange": exchange, "dead-letter-routing-key": name})
+    plan.definition = definition
+    if base is not None:
+        plan.merged_from = str(base.get("name"))
+        plan.priority = int(base.get("priority", 0)) + 1
+    return plan
+
+
+def migrate_policy(
+    api: Management,
+    queue: str,
+    exchange: str,
+    *,
+    dry_run: bool = False,
+    wait: float = 15.0,
+) -> dict[str, Any]:
+    """Add ``exchange`` as ``queue``'s dead-letter exchange with a policy; other policies stay.
+
+    Returns:
+        ``queue``, ``method`` (``policy``), ``policy`` (the plan), ``applied`` (the broker shows
+        it in effect), ``dead_letter_exchange`` and ``set_by`` as the broker reports them after.
+
+    Raises:
+        QueueNotFound: no such queue.
+        MigrationError: another dead-letter exchange is set, or the policy did not take effect.
+        ManagementError: the API refused or is unreachable.
+    """
+    info = api.queue(queue)
+    if info is None:
+        raise QueueNotFound(f"queue {queue!r} does not exist in vhost {api.vhost!r}")
+    plan = plan_policy(info, exchange, api.policies())
+    applied = False
+    if plan.needed and not dry_run:
+        api.put_policy(plan.name, plan.pattern, plan.definition, plan.priority, plan.apply_to)
+        logger.info("policy %s set on queue %s: dead letters to %s", plan.name, queue, exchange)
+        info = _wait_for_policy(api, queue, plan.name, wait)
+        applied = True
+    target, where = dead_letter_exchange_of(info)
+    return {
+        "queue": queue,
+        "method": "policy",
+        "dry_run": dry_run,
+        "policy": plan.to_json(),
+        "applied": applied,
+        "dead_letter_exchange": target,
+        "set_by": where,
+    }
+
+
+def _wait_for_policy(api: Management, queue: str, name: str, wait: float) -> dict[str, Any]:
+    deadline = time.monotonic() + wait
+    while True:
+        info = api.queue(queue) or {}
+        if info.get("policy") == name:
+            return info
+        if time.monotonic() > deadline:
+            raise MigrationError(
+                f"policy {name} was written but queue {queue!r} did not show it within {wait}s "
+                f"(it shows {info.get('policy')!r}); check `rabbitmqctl list_policies`"
+            )
+        time.sleep(0.2)
+
+
+def remove_policy(api: Management, queue: str) -> dict[str, Any]:
+    """Delete the policy ``migrate --policy`` wrote for ``queue`` (never another one)."""
+    removed = api.delete_policy(policy_name(queue))
+    return {"queue": queue, "method": "policy", "removed": removed, "policy": policy_name(queue)}
+
+
+@dataclass
+class RenamePlan:
+    """What ``migrate --rename`` declares, binds and unbinds."""
+
+    queue: str
+    new_queue: str
+    arguments: dict[str, Any]
+    durable: bool = True
+    bind: list[dict[str, Any]] = field(default_factory=list)
+    unbind: list[dict[str, Any]] = field(default_factory=list)
+
+
+def plan_rename(
+    info: Mapping[str, Any],
+    bindings: Sequence[Mapping[str, Any]],
+    *,
+    new_queue: str,
+    exchange: str,
+    quorum: bool = False,
+    delivery_limit: int | None = None,
+    unbind_old: bool = True,
+) -> RenamePlan:
+    """The new queue's arguments (the old ones plus the dead-letter ones) and bindings.
+
+    The default exchange's implicit binding is neither copied nor removed.
+
+    Raises:
+        MigrationError: the new name is the old one.
+    """
+    queue = str(info["name"])
+    if new_queue == queue:
+        raise MigrationError(f"--to must differ from the queue's name ({queue!r})")
+    args = {
+        k: v for k, v in (info.get("arguments") or {}).items() if not k.startswith("x-dead-letter-")
+    }
+    quorum = quorum or info.get("type") == "quorum" or args.get("x-queue-type") == "quorum"
+    args.update(
+        dead_letter_arguments(
+            new_queue, exchange, quorum=quorum, delivery_limit=delivery_limit if quorum else None
+        )
+    )
+    real = [
+        {
+            "source": str(b["source"]),
+            "routing_key": str(b.get("routing_key", "")),
+            "arguments": dict(b.get("arguments") or {}),
+        }
+        for b in bindings
+        if b.get("source") and b.get("destination_type", "queue") == "queue"
+    ]
+    return RenamePlan(
+        queue,
+        new_queue,
+        args,
+        durable=bool(info.get("durable", True)),
+        bind=real,
+        unbind=list(real) if unbind_old else [],
+    )
+
+
+def move_messages(
+    connection: Any,
+    source: str,
+    target: str,
+    *,
+    batch: int = 200,
+    progress: Callable[[int], None] | None = None,
+    limit: int | None = None,
+) -> int:
+    """Move the ready messages of ``source`` to ``target`` (default exchange), with confirms.
+
+    Each batch is fetched unacked, published with ``mandatory`` and confirms, then acked; a
+    message the broker did not confirm is requeued on ``source`` and the move stops. Broker
+    ``x-death`` headers are stripped (as on every celery_dlx republish).
+
+    Returns:
+        How many messages were moved.
+
+    Raises:
+        MigrationError: the broker did not confirm a batch (the rest stays on ``source``).
+    """
+    install_tolerant_properties()  # a message with non-UTF-8 properties moves like any other
+    publisher = ConfirmingPublisher(connection)
+    channel = connection.connection.channel()
+    # py-amqp decodes a body with a content_encoding to text; the moved copy keeps the bytes.
+    channel.auto_decode = False
+    moved = 0
+    try:
+        while limit is None or moved < limit:
+            size = batch if limit is None else min(batch, limit - moved)
+            taken = _take(channel, source, size)
+            if not taken:
+                break
+            copies = [
+                Outgoing(
+                    # An empty body comes as "" whatever auto_decode says.
+                    body=m.body.encode() if isinstance(m.body, str) else bytes(m.body),
+                    routing_key=target,
+                    headers=dict(m.headers or {}),
+                    properties=copy_properties(m.properties),
+                )
+                for m in taken
+            ]
+            results = publisher.publish_many(copies)
+            for msg, ok in zip(taken, results, strict=True):
+                if ok:
+                    channel.basic_ack(msg.delivery_tag)
+                else:
+                    channel.basic_reject(msg.delivery_tag, requeue=True)
+            done = sum(results)
+            moved += done
+            if progress is not None:
+                progress(done)
+            if done < len(taken):
+                raise MigrationError(
+                    f"the broker refused {len(taken) - done} messages for {target!r} (moved "
+                    f"{moved}; the rest stays on {source!r}): does {target!r} exist?"
+                )
+    finally:
+        publisher.close()
+        channel.close()
+    return moved
+
+
+def _take(channel: Any, queue: str, n: int) -> list[Any]:
+    out: list[Any] = []
+    while len(out) < n:
+        msg = channel.basic_get(queue, no_ack=False)
+        if msg is None:
+            break
+        out.append(msg)
+    return out
+
+
+def migrate_rename(
+    runtime: Any,
+    api: Management | None,
+    queue: str,
+    *,
+    to: str | None = None,
+    copy_bindings: bool = True,
+    unbind_old: bool = True,
+    dry_run: bool = False,
+    batch: int = 200,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Declare ``to`` (default ``QUEUE.dlx``) with the DLX, give it ``queue``'s bindings, move the
+    messages; the old queue stays (unbound) for consumers and producers to be cut over.
+
+    Args:
+        runtime: the app's runtime (settings and broker connection).
+        api: the management API (needed to read the old queue's bindings and arguments).
+        copy_bindings: bind the new queue like the old one (exchange producers switch at once).
+        unbind_old: then remove those bindings from the old queue (no more new messages there
+            but those published to its name through the default exchange).
+        dry_run: plan only.
+        progress: called with the number of messages moved after each batch.
+
+    Returns:
+        ``queue``, ``method`` (``rename``), ``new_queue``, ``arguments``, ``bound``,
+        ``unbound``, ``moved``, ``left`` (ready messages still on the old queue) and ``dry_run``.
+
+    Raises:
+        QueueNotFound: no such queue. MigrationError: bad ``to``, or an unconfirmed move.
+    """
+    config = runtime.config
+    new = to or f"{queue}.dlx"
+    info, bindings = _old_queue(runtime, api, queue, copy_bindings)
+    plan = plan_rename(
+        info,
+        bindings,
+        new_queue=new,
+        exchange=config.exchange,
+        quorum=config.quorum,
+        delivery_limit=config.delivery_limit,
+        unbind_old=unbind_old and copy_bindings,
+    )
+    result: dict[str, Any] = {
+        "queue": queue,
+        "method": "rename",
+        "new_queue": new,
+        "arguments": plan.arguments,
+        "bound": plan.bind,
+        "unbound": plan.unbind,
+        "moved": 0,
+        "left": None,
+        "dry_run": dry_run,
+    }
+    if dry_run:
+        return result
+    with runtime.app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=3)
+        channel = conn.default_channel
+        service_queue(config.service_queue, config.exchange, quorum=config.quorum)(
+            channel
+        ).declare()
+        channel.queue_declare(new, durable=plan.durable, arguments=plan.arguments)
+        for b in plan.bind:
+            channel.queue_bind(new, b["source"], b["routing_key"], arguments=b["arguments"])
+        for b in plan.unbind:
+            channel.queue_unbind(queue, b["source"], b["routing_key"], arguments=b["arguments"])
+        logger.info(
+            "queue %s declared with dead-letter exchange %s; moving %s", new, config.exchange, queue
+        )
+        result["moved"] = move_messages(conn, queue, new, batch=batch, progress=progress)
+        result["left"] = int(conn.default_channel.queue_declare(queue, passive=True).message_count)
+    return result
+
+
+def _old_queue(
+    runtime: Any, api: Management | None, queue: str, copy_bindings: bool
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    if api is not None:
+        info = api.queue(queue)
+        if info is None:
+            raise QueueNotFound(f"queue {queue!r} does not exist in vhost {api.vhost!r}")
+        return info, api.queue_bindings(queue) if copy_bindings else []
+    if copy_bindings:
+        raise MigrationError(
+            "copying bindings needs the management API (--management-url); or pass --no-bindings"
+        )
+    with runtime.app.connection_for_read() as conn:
+        conn.ensure_connection(max_retries=3)
+        try:
+            conn.connection.channel().queue_declare(queue, passive=True)
+        except Exception as exc:
+            raise QueueNotFound(f"queue {queue!r} does not exist ({exc})") from exc
+    # Without the API the old queue's arguments are unknown: a durable classic queue is assumed.
+    return {"name": queue, "arguments": {}, "durable": True}, []

@@ -1,0 +1,243 @@
+"""Pure failure policy: classify an exception, apply the escalation ladder, compute backoff.
+
+``decide(exc, state, policy)`` returns :class:`ToRequeue`, :class:`ToPark` or :class:`ToBury`;
+it does no I/O, so every rule is a table test.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from celery_dlx.errors import ConfigurationError
+from celery_dlx.fates import Bury, Park, Requeue
+from celery_dlx.message.headers import DLXState
+
+#: What a classification list may hold: exception classes, or predicates over an exception.
+Matcher = type[BaseException] | Callable[[BaseException], bool]
+
+
+@dataclass(frozen=True)
+class ToRequeue:
+    """Publish a copy at the tail of the same queue."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ToPark:
+    """Store the message and republish it after ``delay`` seconds."""
+
+    delay: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ToBury:
+    """Send the message to the graveyard."""
+
+    reason: str
+
+
+Decision = ToRequeue | ToPark | ToBury
+
+
+class Backoff(ABC):
+    """A delay schedule: ``backoff(n)`` is the delay in seconds before the retry after park ``n``."""
+
+    @abstractmethod
+    def __call__(self, park_index: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class ListBackoff(Backoff):
+    """Explicit delays; park ``n`` beyond the list uses the last one."""
+
+    delays: tuple[float, ...]
+
+    def __call__(self, park_index: int) -> float:
+        return self.delays[min(park_index, len(self.delays) - 1)]
+
+
+@dataclass(frozen=True)
+class ExponentialBackoff(Backoff):
+    """``min(max, base * factor**n)``, then up to ``jitter`` (a fraction) taken off at random."""
+
+    base: float = 10.0
+    factor: float = 2.0
+    max: float = 3600.0
+    jitter: float = 0.1
+    rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+
+    def __call__(self, park_index: int) -> float:
+        delay = min(self.max, self.base * self.factor ** min(park_index, 64))
+        if self.jitter:
+            delay -= delay * self.jitter * self.rng.random()
+        return delay
+
+
+@dataclass(frozen=True)
+class CallableBackoff(Backoff):
+    """A user function of the park index."""
+
+    fn: Callable[[int], float]
+
+    def __call__(self, park_index: int) -> float:
+        delay = float(self.fn(park_index))
+        if delay < 0:
+            raise ConfigurationError(f"dlx_backoff callable returned a negative delay: {delay}")
+        return delay
+
+
+def _seconds(value: Any, name: str) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigurationError(f"{name} must hold non-negative seconds, got {value!r}")
+    return float(value)
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def parse_backoff(value: Any, name: str = "dlx_backoff") -> Backoff:
+    """Build a :class:`Backoff` from a setting.
+
+    Accepts a list of seconds (or timedeltas), a mapping ``{"base", "factor", "max", "jitter"}``,
+    a :class:`Backoff`, or a callable of the park index.
+
+    Raises:
+        ConfigurationError: naming ``name`` and what is wrong.
+    """
+    if isinstance(value, Backoff):
+        return value
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"base", "factor", "max", "jitter"}
+        if unknown:
+            raise ConfigurationError(
+                f"{name} has unknown keys {sorted(unknown)}; use base, factor, max, jitter"
+            )
+        jitter = _number(value.get("jitter", 0.1), f"{name}['jitter']")
+        if not 0 <= jitter <= 1:
+            raise ConfigurationError(f"{name}['jitter'] must be between 0 and 1, got {jitter}")
+        factor = _number(value.get("factor", 2.0), f"{name}['factor']")
+        if factor < 1:
+            raise ConfigurationError(f"{name}['factor'] must be >= 1, got {factor}")
+        return ExponentialBackoff(
+            base=_seconds(value.get("base", 10.0), f"{name}['base']"),
+            factor=factor,
+            max=_seconds(value.get("max", 3600.0), f"{name}['max']"),
+            jitter=jitter,
+        )
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ConfigurationError(f"{name} must not be an empty list")
+        return ListBackoff(tuple(_seconds(v, f"{name}[{i}]") for i, v in enumerate(value)))
+    if callable(value):
+        return CallableBackoff(value)
+    raise ConfigurationError(
+        f"{name} must be a list of seconds, a mapping with base/factor/max/jitter or a callable, "
+        f"got {type(value).__name__}"
+    )
+
+
+def parse_matchers(value: Any, name: str) -> tuple[Matcher, ...]:
+    """Validate a classification option (exception classes or predicates)."""
+    if value is None:
+        return ()
+    if isinstance(value, type) or not isinstance(value, (list, tuple, set, frozenset)):
+        value = (value,)
+    out: list[Matcher] = []
+    for item in value:
+        if (isinstance(item, type) and issubclass(item, BaseException)) or (
+            callable(item) and not isinstance(item, type)
+        ):
+            out.append(item)
+        else:
+            raise ConfigurationError(
+                f"{name} must hold exception classes or predicates, got {item!r}"
+            )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A task's or queue's failure policy."""
+
+    max_requeues: int = 2
+    max_parks: int = 5
+    backoff: Backoff = field(default_factory=ExponentialBackoff)
+    requeue_on: tuple[Matcher, ...] = ()
+    park_on: tuple[Matcher, ...] = ()
+    bury_on: tuple[Matcher, ...] = ()
+
+    @property
+    def max_runs(self) -> int:
+        """Runs of a message that always fails: 1 + requeues + parks."""
+        return 1 + self.max_requeues + self.max_parks
+
+
+def _matches(exc: BaseException, matchers: Sequence[Matcher]) -> bool:
+    for m in matchers:
+        if isinstance(m, type):
+            if isinstance(exc, m):
+                return True
+        else:
+            try:
+                if m(exc):
+                    return True
+            except Exception:  # a broken predicate must not break failure handling
+                continue
+    return False
+
+
+def classify(exc: BaseException, policy: Policy) -> str:
+    """``"bury"``, ``"park"``, ``"requeue"`` or ``"escalate"`` (in no list)."""
+    if isinstance(exc, Bury) or _matches(exc, policy.bury_on):
+        return "bury"
+    if isinstance(exc, Park) or _matches(exc, policy.park_on):
+        return "park"
+    if isinstance(exc, Requeue) or _matches(exc, policy.requeue_on):
+        return "requeue"
+    return "escalate"
+
+
+def _park_or_bury(state: DLXState, policy: Policy, countdown: float | None, why: str) -> Decision:
+    if state.parks < policy.max_parks:
+        delay = countdown if countdown is not None else policy.backoff(state.parks)
+        return ToPark(delay=delay, reason=why)
+    return ToBury(
+        reason=f"retry budget spent: {state.requeues} requeues, {state.parks} parks ({why})"
+    )
+
+
+def decide(exc: BaseException, state: DLXState, policy: Policy) -> Decision:
+    """The fate of a message whose run raised ``exc``, given what its headers say.
+
+    Escalation for ``requeue`` and unclassified failures: requeue while the requeue budget lasts,
+    then park while the park budget lasts, then bury. ``park`` failures skip the requeues.
+    """
+    kind = classify(exc, policy)
+    why = type(exc).__name__
+    if kind == "bury":
+        reason = exc.reason if isinstance(exc, Bury) else f"permanent failure: {why}"
+        return ToBury(reason=reason)
+    countdown = exc.countdown if isinstance(exc, Park) else None
+    if kind == "park":
+        return _park_or_bury(state, policy, countdown, why)
+    if state.requeues < policy.max_requeues:
+        return ToRequeue(reason=why)
+    return _park_or_bury(state, policy, None, why)

@@ -1,0 +1,448 @@
+"""Every ``dlx_*`` setting, its default and validation, read from ``app.conf`` in one place.
+
+Settings are read under their lower-case name (``dlx_enabled``), upper-case (``DLX_ENABLED``) and,
+for Django projects using ``config_from_object(..., namespace="CELERY")``, as ``CELERY_DLX_ENABLED``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from celery_dlx.errors import ConfigurationError
+from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_KEY_PREFIX, DEFAULT_SERVICE_QUEUE
+from celery_dlx.policy.decide import Backoff, Policy, parse_backoff
+
+#: Task importances: ``page`` wakes someone, ``notify`` tells them later, ``ignore`` sends nothing.
+IMPORTANCES = ("page", "notify", "ignore")
+#: Ways to delay a parked retry.
+DELAY_BACKENDS = ("redis", "ttl")
+#: What to do with a message that died of TTL expiry.
+EXPIRED_ACTIONS = ("park", "bury")
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in {
+        "1",
+        "true",
+        "yes",
+        "on",
+        "0",
+        "false",
+        "no",
+        "off",
+    }:
+        return value.lower() in {"1", "true", "yes", "on"}
+    raise ConfigurationError(f"{name} must be a boolean, got {value!r}")
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _positive_count(name: str, value: Any) -> int:
+    number = _count(name, value)
+    if number == 0:
+        raise ConfigurationError(f"{name} must be a positive integer, got 0")
+    return number
+
+
+def _optional_count(name: str, value: Any) -> int | None:
+    return None if value is None else _positive_count(name, value)
+
+
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _optional_seconds(name: str, value: Any) -> float | None:
+    return None if value is None else _seconds(name, value)
+
+
+def _str(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _optional_str(name: str, value: Any) -> str | None:
+    return None if value is None else _str(name, value)
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def check(name: str, value: Any) -> str:
+        if value not in choices:
+            raise ConfigurationError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        return str(value)
+
+    return check
+
+
+def _str_list(name: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigurationError(f"{name} must be a list of strings, got {value!r}")
+    return tuple(_str(f"{name}[{i}]", v) for i, v in enumerate(value))
+
+
+def _ladder(name: str, value: Any) -> tuple[float, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise ConfigurationError(f"{name} must be a non-empty list of seconds, got {value!r}")
+    steps = tuple(_seconds(f"{name}[{i}]", v) for i, v in enumerate(value))
+    if steps[0] < 0.001:
+        raise ConfigurationError(
+            f"{name} steps must be at least 0.001 s (RabbitMQ TTLs are whole milliseconds), got {steps[0]}"
+        )
+    if list(steps) != sorted(set(steps)):
+        raise ConfigurationError(f"{name} must be strictly increasing, got {list(steps)}")
+    return steps
+
+
+def _key_prefix(name: str, value: Any) -> str:
+    text = _str(name, value)
+    if any(c in text for c in "{} \t\n"):
+        raise ConfigurationError(f"{name} must not contain braces or white space, got {text!r}")
+    return text
+
+
+def _backoff(name: str, value: Any) -> Backoff:
+    return parse_backoff(value, name)
+
+
+#: Keys allowed in one entry of ``dlx_queues`` (policy for a queue, also foreign queues).
+QUEUE_POLICY_KEYS = ("backoff", "max_requeues", "max_parks", "importance", "expired")
+
+
+def _queue_policies(name: str, value: Any) -> dict[str, dict[str, Any]]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"{name} must map queue names to policies, got {value!r}")
+    out: dict[str, dict[str, Any]] = {}
+    for queue, spec in value.items():
+        where = f"{name}[{queue!r}]"
+        if not isinstance(spec, Mapping):
+            raise ConfigurationError(f"{where} must be a mapping, got {spec!r}")
+        unknown = set(spec) - set(QUEUE_POLICY_KEYS)
+        if unknown:
+            raise ConfigurationError(
+                f"{where} has unknown keys {sorted(unknown)}; allowed: {', '.join(QUEUE_POLICY_KEYS)}"
+            )
+        checked: dict[str, Any] = {}
+        if "backoff" in spec:
+            checked["backoff"] = parse_backoff(spec["backoff"], f"{where}['backoff']")
+        for key in ("max_requeues", "max_parks"):
+            if key in spec:
+                checked[key] = _count(f"{where}[{key!r}]", spec[key])
+        if "importance" in spec:
+            checked["importance"] = _choice(IMPORTANCES)(
+                f"{where}['importance']", spec["importance"]
+            )
+        if "expired" in spec:
+            checked["expired"] = _choice(EXPIRED_ACTIONS)(f"{where}['expired']", spec["expired"])
+        out[str(queue)] = checked
+    return out
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``dlx_*`` setting: its default, its validator and its documentation."""
+
+    name: str
+    default: Any
+    check: Callable[[str, Any], Any]
+    doc: str
+
+
+#: Every setting celery_dlx reads. docs/configuration.md is checked against this table.
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting(
+            "dlx_enabled",
+            False,
+            _bool,
+            "Make every task of the app a DLX task, declare the topology, schedule the drain.",
+        ),
+        Setting(
+            "dlx_redis_url",
+            "redis://127.0.0.1:6379/0",
+            _str,
+            "Redis for parked retries, graveyard and history (redis://, rediss://, sentinel://, or a cluster URL with ?cluster=true).",
+        ),
+        Setting(
+            "dlx_key_prefix",
+            DEFAULT_KEY_PREFIX,
+            _key_prefix,
+            "Prefix of every Redis key; wrapped in {} so the keys share one Redis Cluster slot.",
+        ),
+        Setting(
+            "dlx_max_requeues",
+            2,
+            _count,
+            "Requeues at the tail before a failure escalates to parking.",
+        ),
+        Setting("dlx_max_parks", 5, _count, "Parked (delayed) retries before a message is buried."),
+        Setting(
+            "dlx_backoff",
+            {"base": 10.0, "factor": 2.0, "max": 3600.0, "jitter": 0.1},
+            _backoff,
+            "Delay before each parked retry: list of seconds, {base, factor, max, jitter}, or a callable of the park index.",
+        ),
+        Setting(
+            "dlx_drain_interval",
+            1.0,
+            _seconds,
+            "Seconds between drains of due parked retries (beat schedule).",
+        ),
+        Setting(
+            "dlx_drain_batch", 500, _positive_count, "Most parked retries one drain claims at once."
+        ),
+        Setting(
+            "dlx_drain_lease",
+            30.0,
+            _seconds,
+            "Seconds a claimed retry is reserved for one drain before another may claim it.",
+        ),
+        Setting(
+            "dlx_importance",
+            "notify",
+            _choice(IMPORTANCES),
+            "Default task importance: page, notify or ignore.",
+        ),
+        Setting(
+            "dlx_exchange",
+            DEFAULT_DLX_EXCHANGE,
+            _str,
+            "Name of the dead-letter exchange every DLX queue routes to.",
+        ),
+        Setting(
+            "dlx_service_queue",
+            DEFAULT_SERVICE_QUEUE,
+            _str,
+            "Queue the DLX service consumes dead letters from.",
+        ),
+        Setting(
+            "dlx_quorum",
+            False,
+            _bool,
+            "Declare the app's queues as quorum queues with at-least-once dead-lettering.",
+        ),
+        Setting(
+            "dlx_delivery_limit",
+            None,
+            _optional_count,
+            "x-delivery-limit of quorum queues (None: unlimited, celery_dlx counts attempts itself).",
+        ),
+        Setting(
+            "dlx_queues",
+            {},
+            _queue_policies,
+            "Per-queue policies, also for foreign queues: {queue: {backoff, max_requeues, max_parks, importance, expired}}.",
+        ),
+        Setting(
+            "dlx_expired",
+            "park",
+            _choice(EXPIRED_ACTIONS),
+            "What the DLX service does with a message that died of TTL expiry: park (return it later) or bury.",
+        ),
+        Setting(
+            "dlx_service_in_worker",
+            False,
+            _bool,
+            "Run the DLX service inside every worker of the app (a bootstep).",
+        ),
+        Setting(
+            "dlx_service_prefetch",
+            1000,
+            _positive_count,
+            "Prefetch of the DLX service consumer (a batch is up to a third of it).",
+        ),
+        Setting(
+            "dlx_obituary_task",
+            None,
+            _optional_str,
+            "Name of a task sent every obituary (as JSON-safe data) when a message is buried.",
+        ),
+        Setting(
+            "dlx_code_version",
+            None,
+            _optional_str,
+            "Code version written into obituaries (default: $DLX_CODE_VERSION, $GIT_COMMIT or unset).",
+        ),
+        Setting(
+            "dlx_graveyard_retention",
+            30 * 86400.0,
+            _seconds,
+            "Seconds an obituary stays in the graveyard before it moves to the failure history only.",
+        ),
+        Setting(
+            "dlx_cause_ttl",
+            7 * 86400.0,
+            _seconds,
+            "Seconds a worker-side cause record waits for the DLX service.",
+        ),
+        Setting(
+            "dlx_delay_backend",
+            "redis",
+            _choice(DELAY_BACKENDS),
+            "Where parked retries wait: redis (sorted set) or ttl (broker-only delay-queue ladder).",
+        ),
+        Setting(
+            "dlx_ttl_ladder",
+            [1, 5, 10, 30, 60, 300, 900, 3600],
+            _ladder,
+            "Delays (seconds) of the TTL delay queues; other delays round up to the next step.",
+        ),
+        Setting(
+            "dlx_protobuf_descriptor_sets",
+            [],
+            _str_list,
+            "Paths of protobuf descriptor sets used to decode payloads for inspection.",
+        ),
+        Setting(
+            "dlx_protobuf_modules",
+            [],
+            _str_list,
+            "Python modules with generated protobuf classes used to decode payloads.",
+        ),
+        Setting(
+            "dlx_send_events",
+            True,
+            _bool,
+            "Send task-requeued/parked/buried/replayed events (Flower shows them).",
+        ),
+        Setting(
+            "dlx_sentry", True, _bool, "Report burials to Sentry when sentry_sdk is initialised."
+        ),
+        Setting(
+            "dlx_sentry_include_payload",
+            False,
+            _bool,
+            "Attach the (size-capped, decoded) payload to Sentry events.",
+        ),
+        Setting(
+            "dlx_sentry_payload_limit",
+            4096,
+            _positive_count,
+            "Bytes of payload attached to a Sentry event at most.",
+        ),
+        Setting(
+            "dlx_sentry_rate_limit",
+            10,
+            _positive_count,
+            "Sentry events per cause fingerprint per window at most.",
+        ),
+        Setting(
+            "dlx_sentry_rate_window",
+            3600.0,
+            _seconds,
+            "Seconds of the per-cause Sentry rate-limit window.",
+        ),
+    )
+}
+
+
+def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[bool, Any]:
+    candidates = [name, name.upper()]
+    if namespace:
+        candidates.append(f"{namespace}_{name.upper()}")
+    for key in candidates:
+        try:
+            if key in conf:
+                return True, conf[key]
+        except Exception:  # some conf objects raise on odd keys
+            continue
+    return False, None
+
+
+def unknown_settings(conf: Mapping[str, Any], namespace: str | None = None) -> list[str]:
+    """Keys in ``conf`` that look like celery_dlx settings but are not."""
+    out = []
+    prefixes = ["dlx_", "DLX_"] + ([f"{namespace}_DLX_"] if namespace else [])
+    for key in list(conf.keys()):
+        if not isinstance(key, str):
+            continue
+        for prefix in prefixes:
+            if key.startswith(prefix):
+                name = "dlx_" + key[len(prefix) :].lower()
+                if name not in SETTINGS:
+                    out.append(key)
+    return sorted(set(out))
+
+
+@dataclass(frozen=True)
+class DLXConfig:
+    """Validated celery_dlx settings of one app."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, item: str) -> Any:
+        values = object.__getattribute__(self, "values")
+        key = f"dlx_{item}"
+        if key in values:
+            return values[key]
+        raise AttributeError(item)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    @property
+    def code_version(self) -> str | None:
+        explicit = self.values["dlx_code_version"]
+        return (
+            explicit or os.environ.get("DLX_CODE_VERSION") or os.environ.get("GIT_COMMIT") or None
+        )
+
+    def policy(self, queue: str | None = None) -> Policy:
+        """The default policy, refined by ``dlx_queues[queue]`` when present."""
+        spec = self.values["dlx_queues"].get(queue or "", {})
+        return Policy(
+            max_requeues=spec.get("max_requeues", self.values["dlx_max_requeues"]),
+            max_parks=spec.get("max_parks", self.values["dlx_max_parks"]),
+            backoff=spec.get("backoff", self.values["dlx_backoff"]),
+        )
+
+    def importance(self, queue: str | None = None) -> str:
+        spec = self.values["dlx_queues"].get(queue or "", {})
+        return str(spec.get("importance", self.values["dlx_importance"]))
+
+    def expired_action(self, queue: str | None = None) -> str:
+        spec = self.values["dlx_queues"].get(queue or "", {})
+        return str(spec.get("expired", self.values["dlx_expired"]))
+
+
+def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXConfig:
+    """Validate and read every ``dlx_*`` setting from ``conf`` (an ``app.conf`` or a dict).
+
+    Raises:
+        ConfigurationError: an unknown ``dlx_*`` key, or a bad value, named.
+    """
+    unknown = unknown_settings(conf, namespace)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown celery_dlx setting(s): {', '.join(unknown)}; known settings: "
+            f"{', '.join(sorted(SETTINGS))} (see docs/configuration.md)"
+        )
+    values: dict[str, Any] = {}
+    for name, setting in SETTINGS.items():
+        found, raw = _lookup(conf, name, namespace)
+        value = raw if found else setting.default
+        values[name] = setting.check(name, value) if (found or value is not None) else None
+    if values["dlx_delivery_limit"] is not None and not values["dlx_quorum"]:
+        raise ConfigurationError(
+            "dlx_delivery_limit needs quorum queues: set dlx_quorum = True or remove dlx_delivery_limit"
+        )
+    return DLXConfig(values=values)

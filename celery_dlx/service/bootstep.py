@@ -1,0 +1,76 @@
+"""Running the DLX service inside a worker: a consumer bootstep, on when ``dlx_service_in_worker``.
+
+The service gets its own broker connections and a daemon thread, started with the worker's
+consumer and stopped (after the batch in hand is acked) when the worker shuts down. A broker
+reconnect of the worker's own consumer does not restart it: the service reconnects by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import bootsteps
+
+from celery_dlx.service.loop import DLXService
+from celery_dlx.worker.runtime import get_runtime
+
+logger = logging.getLogger(__name__)
+
+#: Seconds the worker waits at shutdown for the service to ack its batch and stop.
+STOP_TIMEOUT = 30.0
+
+
+class DLXServiceStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer bootstep running the app's DLX service in a thread of the worker."""
+
+    name = "celery_dlx.service.loop"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.service: DLXService | None = None
+        self.thread: threading.Thread | None = None
+
+    def include_if(self, parent: Any) -> bool:
+        return bool(get_runtime(parent.app).config.service_in_worker)
+
+    def start(self, parent: Any) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            return
+        self.service = DLXService(parent.app, hostname=getattr(parent, "hostname", None))
+        self.thread = threading.Thread(
+            target=self._run, args=(self.service,), name="celery_dlx-service", daemon=True
+        )
+        self.thread.start()
+
+    @staticmethod
+    def _run(service: DLXService) -> None:
+        try:
+            service.run()
+        except Exception:  # the worker keeps running its tasks; the failure must be visible
+            logger.exception("the DLX service thread stopped on an error")
+
+    def stop(self, parent: Any) -> None:
+        """Called on every reconnect of the worker's consumer: the service keeps running."""
+
+    def shutdown(self, parent: Any) -> None:
+        if self.service is None or self.thread is None:
+            return
+        self.service.stop()
+        self.thread.join(STOP_TIMEOUT)
+        if self.thread.is_alive():
+            logger.warning(
+                "the DLX service did not stop within %ss; its unacked dead letters "
+                "return to the queue",
+                STOP_TIMEOUT,
+            )
+        self.service = None
+        self.thread = None
+
+
+def install_service_step(app: Any) -> None:
+    """Add the DLX service bootstep to ``app``'s worker consumer (once)."""
+    steps = app.steps["consumer"]
+    if DLXServiceStep not in steps:
+        steps.add(DLXServiceStep)

@@ -1,0 +1,227 @@
+"""Read side of the per-minute fate counters (``celery dlx stats``, alert checks).
+
+``Runtime._count`` increments one Redis hash per epoch minute, ``{prefix}:count:<minute>``, with
+one field per ``<queue>|<fate>``; each hash expires after ``runtime.COUNTER_TTL`` seconds. This
+module reads those hashes back: rows per minute, totals over a window, a zero-filled series for
+graphs, threshold checks an alert can exit on, and a Prometheus text rendering for a textfile
+collector.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_dlx.errors import ConfigurationError
+from celery_dlx.fates import FATE_CHANGES, now_ms
+from celery_dlx.message.names import Keys
+
+#: The field separator ``Runtime._count`` writes between queue and fate.
+SEPARATOR = "|"
+#: Most minutes one read may cover (the counters' own retention is eight days).
+MAX_MINUTES = 8 * 24 * 60
+
+
+@dataclass(frozen=True)
+class Count:
+    """How many messages of ``queue`` met ``fate`` during one epoch ``minute``."""
+
+    minute: int
+    queue: str
+    fate: str
+    count: int
+
+    @property
+    def at_ms(self) -> int:
+        """Start of the minute, in epoch milliseconds."""
+        return self.minute * 60000
+
+
+@dataclass
+class Counts:
+    """Counter rows read from Redis, and the fields that could not be read (kept, with a reason)."""
+
+    start_minute: int
+    end_minute: int
+    rows: list[Count] = field(default_factory=list)
+    #: ``(key, field, reason)`` of each hash field that is not ``<queue>|<fate>`` -> integer.
+    malformed: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def totals(self) -> dict[tuple[str, str], int]:
+        """``(queue, fate) -> count`` over the whole window."""
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        for row in self.rows:
+            out[(row.queue, row.fate)] += row.count
+        return dict(out)
+
+    def by_fate(self) -> dict[str, int]:
+        """``fate -> count`` over every queue."""
+        out: dict[str, int] = defaultdict(int)
+        for row in self.rows:
+            out[row.fate] += row.count
+        return dict(out)
+
+    def queues(self) -> list[str]:
+        return sorted({row.queue for row in self.rows})
+
+    def series(self, queue: str, fate: str) -> list[tuple[int, int]]:
+        """``(minute, count)`` for every minute of the window, zeros included, oldest first."""
+        found = {r.minute: r.count for r in self.rows if r.queue == queue and r.fate == fate}
+        return [(m, found.get(m, 0)) for m in range(self.start_minute, self.end_minute + 1)]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def parse_field(name: str) -> tuple[str, str]:
+    """Split a counter field into ``(queue, fate)``.
+
+    Queue names may themselves contain the separator, so the split is on the last one.
+
+    Raises:
+        ValueError: the field has no separator or an empty part.
+    """
+    queue, sep, fate = name.rpartition(SEPARATOR)
+    if not sep or not queue or not fate:
+        raise ValueError(f"counter field {name!r} is not '<queue>{SEPARATOR}<fate>'")
+    return queue, fate
+
+
+def minute_of(ms: int) -> int:
+    """The epoch minute holding epoch millisecond ``ms`` (the counters' key suffix)."""
+    return ms // 60000
+
+
+def read_minutes(client: Any, keys: Keys, start_minute: int, end_minute: int) -> Counts:
+    """Every counter from ``start_minute`` to ``end_minute`` (epoch minutes, both included).
+
+    One pipelined round trip; missing minutes simply have no rows.
+
+    Raises:
+        ConfigurationError: the range is reversed or longer than :data:`MAX_MINUTES`.
+    """
+    if end_minute < start_minute:
+        raise ConfigurationError(
+            f"counter window ends ({end_minute}) before it starts ({start_minute})"
+        )
+    if end_minute - start_minute + 1 > MAX_MINUTES:
+        raise ConfigurationError(
+            f"counter window of {end_minute - start_minute + 1} minutes exceeds the counters' "
+            f"retention ({MAX_MINUTES} minutes); ask for a shorter window"
+        )
+    minutes = list(range(start_minute, end_minute + 1))
+    pipe = client.pipeline(transaction=False)
+    for minute in minutes:
+        pipe.hgetall(f"{keys.counter_prefix}{minute}")
+    result = Counts(start_minute=start_minute, end_minute=end_minute)
+    for minute, fields in zip(minutes, pipe.execute(), strict=True):
+        key = f"{keys.counter_prefix}{minute}"
+        for raw_name, raw_value in sorted((fields or {}).items()):
+            name, value = _text(raw_name), _text(raw_value)
+            try:
+                queue, fate = parse_field(name)
+                count = int(value)
+            except ValueError as exc:
+                result.malformed.append((key, name, str(exc)))
+                continue
+            result.rows.append(Count(minute=minute, queue=queue, fate=fate, count=count))
+    return result
+
+
+def read_window(client: Any, keys: Keys, seconds: float, *, at_ms: int | None = None) -> Counts:
+    """The counters of the last ``seconds`` up to ``at_ms`` (default now), whole minutes.
+
+    The current minute is included, so a 60-second window reads two hashes (the current,
+    partial minute and the one before).
+
+    Raises:
+        ConfigurationError: ``seconds`` is not positive or exceeds the counters' retention.
+    """
+    if seconds <= 0:
+        raise ConfigurationError(
+            f"counter window must be a positive number of seconds, got {seconds}"
+        )
+    end = minute_of(now_ms() if at_ms is None else at_ms)
+    span = max(1, int(-(-seconds // 60)))
+    return read_minutes(client, keys, end - span, end)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """An alert condition: more than ``limit`` messages met ``fate`` within ``seconds``.
+
+    Args:
+        fate: one of :data:`celery_dlx.fates.FATE_CHANGES`.
+        limit: the count that may be reached without alerting.
+        seconds: the window the count is taken over.
+        queue: one queue, or None for each queue separately.
+    """
+
+    fate: str
+    limit: int
+    seconds: float = 300.0
+    queue: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.fate not in FATE_CHANGES:
+            raise ConfigurationError(
+                f"threshold fate must be one of {', '.join(FATE_CHANGES)}; got {self.fate!r}"
+            )
+        if self.limit < 0:
+            raise ConfigurationError(f"threshold limit must be >= 0, got {self.limit}")
+        if self.seconds <= 0:
+            raise ConfigurationError(f"threshold window must be > 0 seconds, got {self.seconds}")
+
+
+@dataclass(frozen=True)
+class Breach:
+    """A threshold exceeded by one queue."""
+
+    threshold: Threshold
+    queue: str
+    count: int
+
+
+def breaches(
+    client: Any, keys: Keys, thresholds: Iterable[Threshold], *, at_ms: int | None = None
+) -> list[Breach]:
+    """Each ``(threshold, queue)`` whose count over the threshold's window exceeds its limit."""
+    found: list[Breach] = []
+    at = now_ms() if at_ms is None else at_ms
+    windows: dict[float, Counts] = {}
+    for threshold in thresholds:
+        if threshold.seconds not in windows:
+            windows[threshold.seconds] = read_window(client, keys, threshold.seconds, at_ms=at)
+        totals = windows[threshold.seconds].totals()
+        for (queue, fate), count in sorted(totals.items()):
+            if fate != threshold.fate or (threshold.queue is not None and queue != threshold.queue):
+                continue
+            if count > threshold.limit:
+                found.append(Breach(threshold=threshold, queue=queue, count=count))
+    return found
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def prometheus_text(totals: Mapping[tuple[str, str], int], seconds: float) -> str:
+    """Totals in Prometheus text format, for a node-exporter textfile collector.
+
+    One gauge, ``celery_dlx_fate_changes{queue, fate, window}``: how many messages of the queue
+    met the fate within the last ``window`` seconds.
+    """
+    lines = [
+        "# HELP celery_dlx_fate_changes Messages per queue and fate within the window.",
+        "# TYPE celery_dlx_fate_changes gauge",
+    ]
+    window = f"{int(seconds)}s"
+    for (queue, fate), count in sorted(totals.items()):
+        lines.append(
+            f'celery_dlx_fate_changes{{queue="{_label(queue)}",fate="{_label(fate)}",'
+            f'window="{window}"}} {count}'
+        )
+    return "\n".join(lines) + "\n"

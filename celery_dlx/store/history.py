@@ -1,0 +1,113 @@
+"""The failure history: every fate change appended to a Redis stream, in order, never trimmed here.
+
+The stream is read by ``celery dlx stats`` and by the Spark exporter (``spark/``), which trims it
+only after a successful, checkpointed export. Each entry's fields are flat strings:
+
+========================  ==========================================================
+field                     meaning
+========================  ==========================================================
+``fate``                  requeued, parked, drained, buried, replayed, purged, recovered, archived
+``at_ms``                 epoch milliseconds of the change
+``queue``                 queue the message failed in (or is returned to)
+``task``                  Celery task name, empty for foreign messages
+``message_id``            stable message id
+``attempt``               failed runs so far
+``cause``                 cause fingerprint (empty when unknown)
+``exc_type``              exception type of the failure
+``reason``                free-text reason (burial reason, x-death reason...)
+``delay``                 park delay in seconds, empty when not parked
+``importance``            page, notify or ignore
+``first_failure_ms``      epoch ms of the message's first failure, empty if unknown
+``obituary``              JSON of the whole obituary (``archived`` entries only)
+========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from celery_dlx.fates import FateEvent
+from celery_dlx.message.names import Keys
+
+#: Fields every history entry has, in order.
+HISTORY_FIELDS = (
+    "fate",
+    "at_ms",
+    "queue",
+    "task",
+    "message_id",
+    "attempt",
+    "cause",
+    "exc_type",
+    "reason",
+    "delay",
+    "importance",
+    "first_failure_ms",
+)
+
+
+def history_fields(event: FateEvent) -> dict[str, str]:
+    """The stream fields of one fate event."""
+    fields = {
+        "fate": event.fate,
+        "at_ms": str(event.at_ms),
+        "queue": event.queue,
+        "task": event.task or "",
+        "message_id": event.message_id,
+        "attempt": str(event.attempt),
+        "cause": event.cause,
+        "exc_type": event.exc_type,
+        "reason": event.reason[:500],
+        "delay": "" if event.delay is None else f"{event.delay:.3f}",
+        "importance": event.importance,
+        "first_failure_ms": "" if event.first_failure_ms is None else str(event.first_failure_ms),
+    }
+    obituary = event.extra.get("obituary")
+    if obituary is not None:
+        fields["obituary"] = json.dumps(obituary, separators=(",", ":"), default=str)
+    return fields
+
+
+class History:
+    """Appends fate events to the history stream."""
+
+    def __init__(self, client: Any, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+
+    def append(self, event: FateEvent) -> str:
+        """Append one event; returns its stream id."""
+        entry_id = self.client.xadd(self.keys.history, history_fields(event))
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+    def append_many(self, events: Iterable[FateEvent]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for event in events:
+            pipe.xadd(self.keys.history, history_fields(event))
+        pipe.execute()
+
+    def read(
+        self, start: str = "-", end: str = "+", count: int | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Entries between ``start`` and ``end`` (stream ids), decoded to text."""
+        rows = self.client.xrange(self.keys.history, start, end, count=count)
+        out = []
+        for entry_id, fields in rows:
+            eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            out.append(
+                (
+                    eid,
+                    {
+                        (k.decode() if isinstance(k, bytes) else str(k)): (
+                            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+                        )
+                        for k, v in fields.items()
+                    },
+                )
+            )
+        return out
+
+    def length(self) -> int:
+        return int(self.client.xlen(self.keys.history))

@@ -1,0 +1,392 @@
+"""Redis parking store: delayed retries wait in a sorted set scored by due time.
+
+Layout (see :class:`celery_dlx.message.names.Keys`): ``parked:due`` (zset id -> due ms), ``parked:meta``
+(hash id -> JSON) and ``parked:body`` (hash id -> raw bytes). Claiming is atomic (Lua): due entries
+are re-scored to ``now + lease`` and returned, so a drain that dies after claiming leaves them to be
+claimed again when the lease runs out. An entry is deleted only after its publish is confirmed.
+Parking is idempotent per message id and attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from celery_dlx.fates import now_ms
+from celery_dlx.message.names import Keys
+
+logger = logging.getLogger(__name__)
+
+# Claim up to ARGV[3] entries due at ARGV[1] (ms): move their score to ARGV[2] (lease end) and
+# return [id, claimed-score, meta, body, ...]. Entries whose meta vanished are dropped from the zset.
+_CLAIM = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {}
+for _, id in ipairs(ids) do
+  local meta = redis.call('HGET', KEYS[2], id)
+  if meta then
+    redis.call('ZADD', KEYS[1], 'XX', ARGV[2], id)
+    table.insert(out, id)
+    table.insert(out, meta)
+    table.insert(out, redis.call('HGET', KEYS[3], id) or '')
+  else
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+return out
+"""
+
+# Park one entry unless it exists: ZADD NX + HSETNX, so a second park of the same id and attempt
+# changes nothing. Returns 1 if stored, 0 if it was already there.
+_PARK = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return 1
+"""
+
+# Delete entries only if still leased with the score this claim gave them (ARGV pairs id, score):
+# an entry re-claimed by another drain after our lease ran out is left to that drain.
+_ACK = """
+local n = 0
+for i = 1, #ARGV, 2 do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) == tonumber(ARGV[i + 1]) then
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    redis.call('HDEL', KEYS[3], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+@dataclass
+class ParkedMessage:
+    """A message waiting for its retry.
+
+    ``entry_id`` is ``"<message id>:<attempt>"``; ``queue`` is where the retry goes (through the
+    default exchange); ``due_ms`` is when.
+    """
+
+    message_id: str
+    attempt: int
+    queue: str
+    body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
+    properties: dict[str, Any] = field(default_factory=dict)
+    due_ms: int = 0
+    parked_ms: int = field(default_factory=now_ms)
+    task: str | None = None
+    cause: str = ""
+    lease_score: int = 0
+
+    @property
+    def entry_id(self) -> str:
+        return f"{self.message_id}:{self.attempt}"
+
+    def meta_json(self) -> str:
+        doc = {
+            "message_id": self.message_id,
+            "attempt": self.attempt,
+            "queue": self.queue,
+            "headers": self.headers,
+            "properties": self.properties,
+            "due_ms": self.due_ms,
+            "parked_ms": self.parked_ms,
+            "task": self.task,
+            "cause": self.cause,
+        }
+        tagged = [0]
+
+        def tag(value: Any) -> Any:
+            tagged[0] += 1
+            return _tag(value)
+
+        try:
+            # Fast path: only bytes, datetimes and odd values need a tag (``default``), unless a
+            # header table uses a tag's key itself (then it is escaped on the slow path).
+            text = json.dumps(doc, separators=(",", ":"), default=tag)
+            if not _tag_keys_in_data(text, tagged[0]):
+                return text
+        except (TypeError, ValueError):  # e.g. a non-string key deep in a header table
+            pass
+        doc["headers"] = _jsonable(self.headers)
+        doc["properties"] = _jsonable(self.properties)
+        return json.dumps(doc, separators=(",", ":"))
+
+    @classmethod
+    def from_stored(cls, meta: bytes | str, body: bytes, lease_score: int = 0) -> ParkedMessage:
+        # The hook decodes tagged values inside json's C loop: a drain decodes every claimed entry.
+        data = json.loads(meta, object_hook=_untag)
+        return cls(
+            message_id=data["message_id"],
+            attempt=int(data["attempt"]),
+            queue=data["queue"],
+            body=body,
+            headers=data.get("headers") or {},
+            properties=data.get("properties") or {},
+            due_ms=int(data["due_ms"]),
+            parked_ms=int(data.get("parked_ms") or 0),
+            task=data.get("task"),
+            cause=data.get("cause") or "",
+            lease_score=lease_score,
+        )
+
+
+#: Keys of the codec's tagged objects (``{"__bytes__": "00ff"}``...).
+_TAG_KEYS = ("__bytes__", "__datetime__", "__repr__")
+#: Marks a table whose keys were escaped, and prefixes each escaped key: a header table of user
+#: data whose only key is a tag's key must not come back as a tagged value.
+_ESCAPED = "__escaped__"
+
+
+def _tag_keys_in_data(text: str, tags: int) -> bool:
+    """Whether JSON ``text``, in which ``tags`` values were tagged, uses a codec key elsewhere."""
+    if '"__' not in text:  # one scan settles the common case
+        return False
+    found = sum(text.count(f'"{key}":') for key in _TAG_KEYS)
+    return found > tags or f'"{_ESCAPED}' in text
+
+
+def _needs_escape(key: str) -> bool:
+    return key in _TAG_KEYS or key.startswith(_ESCAPED)
+
+
+def _escaped(table: dict[str, Any]) -> dict[str, Any]:
+    if not any(_needs_escape(k) for k in table):
+        return table
+    out = {(_ESCAPED + k if _needs_escape(k) else k): v for k, v in table.items()}
+    out[_ESCAPED] = 1
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    """Header values as JSON: bytes and datetimes tagged so they come back as they were."""
+    from datetime import datetime
+
+    if isinstance(value, Mapping):
+        return _escaped({str(k): _jsonable(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return {"__bytes__": value.hex()}
+    if isinstance(value, datetime):
+        return {"__datetime__": value.isoformat()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return {"__repr__": repr(value)}
+
+
+def _tag(value: Any) -> Any:
+    """``json.dumps`` default: the tagged form :func:`_jsonable` gives a non-JSON value."""
+    from datetime import datetime
+
+    if isinstance(value, (bytes, bytearray)):
+        return {"__bytes__": bytes(value).hex()}
+    if isinstance(value, datetime):
+        return {"__datetime__": value.isoformat()}
+    return {"__repr__": repr(value)}
+
+
+def _untag(obj: dict[str, Any]) -> Any:
+    """``json.loads`` object hook: one tagged object of :func:`_jsonable` back to its value."""
+    if len(obj) == 1:
+        if "__bytes__" in obj:
+            return bytes.fromhex(obj["__bytes__"])
+        if "__datetime__" in obj:
+            from datetime import datetime
+
+            return datetime.fromisoformat(obj["__datetime__"])
+        if "__repr__" in obj:
+            return obj["__repr__"]
+    elif _ESCAPED in obj:
+        cut = len(_ESCAPED)
+        return {
+            (k[cut:] if k.startswith(_ESCAPED) else k): v for k, v in obj.items() if k != _ESCAPED
+        }
+    return obj
+
+
+class ParkingStore:
+    """Parked retries in Redis.
+
+    Args:
+        client: a ``redis.Redis`` (or ``RedisCluster``) client; bytes responses.
+        keys: the key layout (prefix).
+    """
+
+    def __init__(self, client: Any, keys: Keys | None = None) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+        self._claim = client.register_script(_CLAIM)
+        self._park = client.register_script(_PARK)
+        self._ack = client.register_script(_ACK)
+
+    def load_scripts(self) -> None:
+        """Load the Lua scripts into Redis now (the first call otherwise pays for it)."""
+        for script in (self._claim, self._park, self._ack):
+            script.sha = self.client.script_load(script.script)
+
+    @property
+    def _kk(self) -> list[str]:
+        return [self.keys.parked_due, self.keys.parked_meta, self.keys.parked_body]
+
+    def park(self, message: ParkedMessage) -> bool:
+        """Store ``message`` until ``message.due_ms``. Returns False if that id+attempt is parked."""
+        return bool(
+            self._park(
+                keys=self._kk,
+                args=[message.entry_id, message.due_ms, message.meta_json(), message.body],
+            )
+        )
+
+    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
+        """Park a batch in one Redis round trip; per message, False if already parked."""
+        if not messages:
+            return []
+        calls = [(self._kk, [m.entry_id, m.due_ms, m.meta_json(), m.body]) for m in messages]
+        return [bool(r) for r in run_script_many(self.client, self._park, calls)]
+
+    def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
+        """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims."""
+        now = now_ms() if now is None else now
+        lease_end = now + lease_ms
+        raw = self._claim(keys=self._kk, args=[now, lease_end, limit])
+        out = []
+        for i in range(0, len(raw), 3):
+            try:
+                out.append(ParkedMessage.from_stored(raw[i + 1], raw[i + 2], lease_score=lease_end))
+            except (ValueError, KeyError, TypeError):
+                # A corrupt entry is left leased, not deleted: it stays visible to `dlx parked`.
+                logger.error("parked entry %r has unreadable metadata; left in place", raw[i])
+        return out
+
+    def ack(self, messages: Iterable[ParkedMessage]) -> int:
+        """Delete claimed entries whose publish was confirmed. Returns how many were deleted."""
+        args: list[Any] = []
+        for m in messages:
+            args.extend((m.entry_id, m.lease_score))
+        if not args:
+            return 0
+        return int(self._ack(keys=self._kk, args=args))
+
+    def release(self, messages: Iterable[ParkedMessage], due_ms: int | None = None) -> None:
+        """Make claimed entries due again (at ``due_ms``, default now) after a failed publish."""
+        when = now_ms() if due_ms is None else due_ms
+        pipe = self.client.pipeline(transaction=False)
+        for m in messages:
+            pipe.zadd(self.keys.parked_due, {m.entry_id: when}, xx=True)
+        pipe.execute()
+
+    def count(self) -> int:
+        """How many retries are parked (claimed ones included)."""
+        return int(self.client.zcard(self.keys.parked_due))
+
+    def due_count(self, now: int | None = None) -> int:
+        return int(
+            self.client.zcount(self.keys.parked_due, "-inf", now_ms() if now is None else now)
+        )
+
+    def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
+        """Parked retries by due time, without claiming them."""
+        ids = self.client.zrange(self.keys.parked_due, offset, offset + limit - 1, withscores=True)
+        if not ids:
+            return []
+        metas = self.client.hmget(self.keys.parked_meta, [i for i, _ in ids])
+        out = []
+        for (_, score), meta in zip(ids, metas, strict=True):
+            if meta is None:
+                continue
+            msg = ParkedMessage.from_stored(meta, b"", lease_score=int(score))
+            out.append(msg)
+        return out
+
+    def remove(self, entry_ids: Sequence[str]) -> int:
+        """Delete parked entries by id (an operator's purge)."""
+        if not entry_ids:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(self.keys.parked_due, *entry_ids)
+        pipe.hdel(self.keys.parked_meta, *entry_ids)
+        pipe.hdel(self.keys.parked_body, *entry_ids)
+        return int(pipe.execute()[0])
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a ``RedisCluster`` client (``dlx_redis_url`` with ``?cluster=true``)."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+def run_script_many(
+    client: Any, script: Any, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+) -> list[Any]:
+    """Run ``script`` once per ``(keys, args)`` of ``calls``; returns the replies in order.
+
+    One pipelined round trip on a plain client. redis-py refuses scripts in a Redis Cluster
+    pipeline, so there each call goes on its own (its keys share one hash tag, hence one slot).
+    """
+    if is_cluster(client):
+        return [script(keys=list(keys), args=list(args)) for keys, args in calls]
+    pipe = client.pipeline(transaction=False)
+    for keys, args in calls:
+        script(keys=list(keys), args=list(args), client=pipe)
+    return list(pipe.execute())
+
+
+def mget_many(client: Any, *key_lists: Sequence[str]) -> list[list[Any]]:
+    """``MGET`` of each key list (each within one hash tag), in one round trip where possible.
+
+    redis-py refuses ``MGET`` in a Redis Cluster pipeline; there each list is its own ``MGET``.
+    """
+    if is_cluster(client):
+        return [list(client.mget(list(keys))) if keys else [] for keys in key_lists]
+    pipe = client.pipeline(transaction=False)
+    for keys in key_lists:
+        pipe.mget(list(keys))
+    return [list(r) for r in pipe.execute()]
+
+
+def redis_client(url: str) -> Any:
+    """A Redis client for ``url``: ``redis://``/``rediss://``/``unix://``, ``sentinel://host:port/
+    service[/db]`` (several hosts separated by commas), or ``redis://...?cluster=true``."""
+    from urllib.parse import parse_qs, urlparse
+
+    parsed = urlparse(url)
+    query = parse_qs(parsed.query)
+    if parsed.scheme in ("sentinel", "sentinels"):
+        from redis.sentinel import Sentinel
+
+        hosts = []
+        for part in parsed.netloc.split("@")[-1].split(","):
+            host, _, port = part.partition(":")
+            hosts.append((host or "127.0.0.1", int(port or 26379)))
+        path = [p for p in parsed.path.split("/") if p]
+        if not path:
+            raise ValueError(f"sentinel URL needs a service name: {url}")
+        db = int(path[1]) if len(path) > 1 else 0
+        password = parsed.password
+        sentinel = Sentinel(
+            hosts,
+            socket_timeout=5.0,
+            password=password,
+            sentinel_kwargs={"password": password} if password else None,
+        )
+        return sentinel.master_for(path[0], db=db, socket_timeout=5.0)
+    if query.get("cluster", ["false"])[0].lower() in ("1", "true", "yes"):
+        from redis.cluster import RedisCluster
+
+        clean = url.split("?", 1)[0]
+        return RedisCluster.from_url(clean)
+    return redis.Redis.from_url(
+        url, socket_timeout=10.0, socket_connect_timeout=5.0, health_check_interval=30
+    )

@@ -1,0 +1,102 @@
+"""Worker consumer that keeps messages Celery would drop or dead-letter blindly.
+
+Celery acks a message whose body it cannot decode (it is lost) and rejects unknown or invalid
+task messages (dead-lettered by the broker, which crashes a RabbitMQ 3.10 queue when the message's
+``x-death`` is malformed). Under ``dlx_enabled`` these messages are buried by publishing a clean
+copy, with the reason, to the dead-letter exchange; then the original is acked.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.worker.consumer import Consumer
+
+from celery_dlx.broker.publish import Outgoing, copy_properties
+from celery_dlx.compat import install_tolerant_properties
+from celery_dlx.errors import MalformedHeader
+from celery_dlx.message.headers import DLXState, clean_headers, read_state, x_death_problem
+from celery_dlx.message.names import QUEUE_HEADER, REASON_HEADER
+from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.worker.strategy import _queue_of
+
+logger = logging.getLogger(__name__)
+
+
+class DLXConsumer(Consumer):  # type: ignore[misc]
+    """Celery's consumer with undecodable, unknown and invalid messages buried, not dropped."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # A message whose message_id or header names are not UTF-8 would stop the worker: py-amqp
+        # raises in its frame reader, Celery calls that unrecoverable.
+        install_tolerant_properties()
+        super().__init__(*args, **kwargs)
+
+    def _bury_raw(self, message: Any, reason: str) -> bool:
+        """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
+        runtime = get_runtime(self.app)
+        headers = dict(message.headers or {})
+        info = message.delivery_info or {}
+        queue = (
+            _queue_of(self, message) or info.get("routing_key") or self.app.conf.task_default_queue
+        )
+        try:
+            state = read_state(headers)
+        except MalformedHeader:
+            state = DLXState()
+        copy = Outgoing(
+            body=message.body if isinstance(message.body, bytes) else str(message.body).encode(),
+            routing_key=str(queue),
+            exchange=runtime.config.exchange,
+            headers={
+                **clean_headers(headers, DLXState(attempt=state.attempt, queue=str(queue))),
+                REASON_HEADER: reason[:1000],
+                QUEUE_HEADER: str(queue),
+            },
+            properties={
+                **copy_properties(message.properties),
+                "content_type": message.content_type,
+                "content_encoding": message.content_encoding,
+            },
+        )
+        try:
+            runtime.publisher.publish(copy)
+        except Exception as err:
+            logger.warning("could not bury an undecodable message from %s (%r)", queue, err)
+            runtime.reset_publisher()
+            return False
+        # The DLX service logs (and alerts on) the burial itself, once, with the obituary.
+        logger.warning(
+            "quarantined a message from %s: %s: sent to the graveyard", queue, reason[:300]
+        )
+        return True
+
+    def _divert(self, message: Any, reason: str) -> None:
+        """Make Celery's coming reject of ``message`` an ack (buried) or a requeue (never DLX)."""
+        if self._bury_raw(message, reason):
+            message.reject_log_error = lambda log, errors, requeue=False: message.ack_log_error(
+                log, errors
+            )
+        elif x_death_problem(message.headers):
+            message.reject_log_error = lambda log, errors, requeue=False: message.requeue()
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        if self._bury_raw(message, f"undecodable: {type(exc).__name__}: {exc}"):
+            message.ack()
+        elif x_death_problem(message.headers):
+            message.requeue()
+        else:
+            message.reject(requeue=False)
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        self._divert(message, "undecodable: not a Celery task message (no task header)")
+        super().on_unknown_message(body, message)
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self._divert(message, f"unknown task: {exc}")
+        super().on_unknown_task(body, message, exc)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self._divert(message, f"undecodable: invalid task message: {exc}")
+        super().on_invalid_task(body, message, exc)

@@ -1,0 +1,276 @@
+"""Per-app runtime: validated settings, the Redis client, store, history and fate recording.
+
+One :class:`Runtime` hangs off each Celery app (``get_runtime(app)``); nothing is a module-level
+singleton. Clients and broker connections are made lazily per process, so prefork children never
+share a socket with their parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from celery_dlx.broker.ladder import Ladder
+from celery_dlx.broker.publish import ConfirmingPublisher
+from celery_dlx.fates import BURIED, DRAINED, FateEvent
+from celery_dlx.message.names import Keys
+from celery_dlx.policy.settings import DLXConfig, load_config
+from celery_dlx.store.history import History, history_fields
+from celery_dlx.store.parking import ParkedMessage, ParkingStore, redis_client
+
+logger = logging.getLogger("celery_dlx")
+
+#: A fate listener: called once per fate change; its failures are logged, never raised.
+Listener = Callable[[FateEvent], None]
+
+#: Seconds a per-minute counter is kept.
+COUNTER_TTL = 8 * 86400
+
+
+class Runtime:
+    """celery_dlx's state for one Celery app."""
+
+    def __init__(self, app: Any, config: DLXConfig) -> None:
+        self.app = app
+        self.config = config
+        self.keys = Keys(config.key_prefix)
+        self.listeners: list[Listener] = []
+        #: True while the drain cannot reach Redis (it logs once per outage).
+        self.drain_failing = False
+        self._pid: int | None = None
+        self._redis: Any = None
+        self._publisher: ConfirmingPublisher | None = None
+        self._connection: Any = None
+        self._ladder: Ladder | None = None
+        self._history_failing = False
+
+    def _check_fork(self) -> None:
+        pid = os.getpid()
+        if self._pid != pid:
+            self._pid = pid
+            self._redis = None
+            self._publisher = None
+            self._connection = None
+            self._ladder = None
+
+    @property
+    def redis(self) -> Any:
+        """This process's Redis client for ``dlx_redis_url``."""
+        self._check_fork()
+        if self._redis is None:
+            self._redis = redis_client(self.config.redis_url)
+        return self._redis
+
+    @property
+    def store(self) -> ParkingStore:
+        return ParkingStore(self.redis, self.keys)
+
+    @property
+    def ladder(self) -> Ladder:
+        """This process's TTL delay-queue ladder (``dlx_ttl_ladder``, quorum per ``dlx_quorum``)."""
+        self._check_fork()
+        if self._ladder is None:
+            self._ladder = Ladder(self.config.ttl_ladder, quorum=bool(self.config.quorum))
+        return self._ladder
+
+    @property
+    def broker_delays(self) -> bool:
+        """True when parked retries wait in the broker (``dlx_delay_backend = "ttl"``)."""
+        return bool(self.config.delay_backend == "ttl")
+
+    def park(self, message: ParkedMessage) -> bool:
+        """Park ``message`` until ``message.due_ms`` with the configured delay backend.
+
+        ``redis``: stored in the parking store; returns False when this message id and attempt
+        were already parked (idempotent). ``ttl``: published to the delay queue of its delay
+        (rounded up to a step of ``dlx_ttl_ladder``); always returns True, Redis is not used.
+
+        Raises:
+            redis.RedisError: (redis) the store is unavailable.
+            PublishError, TopologyError, connection errors: (ttl) the broker did not take it.
+        """
+        if self.broker_delays:
+            self.ladder.park(self.publisher, message)
+            return True
+        return self.store.park(message)
+
+    @property
+    def history(self) -> History:
+        return History(self.redis, self.keys)
+
+    @property
+    def publisher(self) -> ConfirmingPublisher:
+        """This process's confirm-mode publisher on its own broker connection."""
+        self._check_fork()
+        if self._publisher is None:
+            self._connection = self.app.connection_for_write()
+            self._publisher = ConfirmingPublisher(self._connection)
+        return self._publisher
+
+    def reset_publisher(self) -> None:
+        """Drop the publisher (after a connection error) so the next use reconnects."""
+        if self._publisher is not None:
+            self._publisher.close()
+        if self._connection is not None:
+            try:
+                self._connection.release()
+            except Exception:  # a dead connection may fail to close
+                logger.debug("releasing publisher connection failed", exc_info=True)
+        self._publisher = None
+        self._connection = None
+
+    def record(self, event: FateEvent, *, history: bool = True) -> None:
+        """Log one fate change, append and count it in one Redis round trip, notify listeners.
+
+        ``history=False`` is for callers that appended the event themselves (in the same
+        transaction as their own write): it is then logged, counted and notified only.
+
+        With the ``ttl`` delay backend the broker holds every fate, so a failed history append is
+        logged (once per outage) and not raised: Redis is optional there.
+
+        Raises:
+            redis.RedisError: the history append failed (it is part of the fate).
+        """
+        if history and self.broker_delays:
+            self._record_best_effort(event)
+            return
+        if history:
+            self.record_many([event])
+            return
+        self._log(event)
+        try:
+            self._count([event])
+        except Exception:  # counters must never decide a fate
+            logger.warning("celery_dlx counter update failed", exc_info=True)
+        self._notify(event)
+
+    def _record_best_effort(self, event: FateEvent) -> None:
+        try:
+            self.record_many([event])
+        except Exception as exc:  # the fate is settled in the broker; history is an extra
+            if not self._history_failing:
+                logger.warning(
+                    "celery_dlx could not append to the failure history (%s: %s); fates go on "
+                    "without it until Redis (dlx_redis_url) answers",
+                    type(exc).__name__,
+                    exc,
+                )
+            self._history_failing = True
+            self._notify(event)
+            return
+        if self._history_failing:
+            logger.warning("celery_dlx failure history is being appended again")
+        self._history_failing = False
+
+    def _count(self, events: Sequence[FateEvent], pipe: Any = None) -> None:
+        """Add ``events`` to the per-minute counters (in ``pipe`` if given, else now)."""
+        own = pipe is None
+        if own:
+            pipe = self.redis.pipeline(transaction=False)
+        counters: Counter[tuple[str, str]] = Counter()
+        for event in events:
+            minute_key = f"{self.keys.counter_prefix}{event.at_ms // 60000}"
+            counters[(minute_key, f"{event.queue}|{event.fate}")] += 1
+        for (key, name), n in counters.items():
+            pipe.hincrby(key, name, n)
+        for key in {key for key, _ in counters}:
+            pipe.expire(key, COUNTER_TTL)
+        if own:
+            pipe.execute()
+
+    def warm(self) -> None:
+        """Connect to Redis and the broker now (a pool process starting), not at the first failure.
+
+        Best effort: a service that is down is connected to again on first use.
+        """
+        try:
+            self.redis.ping()
+            self.store.load_scripts()
+        except Exception as exc:
+            logger.warning("celery_dlx could not reach Redis at start (%s); will retry on use", exc)
+        try:
+            self.publisher.connect()
+        except Exception as exc:
+            logger.warning(
+                "celery_dlx could not reach the broker at start (%s); will retry on use", exc
+            )
+
+    def record_many(self, events: Sequence[FateEvent], *, history: bool = True) -> None:
+        """Log many fate changes, append and count them in one Redis round trip, notify each.
+
+        History appends and counters go in one pipeline (a drain batch must not cost a round trip
+        per message). A failed history append propagates, after the rest of the batch was sent;
+        counters and listeners are best effort. ``history=False``: as in :meth:`record`, the
+        caller appended the events itself; they are logged, counted and notified only.
+
+        Raises:
+            redis.RedisError: the pipeline failed or a history append was refused.
+        """
+        if not events:
+            return
+        for event in events:
+            self._log(event)
+        pipe = self.redis.pipeline(transaction=False)
+        appended = len(events) if history else 0
+        for event in events[:appended]:
+            pipe.xadd(self.keys.history, history_fields(event))
+        self._count(events, pipe)
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except Exception:
+            if history:
+                raise
+            results = [RuntimeError("counter update not sent")]  # counters are best effort
+        failed = next((r for r in results[:appended] if isinstance(r, Exception)), None)
+        if any(isinstance(r, Exception) for r in results[appended:]):
+            logger.warning("celery_dlx counter update failed for %d events", len(events))
+        if failed is not None:
+            raise failed
+        for event in events:
+            self._notify(event)
+
+    def _log(self, event: FateEvent) -> None:
+        what = event.task or "-"
+        line = "%s %s[%s] attempt=%d queue=%s cause=%s%s%s"
+        args = (
+            event.fate,
+            what,
+            event.message_id,
+            event.attempt,
+            event.queue,
+            event.cause or "-",
+            f" delay={event.delay:.3f}s" if event.delay is not None else "",
+            f" reason={event.reason}" if event.reason else "",
+        )
+        if event.fate == DRAINED:
+            # The park line said when it comes back; the republish itself is routine.
+            logger.debug(line, *args)
+            return
+        if event.fate == BURIED:
+            logger.error(line + ("\n%s" if event.traceback else "%s"), *args, event.traceback or "")
+        else:
+            logger.info(line, *args)
+
+    def _notify(self, event: FateEvent) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except Exception:
+                logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
+
+
+def get_runtime(app: Any) -> Runtime:
+    """The app's runtime, made on first use from its validated ``dlx_*`` settings."""
+    runtime: Runtime | None = app.__dict__.get("_celery_dlx_runtime")
+    if runtime is None:
+        config = load_config(app.conf, getattr(app, "namespace", None))
+        # Reading app.conf may have configured the app just now, and install()'s configure hook
+        # made the runtime (with its listeners) meanwhile: keep that one.
+        runtime = app.__dict__.get("_celery_dlx_runtime")
+        if runtime is None:
+            runtime = Runtime(app, config)
+            app._celery_dlx_runtime = runtime
+    return runtime

@@ -1,0 +1,43 @@
+"""Worker strategy that tells a DLX task which queue its message came from.
+
+AMQP deliveries do not name their queue, and a routing key does not either when the queue is
+bound to a fanout or topic exchange. The worker's main process knows the consumer tag of each
+queue; this strategy writes the queue name into the delivery's headers before Celery builds the
+request, so the task can return a retry to exactly that queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.worker.strategy import default
+
+from celery_dlx.message.names import DELIVERY_QUEUE_HEADER
+
+
+def _queue_of(consumer: Any, message: Any) -> str | None:
+    tag = (message.delivery_info or {}).get("consumer_tag")
+    task_consumer = getattr(consumer, "task_consumer", None)
+    if not tag or task_consumer is None:
+        return None
+    for queue, active_tag in getattr(task_consumer, "_active_tags", {}).items():
+        if active_tag == tag:
+            return str(queue)
+    return None
+
+
+def dlx_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
+    """Celery's default strategy, with the delivery's queue name added to its headers."""
+    handler = default(task, app, consumer, **kwargs)
+
+    def task_message_handler(
+        message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any
+    ) -> Any:
+        headers = message.headers
+        if isinstance(headers, dict):
+            queue = _queue_of(consumer, message)
+            if queue:
+                headers[DELIVERY_QUEUE_HEADER] = queue
+        return handler(message, body, ack, reject, callbacks, **kw)
+
+    return task_message_handler
