@@ -36,7 +36,7 @@ from celery import Celery
 from kombu import Connection, Producer
 
 from celery_dlx.fates import now_ms
-from celery_dlx.store.parking import ParkedMessage
+from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.worker.drain import drain_once, run_drain
 from celery_dlx.worker.runtime import Runtime, get_runtime
 

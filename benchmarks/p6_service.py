@@ -43,8 +43,8 @@ from celery import Celery
 from kombu import Connection, Producer
 
 from celery_dlx.broker.topology import dlx_queue
+from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.store import graveyard
 from celery_dlx.worker.runtime import get_runtime
 
 logging.basicConfig(level=logging.INFO, stream=open(os.devnull, "w"))  # noqa: SIM115
@@ -130,7 +130,7 @@ def service_run(app: Celery, total: int, instances: int) -> tuple[float, dict[st
     procs = [ctx.Process(target=_service_process, args=(app, out)) for _ in range(instances)]
     for proc in procs:
         proc.start()
-    while graveyard.count(runtime) + runtime.store.count() < total:
+    while obituaries.count(runtime) + runtime.store.count() < total:
         time.sleep(0.005)
     done = time.perf_counter()
     results = [out.get(timeout=120) for _ in procs]
@@ -175,7 +175,7 @@ def one_round(
         try:
             broker_s = broker_dead_letters(conn, [bury_q, park_q], dead, total)
             service_s, stats = service_run(app, total, instances)
-            buried = graveyard.count(runtime)
+            buried = obituaries.count(runtime)
             parked = runtime.store.count()
             assert (buried, parked) == (total - parks, parks), (buried, parked)
             assert depth(conn, dead) == 0

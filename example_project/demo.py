@@ -206,7 +206,7 @@ def _text(value: Any) -> str:
 def _show_event(runtime: Any, final: list[Any]) -> None:
     """Decode the buried protobuf event the way ``celery dlx show`` does."""
     from celery_dlx.codecs import decode_payload, registry_from_config
-    from celery_dlx.store.graveyard import get_obituary
+    from celery_dlx.ops.obituaries import get_obituary
 
     buried = [f.obituary for f in final if f.tracked.kind == "foreign poison" and f.obituary]
     ob = get_obituary(runtime, buried[0].id, with_payload=True) if buried else None

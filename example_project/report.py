@@ -2,7 +2,7 @@
 
 A message has reached its final fate when it is
 
-* **buried**: its obituary is in the graveyard (``celery_dlx.store.graveyard.list_obituaries``);
+* **buried**: its obituary is in the graveyard (``celery_dlx.ops.obituaries.list_obituaries``);
 * **recovered**: its history has a ``recovered`` entry (it failed, then a retry succeeded);
 * **done**: its Celery result is ``SUCCESS`` with no failure before, or, for a foreign event,
   the fulfilment service acked it.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_dlx.message.obituary import Obituary
-from celery_dlx.store.graveyard import list_obituaries
+from celery_dlx.ops.obituaries import list_obituaries
 
 from .story import BURIED, DONE, RECOVERED, Tracked
 from .world import Ledger

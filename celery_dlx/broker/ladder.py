@@ -21,16 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from amqp.exceptions import NotFound, PreconditionFailed
+from amqp.exceptions import PreconditionFailed
 
-from celery_dlx.broker.publish import ConfirmingPublisher, Outgoing
+from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.errors import ConfigurationError, PublishError, TopologyError
-from celery_dlx.store.parking import ParkedMessage
-
-if TYPE_CHECKING:
-    from celery_dlx.worker.runtime import Runtime
+from celery_dlx.message.outgoing import Outgoing
+from celery_dlx.message.parked import ParkedMessage
 
 logger = logging.getLogger(__name__)
 
@@ -302,7 +300,7 @@ class Ladder:
                     raise TopologyError(_mismatch_hint(target, exc)) from exc
                 self.cache.mark(target.name)
         finally:
-            _close_quietly(channel)
+            close_quietly(channel)
 
 
 def _outgoing(message: ParkedMessage, target: DelayQueue) -> Outgoing:
@@ -324,61 +322,9 @@ def _mismatch_hint(target: DelayQueue, exc: BaseException) -> str:
     )
 
 
-def _close_quietly(channel: Any) -> None:
+def close_quietly(channel: Any) -> None:
     try:
         if getattr(channel, "is_open", False):
             channel.close()
     except Exception:  # closing a broken channel is best effort
         logger.debug("closing a delay-queue declare channel failed", exc_info=True)
-
-
-def ladder_queues(runtime: Runtime) -> list[str]:
-    """Work queues whose ladders :func:`ladder_depths` looks at: the app's queues and
-    ``dlx_queues``, sorted."""
-    names = set(runtime.config.queues)
-    names.update(str(name) for name in runtime.app.amqp.queues)
-    return sorted(names)
-
-
-def ladder_depths(runtime: Runtime, queues: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """Messages waiting in each existing delay queue of the ladder (``celery dlx parked``).
-
-    Looks at every step of ``dlx_ttl_ladder`` for ``queues`` (default :func:`ladder_queues`)
-    with passive declares; delay queues that do not exist are left out. A passive declare
-    counts as a use of the queue: it re-arms the queue's ``x-expires``.
-
-    Returns:
-        One row per existing delay queue, by work queue then delay: ``queue`` (the work queue),
-        ``delay_queue``, ``delay_seconds``, ``messages`` (ready), ``consumers``.
-
-    Raises:
-        ConfigurationError: ``dlx_ttl_ladder`` is not a usable ladder.
-        kombu/amqp connection errors: the broker is unreachable.
-    """
-    steps = ladder_ms(runtime.config.ttl_ladder)
-    names = sorted(set(queues)) if queues is not None else ladder_queues(runtime)
-    rows: list[dict[str, Any]] = []
-    with runtime.app.connection_for_read() as conn:
-        conn.ensure_connection(max_retries=3)
-        channel = conn.connection.channel()
-        try:
-            for queue in names:
-                for step in steps:
-                    name = delay_queue_name(queue, step)
-                    try:
-                        ok = channel.queue_declare(name, passive=True)
-                    except NotFound:
-                        channel = conn.connection.channel()  # a 404 closes the channel
-                        continue
-                    rows.append(
-                        {
-                            "queue": queue,
-                            "delay_queue": name,
-                            "delay_seconds": step / 1000,
-                            "messages": int(ok.message_count),
-                            "consumers": int(ok.consumer_count),
-                        }
-                    )
-        finally:
-            _close_quietly(channel)
-    return rows

@@ -27,6 +27,7 @@ from celery_dlx.cli.kit import (
     show_progress,
 )
 from celery_dlx.fates import now_ms
+from celery_dlx.ops import obituaries, purge
 from celery_dlx.ops.render import ago, clip, dumps, human_seconds, table
 from celery_dlx.store import graveyard
 
@@ -115,7 +116,7 @@ def show_command(
     from celery_dlx.ops.inspection import registry_for, show_data
 
     runtime = runtime_of(ctx)
-    ob = graveyard.get_obituary(runtime, ident)
+    ob = obituaries.get_obituary(runtime, ident)
     if ob is None:
         if as_json:
             echo_json({"error": "not found", "id": ident})
@@ -361,11 +362,11 @@ def purge_command(
     )
     if targets and not (yes or dry_run):
         click.confirm(f"Purge {len(targets)} obituaries?", abort=True, err=True)
-    report = graveyard.PurgeReport(dry_run=dry_run)
+    report = purge.PurgeReport(dry_run=dry_run)
     with progress_bar(len(targets), "purging", show_progress(as_json)) as advance:
         for start in range(0, len(targets), graveyard.CHUNK):
             chunk = targets[start : start + graveyard.CHUNK]
-            done = graveyard.purge(runtime, chunk, dry_run=dry_run)
+            done = purge.purge(runtime, chunk, dry_run=dry_run)
             report.purged.extend(done.purged)
             report.missing.extend(done.missing)
             advance(len(chunk))

@@ -12,8 +12,8 @@ from typing import Any
 from kombu import serialization
 from kombu.compression import compress
 
-from celery_dlx.broker.publish import Outgoing, copy_properties
 from celery_dlx.message.headers import DLXState, clean_headers
+from celery_dlx.message.outgoing import Outgoing, copy_properties
 
 
 def delivery_headers(request: Any) -> dict[str, Any]:

@@ -13,8 +13,9 @@ from typing import Any
 from celery_dlx.codecs import Decoded, ProtobufRegistry, decode_payload, registry_from_config
 from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Obituary
+from celery_dlx.ops import obituaries
 from celery_dlx.ops.render import iso, preview
-from celery_dlx.store import counters, graveyard
+from celery_dlx.store import counters
 from celery_dlx.store.graveyard import Group
 
 #: Bytes of each payload decoded for a listing (``show`` decodes up to the codecs' default).
@@ -108,14 +109,14 @@ def list_rows(
     decode: bool = True,
     **filters: Any,
 ) -> dict[str, Any]:
-    """Obituaries matching ``filters`` (see :func:`celery_dlx.store.graveyard.list_obituaries`).
+    """Obituaries matching ``filters`` (see :func:`celery_dlx.ops.obituaries.list_obituaries`).
 
     Returns:
         ``{"obituaries": [row, ...], "count": shown, "total": graveyard size}``.
     """
-    found = graveyard.list_obituaries(runtime, with_payload=decode, **filters)
+    found = obituaries.list_obituaries(runtime, with_payload=decode, **filters)
     rows = [obituary_row(ob, registry) for ob in found]
-    return {"obituaries": rows, "count": len(rows), "total": graveyard.count(runtime)}
+    return {"obituaries": rows, "count": len(rows), "total": obituaries.count(runtime)}
 
 
 def show_data(
@@ -162,8 +163,8 @@ def group_row(group: Group) -> dict[str, Any]:
 
 def groups_data(runtime: Any) -> dict[str, Any]:
     """Every cause in the graveyard, most recently seen first, with the graveyard's size."""
-    rows = [group_row(g) for g in graveyard.groups(runtime)]
-    return {"groups": rows, "count": len(rows), "total": graveyard.count(runtime)}
+    rows = [group_row(g) for g in obituaries.groups(runtime)]
+    return {"groups": rows, "count": len(rows), "total": obituaries.count(runtime)}
 
 
 def parked_data(runtime: Any, *, limit: int = 50, at_ms: int | None = None) -> dict[str, Any]:
@@ -210,7 +211,7 @@ def purge_parked(runtime: Any, entry_ids: Sequence[str]) -> dict[str, Any]:
     import base64
 
     from celery_dlx.fates import PURGED, FateEvent
-    from celery_dlx.store.parking import ParkedMessage
+    from celery_dlx.message.parked import ParkedMessage
 
     store = runtime.store
     keys = runtime.keys
@@ -252,12 +253,12 @@ def json_safe_parked(message: Any) -> dict[str, Any]:
 def ladder_rows(runtime: Any) -> list[dict[str, Any]] | None:
     """Messages waiting in the TTL delay queues (``dlx_delay_backend = "ttl"``), else None.
 
-    Rows of :func:`celery_dlx.broker.ladder.ladder_depths`: ``queue``, ``delay_queue``,
+    Rows of :func:`celery_dlx.ops.ladders.ladder_depths`: ``queue``, ``delay_queue``,
     ``delay_seconds``, ``messages`` (ready), ``consumers``.
     """
     if runtime.config.delay_backend != "ttl":
         return None
-    from celery_dlx.broker.ladder import ladder_depths
+    from celery_dlx.ops.ladders import ladder_depths
 
     return ladder_depths(runtime)
 
@@ -279,8 +280,8 @@ def stats_data(
     for (queue, fate), n in sorted(counts.totals().items()):
         fates.setdefault(queue, {})[fate] = n
     per_queue = []
-    for queue, n, last_ms in graveyard.queues(runtime):
-        oldest = graveyard.list_obituaries(runtime, queue=queue, limit=1, oldest_first=True)
+    for queue, n, last_ms in obituaries.queues(runtime):
+        oldest = obituaries.list_obituaries(runtime, queue=queue, limit=1, oldest_first=True)
         oldest_ms = oldest[0].buried_ms if oldest else None
         per_queue.append(
             {
@@ -292,7 +293,7 @@ def stats_data(
                 "oldest_at": iso(oldest_ms),
             }
         )
-    oldest_all = graveyard.list_obituaries(runtime, limit=1, oldest_first=True)
+    oldest_all = obituaries.list_obituaries(runtime, limit=1, oldest_first=True)
     oldest_ms = oldest_all[0].buried_ms if oldest_all else None
     store = runtime.store
     nxt = store.peek(1)
@@ -301,7 +302,7 @@ def stats_data(
         "fates": fates,
         "totals": dict(sorted(counts.by_fate().items())),
         "graveyard": {
-            "count": graveyard.count(runtime),
+            "count": obituaries.count(runtime),
             "oldest_ms": oldest_ms,
             "oldest_at": iso(oldest_ms),
             "oldest_age_s": None if oldest_ms is None else round((now - oldest_ms) / 1000, 3),

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery_dlx.broker.management import Management, dead_letter_exchange_of
-from celery_dlx.broker.publish import ConfirmingPublisher, Outgoing, copy_properties
+from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.broker.topology import dead_letter_arguments, service_queue
 from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import DLXError
+from celery_dlx.message.outgoing import Outgoing, copy_properties
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Replays for people on call: targets resolved first, a canary that must succeed, then the rest.
 
-:func:`celery_dlx.store.graveyard.replay` does the publishing, the ledger and the rate. This module adds
+:func:`replay` does the publishing, the ledger and the rate. This module adds
 what the command line needs around it: the list of targets up front (so progress has a total),
 and the canary: replay one obituary, wait for its fate, go on only if it succeeded.
 
@@ -24,11 +24,171 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_dlx.errors import DLXError
-from celery_dlx.fates import BURIED, PARKED, RECOVERED, REQUEUED
+from celery_dlx.errors import DLXError, PublishError
+from celery_dlx.fates import BURIED, PARKED, RECOVERED, REPLAYED, REQUEUED, FateEvent, now_ms
+from celery_dlx.message.headers import clean_headers
+from celery_dlx.message.names import OWN_HEADERS, REPLAYED_HEADER
 from celery_dlx.message.obituary import ORIGIN_FOREIGN, Obituary
-from celery_dlx.store import graveyard
-from celery_dlx.store.graveyard import Graveyard, ReplayReport, When, make_filters
+from celery_dlx.message.outgoing import Outgoing, copy_properties
+from celery_dlx.ops import obituaries
+from celery_dlx.ops.obituaries import make_filters
+from celery_dlx.store.graveyard import CHUNK, Graveyard, When, chunks
+
+
+@dataclass
+class ReplayReport:
+    """What :func:`replay` did (or would do, on a dry run)."""
+
+    replayed: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+
+def replay_copy(ob: Obituary, *, keep_attempts: bool = False) -> Outgoing:
+    """The message to publish for a replay of ``ob``: its payload to its queue, default exchange.
+
+    celery_dlx's attempt headers are dropped (a fresh budget) unless ``keep_attempts``; broker
+    ``x-death*`` headers always are. ``x-dlx-replayed`` names the obituary.
+    """
+    headers = clean_headers(ob.headers)
+    if not keep_attempts:
+        headers = {k: v for k, v in headers.items() if k not in OWN_HEADERS}
+    headers[REPLAYED_HEADER] = ob.id
+    return Outgoing(
+        body=ob.payload or b"",
+        routing_key=ob.queue,
+        exchange="",
+        headers=headers,
+        properties=copy_properties(ob.properties),
+    )
+
+
+def _replayed_event(ob: Obituary, keep_attempts: bool, force: bool, at: int) -> FateEvent:
+    return FateEvent(
+        fate=REPLAYED,
+        queue=ob.queue,
+        message_id=ob.message_id,
+        attempt=ob.attempt if keep_attempts else 0,
+        task=ob.task,
+        cause=ob.cause,
+        exc_type=ob.exc_type,
+        reason=f"replayed from obituary {ob.id}",
+        importance=ob.importance,
+        first_failure_ms=ob.first_failure_ms,
+        at_ms=at,
+        extra={"obituary_id": ob.id, "keep_attempts": keep_attempts, "forced": force},
+    )
+
+
+class _Pacer:
+    """Spaces operations to at most ``rate`` per second (None: no limit)."""
+
+    def __init__(self, rate: float | None, sleep: Callable[[float], None] = time.sleep) -> None:
+        if rate is not None and rate <= 0:
+            raise DLXError(f"replay rate must be a positive number per second, got {rate}")
+        self.rate = rate
+        self.sleep = sleep
+        self.start = time.monotonic()
+        self.done = 0
+
+    def wait(self, n: int) -> None:
+        if self.rate is not None:
+            ahead = self.start + self.done / self.rate - time.monotonic()
+            if ahead > 0:
+                self.sleep(ahead)
+        self.done += n
+
+    def chunk(self) -> int:
+        return CHUNK if self.rate is None else max(1, min(CHUNK, int(self.rate / 10) or 1))
+
+
+def replay(
+    runtime: Any,
+    ids: Sequence[str] | None = None,
+    *,
+    queue: str | None = None,
+    task: str | None = None,
+    cause: str | None = None,
+    since: When | None = None,
+    until: When | None = None,
+    everything: bool = False,
+    rate: float | None = None,
+    keep_attempts: bool = False,
+    force: bool = False,
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> ReplayReport:
+    """Put buried messages back on their queues (default exchange, publisher confirms).
+
+    Each obituary is replayed once: one already in the replay ledger is skipped unless
+    ``force``. The obituary stays in the graveyard; a ``replayed`` fate is recorded.
+
+    Args:
+        runtime: the app's runtime (its publisher and Redis are used).
+        ids: obituary ids; otherwise the filters (``cause`` replays one group) select them.
+        everything: allow replaying the whole graveyard when neither ids nor filters are given.
+        rate: most replays per second (None: as fast as the broker confirms).
+        keep_attempts: keep celery_dlx's attempt headers instead of a fresh budget.
+        force: replay obituaries already replayed.
+        dry_run: report what would be replayed, publish and record nothing.
+        progress: called with the number of obituaries handled after each chunk.
+
+    Raises:
+        DLXError: neither ids nor a filter (without ``everything``), or a bad ``rate``.
+    """
+    filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
+    targets = obituaries.targets(runtime, ids, filters, everything, "replay")
+    yard = Graveyard(runtime.redis, runtime.keys)
+    pacer = _Pacer(rate)
+    report = ReplayReport(dry_run=dry_run)
+    for chunk in chunks(targets, pacer.chunk()):
+        todo: list[Obituary] = []
+        for oid, ob in zip(chunk, yard.load(chunk, with_payload=True), strict=True):
+            if ob is None:
+                report.missing.append(oid)
+            elif ob.replays and not force:
+                report.skipped.append((oid, f"already replayed at {ob.replays[-1]} ms (use force)"))
+            else:
+                todo.append(ob)
+        if dry_run:
+            report.replayed.extend(ob.id for ob in todo)
+        elif todo:
+            pacer.wait(len(todo))
+            _replay_chunk(runtime, yard, todo, keep_attempts, force, report)
+        if progress is not None:
+            progress(len(chunk))
+    return report
+
+
+def _replay_chunk(
+    runtime: Any,
+    yard: Graveyard,
+    todo: list[Obituary],
+    keep_attempts: bool,
+    force: bool,
+    report: ReplayReport,
+) -> None:
+    copies = [replay_copy(ob, keep_attempts=keep_attempts) for ob in todo]
+    try:
+        results = runtime.publisher.publish_many(copies)
+    except (PublishError, OSError) as exc:
+        runtime.reset_publisher()
+        report.failed.extend((ob.id, f"not confirmed: {exc}") for ob in todo)
+        return
+    at = now_ms()
+    done = [ob for ob, ok in zip(todo, results, strict=True) if ok]
+    report.failed.extend(
+        (ob.id, f"broker refused it: queue {ob.queue!r} missing?")
+        for ob, ok in zip(todo, results, strict=True)
+        if not ok
+    )
+    yard.add_replays([(ob.id, at) for ob in done])
+    for ob in done:
+        runtime.record(_replayed_event(ob, keep_attempts, force, at))
+        report.replayed.append(ob.id)
+
 
 #: Fates that mean the canary failed again.
 FAILURE_FATES = (REQUEUED, PARKED, BURIED)
@@ -273,7 +433,7 @@ def replay_run(
             run.not_replayed = rest
             return run
     if rest:
-        report = graveyard.replay(
+        report = replay(
             runtime,
             rest,
             rate=rate,
@@ -300,7 +460,7 @@ def _canary_first(
     yard = Graveyard(runtime.redis, runtime.keys)
     for i, oid in enumerate(targets):
         after = history_tail(runtime)
-        report = graveyard.replay(runtime, [oid], keep_attempts=keep_attempts, force=force)
+        report = replay(runtime, [oid], keep_attempts=keep_attempts, force=force)
         _merge(run.report, report)
         if progress is not None:
             progress(1)

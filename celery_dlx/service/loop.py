@@ -32,7 +32,7 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from celery_dlx.broker.publish import ConfirmingPublisher, Outgoing, copy_properties
+from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.broker.topology import service_queue
 from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import DLXError, PublishError, TopologyError
@@ -40,6 +40,8 @@ from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
 from celery_dlx.message.headers import clean_headers, read_state
 from celery_dlx.message.names import HISTORY_HEADER
 from celery_dlx.message.obituary import Obituary, send_to_hook
+from celery_dlx.message.outgoing import Outgoing, copy_properties
+from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.deadletter import (
     BuryVerdict,
     DeadLetter,
@@ -52,7 +54,7 @@ from celery_dlx.policy.deadletter import (
     read_dead_letter,
 )
 from celery_dlx.store.graveyard import Graveyard, sweep_retention
-from celery_dlx.store.parking import ParkedMessage, ParkingStore, mget_many, run_script_many
+from celery_dlx.store.parking import ParkingStore, mget_many, run_script_many
 from celery_dlx.worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)

@@ -33,17 +33,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery_dlx.broker.publish import Outgoing, copy_properties
-from celery_dlx.errors import DLXError, PublishError
-from celery_dlx.fates import ARCHIVED, PURGED, REPLAYED, FateEvent, now_ms
-from celery_dlx.message.headers import clean_headers
-from celery_dlx.message.names import OWN_HEADERS, REPLAYED_HEADER, Keys
+from celery_dlx.fates import ARCHIVED, FateEvent, now_ms
+from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.store.history import history_fields
 from celery_dlx.store.parking import run_script_many
@@ -104,7 +100,7 @@ return 1
 """
 
 
-def _text(value: Any) -> str:
+def text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
@@ -274,7 +270,7 @@ class Graveyard:
             if not raw:
                 break
             offset += len(raw)
-            found = [_text(r) for r in raw]
+            found = [text(r) for r in raw]
             if needs_check:
                 obits = self.load(found)
                 found = [ob.id for ob in obits if ob is not None and filters.matches(ob)]
@@ -299,7 +295,7 @@ class Graveyard:
 
     def groups(self) -> list[Group]:
         """Every cause still in the graveyard, most recently seen first."""
-        causes = [_text(c) for c in self.client.zrevrange(self.groups_key, 0, -1)]
+        causes = [text(c) for c in self.client.zrevrange(self.groups_key, 0, -1)]
         if not causes:
             return []
         pipe = self.client.pipeline(transaction=False)
@@ -315,7 +311,7 @@ class Graveyard:
             info, count, first, last = results[4 * i : 4 * i + 4]
             if not count or not first or not last:
                 continue
-            meta = {_text(k): _text(v) for k, v in info.items()}
+            meta = {text(k): text(v) for k, v in info.items()}
             out.append(
                 Group(
                     cause=cause,
@@ -323,7 +319,7 @@ class Graveyard:
                     total=int(meta.get("total") or count),
                     first_ms=int(first[0][1]),
                     last_ms=int(last[0][1]),
-                    example_id=_text(last[0][0]),
+                    example_id=text(last[0][0]),
                     exc_type=meta.get("exc_type", ""),
                     exc_message=meta.get("exc_message", ""),
                     task=meta.get("task") or None,
@@ -337,7 +333,7 @@ class Graveyard:
         key, index = (
             (self.queues_key, self.by_queue) if kind == "queue" else (self.tasks_key, self.by_task)
         )
-        rows = [(_text(n), int(s)) for n, s in self.client.zrevrange(key, 0, -1, withscores=True)]
+        rows = [(text(n), int(s)) for n, s in self.client.zrevrange(key, 0, -1, withscores=True)]
         pipe = self.client.pipeline(transaction=False)
         for name, _ in rows:
             pipe.zcard(index(name))
@@ -371,281 +367,13 @@ def _needs_post_filter(filters: Filters) -> bool:
     return len(given) > 1
 
 
-def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
 
 
 #: What ``since`` and ``until`` accept: a datetime, a timedelta (that long ago), or epoch seconds.
 When = datetime | timedelta | float | int
-
-
-def to_ms(value: When | None, *, now: int | None = None) -> int | None:
-    """Epoch milliseconds of a ``since``/``until`` value.
-
-    Raises:
-        DLXError: the value is none of datetime, timedelta or epoch seconds.
-    """
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return int(value.timestamp() * 1000)
-    if isinstance(value, timedelta):
-        return (now_ms() if now is None else now) - int(value.total_seconds() * 1000)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(value * 1000)
-    raise DLXError(f"since/until must be a datetime, a timedelta or epoch seconds, got {value!r}")
-
-
-def make_filters(
-    *,
-    queue: str | None = None,
-    task: str | None = None,
-    cause: str | None = None,
-    message_id: str | None = None,
-    since: When | None = None,
-    until: When | None = None,
-) -> Filters:
-    """A :class:`Filters` from the keyword filters every function here accepts."""
-    return Filters(queue, task, cause, message_id, to_ms(since), to_ms(until))
-
-
-def _graveyard(runtime: Any) -> Graveyard:
-    return Graveyard(runtime.redis, runtime.keys)
-
-
-def list_obituaries(
-    runtime: Any,
-    *,
-    queue: str | None = None,
-    task: str | None = None,
-    cause: str | None = None,
-    message_id: str | None = None,
-    since: When | None = None,
-    until: When | None = None,
-    limit: int | None = 100,
-    oldest_first: bool = False,
-    with_payload: bool = False,
-) -> list[Obituary]:
-    """Obituaries matching every given filter, newest first, without consuming anything.
-
-    Args:
-        runtime: the app's :class:`~celery_dlx.worker.runtime.Runtime`.
-        queue, task, cause, message_id: exact matches.
-        since, until: burial time bounds (datetime, timedelta ago, or epoch seconds).
-        limit: most obituaries returned (None: all).
-        with_payload: load the payload bytes too (the listing leaves them out by default).
-    """
-    filters = make_filters(
-        queue=queue, task=task, cause=cause, message_id=message_id, since=since, until=until
-    )
-    yard = _graveyard(runtime)
-    ids = yard.ids(filters, limit=limit, oldest_first=oldest_first)
-    out: list[Obituary] = []
-    for chunk in _chunks(ids, CHUNK):
-        out.extend(ob for ob in yard.load(chunk, with_payload=with_payload) if ob is not None)
-    return out
-
-
-def get_obituary(runtime: Any, ident: str, *, with_payload: bool = True) -> Obituary | None:
-    """One obituary by its id, or the latest obituary of a message id; None if there is none."""
-    yard = _graveyard(runtime)
-    found = yard.load([ident], with_payload=with_payload)[0]
-    if found is not None:
-        return found
-    latest = yard.client.zrevrange(yard.by_message(ident), 0, 0)
-    if not latest:
-        return None
-    return yard.load([_text(latest[0])], with_payload=with_payload)[0]
-
-
-def groups(runtime: Any) -> list[Group]:
-    """The graveyard grouped by cause fingerprint, most recently seen first."""
-    return _graveyard(runtime).groups()
-
-
-def queues(runtime: Any) -> list[tuple[str, int, int]]:
-    """``(queue, obituaries, last burial ms)`` for every queue with obituaries."""
-    return _graveyard(runtime).names("queue")
-
-
-def count(runtime: Any) -> int:
-    """How many obituaries the graveyard holds."""
-    return _graveyard(runtime).count()
-
-
-def _targets(
-    runtime: Any, ids: Sequence[str] | None, filters: Filters, everything: bool, what: str
-) -> list[str]:
-    if ids:
-        return list(dict.fromkeys(ids))
-    if filters.empty() and not everything:
-        raise DLXError(f"{what} needs obituary ids or a filter (queue, task, cause, since...)")
-    return _graveyard(runtime).ids(filters, limit=None, oldest_first=True)
-
-
-@dataclass
-class ReplayReport:
-    """What :func:`replay` did (or would do, on a dry run)."""
-
-    replayed: list[str] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    failed: list[tuple[str, str]] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    dry_run: bool = False
-
-
-def replay_copy(ob: Obituary, *, keep_attempts: bool = False) -> Outgoing:
-    """The message to publish for a replay of ``ob``: its payload to its queue, default exchange.
-
-    celery_dlx's attempt headers are dropped (a fresh budget) unless ``keep_attempts``; broker
-    ``x-death*`` headers always are. ``x-dlx-replayed`` names the obituary.
-    """
-    headers = clean_headers(ob.headers)
-    if not keep_attempts:
-        headers = {k: v for k, v in headers.items() if k not in OWN_HEADERS}
-    headers[REPLAYED_HEADER] = ob.id
-    return Outgoing(
-        body=ob.payload or b"",
-        routing_key=ob.queue,
-        exchange="",
-        headers=headers,
-        properties=copy_properties(ob.properties),
-    )
-
-
-def _replayed_event(ob: Obituary, keep_attempts: bool, force: bool, at: int) -> FateEvent:
-    return FateEvent(
-        fate=REPLAYED,
-        queue=ob.queue,
-        message_id=ob.message_id,
-        attempt=ob.attempt if keep_attempts else 0,
-        task=ob.task,
-        cause=ob.cause,
-        exc_type=ob.exc_type,
-        reason=f"replayed from obituary {ob.id}",
-        importance=ob.importance,
-        first_failure_ms=ob.first_failure_ms,
-        at_ms=at,
-        extra={"obituary_id": ob.id, "keep_attempts": keep_attempts, "forced": force},
-    )
-
-
-class _Pacer:
-    """Spaces operations to at most ``rate`` per second (None: no limit)."""
-
-    def __init__(self, rate: float | None, sleep: Callable[[float], None] = time.sleep) -> None:
-        if rate is not None and rate <= 0:
-            raise DLXError(f"replay rate must be a positive number per second, got {rate}")
-        self.rate = rate
-        self.sleep = sleep
-        self.start = time.monotonic()
-        self.done = 0
-
-    def wait(self, n: int) -> None:
-        if self.rate is not None:
-            ahead = self.start + self.done / self.rate - time.monotonic()
-            if ahead > 0:
-                self.sleep(ahead)
-        self.done += n
-
-    def chunk(self) -> int:
-        return CHUNK if self.rate is None else max(1, min(CHUNK, int(self.rate / 10) or 1))
-
-
-def replay(
-    runtime: Any,
-    ids: Sequence[str] | None = None,
-    *,
-    queue: str | None = None,
-    task: str | None = None,
-    cause: str | None = None,
-    since: When | None = None,
-    until: When | None = None,
-    everything: bool = False,
-    rate: float | None = None,
-    keep_attempts: bool = False,
-    force: bool = False,
-    dry_run: bool = False,
-    progress: Callable[[int], None] | None = None,
-) -> ReplayReport:
-    """Put buried messages back on their queues (default exchange, publisher confirms).
-
-    Each obituary is replayed once: one already in the replay ledger is skipped unless
-    ``force``. The obituary stays in the graveyard; a ``replayed`` fate is recorded.
-
-    Args:
-        runtime: the app's runtime (its publisher and Redis are used).
-        ids: obituary ids; otherwise the filters (``cause`` replays one group) select them.
-        everything: allow replaying the whole graveyard when neither ids nor filters are given.
-        rate: most replays per second (None: as fast as the broker confirms).
-        keep_attempts: keep celery_dlx's attempt headers instead of a fresh budget.
-        force: replay obituaries already replayed.
-        dry_run: report what would be replayed, publish and record nothing.
-        progress: called with the number of obituaries handled after each chunk.
-
-    Raises:
-        DLXError: neither ids nor a filter (without ``everything``), or a bad ``rate``.
-    """
-    filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
-    targets = _targets(runtime, ids, filters, everything, "replay")
-    yard = _graveyard(runtime)
-    pacer = _Pacer(rate)
-    report = ReplayReport(dry_run=dry_run)
-    for chunk in _chunks(targets, pacer.chunk()):
-        todo: list[Obituary] = []
-        for oid, ob in zip(chunk, yard.load(chunk, with_payload=True), strict=True):
-            if ob is None:
-                report.missing.append(oid)
-            elif ob.replays and not force:
-                report.skipped.append((oid, f"already replayed at {ob.replays[-1]} ms (use force)"))
-            else:
-                todo.append(ob)
-        if dry_run:
-            report.replayed.extend(ob.id for ob in todo)
-        elif todo:
-            pacer.wait(len(todo))
-            _replay_chunk(runtime, yard, todo, keep_attempts, force, report)
-        if progress is not None:
-            progress(len(chunk))
-    return report
-
-
-def _replay_chunk(
-    runtime: Any,
-    yard: Graveyard,
-    todo: list[Obituary],
-    keep_attempts: bool,
-    force: bool,
-    report: ReplayReport,
-) -> None:
-    copies = [replay_copy(ob, keep_attempts=keep_attempts) for ob in todo]
-    try:
-        results = runtime.publisher.publish_many(copies)
-    except (PublishError, OSError) as exc:
-        runtime.reset_publisher()
-        report.failed.extend((ob.id, f"not confirmed: {exc}") for ob in todo)
-        return
-    at = now_ms()
-    done = [ob for ob, ok in zip(todo, results, strict=True) if ok]
-    report.failed.extend(
-        (ob.id, f"broker refused it: queue {ob.queue!r} missing?")
-        for ob, ok in zip(todo, results, strict=True)
-        if not ok
-    )
-    yard.add_replays([(ob.id, at) for ob in done])
-    for ob in done:
-        runtime.record(_replayed_event(ob, keep_attempts, force, at))
-        report.replayed.append(ob.id)
-
-
-@dataclass
-class PurgeReport:
-    """What :func:`purge` did (or would do, on a dry run)."""
-
-    purged: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    dry_run: bool = False
 
 
 def _leaving_event(fate: str, ob: Obituary, reason: str, at: int) -> FateEvent:
@@ -666,13 +394,13 @@ def _leaving_event(fate: str, ob: Obituary, reason: str, at: int) -> FateEvent:
     )
 
 
-def _remove_all(
+def remove_all(
     runtime: Any, ids: Iterable[str], fate: str, reason: str, dry_run: bool
 ) -> tuple[list[str], list[str]]:
-    yard = _graveyard(runtime)
+    yard = Graveyard(runtime.redis, runtime.keys)
     removed: list[str] = []
     missing: list[str] = []
-    for chunk in _chunks(list(ids), CHUNK):
+    for chunk in chunks(list(ids), CHUNK):
         for oid, ob in zip(chunk, yard.load(chunk, with_payload=not dry_run), strict=True):
             if ob is None:
                 missing.append(oid)
@@ -689,29 +417,6 @@ def _remove_all(
     return removed, missing
 
 
-def purge(
-    runtime: Any,
-    ids: Sequence[str] | None = None,
-    *,
-    queue: str | None = None,
-    task: str | None = None,
-    cause: str | None = None,
-    since: When | None = None,
-    until: When | None = None,
-    everything: bool = False,
-    dry_run: bool = False,
-) -> PurgeReport:
-    """Delete obituaries; each leaves a ``purged`` history entry holding its whole JSON.
-
-    Raises:
-        DLXError: neither ids nor a filter (without ``everything``).
-    """
-    filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
-    targets = _targets(runtime, ids, filters, everything, "purge")
-    removed, missing = _remove_all(runtime, targets, PURGED, "purged by operator", dry_run)
-    return PurgeReport(purged=removed, missing=missing, dry_run=dry_run)
-
-
 def sweep_retention(runtime: Any, *, now: int | None = None, limit: int = 1000) -> int:
     """Move obituaries older than ``dlx_graveyard_retention`` to the history (``archived``).
 
@@ -722,8 +427,8 @@ def sweep_retention(runtime: Any, *, now: int | None = None, limit: int = 1000) 
     """
     retention_ms = int(runtime.config.graveyard_retention * 1000)
     cutoff = (now_ms() if now is None else now) - retention_ms
-    yard = _graveyard(runtime)
-    old = [_text(i) for i in yard.client.zrangebyscore(yard.by_time, "-inf", cutoff, 0, limit)]
+    yard = Graveyard(runtime.redis, runtime.keys)
+    old = [text(i) for i in yard.client.zrangebyscore(yard.by_time, "-inf", cutoff, 0, limit)]
     reason = f"older than dlx_graveyard_retention ({runtime.config.graveyard_retention:g}s)"
-    removed, _ = _remove_all(runtime, old, ARCHIVED, reason, dry_run=False)
+    removed, _ = remove_all(runtime, old, ARCHIVED, reason, dry_run=False)
     return len(removed)

@@ -13,11 +13,11 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from celery_dlx.broker.publish import Outgoing, copy_properties
 from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.message.headers import DLXState, clean_headers, read_state, x_death_problem
 from celery_dlx.message.names import QUEUE_HEADER, REASON_HEADER
+from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.worker.runtime import get_runtime
 from celery_dlx.worker.strategy import _queue_of
 

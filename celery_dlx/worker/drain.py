@@ -23,13 +23,13 @@ from amqp.exceptions import AMQPError
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from celery_dlx.broker.publish import Outgoing
 from celery_dlx.errors import PublishError
 from celery_dlx.fates import DRAINED, FateEvent
 from celery_dlx.fates import now_ms as wall_ms
 from celery_dlx.message.names import FIRST_FAILURE_HEADER
+from celery_dlx.message.outgoing import Outgoing
+from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.settings import DLXConfig
-from celery_dlx.store.parking import ParkedMessage
 from celery_dlx.worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)

@@ -17,9 +17,10 @@ from celery_dlx.broker.ladder import Ladder
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.fates import BURIED, DRAINED, FateEvent
 from celery_dlx.message.names import Keys
+from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.settings import DLXConfig, load_config
 from celery_dlx.store.history import History, history_fields
-from celery_dlx.store.parking import ParkedMessage, ParkingStore, redis_client
+from celery_dlx.store.parking import ParkingStore, redis_client
 
 logger = logging.getLogger("celery_dlx")
 

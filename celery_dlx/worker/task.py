@@ -36,10 +36,10 @@ from celery_dlx.message.names import (
     REASON_HEADER,
     REPLAYED_HEADER,
 )
+from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.decide import ToBury, ToPark, ToRequeue, decide
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.store.causes import stash_cause
-from celery_dlx.store.parking import ParkedMessage
 from celery_dlx.worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)

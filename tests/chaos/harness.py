@@ -34,7 +34,7 @@ import redis
 from kombu import Connection, Producer
 
 from celery_dlx.broker.topology import dlx_queue
-from celery_dlx.store import graveyard
+from celery_dlx.ops import obituaries
 from celery_dlx.worker.runtime import get_runtime
 from tests.chaos import processes as P
 from tests.chaos.chaos_app import BROKER_URL, LEDGER_URL, Names, make_chaos_app
@@ -322,14 +322,14 @@ class ChaosRun:
         return {k.decode(): int(v) for k, v in raw.items()}
 
     def buried_counts(self, runtime: Any) -> Counter[str]:
-        return Counter(ob.message_id for ob in graveyard.list_obituaries(runtime, limit=None))
+        return Counter(ob.message_id for ob in obituaries.list_obituaries(runtime, limit=None))
 
     def settle(self, runtime: Any) -> bool:
         """Wait until every sent id is done or buried and nothing is parked; False at timeout."""
         deadline = time.monotonic() + self.plan.settle_seconds
         while time.monotonic() < deadline:
             try:
-                rough = self.ledger.hlen(self.names.done) + graveyard.count(runtime)
+                rough = self.ledger.hlen(self.names.done) + obituaries.count(runtime)
                 if rough >= len(self.sent) and runtime.store.count() == 0:
                     settled = set(self.done_counts()) | set(self.buried_counts(runtime))
                     if self.sent <= settled:

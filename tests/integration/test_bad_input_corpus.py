@@ -29,8 +29,8 @@ from kombu import Connection
 
 from celery_dlx.broker.topology import dead_letter_arguments, service_queue
 from celery_dlx.message.names import ATTEMPT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER
+from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.store import graveyard
 from celery_dlx.worker.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL
 from tests.integration.cli_helpers import run, shop_protos
@@ -405,7 +405,7 @@ def _cleanup(app: Any, uid: str, queues: list[str], conn: Any) -> None:
 
 def obituaries_by_message(runtime: Any) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
-    for ob in graveyard.list_obituaries(runtime, limit=None, with_payload=True):
+    for ob in obituaries.list_obituaries(runtime, limit=None, with_payload=True):
         out.setdefault(ob.message_id, []).append(ob)
     return out
 
@@ -507,7 +507,7 @@ def test_replay_and_purge_handle_every_case(corpus: dict[str, Any]) -> None:
     purged = run(app, "purge", "--all", "--yes", "--json")
     assert purged.exit_code == 0, purged.output
     assert len(json.loads(purged.stdout)["purged"]) == len(buried)
-    assert graveyard.count(runtime) == 0
+    assert obituaries.count(runtime) == 0
     assert not corpus["canary"].exists()
 
 

@@ -23,11 +23,11 @@ import redis as redis_lib
 
 from celery_dlx.fates import PURGED, REQUEUED, FateEvent, now_ms
 from celery_dlx.message.obituary import Attempt, Obituary
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.ops import obituaries
 from celery_dlx.ops.render import iso
 from celery_dlx.service.loop import buried_event, run_service
-from celery_dlx.store import graveyard
 from celery_dlx.store.graveyard import Graveyard
-from celery_dlx.store.parking import ParkedMessage
 from celery_dlx.worker.runtime import get_runtime
 from tests.conftest import REDIS_URL, ROOT
 from tests.integration.cli_helpers import (
@@ -77,7 +77,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             for mid, (body, _) in zip(publish_and_reject(conn, queue, bodies), bodies, strict=True):
                 type_of[mid], body_of[mid] = type_name, body
         run_service(app, idle_timeout=1.0, install_signals=False)
-        assert graveyard.count(runtime) == 5
+        assert obituaries.count(runtime) == 5
         celery_obits = [celery_obituary(i) for i in range(2)]
         Graveyard(runtime.redis, runtime.keys).write_many(
             [(ob, buried_event(ob)) for ob in celery_obits]
@@ -139,7 +139,7 @@ def test_list_json_rows_are_the_obituaries_with_decoded_protobuf(shop: dict[str,
     runtime = shop["runtime"]
     data = run_json(shop["app"], "list")
     assert data["count"] == data["total"] == 7
-    expected = graveyard.list_obituaries(runtime, limit=None)
+    expected = obituaries.list_obituaries(runtime, limit=None)
     assert [r["id"] for r in data["obituaries"]] == [ob.id for ob in expected]
     for row, ob in zip(data["obituaries"], expected, strict=True):
         assert row["message_id"] == ob.message_id and row["queue"] == ob.queue
@@ -170,7 +170,7 @@ def test_list_filters(shop: dict[str, Any]) -> None:
 
     everything = ids()
     assert set(ids("--queue", payments)) == {
-        ob.id for ob in graveyard.list_obituaries(shop["runtime"], queue=payments)
+        ob.id for ob in obituaries.list_obituaries(shop["runtime"], queue=payments)
     }
     assert len(ids("--queue", payments)) == 4 and len(ids("--queue", counters)) == 1
     assert ids("--task", "shop.charge") == ["celery-ob-1", "celery-ob-0"]
@@ -196,7 +196,7 @@ def test_list_table_shows_the_decoded_type(shop: dict[str, Any]) -> None:
 def test_show_json_has_every_field_and_the_decoded_payload(shop: dict[str, Any]) -> None:
     runtime = shop["runtime"]
     mid = next(m for m, t in shop["type_of"].items() if t.endswith("PaymentFailed"))
-    ob = graveyard.get_obituary(runtime, mid)
+    ob = obituaries.get_obituary(runtime, mid)
     assert ob is not None
     data = run_json(shop["app"], "show", ob.id)
     record = ob.record()
@@ -250,7 +250,7 @@ def test_show_with_a_descriptor_set_given_on_the_command_line(shop: dict[str, An
 
 def test_groups_json(shop: dict[str, Any]) -> None:
     data = run_json(shop["app"], "groups")
-    expected = graveyard.groups(shop["runtime"])
+    expected = obituaries.groups(shop["runtime"])
     assert data["total"] == 7 and data["count"] == len(expected) >= 3
     for row, group in zip(data["groups"], expected, strict=True):
         assert row["cause"] == group.cause and row["count"] == group.count
@@ -288,7 +288,7 @@ def test_entry_points_in_real_subprocesses(shop: dict[str, Any]) -> None:
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)["obituaries"]
     assert [r["id"] for r in rows] == [
-        ob.id for ob in graveyard.list_obituaries(shop["runtime"], limit=None)
+        ob.id for ob in obituaries.list_obituaries(shop["runtime"], limit=None)
     ]
     assert {r["payload"]["type_name"] for r in rows if r["origin"] == "foreign"} == set(
         shop["type_of"].values()
@@ -304,7 +304,7 @@ def test_entry_points_in_real_subprocesses(shop: dict[str, Any]) -> None:
     )
     assert grouped.returncode == 0, grouped.stderr
     assert [g["cause"] for g in json.loads(grouped.stdout)["groups"]] == [
-        g.cause for g in graveyard.groups(shop["runtime"])
+        g.cause for g in obituaries.groups(shop["runtime"])
     ]
 
 
@@ -404,7 +404,7 @@ def test_purge_asks_writes_history_and_filters(uid: str, key_prefix: str) -> Non
     )
     declined = run(app, "purge", "--cause", "charge-declined", input="n\n")
     assert declined.exit_code == 1 and "Purge 2 obituaries?" in declined.stderr
-    assert graveyard.count(runtime) == 3
+    assert obituaries.count(runtime) == 3
     dry = run_json(app, "purge", "--cause", "charge-declined", "--dry-run")
     assert dry == {
         "dry_run": True,
@@ -414,7 +414,7 @@ def test_purge_asks_writes_history_and_filters(uid: str, key_prefix: str) -> Non
     }
     accepted = run(app, "purge", "--cause", "charge-declined", input="y\n")
     assert accepted.exit_code == 0 and "purged 2 of 2" in accepted.stdout
-    assert [ob.id for ob in graveyard.list_obituaries(runtime)] == ["other-ob"]
+    assert [ob.id for ob in obituaries.list_obituaries(runtime)] == ["other-ob"]
     purged = [f for _, f in runtime.history.read() if f["fate"] == PURGED]
     assert sorted(f["message_id"] for f in purged) == ["task-0", "task-1"]
     assert json.loads(purged[0]["obituary"])["traceback"] == TRACEBACK

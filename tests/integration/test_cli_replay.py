@@ -19,8 +19,8 @@ from kombu.serialization import dumps
 from celery_dlx.fates import RECOVERED, REPLAYED, now_ms
 from celery_dlx.message.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEADER
 from celery_dlx.message.obituary import ORIGIN_FOREIGN, Attempt, Obituary
+from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import buried_event
-from celery_dlx.store import graveyard
 from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.worker.runtime import Runtime, get_runtime
 from tests.integration.cli_helpers import run_json
@@ -154,7 +154,7 @@ def test_replay_copy_goes_to_its_queue_through_the_default_exchange(
     dry = run_json(app, "replay", first.id, "--dry-run")
     assert dry["dry_run"] is True and dry["replayed"] == [first.id]
     assert channel.queue_declare(plain, passive=True).message_count == 0
-    assert graveyard.get_obituary(runtime, first.id).replays == []  # type: ignore[union-attr]
+    assert obituaries.get_obituary(runtime, first.id).replays == []  # type: ignore[union-attr]
 
     reset = run_json(app, "replay", first.id)
     kept = run_json(app, "replay", second.id, "--keep-attempts")
@@ -174,7 +174,7 @@ def test_replay_copy_goes_to_its_queue_through_the_default_exchange(
     assert again["replayed"] == [] and [s["id"] for s in again["skipped"]] == [first.id]
     forced = run_json(app, "replay", first.id, "--force")
     assert forced["replayed"] == [first.id]
-    assert len(graveyard.get_obituary(runtime, first.id).replays) == 2  # type: ignore[union-attr]
+    assert len(obituaries.get_obituary(runtime, first.id).replays) == 2  # type: ignore[union-attr]
 
     missing = run_json(app, "replay", "no-such-obituary", code=5)
     assert missing["missing"] == ["no-such-obituary"] and missing["replayed"] == []
@@ -182,7 +182,7 @@ def test_replay_copy_goes_to_its_queue_through_the_default_exchange(
     bury(runtime, [gone])
     refused = run_json(app, "replay", gone.id, code=5)
     assert refused["failed"][0]["id"] == gone.id and "refused" in refused["failed"][0]["reason"]
-    assert graveyard.get_obituary(runtime, gone.id).replays == []  # type: ignore[union-attr]
+    assert obituaries.get_obituary(runtime, gone.id).replays == []  # type: ignore[union-attr]
 
 
 def test_canary_times_out_without_a_consumer(

@@ -24,10 +24,10 @@ from celery.beat import Scheduler
 from celery.local import maybe_evaluate
 from kombu import Connection
 
-from celery_dlx.broker.publish import PUBLISH_SEQ_HEADER
 from celery_dlx.fates import DRAINED, FateEvent, now_ms
+from celery_dlx.message.outgoing import PUBLISH_SEQ_HEADER
+from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.settings import load_config
-from celery_dlx.store.parking import ParkedMessage
 from celery_dlx.worker.drain import (
     DRAIN_TASK_NAME,
     RELEASE_DELAY,

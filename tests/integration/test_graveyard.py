@@ -15,6 +15,8 @@ from celery_dlx.errors import DLXError
 from celery_dlx.fates import ARCHIVED, BURIED, PURGED, REPLAYED
 from celery_dlx.message.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEADER
 from celery_dlx.message.obituary import Attempt, Obituary, payload_from_json_safe
+from celery_dlx.ops import obituaries, purge
+from celery_dlx.ops import replay as replaying
 from celery_dlx.service.loop import buried_event
 from celery_dlx.store import graveyard
 from celery_dlx.store.graveyard import Graveyard
@@ -89,18 +91,18 @@ def test_write_is_idempotent_and_records_one_burial(runtime: Runtime) -> None:
     rows = history(runtime)
     assert [(r["fate"], r["message_id"]) for r in rows] == [(BURIED, "m-1")]
     assert runtime.redis.exists(runtime.keys.cause("m-1")) == 0
-    assert graveyard.count(runtime) == 1
+    assert obituaries.count(runtime) == 1
 
 
 def test_get_by_id_or_message_id_with_payload_bytes(runtime: Runtime) -> None:
     body = os.urandom(10 * 1024 * 1024)
     bury(runtime, make(1, payload=body))
-    ob = graveyard.get_obituary(runtime, "ob-1")
+    ob = obituaries.get_obituary(runtime, "ob-1")
     assert ob is not None and ob.payload == body and ob.payload_size == len(body)
     assert ob.headers["custom"] == "kept"
-    by_message = graveyard.get_obituary(runtime, "m-1", with_payload=False)
+    by_message = obituaries.get_obituary(runtime, "m-1", with_payload=False)
     assert by_message is not None and by_message.id == "ob-1" and by_message.payload is None
-    assert graveyard.get_obituary(runtime, "nope") is None
+    assert obituaries.get_obituary(runtime, "nope") is None
 
 
 def test_list_by_time_queue_task_cause_and_bounds(runtime: Runtime) -> None:
@@ -113,7 +115,7 @@ def test_list_by_time_queue_task_cause_and_bounds(runtime: Runtime) -> None:
     )
 
     def ids(**kw: Any) -> list[str]:
-        return [ob.id for ob in graveyard.list_obituaries(runtime, **kw)]
+        return [ob.id for ob in obituaries.list_obituaries(runtime, **kw)]
 
     assert ids() == ["ob-4", "ob-3", "ob-2", "ob-1"]
     assert ids(oldest_first=True, limit=2) == ["ob-1", "ob-2"]
@@ -123,8 +125,8 @@ def test_list_by_time_queue_task_cause_and_bounds(runtime: Runtime) -> None:
     assert ids(cause="c2", queue="billing") == ["ob-2"]
     assert ids(message_id="m-3") == ["ob-3"]
     assert ids(since=1_700_000_000.002, until=1_700_000_000.003) == ["ob-3", "ob-2"]
-    assert [ob.payload for ob in graveyard.list_obituaries(runtime, limit=1)] == [None]
-    assert graveyard.queues(runtime) == [
+    assert [ob.payload for ob in obituaries.list_obituaries(runtime, limit=1)] == [None]
+    assert obituaries.queues(runtime) == [
         ("audit", 2, 1_700_000_000_004),
         ("billing", 2, 1_700_000_000_002),
     ]
@@ -133,13 +135,13 @@ def test_list_by_time_queue_task_cause_and_bounds(runtime: Runtime) -> None:
 def test_post_filtered_listing_pages_through_large_indexes(runtime: Runtime) -> None:
     obits = [make(i, queue="billing" if i % 10 else "audit", cause="c") for i in range(350)]
     bury(runtime, *obits)
-    found = graveyard.list_obituaries(runtime, cause="c", queue="audit", limit=None)
+    found = obituaries.list_obituaries(runtime, cause="c", queue="audit", limit=None)
     assert [ob.id for ob in found] == [f"ob-{i}" for i in range(340, -1, -10)]
 
 
 def test_groups_summarise_causes_still_in_the_graveyard(runtime: Runtime) -> None:
     bury(runtime, make(1, cause="c1"), make(2, cause="c1"), make(3, cause="c2", queue="audit"))
-    groups = {g.cause: g for g in graveyard.groups(runtime)}
+    groups = {g.cause: g for g in obituaries.groups(runtime)}
     assert set(groups) == {"c1", "c2"}
     c1 = groups["c1"]
     assert (c1.count, c1.total, c1.first_ms, c1.last_ms, c1.example_id) == (
@@ -150,30 +152,30 @@ def test_groups_summarise_causes_still_in_the_graveyard(runtime: Runtime) -> Non
         "ob-2",
     )
     assert (c1.exc_type, c1.exc_message, c1.queue) == ("ValueError", "bad value 2", "billing")
-    assert [g.cause for g in graveyard.groups(runtime)] == ["c2", "c1"]
-    graveyard.purge(runtime, ["ob-3"])
-    assert [g.cause for g in graveyard.groups(runtime)] == ["c1"]
-    graveyard.purge(runtime, ["ob-2"])
-    (c1,) = graveyard.groups(runtime)
+    assert [g.cause for g in obituaries.groups(runtime)] == ["c2", "c1"]
+    purge.purge(runtime, ["ob-3"])
+    assert [g.cause for g in obituaries.groups(runtime)] == ["c1"]
+    purge.purge(runtime, ["ob-2"])
+    (c1,) = obituaries.groups(runtime)
     assert (c1.count, c1.total, c1.example_id) == (1, 2, "ob-1")
 
 
 def test_purge_records_the_whole_obituary_in_the_history(runtime: Runtime) -> None:
     bury(runtime, make(1, payload=b"\x00\xffraw"), make(2), make(3, queue="audit"))
     with pytest.raises(DLXError, match="needs obituary ids or a filter"):
-        graveyard.purge(runtime)
-    dry = graveyard.purge(runtime, queue="billing", dry_run=True)
-    assert dry.purged == ["ob-1", "ob-2"] and graveyard.count(runtime) == 3
-    report = graveyard.purge(runtime, ["ob-1", "missing"])
+        purge.purge(runtime)
+    dry = purge.purge(runtime, queue="billing", dry_run=True)
+    assert dry.purged == ["ob-1", "ob-2"] and obituaries.count(runtime) == 3
+    report = purge.purge(runtime, ["ob-1", "missing"])
     assert (report.purged, report.missing) == (["ob-1"], ["missing"])
     purged = [r for r in history(runtime) if r["fate"] == PURGED]
     assert len(purged) == 1
     kept = json.loads(purged[0]["obituary"])
     assert kept["id"] == "ob-1" and payload_from_json_safe(kept) == b"\x00\xffraw"
-    assert graveyard.get_obituary(runtime, "ob-1") is None
-    assert graveyard.list_obituaries(runtime, message_id="m-1") == []
-    assert graveyard.purge(runtime, everything=True).purged == ["ob-2", "ob-3"]
-    assert graveyard.count(runtime) == 0 and graveyard.queues(runtime) == []
+    assert obituaries.get_obituary(runtime, "ob-1") is None
+    assert obituaries.list_obituaries(runtime, message_id="m-1") == []
+    assert purge.purge(runtime, everything=True).purged == ["ob-2", "ob-3"]
+    assert obituaries.count(runtime) == 0 and obituaries.queues(runtime) == []
 
 
 def test_retention_moves_old_obituaries_to_the_history(runtime: Runtime) -> None:
@@ -186,7 +188,7 @@ def test_retention_moves_old_obituaries_to_the_history(runtime: Runtime) -> None
     )
     assert graveyard.sweep_retention(runtime, now=now) == 2
     assert graveyard.sweep_retention(runtime, now=now) == 0
-    assert [ob.id for ob in graveyard.list_obituaries(runtime)] == ["ob-3"]
+    assert [ob.id for ob in obituaries.list_obituaries(runtime)] == ["ob-3"]
     archived = [r for r in history(runtime) if r["fate"] == ARCHIVED]
     assert sorted(json.loads(r["obituary"])["id"] for r in archived) == ["ob-1", "ob-2"]
     assert all("dlx_graveyard_retention" in r["reason"] for r in archived)
@@ -213,9 +215,9 @@ def test_replay_publishes_to_the_queue_once_with_a_fresh_budget(
     runtime: Runtime, broker: Any, work_queue: str
 ) -> None:
     bury(runtime, make(1, queue=work_queue, payload=b'{"a": 1}'), make(2, queue=work_queue))
-    dry = graveyard.replay(runtime, ["ob-1"], dry_run=True)
+    dry = replaying.replay(runtime, ["ob-1"], dry_run=True)
     assert dry.replayed == ["ob-1"] and take_all(broker, work_queue) == []
-    report = graveyard.replay(runtime, ["ob-1"])
+    report = replaying.replay(runtime, ["ob-1"])
     assert report.replayed == ["ob-1"]
     (msg,) = take_all(broker, work_queue)
     assert msg.body == b'{"a": 1}'
@@ -224,14 +226,14 @@ def test_replay_publishes_to_the_queue_once_with_a_fresh_budget(
     assert ATTEMPT_HEADER not in headers and PARKS_HEADER not in headers
     assert not any(k.startswith("x-death") for k in headers)
     assert msg.properties["message_id"] == "m-1"
-    again = graveyard.replay(runtime, ["ob-1"])
+    again = replaying.replay(runtime, ["ob-1"])
     assert again.replayed == [] and again.skipped[0][0] == "ob-1"
     assert take_all(broker, work_queue) == []
-    forced = graveyard.replay(runtime, ["ob-1"], force=True, keep_attempts=True)
+    forced = replaying.replay(runtime, ["ob-1"], force=True, keep_attempts=True)
     assert forced.replayed == ["ob-1"]
     (kept,) = take_all(broker, work_queue)
     assert kept.headers[ATTEMPT_HEADER] == 2
-    ob = graveyard.get_obituary(runtime, "ob-1")
+    ob = obituaries.get_obituary(runtime, "ob-1")
     assert ob is not None and len(ob.replays) == 2
     replayed = [r for r in history(runtime) if r["fate"] == REPLAYED]
     assert [(r["message_id"], r["attempt"]) for r in replayed] == [("m-1", "0"), ("m-1", "3")]
@@ -247,13 +249,13 @@ def test_replay_by_group_with_a_rate_and_a_missing_queue(
         make(10, queue=work_queue, cause="other"),
     )
     seen: list[int] = []
-    report = graveyard.replay(runtime, cause="grp", rate=50, progress=seen.append)
+    report = replaying.replay(runtime, cause="grp", rate=50, progress=seen.append)
     assert sorted(report.replayed) == [f"ob-{i}" for i in range(5)]
     assert [oid for oid, _ in report.failed] == ["ob-9"]
     assert sum(seen) == 6
     assert len(take_all(broker, work_queue)) == 5
     with pytest.raises(DLXError, match="rate"):
-        graveyard.replay(runtime, ["ob-10"], rate=0)
+        replaying.replay(runtime, ["ob-10"], rate=0)
 
 
 def test_text_outside_ascii_survives_the_write_script(runtime: Runtime) -> None:
@@ -261,7 +263,7 @@ def test_text_outside_ascii_survives_the_write_script(runtime: Runtime) -> None:
     ob.exc_message = 'naïve "quoted" ☕ \\ \x00 end'
     ob.reason = "budget spent ☕"
     bury(runtime, ob)
-    (group,) = graveyard.groups(runtime)
+    (group,) = obituaries.groups(runtime)
     assert (group.cause, group.queue, group.task, group.exc_message) == (
         "c☕",
         "facturación",
@@ -270,4 +272,4 @@ def test_text_outside_ascii_survives_the_write_script(runtime: Runtime) -> None:
     )
     (row,) = history(runtime)
     assert (row["queue"], row["task"], row["reason"]) == ("facturación", "proj.tâche", ob.reason)
-    assert [o.id for o in graveyard.list_obituaries(runtime, queue="facturación")] == ["ob-1"]
+    assert [o.id for o in obituaries.list_obituaries(runtime, queue="facturación")] == ["ob-1"]

@@ -22,8 +22,8 @@ from kombu import Producer
 from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.fates import BURIED, DRAINED, PARKED, REQUEUED
 from celery_dlx.message.names import ATTEMPT_HEADER
+from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.store import graveyard
 from celery_dlx.worker.runtime import get_runtime
 from tests.conftest import BROKER_URL
 from tests.integration.dlx_apps import drain_thread, make_app
@@ -124,7 +124,7 @@ def test_three_services_and_three_drains_lose_nothing_and_repeat_nothing(
                     retry=True,
                 )
             wait_until(
-                lambda: len(consumer.acked) + graveyard.count(runtime) >= MESSAGES,
+                lambda: len(consumer.acked) + obituaries.count(runtime) >= MESSAGES,
                 timeout=180,
                 what="every message acked or buried",
             )
@@ -142,7 +142,7 @@ def test_three_services_and_three_drains_lose_nothing_and_repeat_nothing(
         )
     assert set(consumer.acked) == set(fails) - poison
     assert set(consumer.acked.values()) == {1}
-    buried = Counter(ob.message_id for ob in graveyard.list_obituaries(runtime, limit=None))
+    buried = Counter(ob.message_id for ob in obituaries.list_obituaries(runtime, limit=None))
     assert set(buried) == poison and set(buried.values()) == {1}
 
     fates = Counter((f["message_id"], f["fate"]) for _, f in runtime.history.read())

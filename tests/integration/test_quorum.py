@@ -18,8 +18,8 @@ import pytest
 from celery import Celery
 
 from celery_dlx.broker.topology import dlx_queue
+from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.store import graveyard
 from celery_dlx.worker.runtime import get_runtime
 from tests.chaos.harness import PROCESS_ACTIONS, ChaosPlan, run_chaos
 from tests.conftest import BROKER_URL
@@ -93,7 +93,7 @@ def test_fates_end_to_end_on_quorum_queues(
 
     with worker(app), drain_thread(app):
         good, bad = flaky.delay(), poison.delay(7)
-        wait_until(lambda: graveyard.count(runtime) == 1, timeout=60, what="the burial")
+        wait_until(lambda: obituaries.count(runtime) == 1, timeout=60, what="the burial")
         wait_until(
             lambda: "recovered" in fates_of(redis_client, keys, good.id),
             timeout=60,
@@ -106,7 +106,7 @@ def test_fates_end_to_end_on_quorum_queues(
         "drained",
         "recovered",
     ]
-    (ob,) = graveyard.list_obituaries(runtime)
+    (ob,) = obituaries.list_obituaries(runtime)
     assert ob.message_id == bad.id and ob.attempt == 5 and ob.exc_type == "ValueError"
     assert "order 7 has no customer" in ob.traceback
     assert ob.death_reason == "rejected" and ob.x_death[0]["queue"] == f"work-{uid}"
@@ -145,11 +145,11 @@ def test_delivery_limit_dead_letters_what_a_consumer_requeues_forever(
 
         channel.basic_consume(name, nack)
         deadline = time.monotonic() + 60
-        while graveyard.count(runtime) == 0 and time.monotonic() < deadline:
+        while obituaries.count(runtime) == 0 and time.monotonic() < deadline:
             connection.process_data_events(time_limit=0.1)
     finally:
         connection.close()
-    (ob,) = graveyard.list_obituaries(runtime)
+    (ob,) = obituaries.list_obituaries(runtime)
     assert ob.message_id == "looping" and ob.queue == name
     assert ob.reason == f"delivery limit reached in {name} (x-delivery-limit)"
     assert ob.death_reason == "delivery_limit"

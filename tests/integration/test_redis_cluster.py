@@ -19,10 +19,11 @@ from redis.cluster import RedisCluster, key_slot
 
 from celery_dlx.fates import BURIED, now_ms
 from celery_dlx.message.names import Keys
+from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.service.loop import DLXService
 from celery_dlx.store import counters, graveyard
 from celery_dlx.store.history import History
-from celery_dlx.store.parking import ParkedMessage, ParkingStore, redis_client
+from celery_dlx.store.parking import ParkingStore, redis_client
 from celery_dlx.worker.runtime import get_runtime
 from tests.chaos.servers import RedisClusterServers, redis_cluster
 from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker

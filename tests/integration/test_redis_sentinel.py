@@ -16,9 +16,10 @@ from kombu import Exchange, Producer, Queue
 
 from celery_dlx.fates import now_ms
 from celery_dlx.message.names import Keys
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.store import graveyard
-from celery_dlx.store.parking import ParkedMessage, ParkingStore, redis_client
+from celery_dlx.store.parking import ParkingStore, redis_client
 from celery_dlx.worker.drain import drain_once
 from celery_dlx.worker.runtime import get_runtime
 from tests.chaos.servers import SentinelServers, redis_sentinel, wait_for
@@ -134,8 +135,8 @@ def test_service_and_drain_lose_nothing_across_a_sentinel_failover(
         thread.join(30)
     assert not thread.is_alive()
     assert new_port == sentinel.replica.port
-    assert graveyard.count(runtime) == 2 * n and runtime.store.count() == 2 * n
-    buried = {ob.message_id for ob in graveyard.list_obituaries(runtime, limit=None)}
+    assert obituaries.count(runtime) == 2 * n and runtime.store.count() == 2 * n
+    buried = {ob.message_id for ob in obituaries.list_obituaries(runtime, limit=None)}
     assert buried == {f"{names['bury']}-{i}" for i in range(2 * n)}
 
     # The drain republishes what was parked before and after the failover, from the new master.

@@ -26,8 +26,8 @@ from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.fates import BURIED, DRAINED, PARKED, REQUEUED
 from celery_dlx.message.names import ATTEMPT_HEADER, REASON_HEADER
 from celery_dlx.message.obituary import payload_from_json_safe
+from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.store import graveyard
 from celery_dlx.worker.drain import drain_once
 from celery_dlx.worker.runtime import Runtime, get_runtime
 from tests.conftest import BROKER_URL, ROOT
@@ -188,7 +188,7 @@ def test_foreign_consumer_rejects_are_retried_after_the_delays_then_buried(
     bodies = [f'{{"invoice": {i}}}'.encode() for i in range(5)]
     with service(app), running(go), running(drain(runtime)):
         ids = publish(broker, names["events"], "", bodies)
-        wait_until(lambda: graveyard.count(runtime) == 5, "5 obituaries")
+        wait_until(lambda: obituaries.count(runtime) == 5, "5 obituaries")
 
     for message_id in ids:
         deliveries = go.seen[message_id]
@@ -197,7 +197,7 @@ def test_foreign_consumer_rejects_are_retried_after_the_delays_then_buried(
         assert gaps[1] >= 0.2 - 0.01 and gaps[2] >= 0.4 - 0.01  # parked retries wait their delay
         fates = [h["fate"] for h in history(runtime) if h["message_id"] == message_id]
         assert sorted(fates) == sorted([REQUEUED, PARKED, DRAINED, PARKED, DRAINED, BURIED])
-        (ob,) = graveyard.list_obituaries(runtime, message_id=message_id, with_payload=True)
+        (ob,) = obituaries.list_obituaries(runtime, message_id=message_id, with_payload=True)
         assert ob.queue == names["billing"] and ob.origin == "foreign" and ob.task is None
         assert ob.reason.startswith("retry budget spent: 1 requeues, 2 parks")
         assert ob.attempt == 4 and ob.importance == "page" and ob.death_reason == "rejected"
@@ -226,7 +226,7 @@ def test_foreign_consumer_rejects_are_retried_after_the_delays_then_buried(
     sample = by_id["m-0"]
     assert sample["queue"] == names["billing"] and sample["attempt"] == 4
     assert sample["payload"]["content_type"] == "application/octet-stream"
-    assert sample["id"] == graveyard.list_obituaries(runtime, message_id="m-0")[0].id
+    assert sample["id"] == obituaries.list_obituaries(runtime, message_id="m-0")[0].id
 
 
 def test_celery_task_buried_by_the_in_worker_service_keeps_its_exception_and_traceback(
@@ -263,9 +263,9 @@ def test_celery_task_buried_by_the_in_worker_service_keeps_its_exception_and_tra
     with worker(app) as w:  # the DLX service runs inside it (dlx_service_in_worker)
         assert any(type(step).__name__ == "DLXServiceStep" for step in w.consumer.steps)
         result = charge.delay(42)
-        wait_until(lambda: graveyard.count(runtime) == 1, "the obituary")
+        wait_until(lambda: obituaries.count(runtime) == 1, "the obituary")
         wait_until(lambda: received, "the hook task to run")
-    ob = graveyard.get_obituary(runtime, result.id)
+    ob = obituaries.get_obituary(runtime, result.id)
     assert ob is not None
     assert (ob.task, ob.queue, ob.message_id, ob.origin) == (
         f"charge-{uid}",
@@ -329,15 +329,15 @@ def test_bad_input_is_buried_with_a_reason_and_the_service_keeps_going(
         producer.publish(b"no id here", exchange=dead, routing_key=names["billing"], retry=True)
         with running(GoConsumer(names["billing"])):
             publish(broker, names["events"], "", [big], message_id="huge")
-            wait_until(lambda: graveyard.count(runtime) == 5, "5 obituaries")
-    reasons = {ob.message_id: ob.reason for ob in graveyard.list_obituaries(runtime)}
+            wait_until(lambda: obituaries.count(runtime) == 5, "5 obituaries")
+    reasons = {ob.message_id: ob.reason for ob in obituaries.list_obituaries(runtime)}
     assert reasons["bad-x-death"].startswith("undecodable: x-death[0] must be a table")
     assert reasons["bad-attempt"].startswith("undecodable: header x-dlx-attempt")
     assert reasons["published"] == "undecodable: body is not JSON"
     assert reasons["huge"].startswith("retry budget spent")
     derived = [m for m in reasons if m.startswith("sha1-")]
     assert len(derived) == 1 and "origin unknown" in reasons[derived[0]]
-    huge = graveyard.get_obituary(runtime, "huge")
+    huge = obituaries.get_obituary(runtime, "huge")
     assert huge is not None and huge.payload == big
 
 
@@ -362,7 +362,7 @@ def test_expired_messages_return_without_counting_a_failure(
             lambda: channel.basic_get(names["billing"], no_ack=True), "the message back"
         )
     assert msg.headers[ATTEMPT_HEADER] == 0
-    assert graveyard.count(runtime) == 0
+    assert obituaries.count(runtime) == 0
     parks = [h for h in history(runtime) if h["fate"] == PARKED]
     assert {h["reason"].split(":")[0] for h in parks} == {f"expired in {names['billing']}"}
 
@@ -421,7 +421,7 @@ def test_service_killed_mid_batch_loses_nothing(
         )
 
     def progress() -> int:
-        return graveyard.count(runtime) + runtime.store.count()
+        return obituaries.count(runtime) + runtime.store.count()
 
     kills = []
     procs: list[subprocess.Popen[bytes]] = []
@@ -445,7 +445,7 @@ def test_service_killed_mid_batch_loses_nothing(
     assert final.returncode == 0, err.decode()
     stats = json.loads(out.decode().strip().splitlines()[-1])
 
-    buried = Counter(ob.message_id for ob in graveyard.list_obituaries(runtime, limit=None))
+    buried = Counter(ob.message_id for ob in obituaries.list_obituaries(runtime, limit=None))
     parked = Counter(m.message_id for m in runtime.store.peek(limit=10 * n))
     lost = [f"{bury_q}-{i}" for i in range(n) if buried[f"{bury_q}-{i}"] == 0]
     lost += [f"{park_q}-{i}" for i in range(n) if parked[f"{park_q}-{i}"] == 0]
@@ -575,7 +575,7 @@ def test_redis_outage_holds_dead_letters_unacked_and_logs_once(
             )
         wait_until(lambda: svc.stats.retries >= 3, "retries during the outage")
         own_redis.start()
-        wait_until(lambda: graveyard.count(runtime) == 20, "20 obituaries after the outage")
+        wait_until(lambda: obituaries.count(runtime) == 20, "20 obituaries after the outage")
     unavailable = [r for r in caplog.records if "unavailable" in r.getMessage()]
     assert len(unavailable) == 1 and "holding" in unavailable[0].getMessage()
     assert any("back after" in r.getMessage() for r in caplog.records)
@@ -630,7 +630,7 @@ def test_a_redelivered_dead_letter_gets_no_second_fate(
     assert all(m.delivery_info["redelivered"] for m in again)
     svc.handle(again)
     assert svc.stats.duplicates == 2 and svc.stats.buried == 1 and svc.stats.parked == 1
-    assert graveyard.count(runtime) == 1 and runtime.store.count() == 1
+    assert obituaries.count(runtime) == 1 and runtime.store.count() == 1
     assert [h["fate"] for h in history(runtime)].count(BURIED) == 1
     assert [h["fate"] for h in history(runtime)].count(PARKED) == 1
     assert dead(channel).get() is None
@@ -649,7 +649,7 @@ def test_the_service_moves_obituaries_past_retention_to_the_history(
     old = Obituary(id="old", message_id="m", queue="q", reason="r", buried_ms=1_000, payload=b"x")
     Graveyard(runtime.redis, runtime.keys).write_many([(old, buried_event(old))])
     with service(app):
-        wait_until(lambda: graveyard.count(runtime) == 0, "the retention sweep")
+        wait_until(lambda: obituaries.count(runtime) == 0, "the retention sweep")
     archived = [h for h in history(runtime) if h["fate"] == ARCHIVED]
     assert [json.loads(h["obituary"])["id"] for h in archived] == ["old"]
 
@@ -684,5 +684,5 @@ def test_several_service_processes_share_the_queue(
     assert proc.returncode == 0, err.decode()
     stats = json.loads(out.decode().strip().splitlines()[-1])
     assert stats["received"] == stats["buried"] == 300 and stats["processes"] == 2
-    assert graveyard.count(runtime) == 300
+    assert obituaries.count(runtime) == 300
     assert channel.queue_declare(names["dead"], passive=True).message_count == 0

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from celery_dlx.message.names import Keys
-from celery_dlx.store.parking import ParkedMessage, ParkingStore
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.store.parking import ParkingStore
 
 T0 = 1_700_000_000_000
 LEASE = 1_500

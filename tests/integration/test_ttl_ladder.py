@@ -13,8 +13,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from celery_dlx import Park
-from celery_dlx.broker.ladder import delay_queue_arguments, ladder_depths
-from celery_dlx.broker.publish import PUBLISH_SEQ_HEADER
+from celery_dlx.broker.ladder import delay_queue_arguments
 from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.fates import BURIED, PARKED
 from celery_dlx.message.copies import delivery_headers
@@ -25,8 +24,10 @@ from celery_dlx.message.names import (
     QUEUE_HEADER,
     REQUEUES_HEADER,
 )
-from celery_dlx.store import graveyard
-from celery_dlx.store.parking import ParkedMessage
+from celery_dlx.message.outgoing import PUBLISH_SEQ_HEADER
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.ops import obituaries
+from celery_dlx.ops.ladders import ladder_depths
 from celery_dlx.worker.runtime import get_runtime
 from tests.integration.dlx_apps import make_app, queue_names, service_thread, worker
 from tests.integration.helpers import fates_of, queue_depth, wait_until
@@ -221,8 +222,8 @@ def test_a_burial_after_a_ladder_return_is_the_work_queues_death_not_the_ladders
 
     with worker(app), service(app):
         result = poison.delay()
-        wait_until(lambda: graveyard.count(runtime) == 1, what="the obituary")
-    [ob] = graveyard.list_obituaries(runtime, message_id=result.id)
+        wait_until(lambda: obituaries.count(runtime) == 1, what="the obituary")
+    [ob] = obituaries.list_obituaries(runtime, message_id=result.id)
     work = f"work-{uid}"
     assert ob.queue == work and ob.death_reason == "rejected"
     assert [(d["queue"], d["reason"]) for d in ob.x_death] == [
@@ -260,7 +261,7 @@ def test_the_service_parks_foreign_dead_letters_through_the_ladder(
             msg = wait_until(lambda: reader.basic_get(billing), what=f"delivery {n}")
             deliveries.append(msg.headers or {})
             reader.basic_reject(msg.delivery_tag, requeue=False)
-        wait_until(lambda: graveyard.count(runtime) == 1, what="the obituary")
+        wait_until(lambda: obituaries.count(runtime) == 1, what="the obituary")
     assert ATTEMPT_HEADER not in deliveries[0]
     retry = deliveries[1]  # parked by the service, returned by the broker
     assert (
@@ -269,7 +270,7 @@ def test_the_service_parks_foreign_dead_letters_through_the_ladder(
     assert [(d["queue"], d["reason"]) for d in retry["x-death"]] == [
         (f"{billing}_dlq_0.2", "expired")
     ]
-    [ob] = graveyard.list_obituaries(runtime, message_id="inv-7")
+    [ob] = obituaries.list_obituaries(runtime, message_id="inv-7")
     assert ob.queue == billing and ob.death_reason == "rejected" and ob.attempt == 2
     assert ob.x_death[1]["queue"] == f"{billing}_dlq_0.2"
     assert [a.fate for a in ob.attempts] == [PARKED, BURIED]

@@ -20,8 +20,7 @@ from celery_dlx.message.obituary import Obituary
 from celery_dlx.ops import checks
 from celery_dlx.ops.migrate import MigrationError, effective_policy, plan_policy, plan_rename
 from celery_dlx.ops.render import ago, human_seconds, iso, parse_duration, parse_when, table
-from celery_dlx.ops.replay import CanaryResult, ReplayRun, watch_canary
-from celery_dlx.store.graveyard import ReplayReport
+from celery_dlx.ops.replay import CanaryResult, ReplayReport, ReplayRun, watch_canary
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from celery_dlx.message.names import BROKER_HEADERS
 from celery_dlx.message.obituary import Obituary
-from celery_dlx.store.parking import ParkedMessage
+from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.worker.drain import outgoing
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from celery_dlx.store.parking import ParkedMessage
+from celery_dlx.message.parked import ParkedMessage
 
 
 def _round_trip(message: ParkedMessage, lease_score: int = 0) -> ParkedMessage:

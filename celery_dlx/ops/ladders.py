@@ -1,0 +1,63 @@
+"""What waits in the TTL ladder's delay queues (``celery dlx parked`` with ``dlx_delay_backend = "ttl"``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from amqp.exceptions import NotFound
+
+from celery_dlx.broker.ladder import close_quietly, delay_queue_name, ladder_ms
+from celery_dlx.worker.runtime import Runtime
+
+
+def ladder_queues(runtime: Runtime) -> list[str]:
+    """Work queues whose ladders :func:`ladder_depths` looks at: the app's queues and
+    ``dlx_queues``, sorted."""
+    names = set(runtime.config.queues)
+    names.update(str(name) for name in runtime.app.amqp.queues)
+    return sorted(names)
+
+
+def ladder_depths(runtime: Runtime, queues: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Messages waiting in each existing delay queue of the ladder (``celery dlx parked``).
+
+    Looks at every step of ``dlx_ttl_ladder`` for ``queues`` (default :func:`ladder_queues`)
+    with passive declares; delay queues that do not exist are left out. A passive declare
+    counts as a use of the queue: it re-arms the queue's ``x-expires``.
+
+    Returns:
+        One row per existing delay queue, by work queue then delay: ``queue`` (the work queue),
+        ``delay_queue``, ``delay_seconds``, ``messages`` (ready), ``consumers``.
+
+    Raises:
+        ConfigurationError: ``dlx_ttl_ladder`` is not a usable ladder.
+        kombu/amqp connection errors: the broker is unreachable.
+    """
+    steps = ladder_ms(runtime.config.ttl_ladder)
+    names = sorted(set(queues)) if queues is not None else ladder_queues(runtime)
+    rows: list[dict[str, Any]] = []
+    with runtime.app.connection_for_read() as conn:
+        conn.ensure_connection(max_retries=3)
+        channel = conn.connection.channel()
+        try:
+            for queue in names:
+                for step in steps:
+                    name = delay_queue_name(queue, step)
+                    try:
+                        ok = channel.queue_declare(name, passive=True)
+                    except NotFound:
+                        channel = conn.connection.channel()  # a 404 closes the channel
+                        continue
+                    rows.append(
+                        {
+                            "queue": queue,
+                            "delay_queue": name,
+                            "delay_seconds": step / 1000,
+                            "messages": int(ok.message_count),
+                            "consumers": int(ok.consumer_count),
+                        }
+                    )
+        finally:
+            close_quietly(channel)
+    return rows

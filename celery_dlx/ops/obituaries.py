@@ -1,0 +1,125 @@
+"""Reading the graveyard: list, get, group and count obituaries without consuming anything.
+
+Plain functions over a :class:`~celery_dlx.worker.runtime.Runtime` that return data; the command
+line, the web console and users' own code sit on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery_dlx.errors import DLXError
+from celery_dlx.fates import now_ms
+from celery_dlx.message.obituary import Obituary
+from celery_dlx.store.graveyard import CHUNK, Filters, Graveyard, Group, When, chunks, text
+
+
+def to_ms(value: When | None, *, now: int | None = None) -> int | None:
+    """Epoch milliseconds of a ``since``/``until`` value.
+
+    Raises:
+        DLXError: the value is none of datetime, timedelta or epoch seconds.
+    """
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    if isinstance(value, timedelta):
+        return (now_ms() if now is None else now) - int(value.total_seconds() * 1000)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value * 1000)
+    raise DLXError(f"since/until must be a datetime, a timedelta or epoch seconds, got {value!r}")
+
+
+def make_filters(
+    *,
+    queue: str | None = None,
+    task: str | None = None,
+    cause: str | None = None,
+    message_id: str | None = None,
+    since: When | None = None,
+    until: When | None = None,
+) -> Filters:
+    """A :class:`Filters` from the keyword filters every function here accepts."""
+    return Filters(queue, task, cause, message_id, to_ms(since), to_ms(until))
+
+
+def targets(
+    runtime: Any, ids: Sequence[str] | None, filters: Filters, everything: bool, what: str
+) -> list[str]:
+    """Obituary ids an operation acts on: the given ids, else every match of ``filters``.
+
+    Raises:
+        DLXError: neither ids nor a filter (without ``everything``).
+    """
+    if ids:
+        return list(dict.fromkeys(ids))
+    if filters.empty() and not everything:
+        raise DLXError(f"{what} needs obituary ids or a filter (queue, task, cause, since...)")
+    return _graveyard(runtime).ids(filters, limit=None, oldest_first=True)
+
+
+def _graveyard(runtime: Any) -> Graveyard:
+    return Graveyard(runtime.redis, runtime.keys)
+
+
+def list_obituaries(
+    runtime: Any,
+    *,
+    queue: str | None = None,
+    task: str | None = None,
+    cause: str | None = None,
+    message_id: str | None = None,
+    since: When | None = None,
+    until: When | None = None,
+    limit: int | None = 100,
+    oldest_first: bool = False,
+    with_payload: bool = False,
+) -> list[Obituary]:
+    """Obituaries matching every given filter, newest first, without consuming anything.
+
+    Args:
+        runtime: the app's :class:`~celery_dlx.worker.runtime.Runtime`.
+        queue, task, cause, message_id: exact matches.
+        since, until: burial time bounds (datetime, timedelta ago, or epoch seconds).
+        limit: most obituaries returned (None: all).
+        with_payload: load the payload bytes too (the listing leaves them out by default).
+    """
+    filters = make_filters(
+        queue=queue, task=task, cause=cause, message_id=message_id, since=since, until=until
+    )
+    yard = _graveyard(runtime)
+    ids = yard.ids(filters, limit=limit, oldest_first=oldest_first)
+    out: list[Obituary] = []
+    for chunk in chunks(ids, CHUNK):
+        out.extend(ob for ob in yard.load(chunk, with_payload=with_payload) if ob is not None)
+    return out
+
+
+def get_obituary(runtime: Any, ident: str, *, with_payload: bool = True) -> Obituary | None:
+    """One obituary by its id, or the latest obituary of a message id; None if there is none."""
+    yard = _graveyard(runtime)
+    found = yard.load([ident], with_payload=with_payload)[0]
+    if found is not None:
+        return found
+    latest = yard.client.zrevrange(yard.by_message(ident), 0, 0)
+    if not latest:
+        return None
+    return yard.load([text(latest[0])], with_payload=with_payload)[0]
+
+
+def groups(runtime: Any) -> list[Group]:
+    """The graveyard grouped by cause fingerprint, most recently seen first."""
+    return _graveyard(runtime).groups()
+
+
+def queues(runtime: Any) -> list[tuple[str, int, int]]:
+    """``(queue, obituaries, last burial ms)`` for every queue with obituaries."""
+    return _graveyard(runtime).names("queue")
+
+
+def count(runtime: Any) -> int:
+    """How many obituaries the graveyard holds."""
+    return _graveyard(runtime).count()

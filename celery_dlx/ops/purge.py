@@ -1,0 +1,44 @@
+"""Purging obituaries: each leaves a ``purged`` history entry holding its whole JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_dlx.fates import PURGED
+from celery_dlx.ops import obituaries
+from celery_dlx.ops.obituaries import make_filters
+from celery_dlx.store.graveyard import When, remove_all
+
+
+@dataclass
+class PurgeReport:
+    """What :func:`purge` did (or would do, on a dry run)."""
+
+    purged: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+
+def purge(
+    runtime: Any,
+    ids: Sequence[str] | None = None,
+    *,
+    queue: str | None = None,
+    task: str | None = None,
+    cause: str | None = None,
+    since: When | None = None,
+    until: When | None = None,
+    everything: bool = False,
+    dry_run: bool = False,
+) -> PurgeReport:
+    """Delete obituaries; each leaves a ``purged`` history entry holding its whole JSON.
+
+    Raises:
+        DLXError: neither ids nor a filter (without ``everything``).
+    """
+    filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
+    targets = obituaries.targets(runtime, ids, filters, everything, "purge")
+    removed, missing = remove_all(runtime, targets, PURGED, "purged by operator", dry_run)
+    return PurgeReport(purged=removed, missing=missing, dry_run=dry_run)
