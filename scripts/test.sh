@@ -7,4 +7,5 @@ bash scripts/setup.sh
 echo "== ruff"; .venv/bin/ruff check celery_dlx tests benchmarks spark example_project
 .venv/bin/ruff format --check celery_dlx tests benchmarks spark example_project
 echo "== mypy"; .venv/bin/mypy
+echo "== import contract"; .venv/bin/lint-imports
 echo "== pytest"; exec .venv/bin/pytest -q "$@"
