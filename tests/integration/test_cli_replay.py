@@ -101,7 +101,7 @@ def test_canary_stops_while_broken_then_replays_at_the_rate_once_fixed(
     ids = [ob.id for ob in obits]  # oldest first, as replay takes them
     with worker(app):
         broken = run_json(app, "replay", "--group", CAUSE, "--canary", "--rate", "5", code=6)
-        assert broken["targets"] == 6 and broken["replayed"] == [ids[0]]
+        assert broken["targets"] == 6 and broken["replayed"] == [ids[0]], broken
         assert broken["stopped"] is True and broken["not_replayed"] == ids[1:]
         assert broken["failed"] == broken["skipped"] == broken["missing"] == []
         canary = broken["canary"]
