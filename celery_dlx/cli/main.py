@@ -24,7 +24,7 @@ from celery_dlx.errors import DLXError
 LOG_FORMAT = "[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
 
 
-class DLXGroup(click.Group):  # type: ignore[misc]
+class DLXGroup(click.Group):
     """The ``dlx`` group; as the root of ``celery-dlx`` it also accepts ``dlx`` as a no-op word."""
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
@@ -57,7 +57,7 @@ def load_app(name: str) -> Any:
     help="Celery app, as for `celery -A` (needed when run as `celery-dlx`).",
 )
 @click.pass_context
-def dlx(ctx: click.Context, app_name: str | None, **_: Any) -> None:
+def dlx(ctx: click.Context, /, app_name: str | None, **_: Any) -> None:
     """celery_dlx: DLX service, graveyard and parked retries."""
     if app_name:
         from celery.bin.base import CLIContext

@@ -17,7 +17,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
-from celery._state import get_current_worker_task
+from celery import current_task
 
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 
@@ -61,8 +61,8 @@ class CeleryEchoFilter(logging.Filter):
         Celery logs a run's outcome before it pops the task, so the current worker task is the
         one the line is about (a task name alone is ambiguous: shared tasks join every app).
         """
-        task = get_current_worker_task()
-        if task is None or getattr(task.request, "id", None) != task_id:
+        task = current_task  # a proxy: false when no task is running
+        if not task or getattr(task.request, "id", None) != task_id:
             return False
         enabled = getattr(task, "_dlx_enabled_for", None)
         return bool(callable(enabled) and enabled(task.app))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_KEY_PREFIX, DEFAULT_SERVICE_QUEUE
@@ -125,12 +125,22 @@ def _backoff(name: str, value: Any) -> Backoff:
 QUEUE_POLICY_KEYS = ("backoff", "max_requeues", "max_parks", "importance", "expired")
 
 
-def _queue_policies(name: str, value: Any) -> dict[str, dict[str, Any]]:
+class QueuePolicy(TypedDict, total=False):
+    """One validated entry of ``dlx_queues``: what it refines for its queue."""
+
+    backoff: Backoff
+    max_requeues: int
+    max_parks: int
+    importance: str
+    expired: str
+
+
+def _queue_policies(name: str, value: Any) -> dict[str, QueuePolicy]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"{name} must map queue names to policies, got {value!r}")
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, QueuePolicy] = {}
     for queue, spec in value.items():
         where = f"{name}[{queue!r}]"
         if not isinstance(spec, Mapping):
@@ -140,12 +150,13 @@ def _queue_policies(name: str, value: Any) -> dict[str, dict[str, Any]]:
             raise ConfigurationError(
                 f"{where} has unknown keys {sorted(unknown)}; allowed: {', '.join(QUEUE_POLICY_KEYS)}"
             )
-        checked: dict[str, Any] = {}
+        checked = QueuePolicy()
         if "backoff" in spec:
             checked["backoff"] = parse_backoff(spec["backoff"], f"{where}['backoff']")
-        for key in ("max_requeues", "max_parks"):
-            if key in spec:
-                checked[key] = _count(f"{where}[{key!r}]", spec[key])
+        if "max_requeues" in spec:
+            checked["max_requeues"] = _count(f"{where}['max_requeues']", spec["max_requeues"])
+        if "max_parks" in spec:
+            checked["max_parks"] = _count(f"{where}['max_parks']", spec["max_parks"])
         if "importance" in spec:
             checked["importance"] = _choice(IMPORTANCES)(
                 f"{where}['importance']", spec["importance"]
@@ -383,49 +394,101 @@ def unknown_settings(conf: Mapping[str, Any], namespace: str | None = None) -> l
     return sorted(set(out))
 
 
-@dataclass(frozen=True)
+#: DLXConfig's field of a setting when it is not the setting's name without ``dlx_``.
+_FIELD_OF = {"dlx_code_version": "code_version_setting", "dlx_importance": "default_importance"}
+
+
+def field_name(setting: str) -> str:
+    """The :class:`DLXConfig` attribute holding ``setting`` (``dlx_max_parks`` -> ``max_parks``)."""
+    return _FIELD_OF.get(setting, setting.removeprefix("dlx_"))
+
+
+@dataclass(frozen=True, kw_only=True)
 class DLXConfig:
-    """Validated celery_dlx settings of one app."""
+    """Validated celery_dlx settings of one app: one typed attribute per ``dlx_*`` setting.
 
-    values: Mapping[str, Any] = field(default_factory=dict)
+    Built by :func:`load_config`, which validates every value with its :data:`SETTINGS` entry;
+    ``config["dlx_max_parks"]`` and :attr:`values` read by setting name.
+    """
 
-    def __getattr__(self, item: str) -> Any:
-        values = object.__getattribute__(self, "values")
-        key = f"dlx_{item}"
-        if key in values:
-            return values[key]
-        raise AttributeError(item)
+    enabled: bool
+    redis_url: str
+    key_prefix: str
+    max_requeues: int
+    max_parks: int
+    backoff: Backoff
+    drain_interval: float
+    drain_batch: int
+    drain_lease: float
+    #: ``dlx_importance``; :meth:`importance` refines it per queue.
+    default_importance: str
+    exchange: str
+    service_queue: str
+    quorum: bool
+    delivery_limit: int | None
+    queues: Mapping[str, QueuePolicy]
+    expired: str
+    service_in_worker: bool
+    service_prefetch: int
+    obituary_task: str | None
+    #: ``dlx_code_version`` as set; :attr:`code_version` falls back to the environment.
+    code_version_setting: str | None
+    graveyard_retention: float
+    cause_ttl: float
+    delay_backend: str
+    ttl_ladder: tuple[float, ...]
+    protobuf_descriptor_sets: tuple[str, ...]
+    protobuf_modules: tuple[str, ...]
+    send_events: bool
+    sentry: bool
+    sentry_include_payload: bool
+    sentry_payload_limit: int
+    sentry_rate_limit: int
+    sentry_rate_window: float
+    #: Names of the settings set in the app's configuration (the rest are defaults).
+    explicit: frozenset[str] = frozenset()
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Every setting by its name (``dlx_max_parks``), as validated."""
+        return {name: getattr(self, field_name(name)) for name in SETTINGS}
 
     def __getitem__(self, name: str) -> Any:
-        return self.values[name]
+        if name not in SETTINGS:
+            raise KeyError(name)
+        return getattr(self, field_name(name))
 
     @property
     def code_version(self) -> str | None:
-        explicit = self.values["dlx_code_version"]
+        explicit = self.code_version_setting
         return (
             explicit or os.environ.get("DLX_CODE_VERSION") or os.environ.get("GIT_COMMIT") or None
         )
 
     def policy(self, queue: str | None = None) -> Policy:
         """The default policy, refined by ``dlx_queues[queue]`` when present."""
-        spec = self.values["dlx_queues"].get(queue or "", {})
+        spec = self.queues.get(queue or "", {})
         return Policy(
-            max_requeues=spec.get("max_requeues", self.values["dlx_max_requeues"]),
-            max_parks=spec.get("max_parks", self.values["dlx_max_parks"]),
-            backoff=spec.get("backoff", self.values["dlx_backoff"]),
+            max_requeues=spec.get("max_requeues", self.max_requeues),
+            max_parks=spec.get("max_parks", self.max_parks),
+            backoff=spec.get("backoff", self.backoff),
         )
 
     def importance(self, queue: str | None = None) -> str:
-        spec = self.values["dlx_queues"].get(queue or "", {})
-        return str(spec.get("importance", self.values["dlx_importance"]))
+        """``dlx_importance``, refined by ``dlx_queues[queue]`` when present."""
+        spec = self.queues.get(queue or "", {})
+        return spec.get("importance", self.default_importance)
 
     def expired_action(self, queue: str | None = None) -> str:
-        spec = self.values["dlx_queues"].get(queue or "", {})
-        return str(spec.get("expired", self.values["dlx_expired"]))
+        """``dlx_expired``, refined by ``dlx_queues[queue]`` when present."""
+        spec = self.queues.get(queue or "", {})
+        return spec.get("expired", self.expired)
 
 
 def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXConfig:
     """Validate and read every ``dlx_*`` setting from ``conf`` (an ``app.conf`` or a dict).
+
+    The one place a :class:`DLXConfig` is built.
 
     Raises:
         ConfigurationError: an unknown ``dlx_*`` key, or a bad value, named.
@@ -437,12 +500,18 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
             f"{', '.join(sorted(SETTINGS))} (see docs/configuration.md)"
         )
     values: dict[str, Any] = {}
+    explicit: set[str] = set()
     for name, setting in SETTINGS.items():
         found, raw = _lookup(conf, name, namespace)
+        if found:
+            explicit.add(name)
         value = raw if found else setting.default
         values[name] = setting.check(name, value) if (found or value is not None) else None
     if values["dlx_delivery_limit"] is not None and not values["dlx_quorum"]:
         raise ConfigurationError(
             "dlx_delivery_limit needs quorum queues: set dlx_quorum = True or remove dlx_delivery_limit"
         )
-    return DLXConfig(values=values)
+    return DLXConfig(
+        **{field_name(name): value for name, value in values.items()},
+        explicit=frozenset(explicit),
+    )

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 STOP_TIMEOUT = 30.0
 
 
-class DLXServiceStep(bootsteps.StartStopStep):  # type: ignore[misc]
+class DLXServiceStep(bootsteps.StartStopStep):
     """Consumer bootstep running the app's DLX service in a thread of the worker."""
 
     name = "celery_dlx.service.loop"

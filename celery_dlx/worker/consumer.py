@@ -13,7 +13,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from celery_dlx.compat import install_tolerant_properties
+from celery_dlx.compat import divert_reject, install_tolerant_properties
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.message.headers import DLXState, clean_headers, read_state, x_death_problem
 from celery_dlx.message.names import QUEUE_HEADER, REASON_HEADER
@@ -24,7 +24,7 @@ from celery_dlx.worker.strategy import _queue_of
 logger = logging.getLogger(__name__)
 
 
-class DLXConsumer(Consumer):  # type: ignore[misc]
+class DLXConsumer(Consumer):
     """Celery's consumer with undecodable, unknown and invalid messages buried, not dropped."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -75,11 +75,11 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
     def _divert(self, message: Any, reason: str) -> None:
         """Make Celery's coming reject of ``message`` an ack (buried) or a requeue (never DLX)."""
         if self._bury_raw(message, reason):
-            message.reject_log_error = lambda log, errors, requeue=False: message.ack_log_error(
-                log, errors
+            divert_reject(
+                message, lambda log, errors, requeue=False: message.ack_log_error(log, errors)
             )
         elif x_death_problem(message.headers):
-            message.reject_log_error = lambda log, errors, requeue=False: message.requeue()
+            divert_reject(message, lambda log, errors, requeue=False: message.requeue())
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         if self._bury_raw(message, f"undecodable: {type(exc).__name__}: {exc}"):

@@ -12,6 +12,7 @@ from typing import Any
 
 from celery.worker.strategy import default
 
+from celery_dlx.compat import consumer_tags
 from celery_dlx.message.names import DELIVERY_QUEUE_HEADER
 
 
@@ -20,9 +21,9 @@ def _queue_of(consumer: Any, message: Any) -> str | None:
     task_consumer = getattr(consumer, "task_consumer", None)
     if not tag or task_consumer is None:
         return None
-    for queue, active_tag in getattr(task_consumer, "_active_tags", {}).items():
+    for queue, active_tag in consumer_tags(task_consumer).items():
         if active_tag == tag:
-            return str(queue)
+            return queue
     return None
 
 
