@@ -32,23 +32,13 @@ from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import BURIED, FateEvent
 from celery_dlx.integrations.ratelimit import WindowBudget
 from celery_dlx.integrations.tracebacks import exception_values
+from celery_dlx.policy.settings import SENTRY_SETTINGS, sentry_missing
 from celery_dlx.worker.runtime import Runtime
 
 if TYPE_CHECKING:
     from sentry_sdk.types import Event, Hint
 
 logger = logging.getLogger(__name__)
-
-#: Settings that turn Sentry reporting on or tune it: set explicitly, sentry-sdk is required.
-SENTRY_SETTINGS = frozenset(
-    {
-        "dlx_sentry",
-        "dlx_sentry_include_payload",
-        "dlx_sentry_payload_limit",
-        "dlx_sentry_rate_limit",
-        "dlx_sentry_rate_window",
-    }
-)
 
 #: Sentry level per importance; ``ignore`` sends nothing.
 LEVELS = {"page": "fatal", "notify": "warning"}
@@ -396,11 +386,7 @@ def install_sentry(runtime: Runtime) -> SentryReporter | None:
     try:
         install_sentry_hooks()
     except ImportError as exc:
-        configured = sorted(config.explicit & SENTRY_SETTINGS)
-        if configured:
-            raise ConfigurationError(
-                f"{', '.join(configured)} set but sentry-sdk cannot be imported ({exc}): "
-                "`pip install celery-dlx[sentry]`, or set dlx_sentry = False"
-            ) from exc
+        if config.explicit & SENTRY_SETTINGS:
+            raise ConfigurationError(sentry_missing(config.explicit, str(exc))) from exc
         return None  # dlx_sentry is on by default; without sentry-sdk there is nothing to report to
     return SentryReporter(runtime)

@@ -6,8 +6,9 @@ for Django projects using ``config_from_object(..., namespace="CELERY")``, as ``
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypedDict
@@ -336,7 +337,10 @@ SETTINGS: dict[str, Setting] = {
             "Send task-requeued/parked/buried/replayed events (Flower shows them).",
         ),
         Setting(
-            "dlx_sentry", True, _bool, "Report burials to Sentry when sentry_sdk is initialised."
+            "dlx_sentry",
+            True,
+            _bool,
+            "Report burials to Sentry when sentry_sdk is initialised (set explicitly, sentry-sdk must be installed).",
         ),
         Setting(
             "dlx_sentry_include_payload",
@@ -364,6 +368,26 @@ SETTINGS: dict[str, Setting] = {
         ),
     )
 }
+
+
+#: Settings that turn Sentry reporting on or tune it: set explicitly, sentry-sdk is required.
+SENTRY_SETTINGS = frozenset(name for name in SETTINGS if name.startswith("dlx_sentry"))
+
+
+def sentry_missing(explicit: Iterable[str], why: str) -> str:
+    """The error for Sentry settings set while sentry-sdk cannot be imported."""
+    named = ", ".join(sorted(set(explicit) & SENTRY_SETTINGS))
+    return (
+        f"{named} set but sentry-sdk cannot be imported ({why}): "
+        "`pip install celery-dlx[sentry]`, or set dlx_sentry = False"
+    )
+
+
+def _check_extras(values: Mapping[str, Any], explicit: frozenset[str]) -> None:
+    """An integration the settings ask for must be installed; a default one may be absent."""
+    asked = values["dlx_sentry"] and explicit & SENTRY_SETTINGS
+    if asked and importlib.util.find_spec("sentry_sdk") is None:
+        raise ConfigurationError(sentry_missing(explicit, "no module named 'sentry_sdk'"))
 
 
 def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[bool, Any]:
@@ -491,7 +515,8 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
     The one place a :class:`DLXConfig` is built.
 
     Raises:
-        ConfigurationError: an unknown ``dlx_*`` key, or a bad value, named.
+        ConfigurationError: an unknown ``dlx_*`` key, or a bad value, named; or an integration's
+            settings set while its library is missing (named with the extra to install).
     """
     unknown = unknown_settings(conf, namespace)
     if unknown:
@@ -511,6 +536,7 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
         raise ConfigurationError(
             "dlx_delivery_limit needs quorum queues: set dlx_quorum = True or remove dlx_delivery_limit"
         )
+    _check_extras(values, frozenset(explicit))
     return DLXConfig(
         **{field_name(name): value for name, value in values.items()},
         explicit=frozenset(explicit),
