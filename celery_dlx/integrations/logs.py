@@ -17,7 +17,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
-from celery import current_task
+from celery import Celery, current_task
 
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 
@@ -37,7 +37,7 @@ class CeleryEchoFilter(logging.Filter):
         app: the Celery app whose DLX tasks are concerned.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Celery) -> None:
         super().__init__(TRACE_LOGGER)
         # A weak reference: the filter lives on a process-wide logger and must not keep the app.
         self._app = weakref.ref(app)
@@ -92,7 +92,7 @@ class CeleryEchoFilter(logging.Filter):
         return logging.getLogger(TRACE_LOGGER).isEnabledFor(logging.DEBUG)
 
 
-def install_log_filter(app: Any) -> CeleryEchoFilter:
+def install_log_filter(app: Celery) -> CeleryEchoFilter:
     """Attach a :class:`CeleryEchoFilter` for ``app`` to Celery's trace logger (once per app)."""
     trace = logging.getLogger(TRACE_LOGGER)
     for existing in list(trace.filters):

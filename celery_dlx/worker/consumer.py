@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from celery.worker.consumer import Consumer
+from kombu.message import Message
 
 from celery_dlx.compat import divert_reject, install_tolerant_properties
 from celery_dlx.errors import MalformedHeader
@@ -33,7 +34,7 @@ class DLXConsumer(Consumer):
         install_tolerant_properties()
         super().__init__(*args, **kwargs)
 
-    def _bury_raw(self, message: Any, reason: str) -> bool:
+    def _bury_raw(self, message: Message, reason: str) -> bool:
         """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
         runtime = get_runtime(self.app)
         headers = dict(message.headers or {})
@@ -72,7 +73,7 @@ class DLXConsumer(Consumer):
         )
         return True
 
-    def _divert(self, message: Any, reason: str) -> None:
+    def _divert(self, message: Message, reason: str) -> None:
         """Make Celery's coming reject of ``message`` an ack (buried) or a requeue (never DLX)."""
         if self._bury_raw(message, reason):
             divert_reject(
@@ -81,7 +82,7 @@ class DLXConsumer(Consumer):
         elif x_death_problem(message.headers):
             divert_reject(message, lambda log, errors, requeue=False: message.requeue())
 
-    def on_decode_error(self, message: Any, exc: Exception) -> None:
+    def on_decode_error(self, message: Message, exc: Exception) -> None:
         if self._bury_raw(message, f"undecodable: {type(exc).__name__}: {exc}"):
             message.ack()
         elif x_death_problem(message.headers):
@@ -89,14 +90,14 @@ class DLXConsumer(Consumer):
         else:
             message.reject(requeue=False)
 
-    def on_unknown_message(self, body: Any, message: Any) -> None:
+    def on_unknown_message(self, body: Any, message: Message) -> None:
         self._divert(message, "undecodable: not a Celery task message (no task header)")
         super().on_unknown_message(body, message)
 
-    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+    def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
         self._divert(message, f"unknown task: {exc}")
         super().on_unknown_task(body, message, exc)
 
-    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+    def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
         self._divert(message, f"undecodable: invalid task message: {exc}")
         super().on_invalid_task(body, message, exc)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from billiard.einfo import ExceptionInfo
-from celery import Task, signals
+from celery import Celery, Task, signals
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_dlx import fates
@@ -149,14 +149,14 @@ class DLXTask(Task[Any, Any]):
     dlx_importance: Any = None
 
     @classmethod
-    def on_bound(cls, app: Any) -> None:
+    def on_bound(cls, app: Celery) -> None:
         # Validate options when the task is bound (worker start, first producer use), not at the
         # first failure in production.
         if getattr(cls, "name", None) and cls._dlx_enabled_for(app):
             resolve_task_options(cls, get_runtime(app).config)
 
     @classmethod
-    def _dlx_enabled_for(cls, app: Any) -> bool:
+    def _dlx_enabled_for(cls, app: Celery) -> bool:
         if cls._dlx_always:
             return True
         # Celery's built-in tasks and celery_dlx's own keep plain Celery semantics.
@@ -484,7 +484,7 @@ class AutoDLXTask(DLXTask):
     Strategy = "celery.worker.strategy:default"
 
     @classmethod
-    def on_bound(cls, app: Any) -> None:
+    def on_bound(cls, app: Celery) -> None:
         if cls._dlx_enabled_for(app):
             for attr, value in (
                 ("acks_late", True),
