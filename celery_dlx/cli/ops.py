@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 from celery import Celery
 
+from celery_dlx.broker.management import Management
 from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
     EXIT_PROBLEMS,
@@ -59,7 +60,9 @@ def management_options(func: F) -> F:
     return func
 
 
-def management_api(app: Celery, url: str | None, user: str | None, password: str | None) -> Any:
+def management_api(
+    app: Celery, url: str | None, user: str | None, password: str | None
+) -> Management:
     from celery_dlx.broker.management import management_for
 
     conn = app.connection_for_write()
@@ -305,7 +308,7 @@ def migrate_command(
 
 def _rename(
     runtime: Runtime,
-    api: Any,
+    api: Management,
     queue: str,
     to: str | None,
     no_bindings: bool,
@@ -329,7 +332,7 @@ def _rename(
         )
 
 
-def _ready(api: Any, queue: str) -> int:
+def _ready(api: Management, queue: str) -> int:
     info = api.queue(queue) or {}
     return int(info.get("messages_ready") or 0)
 

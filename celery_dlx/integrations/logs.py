@@ -44,7 +44,7 @@ class CeleryEchoFilter(logging.Filter):
         self._handled: OrderedDict[str, str] = OrderedDict()
 
     @property
-    def app(self) -> Any:
+    def app(self) -> Celery | None:
         """The app this filter was installed for (None once it is gone)."""
         return self._app()
 

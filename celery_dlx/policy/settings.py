@@ -25,7 +25,7 @@ DELAY_BACKENDS = ("redis", "ttl")
 EXPIRED_ACTIONS = ("park", "bury")
 
 
-def _bool(name: str, value: Any) -> bool:
+def _bool(name: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in {
@@ -42,24 +42,24 @@ def _bool(name: str, value: Any) -> bool:
     raise ConfigurationError(f"{name} must be a boolean, got {value!r}")
 
 
-def _count(name: str, value: Any) -> int:
+def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigurationError(f"{name} must be a non-negative integer, got {value!r}")
     return value
 
 
-def _positive_count(name: str, value: Any) -> int:
+def _positive_count(name: str, value: object) -> int:
     number = _count(name, value)
     if number == 0:
         raise ConfigurationError(f"{name} must be a positive integer, got 0")
     return number
 
 
-def _optional_count(name: str, value: Any) -> int | None:
+def _optional_count(name: str, value: object) -> int | None:
     return None if value is None else _positive_count(name, value)
 
 
-def _seconds(name: str, value: Any) -> float:
+def _seconds(name: str, value: object) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -67,22 +67,22 @@ def _seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-def _optional_seconds(name: str, value: Any) -> float | None:
+def _optional_seconds(name: str, value: object) -> float | None:
     return None if value is None else _seconds(name, value)
 
 
-def _str(name: str, value: Any) -> str:
+def _str(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{name} must be a non-empty string, got {value!r}")
     return value
 
 
-def _optional_str(name: str, value: Any) -> str | None:
+def _optional_str(name: str, value: object) -> str | None:
     return None if value is None else _str(name, value)
 
 
-def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
-    def check(name: str, value: Any) -> str:
+def _choice(choices: tuple[str, ...]) -> Callable[[str, object], str]:
+    def check(name: str, value: object) -> str:
         if value not in choices:
             raise ConfigurationError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
         return str(value)
@@ -90,7 +90,7 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
     return check
 
 
-def _str_list(name: str, value: Any) -> tuple[str, ...]:
+def _str_list(name: str, value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
@@ -98,7 +98,7 @@ def _str_list(name: str, value: Any) -> tuple[str, ...]:
     return tuple(_str(f"{name}[{i}]", v) for i, v in enumerate(value))
 
 
-def _ladder(name: str, value: Any) -> tuple[float, ...]:
+def _ladder(name: str, value: object) -> tuple[float, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigurationError(f"{name} must be a non-empty list of seconds, got {value!r}")
     steps = tuple(_seconds(f"{name}[{i}]", v) for i, v in enumerate(value))
@@ -111,14 +111,14 @@ def _ladder(name: str, value: Any) -> tuple[float, ...]:
     return steps
 
 
-def _key_prefix(name: str, value: Any) -> str:
+def _key_prefix(name: str, value: object) -> str:
     text = _str(name, value)
     if any(c in text for c in "{} \t\n"):
         raise ConfigurationError(f"{name} must not contain braces or white space, got {text!r}")
     return text
 
 
-def _backoff(name: str, value: Any) -> Backoff:
+def _backoff(name: str, value: object) -> Backoff:
     return parse_backoff(value, name)
 
 
@@ -136,7 +136,7 @@ class QueuePolicy(TypedDict, total=False):
     expired: str
 
 
-def _queue_policies(name: str, value: Any) -> dict[str, QueuePolicy]:
+def _queue_policies(name: str, value: object) -> dict[str, QueuePolicy]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -173,8 +173,8 @@ class Setting:
     """One ``dlx_*`` setting: its default, its validator and its documentation."""
 
     name: str
-    default: Any
-    check: Callable[[str, Any], Any]
+    default: object
+    check: Callable[[str, object], object]
     doc: str
 
 
@@ -390,7 +390,7 @@ def _check_extras(values: Mapping[str, Any], explicit: frozenset[str]) -> None:
         raise ConfigurationError(sentry_missing(explicit, "no module named 'sentry_sdk'"))
 
 
-def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[bool, Any]:
+def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[bool, object]:
     candidates = [name, name.upper()]
     if namespace:
         candidates.append(f"{namespace}_{name.upper()}")
