@@ -1,24 +1,31 @@
-"""Tolerant decoding of AMQP message properties whose short strings are not UTF-8.
+"""The only place celery_dlx touches private internals of Celery, Kombu, py-amqp and sentry-sdk.
 
-AMQP short strings (``message_id``, ``content_type``, ``type``, ``app_id``..., header names) are
-octets, and producers in other languages send whatever bytes they hold. py-amqp decodes them as
-UTF-8 inside the connection's frame reader and raises ``UnicodeDecodeError`` there: the delivery
-never reaches the consumer, the channel is left broken, and the broker redelivers the same
-message to the next consumer, which dies the same way. One such dead letter would stop the DLX
-service for good.
-
-:func:`install_tolerant_properties` (called by celery_dlx's own consumers, never at import)
-wraps py-amqp's decoder of basic properties: a header frame that decodes today decodes exactly
-as before; one that raises is decoded again with every invalid short string replaced
-(``U+FFFD``), so the message is delivered, kept and shown, and its id stays usable as text.
+Each function below names the internal it relies on and why no public API does the job.
+``tests/unit/test_compat.py`` checks every one of them against the installed libraries, so an
+upgrade that removes or changes one fails there, with the library and version named, instead of
+in production. Internals replaced by public APIs (and no longer used): Celery's
+``Queues._add`` (``Queues.add``/``add_compat`` are overridden instead), ``celery._state``
+(``celery.current_task``), redis-py's ``Script.sha`` (redis-py computes it; ``script_load``
+alone loads the script).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from kombu import Queue
+
 _lock = threading.Lock()
+
+#: ``(name, type)`` pairs of kombu ``Object.attrs``: the attributes a copy keeps.
+QueueAttrs = tuple[tuple[str, Any], ...]
+#: A py-amqp decoder of one class's content header: ``(buf, offset) -> (properties, offset)``.
+PropertyDecoder = Callable[[Any, int], tuple[dict[str, Any], int]]
+
+
+# -- py-amqp: properties that are not UTF-8 ------------------------------------------------------
 
 
 def _replacing(value: Any) -> Any:
@@ -30,15 +37,27 @@ def _replacing(value: Any) -> Any:
 def install_tolerant_properties() -> None:
     """Make py-amqp deliver messages whose properties or header names are not UTF-8.
 
-    Process-wide and idempotent. Only header frames py-amqp could not decode are affected.
+    AMQP short strings (``message_id``, ``content_type``, header names...) are octets, and
+    producers in other languages send whatever bytes they hold. py-amqp decodes them as UTF-8
+    inside the connection's frame reader and raises ``UnicodeDecodeError`` there: the delivery
+    never reaches the consumer and the broker redelivers it to the next consumer, which dies the
+    same way. One such dead letter would stop the DLX service for good.
+
+    Internals: ``amqp.serialization.PROPERTY_CLASSES`` (the decoder per class id, looked up per
+    header frame) and ``amqp.serialization.pstr_t`` (the short-string decoder, read at call
+    time). py-amqp has no hook for either. A header frame that decodes today decodes exactly as
+    before; one that raises is decoded again with every invalid short string replaced
+    (``U+FFFD``). Process-wide and idempotent; called by celery_dlx's consumers, never at import.
     """
     from amqp import serialization, spec
 
-    strict = serialization.PROPERTY_CLASSES[spec.Basic.CLASS_ID]
+    # celery-types declares PROPERTY_CLASSES as dict[int, type]; py-amqp stores decoder functions.
+    classes: dict[int, PropertyDecoder] = serialization.PROPERTY_CLASSES  # type: ignore[assignment]
+    strict = classes[spec.Basic.CLASS_ID]
     if getattr(strict, "celery_dlx_tolerant", False):
         return
 
-    def decode(buf: Any, offset: int) -> Any:
+    def decode(buf: Any, offset: int) -> tuple[dict[str, Any], int]:
         try:
             return strict(buf, offset)
         except UnicodeDecodeError:
@@ -47,11 +66,80 @@ def install_tolerant_properties() -> None:
             # replacement characters where it would have raised or kept bytes.
             with _lock:
                 original = serialization.pstr_t
-                serialization.pstr_t = _replacing
+                # celery-types declares pstr_t as str -> bytes; it is amqp.utils.bytes_to_str.
+                serialization.pstr_t = _replacing  # type: ignore[assignment]
                 try:
                     return strict(buf, offset)
                 finally:
                     serialization.pstr_t = original
 
-    decode.celery_dlx_tolerant = True  # type: ignore[attr-defined]
-    serialization.PROPERTY_CLASSES[spec.Basic.CLASS_ID] = decode
+    setattr(decode, "celery_dlx_tolerant", True)  # noqa: B010 (a marker on a function)
+    classes[spec.Basic.CLASS_ID] = decode
+
+
+# -- kombu -----------------------------------------------------------------------------------------
+
+
+def queue_attrs(*extra: tuple[str, Any]) -> QueueAttrs:
+    """kombu ``Queue.attrs`` followed by ``extra``, for a ``Queue`` subclass with more fields.
+
+    Internal: kombu copies a queue on every bind (``Object.__copy__`` rebuilds it from
+    ``as_dict()``, which lists ``attrs``); a subclass attribute not in ``attrs`` is lost by the
+    copy the worker declares.
+    """
+    return (*Queue.attrs, *extra)
+
+
+def consumer_tags(consumer: Any) -> Mapping[str, str]:
+    """Queue name to consumer tag of a kombu ``Consumer`` (empty when it consumes nothing).
+
+    Internal: ``kombu.Consumer._active_tags``. AMQP deliveries name their consumer tag, not their
+    queue, and kombu keeps the tag it chose per queue only there.
+    """
+    tags = getattr(consumer, "_active_tags", None)
+    return {str(queue): str(tag) for queue, tag in tags.items()} if tags else {}
+
+
+def serializer_name(content_type: str) -> str | None:
+    """kombu's serializer name (``json``, ``pickle``...) for ``content_type``, if registered.
+
+    Internal: ``kombu.serialization.registry.type_to_name``; kombu's public ``dumps`` takes a
+    serializer name, and nothing public maps a message's content type back to it.
+    """
+    from kombu import serialization
+
+    # celery-types omits the module-level `registry` (it is not in kombu's __all__).
+    registry = serialization.registry  # type: ignore[attr-defined]
+    name = registry.type_to_name.get(content_type)
+    return None if name is None else str(name)
+
+
+# -- celery ----------------------------------------------------------------------------------------
+
+
+def divert_reject(message: Any, reject: Callable[..., Any]) -> None:
+    """Make Celery's coming ``message.reject_log_error(logger, errors)`` call ``reject`` instead.
+
+    Internal: Celery's ``Consumer.on_unknown_message``, ``on_unknown_task`` and
+    ``on_invalid_task`` reject (dead-letter) the message with ``reject_log_error`` in the middle
+    of their work (logging, result state, events, signals), with no hook to decide otherwise.
+    celery_dlx keeps all that work and replaces only the reject, on this one message object.
+    ``reject`` is called as ``reject(logger, errors, requeue=False)``.
+    """
+    message.reject_log_error = reject
+
+
+# -- sentry-sdk -----------------------------------------------------------------------------------
+
+
+def add_sentry_event_processor_once(processor: Callable[..., Any]) -> None:
+    """Add ``processor`` to sentry-sdk's global event processors unless it is there already.
+
+    Internal: ``sentry_sdk.scope.global_event_processors``; the public
+    ``add_global_event_processor`` appends unconditionally, and installing celery_dlx into
+    several apps of one process must not run the processor several times per event.
+    """
+    from sentry_sdk import scope
+
+    if processor not in scope.global_event_processors:
+        scope.add_global_event_processor(processor)

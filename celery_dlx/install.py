@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import signals
+from celery import Celery, signals
 from celery.app.amqp import AMQP, Queues
+from kombu import Queue
 
 from celery_dlx.broker.topology import as_dlx_queue
 from celery_dlx.errors import ConfigurationError
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.integrations import install_integrations
+from celery_dlx.worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -25,27 +27,38 @@ DEFAULT_CONSUMER = "celery.worker.consumer:Consumer"
 DLX_CONSUMER = "celery_dlx.worker.consumer:DLXConsumer"
 
 
-class DLXQueues(Queues):  # type: ignore[misc]
+class DLXQueues(Queues):
     """Celery's queue map, with every queue given celery_dlx's dead-letter arguments."""
 
     dlx_options: dict[str, Any] = {}
 
-    def __setitem__(self, name: str, queue: Any) -> None:
+    def __setitem__(self, name: str, queue: Queue) -> None:
         if self.dlx_options:
             queue = as_dlx_queue(queue, **self.dlx_options)
         super().__setitem__(name, queue)
 
-    def _add(self, queue: Any) -> Any:
-        # Celery returns the queue it was given; return the converted one that was stored, so
-        # a queue created on demand (routing, `worker -Q`) is declared with its arguments.
-        super()._add(queue)
-        return dict.__getitem__(self, queue.name)
+    # Celery's `add`/`add_compat` return the queue they were given; return the converted one
+    # that was stored, so a queue created on demand (routing, `worker -Q`) is declared with its
+    # arguments. `__missing__` creates queues through `add`.
+    # celery-types declares `add(queue: Queue) -> None`; Celery also takes a name and returns
+    # the queue.
+    def add(self, queue: Queue | str, **kwargs: Any) -> Queue:  # type: ignore[override]
+        added: Queue = super().add(queue, **kwargs)  # type: ignore[arg-type, assignment]
+        return self._stored(added.name)
+
+    def add_compat(self, name: str, **options: Any) -> Queue:
+        added = super().add_compat(name, **options)
+        return self._stored(added.name)
+
+    def _stored(self, name: str) -> Queue:
+        stored: Queue = dict.__getitem__(self, name)  # by name, not through Celery's aliases
+        return stored
 
 
-class DLXAMQP(AMQP):  # type: ignore[misc]
+class DLXAMQP(AMQP):
     """Celery's AMQP helper whose queue map adds dead-letter arguments when ``dlx_enabled``."""
 
-    def Queues(self, queues: Any, *args: Any, **kwargs: Any) -> Any:
+    def Queues(self, queues: Any, *args: Any, **kwargs: Any) -> Queues:
         config = get_runtime(self.app).config
         options: dict[str, Any] = {}
         if config.enabled:
@@ -59,7 +72,7 @@ class DLXAMQP(AMQP):  # type: ignore[misc]
         return super().Queues(queues, *args, **kwargs)
 
 
-def install(app: Any) -> None:
+def install(app: Celery) -> None:
     """Bring celery_dlx into ``app``; call it right after creating the app, before its tasks.
 
     Whether it acts is decided by the ``dlx_enabled`` setting, read (and every ``dlx_*`` setting
@@ -76,18 +89,17 @@ def install(app: Any) -> None:
         )
     app.task_cls = "celery_dlx.worker.task:AutoDLXTask"
     app.amqp_cls = "celery_dlx.install:DLXAMQP"
-    app._celery_dlx_installed = True
 
     def on_configure(sender: Any = None, source: Any = None, **_: Any) -> None:
         configure(app)
 
     app.on_after_configure.connect(on_configure, weak=False)
-    if app.configured:
+    if app.configured:  # type: ignore[attr-defined]  # celery-types omits Celery.configured
         configure(app)
     _warm_on_start(app)
 
 
-def _warm_on_start(app: Any) -> None:
+def _warm_on_start(app: Celery) -> None:
     """Connect each worker process to Redis and the broker when it starts, not at its first failure.
 
     Pool processes start with ``worker_process_init``; solo and thread pools run tasks in the
@@ -105,7 +117,7 @@ def _warm_on_start(app: Any) -> None:
     signals.worker_ready.connect(warm, weak=False)
 
 
-def configure(app: Any) -> None:
+def configure(app: Celery) -> None:
     """Apply the validated settings to ``app`` (called once its configuration is loaded)."""
     runtime = get_runtime(app)
     config = runtime.config
@@ -131,14 +143,14 @@ def configure(app: Any) -> None:
     _install_optional(app, runtime)
 
 
-def _install_optional(app: Any, runtime: Any) -> None:
-    """Hook in the DLX service bootstep and the integrations when their modules are present."""
+def _install_optional(app: Celery, runtime: Runtime) -> None:
+    """Hook in the DLX service bootstep (``dlx_service_in_worker``) and the integrations.
+
+    An integration whose library is missing is skipped only when its settings are left at their
+    defaults; one the settings ask for raises ConfigurationError naming the extra to install.
+    """
     if runtime.config.service_in_worker:
         from celery_dlx.service.bootstep import install_service_step
 
         install_service_step(app)
-    try:
-        from celery_dlx.integrations import install_integrations
-    except ImportError:  # the integrations package is optional in a minimal install
-        return
     install_integrations(app, runtime)

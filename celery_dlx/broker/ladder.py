@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import amqp
 from amqp.exceptions import PreconditionFailed
 
 from celery_dlx.broker.publish import ConfirmingPublisher
@@ -322,7 +323,7 @@ def _mismatch_hint(target: DelayQueue, exc: BaseException) -> str:
     )
 
 
-def close_quietly(channel: Any) -> None:
+def close_quietly(channel: amqp.Channel) -> None:
     try:
         if getattr(channel, "is_open", False):
             channel.close()

@@ -15,6 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from kombu import Connection
+
 from celery_dlx.errors import DLXError
 
 #: Default management port for plain and TLS brokers.
@@ -141,7 +143,7 @@ class Management:
 
 
 def management_for(
-    connection: Any,
+    connection: Connection,
     *,
     url: str | None = None,
     user: str | None = None,

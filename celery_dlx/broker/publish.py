@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kombu import Connection
+from kombu.transport.pyamqp import Channel as AMQPChannel
 
 from celery_dlx.errors import PublishError
 from celery_dlx.message.outgoing import PUBLISH_SEQ_HEADER, Outgoing, copy_properties
@@ -33,7 +34,7 @@ class ConfirmingPublisher:
     def __init__(self, connection: Connection, timeout: float = 30.0) -> None:
         self.connection = connection
         self.timeout = timeout
-        self._channel: Any = None
+        self._channel: AMQPChannel | None = None
         self._seq = itertools.count(1)
         self._next_tag = 1
         self._acked: dict[int, bool] = {}
@@ -43,7 +44,7 @@ class ConfirmingPublisher:
         """Open the connection and the confirm-mode channel now."""
         self._ensure_channel()
 
-    def _ensure_channel(self) -> Any:
+    def _ensure_channel(self) -> AMQPChannel:
         if self._channel is None or not getattr(self._channel, "is_open", False):
             self.connection.ensure_connection(max_retries=3)
             raw = self.connection.connection

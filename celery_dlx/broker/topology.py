@@ -15,6 +15,7 @@ from typing import Any
 from amqp.exceptions import PreconditionFailed
 from kombu import Exchange, Queue
 
+from celery_dlx.compat import queue_attrs
 from celery_dlx.errors import ConfigurationError, TopologyError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_SERVICE_QUEUE
 
@@ -101,11 +102,13 @@ def migration_hint(queue: str, exchange: str) -> str:
     )
 
 
-class DLXQueue(Queue):  # type: ignore[misc]
+class DLXQueue(Queue):
     """A kombu ``Queue`` that declares its dead-letter exchange and service queue first."""
 
     # In ``attrs`` so kombu's copies (every bind makes one) keep them.
-    attrs = (*Queue.attrs, ("dlx_service_queue", None), ("dlx_quorum_service", bool))
+    attrs = queue_attrs(("dlx_service_queue", None), ("dlx_quorum_service", bool))
+    #: kombu sets it from ``attrs`` (celery-types does not declare it).
+    no_declare: bool | None
     dlx_service_queue: str = DEFAULT_SERVICE_QUEUE
     dlx_quorum_service: bool = False
 
@@ -201,29 +204,14 @@ def as_dlx_queue(
             delivery_limit=delivery_limit,
         )
     )
-    new = DLXQueue(
-        queue.name,
-        exchange=queue.exchange,
-        routing_key=queue.routing_key,
-        channel=None,
-        bindings=queue.bindings,
-        durable=queue.durable,
-        exclusive=queue.exclusive,
-        auto_delete=queue.auto_delete,
-        queue_arguments=args,
-        binding_arguments=queue.binding_arguments,
-        consumer_arguments=queue.consumer_arguments,
-        alias=queue.alias,
-        max_priority=queue.max_priority,
-        no_declare=queue.no_declare,
-        expires=queue.expires,
-        message_ttl=queue.message_ttl,
-        max_length=queue.max_length,
-        max_length_bytes=queue.max_length_bytes,
-        on_declared=queue.on_declared,
-        dlx_service_queue=service,
-        dlx_quorum_service=quorum,
-    )
+    # As kombu copies a queue (``Object.__copy__``): every field in ``attrs``, plus the callback.
+    fields = {
+        **queue.as_dict(),
+        "queue_arguments": args,
+        "dlx_service_queue": service,
+        "dlx_quorum_service": quorum,
+    }
+    new = DLXQueue(channel=None, on_declared=queue.on_declared, **fields)
     return new
 
 
@@ -242,11 +230,12 @@ def declare_topology(
     Raises:
         TopologyError: a queue exists with other arguments (406), with how to migrate it.
     """
-    declared = [service_queue(service, exchange, quorum=quorum)(channel).declare()]
+    # Each name as returned by a declare with nowait=False.
+    declared = [str(service_queue(service, exchange, quorum=quorum)(channel).declare())]
     for queue in queues:
         bound = queue(channel)
         try:
-            declared.append(bound.declare())
+            declared.append(str(bound.declare()))
         except PreconditionFailed as exc:
             raise TopologyError(migration_hint(queue.name, exchange)) from exc
     return declared

@@ -1,5 +1,3 @@
-# click is skipped by mypy here (pyproject: follow_imports=skip), so its decorators are untyped.
-# mypy: disable-error-code="untyped-decorator"
 """``celery dlx list/show/groups/replay/purge``: the graveyard from the command line.
 
 Thin: :mod:`celery_dlx.ops.inspection`, :mod:`celery_dlx.ops.replay` and :mod:`celery_dlx.store.graveyard` do

@@ -1,5 +1,3 @@
-# click is skipped by mypy here (pyproject: follow_imports=skip), so its decorators are untyped.
-# mypy: disable-error-code="untyped-decorator"
 """Shared pieces of the ``celery dlx`` commands: the app and runtime, exit codes, errors, output.
 
 Exit codes of every command (docs/cli.md lists them too):
@@ -21,12 +19,16 @@ import functools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from celery import Celery
 
 from celery_dlx.errors import DLXError
 from celery_dlx.ops.render import dumps, parse_duration, parse_when
+
+if TYPE_CHECKING:
+    from celery_dlx.worker.runtime import Runtime
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -39,12 +41,13 @@ EXIT_CANARY = 6
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def app_of(ctx: click.Context) -> Any:
+def app_of(ctx: click.Context) -> Celery:
     """The Celery app of a ``dlx`` subcommand."""
-    return ctx.obj.app
+    app: Celery = ctx.obj.app
+    return app
 
 
-def runtime_of(ctx: click.Context) -> Any:
+def runtime_of(ctx: click.Context) -> Runtime:
     """The app's :class:`~celery_dlx.worker.runtime.Runtime`."""
     from celery_dlx.worker.runtime import get_runtime
 

@@ -1,5 +1,3 @@
-# click is skipped by mypy here (pyproject: follow_imports=skip), so its decorators are untyped.
-# mypy: disable-error-code="untyped-decorator"
 """The ``celery dlx`` command group (``celery.commands`` entry point) and ``celery-dlx`` script.
 
 ``celery -A proj dlx <command>`` gets the app from Celery (``ctx.obj.app``); ``celery-dlx -A proj
@@ -17,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
+from celery import Celery
 
 from celery_dlx.errors import DLXError
 
@@ -24,7 +23,7 @@ from celery_dlx.errors import DLXError
 LOG_FORMAT = "[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
 
 
-class DLXGroup(click.Group):  # type: ignore[misc]
+class DLXGroup(click.Group):
     """The ``dlx`` group; as the root of ``celery-dlx`` it also accepts ``dlx`` as a no-op word."""
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
@@ -33,7 +32,7 @@ class DLXGroup(click.Group):  # type: ignore[misc]
         return super().get_command(ctx, cmd_name)
 
 
-def load_app(name: str) -> Any:
+def load_app(name: str) -> Celery:
     """The Celery app named like ``celery -A`` names it (``proj``, ``proj.celery:app``...).
 
     Raises:
@@ -57,7 +56,7 @@ def load_app(name: str) -> Any:
     help="Celery app, as for `celery -A` (needed when run as `celery-dlx`).",
 )
 @click.pass_context
-def dlx(ctx: click.Context, app_name: str | None, **_: Any) -> None:
+def dlx(ctx: click.Context, /, app_name: str | None, **_: Any) -> None:
     """celery_dlx: DLX service, graveyard and parked retries."""
     if app_name:
         from celery.bin.base import CLIContext
@@ -69,9 +68,10 @@ def dlx(ctx: click.Context, app_name: str | None, **_: Any) -> None:
         )
 
 
-def app_of(ctx: click.Context) -> Any:
+def app_of(ctx: click.Context) -> Celery:
     """The Celery app of a ``dlx`` subcommand."""
-    return ctx.obj.app
+    app: Celery = ctx.obj.app
+    return app
 
 
 def setup_logging(loglevel: str) -> None:

@@ -1,5 +1,3 @@
-# click is skipped by mypy here (pyproject: follow_imports=skip), so its decorators are untyped.
-# mypy: disable-error-code="untyped-decorator"
 """``celery dlx parked/stats/check/migrate/export``: what waits, how much fails, what is broken.
 
 Thin: :mod:`celery_dlx.ops.inspection`, :mod:`celery_dlx.ops.checks`, :mod:`celery_dlx.ops.migrate` and
@@ -12,7 +10,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from celery import Celery
 
+from celery_dlx.broker.management import Management
 from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
     EXIT_PROBLEMS,
@@ -27,6 +27,7 @@ from celery_dlx.cli.kit import (
 )
 from celery_dlx.fates import now_ms
 from celery_dlx.ops.render import ago, human_seconds, table
+from celery_dlx.worker.runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,7 +60,9 @@ def management_options(func: F) -> F:
     return func
 
 
-def management_api(app: Any, url: str | None, user: str | None, password: str | None) -> Any:
+def management_api(
+    app: Celery, url: str | None, user: str | None, password: str | None
+) -> Management:
     from celery_dlx.broker.management import management_for
 
     conn = app.connection_for_write()
@@ -304,8 +307,8 @@ def migrate_command(
 
 
 def _rename(
-    runtime: Any,
-    api: Any,
+    runtime: Runtime,
+    api: Management,
     queue: str,
     to: str | None,
     no_bindings: bool,
@@ -329,7 +332,7 @@ def _rename(
         )
 
 
-def _ready(api: Any, queue: str) -> int:
+def _ready(api: Management, queue: str) -> int:
     info = api.queue(queue) or {}
     return int(info.get("messages_ready") or 0)
 

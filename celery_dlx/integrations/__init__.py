@@ -7,7 +7,7 @@ logged, counted and appended to the failure history (see :meth:`celery_dlx.worke
 
 from __future__ import annotations
 
-from typing import Any
+from celery import Celery
 
 from celery_dlx.integrations.events import EventSender, install_events
 from celery_dlx.integrations.logs import CeleryEchoFilter, install_log_filter
@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-def install_integrations(app: Any, runtime: Runtime) -> list[Listener]:
+def install_integrations(app: Celery, runtime: Runtime) -> list[Listener]:
     """Add the Sentry and task-event listeners that the settings enable, and quiet Celery's echo
     of handled runs; idempotent.
 

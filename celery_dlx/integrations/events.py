@@ -28,6 +28,8 @@ import logging
 import socket
 from typing import Any
 
+from celery import Celery
+
 from celery_dlx.fates import BURIED, PARKED, REPLAYED, REQUEUED, FateEvent
 from celery_dlx.worker.runtime import Runtime
 
@@ -88,7 +90,7 @@ def event_fields(event: FateEvent) -> dict[str, Any]:
     return fields
 
 
-def event_hostname(app: Any) -> str:
+def event_hostname(app: Celery) -> str:
     """The node name events are sent as: the worker's when inside a task, else ``celery_dlx@host``.
 
     Flower lists task events under their hostname as a worker; one stable name per host keeps

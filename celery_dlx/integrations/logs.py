@@ -17,7 +17,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
-from celery._state import get_current_worker_task
+from celery import Celery, current_task
 
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 
@@ -37,14 +37,14 @@ class CeleryEchoFilter(logging.Filter):
         app: the Celery app whose DLX tasks are concerned.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Celery) -> None:
         super().__init__(TRACE_LOGGER)
         # A weak reference: the filter lives on a process-wide logger and must not keep the app.
         self._app = weakref.ref(app)
         self._handled: OrderedDict[str, str] = OrderedDict()
 
     @property
-    def app(self) -> Any:
+    def app(self) -> Celery | None:
         """The app this filter was installed for (None once it is gone)."""
         return self._app()
 
@@ -61,8 +61,8 @@ class CeleryEchoFilter(logging.Filter):
         Celery logs a run's outcome before it pops the task, so the current worker task is the
         one the line is about (a task name alone is ambiguous: shared tasks join every app).
         """
-        task = get_current_worker_task()
-        if task is None or getattr(task.request, "id", None) != task_id:
+        task = current_task  # a proxy: false when no task is running
+        if not task or getattr(task.request, "id", None) != task_id:
             return False
         enabled = getattr(task, "_dlx_enabled_for", None)
         return bool(callable(enabled) and enabled(task.app))
@@ -92,7 +92,7 @@ class CeleryEchoFilter(logging.Filter):
         return logging.getLogger(TRACE_LOGGER).isEnabledFor(logging.DEBUG)
 
 
-def install_log_filter(app: Any) -> CeleryEchoFilter:
+def install_log_filter(app: Celery) -> CeleryEchoFilter:
     """Attach a :class:`CeleryEchoFilter` for ``app`` to Celery's trace logger (once per app)."""
     trace = logging.getLogger(TRACE_LOGGER)
     for existing in list(trace.filters):

@@ -25,12 +25,18 @@ from __future__ import annotations
 import json
 import logging
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from celery_dlx.compat import add_sentry_event_processor_once
+from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import BURIED, FateEvent
 from celery_dlx.integrations.ratelimit import WindowBudget
 from celery_dlx.integrations.tracebacks import exception_values
+from celery_dlx.policy.settings import SENTRY_SETTINGS, sentry_missing
 from celery_dlx.worker.runtime import Runtime
+
+if TYPE_CHECKING:
+    from sentry_sdk.types import Event, Hint
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +79,7 @@ def handled_fate(exc: BaseException | None) -> str | None:
     return None
 
 
-def drop_handled(event: dict[str, Any], hint: dict[str, Any]) -> dict[str, Any] | None:
+def drop_handled(event: Event, hint: Hint) -> Event | None:
     """Sentry event processor: drop events about exceptions celery_dlx already handled."""
     exc_info = hint.get("exc_info") if isinstance(hint, dict) else None
     if exc_info and len(exc_info) > 1 and handled_fate(exc_info[1]):
@@ -103,14 +109,12 @@ def install_sentry_hooks() -> None:
     Idempotent; safe to call before or after ``sentry_sdk.init``.
     """
     from sentry_sdk.integrations.logging import ignore_logger
-    from sentry_sdk.scope import add_global_event_processor, global_event_processors
 
     ignore_logger(FATE_LOGGER)
     # The worker's quarantine lines (celery_dlx.worker.task, celery_dlx.worker.consumer): the service reports
     # the burial itself.
     ignore_logger(f"{FATE_LOGGER}.*")
-    if drop_handled not in global_event_processors:
-        add_global_event_processor(drop_handled)
+    add_sentry_event_processor_once(drop_handled)
 
 
 def _iso(ms: int | None) -> str | None:
@@ -369,13 +373,20 @@ def _obituary_id(event: FateEvent) -> str | None:
 
 
 def install_sentry(runtime: Runtime) -> SentryReporter | None:
-    """The Sentry listener for ``runtime``, or None when ``dlx_sentry`` is off or sentry-sdk is
-    not installed. Installs the hooks that prevent double reports.
+    """The Sentry listener for ``runtime``, or None when ``dlx_sentry`` is off, or on by default
+    while sentry-sdk is not installed. Installs the hooks that prevent double reports.
+
+    Raises:
+        ConfigurationError: a ``dlx_sentry*`` setting is set explicitly but sentry-sdk cannot be
+            imported (install the ``sentry`` extra).
     """
-    if not runtime.config.sentry:
+    config = runtime.config
+    if not config.sentry:
         return None
     try:
         install_sentry_hooks()
-    except ImportError:
-        return None
+    except ImportError as exc:
+        if config.explicit & SENTRY_SETTINGS:
+            raise ConfigurationError(sentry_missing(config.explicit, str(exc))) from exc
+        return None  # dlx_sentry is on by default; without sentry-sdk there is nothing to report to
     return SentryReporter(runtime)

@@ -12,6 +12,7 @@ from typing import Any
 from kombu import serialization
 from kombu.compression import compress
 
+from celery_dlx.compat import serializer_name
 from celery_dlx.message.headers import DLXState, clean_headers
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 
@@ -45,17 +46,14 @@ def celery_copy(
     if extra_headers:
         headers.update(extra_headers)
     content_type = props.get("content_type")
-    serializer = (
-        serialization.registry.type_to_name.get(content_type, default_serializer)
-        if content_type
-        else default_serializer
-    )
+    serializer = (serializer_name(content_type) if content_type else None) or default_serializer
     embed = {
         "callbacks": request.callbacks,
         "errbacks": request.errbacks,
         "chain": request.chain,
         "chord": request.chord,
     }
+    body: bytes | str  # kombu returns bytes for binary serializers (celery-types says str)
     ctype, cenc, body = serialization.dumps(
         (list(request.args or ()), dict(request.kwargs or {}), embed), serializer=serializer
     )

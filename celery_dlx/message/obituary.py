@@ -16,7 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 logger = logging.getLogger(__name__)
 
@@ -309,7 +312,7 @@ def payload_from_json_safe(data: Mapping[str, Any]) -> bytes | None:
     return base64.b64decode(encoded) if isinstance(encoded, str) else None
 
 
-def send_to_hook(app: Any, task_name: str | None, obituary: Obituary) -> bool:
+def send_to_hook(app: Celery, task_name: str | None, obituary: Obituary) -> bool:
     """Send ``obituary`` (JSON-safe) to the hook task ``task_name`` (``dlx_obituary_task``).
 
     The obituary is already in the graveyard: a failure to send is logged and swallowed. An

@@ -21,9 +21,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from celery import Celery
+
 from celery_dlx.broker.management import Management, ManagementError, dead_letter_exchange_of
 from celery_dlx.fates import now_ms
 from celery_dlx.message.names import Keys
+from celery_dlx.policy.settings import DLXConfig
+from celery_dlx.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +80,7 @@ class CheckReport:
         }
 
 
-def expected_queues(app: Any, config: Any) -> dict[str, str]:
+def expected_queues(app: Celery, config: DLXConfig) -> dict[str, str]:
     """Queue name -> why it must dead-letter to ``dlx_exchange``."""
     out: dict[str, str] = {}
     for queue in app.amqp.queues.values():
@@ -195,7 +199,7 @@ def remember_consumerless(
     return {name: seen[name] for name in waiting if name in seen}
 
 
-def _amqp_checks(app: Any, config: Any) -> list[Problem]:
+def _amqp_checks(app: Celery, config: DLXConfig) -> list[Problem]:
     """The DLX exchange and service queue exist (passive declares, one channel each)."""
     problems = []
     with app.connection_for_read() as conn:
@@ -244,7 +248,7 @@ def _binding_problem(api: Management, exchange: str, service: str) -> list[Probl
 
 
 def run_check(
-    runtime: Any,
+    runtime: Runtime,
     api: Management | None,
     *,
     for_seconds: float = 900.0,
@@ -297,7 +301,7 @@ def run_check(
     return report
 
 
-def _in_scope(queue: Mapping[str, Any], expected: Mapping[str, str], config: Any) -> bool:
+def _in_scope(queue: Mapping[str, Any], expected: Mapping[str, str], config: DLXConfig) -> bool:
     name = str(queue.get("name"))
     if name in expected or name == config.service_queue:
         return True

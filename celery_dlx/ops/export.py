@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from celery import Celery
+
 from celery_dlx.errors import DLXError
 from celery_dlx.message.names import Keys
 from celery_dlx.store.history import History
@@ -178,7 +180,7 @@ def find_spark_submit(spark_submit: str | None = None) -> str:
     )
 
 
-def export_settings(app: Any) -> tuple[str, str]:
+def export_settings(app: Celery) -> tuple[str, str]:
     """``(dlx_redis_url, dlx_key_prefix)`` of a Celery app."""
     from celery_dlx.worker.runtime import get_runtime
 
@@ -324,7 +326,7 @@ def _run(
 
 
 def run_export(
-    app: Any = None,
+    app: Celery | None = None,
     *,
     out: str | os.PathLike[str],
     redis_url: str | None = None,

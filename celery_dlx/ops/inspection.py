@@ -17,6 +17,7 @@ from celery_dlx.ops import obituaries
 from celery_dlx.ops.render import iso, preview
 from celery_dlx.store import counters
 from celery_dlx.store.graveyard import Group
+from celery_dlx.worker.runtime import Runtime
 
 #: Bytes of each payload decoded for a listing (``show`` decodes up to the codecs' default).
 LIST_DECODE_LIMIT = 4096
@@ -24,7 +25,7 @@ LIST_DECODE_LIMIT = 4096
 PREVIEW_WIDTH = 120
 
 
-def registry_for(runtime: Any, extra_sets: Sequence[str] = ()) -> ProtobufRegistry:
+def registry_for(runtime: Runtime, extra_sets: Sequence[str] = ()) -> ProtobufRegistry:
     """The protobuf registry of the app's settings, plus descriptor sets given on the command line.
 
     Raises:
@@ -103,7 +104,7 @@ def obituary_row(ob: Obituary, registry: ProtobufRegistry | None = None) -> dict
 
 
 def list_rows(
-    runtime: Any,
+    runtime: Runtime,
     *,
     registry: ProtobufRegistry | None = None,
     decode: bool = True,
@@ -161,13 +162,13 @@ def group_row(group: Group) -> dict[str, Any]:
     }
 
 
-def groups_data(runtime: Any) -> dict[str, Any]:
+def groups_data(runtime: Runtime) -> dict[str, Any]:
     """Every cause in the graveyard, most recently seen first, with the graveyard's size."""
     rows = [group_row(g) for g in obituaries.groups(runtime)]
     return {"groups": rows, "count": len(rows), "total": obituaries.count(runtime)}
 
 
-def parked_data(runtime: Any, *, limit: int = 50, at_ms: int | None = None) -> dict[str, Any]:
+def parked_data(runtime: Runtime, *, limit: int = 50, at_ms: int | None = None) -> dict[str, Any]:
     """Parked retries by due time (``celery dlx parked --json``), and the TTL ladder's depths.
 
     A message whose score differs from its due time is claimed by a drain right now
@@ -202,7 +203,7 @@ def parked_data(runtime: Any, *, limit: int = 50, at_ms: int | None = None) -> d
     }
 
 
-def purge_parked(runtime: Any, entry_ids: Sequence[str]) -> dict[str, Any]:
+def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> dict[str, Any]:
     """Delete parked retries by entry id (``<message id>:<attempt>``, as ``parked`` shows).
 
     Each purged retry is recorded in the failure history as ``purged``, with its whole record
@@ -250,7 +251,7 @@ def json_safe_parked(message: Any) -> dict[str, Any]:
     return data
 
 
-def ladder_rows(runtime: Any) -> list[dict[str, Any]] | None:
+def ladder_rows(runtime: Runtime) -> list[dict[str, Any]] | None:
     """Messages waiting in the TTL delay queues (``dlx_delay_backend = "ttl"``), else None.
 
     Rows of :func:`celery_dlx.ops.ladders.ladder_depths`: ``queue``, ``delay_queue``,
@@ -264,7 +265,7 @@ def ladder_rows(runtime: Any) -> list[dict[str, Any]] | None:
 
 
 def stats_data(
-    runtime: Any, *, window_s: float = 3600.0, at_ms: int | None = None
+    runtime: Runtime, *, window_s: float = 3600.0, at_ms: int | None = None
 ) -> dict[str, Any]:
     """Fate counts per queue over the last ``window_s``, the graveyard and the parking store.
 

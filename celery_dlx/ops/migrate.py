@@ -20,7 +20,10 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from amqp.protocol import queue_declare_ok_t
+from kombu.transport.pyamqp import Channel as AMQPChannel
 
 from celery_dlx.broker.management import Management, dead_letter_exchange_of
 from celery_dlx.broker.publish import ConfirmingPublisher
@@ -28,6 +31,7 @@ from celery_dlx.broker.topology import dead_letter_arguments, service_queue
 from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import DLXError
 from celery_dlx.message.outgoing import Outgoing, copy_properties
+from celery_dlx.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -330,7 +334,7 @@ def _take(channel: Any, queue: str, n: int) -> list[Any]:
 
 
 def migrate_rename(
-    runtime: Any,
+    runtime: Runtime,
     api: Management | None,
     queue: str,
     *,
@@ -387,7 +391,7 @@ def migrate_rename(
         return result
     with runtime.app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=3)
-        channel = conn.default_channel
+        channel = cast(AMQPChannel, conn.default_channel)  # RabbitMQ: a py-amqp channel
         service_queue(config.service_queue, config.exchange, quorum=config.quorum)(
             channel
         ).declare()
@@ -400,12 +404,14 @@ def migrate_rename(
             "queue %s declared with dead-letter exchange %s; moving %s", new, config.exchange, queue
         )
         result["moved"] = move_messages(conn, queue, new, batch=batch, progress=progress)
-        result["left"] = int(conn.default_channel.queue_declare(queue, passive=True).message_count)
+        declared = cast(AMQPChannel, conn.default_channel).queue_declare(queue, passive=True)
+        # celery-types: py-amqp answers a queue_declare_ok_t (a named tuple), not a plain tuple.
+        result["left"] = int(cast(queue_declare_ok_t, declared).message_count)
     return result
 
 
 def _old_queue(
-    runtime: Any, api: Management | None, queue: str, copy_bindings: bool
+    runtime: Runtime, api: Management | None, queue: str, copy_bindings: bool
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if api is not None:
         info = api.queue(queue)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.store.graveyard import CHUNK, Filters, Graveyard, Group, When, chunks, text
+from celery_dlx.worker.runtime import Runtime
 
 
 def to_ms(value: When | None, *, now: int | None = None) -> int | None:
@@ -47,7 +47,7 @@ def make_filters(
 
 
 def targets(
-    runtime: Any, ids: Sequence[str] | None, filters: Filters, everything: bool, what: str
+    runtime: Runtime, ids: Sequence[str] | None, filters: Filters, everything: bool, what: str
 ) -> list[str]:
     """Obituary ids an operation acts on: the given ids, else every match of ``filters``.
 
@@ -61,12 +61,12 @@ def targets(
     return _graveyard(runtime).ids(filters, limit=None, oldest_first=True)
 
 
-def _graveyard(runtime: Any) -> Graveyard:
+def _graveyard(runtime: Runtime) -> Graveyard:
     return Graveyard(runtime.redis, runtime.keys)
 
 
 def list_obituaries(
-    runtime: Any,
+    runtime: Runtime,
     *,
     queue: str | None = None,
     task: str | None = None,
@@ -98,7 +98,7 @@ def list_obituaries(
     return out
 
 
-def get_obituary(runtime: Any, ident: str, *, with_payload: bool = True) -> Obituary | None:
+def get_obituary(runtime: Runtime, ident: str, *, with_payload: bool = True) -> Obituary | None:
     """One obituary by its id, or the latest obituary of a message id; None if there is none."""
     yard = _graveyard(runtime)
     found = yard.load([ident], with_payload=with_payload)[0]
@@ -110,16 +110,16 @@ def get_obituary(runtime: Any, ident: str, *, with_payload: bool = True) -> Obit
     return yard.load([text(latest[0])], with_payload=with_payload)[0]
 
 
-def groups(runtime: Any) -> list[Group]:
+def groups(runtime: Runtime) -> list[Group]:
     """The graveyard grouped by cause fingerprint, most recently seen first."""
     return _graveyard(runtime).groups()
 
 
-def queues(runtime: Any) -> list[tuple[str, int, int]]:
+def queues(runtime: Runtime) -> list[tuple[str, int, int]]:
     """``(queue, obituaries, last burial ms)`` for every queue with obituaries."""
     return _graveyard(runtime).names("queue")
 
 
-def count(runtime: Any) -> int:
+def count(runtime: Runtime) -> int:
     """How many obituaries the graveyard holds."""
     return _graveyard(runtime).count()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from celery_dlx.fates import PURGED
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
 from celery_dlx.store.graveyard import When, remove_all
+from celery_dlx.worker.runtime import Runtime
 
 
 @dataclass
@@ -22,7 +22,7 @@ class PurgeReport:
 
 
 def purge(
-    runtime: Any,
+    runtime: Runtime,
     ids: Sequence[str] | None = None,
     *,
     queue: str | None = None,

@@ -33,6 +33,7 @@ from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
 from celery_dlx.store.graveyard import CHUNK, Graveyard, When, chunks
+from celery_dlx.worker.runtime import Runtime
 
 
 @dataclass
@@ -105,7 +106,7 @@ class _Pacer:
 
 
 def replay(
-    runtime: Any,
+    runtime: Runtime,
     ids: Sequence[str] | None = None,
     *,
     queue: str | None = None,
@@ -163,7 +164,7 @@ def replay(
 
 
 def _replay_chunk(
-    runtime: Any,
+    runtime: Runtime,
     yard: Graveyard,
     todo: list[Obituary],
     keep_attempts: bool,
@@ -256,7 +257,7 @@ class ReplayRun:
 
 
 def resolve_targets(
-    runtime: Any,
+    runtime: Runtime,
     ids: Sequence[str] | None = None,
     *,
     queue: str | None = None,
@@ -284,7 +285,7 @@ def resolve_targets(
     return Graveyard(runtime.redis, runtime.keys).ids(filters, limit=None, oldest_first=True)
 
 
-def history_tail(runtime: Any) -> str:
+def history_tail(runtime: Runtime) -> str:
     """The id of the history stream's last entry (``0-0`` when empty)."""
     last = runtime.redis.xrevrange(runtime.keys.history, "+", "-", count=1)
     if not last:
@@ -300,7 +301,7 @@ def _text(value: Any) -> str:
 class FateWatch:
     """Reads the history entries of one message appended after ``after`` (blocking reads)."""
 
-    def __init__(self, runtime: Any, message_id: str, after: str) -> None:
+    def __init__(self, runtime: Runtime, message_id: str, after: str) -> None:
         self.redis = runtime.redis
         self.key = runtime.keys.history
         self.message_id = message_id
@@ -321,7 +322,7 @@ class FateWatch:
         return None
 
 
-def ready_messages(runtime: Any, queue: str) -> int | None:
+def ready_messages(runtime: Runtime, queue: str) -> int | None:
     """Ready messages in ``queue`` (passive declare), or None when it cannot be read."""
     try:
         with runtime.app.connection_for_read() as conn:
@@ -336,7 +337,7 @@ def ready_messages(runtime: Any, queue: str) -> int | None:
 
 
 def watch_canary(
-    runtime: Any,
+    runtime: Runtime,
     ob: Obituary,
     after: str,
     *,
@@ -400,7 +401,7 @@ def watch_canary(
 
 
 def replay_run(
-    runtime: Any,
+    runtime: Runtime,
     targets: Sequence[str],
     *,
     rate: float | None = None,
@@ -447,7 +448,7 @@ def replay_run(
 
 
 def _canary_first(
-    runtime: Any,
+    runtime: Runtime,
     run: ReplayRun,
     targets: list[str],
     keep_attempts: bool,

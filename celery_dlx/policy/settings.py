@@ -6,11 +6,12 @@ for Django projects using ``config_from_object(..., namespace="CELERY")``, as ``
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_KEY_PREFIX, DEFAULT_SERVICE_QUEUE
@@ -24,7 +25,7 @@ DELAY_BACKENDS = ("redis", "ttl")
 EXPIRED_ACTIONS = ("park", "bury")
 
 
-def _bool(name: str, value: Any) -> bool:
+def _bool(name: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in {
@@ -41,24 +42,24 @@ def _bool(name: str, value: Any) -> bool:
     raise ConfigurationError(f"{name} must be a boolean, got {value!r}")
 
 
-def _count(name: str, value: Any) -> int:
+def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigurationError(f"{name} must be a non-negative integer, got {value!r}")
     return value
 
 
-def _positive_count(name: str, value: Any) -> int:
+def _positive_count(name: str, value: object) -> int:
     number = _count(name, value)
     if number == 0:
         raise ConfigurationError(f"{name} must be a positive integer, got 0")
     return number
 
 
-def _optional_count(name: str, value: Any) -> int | None:
+def _optional_count(name: str, value: object) -> int | None:
     return None if value is None else _positive_count(name, value)
 
 
-def _seconds(name: str, value: Any) -> float:
+def _seconds(name: str, value: object) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -66,22 +67,22 @@ def _seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-def _optional_seconds(name: str, value: Any) -> float | None:
+def _optional_seconds(name: str, value: object) -> float | None:
     return None if value is None else _seconds(name, value)
 
 
-def _str(name: str, value: Any) -> str:
+def _str(name: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"{name} must be a non-empty string, got {value!r}")
     return value
 
 
-def _optional_str(name: str, value: Any) -> str | None:
+def _optional_str(name: str, value: object) -> str | None:
     return None if value is None else _str(name, value)
 
 
-def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
-    def check(name: str, value: Any) -> str:
+def _choice(choices: tuple[str, ...]) -> Callable[[str, object], str]:
+    def check(name: str, value: object) -> str:
         if value not in choices:
             raise ConfigurationError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
         return str(value)
@@ -89,7 +90,7 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
     return check
 
 
-def _str_list(name: str, value: Any) -> tuple[str, ...]:
+def _str_list(name: str, value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
@@ -97,7 +98,7 @@ def _str_list(name: str, value: Any) -> tuple[str, ...]:
     return tuple(_str(f"{name}[{i}]", v) for i, v in enumerate(value))
 
 
-def _ladder(name: str, value: Any) -> tuple[float, ...]:
+def _ladder(name: str, value: object) -> tuple[float, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigurationError(f"{name} must be a non-empty list of seconds, got {value!r}")
     steps = tuple(_seconds(f"{name}[{i}]", v) for i, v in enumerate(value))
@@ -110,14 +111,14 @@ def _ladder(name: str, value: Any) -> tuple[float, ...]:
     return steps
 
 
-def _key_prefix(name: str, value: Any) -> str:
+def _key_prefix(name: str, value: object) -> str:
     text = _str(name, value)
     if any(c in text for c in "{} \t\n"):
         raise ConfigurationError(f"{name} must not contain braces or white space, got {text!r}")
     return text
 
 
-def _backoff(name: str, value: Any) -> Backoff:
+def _backoff(name: str, value: object) -> Backoff:
     return parse_backoff(value, name)
 
 
@@ -125,12 +126,22 @@ def _backoff(name: str, value: Any) -> Backoff:
 QUEUE_POLICY_KEYS = ("backoff", "max_requeues", "max_parks", "importance", "expired")
 
 
-def _queue_policies(name: str, value: Any) -> dict[str, dict[str, Any]]:
+class QueuePolicy(TypedDict, total=False):
+    """One validated entry of ``dlx_queues``: what it refines for its queue."""
+
+    backoff: Backoff
+    max_requeues: int
+    max_parks: int
+    importance: str
+    expired: str
+
+
+def _queue_policies(name: str, value: object) -> dict[str, QueuePolicy]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"{name} must map queue names to policies, got {value!r}")
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, QueuePolicy] = {}
     for queue, spec in value.items():
         where = f"{name}[{queue!r}]"
         if not isinstance(spec, Mapping):
@@ -140,12 +151,13 @@ def _queue_policies(name: str, value: Any) -> dict[str, dict[str, Any]]:
             raise ConfigurationError(
                 f"{where} has unknown keys {sorted(unknown)}; allowed: {', '.join(QUEUE_POLICY_KEYS)}"
             )
-        checked: dict[str, Any] = {}
+        checked = QueuePolicy()
         if "backoff" in spec:
             checked["backoff"] = parse_backoff(spec["backoff"], f"{where}['backoff']")
-        for key in ("max_requeues", "max_parks"):
-            if key in spec:
-                checked[key] = _count(f"{where}[{key!r}]", spec[key])
+        if "max_requeues" in spec:
+            checked["max_requeues"] = _count(f"{where}['max_requeues']", spec["max_requeues"])
+        if "max_parks" in spec:
+            checked["max_parks"] = _count(f"{where}['max_parks']", spec["max_parks"])
         if "importance" in spec:
             checked["importance"] = _choice(IMPORTANCES)(
                 f"{where}['importance']", spec["importance"]
@@ -161,8 +173,8 @@ class Setting:
     """One ``dlx_*`` setting: its default, its validator and its documentation."""
 
     name: str
-    default: Any
-    check: Callable[[str, Any], Any]
+    default: object
+    check: Callable[[str, object], object]
     doc: str
 
 
@@ -325,7 +337,10 @@ SETTINGS: dict[str, Setting] = {
             "Send task-requeued/parked/buried/replayed events (Flower shows them).",
         ),
         Setting(
-            "dlx_sentry", True, _bool, "Report burials to Sentry when sentry_sdk is initialised."
+            "dlx_sentry",
+            True,
+            _bool,
+            "Report burials to Sentry when sentry_sdk is initialised (set explicitly, sentry-sdk must be installed).",
         ),
         Setting(
             "dlx_sentry_include_payload",
@@ -355,7 +370,27 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
-def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[bool, Any]:
+#: Settings that turn Sentry reporting on or tune it: set explicitly, sentry-sdk is required.
+SENTRY_SETTINGS = frozenset(name for name in SETTINGS if name.startswith("dlx_sentry"))
+
+
+def sentry_missing(explicit: Iterable[str], why: str) -> str:
+    """The error for Sentry settings set while sentry-sdk cannot be imported."""
+    named = ", ".join(sorted(set(explicit) & SENTRY_SETTINGS))
+    return (
+        f"{named} set but sentry-sdk cannot be imported ({why}): "
+        "`pip install celery-dlx[sentry]`, or set dlx_sentry = False"
+    )
+
+
+def _check_extras(values: Mapping[str, Any], explicit: frozenset[str]) -> None:
+    """An integration the settings ask for must be installed; a default one may be absent."""
+    asked = values["dlx_sentry"] and explicit & SENTRY_SETTINGS
+    if asked and importlib.util.find_spec("sentry_sdk") is None:
+        raise ConfigurationError(sentry_missing(explicit, "no module named 'sentry_sdk'"))
+
+
+def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[bool, object]:
     candidates = [name, name.upper()]
     if namespace:
         candidates.append(f"{namespace}_{name.upper()}")
@@ -383,52 +418,105 @@ def unknown_settings(conf: Mapping[str, Any], namespace: str | None = None) -> l
     return sorted(set(out))
 
 
-@dataclass(frozen=True)
+#: DLXConfig's field of a setting when it is not the setting's name without ``dlx_``.
+_FIELD_OF = {"dlx_code_version": "code_version_setting", "dlx_importance": "default_importance"}
+
+
+def field_name(setting: str) -> str:
+    """The :class:`DLXConfig` attribute holding ``setting`` (``dlx_max_parks`` -> ``max_parks``)."""
+    return _FIELD_OF.get(setting, setting.removeprefix("dlx_"))
+
+
+@dataclass(frozen=True, kw_only=True)
 class DLXConfig:
-    """Validated celery_dlx settings of one app."""
+    """Validated celery_dlx settings of one app: one typed attribute per ``dlx_*`` setting.
 
-    values: Mapping[str, Any] = field(default_factory=dict)
+    Built by :func:`load_config`, which validates every value with its :data:`SETTINGS` entry;
+    ``config["dlx_max_parks"]`` and :attr:`values` read by setting name.
+    """
 
-    def __getattr__(self, item: str) -> Any:
-        values = object.__getattribute__(self, "values")
-        key = f"dlx_{item}"
-        if key in values:
-            return values[key]
-        raise AttributeError(item)
+    enabled: bool
+    redis_url: str
+    key_prefix: str
+    max_requeues: int
+    max_parks: int
+    backoff: Backoff
+    drain_interval: float
+    drain_batch: int
+    drain_lease: float
+    #: ``dlx_importance``; :meth:`importance` refines it per queue.
+    default_importance: str
+    exchange: str
+    service_queue: str
+    quorum: bool
+    delivery_limit: int | None
+    queues: Mapping[str, QueuePolicy]
+    expired: str
+    service_in_worker: bool
+    service_prefetch: int
+    obituary_task: str | None
+    #: ``dlx_code_version`` as set; :attr:`code_version` falls back to the environment.
+    code_version_setting: str | None
+    graveyard_retention: float
+    cause_ttl: float
+    delay_backend: str
+    ttl_ladder: tuple[float, ...]
+    protobuf_descriptor_sets: tuple[str, ...]
+    protobuf_modules: tuple[str, ...]
+    send_events: bool
+    sentry: bool
+    sentry_include_payload: bool
+    sentry_payload_limit: int
+    sentry_rate_limit: int
+    sentry_rate_window: float
+    #: Names of the settings set in the app's configuration (the rest are defaults).
+    explicit: frozenset[str] = frozenset()
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Every setting by its name (``dlx_max_parks``), as validated."""
+        return {name: getattr(self, field_name(name)) for name in SETTINGS}
 
     def __getitem__(self, name: str) -> Any:
-        return self.values[name]
+        if name not in SETTINGS:
+            raise KeyError(name)
+        return getattr(self, field_name(name))
 
     @property
     def code_version(self) -> str | None:
-        explicit = self.values["dlx_code_version"]
+        explicit = self.code_version_setting
         return (
             explicit or os.environ.get("DLX_CODE_VERSION") or os.environ.get("GIT_COMMIT") or None
         )
 
     def policy(self, queue: str | None = None) -> Policy:
         """The default policy, refined by ``dlx_queues[queue]`` when present."""
-        spec = self.values["dlx_queues"].get(queue or "", {})
+        spec = self.queues.get(queue or "", {})
         return Policy(
-            max_requeues=spec.get("max_requeues", self.values["dlx_max_requeues"]),
-            max_parks=spec.get("max_parks", self.values["dlx_max_parks"]),
-            backoff=spec.get("backoff", self.values["dlx_backoff"]),
+            max_requeues=spec.get("max_requeues", self.max_requeues),
+            max_parks=spec.get("max_parks", self.max_parks),
+            backoff=spec.get("backoff", self.backoff),
         )
 
     def importance(self, queue: str | None = None) -> str:
-        spec = self.values["dlx_queues"].get(queue or "", {})
-        return str(spec.get("importance", self.values["dlx_importance"]))
+        """``dlx_importance``, refined by ``dlx_queues[queue]`` when present."""
+        spec = self.queues.get(queue or "", {})
+        return spec.get("importance", self.default_importance)
 
     def expired_action(self, queue: str | None = None) -> str:
-        spec = self.values["dlx_queues"].get(queue or "", {})
-        return str(spec.get("expired", self.values["dlx_expired"]))
+        """``dlx_expired``, refined by ``dlx_queues[queue]`` when present."""
+        spec = self.queues.get(queue or "", {})
+        return spec.get("expired", self.expired)
 
 
 def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXConfig:
     """Validate and read every ``dlx_*`` setting from ``conf`` (an ``app.conf`` or a dict).
 
+    The one place a :class:`DLXConfig` is built.
+
     Raises:
-        ConfigurationError: an unknown ``dlx_*`` key, or a bad value, named.
+        ConfigurationError: an unknown ``dlx_*`` key, or a bad value, named; or an integration's
+            settings set while its library is missing (named with the extra to install).
     """
     unknown = unknown_settings(conf, namespace)
     if unknown:
@@ -437,12 +525,19 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
             f"{', '.join(sorted(SETTINGS))} (see docs/configuration.md)"
         )
     values: dict[str, Any] = {}
+    explicit: set[str] = set()
     for name, setting in SETTINGS.items():
         found, raw = _lookup(conf, name, namespace)
+        if found:
+            explicit.add(name)
         value = raw if found else setting.default
         values[name] = setting.check(name, value) if (found or value is not None) else None
     if values["dlx_delivery_limit"] is not None and not values["dlx_quorum"]:
         raise ConfigurationError(
             "dlx_delivery_limit needs quorum queues: set dlx_quorum = True or remove dlx_delivery_limit"
         )
-    return DLXConfig(values=values)
+    _check_extras(values, frozenset(explicit))
+    return DLXConfig(
+        **{field_name(name): value for name, value in values.items()},
+        explicit=frozenset(explicit),
+    )

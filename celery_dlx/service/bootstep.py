@@ -11,7 +11,8 @@ import logging
 import threading
 from typing import Any
 
-from celery import bootsteps
+from celery import Celery, bootsteps
+from celery.worker.consumer import Consumer
 
 from celery_dlx.service.loop import DLXService
 from celery_dlx.worker.runtime import get_runtime
@@ -22,20 +23,20 @@ logger = logging.getLogger(__name__)
 STOP_TIMEOUT = 30.0
 
 
-class DLXServiceStep(bootsteps.StartStopStep):  # type: ignore[misc]
+class DLXServiceStep(bootsteps.StartStopStep):
     """Consumer bootstep running the app's DLX service in a thread of the worker."""
 
     name = "celery_dlx.service.loop"
 
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
+    def __init__(self, parent: Consumer, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.service: DLXService | None = None
         self.thread: threading.Thread | None = None
 
-    def include_if(self, parent: Any) -> bool:
+    def include_if(self, parent: Consumer) -> bool:
         return bool(get_runtime(parent.app).config.service_in_worker)
 
-    def start(self, parent: Any) -> None:
+    def start(self, parent: Consumer) -> None:
         if self.thread is not None and self.thread.is_alive():
             return
         self.service = DLXService(parent.app, hostname=getattr(parent, "hostname", None))
@@ -51,10 +52,10 @@ class DLXServiceStep(bootsteps.StartStopStep):  # type: ignore[misc]
         except Exception:  # the worker keeps running its tasks; the failure must be visible
             logger.exception("the DLX service thread stopped on an error")
 
-    def stop(self, parent: Any) -> None:
+    def stop(self, parent: Consumer) -> None:
         """Called on every reconnect of the worker's consumer: the service keeps running."""
 
-    def shutdown(self, parent: Any) -> None:
+    def shutdown(self, parent: Consumer) -> None:
         if self.service is None or self.thread is None:
             return
         self.service.stop()
@@ -69,7 +70,7 @@ class DLXServiceStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.thread = None
 
 
-def install_service_step(app: Any) -> None:
+def install_service_step(app: Celery) -> None:
     """Add the DLX service bootstep to ``app``'s worker consumer (once)."""
     steps = app.steps["consumer"]
     if DLXServiceStep not in steps:

@@ -25,11 +25,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 from amqp.exceptions import AMQPError, PreconditionFailed
+from celery import Celery
 from kombu import Connection
 from kombu.exceptions import OperationalError
+from kombu.transport.pyamqp import Channel as AMQPChannel
 from redis.exceptions import RedisError
 
 from celery_dlx.broker.publish import ConfirmingPublisher
@@ -276,7 +278,7 @@ class DLXService:
 
     def __init__(
         self,
-        app: Any,
+        app: Celery,
         *,
         prefetch: int | None = None,
         hostname: str | None = None,
@@ -336,7 +338,8 @@ class DLXService:
     def _consume(self, idle_timeout: float | None, outage: _Outage) -> None:
         with self.app.connection_for_read() as conn:
             conn.ensure_connection(max_retries=1)
-            channel = conn.channel()
+            # The service consumes raw py-amqp deliveries: amqp:// brokers only.
+            channel = cast(AMQPChannel, conn.channel())
             # py-amqp decodes a body with a content_encoding to text; the graveyard keeps bytes.
             channel.auto_decode = False
             queue = service_queue(
@@ -672,7 +675,7 @@ class DLXService:
 
 
 def run_service(
-    app: Any,
+    app: Celery,
     *,
     prefetch: int | None = None,
     idle_timeout: float | None = None,
@@ -705,13 +708,13 @@ def run_service(
     return stats
 
 
-def _child(app: Any, prefetch: int | None, idle_timeout: float | None, out: Any) -> None:
+def _child(app: Celery, prefetch: int | None, idle_timeout: float | None, out: Any) -> None:
     stats = run_service(app, prefetch=prefetch, idle_timeout=idle_timeout)
     out.put(stats.as_dict())
 
 
 def _run_processes(
-    app: Any, processes: int, *, prefetch: int | None, idle_timeout: float | None
+    app: Celery, processes: int, *, prefetch: int | None, idle_timeout: float | None
 ) -> ServiceStats:
     import multiprocessing
 

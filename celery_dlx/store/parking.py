@@ -85,7 +85,7 @@ class ParkingStore:
     def load_scripts(self) -> None:
         """Load the Lua scripts into Redis now (the first call otherwise pays for it)."""
         for script in (self._claim, self._park, self._ack):
-            script.sha = self.client.script_load(script.script)
+            self.client.script_load(script.script)  # redis-py computed script.sha already
 
     @property
     def _kk(self) -> list[str]:
@@ -227,13 +227,14 @@ def redis_client(url: str) -> Any:
             raise ValueError(f"sentinel URL needs a service name: {url}")
         db = int(path[1]) if len(path) > 1 else 0
         password = parsed.password
-        sentinel = Sentinel(
+        # redis 8 leaves Sentinel's constructor and master_for unannotated.
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
             hosts,
             socket_timeout=5.0,
             password=password,
             sentinel_kwargs={"password": password} if password else None,
         )
-        return sentinel.master_for(path[0], db=db, socket_timeout=5.0)
+        return sentinel.master_for(path[0], db=db, socket_timeout=5.0)  # type: ignore[no-untyped-call]
     if query.get("cluster", ["false"])[0].lower() in ("1", "true", "yes"):
         from redis.cluster import RedisCluster
 

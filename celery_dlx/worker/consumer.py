@@ -12,8 +12,9 @@ import logging
 from typing import Any
 
 from celery.worker.consumer import Consumer
+from kombu.message import Message
 
-from celery_dlx.compat import install_tolerant_properties
+from celery_dlx.compat import divert_reject, install_tolerant_properties
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.message.headers import DLXState, clean_headers, read_state, x_death_problem
 from celery_dlx.message.names import QUEUE_HEADER, REASON_HEADER
@@ -24,7 +25,7 @@ from celery_dlx.worker.strategy import _queue_of
 logger = logging.getLogger(__name__)
 
 
-class DLXConsumer(Consumer):  # type: ignore[misc]
+class DLXConsumer(Consumer):
     """Celery's consumer with undecodable, unknown and invalid messages buried, not dropped."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -33,7 +34,7 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
         install_tolerant_properties()
         super().__init__(*args, **kwargs)
 
-    def _bury_raw(self, message: Any, reason: str) -> bool:
+    def _bury_raw(self, message: Message, reason: str) -> bool:
         """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
         runtime = get_runtime(self.app)
         headers = dict(message.headers or {})
@@ -72,16 +73,16 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
         )
         return True
 
-    def _divert(self, message: Any, reason: str) -> None:
+    def _divert(self, message: Message, reason: str) -> None:
         """Make Celery's coming reject of ``message`` an ack (buried) or a requeue (never DLX)."""
         if self._bury_raw(message, reason):
-            message.reject_log_error = lambda log, errors, requeue=False: message.ack_log_error(
-                log, errors
+            divert_reject(
+                message, lambda log, errors, requeue=False: message.ack_log_error(log, errors)
             )
         elif x_death_problem(message.headers):
-            message.reject_log_error = lambda log, errors, requeue=False: message.requeue()
+            divert_reject(message, lambda log, errors, requeue=False: message.requeue())
 
-    def on_decode_error(self, message: Any, exc: Exception) -> None:
+    def on_decode_error(self, message: Message, exc: Exception) -> None:
         if self._bury_raw(message, f"undecodable: {type(exc).__name__}: {exc}"):
             message.ack()
         elif x_death_problem(message.headers):
@@ -89,14 +90,14 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
         else:
             message.reject(requeue=False)
 
-    def on_unknown_message(self, body: Any, message: Any) -> None:
+    def on_unknown_message(self, body: Any, message: Message) -> None:
         self._divert(message, "undecodable: not a Celery task message (no task header)")
         super().on_unknown_message(body, message)
 
-    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+    def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
         self._divert(message, f"unknown task: {exc}")
         super().on_unknown_task(body, message, exc)
 
-    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+    def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
         self._divert(message, f"undecodable: invalid task message: {exc}")
         super().on_invalid_task(body, message, exc)

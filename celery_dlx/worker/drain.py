@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amqp.exceptions import AMQPError
+from celery import Celery
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
@@ -306,7 +307,7 @@ def _record(runtime: Runtime, published: _Published) -> None:
         logger.warning("drain could not record %d drained retries in history: %s", len(events), exc)
 
 
-def register_drain_task(app: Any) -> Any:
+def register_drain_task(app: Celery) -> Any:
     """Register the drain task (named :data:`DRAIN_TASK_NAME`) on ``app``; harmless twice.
 
     The task ignores its result, never retries, and acks early (the store, not the tick message,
@@ -339,7 +340,7 @@ def register_drain_task(app: Any) -> Any:
         autoretry_for=(),
         shared=False,
     )(drain)
-    app._celery_dlx_drain_task = task
+    app.__dict__["_celery_dlx_drain_task"] = task
     return task
 
 

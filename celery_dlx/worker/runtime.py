@@ -13,6 +13,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from celery import Celery
+from kombu import Connection
+
 from celery_dlx.broker.ladder import Ladder
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.fates import BURIED, DRAINED, FateEvent
@@ -34,7 +37,7 @@ COUNTER_TTL = 8 * 86400
 class Runtime:
     """celery_dlx's state for one Celery app."""
 
-    def __init__(self, app: Any, config: DLXConfig) -> None:
+    def __init__(self, app: Celery, config: DLXConfig) -> None:
         self.app = app
         self.config = config
         self.keys = Keys(config.key_prefix)
@@ -44,7 +47,7 @@ class Runtime:
         self._pid: int | None = None
         self._redis: Any = None
         self._publisher: ConfirmingPublisher | None = None
-        self._connection: Any = None
+        self._connection: Connection | None = None
         self._ladder: Ladder | None = None
         self._history_failing = False
 
@@ -263,7 +266,7 @@ class Runtime:
                 logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
 
 
-def get_runtime(app: Any) -> Runtime:
+def get_runtime(app: Celery) -> Runtime:
     """The app's runtime, made on first use from its validated ``dlx_*`` settings."""
     runtime: Runtime | None = app.__dict__.get("_celery_dlx_runtime")
     if runtime is None:
@@ -273,5 +276,5 @@ def get_runtime(app: Any) -> Runtime:
         runtime = app.__dict__.get("_celery_dlx_runtime")
         if runtime is None:
             runtime = Runtime(app, config)
-            app._celery_dlx_runtime = runtime
+            app.__dict__["_celery_dlx_runtime"] = runtime
     return runtime

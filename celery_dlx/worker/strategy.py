@@ -8,30 +8,42 @@ request, so the task can return a retry to exactly that queue.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from celery import Celery, Task
+from celery.worker.consumer import Consumer
 from celery.worker.strategy import default
+from kombu.message import Message
 
+from celery_dlx.compat import consumer_tags
 from celery_dlx.message.names import DELIVERY_QUEUE_HEADER
 
 
-def _queue_of(consumer: Any, message: Any) -> str | None:
+def _queue_of(consumer: Consumer, message: Message) -> str | None:
     tag = (message.delivery_info or {}).get("consumer_tag")
     task_consumer = getattr(consumer, "task_consumer", None)
     if not tag or task_consumer is None:
         return None
-    for queue, active_tag in getattr(task_consumer, "_active_tags", {}).items():
+    for queue, active_tag in consumer_tags(task_consumer).items():
         if active_tag == tag:
-            return str(queue)
+            return queue
     return None
 
 
-def dlx_strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Any:
+def dlx_strategy(
+    task: Task[Any, Any], app: Celery, consumer: Consumer, **kwargs: Any
+) -> Callable[..., Any]:
     """Celery's default strategy, with the delivery's queue name added to its headers."""
     handler = default(task, app, consumer, **kwargs)
 
     def task_message_handler(
-        message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any
+        message: Message,
+        body: Any,
+        ack: Callable[..., Any],
+        reject: Callable[..., Any],
+        callbacks: set[Callable[..., Any]],
+        **kw: Any,
     ) -> Any:
         headers = message.headers
         if isinstance(headers, dict):

@@ -12,10 +12,10 @@ import logging
 import socket
 import traceback as tb
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from billiard.einfo import ExceptionInfo
-from celery import Task, signals
+from celery import Celery, Task, signals
 from celery.exceptions import Ignore, Reject, Retry
 
 from celery_dlx import fates
@@ -66,7 +66,7 @@ class Delivery:
     x_death_problem: str | None
 
 
-def _delivery(task: Task) -> Delivery:
+def _delivery(task: Task[Any, Any]) -> Delivery:
     req = task.request
     headers = delivery_headers(req)
     info = req.delivery_info or {}
@@ -95,7 +95,7 @@ def _delivery(task: Task) -> Delivery:
     )
 
 
-def _options(task: Task, runtime: Runtime, queue: str) -> TaskOptions:
+def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
     cache = task.__class__.__dict__.get("_dlx_options_cache")
     if cache is None:
         cache = {}
@@ -114,7 +114,7 @@ def _root(exc: BaseException) -> BaseException:
     return exc
 
 
-class DLXTask(Task):  # type: ignore[misc]
+class DLXTask(Task[Any, Any]):
     """A task whose failures are requeued at the tail, parked in Redis, or buried.
 
     Options (class attributes or ``@app.task(...)`` keywords; each falls back to the ``dlx_*``
@@ -125,15 +125,20 @@ class DLXTask(Task):  # type: ignore[misc]
     """
 
     #: Ack only after the fate is settled; a crash redelivers the message (counted as an attempt).
-    acks_late: bool | None = True
+    # celery-types says bool for two of them; Celery's Task defaults them to None (read from the
+    # app's config), as AutoDLXTask does.
+    acks_late: bool | None = True  # type: ignore[assignment]
     reject_on_worker_lost: bool | None = True
-    acks_on_failure_or_timeout: bool | None = False
+    acks_on_failure_or_timeout: bool | None = False  # type: ignore[assignment]
     acks_on_failure: bool | None = False
     acks_on_timeout: bool | None = False
     Strategy = "celery_dlx.worker.strategy:dlx_strategy"
 
     #: True on DLXTask (explicit opt-in); AutoDLXTask follows the ``dlx_enabled`` setting.
     _dlx_always = True
+
+    #: Resolved options per (config, queue), kept on each task class itself (see ``_options``).
+    _dlx_options_cache: ClassVar[dict[tuple[int, str], TaskOptions]]
 
     dlx_requeue_on: Any = None
     dlx_park_on: Any = None
@@ -144,14 +149,14 @@ class DLXTask(Task):  # type: ignore[misc]
     dlx_importance: Any = None
 
     @classmethod
-    def on_bound(cls, app: Any) -> None:
+    def on_bound(cls, app: Celery) -> None:
         # Validate options when the task is bound (worker start, first producer use), not at the
         # first failure in production.
         if getattr(cls, "name", None) and cls._dlx_enabled_for(app):
             resolve_task_options(cls, get_runtime(app).config)
 
     @classmethod
-    def _dlx_enabled_for(cls, app: Any) -> bool:
+    def _dlx_enabled_for(cls, app: Celery) -> bool:
         if cls._dlx_always:
             return True
         # Celery's built-in tasks and celery_dlx's own keep plain Celery semantics.
@@ -306,9 +311,7 @@ class DLXTask(Task):  # type: ignore[misc]
         self._mark_retry(root, einfo)
         raise Ignore()
 
-    def _fallback(
-        self, runtime: Runtime, delivery: Delivery, fate: str, err: BaseException
-    ) -> None:
+    def _fallback(self, runtime: Runtime, delivery: Delivery, fate: str, err: Exception) -> None:
         """The copy could not be stored or published: hand the original to the dead-letter path.
 
         The DLX service applies the queue's policy once Redis and the broker answer again, so
@@ -369,7 +372,7 @@ class DLXTask(Task):  # type: ignore[misc]
             )
         if delivery.x_death_problem:
             self._publish_to_graveyard(runtime, delivery, reason)
-        raise Reject(root, requeue=False)
+        raise Reject(root, requeue=False)  # type: ignore[arg-type]  # Celery takes any reason
 
     def _quarantine(self, runtime: Runtime, delivery: Delivery, reason: str) -> None:
         """Bury a message whose headers cannot be trusted, by publishing a clean copy."""
@@ -437,8 +440,12 @@ class DLXTask(Task):  # type: ignore[misc]
         req = self.request
         if not (self.ignore_result or req.ignore_result):
             try:
+                # celery-types: Celery stores any exception; a worker run always has an id.
                 self.backend.mark_as_retry(
-                    req.id, exc, einfo.traceback if einfo else None, request=req
+                    req.id,  # type: ignore[arg-type]
+                    exc,  # type: ignore[arg-type]
+                    einfo.traceback if einfo else None,
+                    request=req,
                 )
             except Exception:  # a result backend outage must not change the fate
                 logger.debug("could not store RETRY state for %s", req.id, exc_info=True)
@@ -477,7 +484,7 @@ class AutoDLXTask(DLXTask):
     Strategy = "celery.worker.strategy:default"
 
     @classmethod
-    def on_bound(cls, app: Any) -> None:
+    def on_bound(cls, app: Celery) -> None:
         if cls._dlx_enabled_for(app):
             for attr, value in (
                 ("acks_late", True),
