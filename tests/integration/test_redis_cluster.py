@@ -21,7 +21,9 @@ from celery_dlx.fates import BURIED, now_ms
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.service.loop import DLXService
-from celery_dlx.store import counters, graveyard
+from celery_dlx.ops import obituaries, purge
+from celery_dlx.ops import replay as replaying
+from celery_dlx.store import counters
 from celery_dlx.store.history import History
 from celery_dlx.store.parking import ParkingStore, redis_client
 from celery_dlx.worker.runtime import get_runtime
@@ -165,23 +167,23 @@ def test_dlx_service_parks_and_buries_on_the_cluster_and_the_graveyard_reads_bac
     assert finished, f"the service did not finish: {svc.stats}"
     assert svc.stats.buried == n and svc.stats.parked == n and svc.stats.outages == 0
 
-    assert graveyard.count(runtime) == n and runtime.store.count() == n
+    assert obituaries.count(runtime) == n and runtime.store.count() == n
     assert {m.message_id for m in runtime.store.peek(limit=2 * n)} == {
         f"{names['park']}-{i}" for i in range(n)
     }
-    (group,) = graveyard.groups(runtime)
+    (group,) = obituaries.groups(runtime)
     assert group.total == n and group.queue == names["bury"]
-    ob = graveyard.get_obituary(runtime, f"{names['bury']}-7")
+    ob = obituaries.get_obituary(runtime, f"{names['bury']}-7")
     assert ob is not None and ob.payload == b'{"i": 7}' and ob.queue == names["bury"]
-    listed = graveyard.list_obituaries(runtime, queue=names["bury"], limit=None)
+    listed = obituaries.list_obituaries(runtime, queue=names["bury"], limit=None)
     assert len(listed) == n
     fates = [f["fate"] for _, f in runtime.history.read()]
     assert fates.count(BURIED) == n and fates.count("parked") == n
     totals = counters.read_window(runtime.redis, runtime.keys, 600).by_fate()
     assert totals["buried"] == n and totals["parked"] == n
 
-    report = graveyard.purge(runtime, queue=names["bury"], everything=True)
-    assert len(report.purged) == n and graveyard.count(runtime) == 0
+    report = purge.purge(runtime, queue=names["bury"], everything=True)
+    assert len(report.purged) == n and obituaries.count(runtime) == 0
     assert dead(channel).get() is None
 
 
@@ -211,7 +213,7 @@ def test_dlx_tasks_requeue_park_drain_and_bury_on_the_cluster(
         with worker(app), drain_thread(app):
             good = flaky.delay()
             bad = poison.delay(42)
-            wait_until(lambda: graveyard.count(runtime) == 1, timeout=60, what="the burial")
+            wait_until(lambda: obituaries.count(runtime) == 1, timeout=60, what="the burial")
             wait_until(
                 lambda: "recovered" in fates_of(runtime.redis, runtime.keys, good.id),
                 timeout=60,
@@ -227,11 +229,11 @@ def test_dlx_tasks_requeue_park_drain_and_bury_on_the_cluster(
         "drained",
         "recovered",
     ]
-    (ob,) = graveyard.list_obituaries(runtime, with_payload=True)
+    (ob,) = obituaries.list_obituaries(runtime, with_payload=True)
     assert ob.message_id == bad.id and ob.exc_type == "ValueError" and ob.attempt == 5
     assert "order 42 has no customer" in ob.traceback
     assert runtime.store.count() == 0
-    report = graveyard.replay(runtime, [ob.id])
+    report = replaying.replay(runtime, [ob.id])
     assert report.replayed == [ob.id]
     rows = [f for _, f in History(runtime.redis, runtime.keys).read()]
     assert [f["fate"] for f in rows if f["message_id"] == bad.id][-1] == "replayed"
