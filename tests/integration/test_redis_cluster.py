@@ -20,9 +20,9 @@ from redis.cluster import RedisCluster, key_slot
 from celery_dlx.fates import BURIED, now_ms
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.service.loop import DLXService
 from celery_dlx.ops import obituaries, purge
 from celery_dlx.ops import replay as replaying
+from celery_dlx.service.loop import DLXService
 from celery_dlx.store import counters
 from celery_dlx.store.history import History
 from celery_dlx.store.parking import ParkingStore, redis_client
