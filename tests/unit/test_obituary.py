@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from celery_dlx.message.jsoncodec import from_jsonable
+from celery_dlx.message.jsoncodec import to_jsonable as jsonable
 from celery_dlx.message.obituary import (
     HOOK_PAYLOAD_LIMIT,
     Attempt,
     Obituary,
-    from_jsonable,
-    jsonable,
     payload_from_json_safe,
     send_to_hook,
 )

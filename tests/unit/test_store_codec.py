@@ -96,8 +96,11 @@ def test_non_string_keys_become_strings() -> None:
 
 
 def test_unknown_types_are_kept_as_their_repr() -> None:
+    # Decimals (an AMQP table type) are tagged by the one codec since issue 11; a record parked
+    # before keeps its repr text: tests/unit/test_jsoncodec.py reads such records.
     back = _round_trip(_message(headers={"amount": Decimal("12.50"), "set": {1}}))
-    assert back.headers == {"amount": "Decimal('12.50')", "set": "{1}"}
+    assert back.headers == {"amount": Decimal("12.50"), "set": "{1}"}
+    assert type(back.headers["amount"]) is Decimal
 
 
 def test_body_is_stored_apart_from_the_json() -> None:
