@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_KEY_PREFIX, DEFAULT_SERVICE_QUEUE
+from celery_dlx.policy import durations
 from celery_dlx.policy.decide import Backoff, Policy, parse_backoff
 
 #: Task importances: ``page`` wakes someone, ``notify`` tells them later, ``ignore`` sends nothing.
@@ -59,11 +59,7 @@ def _optional_count(name: str, value: Any) -> int | None:
 
 
 def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    return durations.duration(value, name)
 
 
 def _optional_seconds(name: str, value: Any) -> float | None:
@@ -98,16 +94,7 @@ def _str_list(name: str, value: Any) -> tuple[str, ...]:
 
 
 def _ladder(name: str, value: Any) -> tuple[float, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        raise ConfigurationError(f"{name} must be a non-empty list of seconds, got {value!r}")
-    steps = tuple(_seconds(f"{name}[{i}]", v) for i, v in enumerate(value))
-    if steps[0] < 0.001:
-        raise ConfigurationError(
-            f"{name} steps must be at least 0.001 s (RabbitMQ TTLs are whole milliseconds), got {steps[0]}"
-        )
-    if list(steps) != sorted(set(steps)):
-        raise ConfigurationError(f"{name} must be strictly increasing, got {list(steps)}")
-    return steps
+    return durations.ladder(value, name)
 
 
 def _key_prefix(name: str, value: Any) -> str:
