@@ -27,15 +27,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from amqp.exceptions import AMQPError, PreconditionFailed
+from amqp.exceptions import PreconditionFailed
 from kombu import Connection
-from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
+from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.broker.topology import service_queue
 from celery_dlx.compat import install_tolerant_properties
-from celery_dlx.errors import DLXError, PublishError, TopologyError
+from celery_dlx.errors import DLXError, TopologyError
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
 from celery_dlx.message.headers import clean_headers, read_state
 from celery_dlx.message.names import HISTORY_HEADER
@@ -75,15 +75,8 @@ SWEEP_INTERVAL = 60.0
 #: Waits (seconds) between retries while Redis or the broker is unavailable; the last repeats.
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
-#: Errors of the broker side (connection, channel, publish confirm).
-BROKER_ERRORS: tuple[type[BaseException], ...] = (
-    OperationalError,
-    AMQPError,
-    OSError,
-    ConnectionError,
-)
 #: Errors that mean "not now": the batch stays unacked and is retried.
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (RedisError, PublishError, *BROKER_ERRORS)
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (RedisError, *BROKER_ERRORS)
 
 
 # Set every key of KEYS with a time to live of ARGV[1] ms: the batch's "handled" markers.
@@ -412,7 +405,7 @@ class DLXService:
             try:
                 self.settle(batch)
             except Exception as exc:  # Redis or broker down, or a bug: hold the batch, retry
-                if isinstance(exc, (*BROKER_ERRORS, PublishError)):
+                if isinstance(exc, BROKER_ERRORS):
                     self._close_publisher()
                 delay = outage.begin(exc, len(batch), self.stats)
                 if not isinstance(exc, TRANSIENT_ERRORS):

@@ -19,11 +19,9 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqp.exceptions import AMQPError
-from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from celery_dlx.errors import PublishError
+from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.fates import DRAINED, FateEvent
 from celery_dlx.fates import now_ms as wall_ms
 from celery_dlx.message.names import FIRST_FAILURE_HEADER
@@ -43,10 +41,6 @@ RELEASE_DELAY = 5.0
 
 #: Share of ``dlx_drain_interval`` one drain run may spend, so a run ends before the next tick.
 BUDGET_SHARE = 0.8
-
-
-#: Errors meaning the broker connection or channel is unusable: the publisher is rebuilt.
-BROKER_ERRORS = (PublishError, OperationalError, AMQPError, OSError)
 
 
 @dataclass
