@@ -506,7 +506,7 @@ class DLXService:
         )
 
     def _seen_key(self, letter: DeadLetter) -> str:
-        return f"{self.runtime.keys.seen_prefix}{letter.key}"
+        return self.runtime.keys.seen(letter.key)
 
     def _lookup(self, works: list[_Work]) -> None:
         """Which letters were handled before, and the worker's cause records: two MGETs."""
