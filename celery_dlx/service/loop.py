@@ -14,7 +14,6 @@ retried, with one log line per outage.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ from celery_dlx.broker.topology import service_queue
 from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import DLXError, TopologyError
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
+from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import clean_headers, read_state
 from celery_dlx.message.names import HISTORY_HEADER
 from celery_dlx.message.obituary import Obituary, send_to_hook
@@ -119,7 +119,7 @@ class _Work:
     message: Any
     letter: DeadLetter
     verdict: Verdict | None = None
-    record: dict[str, Any] | None = None
+    record: CauseRecord | None = None
     duplicate: bool = False
 
 
@@ -158,16 +158,6 @@ class _Outage:
             since, self.since, self.tries = self.since, None, 0
         if since is not None:
             logger.warning("DLX service: %s back after %.1fs", self.what, time.monotonic() - since)
-
-
-def _parse_record(raw: Any) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def buried_event(ob: Obituary) -> FateEvent:
@@ -517,7 +507,7 @@ class DLXService:
         )
         for w, marker, record in zip(works, seen, records, strict=True):
             w.duplicate = marker is not None
-            w.record = _parse_record(record)
+            w.record = CauseRecord.from_json(record)
 
     def _decide(self, work: _Work, now: int) -> Verdict:
         try:

@@ -15,7 +15,7 @@ from celery.worker.consumer import Consumer
 
 from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import MalformedHeader
-from celery_dlx.message.headers import DLXState, clean_headers, read_state, x_death_problem
+from celery_dlx.message.headers import DLXState, clean_headers, dead_letter_refusal, read_state
 from celery_dlx.message.names import QUEUE_HEADER, REASON_HEADER
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.worker.runtime import get_runtime
@@ -78,13 +78,13 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
             message.reject_log_error = lambda log, errors, requeue=False: message.ack_log_error(
                 log, errors
             )
-        elif x_death_problem(message.headers):
+        elif dead_letter_refusal(message.headers):
             message.reject_log_error = lambda log, errors, requeue=False: message.requeue()
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         if self._bury_raw(message, f"undecodable: {type(exc).__name__}: {exc}"):
             message.ack()
-        elif x_death_problem(message.headers):
+        elif dead_letter_refusal(message.headers):
             message.requeue()
         else:
             message.reject(requeue=False)
