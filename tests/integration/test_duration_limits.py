@@ -14,6 +14,7 @@ from amqp.exceptions import PreconditionFailed
 
 from celery_dlx.broker.ladder import delay_queue_arguments
 from celery_dlx.errors import ConfigurationError
+from celery_dlx.message.cause import CauseRecord
 from celery_dlx.policy import durations
 from celery_dlx.store.causes import stash_cause
 
@@ -45,7 +46,7 @@ def test_the_shortest_and_longest_duration_are_redis_expiries(
     redis_client: Any, keys: Any, seconds: float
 ) -> None:
     ttl = durations.duration(seconds, "dlx_cause_ttl")
-    stash_cause(redis_client, keys, "m-1", {"exc_type": "E"}, ttl)
+    stash_cause(redis_client, keys, "m-1", CauseRecord(exc_type="E"), ttl)
     left = redis_client.pttl(keys.cause("m-1"))
     assert left == -2 or 0 < left <= int(seconds * 1000)  # -2: the 1 ms one is already gone
 
@@ -56,6 +57,6 @@ def test_an_expiry_below_a_millisecond_is_refused_by_redis_and_the_validator(
     import redis
 
     with pytest.raises(redis.ResponseError, match="invalid expire time"):
-        stash_cause(redis_client, keys, "m-2", {}, 0.0004)
+        stash_cause(redis_client, keys, "m-2", CauseRecord(), 0.0004)
     with pytest.raises(ConfigurationError, match=r"at least 0\.001 s"):
         durations.duration(0.0004, "dlx_cause_ttl")
