@@ -11,8 +11,8 @@ and defensively, and None for what is not a JSON object.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 from celery_dlx.message.headers import HistoryEntry
@@ -57,22 +57,9 @@ class CauseRecord:
 
     def to_json(self) -> str:
         """The stored JSON text (compact; ``exc_message`` cut at :data:`EXC_MESSAGE_LIMIT`)."""
-        data = {
-            "task": self.task,
-            "queue": self.queue,
-            "message_id": self.message_id,
-            "attempt": self.attempt,
-            "cause": self.cause,
-            "exc_type": self.exc_type,
-            "exc_message": self.exc_message[:EXC_MESSAGE_LIMIT],
-            "reason": self.reason,
-            "importance": self.importance,
-            "traceback": self.traceback,
-            "history": [e.to_json() for e in self.history],
-            "first_failure_ms": self.first_failure_ms,
-            "at_ms": self.at_ms,
-            "hostname": self.hostname,
-        }
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["exc_message"] = self.exc_message[:EXC_MESSAGE_LIMIT]
+        data["history"] = [e.to_json() for e in self.history]
         return json.dumps(data, separators=(",", ":"), default=str)
 
     @classmethod
@@ -93,22 +80,7 @@ class CauseRecord:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> CauseRecord:
         """The record of a parsed JSON object (see :meth:`from_json`)."""
-        return cls(
-            task=_str(data.get("task")) or None,
-            queue=_str(data.get("queue")),
-            message_id=_str(data.get("message_id")),
-            attempt=_int(data.get("attempt")),
-            cause=_str(data.get("cause")),
-            exc_type=_str(data.get("exc_type")),
-            exc_message=_str(data.get("exc_message")),
-            reason=_str(data.get("reason")),
-            importance=_str(data.get("importance")),
-            traceback=_str(data.get("traceback")),
-            history=_history(data.get("history")),
-            first_failure_ms=_int(data.get("first_failure_ms")),
-            at_ms=_int(data.get("at_ms")),
-            hostname=_str(data.get("hostname")) or None,
-        )
+        return cls(**{name: read(data.get(name)) for name, read in _READERS.items()})
 
 
 def _int(value: Any) -> int | None:
@@ -136,3 +108,19 @@ def _history(raw: Any) -> tuple[HistoryEntry, ...]:
             fate = item[1] if isinstance(item[1], str) else "?"
             out.append(HistoryEntry(item[0], fate, _str(item[2])))
     return tuple(out)
+
+
+def _optional_str(value: Any) -> str | None:
+    return _str(value) or None
+
+
+#: How each field is read from a stored object, by the field's declared type.
+_READERS: dict[str, Callable[[Any], Any]] = {
+    f.name: {
+        "str": _str,
+        "str | None": _optional_str,
+        "int | None": _int,
+        "tuple[HistoryEntry, ...]": _history,
+    }[str(f.type)]
+    for f in fields(CauseRecord)
+}

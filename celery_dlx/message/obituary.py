@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from celery_dlx.fates import FateEvent
 from celery_dlx.message import jsoncodec
 
 logger = logging.getLogger(__name__)
@@ -158,6 +159,34 @@ class Obituary:
         kwargs["x_death"] = tables(data.get("x_death") or [])
         kwargs["payload"] = payload
         return cls(**kwargs)
+
+    def fate_event(
+        self,
+        fate: str,
+        at_ms: int,
+        *,
+        reason: str | None = None,
+        traceback: str = "",
+        extra: dict[str, Any] | None = None,
+    ) -> FateEvent:
+        """A fate change of the buried message (``buried``, ``purged``, ``archived``...) with the
+        facts of this obituary; ``reason`` defaults to the burial's."""
+        return FateEvent(
+            fate=fate,
+            queue=self.queue,
+            message_id=self.message_id,
+            attempt=self.attempt,
+            task=self.task,
+            cause=self.cause,
+            exc_type=self.exc_type,
+            exc_message=self.exc_message,
+            reason=self.reason if reason is None else reason,
+            importance=self.importance,
+            traceback=traceback,
+            first_failure_ms=self.first_failure_ms,
+            at_ms=at_ms,
+            extra={} if extra is None else extra,
+        )
 
     def summary(self) -> dict[str, Any]:
         """A small JSON-safe view for logs, events and integrations (no payload, no headers)."""

@@ -162,20 +162,10 @@ class _Outage:
 
 def buried_event(ob: Obituary) -> FateEvent:
     """The one ``buried`` fate event of an obituary (history, log with traceback, listeners)."""
-    return FateEvent(
-        fate=BURIED,
-        queue=ob.queue,
-        message_id=ob.message_id,
-        attempt=ob.attempt,
-        task=ob.task,
-        cause=ob.cause,
-        exc_type=ob.exc_type,
-        exc_message=ob.exc_message,
-        reason=ob.reason,
-        importance=ob.importance,
+    return ob.fate_event(
+        BURIED,
+        ob.buried_ms,
         traceback=ob.traceback,
-        first_failure_ms=ob.first_failure_ms,
-        at_ms=ob.buried_ms,
         extra={
             "obituary_id": ob.id,
             "obituary_summary": ob.summary(),

@@ -372,24 +372,6 @@ def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
 When = datetime | timedelta | float | int
 
 
-def _leaving_event(fate: str, ob: Obituary, reason: str, at: int) -> FateEvent:
-    return FateEvent(
-        fate=fate,
-        queue=ob.queue,
-        message_id=ob.message_id,
-        attempt=ob.attempt,
-        task=ob.task,
-        cause=ob.cause,
-        exc_type=ob.exc_type,
-        exc_message=ob.exc_message,
-        reason=reason,
-        importance=ob.importance,
-        first_failure_ms=ob.first_failure_ms,
-        at_ms=at,
-        extra={"obituary_id": ob.id, "obituary": ob.json_safe()},
-    )
-
-
 def remove_all(
     runtime: Any, ids: Iterable[str], fate: str, reason: str, dry_run: bool
 ) -> tuple[list[str], list[str]]:
@@ -404,7 +386,12 @@ def remove_all(
             if dry_run:
                 removed.append(oid)
                 continue
-            event = _leaving_event(fate, ob, reason, now_ms())
+            event = ob.fate_event(
+                fate,
+                now_ms(),
+                reason=reason,
+                extra={"obituary_id": ob.id, "obituary": ob.json_safe()},
+            )
             if yard.remove(ob, event):
                 runtime.record(event, history=False)
                 removed.append(oid)
