@@ -27,7 +27,6 @@ from amqp.exceptions import PreconditionFailed
 
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.errors import PublishError, TopologyError
-from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.durations import EXPIRES_MARGIN_MS, ladder_ms
 
@@ -239,7 +238,7 @@ class Ladder:
             return
         targets = [self.plan(m.queue, max(0, m.due_ms - m.parked_ms)) for m in messages]
         self._declare(publisher, targets, force=False)
-        copies = [_outgoing(m, t) for m, t in zip(messages, targets, strict=True)]
+        copies = [m.outgoing(t.name) for m, t in zip(messages, targets, strict=True)]
         flags = publisher.publish_many(copies)
         missed = [i for i, ok in enumerate(flags) if not ok]
         if not missed:
@@ -276,16 +275,6 @@ class Ladder:
                 self.cache.mark(target.name)
         finally:
             close_quietly(channel)
-
-
-def _outgoing(message: ParkedMessage, target: DelayQueue) -> Outgoing:
-    return Outgoing(
-        body=message.body,
-        routing_key=target.name,
-        exchange="",
-        headers=dict(message.headers),
-        properties=dict(message.properties),
-    )
 
 
 def _mismatch_hint(target: DelayQueue, exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from celery_dlx.fates import now_ms
 from celery_dlx.message import jsoncodec
+from celery_dlx.message.outgoing import Outgoing
 
 
 @dataclass
@@ -36,6 +37,18 @@ class ParkedMessage:
     @property
     def entry_id(self) -> str:
         return f"{self.message_id}:{self.attempt}"
+
+    def outgoing(self, routing_key: str | None = None) -> Outgoing:
+        """The republish of this retry: its body, headers and properties through the default
+        exchange, to ``routing_key`` (default: its queue; the TTL ladder names a delay queue).
+        The publisher strips broker ``x-death*`` headers."""
+        return Outgoing(
+            body=self.body,
+            routing_key=self.queue if routing_key is None else routing_key,
+            exchange="",
+            headers=dict(self.headers),
+            properties=dict(self.properties),
+        )
 
     def meta_json(self) -> str:
         doc = {

@@ -130,3 +130,15 @@ def test_unreadable_metadata_raises_what_claim_catches(meta: bytes) -> None:
     # ParkingStore.claim keeps such an entry (leased, visible) on exactly these exception types.
     with pytest.raises((ValueError, KeyError, TypeError)):
         ParkedMessage.from_stored(meta, b"")
+
+
+@pytest.mark.parametrize(
+    ("routing_key", "expected"), [(None, "orders"), ("orders_dlq_5", "orders_dlq_5")]
+)
+def test_the_republish_of_a_parked_retry(routing_key: str | None, expected: str) -> None:
+    message = _message(headers={"h": b"\x01"}, properties={"priority": 3})
+    copy = message.outgoing(routing_key)
+    assert (copy.exchange, copy.routing_key, copy.body) == ("", expected, message.body)
+    assert copy.headers == {"h": b"\x01"} and copy.properties == {"priority": 3}
+    copy.headers["added"] = 1  # the copy's tables are its own
+    assert message.headers == {"h": b"\x01"}
