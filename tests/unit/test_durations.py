@@ -60,6 +60,18 @@ def _seconds_of(value: Any) -> float:
     return float(value)
 
 
+def _as_used(value: Any) -> tuple[float, int] | None:
+    """``(seconds, ms)`` as the runtime turns a value into a timedelta and whole ms, or None
+    where that raises."""
+    try:
+        seconds = _seconds_of(value)
+        ms = int(seconds * 1000)
+        timedelta(seconds=seconds)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return seconds, ms
+
+
 def runtime_takes_duration(value: Any) -> bool:
     """What the consumers of a duration setting accept.
 
@@ -67,26 +79,16 @@ def runtime_takes_duration(value: Any) -> bool:
     1 ms to an int64 of epoch ms), ``dlx_drain_interval`` a Celery beat schedule (a timedelta),
     ``dlx_drain_lease`` and ``dlx_graveyard_retention`` millisecond offsets of epoch-ms scores.
     """
-    try:
-        seconds = _seconds_of(value)
-        ms = int(seconds * 1000)
-        timedelta(seconds=seconds)
-    except (TypeError, ValueError, OverflowError):
-        return False
-    return seconds > 0 and ms >= 1 and now_ms() + ms <= INT64
+    used = _as_used(value)
+    return used is not None and used[0] > 0 and used[1] >= 1 and now_ms() + used[1] <= INT64
 
 
 def runtime_takes_delay(value: Any) -> bool:
     """What a park does with a backoff delay: ``due_ms = now + int(delay * 1000)``, an epoch-ms
     score (int64). Like every duration it stays within what a timedelta holds; a negative delay
     means nothing (it is refused as a mistake)."""
-    try:
-        seconds = _seconds_of(value)
-        ms = int(seconds * 1000)
-        timedelta(seconds=seconds)
-    except (TypeError, ValueError, OverflowError):
-        return False
-    return seconds >= 0 and now_ms() + ms <= INT64
+    used = _as_used(value)
+    return used is not None and used[0] >= 0 and now_ms() + used[1] <= INT64
 
 
 def _accepts(check: Any, value: Any) -> bool:
