@@ -27,9 +27,9 @@ import amqp
 from amqp.exceptions import PreconditionFailed
 
 from celery_dlx.broker.publish import ConfirmingPublisher
-from celery_dlx.errors import ConfigurationError, PublishError, TopologyError
-from celery_dlx.message.outgoing import Outgoing
+from celery_dlx.errors import PublishError, TopologyError
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.policy.durations import EXPIRES_MARGIN_MS, ladder_ms
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,9 @@ DECLARE_REFRESH = 60.0
 #: Seconds an unused delay queue outlives its TTL before RabbitMQ deletes it (``x-expires`` is
 #: TTL + this). RabbitMQ deletes an expired queue even if it still holds messages, so this must
 #: comfortably exceed :data:`DECLARE_REFRESH`: the last message published after the last declare
-#: then always leaves the queue before the queue does.
-EXPIRES_MARGIN = 3600.0
+#: then always leaves the queue before the queue does. The ladder's validator
+#: (:func:`celery_dlx.policy.durations.ladder_ms`) keeps TTL + this within RabbitMQ's limit.
+EXPIRES_MARGIN = EXPIRES_MARGIN_MS / 1000
 
 
 @dataclass(frozen=True)
@@ -59,33 +60,6 @@ class DelayQueue:
     @property
     def delay_seconds(self) -> float:
         return self.step_ms / 1000
-
-
-def step_ms(seconds: float) -> int:
-    """A delay in whole milliseconds (RabbitMQ's TTL unit), rounded to the nearest."""
-    return round(seconds * 1000)
-
-
-def ladder_ms(ladder: Iterable[float]) -> tuple[int, ...]:
-    """The steps of ``dlx_ttl_ladder`` in milliseconds.
-
-    Raises:
-        ConfigurationError: a step below 1 ms, or two steps equal once in milliseconds.
-    """
-    seconds = tuple(ladder)
-    steps = tuple(step_ms(s) for s in seconds)
-    if not steps:
-        raise ConfigurationError("dlx_ttl_ladder must have at least one step")
-    if steps[0] < 1:
-        raise ConfigurationError(
-            f"dlx_ttl_ladder steps must be at least 0.001 s (RabbitMQ TTLs are whole "
-            f"milliseconds), got {min(seconds)}"
-        )
-    if list(steps) != sorted(set(steps)):
-        raise ConfigurationError(
-            f"dlx_ttl_ladder steps must differ by at least 1 ms, got {[s / 1000 for s in steps]}"
-        )
-    return steps
 
 
 def format_seconds(ms: int) -> str:
@@ -126,7 +100,7 @@ def delay_queue_name(queue: str, ms: int) -> str:
 
 def expires_ms(ms: int) -> int:
     """``x-expires`` of a delay queue whose TTL is ``ms``: TTL + :data:`EXPIRES_MARGIN`."""
-    return ms + int(EXPIRES_MARGIN * 1000)
+    return ms + EXPIRES_MARGIN_MS
 
 
 def delay_queue_arguments(queue: str, ms: int, *, quorum: bool = False) -> dict[str, Any]:
@@ -265,7 +239,7 @@ class Ladder:
             return
         targets = [self.plan(m.queue, max(0, m.due_ms - m.parked_ms)) for m in messages]
         self._declare(publisher, targets, force=False)
-        copies = [_outgoing(m, t) for m, t in zip(messages, targets, strict=True)]
+        copies = [m.outgoing(t.name) for m, t in zip(messages, targets, strict=True)]
         flags = publisher.publish_many(copies)
         missed = [i for i, ok in enumerate(flags) if not ok]
         if not missed:
@@ -302,16 +276,6 @@ class Ladder:
                 self.cache.mark(target.name)
         finally:
             close_quietly(channel)
-
-
-def _outgoing(message: ParkedMessage, target: DelayQueue) -> Outgoing:
-    return Outgoing(
-        body=message.body,
-        routing_key=target.name,
-        exchange="",
-        headers=dict(message.headers),
-        properties=dict(message.properties),
-    )
 
 
 def _mismatch_hint(target: DelayQueue, exc: BaseException) -> str:

@@ -36,7 +36,7 @@ class WindowBudget:
             raise ValueError(f"budget limit must be >= 1, got {limit}")
         if window <= 0:
             raise ValueError(f"budget window must be > 0 seconds, got {window}")
-        self.base = "{" + keys.prefix + "}:budget:" + name + ":"
+        self.base = keys.budget(name)
         self.limit = limit
         self.window_ms = max(1, int(window * 1000))
         self._script: Any = None

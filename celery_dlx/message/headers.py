@@ -264,14 +264,31 @@ def parse_x_death(headers: Mapping[str, Any] | None) -> list[Death]:
 def x_death_problem(headers: Mapping[str, Any] | None) -> str | None:
     """The reason ``x-death`` is malformed, or None when it is absent or well formed.
 
-    A message with a malformed ``x-death`` must never be rejected into a dead-letter exchange
-    (RabbitMQ 3.10 crashes the queue process on it); callers bury it by publishing a clean copy.
+    What such a message may not be is decided by :func:`dead_letter_refusal`.
     """
     try:
         parse_x_death(headers)
     except MalformedHeader as exc:
         return str(exc)
     return None
+
+
+def dead_letter_refusal(headers: Mapping[str, Any] | None) -> str | None:
+    """Why a message must never be rejected into a dead-letter exchange, or None when it may be.
+
+    The malformed-``x-death`` rule, decided here and nowhere else: RabbitMQ 3.10 crashes the
+    queue process when it dead-letters a message whose ``x-death`` is malformed. For a message
+    this refuses, every worker-side path does the same two things:
+
+    * it is buried by publishing a clean copy to the graveyard (quarantine), not by reject;
+    * when that publish fails, or the message cannot be handled at all, it goes back to its
+      queue (``Reject(requeue=True)``, ``message.requeue()``), never ``reject(requeue=False)``.
+
+    Returns:
+        ``"malformed x-death: <what is wrong>"``, the reason the burial records.
+    """
+    problem = x_death_problem(headers)
+    return None if problem is None else f"malformed x-death: {problem}"
 
 
 def message_identity(

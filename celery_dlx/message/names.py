@@ -80,24 +80,46 @@ class Keys:
         self.parked_meta = f"{base}:parked:meta"
         #: Hash: parked entry id -> raw body bytes.
         self.parked_body = f"{base}:parked:body"
-        #: Stream: the failure history, one entry per fate change.
+        #: Stream: the failure history, one entry per fate change (``spark/dlx_source.py`` reads
+        #: the same name).
         self.history = f"{base}:history"
-        #: Hash per message: the cause of a burial known only to the worker (read by the service).
+        #: Hash: the Spark export's checkpoint mirrored next to the stream (written by
+        #: ``spark/dlx_stream.py``, which cannot import this module: the name is tested equal).
+        self.history_export = f"{self.history}:export"
+        #: String: the Spark export's lock (``spark/dlx_stream.py``, likewise).
+        self.history_export_lock = f"{self.history}:export:lock"
+        #: String per message: the cause of a burial known only to the worker (read by the service).
         self.cause_prefix = f"{base}:cause:"
         #: Graveyard keys (obituaries and their indexes).
         self.graveyard_prefix = f"{base}:graveyard:"
-        #: Counters per queue, fate and minute.
+        #: Hash per epoch minute: fate counters per queue (``store/counters.py`` formats them).
         self.counter_prefix = f"{base}:count:"
-        #: Set of message identities already handled by the DLX service (dedup of redeliveries).
+        #: String per message identity already handled by the DLX service (dedup of redeliveries).
         self.seen_prefix = f"{base}:seen:"
         #: Replay ledger.
         self.replay_ledger = f"{base}:replay:ledger"
+        #: Hash: queue -> epoch ms a ``check`` first saw it with messages and no consumer.
+        self.consumerless = f"{base}:check:consumerless"
+        #: Rate-limit budgets (Sentry events per cause...): ``budget(name)`` + what is counted.
+        self.budget_prefix = f"{base}:budget:"
 
     def cause(self, message_id: str) -> str:
         return f"{self.cause_prefix}{message_id}"
 
     def graveyard(self, suffix: str) -> str:
         return f"{self.graveyard_prefix}{suffix}"
+
+    def counter(self, minute: int) -> str:
+        """The counters' hash of one epoch minute."""
+        return f"{self.counter_prefix}{minute}"
+
+    def seen(self, identity: str) -> str:
+        """The DLX service's marker of one handled dead letter."""
+        return f"{self.seen_prefix}{identity}"
+
+    def budget(self, name: str) -> str:
+        """The prefix of one rate-limit budget's keys (``budget(name) + what``)."""
+        return f"{self.budget_prefix}{name}:"
 
 
 #: Header the worker's main process adds to a delivery, naming the queue it was consumed from

@@ -1,7 +1,7 @@
 """The obituary: everything known about one buried message, and the hook task that is sent it.
 
 An :class:`Obituary` is written to the graveyard by the DLX service when it buries a dead letter.
-Its record is JSON (header and property values tagged so bytes and datetimes survive); the payload
+Its record is JSON (header and property values tagged by :mod:`celery_dlx.message.jsoncodec`); the payload
 is kept aside as raw bytes, never decoded here and never unpickled. :func:`send_to_hook` sends the
 JSON-safe form (payload as base64 with its content type) to the task named by
 ``dlx_obituary_task``.
@@ -10,16 +10,16 @@ JSON-safe form (payload as base64 with its content type) to the task named by
 from __future__ import annotations
 
 import base64
-import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from datetime import date, datetime
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from celery import Celery
+
+from celery_dlx.fates import FateEvent
+from celery_dlx.message import jsoncodec
 
 logger = logging.getLogger(__name__)
 
@@ -30,87 +30,6 @@ HOOK_PAYLOAD_LIMIT = 1024 * 1024
 #: Obituary origins: a Celery task message, or a message of any other producer or consumer.
 ORIGIN_CELERY = "celery"
 ORIGIN_FOREIGN = "foreign"
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` as JSON-safe data: bytes, datetimes and decimals tagged so they can be restored.
-
-    Tags: ``{"__bytes__": hex}``, ``{"__datetime__": iso}``, ``{"__decimal__": text}``; anything
-    else unknown becomes ``{"__repr__": repr}``.
-    """
-    if isinstance(value, Mapping):
-        return _escaped({str(k): jsonable(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"__bytes__": bytes(value).hex()}
-    if isinstance(value, (datetime, date)):
-        return {"__datetime__": value.isoformat()}
-    if isinstance(value, Decimal):
-        return {"__decimal__": str(value)}
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return {"__repr__": repr(value)[:1000]}
-
-
-#: Keys of the tags; a table of user data using one is escaped so it never reads as a tag.
-TAG_KEYS = ("__bytes__", "__datetime__", "__decimal__", "__repr__")
-#: Marks a table whose keys were escaped, and prefixes each escaped key.
-ESCAPED = "__escaped__"
-
-
-def _needs_escape(key: str) -> bool:
-    return key in TAG_KEYS or key.startswith(ESCAPED)
-
-
-def _escaped(table: dict[str, Any]) -> dict[str, Any]:
-    if not any(_needs_escape(k) for k in table):
-        return table
-    out = {(ESCAPED + k if _needs_escape(k) else k): v for k, v in table.items()}
-    out[ESCAPED] = 1
-    return out
-
-
-def _tag(value: Any) -> Any:
-    """``json.dumps`` default: the :func:`jsonable` tag of a value JSON cannot hold."""
-    tagged = jsonable(value)
-    if tagged is value:
-        raise TypeError(f"cannot tag {type(value).__name__}")
-    return tagged
-
-
-def _tag_keys_in_data(text: str, tags: int) -> bool:
-    """Whether JSON ``text``, in which ``tags`` values were tagged, uses a tag's key elsewhere."""
-    if '"__' not in text:  # one scan settles the common case
-        return False
-    found = sum(text.count(f'"{key}":') for key in TAG_KEYS)
-    return found > tags or f'"{ESCAPED}' in text
-
-
-def from_jsonable(value: Any) -> Any:
-    """Undo :func:`jsonable` (``__repr__`` values stay text)."""
-    if isinstance(value, dict):
-        if len(value) == 1:
-            (tag, inner), *_ = value.items()
-            if tag == "__bytes__" and isinstance(inner, str):
-                return bytes.fromhex(inner)
-            if tag == "__datetime__" and isinstance(inner, str):
-                return datetime.fromisoformat(inner)
-            if tag == "__decimal__" and isinstance(inner, str):
-                return Decimal(inner)
-            if tag == "__repr__":
-                return inner
-        if ESCAPED in value:
-            cut = len(ESCAPED)
-            return {
-                (k[cut:] if k.startswith(ESCAPED) else k): from_jsonable(v)
-                for k, v in value.items()
-                if k != ESCAPED
-            }
-        return {k: from_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [from_jsonable(v) for v in value]
-    return value
 
 
 @dataclass
@@ -200,9 +119,9 @@ class Obituary:
         data["attempts"] = [
             {"at_ms": a.at_ms, "fate": a.fate, "cause": a.cause} for a in self.attempts
         ]
-        data["headers"] = jsonable(self.headers)
-        data["properties"] = jsonable(self.properties)
-        data["x_death"] = jsonable(self.x_death)
+        data["headers"] = jsoncodec.to_jsonable(self.headers)
+        data["properties"] = jsoncodec.to_jsonable(self.properties)
+        data["x_death"] = jsoncodec.to_jsonable(self.x_death)
         return data
 
     def record_json(self) -> str:
@@ -214,19 +133,7 @@ class Obituary:
         data["headers"] = self.headers
         data["properties"] = self.properties
         data["x_death"] = self.x_death
-        tagged = [0]
-
-        def tag(value: Any) -> Any:
-            tagged[0] += 1
-            return _tag(value)
-
-        try:
-            text = json.dumps(data, separators=(",", ":"), default=tag)
-        except (TypeError, ValueError):  # a non-text key or a NaN: the slow, total path
-            return json.dumps(self.record(), separators=(",", ":"))
-        if _tag_keys_in_data(text, tagged[0]):
-            return json.dumps(self.record(), separators=(",", ":"))  # escapes those tables
-        return text
+        return jsoncodec.dumps(data)
 
     @classmethod
     def from_record(
@@ -237,7 +144,11 @@ class Obituary:
         Raises:
             ValueError: the record is not JSON or lacks id, message_id, queue, reason or buried_ms.
         """
-        data = json.loads(record) if isinstance(record, (str, bytes)) else dict(record)
+        if isinstance(record, (str, bytes)):
+            data = jsoncodec.loads(record)  # tags decoded while parsing
+            tables: Callable[[Any], Any] = _as_decoded
+        else:
+            data, tables = dict(record), jsoncodec.from_jsonable
         if not isinstance(data, dict):
             raise ValueError("an obituary record must be a JSON object")
         missing = [k for k in ("id", "message_id", "queue", "reason", "buried_ms") if k not in data]
@@ -246,11 +157,39 @@ class Obituary:
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["attempts"] = [Attempt(**a) for a in data.get("attempts") or []]
-        kwargs["headers"] = from_jsonable(data.get("headers") or {})
-        kwargs["properties"] = from_jsonable(data.get("properties") or {})
-        kwargs["x_death"] = from_jsonable(data.get("x_death") or [])
+        kwargs["headers"] = tables(data.get("headers") or {})
+        kwargs["properties"] = tables(data.get("properties") or {})
+        kwargs["x_death"] = tables(data.get("x_death") or [])
         kwargs["payload"] = payload
         return cls(**kwargs)
+
+    def fate_event(
+        self,
+        fate: str,
+        at_ms: int,
+        *,
+        reason: str | None = None,
+        traceback: str = "",
+        extra: dict[str, Any] | None = None,
+    ) -> FateEvent:
+        """A fate change of the buried message (``buried``, ``purged``, ``archived``...) with the
+        facts of this obituary; ``reason`` defaults to the burial's."""
+        return FateEvent(
+            fate=fate,
+            queue=self.queue,
+            message_id=self.message_id,
+            attempt=self.attempt,
+            task=self.task,
+            cause=self.cause,
+            exc_type=self.exc_type,
+            exc_message=self.exc_message,
+            reason=self.reason if reason is None else reason,
+            importance=self.importance,
+            traceback=traceback,
+            first_failure_ms=self.first_failure_ms,
+            at_ms=at_ms,
+            extra={} if extra is None else extra,
+        )
 
     def summary(self) -> dict[str, Any]:
         """A small JSON-safe view for logs, events and integrations (no payload, no headers)."""
@@ -295,6 +234,10 @@ class Obituary:
             "truncated": left_out,
         }
         return data
+
+
+def _as_decoded(value: Any) -> Any:
+    return value
 
 
 #: Obituary fields stored as they are (the others are converted or kept out of the record).

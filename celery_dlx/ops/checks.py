@@ -178,7 +178,7 @@ def find_orphans(
 
 def consumerless_key(keys: Keys) -> str:
     """Redis hash: queue -> epoch ms a ``check`` first saw it with messages and no consumer."""
-    return "{" + keys.prefix + "}:check:consumerless"
+    return keys.consumerless
 
 
 def remember_consumerless(

@@ -7,7 +7,8 @@ from typing import Any
 
 from amqp.exceptions import NotFound
 
-from celery_dlx.broker.ladder import close_quietly, delay_queue_name, ladder_ms
+from celery_dlx.broker.ladder import close_quietly, delay_queue_name
+from celery_dlx.policy.durations import ladder_ms
 from celery_dlx.worker.runtime import Runtime
 
 

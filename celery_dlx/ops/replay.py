@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_dlx.errors import DLXError, PublishError
+from celery_dlx.broker.errors import BROKER_ERRORS
+from celery_dlx.errors import DLXError
 from celery_dlx.fates import BURIED, PARKED, RECOVERED, REPLAYED, REQUEUED, FateEvent, now_ms
 from celery_dlx.message.headers import clean_headers
 from celery_dlx.message.names import OWN_HEADERS, REPLAYED_HEADER
@@ -174,7 +175,7 @@ def _replay_chunk(
     copies = [replay_copy(ob, keep_attempts=keep_attempts) for ob in todo]
     try:
         results = runtime.publisher.publish_many(copies)
-    except (PublishError, OSError) as exc:
+    except BROKER_ERRORS as exc:
         runtime.reset_publisher()
         report.failed.extend((ob.id, f"not confirmed: {exc}") for ob in todo)
         return

@@ -18,6 +18,7 @@ from typing import Any
 
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import PARKED, REQUEUED, Park
+from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import (
     Death,
     DLXState,
@@ -245,47 +246,30 @@ class RequeueVerdict:
 Verdict = BuryVerdict | ParkVerdict | RequeueVerdict
 
 
-def _int(value: Any, default: int | None) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return default
-    return int(value)
-
-
-def _str(value: Any, default: str = "") -> str:
-    return value if isinstance(value, str) else default
-
-
-def _record_history(raw: Any) -> tuple[HistoryEntry, ...]:
-    out = []
-    for item in raw if isinstance(raw, list) else ():
-        if isinstance(item, list) and len(item) == 3 and isinstance(item[0], int):
-            out.append(HistoryEntry(item[0], _str(item[1], "?"), _str(item[2])))
-    return tuple(out)
-
-
 def bury_from_record(
-    letter: DeadLetter, record: Mapping[str, Any], config: DLXConfig, now: int
+    letter: DeadLetter, record: CauseRecord, config: DLXConfig, now: int
 ) -> BuryVerdict:
-    """The burial a worker decided, with the cause it stashed (its fields read defensively)."""
-    queue = _str(record.get("queue")) or letter.queue
-    history = _record_history(record.get("history"))
-    exc_type = _str(record.get("exc_type"))
-    exc_message = _str(record.get("exc_message"))
-    task = _str(record.get("task")) or letter.task
+    """The burial a worker decided, with the cause it stashed (unknown fields from the letter)."""
+    queue = record.queue or letter.queue
+    task = record.task or letter.task
     return BuryVerdict(
-        reason=_str(record.get("reason")) or "buried by the worker",
-        cause=_str(record.get("cause")) or fingerprint(task or queue, exc_type, exc_message),
-        exc_type=exc_type,
-        exc_message=exc_message,
-        traceback=_str(record.get("traceback")),
-        importance=_str(record.get("importance")) or config.importance(queue),
-        attempt=_int(record.get("attempt"), letter.state.attempt + 1) or 0,
-        history=history or (*letter.state.history, HistoryEntry(now, "buried", "")),
-        first_failure_ms=_int(record.get("first_failure_ms"), letter.state.first_failure_ms),
-        last_failure_ms=_int(record.get("at_ms"), now),
+        reason=record.reason or "buried by the worker",
+        cause=record.cause or fingerprint(task or queue, record.exc_type, record.exc_message),
+        exc_type=record.exc_type,
+        exc_message=record.exc_message,
+        traceback=record.traceback,
+        importance=record.importance or config.importance(queue),
+        attempt=letter.state.attempt + 1 if record.attempt is None else record.attempt,
+        history=record.history or (*letter.state.history, HistoryEntry(now, "buried", "")),
+        first_failure_ms=(
+            letter.state.first_failure_ms
+            if record.first_failure_ms is None
+            else record.first_failure_ms
+        ),
+        last_failure_ms=now if record.at_ms is None else record.at_ms,
         task=task,
         queue=queue,
-        hostname=_str(record.get("hostname")) or None,
+        hostname=record.hostname,
         from_worker=True,
     )
 
@@ -369,7 +353,7 @@ def _from_policy(letter: DeadLetter, config: DLXConfig, exc: BaseException, now:
 
 
 def decide_letter(
-    letter: DeadLetter, config: DLXConfig, record: Mapping[str, Any] | None, now: int
+    letter: DeadLetter, config: DLXConfig, record: CauseRecord | None, now: int
 ) -> Verdict:
     """The fate of a dead letter.
 

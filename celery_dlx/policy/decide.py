@@ -6,6 +6,7 @@ it does no I/O, so every rule is a table test.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from abc import ABC, abstractmethod
@@ -17,6 +18,7 @@ from typing import Any
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import Bury, Park, Requeue
 from celery_dlx.message.headers import DLXState
+from celery_dlx.policy import durations
 
 #: What a classification list may hold: exception classes, or predicates over an exception.
 Matcher = type[BaseException] | Callable[[BaseException], bool]
@@ -75,7 +77,10 @@ class ExponentialBackoff(Backoff):
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
     def __call__(self, park_index: int) -> float:
-        delay = min(self.max, self.base * self.factor ** min(park_index, 64))
+        try:
+            delay = min(self.max, self.base * self.factor ** min(park_index, 64))
+        except OverflowError:  # a large factor: past any max
+            delay = self.max
         if self.jitter:
             delay -= delay * self.jitter * self.rng.random()
         return delay
@@ -88,23 +93,17 @@ class CallableBackoff(Backoff):
     fn: Callable[[int], float]
 
     def __call__(self, park_index: int) -> float:
-        delay = float(self.fn(park_index))
-        if delay < 0:
-            raise ConfigurationError(f"dlx_backoff callable returned a negative delay: {delay}")
-        return delay
-
-
-def _seconds(value: Any, name: str) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ConfigurationError(f"{name} must hold non-negative seconds, got {value!r}")
-    return float(value)
+        delay = self.fn(park_index)
+        if not isinstance(delay, (bool, timedelta)):
+            with contextlib.suppress(TypeError, ValueError):  # refused below, naming the value
+                delay = float(delay)
+        try:
+            return durations.delay(delay, "dlx_backoff callable")
+        except ConfigurationError:
+            raise ConfigurationError(
+                f"dlx_backoff callable returned a negative delay or not a delay: {delay!r} "
+                f"(return seconds from 0 to {durations.MAX_SECONDS:.0f})"
+            ) from None
 
 
 def _number(value: Any, name: str) -> float:
@@ -137,15 +136,15 @@ def parse_backoff(value: Any, name: str = "dlx_backoff") -> Backoff:
         if factor < 1:
             raise ConfigurationError(f"{name}['factor'] must be >= 1, got {factor}")
         return ExponentialBackoff(
-            base=_seconds(value.get("base", 10.0), f"{name}['base']"),
+            base=durations.delay(value.get("base", 10.0), f"{name}['base']"),
             factor=factor,
-            max=_seconds(value.get("max", 3600.0), f"{name}['max']"),
+            max=durations.delay(value.get("max", 3600.0), f"{name}['max']"),
             jitter=jitter,
         )
     if isinstance(value, (list, tuple)):
         if not value:
             raise ConfigurationError(f"{name} must not be an empty list")
-        return ListBackoff(tuple(_seconds(v, f"{name}[{i}]") for i, v in enumerate(value)))
+        return ListBackoff(tuple(durations.delay(v, f"{name}[{i}]") for i, v in enumerate(value)))
     if callable(value):
         return CallableBackoff(value)
     raise ConfigurationError(

@@ -10,11 +10,11 @@ import importlib.util
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, TypedDict
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_KEY_PREFIX, DEFAULT_SERVICE_QUEUE
+from celery_dlx.policy import durations
 from celery_dlx.policy.decide import Backoff, Policy, parse_backoff
 
 #: Task importances: ``page`` wakes someone, ``notify`` tells them later, ``ignore`` sends nothing.
@@ -60,11 +60,7 @@ def _optional_count(name: str, value: object) -> int | None:
 
 
 def _seconds(name: str, value: object) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    return durations.duration(value, name)
 
 
 def _optional_seconds(name: str, value: object) -> float | None:
@@ -99,16 +95,7 @@ def _str_list(name: str, value: object) -> tuple[str, ...]:
 
 
 def _ladder(name: str, value: object) -> tuple[float, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        raise ConfigurationError(f"{name} must be a non-empty list of seconds, got {value!r}")
-    steps = tuple(_seconds(f"{name}[{i}]", v) for i, v in enumerate(value))
-    if steps[0] < 0.001:
-        raise ConfigurationError(
-            f"{name} steps must be at least 0.001 s (RabbitMQ TTLs are whole milliseconds), got {steps[0]}"
-        )
-    if list(steps) != sorted(set(steps)):
-        raise ConfigurationError(f"{name} must be strictly increasing, got {list(steps)}")
-    return steps
+    return durations.ladder(value, name)
 
 
 def _key_prefix(name: str, value: object) -> str:

@@ -14,7 +14,6 @@ retried, with one log line per outage.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -27,18 +26,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
-from amqp.exceptions import AMQPError, PreconditionFailed
+from amqp.exceptions import PreconditionFailed
 from celery import Celery
 from kombu import Connection
-from kombu.exceptions import OperationalError
 from kombu.transport.pyamqp import Channel as AMQPChannel
 from redis.exceptions import RedisError
 
+from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.broker.topology import service_queue
 from celery_dlx.compat import install_tolerant_properties
-from celery_dlx.errors import DLXError, PublishError, TopologyError
+from celery_dlx.errors import DLXError, TopologyError
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
+from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import clean_headers, read_state
 from celery_dlx.message.names import HISTORY_HEADER
 from celery_dlx.message.obituary import Obituary, send_to_hook
@@ -77,15 +77,8 @@ SWEEP_INTERVAL = 60.0
 #: Waits (seconds) between retries while Redis or the broker is unavailable; the last repeats.
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
-#: Errors of the broker side (connection, channel, publish confirm).
-BROKER_ERRORS: tuple[type[BaseException], ...] = (
-    OperationalError,
-    AMQPError,
-    OSError,
-    ConnectionError,
-)
 #: Errors that mean "not now": the batch stays unacked and is retried.
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (RedisError, PublishError, *BROKER_ERRORS)
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (RedisError, *BROKER_ERRORS)
 
 
 # Set every key of KEYS with a time to live of ARGV[1] ms: the batch's "handled" markers.
@@ -128,7 +121,7 @@ class _Work:
     message: Any
     letter: DeadLetter
     verdict: Verdict | None = None
-    record: dict[str, Any] | None = None
+    record: CauseRecord | None = None
     duplicate: bool = False
 
 
@@ -169,32 +162,12 @@ class _Outage:
             logger.warning("DLX service: %s back after %.1fs", self.what, time.monotonic() - since)
 
 
-def _parse_record(raw: Any) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def buried_event(ob: Obituary) -> FateEvent:
     """The one ``buried`` fate event of an obituary (history, log with traceback, listeners)."""
-    return FateEvent(
-        fate=BURIED,
-        queue=ob.queue,
-        message_id=ob.message_id,
-        attempt=ob.attempt,
-        task=ob.task,
-        cause=ob.cause,
-        exc_type=ob.exc_type,
-        exc_message=ob.exc_message,
-        reason=ob.reason,
-        importance=ob.importance,
+    return ob.fate_event(
+        BURIED,
+        ob.buried_ms,
         traceback=ob.traceback,
-        first_failure_ms=ob.first_failure_ms,
-        at_ms=ob.buried_ms,
         extra={
             "obituary_id": ob.id,
             "obituary_summary": ob.summary(),
@@ -415,7 +388,7 @@ class DLXService:
             try:
                 self.settle(batch)
             except Exception as exc:  # Redis or broker down, or a bug: hold the batch, retry
-                if isinstance(exc, (*BROKER_ERRORS, PublishError)):
+                if isinstance(exc, BROKER_ERRORS):
                     self._close_publisher()
                 delay = outage.begin(exc, len(batch), self.stats)
                 if not isinstance(exc, TRANSIENT_ERRORS):
@@ -516,7 +489,7 @@ class DLXService:
         )
 
     def _seen_key(self, letter: DeadLetter) -> str:
-        return f"{self.runtime.keys.seen_prefix}{letter.key}"
+        return self.runtime.keys.seen(letter.key)
 
     def _lookup(self, works: list[_Work]) -> None:
         """Which letters were handled before, and the worker's cause records: two MGETs."""
@@ -527,7 +500,7 @@ class DLXService:
         )
         for w, marker, record in zip(works, seen, records, strict=True):
             w.duplicate = marker is not None
-            w.record = _parse_record(record)
+            w.record = CauseRecord.from_json(record)
 
     def _decide(self, work: _Work, now: int) -> Verdict:
         try:

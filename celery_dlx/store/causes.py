@@ -1,39 +1,29 @@
-"""Cause records: what a worker knows about a burial that the dead letter itself cannot carry.
+"""Cause records in Redis: what a worker knows about a burial that the dead letter cannot carry.
 
 A Celery task buried by reject reaches the DLX service as the original message: the exception,
-traceback and attempt history live only in the worker. The worker stashes them here, keyed by
-message id, before it rejects; the DLX service takes them when it writes the obituary.
+traceback and attempt history live only in the worker. The worker stashes a
+:class:`~celery_dlx.message.cause.CauseRecord` here, keyed by message id, before it rejects; the
+DLX service takes it (in its batch ``MGET``) when it writes the obituary.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.names import Keys
 
 
 def stash_cause(
-    client: Any, keys: Keys, message_id: str, record: dict[str, Any], ttl_seconds: float
+    client: Any, keys: Keys, message_id: str, record: CauseRecord, ttl_seconds: float
 ) -> None:
-    """Store ``record`` (JSON-safe) for ``message_id`` for ``ttl_seconds``."""
-    client.set(
-        keys.cause(message_id),
-        json.dumps(record, separators=(",", ":"), default=str),
-        px=int(ttl_seconds * 1000),
-    )
+    """Store ``record`` for ``message_id`` for ``ttl_seconds``."""
+    client.set(keys.cause(message_id), record.to_json(), px=int(ttl_seconds * 1000))
 
 
-def read_cause(client: Any, keys: Keys, message_id: str) -> dict[str, Any] | None:
+def read_cause(client: Any, keys: Keys, message_id: str) -> CauseRecord | None:
     """The stashed record for ``message_id``, or None. Unreadable records read as None."""
-    raw = client.get(keys.cause(message_id))
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    return CauseRecord.from_json(client.get(keys.cause(message_id)))
 
 
 def drop_cause(client: Any, keys: Keys, message_id: str) -> None:

@@ -1,27 +1,47 @@
-"""Read side of the per-minute fate counters (``celery dlx stats``, alert checks).
+"""The per-minute fate counters: their one format, written and read here.
 
-``Runtime._count`` increments one Redis hash per epoch minute, ``{prefix}:count:<minute>``, with
-one field per ``<queue>|<fate>``; each hash expires after ``runtime.COUNTER_TTL`` seconds. This
-module reads those hashes back: rows per minute, totals over a window, a zero-filled series for
-graphs, threshold checks an alert can exit on, and a Prometheus text rendering for a textfile
-collector.
+Every recorded fate change increments one Redis hash per epoch minute, ``keys.counter(minute)``
+(``{prefix}:count:<minute>``), field ``<queue>|<fate>`` (:func:`field_name`); each hash expires
+after :data:`COUNTER_TTL` seconds. :func:`add_counts` is the write side (the runtime calls it in
+the pipeline that appends the history); the rest reads the hashes back: rows per minute, totals
+over a window, a zero-filled series for graphs, threshold checks an alert can exit on, and a
+Prometheus text rendering for a textfile collector.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery_dlx.errors import ConfigurationError
-from celery_dlx.fates import FATE_CHANGES, now_ms
+from celery_dlx.fates import FATE_CHANGES, FateEvent, now_ms
 from celery_dlx.message.names import Keys
 
-#: The field separator ``Runtime._count`` writes between queue and fate.
+#: The field separator between queue and fate.
 SEPARATOR = "|"
-#: Most minutes one read may cover (the counters' own retention is eight days).
-MAX_MINUTES = 8 * 24 * 60
+#: Seconds a per-minute counter is kept.
+COUNTER_TTL = 8 * 86400
+#: Most minutes one read may cover (the counters' own retention).
+MAX_MINUTES = COUNTER_TTL // 60
+
+
+def field_name(queue: str, fate: str) -> str:
+    """The hash field counting ``fate`` in ``queue``: ``<queue>|<fate>``."""
+    return f"{queue}{SEPARATOR}{fate}"
+
+
+def add_counts(pipe: Any, keys: Keys, events: Iterable[FateEvent]) -> None:
+    """Queue in ``pipe`` the increments of ``events`` (one ``HINCRBY`` per minute and field, one
+    ``EXPIRE`` per minute); the caller executes it."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for event in events:
+        counts[(keys.counter(minute_of(event.at_ms)), field_name(event.queue, event.fate))] += 1
+    for (key, name), n in counts.items():
+        pipe.hincrby(key, name, n)
+    for key in {key for key, _ in counts}:
+        pipe.expire(key, COUNTER_TTL)
 
 
 @dataclass(frozen=True)
@@ -115,10 +135,10 @@ def read_minutes(client: Any, keys: Keys, start_minute: int, end_minute: int) ->
     minutes = list(range(start_minute, end_minute + 1))
     pipe = client.pipeline(transaction=False)
     for minute in minutes:
-        pipe.hgetall(f"{keys.counter_prefix}{minute}")
+        pipe.hgetall(keys.counter(minute))
     result = Counts(start_minute=start_minute, end_minute=end_minute)
     for minute, fields in zip(minutes, pipe.execute(), strict=True):
-        key = f"{keys.counter_prefix}{minute}"
+        key = keys.counter(minute)
         for raw_name, raw_value in sorted((fields or {}).items()):
             name, value = _text(raw_name), _text(raw_value)
             try:

@@ -41,7 +41,7 @@ from typing import Any
 from celery_dlx.fates import ARCHIVED, FateEvent, now_ms
 from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Obituary
-from celery_dlx.store.history import history_fields
+from celery_dlx.store.history import history_args
 from celery_dlx.store.parking import run_script_many
 
 logger = logging.getLogger(__name__)
@@ -102,10 +102,6 @@ return 1
 
 def text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _flat(fields: dict[str, str]) -> list[str]:
-    return [item for pair in fields.items() for item in pair]
 
 
 @dataclass
@@ -216,7 +212,7 @@ class Graveyard:
         calls = []
         for ob, event in items:
             facts = [ob.queue, ob.task or "", ob.cause, ob.exc_type, ob.exc_message[:500]]
-            facts.extend(_flat(history_fields(event)))
+            facts.extend(history_args(event))
             args = [ob.id, ob.buried_ms, ob.record_json(), ob.payload or b"", json.dumps(facts)]
             calls.append(([*self._index_keys(ob), self.keys.cause(ob.message_id)], args))
         return [bool(r) for r in run_script_many(self.client, self._write, calls)]
@@ -224,7 +220,7 @@ class Graveyard:
     def remove(self, ob: Obituary, event: FateEvent) -> bool:
         """Append ``event`` to the history and delete ``ob``, atomically; False if it was gone."""
         keys = [*self._index_keys(ob), self.keys.replay_ledger]
-        args = [ob.id, ob.queue, ob.task or "", ob.cause, *_flat(history_fields(event))]
+        args = [ob.id, ob.queue, ob.task or "", ob.cause, *history_args(event)]
         return bool(self._remove(keys=keys, args=args))
 
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
@@ -376,24 +372,6 @@ def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
 When = datetime | timedelta | float | int
 
 
-def _leaving_event(fate: str, ob: Obituary, reason: str, at: int) -> FateEvent:
-    return FateEvent(
-        fate=fate,
-        queue=ob.queue,
-        message_id=ob.message_id,
-        attempt=ob.attempt,
-        task=ob.task,
-        cause=ob.cause,
-        exc_type=ob.exc_type,
-        exc_message=ob.exc_message,
-        reason=reason,
-        importance=ob.importance,
-        first_failure_ms=ob.first_failure_ms,
-        at_ms=at,
-        extra={"obituary_id": ob.id, "obituary": ob.json_safe()},
-    )
-
-
 def remove_all(
     runtime: Any, ids: Iterable[str], fate: str, reason: str, dry_run: bool
 ) -> tuple[list[str], list[str]]:
@@ -408,7 +386,12 @@ def remove_all(
             if dry_run:
                 removed.append(oid)
                 continue
-            event = _leaving_event(fate, ob, reason, now_ms())
+            event = ob.fate_event(
+                fate,
+                now_ms(),
+                reason=reason,
+                extra={"obituary_id": ob.id, "obituary": ob.json_safe()},
+            )
             if yard.remove(ob, event):
                 runtime.record(event, history=False)
                 removed.append(oid)

@@ -1,7 +1,10 @@
 """The failure history: every fate change appended to a Redis stream, in order, never trimmed here.
 
 The stream is read by ``celery dlx stats`` and by the Spark exporter (``spark/``), which trims it
-only after a successful, checkpointed export. Each entry's fields are flat strings:
+only after a successful, checkpointed export. Entries are appended by :meth:`History.append_many`
+(fates recorded by the runtime) and by the graveyard's Lua scripts (:func:`history_args`, in the
+same script as the obituary write); both encode with :func:`history_fields`. Each entry's fields
+are flat strings:
 
 ========================  ==========================================================
 field                     meaning
@@ -70,23 +73,38 @@ def history_fields(event: FateEvent) -> dict[str, str]:
     return fields
 
 
+def history_args(event: FateEvent) -> list[str]:
+    """:func:`history_fields` flat (``field, value, ...``): what a Lua script's ``XADD`` takes.
+
+    The graveyard appends ``buried``, ``purged`` and ``archived`` entries in the script that
+    writes or deletes the obituary, so the two stay in step; the fields are the same.
+    """
+    return [item for pair in history_fields(event).items() for item in pair]
+
+
 class History:
-    """Appends fate events to the history stream."""
+    """The failure history stream: the one place entries are appended from Python, and read."""
 
     def __init__(self, client: Any, keys: Keys) -> None:
         self.client = client
         self.keys = keys
 
-    def append(self, event: FateEvent) -> str:
-        """Append one event; returns its stream id."""
-        entry_id = self.client.xadd(self.keys.history, history_fields(event))
-        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    def append_many(self, events: Iterable[FateEvent], pipe: Any = None) -> int:
+        """Append ``events``, in order, in ``pipe`` (not executed) or in one round trip now.
 
-    def append_many(self, events: Iterable[FateEvent]) -> None:
-        pipe = self.client.pipeline(transaction=False)
+        Returns:
+            How many ``XADD`` commands were queued (their results come first in ``pipe``'s).
+        """
+        own = pipe is None
+        if own:
+            pipe = self.client.pipeline(transaction=False)
+        queued = 0
         for event in events:
             pipe.xadd(self.keys.history, history_fields(event))
-        pipe.execute()
+            queued += 1
+        if own:
+            pipe.execute()
+        return queued
 
     def read(
         self, start: str = "-", end: str = "+", count: int | None = None

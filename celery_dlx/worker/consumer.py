@@ -16,7 +16,7 @@ from kombu.message import Message
 
 from celery_dlx.compat import divert_reject, install_tolerant_properties
 from celery_dlx.errors import MalformedHeader
-from celery_dlx.message.headers import DLXState, clean_headers, read_state, x_death_problem
+from celery_dlx.message.headers import DLXState, clean_headers, dead_letter_refusal, read_state
 from celery_dlx.message.names import QUEUE_HEADER, REASON_HEADER
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.worker.runtime import get_runtime
@@ -79,13 +79,13 @@ class DLXConsumer(Consumer):
             divert_reject(
                 message, lambda log, errors, requeue=False: message.ack_log_error(log, errors)
             )
-        elif x_death_problem(message.headers):
+        elif dead_letter_refusal(message.headers):
             divert_reject(message, lambda log, errors, requeue=False: message.requeue())
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
         if self._bury_raw(message, f"undecodable: {type(exc).__name__}: {exc}"):
             message.ack()
-        elif x_death_problem(message.headers):
+        elif dead_letter_refusal(message.headers):
             message.requeue()
         else:
             message.reject(requeue=False)

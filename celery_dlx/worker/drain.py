@@ -19,16 +19,13 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqp.exceptions import AMQPError
 from celery import Celery
-from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from celery_dlx.errors import PublishError
+from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.fates import DRAINED, FateEvent
 from celery_dlx.fates import now_ms as wall_ms
 from celery_dlx.message.names import FIRST_FAILURE_HEADER
-from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.settings import DLXConfig
 from celery_dlx.worker.runtime import Runtime, get_runtime
@@ -44,10 +41,6 @@ RELEASE_DELAY = 5.0
 
 #: Share of ``dlx_drain_interval`` one drain run may spend, so a run ends before the next tick.
 BUDGET_SHARE = 0.8
-
-
-#: Errors meaning the broker connection or channel is unusable: the publisher is rebuilt.
-BROKER_ERRORS = (PublishError, OperationalError, AMQPError, OSError)
 
 
 @dataclass
@@ -82,18 +75,6 @@ class DrainResult:
         self.stale += other.stale
         self.failed = self.failed or other.failed
         self.batches += other.batches
-
-
-def outgoing(message: ParkedMessage) -> Outgoing:
-    """The republish of a parked retry: its body, headers and properties, to its queue through
-    the default exchange (the publisher strips broker ``x-death*`` headers)."""
-    return Outgoing(
-        body=message.body,
-        routing_key=message.queue,
-        exchange="",
-        headers=dict(message.headers),
-        properties=dict(message.properties),
-    )
 
 
 def drained_event(runtime: Runtime, message: ParkedMessage, published_ms: int) -> FateEvent:
@@ -243,7 +224,7 @@ def _publish(runtime: Runtime, claimed: list[ParkedMessage]) -> _Published | Non
     # worker may already be running a retry.
     published_ms = wall_ms()
     try:
-        flags = runtime.publisher.publish_many([outgoing(m) for m in claimed])
+        flags = runtime.publisher.publish_many([m.outgoing() for m in claimed])
     except BROKER_ERRORS as exc:
         runtime.reset_publisher()
         logger.warning(

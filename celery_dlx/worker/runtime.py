@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,16 +21,14 @@ from celery_dlx.fates import BURIED, DRAINED, FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.settings import DLXConfig, load_config
-from celery_dlx.store.history import History, history_fields
+from celery_dlx.store.counters import add_counts
+from celery_dlx.store.history import History
 from celery_dlx.store.parking import ParkingStore, redis_client
 
 logger = logging.getLogger("celery_dlx")
 
 #: A fate listener: called once per fate change; its failures are logged, never raised.
 Listener = Callable[[FateEvent], None]
-
-#: Seconds a per-minute counter is kept.
-COUNTER_TTL = 8 * 86400
 
 
 class Runtime:
@@ -174,14 +171,7 @@ class Runtime:
         own = pipe is None
         if own:
             pipe = self.redis.pipeline(transaction=False)
-        counters: Counter[tuple[str, str]] = Counter()
-        for event in events:
-            minute_key = f"{self.keys.counter_prefix}{event.at_ms // 60000}"
-            counters[(minute_key, f"{event.queue}|{event.fate}")] += 1
-        for (key, name), n in counters.items():
-            pipe.hincrby(key, name, n)
-        for key in {key for key, _ in counters}:
-            pipe.expire(key, COUNTER_TTL)
+        add_counts(pipe, self.keys, events)
         if own:
             pipe.execute()
 
@@ -218,9 +208,7 @@ class Runtime:
         for event in events:
             self._log(event)
         pipe = self.redis.pipeline(transaction=False)
-        appended = len(events) if history else 0
-        for event in events[:appended]:
-            pipe.xadd(self.keys.history, history_fields(event))
+        appended = self.history.append_many(events, pipe) if history else 0
         self._count(events, pipe)
         try:
             results = pipe.execute(raise_on_error=False)

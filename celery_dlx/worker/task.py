@@ -21,14 +21,16 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery_dlx import fates
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import FateEvent, FateRequest, Park, now_ms
+from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.copies import celery_copy, delivery_headers
 from celery_dlx.message.headers import (
     DLXState,
+    HistoryEntry,
+    dead_letter_refusal,
     exception_type_name,
     fingerprint,
     message_identity,
     read_state,
-    x_death_problem,
 )
 from celery_dlx.message.names import (
     DELIVERY_QUEUE_HEADER,
@@ -75,7 +77,7 @@ def _delivery(task: Task[Any, Any]) -> Delivery:
         state = read_state(headers)
     except MalformedHeader as exc:
         state, problem = DLXState(), f"malformed header: {exc}"
-    x_problem = x_death_problem(headers)
+    x_problem = dead_letter_refusal(headers)
     queue = (
         headers.get(DELIVERY_QUEUE_HEADER)
         or state.queue
@@ -90,7 +92,7 @@ def _delivery(task: Task[Any, Any]) -> Delivery:
         message_id=str(req.id or message_identity(req.properties, headers, b"")),
         redelivered=bool(info.get("redelivered")),
         state=state,
-        problem=problem or (f"malformed x-death: {x_problem}" if x_problem else None),
+        problem=problem or x_problem,
         x_death_problem=x_problem,
     )
 
@@ -343,25 +345,24 @@ class DLXTask(Task[Any, Any]):
         at: int,
         root: BaseException,
     ) -> None:
-        history = [e.to_json() for e in delivery.state.history] + [[at, fates.BURIED, cause]]
-        record = {
-            "task": self.name,
-            "queue": delivery.queue,
-            "message_id": delivery.message_id,
-            "attempt": delivery.state.attempt + 1,
-            "cause": cause,
-            "exc_type": exc_type,
-            "exc_message": exc_message[:2000],
-            "reason": reason,
-            "importance": options.importance,
-            "traceback": einfo.traceback
+        record = CauseRecord(
+            task=self.name,
+            queue=delivery.queue,
+            message_id=delivery.message_id,
+            attempt=delivery.state.attempt + 1,
+            cause=cause,
+            exc_type=exc_type,
+            exc_message=exc_message,
+            reason=reason,
+            importance=options.importance,
+            traceback=(einfo.traceback or "")
             if einfo is not None
             else "".join(tb.format_exception_only(type(root), root)),
-            "history": history,
-            "first_failure_ms": delivery.state.first_failure_ms or at,
-            "at_ms": at,
-            "hostname": self.request.hostname or socket.gethostname(),
-        }
+            history=(*delivery.state.history, HistoryEntry(at, fates.BURIED, cause)),
+            first_failure_ms=delivery.state.first_failure_ms or at,
+            at_ms=at,
+            hostname=self.request.hostname or socket.gethostname(),
+        )
         try:
             stash_cause(
                 runtime.redis, runtime.keys, delivery.message_id, record, runtime.config.cause_ttl
@@ -377,22 +378,22 @@ class DLXTask(Task[Any, Any]):
     def _quarantine(self, runtime: Runtime, delivery: Delivery, reason: str) -> None:
         """Bury a message whose headers cannot be trusted, by publishing a clean copy."""
         at = now_ms()
-        record = {
-            "task": self.name,
-            "queue": delivery.queue,
-            "message_id": delivery.message_id,
-            "attempt": delivery.state.attempt,
-            "cause": fingerprint(self.name, "Quarantined", reason),
-            "exc_type": "Quarantined",
-            "exc_message": reason,
-            "reason": f"undecodable: {reason}",
-            "importance": _options(self, runtime, delivery.queue).importance,
-            "traceback": "",
-            "history": [[at, fates.BURIED, "quarantined"]],
-            "first_failure_ms": at,
-            "at_ms": at,
-            "hostname": self.request.hostname or socket.gethostname(),
-        }
+        record = CauseRecord(
+            task=self.name,
+            queue=delivery.queue,
+            message_id=delivery.message_id,
+            attempt=delivery.state.attempt,
+            cause=fingerprint(self.name, "Quarantined", reason),
+            exc_type="Quarantined",
+            exc_message=reason,
+            reason=f"undecodable: {reason}",
+            importance=_options(self, runtime, delivery.queue).importance,
+            traceback="",
+            history=(HistoryEntry(at, fates.BURIED, "quarantined"),),
+            first_failure_ms=at,
+            at_ms=at,
+            hostname=self.request.hostname or socket.gethostname(),
+        )
         try:
             stash_cause(
                 runtime.redis, runtime.keys, delivery.message_id, record, runtime.config.cause_ttl

@@ -112,9 +112,9 @@ def test_permanent_failure_is_buried_after_exactly_1_plus_n_plus_m_runs(
     assert [h[1] for h in history] == ["requeued", "requeued", "parked", "parked"]
     cause = read_cause(redis_client, keys, result.id)
     assert cause is not None
-    assert cause["exc_type"] == "ValueError" and cause["attempt"] == 5
-    assert "order 42 has no customer" in cause["traceback"] and "Traceback" in cause["traceback"]
-    assert cause["task"] == f"poison-{uid}" and cause["queue"] == f"work-{uid}"
+    assert cause.exc_type == "ValueError" and cause.attempt == 5
+    assert "order 42 has no customer" in cause.traceback and "Traceback" in cause.traceback
+    assert cause.task == f"poison-{uid}" and cause.queue == f"work-{uid}"
 
 
 @both_backends
@@ -164,8 +164,8 @@ def test_explicit_fates_and_classification(
     assert fates_of(redis_client, keys, p.id) == returned
     assert fates_of(redis_client, keys, t.id) == returned
     assert fates_of(redis_client, keys, b.id) == [] and fates_of(redis_client, keys, k.id) == []
-    assert read_cause(redis_client, keys, b.id)["reason"] == "order cancelled upstream"
-    assert read_cause(redis_client, keys, k.id)["reason"] == "permanent failure: KeyError"
+    assert read_cause(redis_client, keys, b.id).reason == "order cancelled upstream"
+    assert read_cause(redis_client, keys, k.id).reason == "permanent failure: KeyError"
 
 
 def test_requeue_goes_to_the_tail_not_the_head(
@@ -296,7 +296,7 @@ def test_malformed_x_death_is_buried_by_publishing_never_rejected(
     assert copy.headers[REASON_HEADER].startswith("undecodable: malformed x-death")
     assert copy.headers[QUEUE_HEADER] == f"work-{uid}"
     assert copy.headers["id"] == result.id
-    assert read_cause(redis_client, keys, result.id)["exc_type"] == "Quarantined"
+    assert read_cause(redis_client, keys, result.id).exc_type == "Quarantined"
 
 
 def test_undecodable_body_is_buried_not_dropped(app: Any, uid: str, broker: Any) -> None:

@@ -28,6 +28,12 @@ def test_the_job_agrees_with_the_package_on_names_fields_and_fates() -> None:
     assert dlx_records.FAILURE_FATES == (fates.REQUEUED, fates.PARKED, fates.BURIED)
 
 
+def test_the_job_builds_the_export_keys_the_package_names() -> None:
+    keys = names.Keys("shop")
+    assert dlx_stream.mirror_key(keys.history) == keys.history_export
+    assert dlx_stream.ExportLock(None, keys.history).key == keys.history_export_lock
+
+
 def _covered(ranges: list[tuple[str, str]]) -> list[tuple[int, int]]:
     """(first ms, last ms) of each range, checking ranges are ordered and disjoint."""
     spans = []

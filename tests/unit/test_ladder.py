@@ -22,12 +22,12 @@ from celery_dlx.broker.ladder import (
     delay_queue_name,
     expires_ms,
     format_seconds,
-    ladder_ms,
     round_up,
 )
 from celery_dlx.errors import ConfigurationError, PublishError, TopologyError
 from celery_dlx.fates import PARKED, FateEvent
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.policy.durations import ladder_ms
 from celery_dlx.policy.settings import load_config
 from celery_dlx.worker.runtime import Runtime
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from celery_dlx.message.jsoncodec import from_jsonable
+from celery_dlx.message.jsoncodec import to_jsonable as jsonable
 from celery_dlx.message.obituary import (
     HOOK_PAYLOAD_LIMIT,
     Attempt,
     Obituary,
-    from_jsonable,
-    jsonable,
     payload_from_json_safe,
     send_to_hook,
 )
@@ -168,3 +168,37 @@ def test_fast_json_record_equals_the_slow_one() -> None:
     assert json.loads(ob.record_json()) == json.loads(json.dumps(ob.record()))
     odd = obituary(headers={b"bytes-key": 1})  # not JSON-encodable directly: the slow path
     assert json.loads(odd.record_json())["headers"] == {"b'bytes-key'": 1}
+
+
+@pytest.mark.parametrize(
+    ("fate", "kwargs", "reason", "traceback"),
+    [
+        ("buried", {"traceback": "Traceback..."}, "retry budget spent", "Traceback..."),
+        ("purged", {"reason": "purged by ops"}, "purged by ops", ""),
+        ("archived", {"reason": ""}, "", ""),
+    ],
+)
+def test_fate_events_of_an_obituary_carry_its_facts(
+    fate: str, kwargs: dict[str, Any], reason: str, traceback: str
+) -> None:
+    ob = obituary(task="proj.charge", importance="page")
+    event = ob.fate_event(fate, 9000, extra={"obituary_id": ob.id}, **kwargs)
+    assert (event.fate, event.at_ms, event.reason, event.traceback) == (
+        fate,
+        9000,
+        reason,
+        traceback,
+    )
+    assert (event.queue, event.message_id, event.attempt, event.task) == (
+        "billing",
+        "m-1",
+        3,
+        "proj.charge",
+    )
+    assert (event.cause, event.exc_type, event.importance, event.first_failure_ms) == (
+        "c0ffee",
+        "rejected",
+        "page",
+        1000,
+    )
+    assert event.extra == {"obituary_id": "ob1"}

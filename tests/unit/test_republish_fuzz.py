@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from celery_dlx.message.names import BROKER_HEADERS
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.worker.drain import outgoing
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -82,7 +81,7 @@ def test_every_parked_message_republishes_without_broker_headers(
 ) -> None:
     message = parked(headers, body)
     back = ParkedMessage.from_stored(message.meta_json(), body)
-    amqp_message = outgoing(back).amqp_message(1)
+    amqp_message = back.outgoing().amqp_message(1)
     frame = bytes(amqp_message._serialize_properties())
     decoded, _ = amqp.serialization.decode_properties_basic(frame, 0)
     sent = decoded["application_headers"]

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import DLXState, HistoryEntry, fingerprint, state_headers
 from celery_dlx.message.names import ATTEMPT_HEADER, QUEUE_HEADER, REASON_HEADER, REPLAYED_HEADER
 from celery_dlx.policy.deadletter import (
@@ -305,7 +306,8 @@ def test_cause_record_buries_with_the_workers_facts_even_with_budget_left() -> N
         "hostname": "worker@a",
     }
     dl = letter({"x-death": [death("celery")], "id": "t-1", "task": "proj.tasks.charge"}, props={})
-    verdict = decide_letter(dl, config(), record, NOW)
+    stored = CauseRecord.from_json(json.dumps(record))  # as a worker stashed it
+    verdict = decide_letter(dl, config(), stored, NOW)
     assert isinstance(verdict, BuryVerdict) and verdict.from_worker
     assert (verdict.reason, verdict.cause, verdict.attempt, verdict.hostname) == (
         "permanent failure: ValueError",
@@ -336,7 +338,7 @@ def test_cause_record_buries_with_the_workers_facts_even_with_budget_left() -> N
 
 def test_cause_record_with_junk_fields_still_buries() -> None:
     record = {"attempt": "x", "history": "nope", "reason": 5, "cause": None}
-    verdict = decide_letter(letter(), config(), record, NOW)
+    verdict = decide_letter(letter(), config(), CauseRecord.from_json(json.dumps(record)), NOW)
     assert isinstance(verdict, BuryVerdict)
     assert verdict.reason == "buried by the worker" and verdict.attempt == 1
 

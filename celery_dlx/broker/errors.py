@@ -1,0 +1,18 @@
+"""The broker errors every celery_dlx process treats alike.
+
+One tuple for the drain, the DLX service and the TTL ladder: when one of these escapes a publish
+or a consume, the connection or channel is unusable (or a publish went unconfirmed), so the
+publisher is rebuilt and the work is retried later; anything else is a bug and is not retried as
+an outage.
+"""
+
+from __future__ import annotations
+
+from amqp.exceptions import AMQPError
+from kombu.exceptions import OperationalError
+
+from celery_dlx.errors import PublishError
+
+#: The broker connection, channel or socket failed (``ConnectionError`` is an ``OSError``), or
+#: the broker did not confirm a publish (:class:`~celery_dlx.errors.PublishError`).
+BROKER_ERRORS: tuple[type[Exception], ...] = (PublishError, OperationalError, AMQPError, OSError)

@@ -1,0 +1,126 @@
+"""The cause record: what a worker knows about a burial that the dead letter cannot carry.
+
+A Celery task buried by reject reaches the DLX service as the original message: the exception,
+traceback and attempt history live only in the worker, which stashes a :class:`CauseRecord` in
+Redis (``celery_dlx.store.causes``) before it rejects. The DLX service reads it back to write the
+obituary. Its JSON form is a flat object (``history`` as ``[[at_ms, fate, cause], ...]``);
+:meth:`CauseRecord.from_json` reads any record a worker of any version stashed, field by field
+and defensively, and None for what is not a JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from celery_dlx.message.headers import HistoryEntry
+
+#: Longest exception message kept in a cause record.
+EXC_MESSAGE_LIMIT = 2000
+
+
+@dataclass(frozen=True)
+class CauseRecord:
+    """The worker's account of one burial.
+
+    Attributes:
+        task: the Celery task name.
+        queue: the queue the message failed in.
+        message_id: the message's stable id (the Redis key's suffix).
+        attempt: failed runs, this one included; None when unknown.
+        cause: the cause fingerprint ("" when unknown: the reader computes one).
+        exc_type, exc_message, traceback: the failure.
+        reason: why the worker buried it.
+        importance: page, notify or ignore ("" when unknown: the queue's).
+        history: every failed run with its fate, ending with the burial.
+        first_failure_ms: epoch ms of the first failure; None when unknown.
+        at_ms: epoch ms of the burial decision; None when unknown.
+        hostname: the worker that decided the burial.
+    """
+
+    task: str | None = None
+    queue: str = ""
+    message_id: str = ""
+    attempt: int | None = None
+    cause: str = ""
+    exc_type: str = ""
+    exc_message: str = ""
+    reason: str = ""
+    importance: str = ""
+    traceback: str = ""
+    history: tuple[HistoryEntry, ...] = ()
+    first_failure_ms: int | None = None
+    at_ms: int | None = None
+    hostname: str | None = None
+
+    def to_json(self) -> str:
+        """The stored JSON text (compact; ``exc_message`` cut at :data:`EXC_MESSAGE_LIMIT`)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["exc_message"] = self.exc_message[:EXC_MESSAGE_LIMIT]
+        data["history"] = [e.to_json() for e in self.history]
+        return json.dumps(data, separators=(",", ":"), default=str)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes | None) -> CauseRecord | None:
+        """The record stashed as ``raw``, or None when there is none or it is not a JSON object.
+
+        Every field is read on its own: a field of the wrong type reads as unknown, so a record
+        stashed by another version of celery_dlx still yields what it can.
+        """
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        return cls.from_mapping(data) if isinstance(data, Mapping) else None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> CauseRecord:
+        """The record of a parsed JSON object (see :meth:`from_json`)."""
+        return cls(**{name: read(data.get(name)) for name, read in _READERS.items()})
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return int(value)
+    except (OverflowError, ValueError):  # inf, nan
+        return None
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _history(raw: Any) -> tuple[HistoryEntry, ...]:
+    out = []
+    for item in raw if isinstance(raw, list) else ():
+        if (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], int)
+            and not isinstance(item[0], bool)
+        ):
+            fate = item[1] if isinstance(item[1], str) else "?"
+            out.append(HistoryEntry(item[0], fate, _str(item[2])))
+    return tuple(out)
+
+
+def _optional_str(value: Any) -> str | None:
+    return _str(value) or None
+
+
+#: How each field is read from a stored object, by the field's declared type.
+_READERS: dict[str, Callable[[Any], Any]] = {
+    f.name: {
+        "str": _str,
+        "str | None": _optional_str,
+        "int | None": _int,
+        "tuple[HistoryEntry, ...]": _history,
+    }[str(f.type)]
+    for f in fields(CauseRecord)
+}

@@ -1,0 +1,155 @@
+"""The one JSON codec of stored records: header tables with bytes, datetimes and decimals.
+
+AMQP header tables hold values JSON cannot (bytes, timestamps, decimals). Parked retries and
+obituaries keep them in Redis as JSON with those values *tagged*, one-key objects:
+
+* ``{"__bytes__": "00ff"}`` bytes, bytearray, memoryview (hex);
+* ``{"__datetime__": "2024-05-06T07:08:09+00:00"}`` a datetime; a date is tagged the same way and
+  told apart by its ISO text (``"2024-05-06"`` has no time part);
+* ``{"__decimal__": "12.50"}`` a :class:`~decimal.Decimal`;
+* ``{"__repr__": "{1}"}`` anything else, kept as its ``repr`` (comes back as that text).
+
+A table of user data whose keys look like a tag's (``{"__bytes__": None}``) is *escaped*: each
+such key gets the :data:`ESCAPED` prefix and the table an ``"__escaped__": 1`` marker, so user
+data never passes for a tag. Mapping keys become text; tuples become lists.
+
+:func:`dumps` and :func:`loads` are the fast paths (the encoder's ``default`` and the decoder's
+``object_hook`` run inside json's C loop: a drain decodes every entry it claims);
+:func:`to_jsonable` and :func:`from_jsonable` give and read the same tagged form as data.
+Records written by the two codecs this one replaces (parking store, graveyard) read back alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+#: Keys of the tags; a table of user data using one is escaped so it never reads as a tag.
+TAG_KEYS = ("__bytes__", "__datetime__", "__decimal__", "__repr__")
+#: Marks a table whose keys were escaped, and prefixes each escaped key.
+ESCAPED = "__escaped__"
+#: Longest ``repr`` kept for a value of an unknown type.
+REPR_LIMIT = 1000
+#: Length of a date's ISO text (``YYYY-MM-DD``); a datetime's is always longer.
+_DATE_TEXT = 10
+
+_COMPACT = (",", ":")
+
+
+def tag(value: Any) -> dict[str, str]:
+    """The tag of a scalar JSON cannot hold (bytes, datetime, date, Decimal; else its repr)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"__bytes__": bytes(value).hex()}
+    if isinstance(value, (datetime, date)):
+        return {"__datetime__": value.isoformat()}
+    if isinstance(value, Decimal):
+        return {"__decimal__": str(value)}
+    return {"__repr__": repr(value)[:REPR_LIMIT]}
+
+
+def to_jsonable(value: Any) -> Any:
+    """``value`` as JSON-safe data: tables walked, non-JSON scalars tagged, tag-shaped keys escaped."""
+    if isinstance(value, Mapping):
+        return _escaped({str(k): to_jsonable(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return tag(value)
+
+
+def untag(obj: dict[str, Any]) -> Any:
+    """One decoded JSON object back to its value: a tag's value, an unescaped table, or ``obj``.
+
+    Usable as ``json.loads(..., object_hook=untag)`` (inner objects are already decoded).
+
+    Raises:
+        ValueError: a bytes or datetime tag whose text is not hex or ISO (the record is broken).
+    """
+    if len(obj) == 1:
+        (key, inner), *_ = obj.items()
+        if key == "__repr__":
+            return inner
+        if isinstance(inner, str):
+            if key == "__bytes__":
+                return bytes.fromhex(inner)
+            if key == "__datetime__":
+                if len(inner) == _DATE_TEXT:
+                    return date.fromisoformat(inner)
+                return datetime.fromisoformat(inner)
+            if key == "__decimal__":
+                try:
+                    return Decimal(inner)
+                except InvalidOperation:  # a table the parking store wrote before it knew decimals
+                    return obj
+    elif ESCAPED in obj:
+        cut = len(ESCAPED)
+        return {
+            (k[cut:] if k.startswith(ESCAPED) else k): v for k, v in obj.items() if k != ESCAPED
+        }
+    return obj
+
+
+def from_jsonable(value: Any) -> Any:
+    """Undo :func:`to_jsonable` on data already parsed from JSON (``__repr__`` values stay text)."""
+    if isinstance(value, dict):
+        return untag({k: from_jsonable(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [from_jsonable(v) for v in value]
+    return value
+
+
+def dumps(doc: Mapping[str, Any]) -> str:
+    """``doc`` as compact JSON text in the tagged form (what ``json.dumps(to_jsonable(doc))`` gives).
+
+    The fast path lets json's encoder tag values as it meets them; a table using a tag's key, a
+    non-text key or a nested non-dict mapping takes the slow, total path.
+    """
+    tagged = 0
+
+    def default(value: Any) -> Any:
+        nonlocal tagged
+        if isinstance(value, Mapping):
+            raise TypeError("a non-dict mapping: the slow path walks it")
+        tagged += 1
+        return tag(value)
+
+    try:
+        text = json.dumps(doc, separators=_COMPACT, default=default)
+    except (TypeError, ValueError):  # e.g. a tuple key deep in a header table
+        return json.dumps(to_jsonable(doc), separators=_COMPACT)
+    if _tag_keys_in_data(text, tagged):
+        return json.dumps(to_jsonable(doc), separators=_COMPACT)  # escapes those tables
+    return text
+
+
+def loads(text: str | bytes) -> Any:
+    """Parse JSON written by :func:`dumps` (or either older codec), tags decoded.
+
+    Raises:
+        ValueError: the text is not JSON, or a tag's text is broken.
+    """
+    return json.loads(text, object_hook=untag)
+
+
+def _needs_escape(key: str) -> bool:
+    return key in TAG_KEYS or key.startswith(ESCAPED)
+
+
+def _escaped(table: dict[str, Any]) -> dict[str, Any]:
+    if not any(_needs_escape(k) for k in table):
+        return table
+    out = {(ESCAPED + k if _needs_escape(k) else k): v for k, v in table.items()}
+    out[ESCAPED] = 1
+    return out
+
+
+def _tag_keys_in_data(text: str, tags: int) -> bool:
+    """Whether JSON ``text``, in which ``tags`` values were tagged, uses a tag's key elsewhere."""
+    if '"__' not in text:  # one scan settles the common case
+        return False
+    found = sum(text.count(f'"{key}":') for key in TAG_KEYS)
+    return found > tags or f'"{ESCAPED}' in text

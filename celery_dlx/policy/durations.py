@@ -1,0 +1,144 @@
+"""Every duration celery_dlx accepts, checked by one rule: what the runtime can actually use.
+
+Durations are seconds (an int, a float or a :class:`~datetime.timedelta`; never a bool) and are
+finite. Three kinds, each with the bound its consumer imposes:
+
+* a **delay** before a parked retry (``dlx_backoff`` values, and what a backoff callable returns):
+  ``0 <= s <= MAX_SECONDS``. Zero means "due at once"; the parking store turns the delay into
+  an epoch-ms score and the TTL ladder rounds it up to a step, so any finite delay works.
+* a **duration** setting (``dlx_drain_interval``, ``dlx_drain_lease``, ``dlx_cause_ttl``...):
+  ``0.001 <= s <= MAX_SECONDS``. Redis expiries and scores count whole milliseconds (``PX 0``
+  is an error, a zero lease is no lease) and Celery beat turns an interval into a timedelta.
+* a **ladder** step (``dlx_ttl_ladder``): a duration that, in whole milliseconds, is at least
+  1 ms, strictly above the step before it, and leaves room for the delay queue's ``x-expires``
+  (step + :data:`EXPIRES_MARGIN_MS`) within RabbitMQ's largest TTL, :data:`MAX_TTL_MS`.
+
+:func:`ladder_ms` is what the TTL ladder calls at the first park; the ``dlx_ttl_ladder`` setting
+calls it too, so a ladder the configuration accepts is one the broker accepts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from celery_dlx.errors import ConfigurationError
+
+#: The longest duration: whole days of a :class:`~datetime.timedelta` (Celery beat schedules are
+#: timedeltas); as milliseconds past now it still fits Redis's 64-bit expiry times.
+MAX_SECONDS = 999_999_999 * 86_400.0
+#: The shortest duration setting: one millisecond, the unit of Redis expiries and RabbitMQ TTLs.
+MIN_DURATION = 0.001
+#: RabbitMQ's largest ``x-message-ttl`` and ``x-expires`` (ms; ten years): a larger value fails
+#: the queue declare with ``PRECONDITION_FAILED - invalid arg ... value_too_large``.
+MAX_TTL_MS = 315_360_000_000
+#: How long an unused delay queue outlives its TTL (ms): its ``x-expires`` is TTL + this. It must
+#: comfortably exceed the ladder's redeclare period, see ``celery_dlx.broker.ladder``.
+EXPIRES_MARGIN_MS = 3_600_000
+#: The longest ladder step (ms): its ``x-expires`` is then exactly :data:`MAX_TTL_MS`.
+MAX_STEP_MS = MAX_TTL_MS - EXPIRES_MARGIN_MS
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def delay(value: Any, name: str) -> float:
+    """``value`` as a delay before a retry: finite seconds, ``0 <= s <= MAX_SECONDS``.
+
+    Raises:
+        ConfigurationError: naming ``name``.
+    """
+    seconds = _number(value)
+    if seconds is None or seconds < 0:
+        raise ConfigurationError(f"{name} must hold non-negative seconds, got {value!r}")
+    _finite_and_bounded(seconds, value, name)
+    return seconds
+
+
+def duration(value: Any, name: str) -> float:
+    """``value`` as a duration setting: finite seconds, ``0.001 <= s <= MAX_SECONDS``.
+
+    Raises:
+        ConfigurationError: naming ``name``.
+    """
+    seconds = _number(value)
+    if seconds is None or seconds <= 0:
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    _finite_and_bounded(seconds, value, name)
+    if seconds < MIN_DURATION:
+        raise ConfigurationError(
+            f"{name} must be at least {MIN_DURATION} s (Redis counts whole milliseconds), "
+            f"got {value!r}"
+        )
+    return seconds
+
+
+def _finite_and_bounded(seconds: float, value: Any, name: str) -> None:
+    if not math.isfinite(seconds):
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
+    if seconds > MAX_SECONDS:
+        raise ConfigurationError(f"{name} must be at most {MAX_SECONDS:.0f} s, got {value!r}")
+
+
+def step_ms(seconds: float) -> int:
+    """A delay in whole milliseconds (RabbitMQ's TTL unit), rounded to the nearest."""
+    return round(seconds * 1000)
+
+
+def ladder(value: Any, name: str = "dlx_ttl_ladder") -> tuple[float, ...]:
+    """``value`` as the steps of a TTL ladder, in seconds; :func:`ladder_ms` accepts the result.
+
+    Raises:
+        ConfigurationError: naming ``name`` (or its step) and what is wrong.
+    """
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        raise ConfigurationError(f"{name} must be a non-empty list of seconds, got {value!r}")
+    steps = tuple(_step(v, f"{name}[{i}]") for i, v in enumerate(value))
+    if list(steps) != sorted(set(steps)):
+        raise ConfigurationError(f"{name} must be strictly increasing, got {list(steps)}")
+    ladder_ms(steps, name)
+    return steps
+
+
+def _step(value: Any, name: str) -> float:
+    seconds = _number(value)
+    if seconds is None or seconds <= 0:
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
+    if not math.isfinite(seconds):
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
+    return seconds
+
+
+def ladder_ms(steps: Iterable[float], name: str = "dlx_ttl_ladder") -> tuple[int, ...]:
+    """The steps of a ladder (seconds) in whole milliseconds, as the delay queues use them.
+
+    Raises:
+        ConfigurationError: no step, a step that is not finite seconds, a step below 1 ms or
+            past :data:`MAX_STEP_MS`, or two steps equal (or out of order) once in milliseconds.
+    """
+    seconds = tuple(_step(s, f"{name}[{i}]") for i, s in enumerate(steps))
+    if not seconds:
+        raise ConfigurationError(f"{name} must have at least one step")
+    ms = tuple(step_ms(s) for s in seconds)
+    if min(ms) < 1:
+        raise ConfigurationError(
+            f"{name} steps must be at least 0.001 s (RabbitMQ TTLs are whole milliseconds), "
+            f"got {min(seconds)}"
+        )
+    if max(ms) > MAX_STEP_MS:
+        raise ConfigurationError(
+            f"{name} steps must be at most {MAX_STEP_MS / 1000:.0f} s (RabbitMQ's longest TTL, "
+            f"{MAX_TTL_MS // 1000} s, less the delay queue's expiry margin), got {max(seconds)}"
+        )
+    if list(ms) != sorted(set(ms)):
+        raise ConfigurationError(
+            f"{name} steps must differ by at least 1 ms, got {[s / 1000 for s in ms]}"
+        )
+    return ms
