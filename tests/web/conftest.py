@@ -13,6 +13,7 @@ import pytest
 from celery_dlx.web.console import WebSettings
 from celery_dlx.web.server import Background
 from celery_dlx.worker.runtime import get_runtime
+from tests.integration.cli_helpers import shop_protos
 from tests.integration.dlx_apps import make_app, queue_names
 from tests.web.helpers import OPERATOR, VIEWER, Client, free_port
 
@@ -28,7 +29,8 @@ def shop(
     uid: str, key_prefix: str, cleanup_queues: list[str], tmp_path: Path
 ) -> Iterator[dict[str, Any]]:
     """A DLX app whose task ``flaky`` fails until ``fixed`` is set in Redis."""
-    app = make_app(uid)
+    descriptor_set, events = shop_protos(tmp_path)
+    app = make_app(uid, dlx_protobuf_descriptor_sets=[str(descriptor_set)])
     runtime = get_runtime(app)
     fixed_key, done_key = f"{{{key_prefix}}}:fixed", f"{{{key_prefix}}}:done"
 
@@ -40,7 +42,16 @@ def shop(
 
     cleanup_queues.extend(queue_names(app))
     cleanup_queues.append(f"exchange:{app.conf.dlx_exchange}")
-    yield {"app": app, "runtime": runtime, "task": flaky, "fixed": fixed_key, "done": done_key}
+    yield {
+        "app": app,
+        "runtime": runtime,
+        "task": flaky,
+        "fixed": fixed_key,
+        "done": done_key,
+        "events": events,
+        "descriptor_set": descriptor_set,
+        "uid": uid,
+    }
     runtime.reset_publisher()
 
 
