@@ -9,8 +9,8 @@ times ``--requests`` requests of each page from a client on the same machine:
 * ``/causes`` (first page of 50 causes, most recently seen first),
 * ``/group?cause=<biggest>`` (first page of 50 obituaries, payload previews decoded),
 * ``/group?cause=<biggest>&offset=<deep>`` (a page 40,000 obituaries down),
-* ``/group?cause=<biggest>&task=<task>`` (a post-filter: records read in chunks),
-* ``/group?cause=<biggest>&task=no.such.task`` (the worst case: 5,000 records read for nothing),
+* ``/group?cause=<biggest>&task=<task>`` (a task filter: ids checked against the task's index),
+* ``/group?cause=<biggest>&task=no.such.task`` (the worst case: 10,000 ids checked for nothing),
 * ``/api/obituary?id=...`` and ``/obituary?id=...`` (one obituary decoded).
 
 Target: p95 under 300 ms for the causes and group pages.

@@ -20,8 +20,8 @@ from celery_dlx.store.graveyard import Graveyard, Group, text
 
 #: Most rows on one page.
 MAX_PAGE = 200
-#: Most obituaries of a group examined for one page when a filter needs each record read.
-SCAN_CAP = 5000
+#: Most ids of a cause examined for one page under a queue or task filter.
+SCAN_CAP = 10000
 #: Most parked retries read to count them per queue.
 PARKED_SCAN = 20000
 
@@ -108,16 +108,6 @@ class GroupFilters:
     since_ms: int | None = None
     until_ms: int | None = None
 
-    def post(self) -> bool:
-        return any((self.queue, self.task, self.exception))
-
-    def matches(self, ob: Any) -> bool:
-        return (
-            (not self.queue or ob.queue == self.queue)
-            and (not self.task or ob.task == self.task)
-            and (not self.exception or ob.exc_type == self.exception)
-        )
-
 
 @dataclass
 class GroupPage:
@@ -140,47 +130,73 @@ def group_page(
 ) -> GroupPage:
     """Obituaries of one cause, newest first, ``limit`` from ``offset``.
 
-    Without queue/task/exception filters the page is one ``ZREVRANGEBYSCORE ... LIMIT`` on the
-    cause's index and ``matching`` is exact; with them, records are read in chunks and at most
-    :data:`SCAN_CAP` index entries are examined for one page (``capped`` says so), and
-    ``offset`` counts index entries, not matches.
+    Without a queue or task filter the page is one ``ZREVRANGEBYSCORE ... LIMIT`` on the
+    cause's index and ``matching`` is exact. A queue or task filter checks the ids against that
+    queue's or task's index (``ZMSCORE``, no record read), at most :data:`SCAN_CAP` ids for one
+    page (``capped`` says so), and ``offset`` then counts the cause's ids, not matches. Every
+    obituary of a cause has the same exception type (it is part of the fingerprint), so the
+    exception filter keeps all or nothing.
     """
     yard = yard_of(runtime)
+    client = yard.client
     limit = max(1, min(limit, MAX_PAGE))
     index = yard.by_cause(cause)
     high = "+inf" if filters.until_ms is None else filters.until_ms
     low = "-inf" if filters.since_ms is None else filters.since_ms
     page = GroupPage(offset=offset)
-    if not filters.post():
-        raw = yard.client.zrevrangebyscore(index, high, low, start=offset, num=limit + 1)
+    if filters.exception:
+        exc_type = client.hget(yard.group_key(cause), "exc_type")
+        if exc_type is None or text(exc_type) != filters.exception:
+            page.matching = 0
+            return page
+    members = [yard.by_queue(filters.queue)] if filters.queue else []
+    members += [yard.by_task(filters.task)] if filters.task else []
+    if not members:
+        raw = client.zrevrangebyscore(index, high, low, start=offset, num=limit + 1)
         ids = [text(r) for r in raw]
-        page.matching = int(yard.client.zcount(index, low, high))
+        page.matching = int(client.zcount(index, low, high))
         page.next_offset = offset + limit if len(ids) > limit else None
         page.scanned = min(len(ids), limit)
         chosen = ids[:limit]
     else:
-        chosen = []
-        position = offset
-        exhausted = False
-        while len(chosen) < limit and page.scanned < SCAN_CAP:
-            raw = yard.client.zrevrangebyscore(index, high, low, start=position, num=200)
-            found = [text(r) for r in raw]
-            for oid, ob in zip(found, yard.load(found), strict=True):
-                position += 1
-                page.scanned += 1
-                if ob is not None and filters.matches(ob):
-                    chosen.append(oid)
-                    if len(chosen) >= limit:
-                        break
-            else:
-                if len(raw) < 200:
-                    exhausted = True
-                    break
-        page.capped = not exhausted and len(chosen) < limit
-        page.next_offset = None if exhausted else position
+        chosen, page.next_offset, page.scanned = _scan_members(
+            client, index, members, high, low, offset, limit
+        )
+        page.capped = page.next_offset is not None and len(chosen) < limit
     obits = yard.load(chosen, with_payload=True)
     page.rows = [obituary_row(ob, registry) for ob in obits if ob is not None]
     return page
+
+
+def _scan_members(
+    client: Any, index: str, members: list[str], high: Any, low: Any, offset: int, limit: int
+) -> tuple[list[str], int | None, int]:
+    """Ids of ``index`` (newest first from ``offset``) that are also in every ``members`` set:
+    ``(ids, next offset or None when the index is exhausted, ids examined)``."""
+    chosen: list[str] = []
+    position = offset
+    scanned = 0
+    chunk = 1000
+    while len(chosen) < limit and scanned < SCAN_CAP:
+        raw = client.zrevrangebyscore(index, high, low, start=position, num=chunk)
+        found = [text(r) for r in raw]
+        if not found:
+            return chosen, None, scanned
+        pipe = client.pipeline(transaction=False)
+        for key in members:
+            pipe.zmscore(key, found)
+        scores = pipe.execute()
+        for i, oid in enumerate(found):
+            position += 1
+            scanned += 1
+            if all(s[i] is not None for s in scores):
+                chosen.append(oid)
+                if len(chosen) >= limit:
+                    break
+        else:
+            if len(found) < chunk:
+                return chosen, None, scanned
+    return chosen, position, scanned
 
 
 def parked_summary(runtime: Any, *, at_ms: int | None = None) -> dict[str, Any]:

@@ -4,6 +4,8 @@ listen on a non-loopback address without credentials."""
 
 from __future__ import annotations
 
+import base64
+import http.client
 import subprocess
 import sys
 from typing import Any
@@ -115,6 +117,34 @@ def test_request_body_size_is_limited(console: dict[str, Any]) -> None:
         headers={"X-CSRF-Token": token, "Content-Type": "application/json"},
     )
     assert chunked.status == 413
+    # Without Content-Length (chunked), the body is counted while it is read.
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", int(console["url"].rsplit(":", 1)[1]), timeout=60
+    )
+    auth = base64.b64encode(b"op:op-secret").decode()
+    conn.request(
+        "POST",
+        "/api/purge",
+        body=iter([b"{" + b" " * 16384] * 8 + [b"}"]),
+        headers={"Authorization": f"Basic {auth}", "X-CSRF-Token": token},
+        encode_chunked=True,
+    )
+    reply_status = conn.getresponse().status
+    conn.close()
+    assert reply_status == 413
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", int(console["url"].rsplit(":", 1)[1]), timeout=60
+    )
+    conn.request(
+        "POST",
+        "/api/purge",
+        body=iter([b'{"ids": [], ', b'"yes": true}']),
+        headers={"Authorization": f"Basic {auth}", "X-CSRF-Token": token},
+        encode_chunked=True,
+    )
+    small = conn.getresponse()
+    assert small.status == 400 and b"choose obituaries" in small.read()  # read whole, judged
+    conn.close()
     assert op.get("/api/groups").status == 200  # the server is fine
 
 

@@ -86,6 +86,28 @@ def test_group_page_is_paged_newest_first_and_filtered(console: dict[str, Any]) 
         "/group", params={"cause": "backend-down", "exception": "RuntimeError", "limit": 5}
     )
     assert re.findall(r'href="/obituary\?id=([^"]+)"', exc.text) == newest[:5]
+    # Mixed queues in one cause: the queue and task filters pick their own, newest first.
+    others = [
+        foreign_obituary(
+            "other",
+            b"{}",
+            "application/json",
+            cause="backend-down",
+            exc_type="RuntimeError",
+            order=i,
+        )
+        for i in range(3)
+    ]
+    bury(runtime, others)
+    other = client.get("/group", params={"cause": "backend-down", "queue": "other"})
+    assert re.findall(r'href="/obituary\?id=([^"]+)"', other.text) == [
+        o.id for o in reversed(others)
+    ]
+    by_task = client.get("/group", params={"cause": "backend-down", "task": name, "limit": 4})
+    assert re.findall(r'href="/obituary\?id=([^"]+)"', by_task.text) == newest[:4]
+    nxt = re.search(r'id="older" href="([^"]+)"', by_task.text).group(1)  # type: ignore[union-attr]
+    rest = client.get(html.unescape(nxt))
+    assert re.findall(r'href="/obituary\?id=([^"]+)"', rest.text) == newest[4:]
     assert client.get("/group", params={"cause": "nope"}).status == 404
     assert (
         client.get("/group", params={"cause": "backend-down", "since": "yesterday"}).status == 400
