@@ -62,7 +62,7 @@ class WebSettings:
 
 def link(path: str, **params: Any) -> str:
     """``path`` with the non-empty ``params`` as its query string."""
-    given = {k: v for k, v in params.items() if v not in (None, "", False)}
+    given = {k: v for k, v in params.items() if v is not None and v is not False and v != ""}
     return f"{path}?{urlencode(given)}" if given else path
 
 
