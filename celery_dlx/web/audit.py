@@ -50,9 +50,29 @@ class AuditEntry:
             "params": json.dumps(self.params, sort_keys=True, default=str),
             "status": self.status,
             "summary": self.summary,
-            "result": json.dumps(self.result, sort_keys=True, default=str)[:200_000],
+            "result": _result_json(self.result),
             "job": self.job,
         }
+
+
+#: Characters of an action's result kept in the audit stream; a longer one keeps its counts.
+RESULT_LIMIT = 100_000
+
+
+def _result_json(result: dict[str, Any]) -> str:
+    text = json.dumps(result, sort_keys=True, default=str)
+    if len(text) <= RESULT_LIMIT:
+        return text
+    counts = {k: len(v) if isinstance(v, (list, dict)) else v for k, v in result.items()}
+    return json.dumps({"truncated": True, **counts}, sort_keys=True, default=str)
+
+
+def _json_object(raw: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _text(value: Any) -> str:
@@ -91,11 +111,8 @@ def read_audit(runtime: Any, *, limit: int = 100) -> list[dict[str, Any]]:
     out = []
     for entry_id, raw in rows:
         fields = {_text(k): _text(v) for k, v in raw.items()}
-        try:
-            params = json.loads(fields.get("params") or "{}")
-            result = json.loads(fields.get("result") or "{}")
-        except ValueError:
-            params, result = {}, {}
+        params = _json_object(fields.get("params"))
+        result = _json_object(fields.get("result"))
         at_ms = int(fields.get("at_ms") or 0)
         out.append(
             {

@@ -4,6 +4,7 @@ the SVG chart's points, the purge phrase and the replay rate limit."""
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 
@@ -74,3 +75,13 @@ def test_link_rates_and_phrase() -> None:
         with pytest.raises(forms.BadRequest):
             forms.replay_rate(bad, 50)
     assert forms.purge_phrase(3) == "purge 3"
+
+
+def test_a_long_result_keeps_its_counts_in_the_audit_stream() -> None:
+    from celery_dlx.web.audit import RESULT_LIMIT, _result_json
+
+    small = {"replayed": ["a"], "targets": 1}
+    assert json.loads(_result_json(small)) == small
+    big = {"replayed": [f"ob-{i:08d}" for i in range(RESULT_LIMIT // 10)], "targets": 7}
+    kept = json.loads(_result_json(big))
+    assert kept == {"truncated": True, "replayed": RESULT_LIMIT // 10, "targets": 7}
