@@ -48,6 +48,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="delete the run's queues, exchanges and Redis keys at the end",
     )
+    parser.add_argument(
+        "--web",
+        action="store_true",
+        help="at the end, serve the web console (and a worker) on 127.0.0.1:5566 until Ctrl-C",
+    )
     return parser.parse_args(argv)
 
 
@@ -68,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rundir = Path(tempfile.mkdtemp(prefix=f"celery_dlx-{run}-"))
     try:
         ok = _tour(names, run, rundir, args.timeout)
+        if args.web:
+            _console(names, run, rundir)
     finally:
         if args.cleanup:
             _cleanup(names, run)
@@ -236,9 +243,40 @@ def _keep(names: Any, run: str, rundir: Path, *, generated: bool) -> None:
     kept = "its Redis keys expire in a day" if generated else "nothing expires"
     say(f"the run is kept ({kept}); look around as example_project/README.md shows:")
     say(f"  export EXAMPLE_RUN={run}")
-    for command in ("list", "groups", "show <obituary id>", "replay --cause <cause> --canary"):
+    for command in (
+        "list",
+        "groups",
+        "show <obituary id>",
+        "replay --cause <cause> --canary",
+        "web   (the console on http://127.0.0.1:5566/)",
+    ):
         say(f"  {celery} -A example_project.app dlx {command}")
     say(f"  logs: {rundir}")
+
+
+def _console(names: Any, run: str, rundir: Path) -> None:
+    """Serve the web console over the run's graveyard, with a worker to replay to, until Ctrl-C."""
+    try:
+        from celery_dlx.web.console import WebSettings
+        from celery_dlx.web.server import Background
+        from celery_dlx.worker.runtime import get_runtime
+
+        from . import processes
+
+        server = Background(get_runtime(names.app), WebSettings()).start()
+    except Exception as exc:  # the web extra missing, the port taken: the tour is done anyway
+        say(f"the console could not start ({exc}); pip install 'celery-dlx[web]'")
+        return
+    worker = processes.start_worker(run, rundir)
+    say(f"console: {server.url}/causes  (a worker runs for replays; Ctrl-C to stop)")
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        say("stopping the console and the worker...")
+    finally:
+        server.stop()
+        worker.stop()
 
 
 def _celery_command() -> str:

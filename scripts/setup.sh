@@ -11,6 +11,11 @@ stamp=.venv/.celery_dlx-installed
 want=$(cat setup.cfg pyproject.toml | sha1sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
-  .venv/bin/python -m pip install -q -e ".[test,sentry,protobuf,spark,flower]"
+  .venv/bin/python -m pip install -q -e ".[test,sentry,protobuf,spark,flower,web]"
   echo "$want" > "$stamp"
+fi
+# The console's browser tests drive Debian's Chromium through Playwright (no browser download).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium
 fi

@@ -134,8 +134,9 @@ def service(
 def _add_commands() -> None:
     from celery_dlx.cli import graveyard as cli_graveyard
     from celery_dlx.cli import ops as cli_ops
+    from celery_dlx.web.command import web_command
 
-    for command in (*cli_graveyard.COMMANDS, *cli_ops.COMMANDS):
+    for command in (*cli_graveyard.COMMANDS, *cli_ops.COMMANDS, web_command):
         dlx.add_command(command)
 
 

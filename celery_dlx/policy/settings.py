@@ -353,6 +353,31 @@ SETTINGS: dict[str, Setting] = {
             _seconds,
             "Seconds of the per-cause Sentry rate-limit window.",
         ),
+        Setting(
+            "dlx_web_host",
+            "127.0.0.1",
+            _str,
+            "Address `celery dlx web` listens on (a non-loopback address needs credentials).",
+        ),
+        Setting("dlx_web_port", 5566, _positive_count, "Port of `celery dlx web`."),
+        Setting(
+            "dlx_web_basic_auth",
+            [],
+            _str_list,
+            "Console operators (read, replay, purge) as USER:PASSWORD strings (HTTP Basic).",
+        ),
+        Setting(
+            "dlx_web_viewer_auth",
+            [],
+            _str_list,
+            "Console viewers (read only) as USER:PASSWORD strings (HTTP Basic).",
+        ),
+        Setting(
+            "dlx_web_max_replay_rate",
+            50,
+            _positive_count,
+            "Most replays per second one console replay may ask for (the form's rate is capped to it).",
+        ),
     )
 }
 

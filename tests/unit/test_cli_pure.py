@@ -340,6 +340,7 @@ def test_every_command_is_registered_with_help() -> None:
         "check",
         "migrate",
         "export",
+        "web",
     }
     assert set(dlx.commands) == names
     for name in names:

@@ -1,0 +1,230 @@
+"""Operator actions run one at a time in a background thread, each recorded in the audit log.
+
+A replay may take long (a rate, a canary waiting for its fate), so the page that asks for it
+returns at once and shows the job; the JSON API waits for it. One action runs at a time: the
+runtime's publisher is not shared between threads, and two people replaying the same group at
+once is a mistake to refuse, not to serialize.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_dlx.errors import DLXError
+from celery_dlx.fates import now_ms
+from celery_dlx.ops import purge as purge_ops
+from celery_dlx.ops.render import iso
+from celery_dlx.ops.replay import replay_run
+from celery_dlx.store.graveyard import CHUNK
+from celery_dlx.web.audit import AuditEntry, record_action
+from celery_dlx.web.auth import User
+
+logger = logging.getLogger(__name__)
+
+#: Jobs remembered in memory (the audit stream keeps them all).
+KEPT_JOBS = 100
+#: Most obituary ids one request may name.
+MAX_IDS = 500
+
+
+class Busy(DLXError):
+    """Another operator action is running."""
+
+
+@dataclass
+class Job:
+    """One operator action and, once it ended, its result (the CLI's ``--json`` shape)."""
+
+    id: str
+    user: User
+    action: str
+    target: str
+    params: dict[str, Any]
+    status: str = "running"
+    result: dict[str, Any] | None = None
+    started_ms: int = field(default_factory=now_ms)
+    finished_ms: int | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "user": self.user.name,
+            "role": self.user.role,
+            "action": self.action,
+            "target": self.target,
+            "params": self.params,
+            "status": self.status,
+            "result": self.result,
+            "started_at": iso(self.started_ms),
+            "finished_at": iso(self.finished_ms),
+        }
+
+
+def replay_summary(result: dict[str, Any]) -> tuple[str, str]:
+    """``(status, one line)`` of a ``replay_run(...).to_json()``."""
+    line = f"replayed {len(result['replayed'])} of {result['targets']}"
+    canary = result.get("canary")
+    if canary:
+        line += f"; canary {canary['outcome']}"
+    if result["skipped"]:
+        line += f"; skipped {len(result['skipped'])}"
+    if result["failed"] or result["missing"]:
+        line += f"; failed {len(result['failed'])}, missing {len(result['missing'])}"
+    if result["stopped"]:
+        return "stopped", line + f"; stopped, {len(result['not_replayed'])} not replayed"
+    incomplete = result["failed"] or result["missing"]
+    return ("incomplete" if incomplete else "done"), line
+
+
+class Actions:
+    """Starts replays and purges for the console, one at a time."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+        self._running = threading.Lock()
+        self._jobs: dict[str, Job] = {}
+        self._jobs_lock = threading.Lock()
+
+    def job(self, job_id: str) -> Job | None:
+        with self._jobs_lock:
+            return self._jobs.get(job_id)
+
+    def jobs(self) -> list[Job]:
+        with self._jobs_lock:
+            return sorted(self._jobs.values(), key=lambda j: j.started_ms, reverse=True)
+
+    def replay(
+        self,
+        user: User,
+        targets: list[str],
+        target: str,
+        *,
+        rate: float,
+        canary: bool,
+        force: bool = False,
+        canary_timeout: float = 120.0,
+        cause: str | None = None,
+    ) -> Job:
+        """Start :func:`~celery_dlx.ops.replay.replay_run` of ``targets`` at ``rate`` per second.
+
+        Raises:
+            Busy: another action is running.
+        """
+        params = {
+            "targets": len(targets),
+            "rate": rate,
+            "canary": canary,
+            "force": force,
+            "canary_timeout": canary_timeout,
+            "cause": cause,
+        }
+
+        def run() -> tuple[str, str, dict[str, Any]]:
+            result = replay_run(
+                self.runtime,
+                targets,
+                rate=rate,
+                canary=canary,
+                force=force,
+                canary_timeout=canary_timeout,
+            ).to_json()
+            status, line = replay_summary(result)
+            return status, line, result
+
+        return self._start(user, "replay", target, params, run)
+
+    def purge(
+        self, user: User, targets: list[str], target: str, *, cause: str | None = None
+    ) -> Job:
+        """Start purging ``targets`` (each goes whole to the history as ``purged``).
+
+        Raises:
+            Busy: another action is running.
+        """
+
+        def run() -> tuple[str, str, dict[str, Any]]:
+            purged: list[str] = []
+            missing: list[str] = []
+            for start in range(0, len(targets), CHUNK):
+                done = purge_ops.purge(self.runtime, targets[start : start + CHUNK])
+                purged.extend(done.purged)
+                missing.extend(done.missing)
+            result = {
+                "dry_run": False,
+                "targets": len(targets),
+                "purged": purged,
+                "missing": missing,
+            }
+            line = f"purged {len(purged)} of {len(targets)}" + (
+                f"; missing {len(missing)}" if missing else ""
+            )
+            return ("incomplete" if missing else "done"), line, result
+
+        return self._start(user, "purge", target, {"targets": len(targets), "cause": cause}, run)
+
+    def _start(
+        self,
+        user: User,
+        action: str,
+        target: str,
+        params: dict[str, Any],
+        work: Callable[[], tuple[str, str, dict[str, Any]]],
+    ) -> Job:
+        if not self._running.acquire(blocking=False):
+            running = [j for j in self.jobs() if j.status == "running"]
+            who = f" ({running[0].action} by {running[0].user.name})" if running else ""
+            raise Busy(f"another operator action is running{who}; wait for it to end")
+        job = Job(uuid.uuid4().hex[:12], user, action, target, params)
+        with self._jobs_lock:
+            self._jobs[job.id] = job
+            for old in sorted(self._jobs.values(), key=lambda j: j.started_ms)[:-KEPT_JOBS]:
+                self._jobs.pop(old.id, None)
+        thread = threading.Thread(
+            target=self._run, args=(job, work), name=f"dlx-web-{action}", daemon=True
+        )
+        try:
+            thread.start()
+        except BaseException:
+            self._running.release()
+            raise
+        return job
+
+    def _run(self, job: Job, work: Callable[[], tuple[str, str, dict[str, Any]]]) -> None:
+        summary = ""
+        try:
+            job.status, summary, job.result = work()
+        except Exception as exc:  # the job's failure is its result, shown and audited
+            logger.exception("console %s by %s failed", job.action, job.user.name)
+            job.status, summary = "failed", f"{type(exc).__name__}: {exc}"
+            job.result = {"error": summary}
+        finally:
+            job.finished_ms = now_ms()
+            self._running.release()
+        try:
+            record_action(
+                self.runtime,
+                AuditEntry(
+                    user=job.user.name,
+                    role=job.user.role,
+                    action=job.action,
+                    target=job.target,
+                    params=job.params,
+                    status=job.status,
+                    result=job.result or {},
+                    summary=summary,
+                    at_ms=job.finished_ms,
+                    job=job.id,
+                ),
+            )
+        except Exception:  # the action is done; a lost audit line is logged, not hidden
+            logger.exception(
+                "console %s by %s not written to the audit log", job.action, job.user.name
+            )
+        logger.info("console %s by %s of %s: %s", job.action, job.user.name, job.target, summary)
+        job.done.set()

@@ -1,0 +1,100 @@
+"""The Starlette application of the console: routes, error pages, ``/metrics``, static files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from celery_dlx.errors import DLXError
+from celery_dlx.web import api, pages
+from celery_dlx.web.console import Console, WebSettings
+from celery_dlx.web.guard import Guard
+
+STATIC = Path(__file__).resolve().parent / "static"
+
+
+async def metrics(request: Request) -> Response:
+    console = pages.console_of(request)
+    body = await run_in_threadpool(generate_latest, console.metrics)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+def _wants_json(request: Request) -> bool:
+    return request.url.path.startswith("/api/")
+
+
+async def _error(request: Request, status: int, message: str) -> Response:
+    if _wants_json(request) or "state" not in request.scope or "user" not in request.scope["state"]:
+        return JSONResponse({"error": message}, status_code=status)
+    return pages.error_page(request, status, message)
+
+
+async def on_dlx_error(request: Request, exc: Exception) -> Response:
+    return await _error(request, 400, str(exc))
+
+
+async def on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return await _error(request, exc.status_code, str(exc.detail))
+
+
+async def on_redis_error(request: Request, exc: Exception) -> Response:
+    return await _error(request, 503, f"Redis unreachable or refused ({exc}); check dlx_redis_url")
+
+
+def create_app(runtime: Any, settings: WebSettings) -> Starlette:
+    """The console of ``runtime``'s app (a :class:`~celery_dlx.worker.runtime.Runtime`).
+
+    Raises:
+        ConfigurationError: malformed accounts.
+    """
+    import redis
+
+    console = Console(runtime, settings)
+    routes = [
+        Route("/", pages.overview),
+        Route("/causes", pages.causes),
+        Route("/group", pages.group),
+        Route("/obituary", pages.obituary),
+        Route("/parked", pages.parked),
+        Route("/audit", pages.audit),
+        Route("/jobs/{job_id}", pages.job),
+        Route("/actions/replay", pages.replay_action, methods=["POST"]),
+        Route("/actions/purge", pages.purge_action, methods=["POST"]),
+        Route("/api/groups", api.groups),
+        Route("/api/obituaries", api.obituary_list),
+        Route("/api/obituary", api.obituary),
+        Route("/api/parked", api.parked),
+        Route("/api/stats", api.stats),
+        Route("/api/check", api.check),
+        Route("/api/audit", api.audit),
+        Route("/api/csrf", api.csrf),
+        Route("/api/jobs/{job_id}", api.job),
+        Route("/api/replay", api.replay, methods=["POST"]),
+        Route("/api/purge", api.purge, methods=["POST"]),
+        Route("/metrics", metrics),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(Guard, accounts=console.accounts, max_body=settings.max_body)  # type: ignore[arg-type]
+        ],
+        exception_handlers={
+            DLXError: on_dlx_error,
+            HTTPException: on_http_error,
+            redis.RedisError: on_redis_error,
+        },
+    )
+    app.state.console = console
+    return app

@@ -1,0 +1,133 @@
+"""The console's audit log: who did what, when, and with which result.
+
+Each finished operator action is one entry of a Redis stream (``{prefix}:web:audit``, capped
+at :data:`AUDIT_MAXLEN`) and one ``audit`` entry of the failure history (fields as every
+history entry, the operator and the result in ``reason``). The messages an action touched have
+their own ``replayed``/``purged`` history entries, written by :mod:`celery_dlx.ops`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from celery_dlx.fates import now_ms
+from celery_dlx.ops.render import iso
+
+#: The history entry's fate for an operator action.
+AUDIT_FATE = "audit"
+#: Entries kept in the audit stream (approximately).
+AUDIT_MAXLEN = 10000
+
+
+def audit_key(runtime: Any) -> str:
+    return "{" + str(runtime.keys.prefix) + "}:web:audit"
+
+
+@dataclass
+class AuditEntry:
+    """One operator action: who, when, what (action and target), with which parameters, result."""
+
+    user: str
+    role: str
+    action: str
+    target: str
+    params: dict[str, Any]
+    status: str
+    result: dict[str, Any]
+    summary: str
+    at_ms: int = 0
+    job: str = ""
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "at_ms": str(self.at_ms),
+            "user": self.user,
+            "role": self.role,
+            "action": self.action,
+            "target": self.target,
+            "params": json.dumps(self.params, sort_keys=True, default=str),
+            "status": self.status,
+            "summary": self.summary,
+            "result": _result_json(self.result),
+            "job": self.job,
+        }
+
+
+#: Characters of an action's result kept in the audit stream; a longer one keeps its counts.
+RESULT_LIMIT = 100_000
+
+
+def _result_json(result: dict[str, Any]) -> str:
+    text = json.dumps(result, sort_keys=True, default=str)
+    if len(text) <= RESULT_LIMIT:
+        return text
+    counts = {k: len(v) if isinstance(v, (list, dict)) else v for k, v in result.items()}
+    return json.dumps({"truncated": True, **counts}, sort_keys=True, default=str)
+
+
+def _json_object(raw: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def record_action(runtime: Any, entry: AuditEntry) -> str:
+    """Append ``entry`` to the audit stream and an ``audit`` entry to the failure history."""
+    entry.at_ms = entry.at_ms or now_ms()
+    history = {
+        "fate": AUDIT_FATE,
+        "at_ms": str(entry.at_ms),
+        "queue": entry.params.get("queue") or "*",
+        "task": "",
+        "message_id": f"audit:{entry.job}",
+        "attempt": "0",
+        "cause": entry.params.get("cause") or "",
+        "exc_type": "",
+        "reason": f"{entry.user} ({entry.role}) {entry.action} {entry.target}: {entry.summary}"[
+            :500
+        ],
+        "delay": "",
+        "importance": "notify",
+        "first_failure_ms": "",
+    }
+    pipe = runtime.redis.pipeline(transaction=False)
+    pipe.xadd(audit_key(runtime), entry.fields(), maxlen=AUDIT_MAXLEN, approximate=True)
+    pipe.xadd(runtime.keys.history, history)
+    entry_id = pipe.execute()[0]
+    return _text(entry_id)
+
+
+def read_audit(runtime: Any, *, limit: int = 100) -> list[dict[str, Any]]:
+    """The latest audit entries, newest first."""
+    rows = runtime.redis.xrevrange(audit_key(runtime), "+", "-", count=limit)
+    out = []
+    for entry_id, raw in rows:
+        fields = {_text(k): _text(v) for k, v in raw.items()}
+        params = _json_object(fields.get("params"))
+        result = _json_object(fields.get("result"))
+        at_ms = int(fields.get("at_ms") or 0)
+        out.append(
+            {
+                "id": _text(entry_id),
+                "at_ms": at_ms,
+                "at": iso(at_ms),
+                "user": fields.get("user", ""),
+                "role": fields.get("role", ""),
+                "action": fields.get("action", ""),
+                "target": fields.get("target", ""),
+                "params": params,
+                "status": fields.get("status", ""),
+                "summary": fields.get("summary", ""),
+                "result": result,
+                "job": fields.get("job", ""),
+            }
+        )
+    return out

@@ -1,0 +1,95 @@
+# click is skipped by mypy here (pyproject: follow_imports=skip), so its decorators are untyped.
+# mypy: disable-error-code="untyped-decorator"
+"""``celery -A proj dlx web``: serve the console (registered by :mod:`celery_dlx.cli.main`)."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from celery_dlx.errors import DLXError
+
+
+@click.command("web")
+@click.option(
+    "--host", default=None, help="Address to listen on (default: dlx_web_host, 127.0.0.1)."
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port (default: dlx_web_port, 5566).",
+)
+@click.option(
+    "--basic-auth",
+    "operators",
+    multiple=True,
+    metavar="USER:PASSWORD",
+    help="An operator (read, replay, purge); repeatable (default: dlx_web_basic_auth).",
+)
+@click.option(
+    "--viewer-auth",
+    "viewers",
+    multiple=True,
+    metavar="USER:PASSWORD",
+    help="A viewer (read only); repeatable (default: dlx_web_viewer_auth).",
+)
+@click.option(
+    "--proto",
+    "protos",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Extra protobuf descriptor set to decode payloads with (repeatable).",
+)
+@click.option("-l", "--loglevel", default="INFO", show_default=True, help="Logging level.")
+@click.pass_context
+def web_command(
+    ctx: click.Context,
+    host: str | None,
+    port: int | None,
+    operators: tuple[str, ...],
+    viewers: tuple[str, ...],
+    protos: tuple[str, ...],
+    loglevel: str,
+) -> None:
+    """Serve the web console: causes, obituaries, parked retries, replay and purge, /metrics.
+
+    Without --basic-auth/--viewer-auth it is open to anyone who can reach it, so it then
+    listens only on a loopback address.
+    """
+    try:
+        from celery_dlx.web.console import WebSettings
+        from celery_dlx.web.server import serve
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the console needs the web extra: pip install 'celery-dlx[web]' ({exc})"
+        ) from exc
+    from celery_dlx.worker.runtime import get_runtime
+
+    try:
+        runtime = get_runtime(ctx.obj.app)
+        settings = WebSettings.from_config(
+            runtime.config,
+            host=host,
+            port=port,
+            operators=operators,
+            viewers=viewers,
+            protos=protos,
+        )
+        logging.basicConfig(
+            level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
+        )
+        who = (
+            "open (loopback only)"
+            if not (settings.operators or settings.viewers)
+            else (f"{len(settings.operators)} operator(s), {len(settings.viewers)} viewer(s)")
+        )
+        from celery_dlx.web.auth import Accounts, check_listen
+
+        check_listen(settings.host, Accounts.from_lists(settings.operators, settings.viewers))
+        shown = f"[{settings.host}]" if ":" in settings.host else settings.host
+        click.echo(f"celery_dlx console on http://{shown}:{settings.port}/ ({who})", err=True)
+        serve(runtime, settings, log_level=loglevel)
+    except DLXError as exc:
+        raise click.ClickException(str(exc)) from exc

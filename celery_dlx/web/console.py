@@ -1,0 +1,143 @@
+"""The console's state and settings: runtime, accounts, CSRF, actions, templates, metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from prometheus_client import CollectorRegistry
+
+from celery_dlx.codecs import ProtobufRegistry
+from celery_dlx.fates import now_ms
+from celery_dlx.ops.inspection import registry_for
+from celery_dlx.ops.render import ago
+from celery_dlx.web.actions import Actions
+from celery_dlx.web.auth import Accounts, Csrf
+from celery_dlx.web.metrics import DLXCollector
+
+#: Largest request body accepted (forms and JSON), in bytes.
+MAX_BODY = 64 * 1024
+#: Seconds a ``dlx check`` result is reused by the overview.
+CHECK_TTL = 30.0
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    """Where the console listens, who may use it, and its limits."""
+
+    host: str = "127.0.0.1"
+    port: int = 5566
+    operators: tuple[str, ...] = ()
+    viewers: tuple[str, ...] = ()
+    max_replay_rate: float = 50.0
+    max_body: int = MAX_BODY
+    protos: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Any,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        operators: Sequence[str] = (),
+        viewers: Sequence[str] = (),
+        protos: Sequence[str] = (),
+    ) -> WebSettings:
+        """The ``dlx_web_*`` settings of ``config``, each replaced by an option given."""
+        return cls(
+            host=host or config.web_host,
+            port=port or config.web_port,
+            operators=tuple(operators) or tuple(config.web_basic_auth),
+            viewers=tuple(viewers) or tuple(config.web_viewer_auth),
+            max_replay_rate=float(config.web_max_replay_rate),
+            protos=tuple(protos),
+        )
+
+
+def link(path: str, **params: Any) -> str:
+    """``path`` with the non-empty ``params`` as its query string."""
+    given = {k: v for k, v in params.items() if v is not None and v is not False and v != ""}
+    return f"{path}?{urlencode(given)}" if given else path
+
+
+def short_type(name: str | None) -> str:
+    return (name or "").rsplit(".", 1)[-1]
+
+
+class Console:
+    """Everything the routes share; one per running console."""
+
+    def __init__(self, runtime: Any, settings: WebSettings) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.accounts = Accounts.from_lists(settings.operators, settings.viewers)
+        self.csrf = Csrf()
+        self.actions = Actions(runtime)
+        self.metrics = CollectorRegistry(auto_describe=False)
+        self.metrics.register(DLXCollector(runtime))
+        self._registry: ProtobufRegistry | None = None
+        self._check: tuple[float, dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+        self.env = jinja2.Environment(
+            loader=jinja2.PackageLoader("celery_dlx.web", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.globals.update(link=link, short_type=short_type)
+        self.env.filters["ago"] = lambda ms: ago(ms, now_ms()) if ms else "-"
+
+    @property
+    def registry(self) -> ProtobufRegistry:
+        """The protobuf registry of the settings and ``--proto`` (loaded once)."""
+        with self._lock:
+            if self._registry is None:
+                self._registry = registry_for(self.runtime, self.settings.protos)
+            return self._registry
+
+    def check(self) -> dict[str, Any]:
+        """``dlx check --json`` (cached for :data:`CHECK_TTL` seconds); a management API that
+        cannot be reached is reported, not raised."""
+        with self._lock:
+            if self._check is not None and time.monotonic() - self._check[0] < CHECK_TTL:
+                return self._check[1]
+        data = run_checks(self.runtime)
+        with self._lock:
+            self._check = (time.monotonic(), data)
+        return data
+
+
+def run_checks(runtime: Any) -> dict[str, Any]:
+    """:func:`celery_dlx.ops.checks.run_check` with the broker's management API when it can be
+    had; ``error`` is set when the check itself could not run."""
+    from celery_dlx.broker.management import management_for
+    from celery_dlx.ops.checks import run_check
+
+    api = None
+    try:
+        conn = runtime.app.connection_for_write()
+        try:
+            api = management_for(conn)
+        finally:
+            conn.release()
+    except Exception:  # no management API: checked over AMQP only, as the report says
+        api = None
+    try:
+        data = run_check(runtime, api).to_json()
+        data["error"] = None
+    except Exception as exc:  # broker down: the overview says so and shows the rest
+        data = {
+            "ok": False,
+            "problems": [],
+            "management": False,
+            "queues": [],
+            "error": f"{type(exc).__name__}: {exc}",
+        }
+    return data

@@ -1,0 +1,124 @@
+"""Parsing what a request asks for: page bounds, filters, times, replay and purge targets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery_dlx.errors import DLXError
+from celery_dlx.ops.obituaries import to_ms
+from celery_dlx.ops.render import parse_when
+from celery_dlx.ops.replay import resolve_targets
+from celery_dlx.web.actions import MAX_IDS as MAX_IDS
+from celery_dlx.web.reads import MAX_PAGE, GroupFilters
+
+
+class BadRequest(DLXError):
+    """The request asks for something malformed; the message says what (HTTP 400)."""
+
+
+def integer(
+    params: Mapping[str, Any], name: str, default: int, *, low: int = 0, high: int | None = None
+) -> int:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(str(raw))
+    except ValueError as exc:
+        raise BadRequest(f"{name} must be an integer, got {raw!r}") from exc
+    if value < low or (high is not None and value > high):
+        raise BadRequest(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def number(raw: Any, name: str) -> float:
+    try:
+        return float(str(raw))
+    except ValueError as exc:
+        raise BadRequest(f"{name} must be a number, got {raw!r}") from exc
+
+
+def when_ms(params: Mapping[str, Any], name: str) -> int | None:
+    """``since``/``until`` as the CLI takes them (``2h`` ago, an ISO time, ``@epoch``), in ms."""
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return to_ms(parse_when(str(raw), name))
+    except DLXError as exc:
+        raise BadRequest(str(exc)) from exc
+
+
+def text(params: Mapping[str, Any], name: str) -> str | None:
+    raw = params.get(name)
+    return str(raw).strip() or None if raw is not None else None
+
+
+def group_filters(params: Mapping[str, Any]) -> GroupFilters:
+    return GroupFilters(
+        queue=text(params, "queue"),
+        task=text(params, "task"),
+        exception=text(params, "exception"),
+        since_ms=when_ms(params, "since"),
+        until_ms=when_ms(params, "until"),
+    )
+
+
+def page_bounds(params: Mapping[str, Any], default: int = 50) -> tuple[int, int]:
+    return integer(params, "offset", 0), integer(params, "limit", default, low=1, high=MAX_PAGE)
+
+
+@dataclass
+class Targets:
+    """Obituary ids an action applies to, and how to name them in the audit log."""
+
+    ids: list[str]
+    label: str
+    cause: str | None
+
+
+def targets(runtime: Any, ids: Sequence[Any], cause: Any) -> Targets:
+    """The named ids (at most :data:`MAX_IDS`), else every obituary of ``cause``, oldest first.
+
+    Raises:
+        BadRequest: neither, both, or too many ids.
+    """
+    given = [str(i).strip() for i in ids if str(i).strip()]
+    cause_text = str(cause).strip() if cause else ""
+    if given and cause_text:
+        raise BadRequest("name obituary ids or a cause, not both")
+    if len(given) > MAX_IDS:
+        raise BadRequest(f"at most {MAX_IDS} obituary ids at once; use the whole cause instead")
+    if given:
+        unique = list(dict.fromkeys(given))
+        label = unique[0] if len(unique) == 1 else f"{len(unique)} selected obituaries"
+        return Targets(unique, label, None)
+    if not cause_text:
+        raise BadRequest("choose obituaries (ids) or a cause group")
+    found = resolve_targets(runtime, cause=cause_text)
+    return Targets(found, f"cause {cause_text}", cause_text)
+
+
+def replay_rate(raw: Any, maximum: float) -> float:
+    """The replay rate asked for, between 0 (excluded) and ``dlx_web_max_replay_rate``."""
+    if raw in (None, ""):
+        return min(10.0, maximum)
+    rate = number(raw, "rate")
+    if not rate > 0:
+        raise BadRequest(f"rate must be a positive number per second, got {raw}")
+    if rate > maximum:
+        raise BadRequest(
+            f"rate {rate:g}/s is over the console's limit of {maximum:g}/s (dlx_web_max_replay_rate)"
+        )
+    return rate
+
+
+def flag(raw: Any) -> bool:
+    return raw is True or str(raw).lower() in {"1", "on", "true", "yes"}
+
+
+def purge_phrase(count: int) -> str:
+    """What an operator types to confirm purging ``count`` obituaries."""
+    return f"purge {count}"

@@ -1,0 +1,121 @@
+"""``/metrics``: a Prometheus collector reading Redis when scraped (no state in the console).
+
+=======================================  ==========================================================
+metric                                   labels, meaning
+=======================================  ==========================================================
+``celery_dlx_graveyard_obituaries``      ``queue``: obituaries in the graveyard
+``celery_dlx_graveyard_cause_obituaries`` ``cause``, ``queue``, ``exc_type``: obituaries per cause
+``celery_dlx_graveyard_total``           obituaries in the graveyard
+``celery_dlx_parked``                    ``queue``: parked retries (see ``parked_sampled``)
+``celery_dlx_parked_due``                ``queue``: parked retries due now (waiting for a drain)
+``celery_dlx_parked_lateness_seconds``   ``queue``: how late the oldest due retry is
+``celery_dlx_parked_total``              parked retries (exact)
+``celery_dlx_parked_due_total``          parked retries due now (exact)
+``celery_dlx_parked_sampled``            parked retries read for the per-queue numbers
+``celery_dlx_fate_changes``              ``queue``, ``fate``, ``window`` (5m, 1h): fate changes
+                                         within the window, from the per-minute counters
+``celery_dlx_scrape_error``              1 when Redis could not be read (the rest is then absent)
+=======================================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from celery_dlx.store import counters
+from celery_dlx.web.reads import groups_of, parked_summary, yard_of
+
+logger = logging.getLogger(__name__)
+
+#: Cause groups exported at most (the most recently seen), to bound label cardinality.
+MAX_CAUSES = 500
+#: Fate-counter windows exported.
+WINDOWS = (("5m", 300.0), ("1h", 3600.0))
+
+
+class DLXCollector(Collector):
+    """Reads the graveyard, the parking store and the fate counters at scrape time."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        error = GaugeMetricFamily(
+            "celery_dlx_scrape_error", "1 when celery_dlx could not read Redis for this scrape"
+        )
+        try:
+            families = list(self._families())
+        except Exception as exc:  # a scrape reports the failure rather than a 500
+            logger.warning("celery_dlx metrics scrape failed: %s", exc)
+            error.add_metric([], 1)
+            yield error
+            return
+        error.add_metric([], 0)
+        yield error
+        yield from families
+
+    def _families(self) -> Iterator[GaugeMetricFamily]:
+        runtime = self.runtime
+        yard = yard_of(runtime)
+        per_queue = GaugeMetricFamily(
+            "celery_dlx_graveyard_obituaries", "Obituaries in the graveyard", labels=["queue"]
+        )
+        for queue, n, _ in yard.names("queue"):
+            per_queue.add_metric([queue], n)
+        yield per_queue
+        total = GaugeMetricFamily("celery_dlx_graveyard_total", "Obituaries in the graveyard")
+        total.add_metric([], yard.count())
+        yield total
+        causes = [
+            c.decode() if isinstance(c, bytes) else str(c)
+            for c in runtime.redis.zrevrange(yard.groups_key, 0, MAX_CAUSES - 1)
+        ]
+        per_cause = GaugeMetricFamily(
+            "celery_dlx_graveyard_cause_obituaries",
+            "Obituaries in the graveyard per cause fingerprint",
+            labels=["cause", "queue", "exc_type"],
+        )
+        for group in groups_of(yard, causes):
+            per_cause.add_metric([group.cause, group.queue, group.exc_type], group.count)
+        yield per_cause
+        parked = parked_summary(runtime)
+        gauges = {
+            "count": GaugeMetricFamily(
+                "celery_dlx_parked", "Parked retries per queue", labels=["queue"]
+            ),
+            "due_now": GaugeMetricFamily(
+                "celery_dlx_parked_due", "Parked retries due now per queue", labels=["queue"]
+            ),
+            "lateness_s": GaugeMetricFamily(
+                "celery_dlx_parked_lateness_seconds",
+                "Seconds the oldest due parked retry of the queue is late",
+                labels=["queue"],
+            ),
+        }
+        for row in parked["queues"]:
+            for name, gauge in gauges.items():
+                gauge.add_metric([row["queue"]], row[name] or 0)
+        yield from gauges.values()
+        for name, key, text in (
+            ("celery_dlx_parked_total", "count", "Parked retries"),
+            ("celery_dlx_parked_due_total", "due_now", "Parked retries due now"),
+            ("celery_dlx_parked_sampled", "sampled", "Parked retries read for per-queue numbers"),
+        ):
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], parked[key])
+            yield gauge
+        fates = GaugeMetricFamily(
+            "celery_dlx_fate_changes",
+            "Messages per queue and fate within the window (per-minute counters)",
+            labels=["queue", "fate", "window"],
+        )
+        for window, seconds in WINDOWS:
+            counts = counters.read_window(runtime.redis, runtime.keys, seconds)
+            for (queue, fate), n in sorted(counts.totals().items()):
+                fates.add_metric([queue, fate, window], n)
+        yield fates

@@ -1,0 +1,214 @@
+"""The HTML pages and the form actions (server-rendered; JavaScript only enhances)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from celery_dlx.ops import obituaries
+from celery_dlx.ops.inspection import parked_data
+from celery_dlx.web import forms
+from celery_dlx.web.actions import Busy
+from celery_dlx.web.audit import read_audit
+from celery_dlx.web.console import Console
+from celery_dlx.web.guard import user_of
+from celery_dlx.web.payload import obituary_view
+from celery_dlx.web.reads import (
+    causes_page,
+    fate_chart,
+    graveyard_queues,
+    group_info,
+    group_page,
+    parked_summary,
+)
+
+
+def console_of(request: Request) -> Console:
+    console: Console = request.app.state.console
+    return console
+
+
+def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    console = console_of(request)
+    user = user_of(request)
+    html = console.env.get_template(template).render(
+        user=user,
+        csrf=console.csrf.token(user),
+        path=request.url.path,
+        **context,
+    )
+    return HTMLResponse(html, status_code=status)
+
+
+def error_page(request: Request, status: int, message: str) -> HTMLResponse:
+    return render(request, "error.html", status=status, status_code=status, message=message)
+
+
+async def overview(request: Request) -> Response:
+    console = console_of(request)
+    runtime = console.runtime
+
+    def read() -> dict[str, Any]:
+        return {
+            "queues": graveyard_queues(runtime),
+            "total": obituaries.count(runtime),
+            "parked": parked_summary(runtime),
+            "chart": fate_chart(runtime),
+            "check": console.check(),
+        }
+
+    return render(request, "overview.html", **await run_in_threadpool(read))
+
+
+async def causes(request: Request) -> Response:
+    console = console_of(request)
+    offset, limit = forms.page_bounds(request.query_params)
+    data = await run_in_threadpool(causes_page, console.runtime, offset=offset, limit=limit)
+    return render(request, "causes.html", data=data)
+
+
+async def group(request: Request) -> Response:
+    console = console_of(request)
+    params = request.query_params
+    cause = forms.text(params, "cause")
+    if not cause:
+        return error_page(request, 400, "which cause? (?cause=<fingerprint>)")
+    filters = forms.group_filters(params)
+    offset, limit = forms.page_bounds(params)
+
+    def read() -> tuple[Any, Any]:
+        info = group_info(console.runtime, cause)
+        page = group_page(
+            console.runtime, cause, filters, offset=offset, limit=limit, registry=console.registry
+        )
+        return info, page
+
+    info, page = await run_in_threadpool(read)
+    if info is None:
+        return error_page(request, 404, f"no obituary of cause {cause!r} in the graveyard")
+    return render(
+        request,
+        "group.html",
+        group=info,
+        page=page,
+        filters=filters,
+        params=dict(params),
+        limit=limit,
+        phrase=forms.purge_phrase(info["count"]),
+        max_rate=console.settings.max_replay_rate,
+    )
+
+
+async def obituary(request: Request) -> Response:
+    console = console_of(request)
+    ident = forms.text(request.query_params, "id")
+    if not ident:
+        return error_page(request, 400, "which obituary? (?id=<obituary id or message id>)")
+
+    def read() -> dict[str, Any] | None:
+        ob = obituaries.get_obituary(console.runtime, ident)
+        return None if ob is None else obituary_view(ob, console.registry)
+
+    data = await run_in_threadpool(read)
+    if data is None:
+        return error_page(request, 404, f"no obituary with id or message id {ident!r}")
+    return render(
+        request,
+        "obituary.html",
+        ob=data,
+        phrase=forms.purge_phrase(1),
+        max_rate=console.settings.max_replay_rate,
+    )
+
+
+async def parked(request: Request) -> Response:
+    console = console_of(request)
+    limit = forms.integer(request.query_params, "limit", 50, low=1, high=500)
+
+    def read() -> tuple[dict[str, Any], dict[str, Any]]:
+        return parked_summary(console.runtime), parked_data(console.runtime, limit=limit)
+
+    summary, data = await run_in_threadpool(read)
+    return render(request, "parked.html", summary=summary, data=data)
+
+
+async def audit(request: Request) -> Response:
+    console = console_of(request)
+    entries = await run_in_threadpool(read_audit, console.runtime)
+    running = [j.to_json() for j in console.actions.jobs() if j.status == "running"]
+    return render(request, "audit.html", entries=entries, running=running)
+
+
+async def job(request: Request) -> Response:
+    console = console_of(request)
+    found = console.actions.job(request.path_params["job_id"])
+    if found is None:
+        return error_page(request, 404, "no such job in this console (see the audit log)")
+    return render(request, "job.html", job=found.to_json())
+
+
+async def _form(request: Request) -> tuple[Any, Console, Any] | Response:
+    """The posted form of an operator with a valid CSRF token, or the error page."""
+    console = console_of(request)
+    user = user_of(request)
+    if not user.can_write:
+        return error_page(request, 403, f"{user.name} is a viewer: viewers cannot replay or purge")
+    form = await request.form(max_files=0, max_fields=forms.MAX_IDS + 20)
+    if not console.csrf.valid(user, form.get("csrf")):  # type: ignore[arg-type]
+        return error_page(request, 403, "missing or wrong CSRF token: reload the page and retry")
+    return form, console, user
+
+
+async def replay_action(request: Request) -> Response:
+    got = await _form(request)
+    if isinstance(got, Response):
+        return got
+    form, console, user = got
+    rate = forms.replay_rate(form.get("rate"), console.settings.max_replay_rate)
+    timeout = forms.number(form.get("canary_timeout") or 120, "canary_timeout")
+    chosen = await run_in_threadpool(
+        forms.targets, console.runtime, form.getlist("ids"), form.get("cause")
+    )
+    if not chosen.ids:
+        return error_page(request, 400, "nothing to replay: no obituary matches")
+    try:
+        started = console.actions.replay(
+            user,
+            chosen.ids,
+            chosen.label,
+            rate=rate,
+            canary=forms.flag(form.get("canary")),
+            force=forms.flag(form.get("force")),
+            canary_timeout=max(1.0, min(timeout, 600.0)),
+            cause=chosen.cause,
+        )
+    except Busy as exc:
+        return error_page(request, 409, str(exc))
+    return RedirectResponse(f"/jobs/{started.id}", status_code=303)
+
+
+async def purge_action(request: Request) -> Response:
+    got = await _form(request)
+    if isinstance(got, Response):
+        return got
+    form, console, user = got
+    chosen = await run_in_threadpool(
+        forms.targets, console.runtime, form.getlist("ids"), form.get("cause")
+    )
+    phrase = forms.purge_phrase(len(chosen.ids))
+    typed = str(form.get("confirm") or "").strip()
+    if typed != phrase:
+        return error_page(
+            request,
+            400,
+            f"not purged: type {phrase!r} to confirm purging {len(chosen.ids)} obituaries "
+            f"(you typed {typed!r})",
+        )
+    try:
+        started = console.actions.purge(user, chosen.ids, chosen.label, cause=chosen.cause)
+    except Busy as exc:
+        return error_page(request, 409, str(exc))
+    return RedirectResponse(f"/jobs/{started.id}", status_code=303)

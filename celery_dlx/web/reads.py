@@ -1,0 +1,322 @@
+"""What the console pages read, bounded: pages of causes and of one cause's obituaries, the
+parked retries per queue, the fate rates of the last hour.
+
+Everything reads the graveyard's indexed sorted sets a page at a time (never the whole
+graveyard); rows have the shapes of :mod:`celery_dlx.ops.inspection` (the CLI's ``--json``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_dlx.codecs import ProtobufRegistry
+from celery_dlx.fates import now_ms
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.ops.inspection import group_row, obituary_row
+from celery_dlx.ops.render import iso
+from celery_dlx.store import counters
+from celery_dlx.store.graveyard import Graveyard, Group, text
+
+#: Most rows on one page.
+MAX_PAGE = 200
+#: Most ids of a cause examined for one page under a queue or task filter.
+SCAN_CAP = 10000
+#: Most parked retries read to count them per queue.
+PARKED_SCAN = 20000
+
+
+def yard_of(runtime: Any) -> Graveyard:
+    return Graveyard(runtime.redis, runtime.keys)
+
+
+def causes_page(runtime: Any, *, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+    """One page of cause groups, most recently seen first (rows of ``dlx groups --json``, plus
+    ``importance`` of the latest obituary)."""
+    yard = yard_of(runtime)
+    limit = max(1, min(limit, MAX_PAGE))
+    pipe = yard.client.pipeline(transaction=False)
+    pipe.zcard(yard.groups_key)
+    pipe.zcard(yard.by_time)
+    pipe.zrevrange(yard.groups_key, offset, offset + limit - 1)
+    causes_total, total, raw = pipe.execute()
+    groups = groups_of(yard, [text(c) for c in raw])
+    examples = yard.load([g.example_id for g in groups])
+    rows = []
+    for group, example in zip(groups, examples, strict=True):
+        row = group_row(group)
+        row["importance"] = example.importance if example is not None else None
+        rows.append(row)
+    return {
+        "groups": rows,
+        "count": len(rows),
+        "causes": int(causes_total),
+        "total": int(total),
+        "offset": offset,
+        "limit": limit,
+    }
+
+
+def groups_of(yard: Graveyard, causes: list[str]) -> list[Group]:
+    """The :class:`Group` of each cause (as :meth:`Graveyard.groups`, for some causes only)."""
+    if not causes:
+        return []
+    pipe = yard.client.pipeline(transaction=False)
+    for cause in causes:
+        index = yard.by_cause(cause)
+        pipe.hgetall(yard.group_key(cause))
+        pipe.zcard(index)
+        pipe.zrange(index, 0, 0, withscores=True)
+        pipe.zrevrange(index, 0, 0, withscores=True)
+    results = pipe.execute()
+    out = []
+    for i, cause in enumerate(causes):
+        info, count, first, last = results[4 * i : 4 * i + 4]
+        if not count or not first or not last:
+            continue
+        meta = {text(k): text(v) for k, v in info.items()}
+        out.append(
+            Group(
+                cause=cause,
+                count=int(count),
+                total=int(meta.get("total") or count),
+                first_ms=int(first[0][1]),
+                last_ms=int(last[0][1]),
+                example_id=text(last[0][0]),
+                exc_type=meta.get("exc_type", ""),
+                exc_message=meta.get("exc_message", ""),
+                task=meta.get("task") or None,
+                queue=meta.get("queue", ""),
+            )
+        )
+    return out
+
+
+def group_info(runtime: Any, cause: str) -> dict[str, Any] | None:
+    """One cause group as ``dlx groups --json`` shows it, or None when it is empty."""
+    found = groups_of(yard_of(runtime), [cause])
+    return group_row(found[0]) if found else None
+
+
+@dataclass
+class GroupFilters:
+    """Filters of a group page: exact queue, task and exception type, burial time bounds (ms)."""
+
+    queue: str | None = None
+    task: str | None = None
+    exception: str | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+
+@dataclass
+class GroupPage:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    offset: int = 0
+    next_offset: int | None = None
+    matching: int | None = None
+    scanned: int = 0
+    capped: bool = False
+
+
+def group_page(
+    runtime: Any,
+    cause: str,
+    filters: GroupFilters,
+    *,
+    offset: int = 0,
+    limit: int = 50,
+    registry: ProtobufRegistry | None = None,
+) -> GroupPage:
+    """Obituaries of one cause, newest first, ``limit`` from ``offset``.
+
+    Without a queue or task filter the page is one ``ZREVRANGEBYSCORE ... LIMIT`` on the
+    cause's index and ``matching`` is exact. A queue or task filter checks the ids against that
+    queue's or task's index (``ZMSCORE``, no record read), at most :data:`SCAN_CAP` ids for one
+    page (``capped`` says so), and ``offset`` then counts the cause's ids, not matches. Every
+    obituary of a cause has the same exception type (it is part of the fingerprint), so the
+    exception filter keeps all or nothing.
+    """
+    yard = yard_of(runtime)
+    client = yard.client
+    limit = max(1, min(limit, MAX_PAGE))
+    index = yard.by_cause(cause)
+    high = "+inf" if filters.until_ms is None else filters.until_ms
+    low = "-inf" if filters.since_ms is None else filters.since_ms
+    page = GroupPage(offset=offset)
+    if filters.exception:
+        exc_type = client.hget(yard.group_key(cause), "exc_type")
+        if exc_type is None or text(exc_type) != filters.exception:
+            page.matching = 0
+            return page
+    members = [yard.by_queue(filters.queue)] if filters.queue else []
+    members += [yard.by_task(filters.task)] if filters.task else []
+    if not members:
+        raw = client.zrevrangebyscore(index, high, low, start=offset, num=limit + 1)
+        ids = [text(r) for r in raw]
+        page.matching = int(client.zcount(index, low, high))
+        page.next_offset = offset + limit if len(ids) > limit else None
+        page.scanned = min(len(ids), limit)
+        chosen = ids[:limit]
+    else:
+        chosen, page.next_offset, page.scanned = _scan_members(
+            client, index, members, high, low, offset, limit
+        )
+        page.capped = page.next_offset is not None and len(chosen) < limit
+    obits = yard.load(chosen, with_payload=True)
+    page.rows = [obituary_row(ob, registry) for ob in obits if ob is not None]
+    return page
+
+
+def _scan_members(
+    client: Any, index: str, members: list[str], high: Any, low: Any, offset: int, limit: int
+) -> tuple[list[str], int | None, int]:
+    """Ids of ``index`` (newest first from ``offset``) that are also in every ``members`` set:
+    ``(ids, next offset or None when the index is exhausted, ids examined)``."""
+    chosen: list[str] = []
+    position = offset
+    scanned = 0
+    chunk = 1000
+    while len(chosen) < limit and scanned < SCAN_CAP:
+        raw = client.zrevrangebyscore(index, high, low, start=position, num=chunk)
+        found = [text(r) for r in raw]
+        if not found:
+            return chosen, None, scanned
+        pipe = client.pipeline(transaction=False)
+        for key in members:
+            pipe.zmscore(key, found)
+        scores = pipe.execute()
+        for i, oid in enumerate(found):
+            position += 1
+            scanned += 1
+            if all(s[i] is not None for s in scores):
+                chosen.append(oid)
+                if len(chosen) >= limit:
+                    break
+        else:
+            if len(found) < chunk:
+                return chosen, None, scanned
+    return chosen, position, scanned
+
+
+def parked_summary(runtime: Any, *, at_ms: int | None = None) -> dict[str, Any]:
+    """Parked retries per queue: count, due now, next due, oldest lateness (seconds past due).
+
+    The store has one index by due time, so per-queue numbers come from reading the
+    :data:`PARKED_SCAN` soonest-due retries (``sampled`` says how many were read; every due
+    retry is among them while fewer than that are due). ``count`` and ``due_now`` are exact.
+    """
+    now = now_ms() if at_ms is None else at_ms
+    client = runtime.redis
+    keys = runtime.keys
+    per: dict[str, dict[str, Any]] = {}
+    read = 0
+    batch = 1000
+    while read < PARKED_SCAN:
+        rows = client.zrange(keys.parked_due, read, read + batch - 1, withscores=True)
+        if not rows:
+            break
+        metas = client.hmget(keys.parked_meta, [r for r, _ in rows])
+        for (_, score), meta in zip(rows, metas, strict=True):
+            if meta is None:
+                continue
+            try:
+                message = ParkedMessage.from_stored(meta, b"", lease_score=int(score))
+            except (ValueError, TypeError, KeyError):
+                continue
+            q = per.setdefault(
+                message.queue,
+                {
+                    "queue": message.queue,
+                    "count": 0,
+                    "due_now": 0,
+                    "next_due_ms": None,
+                    "oldest_due_ms": None,
+                },
+            )
+            q["count"] += 1
+            due = message.due_ms
+            if due <= now:
+                q["due_now"] += 1
+                if q["oldest_due_ms"] is None or due < q["oldest_due_ms"]:
+                    q["oldest_due_ms"] = due
+            elif q["next_due_ms"] is None or due < q["next_due_ms"]:
+                q["next_due_ms"] = due
+        read += len(rows)
+        if len(rows) < batch:
+            break
+    queues = []
+    for q in sorted(per.values(), key=lambda r: r["queue"]):
+        oldest = q["oldest_due_ms"]
+        q["lateness_s"] = None if oldest is None else round((now - oldest) / 1000, 3)
+        q["next_due_at"] = iso(q["next_due_ms"])
+        q["oldest_due_at"] = iso(oldest)
+        queues.append(q)
+    store = runtime.store
+    total = store.count()
+    lateness = [q["lateness_s"] for q in queues if q["lateness_s"] is not None]
+    return {
+        "count": total,
+        "due_now": store.due_count(now),
+        "sampled": read,
+        "complete": read >= total,
+        "oldest_lateness_s": max(lateness) if lateness else None,
+        "queues": queues,
+    }
+
+
+#: Fates drawn on the overview's chart, in this order.
+CHART_FATES = ("requeued", "parked", "drained", "buried", "replayed", "recovered", "purged")
+
+
+def fate_chart(
+    runtime: Any,
+    *,
+    window_s: float = 3600.0,
+    at_ms: int | None = None,
+    width: int = 720,
+    height: int = 160,
+) -> dict[str, Any]:
+    """Per-minute fate counts over the window as SVG polyline points (numbers only), with totals
+    per queue and fate."""
+    counts = counters.read_window(runtime.redis, runtime.keys, window_s, at_ms=at_ms)
+    minutes = list(range(counts.start_minute, counts.end_minute + 1))
+    per_fate: dict[str, list[int]] = {}
+    for row in counts.rows:
+        series = per_fate.setdefault(row.fate, [0] * len(minutes))
+        series[row.minute - counts.start_minute] += row.count
+    peak = max((max(s) for s in per_fate.values()), default=0)
+    scale = peak or 1
+    step = width / max(1, len(minutes) - 1)
+    lines = []
+    order = [f for f in CHART_FATES if f in per_fate] + sorted(
+        f for f in per_fate if f not in CHART_FATES
+    )
+    for fate in order:
+        series = per_fate[fate]
+        points = " ".join(
+            f"{i * step:.1f},{height - (n / scale) * (height - 4) - 2:.1f}"
+            for i, n in enumerate(series)
+        )
+        lines.append({"fate": fate, "points": points, "total": sum(series)})
+    totals = [
+        {"queue": queue, "fate": fate, "count": n}
+        for (queue, fate), n in sorted(counts.totals().items())
+    ]
+    return {
+        "width": width,
+        "height": height,
+        "peak": peak,
+        "start_at": iso(counts.start_minute * 60000),
+        "end_at": iso(counts.end_minute * 60000),
+        "lines": lines,
+        "totals": totals,
+    }
+
+
+def graveyard_queues(runtime: Any) -> list[dict[str, Any]]:
+    """``{queue, count, last_at}`` for every queue with obituaries."""
+    return [
+        {"queue": q, "count": n, "last_ms": last, "last_at": iso(last)}
+        for q, n, last in yard_of(runtime).names("queue")
+    ]
