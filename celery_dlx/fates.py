@@ -27,6 +27,11 @@ ARCHIVED = "archived"
 
 #: Every fate change celery_dlx records in the failure history.
 FATE_CHANGES = (REQUEUED, PARKED, DRAINED, BURIED, REPLAYED, PURGED, RECOVERED, ARCHIVED)
+#: An operator's action in the web console (who replayed or purged what): a history entry that is
+#: not the fate of one message.
+AUDIT = "audit"
+#: Every kind of failure-history entry (what the Spark exporter accepts).
+HISTORY_KINDS = (*FATE_CHANGES, AUDIT)
 
 
 class FateRequest(Exception):

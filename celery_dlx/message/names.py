@@ -102,6 +102,8 @@ class Keys:
         self.consumerless = f"{base}:check:consumerless"
         #: Rate-limit budgets (Sentry events per cause...): ``budget(name)`` + what is counted.
         self.budget_prefix = f"{base}:budget:"
+        #: Stream: the web console's audit log (who did what, when, with which result).
+        self.web_audit = f"{base}:web:audit"
 
     def cause(self, message_id: str) -> str:
         return f"{self.cause_prefix}{message_id}"

@@ -481,6 +481,11 @@ class DLXConfig:
     sentry_payload_limit: int
     sentry_rate_limit: int
     sentry_rate_window: float
+    web_host: str
+    web_port: int
+    web_basic_auth: tuple[str, ...]
+    web_viewer_auth: tuple[str, ...]
+    web_max_replay_rate: int
     #: Names of the settings set in the app's configuration (the rest are defaults).
     explicit: frozenset[str] = frozenset()
 

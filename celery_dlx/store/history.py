@@ -28,7 +28,7 @@ field                     meaning
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from celery_dlx.fates import FateEvent
@@ -105,6 +105,19 @@ class History:
         if own:
             pipe.execute()
         return queued
+
+    def append_audit(self, fields: Mapping[str, str], event: FateEvent, *, maxlen: int) -> str:
+        """Append an operator action to the audit stream (``keys.web_audit``, capped at about
+        ``maxlen``) and its ``audit`` entry to the history, in one round trip.
+
+        Returns:
+            The audit stream entry's id.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self.keys.web_audit, dict(fields), maxlen=maxlen, approximate=True)
+        self.append_many([event], pipe=pipe)
+        entry_id = pipe.execute()[0]
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     def read(
         self, start: str = "-", end: str = "+", count: int | None = None

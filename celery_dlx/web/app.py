@@ -87,9 +87,7 @@ def create_app(runtime: Any, settings: WebSettings) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
-        middleware=[
-            Middleware(Guard, accounts=console.accounts, max_body=settings.max_body)  # type: ignore[arg-type]
-        ],
+        middleware=[Middleware(Guard, accounts=console.accounts, max_body=settings.max_body)],
         exception_handlers={
             DLXError: on_dlx_error,
             HTTPException: on_http_error,

@@ -12,17 +12,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from celery_dlx.fates import now_ms
+from celery_dlx.fates import AUDIT, FateEvent, now_ms
 from celery_dlx.ops.render import iso
+from celery_dlx.store.history import History
 
 #: The history entry's fate for an operator action.
-AUDIT_FATE = "audit"
+AUDIT_FATE = AUDIT
 #: Entries kept in the audit stream (approximately).
 AUDIT_MAXLEN = 10000
-
-
-def audit_key(runtime: Any) -> str:
-    return "{" + str(runtime.keys.prefix) + "}:web:audit"
 
 
 @dataclass
@@ -82,32 +79,22 @@ def _text(value: Any) -> str:
 def record_action(runtime: Any, entry: AuditEntry) -> str:
     """Append ``entry`` to the audit stream and an ``audit`` entry to the failure history."""
     entry.at_ms = entry.at_ms or now_ms()
-    history = {
-        "fate": AUDIT_FATE,
-        "at_ms": str(entry.at_ms),
-        "queue": entry.params.get("queue") or "*",
-        "task": "",
-        "message_id": f"audit:{entry.job}",
-        "attempt": "0",
-        "cause": entry.params.get("cause") or "",
-        "exc_type": "",
-        "reason": f"{entry.user} ({entry.role}) {entry.action} {entry.target}: {entry.summary}"[
-            :500
-        ],
-        "delay": "",
-        "importance": "notify",
-        "first_failure_ms": "",
-    }
-    pipe = runtime.redis.pipeline(transaction=False)
-    pipe.xadd(audit_key(runtime), entry.fields(), maxlen=AUDIT_MAXLEN, approximate=True)
-    pipe.xadd(runtime.keys.history, history)
-    entry_id = pipe.execute()[0]
-    return _text(entry_id)
+    event = FateEvent(
+        fate=AUDIT,
+        queue=entry.params.get("queue") or "*",
+        message_id=f"audit:{entry.job}",
+        attempt=0,
+        cause=entry.params.get("cause") or "",
+        reason=f"{entry.user} ({entry.role}) {entry.action} {entry.target}: {entry.summary}",
+        at_ms=entry.at_ms,
+    )
+    history = History(runtime.redis, runtime.keys)
+    return history.append_audit(entry.fields(), event, maxlen=AUDIT_MAXLEN)
 
 
 def read_audit(runtime: Any, *, limit: int = 100) -> list[dict[str, Any]]:
     """The latest audit entries, newest first."""
-    rows = runtime.redis.xrevrange(audit_key(runtime), "+", "-", count=limit)
+    rows = runtime.redis.xrevrange(runtime.keys.web_audit, "+", "-", count=limit)
     out = []
     for entry_id, raw in rows:
         fields = {_text(k): _text(v) for k, v in raw.items()}

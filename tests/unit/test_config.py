@@ -52,6 +52,11 @@ def test_defaults() -> None:
         "dlx_sentry_payload_limit": 4096,
         "dlx_sentry_rate_limit": 10,
         "dlx_sentry_rate_window": 3600.0,
+        "dlx_web_host": "127.0.0.1",
+        "dlx_web_port": 5566,
+        "dlx_web_basic_auth": (),
+        "dlx_web_viewer_auth": (),
+        "dlx_web_max_replay_rate": 50,
     }
     assert config.policy() == Policy()
 
@@ -96,6 +101,11 @@ BAD_VALUES: dict[str, list[Any]] = {
     "dlx_sentry_payload_limit": [0, -1, "4k"],
     "dlx_sentry_rate_limit": [-1, 0],
     "dlx_sentry_rate_window": [0, "1h"],
+    "dlx_web_host": [None, 5],
+    "dlx_web_port": [0, -1, "5566"],
+    "dlx_web_basic_auth": ["admin:secret", [1]],
+    "dlx_web_viewer_auth": ["viewer:secret", [None]],
+    "dlx_web_max_replay_rate": [0, -5, "50"],
 }
 
 
