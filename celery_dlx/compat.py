@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from celery import Celery
 from kombu import Queue
 from kombu.message import Message
 
@@ -119,6 +120,16 @@ def serializer_name(content_type: str) -> str | None:
 
 
 # -- celery ----------------------------------------------------------------------------------------
+
+
+def app_task_or_amqp_made(app: Celery) -> bool:
+    """True once ``app.Task`` (the base task class) or ``app.amqp`` (its AMQP helper) was made.
+
+    Internal: both are cached properties of ``Celery``, stored in the instance ``__dict__`` on
+    first use; Celery has no public way to ask whether they exist yet, and ``install(app)`` can
+    only replace their classes (``task_cls``, ``amqp_cls``) before that.
+    """
+    return "Task" in app.__dict__ or "amqp" in app.__dict__
 
 
 def divert_reject(message: Message, reject: Callable[..., None]) -> None:
