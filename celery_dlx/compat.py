@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from celery import Celery
 from kombu import Queue
+from kombu.message import Message
+
+if TYPE_CHECKING:
+    from sentry_sdk.types import Event, Hint
 
 _lock = threading.Lock()
 
@@ -28,7 +33,7 @@ PropertyDecoder = Callable[[Any, int], tuple[dict[str, Any], int]]
 # -- py-amqp: properties that are not UTF-8 ------------------------------------------------------
 
 
-def _replacing(value: Any) -> Any:
+def _replacing(value: object) -> object:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).decode("utf-8", errors="replace")
     return value
@@ -90,7 +95,7 @@ def queue_attrs(*extra: tuple[str, Any]) -> QueueAttrs:
     return (*Queue.attrs, *extra)
 
 
-def consumer_tags(consumer: Any) -> Mapping[str, str]:
+def consumer_tags(consumer: object) -> Mapping[str, str]:
     """Queue name to consumer tag of a kombu ``Consumer`` (empty when it consumes nothing).
 
     Internal: ``kombu.Consumer._active_tags``. AMQP deliveries name their consumer tag, not their
@@ -117,7 +122,17 @@ def serializer_name(content_type: str) -> str | None:
 # -- celery ----------------------------------------------------------------------------------------
 
 
-def divert_reject(message: Any, reject: Callable[..., Any]) -> None:
+def app_task_or_amqp_made(app: Celery) -> bool:
+    """True once ``app.Task`` (the base task class) or ``app.amqp`` (its AMQP helper) was made.
+
+    Internal: both are cached properties of ``Celery``, stored in the instance ``__dict__`` on
+    first use; Celery has no public way to ask whether they exist yet, and ``install(app)`` can
+    only replace their classes (``task_cls``, ``amqp_cls``) before that.
+    """
+    return "Task" in app.__dict__ or "amqp" in app.__dict__
+
+
+def divert_reject(message: Message, reject: Callable[..., None]) -> None:
     """Make Celery's coming ``message.reject_log_error(logger, errors)`` call ``reject`` instead.
 
     Internal: Celery's ``Consumer.on_unknown_message``, ``on_unknown_task`` and
@@ -126,13 +141,13 @@ def divert_reject(message: Any, reject: Callable[..., Any]) -> None:
     celery_dlx keeps all that work and replaces only the reject, on this one message object.
     ``reject`` is called as ``reject(logger, errors, requeue=False)``.
     """
-    message.reject_log_error = reject
+    message.reject_log_error = reject  # type: ignore[method-assign]  # the patch itself
 
 
 # -- sentry-sdk -----------------------------------------------------------------------------------
 
 
-def add_sentry_event_processor_once(processor: Callable[..., Any]) -> None:
+def add_sentry_event_processor_once(processor: Callable[[Event, Hint], Event | None]) -> None:
     """Add ``processor`` to sentry-sdk's global event processors unless it is there already.
 
     Internal: ``sentry_sdk.scope.global_event_processors``; the public

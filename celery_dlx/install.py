@@ -16,6 +16,7 @@ from celery.app.amqp import AMQP, Queues
 from kombu import Queue
 
 from celery_dlx.broker.topology import as_dlx_queue
+from celery_dlx.compat import app_task_or_amqp_made
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.integrations import install_integrations
 from celery_dlx.worker.runtime import Runtime, get_runtime
@@ -82,7 +83,7 @@ def install(app: Celery) -> None:
         ConfigurationError: the app's task base class or AMQP helper was already created, so
             tasks defined so far would not be DLX tasks.
     """
-    if "Task" in app.__dict__ or "amqp" in app.__dict__:
+    if app_task_or_amqp_made(app):
         raise ConfigurationError(
             "celery_dlx.install(app) must run before the app's tasks or queues are used: call it "
             "right after `app = Celery(...)`"

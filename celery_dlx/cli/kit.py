@@ -19,7 +19,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 from celery import Celery
@@ -73,7 +73,7 @@ def handle_errors(func: F) -> F:
         except (OperationalError, ConnectionError) as exc:
             raise click.ClickException(f"broker unreachable ({exc}); check broker_url") from exc
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 def echo_json(data: Any) -> None:

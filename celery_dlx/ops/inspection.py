@@ -8,7 +8,7 @@ JSON-safe dicts; the command line prints them as tables or as JSON. Payloads are
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from celery_dlx.codecs import Decoded, ProtobufRegistry, decode_payload, registry_from_config
 from celery_dlx.fates import now_ms
@@ -218,8 +218,8 @@ def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> dict[str, Any]:
     keys = runtime.keys
     purged, missing = [], []
     for entry_id in entry_ids:
-        meta = runtime.redis.hget(keys.parked_meta, entry_id)
-        body = runtime.redis.hget(keys.parked_body, entry_id)
+        meta = cast("bytes | None", runtime.redis.hget(keys.parked_meta, entry_id))
+        body = cast("bytes | None", runtime.redis.hget(keys.parked_body, entry_id))
         if meta is None or not store.remove([entry_id]):
             missing.append(entry_id)
             continue

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.errors import DLXError
@@ -310,7 +310,10 @@ class FateWatch:
 
     def next_fate(self, block_ms: int) -> str | None:
         """The first fate of the message appended since the last call, waiting up to ``block_ms``."""
-        reply = self.redis.xread({self.key: self.last}, count=1000, block=block_ms)
+        reply = cast(
+            "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None",
+            self.redis.xread({self.key: self.last}, count=1000, block=block_ms),
+        )
         for _, entries in reply or ():
             for entry_id, fields in entries:
                 self.last = _text(entry_id)

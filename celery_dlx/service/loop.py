@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
+import amqp
 from amqp.exceptions import PreconditionFailed
 from celery import Celery
 from kombu import Connection
@@ -118,7 +119,7 @@ class ServiceStats:
 class _Work:
     """One dead letter in a batch, from delivery to ack."""
 
-    message: Any
+    message: amqp.Message
     letter: DeadLetter
     verdict: Verdict | None = None
     record: CauseRecord | None = None
@@ -269,7 +270,7 @@ class DLXService:
         self._local = threading.local()  # each settling thread has its own publisher
         self._publishers: list[tuple[ConfirmingPublisher, Connection]] = []
         self._publishers_lock = threading.Lock()
-        self._inbox: list[Any] = []
+        self._inbox: list[amqp.Message] = []
         self._last_sweep = 0.0
         self._sweep_failing = False
         self._idle_since = time.monotonic()
@@ -344,7 +345,7 @@ class DLXService:
         for Redis while the other runs). Batches are acked in the order they arrived, each with
         one ``basic.ack(multiple)``, and only once every earlier batch is acked too.
         """
-        pending: deque[tuple[list[Any], Future[bool]]] = deque()
+        pending: deque[tuple[list[amqp.Message], Future[bool]]] = deque()
         with ThreadPoolExecutor(SETTLERS, thread_name_prefix="celery_dlx-settle") as helpers:
             while True:
                 while pending and (pending[0][1].done() or self._stop.is_set()):
@@ -377,7 +378,7 @@ class DLXService:
             return True
         return False
 
-    def _process(self, batch: list[Any]) -> bool:
+    def _process(self, batch: list[amqp.Message]) -> bool:
         """Settle ``batch``, retrying while Redis or the publisher is down.
 
         Returns:
@@ -423,7 +424,7 @@ class DLXService:
 
     # -- one batch ---------------------------------------------------------------------------
 
-    def handle(self, messages: Sequence[Any]) -> None:
+    def handle(self, messages: Sequence[amqp.Message]) -> None:
         """Give every dead letter of ``messages`` (kombu messages) its fate, then ack them.
 
         Raises:
@@ -432,7 +433,7 @@ class DLXService:
         self.settle(messages)
         _ack_all(messages)
 
-    def settle(self, messages: Sequence[Any]) -> None:
+    def settle(self, messages: Sequence[amqp.Message]) -> None:
         """Give every dead letter of ``messages`` its fate (everything but the ack).
 
         Idempotent: run again on the same messages after a failure, it gives no second fate.
@@ -474,7 +475,7 @@ class DLXService:
                 "DLX service acked %d redelivered dead letter(s) handled before", duplicates
             )
 
-    def _read(self, message: Any) -> DeadLetter:
+    def _read(self, message: amqp.Message) -> DeadLetter:
         info = message.delivery_info or {}
         body = message.body
         if isinstance(body, str):

@@ -14,6 +14,8 @@ from typing import Any
 
 from celery import Celery
 from kombu import Connection
+from redis import Redis
+from redis.cluster import RedisCluster
 
 from celery_dlx.broker.ladder import Ladder
 from celery_dlx.broker.publish import ConfirmingPublisher
@@ -26,6 +28,10 @@ from celery_dlx.store.history import History
 from celery_dlx.store.parking import ParkingStore, redis_client
 
 logger = logging.getLogger("celery_dlx")
+
+#: A client of ``dlx_redis_url`` (a sentinel URL gives a plain ``Redis`` of the master); bytes
+#: responses (``decode_responses`` is off).
+RedisClient = Redis | RedisCluster
 
 #: A fate listener: called once per fate change; its failures are logged, never raised.
 Listener = Callable[[FateEvent], None]
@@ -42,7 +48,7 @@ class Runtime:
         #: True while the drain cannot reach Redis (it logs once per outage).
         self.drain_failing = False
         self._pid: int | None = None
-        self._redis: Any = None
+        self._redis: RedisClient | None = None
         self._publisher: ConfirmingPublisher | None = None
         self._connection: Connection | None = None
         self._ladder: Ladder | None = None
@@ -58,7 +64,7 @@ class Runtime:
             self._ladder = None
 
     @property
-    def redis(self) -> Any:
+    def redis(self) -> RedisClient:
         """This process's Redis client for ``dlx_redis_url``."""
         self._check_fork()
         if self._redis is None:

@@ -142,13 +142,13 @@ class DLXTask(Task[Any, Any]):
     #: Resolved options per (config, queue), kept on each task class itself (see ``_options``).
     _dlx_options_cache: ClassVar[dict[tuple[int, str], TaskOptions]]
 
-    dlx_requeue_on: Any = None
-    dlx_park_on: Any = None
-    dlx_bury_on: Any = None
-    dlx_backoff: Any = None
-    dlx_max_requeues: Any = None
-    dlx_max_parks: Any = None
-    dlx_importance: Any = None
+    dlx_requeue_on: object = None
+    dlx_park_on: object = None
+    dlx_bury_on: object = None
+    dlx_backoff: object = None
+    dlx_max_requeues: object = None
+    dlx_max_parks: object = None
+    dlx_importance: object = None
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:

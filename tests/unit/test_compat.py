@@ -114,6 +114,16 @@ def test_kombu_serializer_name_by_content_type() -> None:
 # -- celery ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("touch", ["Task", "amqp"])
+def test_celery_caches_task_and_amqp_in_the_app_dict(touch: str) -> None:
+    app = Celery("compat", broker=NO_BROKER, set_as_current=False)
+    assert not compat.app_task_or_amqp_made(app)
+    getattr(app, touch)
+    assert compat.app_task_or_amqp_made(app), broken(
+        "celery", f"Celery.{touch} (no longer a cached property in the app's __dict__)"
+    )
+
+
 def _message() -> Message:
     return Message(
         body=b"{}",
