@@ -38,13 +38,14 @@ from celery_dlx.worker.task import DLXTask
 if TYPE_CHECKING:
     from celery_dlx.broker.ladder import delay_queue_name
     from celery_dlx.message.obituary import Obituary
+    from celery_dlx.ops.canary import ReplayRun, replay_run
     from celery_dlx.ops.export import ExportError, ExportResult, run_export
     from celery_dlx.ops.ladders import ladder_depths
     from celery_dlx.ops.obituaries import count as count_obituaries
     from celery_dlx.ops.obituaries import get_obituary, list_obituaries
     from celery_dlx.ops.obituaries import groups as obituary_groups
     from celery_dlx.ops.purge import PurgeReport, purge
-    from celery_dlx.ops.replay import ReplayReport, ReplayRun, replay, replay_run, resolve_targets
+    from celery_dlx.ops.replay import ReplayReport, replay, resolve_targets
     from celery_dlx.store.counters import Threshold, breaches, read_window
     from celery_dlx.store.graveyard import Group
 
@@ -59,10 +60,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "obituary_groups": ("celery_dlx.ops.obituaries", "groups"),
     "count_obituaries": ("celery_dlx.ops.obituaries", "count"),
     "replay": ("celery_dlx.ops.replay", "replay"),
-    "replay_run": ("celery_dlx.ops.replay", "replay_run"),
+    "replay_run": ("celery_dlx.ops.canary", "replay_run"),
     "resolve_targets": ("celery_dlx.ops.replay", "resolve_targets"),
     "ReplayReport": ("celery_dlx.ops.replay", "ReplayReport"),
-    "ReplayRun": ("celery_dlx.ops.replay", "ReplayRun"),
+    "ReplayRun": ("celery_dlx.ops.canary", "ReplayRun"),
     "purge": ("celery_dlx.ops.purge", "purge"),
     "PurgeReport": ("celery_dlx.ops.purge", "PurgeReport"),
     "run_export": ("celery_dlx.ops.export", "run_export"),

@@ -267,7 +267,8 @@ def replay_command(
     IDS are obituary ids; otherwise the filters (or --all) choose. Each obituary is replayed once
     (the replay ledger) unless --force.
     """
-    from celery_dlx.ops.replay import replay_run, resolve_targets
+    from celery_dlx.ops.canary import replay_run
+    from celery_dlx.ops.replay import resolve_targets
 
     runtime = runtime_of(ctx)
     targets = resolve_targets(

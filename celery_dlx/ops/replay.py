@@ -1,20 +1,9 @@
-"""Replays for people on call: targets resolved first, a canary that must succeed, then the rest.
+"""Replay: put buried messages back on the queue that failed, once each, at a rate, with a ledger.
 
-:func:`replay` does the publishing, the ledger and the rate. This module adds
-what the command line needs around it: the list of targets up front (so progress has a total),
-and the canary: replay one obituary, wait for its fate, go on only if it succeeded.
-
-How the canary's fate is known (watching the failure history for the message id, after the
-history's last entry before the replay):
-
-* ``recovered``: a DLX task ran the replayed message successfully (DLXTask records ``recovered``
-  for a replayed message even though the replay reset its attempts). Success.
-* ``requeued``, ``parked`` or ``buried``: it failed again. The canary failed; nothing more is
-  replayed (its new fate is already in the graveyard or the parking store).
-* ``consumed`` (only for foreign messages, whose consumers record no success): the queue shows no
-  ready message and no failure arrived within ``settle`` seconds after. Weaker: a consumer
-  slower than ``settle`` that fails afterwards is missed. Counts as success.
-* ``timeout``: none of the above within ``timeout`` seconds. Not a success.
+:func:`replay` publishes copies (default exchange, publisher confirms, a fresh attempt budget unless
+``keep_attempts``) and records a ``replayed`` fate; the obituary stays in the graveyard. The
+canary and the run around it (targets first, a canary that must succeed) are in
+:mod:`celery_dlx.ops.canary`.
 """
 
 from __future__ import annotations
@@ -22,14 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
 
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.errors import DLXError
-from celery_dlx.fates import BURIED, PARKED, RECOVERED, REPLAYED, REQUEUED, FateEvent, now_ms
+from celery_dlx.fates import REPLAYED, FateEvent, now_ms
 from celery_dlx.message.headers import clean_headers
 from celery_dlx.message.names import OWN_HEADERS, REPLAYED_HEADER
-from celery_dlx.message.obituary import ORIGIN_FOREIGN, Obituary
+from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
@@ -192,71 +180,6 @@ def _replay_chunk(
         report.replayed.append(ob.id)
 
 
-#: Fates that mean the canary failed again.
-FAILURE_FATES = (REQUEUED, PARKED, BURIED)
-#: Canary outcomes that let the replay go on.
-SUCCESS_OUTCOMES = ("recovered", "consumed")
-
-
-@dataclass
-class CanaryResult:
-    """The fate of the canary replay."""
-
-    obituary_id: str
-    message_id: str
-    queue: str
-    outcome: str
-    fate: str | None = None
-    detail: str = ""
-    waited_s: float = 0.0
-
-    @property
-    def succeeded(self) -> bool:
-        return self.outcome in SUCCESS_OUTCOMES
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "obituary_id": self.obituary_id,
-            "message_id": self.message_id,
-            "queue": self.queue,
-            "outcome": self.outcome,
-            "succeeded": self.succeeded,
-            "fate": self.fate,
-            "detail": self.detail,
-            "waited_s": round(self.waited_s, 3),
-        }
-
-
-@dataclass
-class ReplayRun:
-    """What ``celery dlx replay`` did: the graveyard's report, the canary, and whether it stopped."""
-
-    targets: int
-    report: ReplayReport
-    canary: CanaryResult | None = None
-    stopped: bool = False
-    not_replayed: list[str] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        """Nothing failed, nothing was missing, the canary (if any) succeeded."""
-        return not (self.report.failed or self.report.missing or self.stopped)
-
-    def to_json(self) -> dict[str, Any]:
-        r = self.report
-        return {
-            "dry_run": r.dry_run,
-            "targets": self.targets,
-            "replayed": list(r.replayed),
-            "skipped": [{"id": i, "reason": why} for i, why in r.skipped],
-            "failed": [{"id": i, "reason": why} for i, why in r.failed],
-            "missing": list(r.missing),
-            "canary": self.canary.to_json() if self.canary else None,
-            "stopped": self.stopped,
-            "not_replayed": list(self.not_replayed),
-        }
-
-
 def resolve_targets(
     runtime: Runtime,
     ids: Sequence[str] | None = None,
@@ -284,206 +207,3 @@ def resolve_targets(
             "or --all"
         )
     return Graveyard(runtime.redis, runtime.keys).ids(filters, limit=None, oldest_first=True)
-
-
-def history_tail(runtime: Runtime) -> str:
-    """The id of the history stream's last entry (``0-0`` when empty)."""
-    last = runtime.redis.xrevrange(runtime.keys.history, "+", "-", count=1)
-    if not last:
-        return "0-0"
-    raw = last[0][0]
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-class FateWatch:
-    """Reads the history entries of one message appended after ``after`` (blocking reads)."""
-
-    def __init__(self, runtime: Runtime, message_id: str, after: str) -> None:
-        self.redis = runtime.redis
-        self.key = runtime.keys.history
-        self.message_id = message_id
-        self.last = after
-
-    def next_fate(self, block_ms: int) -> str | None:
-        """The first fate of the message appended since the last call, waiting up to ``block_ms``."""
-        reply = cast(
-            "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None",
-            self.redis.xread({self.key: self.last}, count=1000, block=block_ms),
-        )
-        for _, entries in reply or ():
-            for entry_id, fields in entries:
-                self.last = _text(entry_id)
-                decoded = {_text(k): _text(v) for k, v in fields.items()}
-                if (
-                    decoded.get("message_id") == self.message_id
-                    and decoded.get("fate") != "replayed"
-                ):
-                    return decoded.get("fate")
-        return None
-
-
-def ready_messages(runtime: Runtime, queue: str) -> int | None:
-    """Ready messages in ``queue`` (passive declare), or None when it cannot be read."""
-    try:
-        with runtime.app.connection_for_read() as conn:
-            conn.ensure_connection(max_retries=1)
-            channel = conn.connection.channel()
-            try:
-                return int(channel.queue_declare(queue, passive=True).message_count)
-            finally:
-                channel.close()
-    except Exception:  # a missing queue or an unreachable broker: no evidence either way
-        return None
-
-
-def watch_canary(
-    runtime: Runtime,
-    ob: Obituary,
-    after: str,
-    *,
-    timeout: float = 120.0,
-    settle: float = 5.0,
-    clock: Callable[[], float] = time.monotonic,
-) -> CanaryResult:
-    """Wait for the fate of ``ob``'s replayed message (see the module's docstring)."""
-    watch = FateWatch(runtime, ob.message_id, after)
-    start = clock()
-    empty_since: float | None = None
-    foreign = ob.origin == ORIGIN_FOREIGN
-    while True:
-        elapsed = clock() - start
-        if elapsed >= timeout:
-            return CanaryResult(
-                ob.id,
-                ob.message_id,
-                ob.queue,
-                "timeout",
-                detail=f"no fate within {timeout:g}s (--canary-timeout): is a consumer running?",
-                waited_s=elapsed,
-            )
-        block = int(min(500.0, max(1.0, (timeout - elapsed) * 1000)))
-        fate = watch.next_fate(block)
-        if fate == RECOVERED:
-            return CanaryResult(
-                ob.id,
-                ob.message_id,
-                ob.queue,
-                "recovered",
-                fate,
-                "the replayed message ran successfully",
-                clock() - start,
-            )
-        if fate in FAILURE_FATES:
-            return CanaryResult(
-                ob.id,
-                ob.message_id,
-                ob.queue,
-                "failed",
-                fate,
-                f"the replayed message failed again ({fate}): the cause is not fixed",
-                clock() - start,
-            )
-        if not foreign:
-            continue
-        if empty_since is None:
-            if ready_messages(runtime, ob.queue) == 0:
-                empty_since = clock()
-        elif clock() - empty_since >= settle:
-            return CanaryResult(
-                ob.id,
-                ob.message_id,
-                ob.queue,
-                "consumed",
-                None,
-                f"taken from {ob.queue!r} with no failure within {settle:g}s (--canary-settle)",
-                clock() - start,
-            )
-
-
-def replay_run(
-    runtime: Runtime,
-    targets: Sequence[str],
-    *,
-    rate: float | None = None,
-    keep_attempts: bool = False,
-    force: bool = False,
-    dry_run: bool = False,
-    canary: bool = False,
-    canary_timeout: float = 120.0,
-    canary_settle: float = 5.0,
-    progress: Callable[[int], None] | None = None,
-) -> ReplayRun:
-    """Replay ``targets`` (obituary ids), through a canary first when ``canary``.
-
-    The canary is the first target the ledger allows (a replayed one is skipped unless
-    ``force``). When it does not succeed, nothing else is replayed: ``stopped`` is True and
-    ``not_replayed`` lists the rest. On a dry run the canary is chosen but not replayed.
-
-    Raises:
-        DLXError: a bad ``rate``.
-    """
-    if rate is not None and rate <= 0:
-        raise DLXError(f"--rate must be a positive number per second, got {rate}")
-    run = ReplayRun(targets=len(targets), report=ReplayReport(dry_run=dry_run))
-    rest = list(targets)
-    if canary and not dry_run:
-        rest = _canary_first(
-            runtime, run, rest, keep_attempts, force, canary_timeout, canary_settle, progress
-        )
-        if run.stopped:
-            run.not_replayed = rest
-            return run
-    if rest:
-        report = replay(
-            runtime,
-            rest,
-            rate=rate,
-            keep_attempts=keep_attempts,
-            force=force,
-            dry_run=dry_run,
-            progress=progress,
-        )
-        _merge(run.report, report)
-    return run
-
-
-def _canary_first(
-    runtime: Runtime,
-    run: ReplayRun,
-    targets: list[str],
-    keep_attempts: bool,
-    force: bool,
-    timeout: float,
-    settle: float,
-    progress: Callable[[int], None] | None,
-) -> list[str]:
-    """Replay targets one by one until one is actually published, then watch it; the rest."""
-    yard = Graveyard(runtime.redis, runtime.keys)
-    for i, oid in enumerate(targets):
-        after = history_tail(runtime)
-        report = replay(runtime, [oid], keep_attempts=keep_attempts, force=force)
-        _merge(run.report, report)
-        if progress is not None:
-            progress(1)
-        if not report.replayed:
-            continue
-        ob = yard.load([oid])[0]
-        if ob is None:  # purged meanwhile: its message is on its way all the same
-            run.canary = CanaryResult(oid, "", "", "timeout", detail="obituary vanished")
-            run.stopped = True
-            return targets[i + 1 :]
-        run.canary = watch_canary(runtime, ob, after, timeout=timeout, settle=settle)
-        run.stopped = not run.canary.succeeded
-        return targets[i + 1 :]
-    return []
-
-
-def _merge(into: ReplayReport, report: ReplayReport) -> None:
-    into.replayed.extend(report.replayed)
-    into.skipped.extend(report.skipped)
-    into.failed.extend(report.failed)
-    into.missing.extend(report.missing)

@@ -1,7 +1,7 @@
 """``celery dlx web``: a console for the graveyard, parked retries and fate rates.
 
 A layer beside :mod:`celery_dlx.cli`: it reads through :mod:`celery_dlx.ops` and the stores,
-acts through :func:`celery_dlx.ops.replay.replay_run` and :func:`celery_dlx.ops.purge.purge`,
+acts through :func:`celery_dlx.ops.canary.replay_run` and :func:`celery_dlx.ops.purge.purge`,
 and nothing but the command line imports it. Starlette + Jinja2 on uvicorn, every asset in the
 package (no CDN), pages readable without JavaScript.
 """

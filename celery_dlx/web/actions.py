@@ -18,8 +18,8 @@ from typing import Any
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
 from celery_dlx.ops import purge as purge_ops
+from celery_dlx.ops.canary import replay_run
 from celery_dlx.ops.render import iso
-from celery_dlx.ops.replay import replay_run
 from celery_dlx.store.graveyard import CHUNK
 from celery_dlx.web.audit import AuditEntry, record_action
 from celery_dlx.web.auth import User
@@ -111,7 +111,7 @@ class Actions:
         canary_timeout: float = 120.0,
         cause: str | None = None,
     ) -> Job:
-        """Start :func:`~celery_dlx.ops.replay.replay_run` of ``targets`` at ``rate`` per second.
+        """Start :func:`~celery_dlx.ops.canary.replay_run` of ``targets`` at ``rate`` per second.
 
         Raises:
             Busy: another action is running.

@@ -18,9 +18,10 @@ from celery_dlx.cli.main import dlx
 from celery_dlx.errors import DLXError
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.ops import checks
+from celery_dlx.ops.canary import CanaryResult, ReplayRun, watch_canary
 from celery_dlx.ops.migrate import MigrationError, effective_policy, plan_policy, plan_rename
 from celery_dlx.ops.render import ago, human_seconds, iso, parse_duration, parse_when, table
-from celery_dlx.ops.replay import CanaryResult, ReplayReport, ReplayRun, watch_canary
+from celery_dlx.ops.replay import ReplayReport
 
 
 @pytest.mark.parametrize(
