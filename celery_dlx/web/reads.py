@@ -199,19 +199,33 @@ def _scan_members(
     return chosen, position, scanned
 
 
-def parked_summary(runtime: Any, *, at_ms: int | None = None) -> dict[str, Any]:
-    """Parked retries per queue: count, due now, next due, oldest lateness (seconds past due).
+def _tally(per: dict[str, dict[str, Any]], message: ParkedMessage, now: int) -> None:
+    """Count one parked retry into its queue's row."""
+    q = per.setdefault(
+        message.queue,
+        {
+            "queue": message.queue,
+            "count": 0,
+            "due_now": 0,
+            "next_due_ms": None,
+            "oldest_due_ms": None,
+        },
+    )
+    q["count"] += 1
+    due = message.due_ms
+    if due <= now:
+        q["due_now"] += 1
+        if q["oldest_due_ms"] is None or due < q["oldest_due_ms"]:
+            q["oldest_due_ms"] = due
+    elif q["next_due_ms"] is None or due < q["next_due_ms"]:
+        q["next_due_ms"] = due
 
-    The store has one index by due time, so per-queue numbers come from reading the
-    :data:`PARKED_SCAN` soonest-due retries (``sampled`` says how many were read; every due
-    retry is among them while fewer than that are due). ``count`` and ``due_now`` are exact.
-    """
-    now = now_ms() if at_ms is None else at_ms
-    client = runtime.redis
-    keys = runtime.keys
+
+def _scan_parked(runtime: Any, now: int) -> tuple[dict[str, dict[str, Any]], int]:
+    """Per-queue rows of the :data:`PARKED_SCAN` soonest-due retries, and how many were read."""
+    client, keys = runtime.redis, runtime.keys
     per: dict[str, dict[str, Any]] = {}
-    read = 0
-    batch = 1000
+    read, batch = 0, 1000
     while read < PARKED_SCAN:
         rows = client.zrange(keys.parked_due, read, read + batch - 1, withscores=True)
         if not rows:
@@ -224,27 +238,22 @@ def parked_summary(runtime: Any, *, at_ms: int | None = None) -> dict[str, Any]:
                 message = ParkedMessage.from_stored(meta, b"", lease_score=int(score))
             except (ValueError, TypeError, KeyError):
                 continue
-            q = per.setdefault(
-                message.queue,
-                {
-                    "queue": message.queue,
-                    "count": 0,
-                    "due_now": 0,
-                    "next_due_ms": None,
-                    "oldest_due_ms": None,
-                },
-            )
-            q["count"] += 1
-            due = message.due_ms
-            if due <= now:
-                q["due_now"] += 1
-                if q["oldest_due_ms"] is None or due < q["oldest_due_ms"]:
-                    q["oldest_due_ms"] = due
-            elif q["next_due_ms"] is None or due < q["next_due_ms"]:
-                q["next_due_ms"] = due
+            _tally(per, message, now)
         read += len(rows)
         if len(rows) < batch:
             break
+    return per, read
+
+
+def parked_summary(runtime: Any, *, at_ms: int | None = None) -> dict[str, Any]:
+    """Parked retries per queue: count, due now, next due, oldest lateness (seconds past due).
+
+    The store has one index by due time, so per-queue numbers come from reading the
+    :data:`PARKED_SCAN` soonest-due retries (``sampled`` says how many were read; every due
+    retry is among them while fewer than that are due). ``count`` and ``due_now`` are exact.
+    """
+    now = now_ms() if at_ms is None else at_ms
+    per, read = _scan_parked(runtime, now)
     queues = []
     for q in sorted(per.values(), key=lambda r: r["queue"]):
         oldest = q["oldest_due_ms"]
