@@ -1,7 +1,7 @@
 """celery_dlx: dead-letter handling for Celery on RabbitMQ.
 
-Failures become fates: requeued at the tail, parked in Redis and drained by beat, or buried in a
-graveyard that can be inspected and replayed. Start with :func:`install` and ``dlx_enabled``.
+Failures become fates: requeued at the tail, parked in Redis and drained by the workers, or buried
+in a graveyard that can be inspected and replayed. Start with :func:`install` and ``dlx_enabled``.
 """
 
 from celery_dlx.broker.topology import (

@@ -92,6 +92,8 @@ class Keys:
         self.seen_prefix = f"{base}:seen:"
         #: Replay ledger.
         self.replay_ledger = f"{base}:replay:ledger"
+        #: String: the token of the worker whose drainer holds the drain lease (with a TTL).
+        self.drain_lease = f"{base}:drain:lease"
 
     def cause(self, message_id: str) -> str:
         return f"{self.cause_prefix}{message_id}"
