@@ -252,6 +252,14 @@ class DLXQueue(Queue):  # type: ignore[misc]
             detail = f" and the management API could not say whether a policy covers it ({exc})"
             raise TopologyError(migration_hint(name, exchange, app, detail)) from exc
         target, where = dead_letter_exchange_of(info or {})
+        if target == exchange and where == "argument":
+            detail = (
+                f"; it already dead-letters to {exchange!r} by argument, but other properties "
+                f"differ: the broker has durable={(info or {}).get('durable')}, "
+                f"auto_delete={(info or {}).get('auto_delete')}, "
+                f"arguments={(info or {}).get('arguments')}"
+            )
+            raise TopologyError(migration_hint(name, exchange, app, detail))
         if target != exchange or where not in ("policy", "operator-policy"):
             shown = f"to {target!r} by {where}" if target else "nowhere"
             detail = f"; its dead letters go {shown}"

@@ -388,7 +388,10 @@ def migrate_rename(
         service_queue(config.service_queue, config.exchange, quorum=config.quorum)(
             channel
         ).declare()
-        channel.queue_declare(new, durable=plan.durable, arguments=plan.arguments)
+        # py-amqp declares auto_delete=True unless told: the new queue must outlive its consumers
+        channel.queue_declare(
+            new, durable=plan.durable, auto_delete=False, arguments=plan.arguments
+        )
         for b in plan.bind:
             channel.queue_bind(new, b["source"], b["routing_key"], arguments=b["arguments"])
         for b in plan.unbind:

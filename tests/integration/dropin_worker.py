@@ -27,8 +27,9 @@ def command(uid: str, *args: str) -> list[str]:
         "-A",
         APP,
         "worker",
+        # prefork: a thread pool of 2 shares one confirming publisher between its threads
         "-P",
-        "threads",
+        "prefork",
         "-c",
         "2",
         "--without-gossip",
@@ -69,3 +70,23 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+#: ``celery`` with this tree's ``dlx`` command registered, whatever entry point metadata the
+#: shared venv holds (an editable install made before a layout change names a stale module).
+CELERY = (
+    "import sys; from celery.bin.celery import celery; from celery_dlx.cli.main import dlx; "
+    "celery.add_command(dlx); sys.exit(celery.main(args=sys.argv[1:], prog_name='celery'))"
+)
+
+
+def celery_cli(uid: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``celery -A tests.integration.dropin_app ARGS`` in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-c", CELERY, "-A", APP, *args],
+        cwd=ROOT,
+        env=env(uid),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
