@@ -90,7 +90,13 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
             message.reject(requeue=False)
 
     def on_unknown_message(self, body: Any, message: Any) -> None:
-        self._divert(message, "undecodable: not a Celery task message (no task header)")
+        # Buried: acked here, without Celery's "Received and deleted unknown message" warning
+        # (the message was not deleted, and the quarantine line already said where it went).
+        if self._bury_raw(message, "undecodable: not a Celery task message (no task header)"):
+            message.ack_log_error(logger, self.connection_errors)
+            return
+        if x_death_problem(message.headers):
+            message.reject_log_error = lambda log, errors, requeue=False: message.requeue()
         super().on_unknown_message(body, message)
 
     def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
