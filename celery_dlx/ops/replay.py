@@ -32,6 +32,7 @@ from celery_dlx.message.obituary import ORIGIN_FOREIGN, Obituary
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
+from celery_dlx.ops.render import iso
 from celery_dlx.store.graveyard import CHUNK, Graveyard, When, chunks
 
 
@@ -149,7 +150,9 @@ def replay(
             if ob is None:
                 report.missing.append(oid)
             elif ob.replays and not force:
-                report.skipped.append((oid, f"already replayed at {ob.replays[-1]} ms (use force)"))
+                report.skipped.append(
+                    (oid, f"already replayed at {iso(ob.replays[-1])} (--force replays it again)")
+                )
             else:
                 todo.append(ob)
         if dry_run:
