@@ -93,7 +93,7 @@ class DLXConsumer(Consumer):  # type: ignore[misc]
         # Buried: acked here, without Celery's "Received and deleted unknown message" warning
         # (the message was not deleted, and the quarantine line already said where it went).
         if self._bury_raw(message, "undecodable: not a Celery task message (no task header)"):
-            message.ack_log_error(logger, self.connection_errors)
+            message.ack_log_error(logger, getattr(self, "connection_errors", ()))
             return
         if x_death_problem(message.headers):
             message.reject_log_error = lambda log, errors, requeue=False: message.requeue()
