@@ -1,7 +1,7 @@
 """P7 Spark export: records per second at 100k and 1M history records, after JVM start.
 
 Generates a realistic failure history (14 days, 6 queues, 30 tasks, 60 causes; requeue, park,
-drain, bury, recover and replay chains), exports it with the job in ``spark/`` on a
+drain, bury, recover and replay chains), exports it with the job ``celery_dlx_spark`` on a
 ``local[N]`` SparkSession started (and warmed on a small export) before timing, and prints:
 
 * ``export``: read + validate + Parquet write + checkpoint, the part that must scale with the
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "spark"))
+sys.path.insert(0, str(ROOT))
 
 DAY0 = 1709510400000  # 2024-03-04T00:00:00Z
 SPAN_MS = 14 * 86400000
@@ -174,7 +174,7 @@ def tree_cpu() -> float:
 
 
 def timed(spark: Any, options: Any) -> tuple[dict[str, Any], float, float]:
-    import dlx_export
+    from celery_dlx_spark import export as dlx_export
 
     wall, cpu = time.monotonic(), tree_cpu()
     result = dlx_export.export(spark, options)
@@ -185,8 +185,9 @@ def run_one(
     spark: Any, workdir: Path, source: str, count: int, redis_url: str | None
 ) -> dict[str, float]:
     """Export ``count`` records, then recompute the aggregates; wall and CPU seconds of each."""
-    import dlx_export
     import redis
+
+    from celery_dlx_spark import export as dlx_export
 
     out = workdir / f"out-{source}-{count}"
     prefix = f"p7-{count}"

@@ -1,6 +1,6 @@
 """celery_dlx: dead-letter handling for Celery on RabbitMQ.
 
-Failures become fates: requeued at the tail, parked in Redis and drained back, or buried in a
+Failures become fates: requeued at the tail, parked in Redis and drained back by the workers, or buried in a
 graveyard that can be inspected and replayed. Start with :func:`install` and ``dlx_enabled``.
 
 Everything in ``__all__`` is the public API; the subpackages (``message``, ``policy``, ``broker``,

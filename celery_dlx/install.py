@@ -3,7 +3,8 @@
 With ``dlx_enabled = True`` it makes every task of the app a DLX task, gives every queue of the
 app (``task_queues``, the default queue and queues created on demand) its dead-letter arguments
 at configuration time (so producers and workers declare them alike), buries undecodable
-messages instead of dropping them, and schedules the drain in beat.
+messages instead of dropping them, and runs the drain in the workers (a bootstep under a Redis
+lease, see ``celery_dlx.worker.drainer``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from celery import Celery, signals
 from celery.app.amqp import AMQP, Queues
 from kombu import Queue
 
-from celery_dlx.broker.topology import as_dlx_queue
+from celery_dlx.broker.topology import as_dlx_queue, management_of_app
 from celery_dlx.compat import app_task_or_amqp_made
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.integrations import install_integrations
@@ -68,6 +69,9 @@ class DLXAMQP(AMQP):
                 "service": config.service_queue,
                 "quorum": config.quorum,
                 "delivery_limit": config.delivery_limit,
+                # a queue migrated by policy is declared as it is (DLXQueue.declare)
+                "app": self.app.main,
+                "management": management_of_app(self.app),
             }
         self.queues_cls = type("DLXQueues", (DLXQueues,), {"dlx_options": options})
         return super().Queues(queues, *args, **kwargs)
@@ -136,11 +140,10 @@ def configure(app: Celery) -> None:
             "worker_consumer is %s: undecodable messages are handled by it, not by celery_dlx",
             app.conf.worker_consumer,
         )
-    from celery_dlx.worker.drain import beat_entry
+    from celery_dlx.worker.drainer import install_drainer_step
 
-    schedule = dict(app.conf.beat_schedule or {})
-    schedule.update(beat_entry(config))
-    app.conf.beat_schedule = schedule
+    # The drain runs in the workers under a Redis lease: no beat entry, no tick messages.
+    install_drainer_step(app)
     _install_optional(app, runtime)
 
 

@@ -4,8 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-services.sh
 bash scripts/setup.sh
-echo "== ruff"; .venv/bin/ruff check celery_dlx tests benchmarks spark example_project
-.venv/bin/ruff format --check celery_dlx tests benchmarks spark example_project
+echo "== ruff"; .venv/bin/ruff check celery_dlx celery_dlx_spark tests benchmarks example_project
+.venv/bin/ruff format --check celery_dlx celery_dlx_spark tests benchmarks example_project
 echo "== mypy"; .venv/bin/mypy
 echo "== import contract"; .venv/bin/lint-imports
 echo "== pytest"; exec .venv/bin/pytest -q "$@"

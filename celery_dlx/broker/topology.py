@@ -9,12 +9,21 @@ a missing exchange: RabbitMQ silently drops a classic queue's dead letter when i
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from amqp.channel import Channel as AMQPChannel
 from amqp.exceptions import PreconditionFailed
 from kombu import Exchange, Queue
 
+from celery_dlx.broker.management import (
+    Management,
+    ManagementError,
+    dead_letter_exchange_of,
+    management_for,
+)
 from celery_dlx.compat import queue_attrs
 from celery_dlx.errors import ConfigurationError, TopologyError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_SERVICE_QUEUE
@@ -91,28 +100,118 @@ def service_queue(
     )
 
 
-def migration_hint(queue: str, exchange: str) -> str:
+#: Prefix of the policies ``celery dlx migrate --policy`` writes (one per queue).
+POLICY_PREFIX = "celery-dlx-"
+#: Queue arguments a policy's ``dead-letter-exchange``/``dead-letter-routing-key`` stand for.
+POLICY_DLX_ARGUMENTS = ("x-dead-letter-exchange", "x-dead-letter-routing-key")
+#: Environment variables naming the management API (as for ``celery dlx check``/``migrate``).
+MANAGEMENT_ENV = (
+    "CELERY_DLX_MANAGEMENT_URL",
+    "CELERY_DLX_MANAGEMENT_USER",
+    "CELERY_DLX_MANAGEMENT_PASSWORD",
+)
+
+
+def policy_name(queue: str) -> str:
+    """The name of the policy ``celery dlx migrate QUEUE --policy`` writes for ``queue``."""
+    return f"{POLICY_PREFIX}{queue}"
+
+
+def app_reference(main: str | None, argv: Sequence[str] | None = None) -> str:
+    """How the user names the app on the command line: the ``-A``/``--app`` value of this
+    process (``celery -A proj worker``), else the app's ``main`` name, else ``proj``."""
+    args = list(sys.argv if argv is None else argv)
+    for i, arg in enumerate(args):
+        if arg in ("-A", "--app") and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--app="):
+            return arg[len("--app=") :]
+        if arg.startswith("-A") and len(arg) > 2:
+            return arg[2:]
+    return main if main and main != "__main__" else "proj"
+
+
+def management_of_app(app: Any) -> Management:
+    """The management API of ``app``'s broker: ``http://<broker host>:15672`` with the broker's
+    credentials, or ``$CELERY_DLX_MANAGEMENT_URL``/``_USER``/``_PASSWORD``."""
+    url, user, password = (os.environ.get(name) or None for name in MANAGEMENT_ENV)
+    conn = app.connection_for_write()
+    try:
+        return management_for(conn, url=url, user=user, password=password, timeout=5.0)
+    finally:
+        conn.release()
+
+
+def migration_hint(queue: str, exchange: str, app: str = "proj", detail: str = "") -> str:
+    """The 406 error's text: what happened and the two ways out, with this app's name."""
+    policy = policy_name(queue)
     return (
         f"queue {queue!r} already exists with other arguments (RabbitMQ answered 406 "
-        f"PRECONDITION_FAILED). To add the dead-letter exchange without losing messages either: "
-        f"(1) add a policy: `celery -A proj dlx migrate {queue} --policy` (or rabbitmqctl set_policy "
-        f'dlx-{queue} \'^{queue}$\' \'{{"dead-letter-exchange":"{exchange}","dead-letter-routing-key":"{queue}"}}\' '
-        f"--apply-to queues), which changes nothing else; or (2) rename: `celery -A proj dlx migrate "
-        f"{queue} --rename`, which declares a new queue and moves the messages. See docs/migration.md."
+        f"PRECONDITION_FAILED){detail}. To add the dead-letter exchange without losing messages "
+        f"either: (1) add a policy: `celery -A {app} dlx migrate {queue} --policy` (or rabbitmqctl "
+        f'set_policy {policy} \'^{queue}$\' \'{{"dead-letter-exchange":"{exchange}",'
+        f'"dead-letter-routing-key":"{queue}"}}\' --apply-to queues), which changes nothing else; '
+        f"the app then declares the queue as it is, no code change; or (2) rename: "
+        f"`celery -A {app} dlx migrate {queue} --rename`, which declares a new queue and moves the "
+        f"messages (then consume the new queue). See docs/migration.md."
     )
+
+
+def _probe(channel: Any, queue: Queue, arguments: Mapping[str, Any]) -> bool:
+    """Declare ``queue`` with ``arguments`` on a throwaway channel of ``channel``'s connection:
+    False when RabbitMQ answers 406 (which closes only that channel)."""
+    probe = channel.connection.channel()
+    try:
+        copy = queue.bind(probe)
+        copy.queue_arguments = dict(arguments)
+        Queue.queue_declare(copy)
+        return True
+    except PreconditionFailed:
+        return False
+    finally:
+        if probe.is_open:
+            probe.close()
+
+
+def _is_amqp(channel: Any) -> bool:
+    """A RabbitMQ (py-amqp) channel: one whose connection opens throwaway channels."""
+    return isinstance(channel, AMQPChannel)
+
+
+def without_policy_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """``arguments`` less those a dead-letter policy provides."""
+    return {k: v for k, v in arguments.items() if k not in POLICY_DLX_ARGUMENTS}
 
 
 class DLXQueue(Queue):
     """A kombu ``Queue`` that declares its dead-letter exchange and service queue first."""
 
     # In ``attrs`` so kombu's copies (every bind makes one) keep them.
-    attrs = queue_attrs(("dlx_service_queue", None), ("dlx_quorum_service", bool))
+    attrs = queue_attrs(
+        ("dlx_service_queue", None),
+        ("dlx_quorum_service", bool),
+        ("dlx_app", None),
+        ("dlx_management", None),
+    )
     #: kombu sets it from ``attrs`` (celery-types does not declare it).
     no_declare: bool | None
     dlx_service_queue: str = DEFAULT_SERVICE_QUEUE
     dlx_quorum_service: bool = False
+    #: How the error names the app (``celery -A <dlx_app> dlx migrate ...``).
+    dlx_app: str | None = None
+    #: The management API asked whether a policy gives the queue its dead-letter exchange.
+    dlx_management: Management | None = None
 
     def declare(self, nowait: bool = False, channel: Any = None) -> str:
+        """Declare the dead-letter target, then the queue, its exchange and bindings.
+
+        On a RabbitMQ channel the queue is first declared on a throwaway channel. When RabbitMQ
+        refuses its arguments (406: the queue existed before celery_dlx) but a policy already
+        sends its dead letters to the same exchange (``celery dlx migrate QUEUE --policy``), the
+        queue is declared without the dead-letter arguments, as it is: the worker and producers
+        start with no code change. Otherwise the 406 becomes a :class:`TopologyError` saying how
+        to migrate, and the caller's channel stays open.
+        """
         if self.no_declare:
             return str(self.name)
         channel = channel or self.channel
@@ -123,12 +222,57 @@ class DLXQueue(Queue):
                 self.dlx_service_queue, str(exchange), quorum=self.dlx_quorum_service
             )
             target(channel).declare()
+        dlx = str(exchange or DEFAULT_DLX_EXCHANGE)
+        if exchange and _is_amqp(channel) and not _probe(channel, self, args):
+            self._check_policy(channel, dlx)
+            copy = self.bind(channel)
+            copy.queue_arguments = without_policy_arguments(args)
+            logger.info(
+                "queue %s exists without dead-letter arguments; its dead letters go to %s by "
+                "policy, so it is declared as it is",
+                self.name,
+                dlx,
+            )
+            return str(Queue.declare(copy, nowait=nowait, channel=channel))
         try:
             return str(super().declare(nowait=nowait, channel=channel))
         except PreconditionFailed as exc:
             raise TopologyError(
-                migration_hint(str(self.name), str(exchange or DEFAULT_DLX_EXCHANGE))
+                migration_hint(str(self.name), dlx, app_reference(self.dlx_app))
             ) from exc
+
+    def _check_policy(self, channel: Any, exchange: str) -> None:
+        """Return if a policy sends the queue's dead letters to ``exchange`` and the queue takes
+        a declaration without the dead-letter arguments; else raise the migration error."""
+        name = str(self.name)
+        app = app_reference(self.dlx_app)
+        if self.dlx_management is None:
+            raise TopologyError(migration_hint(name, exchange, app))
+        try:
+            info = self.dlx_management.queue(name)
+        except ManagementError as exc:
+            detail = f" and the management API could not say whether a policy covers it ({exc})"
+            raise TopologyError(migration_hint(name, exchange, app, detail)) from exc
+        target, where = dead_letter_exchange_of(info or {})
+        if target == exchange and where == "argument":
+            detail = (
+                f"; it already dead-letters to {exchange!r} by argument, but other properties "
+                f"differ: the broker has durable={(info or {}).get('durable')}, "
+                f"auto_delete={(info or {}).get('auto_delete')}, "
+                f"arguments={(info or {}).get('arguments')}"
+            )
+            raise TopologyError(migration_hint(name, exchange, app, detail))
+        if target != exchange or where not in ("policy", "operator-policy"):
+            shown = f"to {target!r} by {where}" if target else "nowhere"
+            detail = f"; its dead letters go {shown}"
+            raise TopologyError(migration_hint(name, exchange, app, detail))
+        if not _probe(channel, self, without_policy_arguments(self.queue_arguments or {})):
+            raise TopologyError(
+                f"queue {name!r} gets its dead-letter exchange from policy "
+                f"{(info or {}).get('policy')!r}, but other arguments differ too (queue type, "
+                f"length limit...): declare it as it is, Queue({name!r}, no_declare=True), or "
+                f"`celery -A {app} dlx migrate {name} --rename`. See docs/migration.md."
+            )
 
 
 def dlx_queue(
@@ -180,8 +324,14 @@ def as_dlx_queue(
     service: str = DEFAULT_SERVICE_QUEUE,
     quorum: bool = False,
     delivery_limit: int | None = None,
+    app: str | None = None,
+    management: Management | None = None,
 ) -> Queue:
     """``queue`` with celery_dlx's dead-letter arguments, keeping its exchange and bindings.
+
+    ``app`` (the name errors give the app) and ``management`` (the API asked whether a policy
+    provides the dead-letter exchange of a queue that exists without it) go to the
+    :class:`DLXQueue`.
 
     A queue that already names another dead-letter exchange is returned unchanged (its owner
     routes its dead letters). Exclusive and auto-delete queues are left alone too.
@@ -210,6 +360,8 @@ def as_dlx_queue(
         "queue_arguments": args,
         "dlx_service_queue": service,
         "dlx_quorum_service": quorum,
+        "dlx_app": app,
+        "dlx_management": management,
     }
     new = DLXQueue(channel=None, on_declared=queue.on_declared, **fields)
     return new
@@ -237,5 +389,5 @@ def declare_topology(
         try:
             declared.append(str(bound.declare()))
         except PreconditionFailed as exc:
-            raise TopologyError(migration_hint(queue.name, exchange)) from exc
+            raise TopologyError(migration_hint(queue.name, exchange, app_reference(None))) from exc
     return declared

@@ -21,6 +21,7 @@ from celery_dlx.cli.kit import (
     handle_errors,
     json_option,
     progress_bar,
+    require_targets,
     runtime_of,
     show_progress,
 )
@@ -270,6 +271,7 @@ def replay_command(
     from celery_dlx.ops.canary import replay_run
     from celery_dlx.ops.replay import resolve_targets
 
+    require_targets("replay", ids, everything, queue, task, cause, since, until)
     runtime = runtime_of(ctx)
     targets = resolve_targets(
         runtime,
@@ -347,6 +349,7 @@ def purge_command(
     """Delete obituaries (ids or filters); each goes whole to the failure history as `purged`."""
     from celery_dlx.ops.replay import resolve_targets
 
+    require_targets("purge", ids, everything, queue, task, cause, since, until)
     runtime = runtime_of(ctx)
     targets = resolve_targets(
         runtime,

@@ -76,6 +76,19 @@ def handle_errors(func: F) -> F:
     return cast(F, wrapper)
 
 
+def require_targets(what: str, ids: Any, everything: bool, *filters: Any) -> None:
+    """Refuse (usage error, exit 2) a ``replay``/``purge`` that names no target at all.
+
+    Raises:
+        click.UsageError: no ids, no filter and no ``--all``.
+    """
+    if not ids and not everything and all(f is None for f in filters):
+        raise click.UsageError(
+            f"{what} needs obituary ids, a filter (--queue, --task, --cause/--group, --since) "
+            "or --all"
+        )
+
+
 def echo_json(data: Any) -> None:
     """Print ``data`` as JSON on stdout."""
     click.echo(dumps(data))

@@ -283,6 +283,8 @@ def migrate_command(
 
     if method is None:
         raise click.UsageError("choose --policy or --rename (docs/cli.md compares them)")
+    if remove and method != "policy":
+        raise click.UsageError("--remove goes with --policy (it deletes the policy migrate wrote)")
     runtime = runtime_of(ctx)
     api = management_api(runtime.app, management_url, management_user, management_password)
     try:
@@ -397,6 +399,8 @@ def export_command(
 
     from celery_dlx.ops.export import build_spark_submit_command, export_settings, run_export
 
+    if trim and snapshot:
+        raise click.UsageError("--trim applies to the Redis stream; it cannot go with --snapshot")
     app = app_of(ctx)
     if print_command:
         redis_url, prefix = export_settings(app)

@@ -104,6 +104,8 @@ class Keys:
         self.budget_prefix = f"{base}:budget:"
         #: Stream: the web console's audit log (who did what, when, with which result).
         self.web_audit = f"{base}:web:audit"
+        #: String: the token of the worker whose drainer holds the drain lease (with a TTL).
+        self.drain_lease = f"{base}:drain:lease"
 
     def cause(self, message_id: str) -> str:
         return f"{self.cause_prefix}{message_id}"

@@ -1,6 +1,9 @@
-"""Launch the Spark exporter of the failure history (``spark/dlx_export.py``) with spark-submit.
+"""Launch the Spark exporter of the failure history (the ``celery_dlx_spark`` package) with spark-submit.
 
-The export itself is a PySpark job (see ``spark/README.md``): it reads the history stream in id
+The export itself is a PySpark job (see ``spark/README.md``), shipped in the wheel as the top-level
+package ``celery_dlx_spark`` (which never imports Celery or ``celery_dlx``, so the cluster needs
+neither). This launcher finds it with importlib, zips it for ``--py-files`` and writes a two-line
+entry script, both at run time. The job reads the history stream in id
 ranges on the executors, writes Parquet partitioned by day and queue, keeps a checkpoint so reruns
 resume, and recomputes the aggregates and the chart. This module is its launcher, for
 ``celery -A proj dlx export`` and for code::
@@ -18,6 +21,8 @@ down; its result comes back through a JSON file.
 from __future__ import annotations
 
 import collections
+import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -28,6 +33,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 from celery import Celery
@@ -36,20 +42,10 @@ from celery_dlx.errors import DLXError
 from celery_dlx.message.names import Keys
 from celery_dlx.store.history import History
 
-#: Environment variable naming the job file when it is not next to the package.
+#: Environment variable naming an entry file to run instead of the generated one.
 JOB_ENV = "CELERY_DLX_SPARK_JOB"
-#: The job's entry file.
-JOB_FILE = "dlx_export.py"
-#: The job's other modules, shipped to the cluster with ``--py-files``.
-JOB_MODULES = (
-    "dlx_source.py",
-    "dlx_records.py",
-    "dlx_storage.py",
-    "dlx_stream.py",
-    "dlx_aggregates.py",
-    "dlx_chart.py",
-    "dlx_progress.py",
-)
+#: The job's package (top level, beside ``celery_dlx``; the ``spark`` extra installs its deps).
+JOB_PACKAGE = "celery_dlx_spark"
 #: Lines of the job's output kept to explain a failure.
 OUTPUT_TAIL = 40
 
@@ -133,26 +129,56 @@ class ExportResult:
         )
 
 
-def find_job(job: str | os.PathLike[str] | None = None) -> Path:
-    """The job's entry file: ``job`` if given, else ``$CELERY_DLX_SPARK_JOB``, else
-    ``spark/dlx_export.py`` next to the package (a source checkout or editable install).
+def job_package() -> ModuleType:
+    """The job's package, ``celery_dlx_spark``, imported (it needs only the standard library).
 
     Raises:
-        ExportError: the file does not exist.
+        ExportError: it is not installed.
     """
+    try:
+        return importlib.import_module(JOB_PACKAGE)
+    except ImportError as exc:
+        raise ExportError(
+            f"the Spark job package {JOB_PACKAGE} cannot be imported ({exc}): "
+            "reinstall celery-dlx with the spark extra (pip install 'celery-dlx[spark]')"
+        ) from exc
+
+
+def package_job(workdir: str | os.PathLike[str] | None = None) -> tuple[Path, Path]:
+    """Write the job's zip (``--py-files``) and entry script into ``workdir`` and return
+    ``(entry, zip)``. Without ``workdir`` they go to a per-user cache directory named after the
+    package's content, so a printed command stays runnable.
+    """
+    package = job_package()
+    if workdir is None:
+        digest = hashlib.sha256()
+        for module in package.modules():
+            digest.update(module.name.encode() + b"\0" + module.read_bytes())
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        workdir = cache / "celery-dlx" / f"spark-job-{digest.hexdigest()[:16]}"
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    archive: Path = package.build_zip(workdir)
+    entry: Path = package.write_entry(workdir)
+    return entry, archive
+
+
+def find_job(
+    job: str | os.PathLike[str] | None = None, workdir: str | os.PathLike[str] | None = None
+) -> tuple[Path, Path]:
+    """``(entry, zip)`` of the job: the package zipped by :func:`package_job`, run by ``job``
+    if given, else by ``$CELERY_DLX_SPARK_JOB``, else by the generated entry script.
+
+    Raises:
+        ExportError: the given entry file does not exist, or the package is not installed.
+    """
+    entry, archive = package_job(workdir)
     given = job if job is not None else os.environ.get(JOB_ENV)
     if given:
         path = Path(given)
         if not path.is_file():
             raise ExportError(f"Spark job not found at {path} (job= or ${JOB_ENV})")
-        return path.resolve()
-    default = Path(__file__).resolve().parents[2] / "spark" / JOB_FILE
-    if default.is_file():
-        return default
-    raise ExportError(
-        f"Spark job {JOB_FILE} not found next to celery_dlx: point ${JOB_ENV} (or job=) at "
-        f"spark/{JOB_FILE} of a celery-dlx source checkout"
-    )
+        entry = path.resolve()
+    return entry, archive
 
 
 def find_spark_submit(spark_submit: str | None = None) -> str:
@@ -222,6 +248,7 @@ def build_spark_submit_command(
     conf: Mapping[str, str] | None = None,
     spark_submit: str | None = None,
     job: str | os.PathLike[str] | None = None,
+    workdir: str | os.PathLike[str] | None = None,
 ) -> list[str]:
     """The spark-submit command (argv list) that runs the export.
 
@@ -244,6 +271,7 @@ def build_spark_submit_command(
         conf: extra ``--conf`` Spark settings (``spark.executor.memory``...).
         spark_submit: spark-submit binary (see :func:`find_spark_submit`).
         job: the job's entry file (see :func:`find_job`).
+        workdir: where the job's zip and entry script are written (see :func:`package_job`).
 
     Raises:
         ExportError: neither ``redis_url`` nor ``snapshot``, ``trim`` with ``snapshot``, or the
@@ -253,8 +281,7 @@ def build_spark_submit_command(
         raise ExportError("export needs redis_url (dlx_redis_url) or snapshot (a JSON-lines file)")
     if snapshot is not None and trim:
         raise ExportError("trim applies to the Redis stream; it cannot go with snapshot")
-    entry = find_job(job)
-    modules = [entry.parent / name for name in JOB_MODULES]
+    entry, archive = find_job(job, workdir)
     command = [find_spark_submit(spark_submit), "--master", master, "--name", "celery-dlx-export"]
     settings = {"spark.ui.showConsoleProgress": "false"}
     if master.startswith("local"):
@@ -263,7 +290,7 @@ def build_spark_submit_command(
     settings.update(conf or {})
     for name, value in settings.items():
         command.extend(["--conf", f"{name}={value}"])
-    command.extend(["--py-files", ",".join(str(path) for path in modules), str(entry)])
+    command.extend(["--py-files", str(archive), str(entry)])
     options: dict[str, Any] = {
         "out": os.fspath(out),
         "redis_url": redis_url if snapshot is None else None,
@@ -373,6 +400,7 @@ def run_export(
             master=master,
             trim=trim,
             result_json=result_path,
+            workdir=options.pop("workdir", None) or scratch,
             **options,
         )
         job_env = dict(os.environ if env is None else env)

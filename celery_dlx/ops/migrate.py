@@ -27,7 +27,11 @@ from kombu.transport.pyamqp import Channel as AMQPChannel
 
 from celery_dlx.broker.management import Management, dead_letter_exchange_of
 from celery_dlx.broker.publish import ConfirmingPublisher
-from celery_dlx.broker.topology import dead_letter_arguments, service_queue
+from celery_dlx.broker.topology import (
+    dead_letter_arguments,
+    policy_name,
+    service_queue,
+)
 from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import DLXError
 from celery_dlx.message.outgoing import Outgoing, copy_properties
@@ -35,8 +39,6 @@ from celery_dlx.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
-#: Prefix of the policies ``migrate --policy`` writes (one per queue).
-POLICY_PREFIX = "celery-dlx-"
 #: What a policy may apply to for it to be in effect on a queue.
 _QUEUE_TARGETS = ("queues", "all", "classic_queues", "quorum_queues")
 #: Policy keys that route dead letters; a policy already setting another exchange is a conflict.
@@ -49,11 +51,6 @@ class MigrationError(DLXError):
 
 class QueueNotFound(MigrationError):
     """The queue to migrate does not exist."""
-
-
-def policy_name(queue: str) -> str:
-    """The name of the policy ``migrate --policy`` writes for ``queue``."""
-    return f"{POLICY_PREFIX}{queue}"
 
 
 def policy_pattern(queue: str) -> str:
@@ -395,7 +392,10 @@ def migrate_rename(
         service_queue(config.service_queue, config.exchange, quorum=config.quorum)(
             channel
         ).declare()
-        channel.queue_declare(new, durable=plan.durable, arguments=plan.arguments)
+        # py-amqp declares auto_delete=True unless told: the new queue must outlive its consumers
+        channel.queue_declare(
+            new, durable=plan.durable, auto_delete=False, arguments=plan.arguments
+        )
         for b in plan.bind:
             channel.queue_bind(new, b["source"], b["routing_key"], arguments=b["arguments"])
         for b in plan.unbind:

@@ -21,6 +21,7 @@ from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
+from celery_dlx.ops.render import iso
 from celery_dlx.store.graveyard import CHUNK, Graveyard, When, chunks
 from celery_dlx.worker.runtime import Runtime
 
@@ -139,7 +140,9 @@ def replay(
             if ob is None:
                 report.missing.append(oid)
             elif ob.replays and not force:
-                report.skipped.append((oid, f"already replayed at {ob.replays[-1]} ms (use force)"))
+                report.skipped.append(
+                    (oid, f"already replayed at {iso(ob.replays[-1])} (--force replays it again)")
+                )
             else:
                 todo.append(ob)
         if dry_run:

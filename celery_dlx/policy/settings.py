@@ -173,7 +173,7 @@ SETTINGS: dict[str, Setting] = {
             "dlx_enabled",
             False,
             _bool,
-            "Make every task of the app a DLX task, declare the topology, schedule the drain.",
+            "Make every task of the app a DLX task, declare the topology, run the drain in the workers.",
         ),
         Setting(
             "dlx_redis_url",
@@ -204,7 +204,7 @@ SETTINGS: dict[str, Setting] = {
             "dlx_drain_interval",
             1.0,
             _seconds,
-            "Seconds between drains of due parked retries (beat schedule).",
+            "Seconds between drains of due parked retries (the drainer bootstep in the workers).",
         ),
         Setting(
             "dlx_drain_batch", 500, _positive_count, "Most parked retries one drain claims at once."

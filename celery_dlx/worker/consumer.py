@@ -91,7 +91,13 @@ class DLXConsumer(Consumer):
             message.reject(requeue=False)
 
     def on_unknown_message(self, body: Any, message: Message) -> None:
-        self._divert(message, "undecodable: not a Celery task message (no task header)")
+        # Buried: acked here, without Celery's "Received and deleted unknown message" warning
+        # (the message was not deleted, and the quarantine line already said where it went).
+        if self._bury_raw(message, "undecodable: not a Celery task message (no task header)"):
+            message.ack_log_error(logger, getattr(self, "connection_errors", ()))
+            return
+        if dead_letter_refusal(message.headers):
+            divert_reject(message, lambda log, errors, requeue=False: message.requeue())
         super().on_unknown_message(body, message)
 
     def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:

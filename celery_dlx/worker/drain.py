@@ -1,6 +1,9 @@
 """The drain: republishes due parked retries to the queue that failed.
 
-A Celery task run by beat every ``dlx_drain_interval`` seconds claims due entries from the
+The drainer bootstep (:mod:`celery_dlx.worker.drainer`) runs it in the workers every
+``dlx_drain_interval`` seconds, under a Redis lease; the same code is a Celery task
+(:func:`register_drain_task`) for tools and an opt-in beat entry (:func:`beat_entry`). It claims due
+entries from the
 :class:`~celery_dlx.store.parking.ParkingStore` (atomically, under a lease of ``dlx_drain_lease``),
 publishes them through the default exchange (routing key = queue name, so a retry never goes back
 through a fanout exchange to the failed queue's siblings) with pipelined publisher confirms, and
@@ -326,7 +329,10 @@ def register_drain_task(app: Celery) -> Any:
 
 
 def beat_entry(config: DLXConfig) -> dict[str, dict[str, Any]]:
-    """The ``beat_schedule`` entry running the drain every ``dlx_drain_interval`` seconds.
+    """A ``beat_schedule`` entry running the drain task every ``dlx_drain_interval`` seconds.
+
+    Not installed by default (the drainer bootstep drains in the workers, with no tick messages):
+    add it to ``beat_schedule`` yourself only to drain from workers of an app without celery_dlx.
 
     Ticks carry no ``expires``: Celery turns it into an AMQP expiration, and a tick expiring in a
     queue with a dead-letter exchange would become a dead letter. Ticks that piled up while no

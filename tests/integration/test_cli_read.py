@@ -426,7 +426,7 @@ def test_purge_asks_writes_history_and_filters(uid: str, key_prefix: str) -> Non
         "missing": ["celery-ob-0"],
     }
     nothing = run(app, "purge", "--yes")
-    assert nothing.exit_code == 1 and "--all" in nothing.stderr
+    assert nothing.exit_code == 2 and "--all" in nothing.stderr  # usage error (docs/cli.md)
 
 
 def test_list_table_fits_the_terminal(shop: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ Celery worker whose task fails until a Redis flag says the cause is fixed.
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -116,6 +117,11 @@ def test_canary_stops_while_broken_then_replays_at_the_rate_once_fixed(
         fixed = run_json(app, "replay", "--group", CAUSE, "--canary", "--rate", "4")
         assert [s["id"] for s in fixed["skipped"]] == [ids[0]]
         assert "already replayed" in fixed["skipped"][0]["reason"]
+        # an ISO time and the real flag, not epoch milliseconds and "use force"
+        assert re.fullmatch(
+            r"already replayed at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \(--force replays it again\)",
+            fixed["skipped"][0]["reason"],
+        ), fixed["skipped"][0]["reason"]
         assert fixed["canary"]["obituary_id"] == ids[1]
         assert fixed["canary"]["outcome"] == "recovered" and fixed["canary"]["fate"] == RECOVERED
         assert fixed["replayed"] == ids[1:] and fixed["stopped"] is False

@@ -5,14 +5,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-SPARK_DIR = Path(__file__).resolve().parents[2] / "spark"
-if str(SPARK_DIR) not in sys.path:
-    sys.path.insert(0, str(SPARK_DIR))
 
 
 @pytest.fixture(scope="session")

@@ -13,14 +13,14 @@ from tests.conftest import REDIS_URL
 
 from . import checks, generated
 
-dlx_export = pytest.importorskip("dlx_export")
+dlx_export = pytest.importorskip("celery_dlx_spark.export")
 
 pytestmark = pytest.mark.spark
-import dlx_chart  # noqa: E402
-import dlx_progress  # noqa: E402
-import dlx_source  # noqa: E402
-import dlx_storage  # noqa: E402
-import dlx_stream  # noqa: E402
+from celery_dlx_spark import chart as dlx_chart  # noqa: E402
+from celery_dlx_spark import progress as dlx_progress  # noqa: E402
+from celery_dlx_spark import source as dlx_source  # noqa: E402
+from celery_dlx_spark import storage as dlx_storage  # noqa: E402
+from celery_dlx_spark import stream as dlx_stream  # noqa: E402
 
 
 def _options(out: Path, prefix: str, **kwargs: Any) -> Any:

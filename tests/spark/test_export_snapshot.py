@@ -12,7 +12,7 @@ from celery_dlx.ops.export import dump_snapshot
 
 from . import checks, generated
 
-dlx_export = pytest.importorskip("dlx_export")
+dlx_export = pytest.importorskip("celery_dlx_spark.export")
 
 pytestmark = pytest.mark.spark
 

@@ -11,14 +11,14 @@ from celery_dlx import fates
 from celery_dlx.message import names
 from celery_dlx.store import history
 
-dlx_source = pytest.importorskip("dlx_source")
+dlx_source = pytest.importorskip("celery_dlx_spark.source")
 
 pytestmark = pytest.mark.spark
-import dlx_aggregates  # noqa: E402
-import dlx_export  # noqa: E402
-import dlx_records  # noqa: E402
-import dlx_storage  # noqa: E402
-import dlx_stream  # noqa: E402
+from celery_dlx_spark import aggregates as dlx_aggregates  # noqa: E402
+from celery_dlx_spark import export as dlx_export  # noqa: E402
+from celery_dlx_spark import records as dlx_records  # noqa: E402
+from celery_dlx_spark import storage as dlx_storage  # noqa: E402
+from celery_dlx_spark import stream as dlx_stream  # noqa: E402
 
 
 def test_the_job_agrees_with_the_package_on_names_fields_and_fates() -> None:

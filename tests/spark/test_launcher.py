@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,19 @@ def test_command_runs_the_job_with_its_modules_and_options(tmp_path: Path) -> No
         aggregates=False,
         conf={"spark.executor.memory": "2g"},
         spark_submit="/opt/spark/bin/spark-submit",
+        workdir=tmp_path / "job",
     )
     assert command[:3] == ["/opt/spark/bin/spark-submit", "--master", "spark://master:7077"]
     assert "spark.executor.memory=2g" in command
     assert "spark.driver.bindAddress=127.0.0.1" not in command, "only local runs pin loopback"
-    py_files = command[command.index("--py-files") + 1].split(",")
-    assert {Path(p).name for p in py_files} == set(export.JOB_MODULES)
+    archive = Path(command[command.index("--py-files") + 1])
+    with zipfile.ZipFile(archive) as zipped:
+        names = set(zipped.namelist())
+    assert "celery_dlx_spark/export.py" in names and "celery_dlx_spark/source.py" in names
+    assert all(name.startswith("celery_dlx_spark/") for name in names), names
     job = Path(command[command.index("--py-files") + 2])
-    assert job.name == "dlx_export.py" and job.is_file()
+    assert job.name == "dlx_export.py" and job.parent == tmp_path / "job"
+    assert "from celery_dlx_spark.export import main" in job.read_text()
     args = command[command.index("--py-files") + 3 :]
     assert args == [
         "--out",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-dlx_storage = pytest.importorskip("dlx_storage")
+dlx_storage = pytest.importorskip("celery_dlx_spark.storage")
 
 pytestmark = pytest.mark.spark
 

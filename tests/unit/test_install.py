@@ -141,17 +141,18 @@ def test_queue_arguments_follow_the_settings(
     assert (queue.dlx_service_queue, queue.dlx_quorum_service) == service
 
 
-def test_enabled_schedules_the_drain_and_keeps_other_beat_entries() -> None:
+def test_enabled_drains_in_the_worker_not_by_beat_and_keeps_other_beat_entries() -> None:
+    # Issue 13: a beat tick per second was a task message and three log lines per second, sent
+    # to the default queue a `-Q orders` worker never reads. The drain is a worker bootstep now.
+    from celery_dlx.worker.drainer import DrainerStep
+
     nightly = {"task": "proj.report", "schedule": 86400.0}
     app = make_app(dlx_enabled=True, dlx_drain_interval=0.5, beat_schedule={"nightly": nightly})
     add_task(app)
     app.finalize()
-    schedule = app.conf.beat_schedule
-    assert schedule["nightly"] == nightly
-    assert schedule[DRAIN]["task"] == DRAIN
-    assert schedule[DRAIN]["schedule"] == 0.5
-    assert "options" not in schedule[DRAIN]  # no expires: an expired tick would be dead-lettered
-    assert DRAIN in app.tasks
+    assert app.conf.beat_schedule == {"nightly": nightly}
+    assert DrainerStep in app.steps["worker"]
+    assert DRAIN in app.tasks  # still there for tools and an opt-in beat entry (beat_entry)
 
 
 def test_enabled_replaces_the_default_worker_consumer_only() -> None:
@@ -197,6 +198,9 @@ def test_disabled_changes_nothing(conf: dict[str, Any]) -> None:
     assert DRAIN not in (app.conf.beat_schedule or {})
     # The drain task exists for tools and other beats, but nothing schedules it.
     assert DRAIN in app.tasks
+    from celery_dlx.worker.drainer import DrainerStep
+
+    assert DrainerStep not in app.steps["worker"]
 
 
 def test_disabled_tasks_follow_celery_settings() -> None:
@@ -304,6 +308,8 @@ def test_install_on_an_already_configured_app_applies_at_once() -> None:
     assert app.configured
     celery_dlx.install(app)
     assert app.conf.worker_consumer == DLX_CONSUMER
-    assert DRAIN in app.conf.beat_schedule
+    from celery_dlx.worker.drainer import DrainerStep
+
+    assert DrainerStep in app.steps["worker"]
     add_task(app)
     assert bound(app).acks_late is True

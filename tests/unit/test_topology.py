@@ -13,11 +13,14 @@ from kombu.transport.base import to_rabbitmq_queue_arguments
 
 from celery_dlx.broker.topology import (
     DLXQueue,
+    app_reference,
     as_dlx_queue,
     dead_letter_arguments,
     declare_topology,
     dlx_exchange,
     dlx_queue,
+    migration_hint,
+    policy_name,
     service_queue,
 )
 from celery_dlx.errors import ConfigurationError, TopologyError
@@ -319,7 +322,42 @@ def test_dlx_queue_406_becomes_a_topology_error_with_a_migration_hint() -> None:
     message = str(info.value)
     assert "queue 'work' already exists with other arguments" in message
     assert "celery -A proj dlx migrate work --policy" in message
+    assert "set_policy celery-dlx-work '^work$'" in message, "the policy name migrate writes"
     assert isinstance(info.value.__cause__, PreconditionFailed)
+
+
+def test_the_406_error_names_the_real_app() -> None:
+    queue = dlx_queue("work")
+    queue.dlx_app = "shop.celery"
+    with pytest.raises(TopologyError) as info:
+        queue(recording_channel(refuse="work")).declare()
+    assert "celery -A shop.celery dlx migrate work --policy" in str(info.value)
+    assert "celery -A shop.celery dlx migrate work --rename" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "main", "expected"),
+    [
+        (["celery", "-A", "proj.app", "worker"], "other", "proj.app"),
+        (["celery", "--app", "billing", "worker"], None, "billing"),
+        (["celery", "--app=billing.c", "worker"], None, "billing.c"),
+        (["celery", "-Ashop", "worker"], None, "shop"),
+        (["python", "run.py"], "shop", "shop"),
+        (["python", "run.py"], "__main__", "proj"),
+        (["python", "run.py"], None, "proj"),
+    ],
+)
+def test_app_reference_is_the_a_value_else_the_apps_name(
+    argv: list[str], main: str | None, expected: str
+) -> None:
+    assert app_reference(main, argv) == expected
+
+
+def test_migrate_and_the_error_name_the_same_policy() -> None:
+    from celery_dlx.ops import migrate
+
+    assert migrate.policy_name("orders") == policy_name("orders") == "celery-dlx-orders"
+    assert f"set_policy {policy_name('orders')} " in migration_hint("orders", "celery_dlx")
 
 
 def test_no_declare_queue_declares_nothing() -> None:

@@ -6,7 +6,7 @@ import io
 from datetime import datetime, timezone
 from typing import Any
 
-from dlx_records import FAILURE_FATES
+from celery_dlx_spark.records import FAILURE_FATES
 
 HOUR_MS = 3600 * 1000
 #: Causes drawn as their own line; the rest are summed as "other causes".

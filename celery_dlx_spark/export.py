@@ -2,7 +2,12 @@
 
 Run it with ``spark-submit`` (any master) or plain ``python`` (``local[*]``)::
 
-    spark-submit --master 'local[*]' spark/dlx_export.py \\
+    python -m celery_dlx_spark --redis-url redis://127.0.0.1:6379/0 --prefix dlx --out /data/dlx-history
+
+or ``celery -A proj dlx export --print-command`` for the spark-submit command (the package zipped for
+``--py-files`` and a two-line entry script)::
+
+    spark-submit --master 'local[*]' --py-files celery_dlx_spark.zip dlx_export.py \\
         --redis-url redis://127.0.0.1:6379/0 --prefix dlx --out /data/dlx-history
 
 or through ``celery -A proj dlx export``, which builds that command (``celery_dlx.ops.export``).
@@ -19,7 +24,8 @@ trimmed up to the checkpoint, and only after the checkpoint is written. The aggr
 (``OUT/aggregates``, ``OUT/top_causes``), the summary table and ``OUT/failures_by_cause.png`` are
 then recomputed from the whole exported history.
 
-The executors import only ``dlx_source`` (shipped with ``addPyFile``) and need only redis-py.
+The executors import only ``celery_dlx_spark`` (shipped as a zip with ``--py-files`` or
+``addPyFile``) and need only redis-py: never Celery or ``celery_dlx``.
 """
 
 from __future__ import annotations
@@ -29,19 +35,21 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 import traceback
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import dlx_aggregates
-import dlx_chart
-import dlx_records
-import dlx_source
-import dlx_storage
-import dlx_stream
-from dlx_progress import Progress
+import celery_dlx_spark
+from celery_dlx_spark import aggregates as dlx_aggregates
+from celery_dlx_spark import chart as dlx_chart
+from celery_dlx_spark import records as dlx_records
+from celery_dlx_spark import source as dlx_source
+from celery_dlx_spark import storage as dlx_storage
+from celery_dlx_spark import stream as dlx_stream
+from celery_dlx_spark.progress import Progress
 
 #: Entries per executor range the default range count aims at.
 ENTRIES_PER_RANGE = 20000
@@ -119,12 +127,14 @@ def batch_name(after: str | None) -> str:
 
 
 def ship_modules(spark: Any) -> None:
-    """Make ``dlx_source`` importable on the executors (once per SparkContext)."""
+    """Make ``celery_dlx_spark`` importable on the executors (once per SparkContext), unless
+    spark-submit already shipped it with ``--py-files``."""
     context = spark.sparkContext
     if getattr(context, "_dlx_shipped", False):
         return
-    if "dlx_source.py" not in spark.conf.get("spark.submit.pyFiles", ""):
-        context.addPyFile(os.path.abspath(dlx_source.__file__))
+    if celery_dlx_spark.ZIP_NAME not in spark.conf.get("spark.submit.pyFiles", ""):
+        scratch = tempfile.mkdtemp(prefix="celery-dlx-spark-")
+        context.addPyFile(str(celery_dlx_spark.build_zip(scratch)))
     context._dlx_shipped = True
 
 
@@ -392,7 +402,7 @@ def format_result(result: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="dlx_export.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="celery_dlx_spark", description=__doc__.split("\n")[0])
     source = parser.add_argument_group("source")
     source.add_argument("--redis-url", help="Redis with the history stream (dlx_redis_url)")
     source.add_argument("--prefix", default="dlx", help="celery_dlx key prefix (dlx_key_prefix)")

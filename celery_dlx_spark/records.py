@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlx_source import HISTORY_FIELDS
+from celery_dlx_spark.source import HISTORY_FIELDS
 
 #: Fates the history records (``celery_dlx.fates.FATE_CHANGES``).
 FATES = ("requeued", "parked", "drained", "buried", "replayed", "purged", "recovered", "archived")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dlx_records import FAILURE_FATES
+from celery_dlx_spark.records import FAILURE_FATES
 
 #: Group keys of the aggregates output.
 DAY_KEYS = ("day", "queue", "task", "cause")

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from dlx_source import format_id, parse_id
+from celery_dlx_spark.source import format_id, parse_id
 
 logger = logging.getLogger(__name__)
 

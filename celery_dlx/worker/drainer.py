@@ -1,0 +1,208 @@
+"""The drainer: the drain running inside every worker, one at a time per key prefix.
+
+A worker bootstep starts a daemon thread that republishes due parked retries
+(:func:`~celery_dlx.worker.drain.run_drain`) every ``dlx_drain_interval`` seconds, and at once
+again while a full batch keeps coming (a backlog drains at full speed). It needs no beat and no
+task message: it runs whatever queues the worker consumes (``-Q orders``) and however deep their
+backlog, and it writes no log line per tick.
+
+Only the holder of the drain lease drains: a Redis key (``{prefix}:drain:lease``) holding the
+holder's token with a TTL of :func:`lease_seconds`, renewed before every run. The other workers'
+drainers check it every interval (one Redis call) and take it when it expires, so a worker killed
+with ``-9`` is replaced within one lease; a worker that stops cleanly hands the lease on at once.
+Two drainers overlapping for a moment (a holder stalled past its lease) is safe: entries are
+claimed atomically under ``dlx_drain_lease`` (see :mod:`celery_dlx.worker.drain`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import uuid
+from typing import Any
+
+from celery import bootsteps
+from redis.exceptions import RedisError
+
+from celery_dlx.worker.drain import BUDGET_SHARE, run_drain
+from celery_dlx.worker.runtime import Runtime, get_runtime
+
+logger = logging.getLogger(__name__)
+
+#: Least seconds a drain lease lasts without renewal (the takeover time after a worker died).
+MIN_LEASE = 10.0
+#: Seconds the worker waits at shutdown for the drain in hand to finish.
+STOP_TIMEOUT = 30.0
+
+# Take the lease when free, renew it when ours: 1 if held by the caller afterwards, else 0.
+_ACQUIRE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+# Delete the lease only if ours.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def lease_seconds(interval: float) -> float:
+    """How long the drain lease lasts: five drain intervals, at least :data:`MIN_LEASE`."""
+    return max(MIN_LEASE, 5.0 * interval)
+
+
+class DrainLease:
+    """The drain lease of one key prefix, as held (or not) by one drainer.
+
+    Args:
+        client: Redis client.
+        key: the lease key (``Keys.drain_lease``).
+        seconds: lease TTL.
+        token: this holder's identity (default: host, pid and a random part).
+    """
+
+    def __init__(self, client: Any, key: str, seconds: float, token: str | None = None) -> None:
+        self.key = key
+        self.ttl_ms = max(1, int(seconds * 1000))
+        self.token = token or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._acquire = client.register_script(_ACQUIRE)
+        self._release = client.register_script(_RELEASE)
+
+    def acquire(self) -> bool:
+        """Take the lease if it is free, renew it if ours; True when we hold it."""
+        return bool(self._acquire(keys=[self.key], args=[self.token, self.ttl_ms]))
+
+    def release(self) -> bool:
+        """Give the lease up if ours (another drainer takes it at its next check)."""
+        return bool(self._release(keys=[self.key], args=[self.token]))
+
+
+class Drainer:
+    """The drain loop of one worker: drains while it holds the lease, else waits for it.
+
+    It gets a runtime of its own (its own Redis client and confirming publisher, so it never
+    shares a channel with the tasks of a thread pool), with the app's fate listeners.
+    """
+
+    def __init__(self, app: Any, *, name: str | None = None) -> None:
+        shared = get_runtime(app)
+        self.runtime = Runtime(app, shared.config)
+        self.runtime.listeners = shared.listeners
+        config = shared.config
+        self.interval = float(config.drain_interval)
+        token = f"{name or socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease = DrainLease(
+            self.runtime.redis, shared.keys.drain_lease, lease_seconds(self.interval), token
+        )
+        self.held = False
+        self._stop = threading.Event()
+        self._redis_failing = False
+
+    def run(self) -> None:
+        """Drain until :meth:`stop`; returns after giving the lease up."""
+        try:
+            while not self._stop.is_set():
+                if self.step():
+                    continue  # a full batch: more is due now
+                self._stop.wait(self.interval)
+        finally:
+            self._give_up()
+            self.runtime.reset_publisher()
+
+    def step(self) -> bool:
+        """One turn: renew or take the lease, drain if held. True when a full batch was drained
+        (the caller goes on at once)."""
+        try:
+            held = self.lease.acquire()
+        except RedisError as exc:
+            if not self._redis_failing:
+                logger.warning("drainer cannot reach Redis for its lease: %s", exc)
+            self._redis_failing = True
+            self.held = False
+            return False
+        if self._redis_failing:
+            logger.warning("drainer reaches Redis again")
+            self._redis_failing = False
+        if held != self.held:
+            logger.debug("drainer %s the drain lease", "took" if held else "lost")
+            self.held = held
+        if not held:
+            return False
+        result = run_drain(self.runtime, budget_seconds=BUDGET_SHARE * self.interval)
+        return not result.failed and result.claimed >= self.runtime.config.drain_batch
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _give_up(self) -> None:
+        if not self.held:
+            return
+        with contextlib.suppress(RedisError):  # else it expires by itself
+            self.lease.release()
+        self.held = False
+
+
+class DrainerStep(bootsteps.StartStopStep):
+    """Worker bootstep running a :class:`Drainer` thread for the worker's lifetime."""
+
+    name = "celery_dlx.worker.drainer"
+    # started once the pool has forked its children (they never see the thread)
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.drainer: Drainer | None = None
+        self.thread: threading.Thread | None = None
+
+    def include_if(self, parent: Any) -> bool:
+        config = get_runtime(parent.app).config
+        return bool(config.enabled or config.service_in_worker)
+
+    def start(self, parent: Any) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            return
+        self.drainer = Drainer(parent.app, name=getattr(parent, "hostname", None))
+        self.thread = threading.Thread(
+            target=self._run, args=(self.drainer,), name="celery_dlx-drainer", daemon=True
+        )
+        self.thread.start()
+
+    @staticmethod
+    def _run(drainer: Drainer) -> None:
+        try:
+            drainer.run()
+        except Exception:  # the worker keeps running its tasks; the failure must be visible
+            logger.exception("the drainer thread stopped on an error")
+
+    def stop(self, parent: Any) -> None:
+        if self.drainer is None or self.thread is None:
+            return
+        self.drainer.stop()
+        self.thread.join(STOP_TIMEOUT)
+        if self.thread.is_alive():
+            logger.warning("the drainer did not stop within %ss", STOP_TIMEOUT)
+        self.drainer = None
+        self.thread = None
+
+    def terminate(self, parent: Any) -> None:
+        self.stop(parent)
+
+
+def install_drainer_step(app: Any) -> None:
+    """Add the drainer bootstep to ``app``'s worker (once)."""
+    steps = app.steps["worker"]
+    if DrainerStep not in steps:
+        steps.add(DrainerStep)
