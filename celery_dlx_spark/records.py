@@ -12,8 +12,18 @@ from typing import Any
 
 from celery_dlx_spark.source import HISTORY_FIELDS
 
-#: Fates the history records (``celery_dlx.fates.FATE_CHANGES``).
-FATES = ("requeued", "parked", "drained", "buried", "replayed", "purged", "recovered", "archived")
+#: Kinds of history entry (``celery_dlx.fates.HISTORY_KINDS``): the fate changes and the console's audit.
+FATES = (
+    "requeued",
+    "parked",
+    "drained",
+    "buried",
+    "replayed",
+    "purged",
+    "recovered",
+    "archived",
+    "audit",
+)
 #: Fates that follow a failed attempt: every failure leads to exactly one of them.
 FAILURE_FATES = ("requeued", "parked", "buried")
 #: Fields a record cannot do without.

@@ -81,14 +81,14 @@ def connect(url: str) -> Any:
         if not path:
             raise ValueError(f"--redis-url: a sentinel URL needs a service name: {url}")
         password = parsed.password
-        sentinel = Sentinel(
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis 8 leaves Sentinel unannotated
             hosts,
             socket_timeout=30.0,
             password=password,
             sentinel_kwargs={"password": password} if password else None,
         )
         db = int(path[1]) if len(path) > 1 else 0
-        return sentinel.master_for(path[0], db=db, socket_timeout=30.0)
+        return sentinel.master_for(path[0], db=db, socket_timeout=30.0)  # type: ignore[no-untyped-call]
     if parse_qs(parsed.query).get("cluster", ["false"])[0].lower() in ("1", "true", "yes"):
         from redis.cluster import RedisCluster
 

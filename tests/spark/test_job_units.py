@@ -23,7 +23,7 @@ from celery_dlx_spark import stream as dlx_stream  # noqa: E402
 
 def test_the_job_agrees_with_the_package_on_names_fields_and_fates() -> None:
     assert (*history.HISTORY_FIELDS, "obituary") == dlx_source.HISTORY_FIELDS
-    assert dlx_records.FATES == fates.FATE_CHANGES
+    assert dlx_records.FATES == fates.HISTORY_KINDS
     assert dlx_source.history_key("shop") == names.Keys("shop").history
     assert dlx_records.FAILURE_FATES == (fates.REQUEUED, fates.PARKED, fates.BURIED)
 
