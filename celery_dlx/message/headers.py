@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -112,6 +113,26 @@ def _count(headers: Mapping[str, Any], name: str) -> int:
     return number
 
 
+def _ms(headers: Mapping[str, Any], name: str) -> int:
+    """An epoch-milliseconds header in any form celery_dlx ever wrote.
+
+    Old messages (already parked or in flight) carry an integer (py-amqp ``L`` on the wire); new
+    ones a decimal string (see :func:`celery_dlx.message.outgoing.wire_value`); a double is read
+    too, for publishers that chose that form.
+    """
+    value = headers.get(name)
+    if isinstance(value, float) and math.isfinite(value) and value >= 0:
+        return int(value)
+    if isinstance(value, (str, bytes)):
+        text = _text(value).strip()
+        if _DECIMAL_MS.fullmatch(text):
+            return int(float(text)) if "." in text else int(text)
+    return _count(headers, name)
+
+
+_DECIMAL_MS = re.compile(r"[0-9]{1,19}(\.[0-9]*)?")
+
+
 def _history(raw: Any) -> tuple[HistoryEntry, ...]:
     if raw is None:
         return ()
@@ -154,7 +175,7 @@ def read_state(headers: Mapping[str, Any] | None) -> DLXState:
         parks=_count(headers, PARKS_HEADER),
         history=_history(headers.get(HISTORY_HEADER)),
         queue=_text(queue) if queue is not None else None,
-        first_failure_ms=_count(headers, FIRST_FAILURE_HEADER) if first is not None else None,
+        first_failure_ms=_ms(headers, FIRST_FAILURE_HEADER) if first is not None else None,
         cause=_text(cause) if cause is not None else None,
         exc_type=_text(exc_type) if exc_type is not None else None,
         exc_message=_text(exc_message) if exc_message is not None else None,
@@ -162,7 +183,12 @@ def read_state(headers: Mapping[str, Any] | None) -> DLXState:
 
 
 def state_headers(state: DLXState) -> dict[str, Any]:
-    """celery_dlx's headers for ``state``: plain strings and integers, readable by any AMQP client."""
+    """celery_dlx's headers for ``state``: strings and integers.
+
+    The first-failure time is an epoch-milliseconds integer here (as parked entries keep it);
+    :meth:`celery_dlx.message.outgoing.Outgoing.amqp_message` writes it to the wire as a string,
+    since 64-bit integers go out as py-amqp's ``L``, which RabbitMQ's own clients cannot read.
+    """
     out: dict[str, Any] = {
         ATTEMPT_HEADER: state.attempt,
         REQUEUES_HEADER: state.requeues,
