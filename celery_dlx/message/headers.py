@@ -28,6 +28,7 @@ from celery_dlx.message.names import (
     FIRST_FAILURE_HEADER,
     HISTORY_HEADER,
     HISTORY_LIMIT,
+    IDENTITY_HEADER,
     PARKS_HEADER,
     QUEUE_HEADER,
     REQUEUES_HEADER,
@@ -300,15 +301,41 @@ def x_death_problem(headers: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+def _id_value(value: Any) -> str | None:
+    return _text(value) if isinstance(value, (str, bytes)) and value else None
+
+
+def provable_identity(
+    properties: Mapping[str, Any] | None, headers: Mapping[str, Any] | None
+) -> str | None:
+    """An id that names one message and no other, or None when the message carries none.
+
+    In order: the ``message_id`` property (the publisher's word that it names one message),
+    Celery's task id (the ``id`` header, trusted only beside Celery's ``task`` header: a foreign
+    ``id`` header is often an entity id shared by many messages), celery_dlx's own ``x-dlx-id``
+    (stamped on the copies of a message that had neither). Never ``correlation_id``: many
+    messages share one by design (replies to one request).
+    """
+    props = properties or {}
+    hdrs = headers or {}
+    found = _id_value(props.get("message_id"))
+    if found is None and _id_value(hdrs.get("task")) is not None:
+        found = _id_value(hdrs.get("id"))
+    return found or _id_value(hdrs.get(IDENTITY_HEADER))
+
+
 def message_identity(
     properties: Mapping[str, Any] | None, headers: Mapping[str, Any] | None, body: bytes
 ) -> str:
-    """A stable id for a message: its ``message_id``, else Celery's task id, else a body digest."""
+    """:func:`provable_identity`, else a digest of the body and a few properties.
+
+    The digest describes a message, it does not identify one: look-alike messages (the same body
+    from the same publisher) share it. Never deduplicate on it.
+    """
+    found = provable_identity(properties, headers)
+    if found is not None:
+        return found
     props = properties or {}
-    hdrs = headers or {}
-    for value in (props.get("message_id"), hdrs.get("id"), props.get("correlation_id")):
-        if isinstance(value, (str, bytes)) and value:
-            return _text(value)
     digest = hashlib.sha1(body, usedforsecurity=False)
     for name in ("type", "app_id", "timestamp"):
         if props.get(name) is not None:

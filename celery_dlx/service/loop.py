@@ -5,11 +5,14 @@ Runs standalone (``celery -A proj dlx service``) or inside a worker (a bootstep,
 ``dlx_service_queue``; each batch is read (:mod:`celery_dlx.policy.deadletter`, pure), looked up in Redis
 in one round trip (already handled? worker's cause record?), decided, then written: requeued
 copies published with confirms, parked retries stored, obituaries written with their history
-entries. Only then is a dead letter acked, so a kill -9 at any point loses nothing; a redelivered
+entries. Only then is a dead letter acked, so a kill -9 at any point loses nothing. A redelivered
 dead letter is recognised by its key (queue, message id, attempt, history) and acked without a
-second fate. Nothing is ever rejected from the service queue (it has no dead-letter exchange): a
-dead letter the service cannot handle for now (Redis or the broker is down) stays unacked and is
-retried, with one log line per outage.
+second fate, but only when its message id is provable (``message_id``, Celery's task id, or the
+``x-dlx-id`` celery_dlx stamps on copies): look-alike messages without one are never merged, and
+a redelivery of one after a crash may get a second fate (counted, both kept). Nothing is ever
+rejected from the service queue (it has no dead-letter exchange): a dead letter the service
+cannot handle for now (Redis or the broker is down) stays unacked and is retried, with one log
+line per outage.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import signal
 import socket
 import threading
 import time
+import uuid
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,7 +42,7 @@ from celery_dlx.broker.topology import service_queue
 from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import DLXError, PublishError, TopologyError
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
-from celery_dlx.message.headers import clean_headers, read_state
+from celery_dlx.message.headers import read_state
 from celery_dlx.message.names import HISTORY_HEADER
 from celery_dlx.message.obituary import Obituary, send_to_hook
 from celery_dlx.message.outgoing import Outgoing, copy_properties
@@ -102,6 +107,8 @@ class ServiceStats:
     parked: int = 0
     requeued: int = 0
     duplicates: int = 0
+    #: Redelivered dead letters without a provable identity, given a fate again (maybe twice).
+    unproven_redeliveries: int = 0
     batches: int = 0
     archived: int = 0
     outages: int = 0
@@ -298,6 +305,8 @@ class DLXService:
         self._last_sweep = 0.0
         self._sweep_failing = False
         self._idle_since = time.monotonic()
+        # One random name per channel: with a delivery tag it names one delivery for good.
+        self._channel_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -485,10 +494,18 @@ class DLXService:
 
     def _count(self, live: list[_Work], duplicates: int) -> None:
         kinds = Counter(type(w.verdict) for w in live)
+        unproven = sum(1 for w in live if w.letter.redelivered and not w.letter.provable)
+        if unproven:
+            logger.warning(
+                "DLX service: %d redelivered dead letter(s) without a message_id given a fate "
+                "again (a look-alike may have been handled before: both are kept)",
+                unproven,
+            )
         self.stats.add(
             received=len(live) + duplicates,
             batches=1,
             duplicates=duplicates,
+            unproven_redeliveries=unproven,
             buried=kinds[BuryVerdict],
             parked=kinds[ParkVerdict],
             requeued=kinds[RequeueVerdict],
@@ -510,7 +527,21 @@ class DLXService:
             exchange=str(info.get("exchange") or ""),
             routing_key=str(info.get("routing_key") or ""),
             redelivered=bool(info.get("redelivered")),
+            delivery=self._delivery_name(message, info),
         )
+
+    def _delivery_name(self, message: Any, info: Any) -> str:
+        """A name of this delivery no other delivery has: its channel's random name and tag.
+
+        The same on a settle retried in this process (no second fate), new on a redelivery
+        after a crash (the redelivered flag cannot tell a look-alike from a redelivery).
+        """
+        tag = info.get("delivery_tag") or getattr(message, "delivery_tag", None)
+        try:
+            name = self._channel_names.setdefault(message.channel, uuid.uuid4().hex)
+        except TypeError:  # no channel, or one that takes no weak reference
+            return uuid.uuid4().hex
+        return f"{name}:{tag}" if tag is not None else uuid.uuid4().hex
 
     def _seen_key(self, letter: DeadLetter) -> str:
         return f"{self.runtime.keys.seen_prefix}{letter.key}"
@@ -571,7 +602,7 @@ class DLXService:
                     body=w.letter.body,
                     routing_key=w.letter.queue,
                     exchange="",
-                    headers=clean_headers(w.letter.headers, w.verdict.state),
+                    headers=w.letter.copy_headers(w.verdict.state),
                     properties=copy_properties(w.letter.properties),
                 )
             )
@@ -594,7 +625,7 @@ class DLXService:
                     attempt=verdict.state.attempt,
                     queue=letter.queue,
                     body=letter.body,
-                    headers=clean_headers(letter.headers, verdict.state),
+                    headers=letter.copy_headers(verdict.state),
                     properties=copy_properties(letter.properties),
                     due_ms=now + int(verdict.delay * 1000),
                     parked_ms=now,
