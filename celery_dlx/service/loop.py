@@ -37,6 +37,7 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
+from celery_dlx import faults
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.broker.topology import service_queue
 from celery_dlx.compat import install_tolerant_properties
@@ -480,11 +481,16 @@ class DLXService:
         live = [w for w in works if not w.duplicate]
         for w in live:
             w.verdict = self._decide(w, now)
-        self._requeue([w for w in live if isinstance(w.verdict, RequeueVerdict)], now)
+        requeues = [w for w in live if isinstance(w.verdict, RequeueVerdict)]
+        self._requeue(requeues, now)
+        if requeues:
+            faults.point("service.published")
         self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
         retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
         self.runtime.record_many(retried)
         burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
+        if burials:
+            faults.point("service.buried")
         # The buried entries went to the history with the obituaries, atomically.
         self.runtime.record_many([event for _, event in burials], history=False)
         for ob, _ in burials:
