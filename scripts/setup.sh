@@ -14,3 +14,5 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q -e ".[test,sentry,protobuf,spark,flower]"
   echo "$want" > "$stamp"
 fi
+# The foreign AMQP clients (Go, Node, Ruby) of tests/interop.
+bash scripts/interop-setup.sh

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from celery_dlx.fates import now_ms
@@ -88,7 +89,7 @@ class ParkedMessage:
 
 
 #: Keys of the codec's tagged objects (``{"__bytes__": "00ff"}``...).
-_TAG_KEYS = ("__bytes__", "__datetime__", "__repr__")
+_TAG_KEYS = ("__bytes__", "__datetime__", "__decimal__", "__repr__")
 #: Marks a table whose keys were escaped, and prefixes each escaped key: a header table of user
 #: data whose only key is a tag's key must not come back as a tagged value.
 _ESCAPED = "__escaped__"
@@ -126,6 +127,8 @@ def _jsonable(value: Any) -> Any:
         return {"__bytes__": value.hex()}
     if isinstance(value, datetime):
         return {"__datetime__": value.isoformat()}
+    if isinstance(value, Decimal):  # a decimal header (D) stays one after a park
+        return {"__decimal__": str(value)}
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return {"__repr__": repr(value)}
@@ -139,6 +142,8 @@ def _tag(value: Any) -> Any:
         return {"__bytes__": bytes(value).hex()}
     if isinstance(value, datetime):
         return {"__datetime__": value.isoformat()}
+    if isinstance(value, Decimal):
+        return {"__decimal__": str(value)}
     return {"__repr__": repr(value)}
 
 
@@ -151,6 +156,8 @@ def _untag(obj: dict[str, Any]) -> Any:
             from datetime import datetime
 
             return datetime.fromisoformat(obj["__datetime__"])
+        if "__decimal__" in obj:
+            return Decimal(obj["__decimal__"])
         if "__repr__" in obj:
             return obj["__repr__"]
     elif _ESCAPED in obj:
