@@ -3,7 +3,8 @@
 ``DLX_FAULT="drain.claimed@3,service.buried@1"`` makes the process exit with ``os._exit(9)`` (no
 cleanup, no ack, as after a ``kill -9``) the 3rd time it reaches ``drain.claimed`` or the 1st time
 it reaches ``service.buried``. With ``DLX_FAULT_LOG=path`` a line naming the point is appended to
-``path`` first, so a test's ledger records where each process died.
+``path`` first (point, pid, epoch seconds), so a test's ledger records where and when each
+process died.
 
 Points (each sits in a window where a crash must lose nothing):
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 #: Environment variable arming the crash points.
 FAULT_ENV = "DLX_FAULT"
@@ -63,5 +65,5 @@ def point(name: str) -> None:
     log = os.environ.get(FAULT_LOG_ENV)
     if log:
         with open(log, "a", encoding="utf-8") as out:
-            out.write(f"{name} pid={os.getpid()}\n")
+            out.write(f"{name} pid={os.getpid()} at={time.time():.3f}\n")
     os._exit(9)

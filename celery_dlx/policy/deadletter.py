@@ -72,6 +72,10 @@ class DeadLetter:
     a ``message_id``, are different messages and never share a key, so none is deduplicated away
     as another's redelivery. Their copies carry ``identity`` in ``x-dlx-id``
     (:meth:`copy_headers`), so later deaths of one of them are provably that one.
+
+    ``burial_key`` is the obituary id: a message is buried once in its life, so for a provable
+    identity it names the message in its queue (and the replay it came from), not the death: two
+    copies of one message left by a crash (a retry published twice) get one obituary.
     """
 
     body: bytes
@@ -92,6 +96,7 @@ class DeadLetter:
     death_ms: int | None = None
     x_death: list[Any] = field(default_factory=list)
     provable: bool = True
+    burial_key: str = ""
 
     def copy_headers(self, state: DLXState) -> dict[str, Any]:
         """The headers of a requeued or parked copy: cleaned, ``state`` written, identity stamped
@@ -138,6 +143,12 @@ def letter_key(
         tail = f"{state.attempt}\x1f{last}"
     parts = (queue, identity, tail, replayed or "")
     raw = "\x1f".join((*parts, delivery) if delivery is not None else parts)
+    return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
+
+
+def burial_key(queue: str, identity: str, replayed: str | None) -> str:
+    """The obituary id of a message with a provable identity: one per message, queue and replay."""
+    raw = "\x1f".join(("buried", queue, identity, replayed or ""))
     return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
 
 
@@ -240,6 +251,7 @@ def read_dead_letter(
         if isinstance(raw_x_death, (list, tuple))
         else ([] if raw_x_death is None else [raw_x_death]),
         provable=provable,
+        burial_key=burial_key(queue, identity, replayed) if provable else key,
     )
 
 
@@ -469,7 +481,7 @@ def build_obituary(
     if first is None:
         first = failures[0] if failures else verdict.last_failure_ms
     return Obituary(
-        id=letter.key,
+        id=letter.burial_key or letter.key,
         message_id=letter.identity,
         queue=verdict.queue or letter.queue,
         reason=verdict.reason,

@@ -699,8 +699,10 @@ class DLXService:
                 hostname=self.hostname,
             )
             items.append((ob, buried_event(ob)))
-        Graveyard(self.runtime.redis, self.runtime.keys).write_many(items)
-        return items
+        written = Graveyard(self.runtime.redis, self.runtime.keys).write_many(items)
+        # An obituary already there (a redelivery, or a second copy of the message a crash left
+        # behind) is neither written nor announced again.
+        return [item for item, new in zip(items, written, strict=True) if new]
 
     def _mark_seen(self, works: list[_Work]) -> None:
         if works:

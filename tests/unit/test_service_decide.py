@@ -143,6 +143,23 @@ def test_a_provable_message_is_not_stamped() -> None:
     assert "x-dlx-id" not in first.copy_headers(verdict.state)
 
 
+def test_a_provable_message_has_one_obituary_id_whatever_its_death() -> None:
+    """Two copies of one message a crash left behind die with different histories: one id."""
+    a = letter({"x-death": [death()], **state_headers(DLXState(attempt=4, parks=2))})
+    b = letter(
+        {
+            "x-death": [death()],
+            **state_headers(DLXState(attempt=4, parks=2, history=(HistoryEntry(7, "parked"),))),
+        }
+    )
+    assert a.key != b.key and a.burial_key == b.burial_key
+    other_queue = letter({"x-death": [death("audit")]})
+    replayed = letter({"x-death": [death()], REPLAYED_HEADER: "ob-1"})
+    assert len({a.burial_key, other_queue.burial_key, replayed.burial_key}) == 3
+    look_alike = letter(props={}, body=b"payload")
+    assert look_alike.burial_key == look_alike.key  # no provable identity: per delivery
+
+
 def test_a_correlation_id_is_not_an_identity() -> None:
     a = letter(props={"correlation_id": "request-1"}, body=b"reply")
     b = letter(props={"correlation_id": "request-1"}, body=b"reply")
@@ -374,7 +391,7 @@ def test_cause_record_buries_with_the_workers_facts_even_with_budget_left() -> N
         "celery",
     )
     assert (ob.id, ob.message_id, ob.task, ob.code_version) == (
-        dl.key,
+        dl.burial_key,
         "t-1",
         "proj.tasks.charge",
         "v1",
