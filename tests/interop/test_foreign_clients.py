@@ -11,6 +11,7 @@ The consumer must stay connected, decode every copy, and see exactly the configu
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 import time
@@ -60,7 +61,9 @@ def go_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return clients.build_go(tmp_path_factory.mktemp("interop-go"))
 
 
-def _running(target: Callable[[threading.Event], None]) -> Iterator[None]:
+@contextlib.contextmanager
+def running(target: Callable[[threading.Event], None]) -> Iterator[None]:
+    """``target(stop)`` in a thread until the block ends."""
     stop = threading.Event()
     thread = threading.Thread(target=target, args=(stop,), daemon=True)
     thread.start()
@@ -152,7 +155,7 @@ def test_foreign_client_decodes_every_republished_copy(
     command = clients.consumer_command(client, go, queue)
 
     with clients.consuming(client, command, tmp_path) as consumer:
-        with service_thread(app), contextlib_running(drain_loop(runtime)):
+        with service_thread(app), running(drain_loop(runtime)):
             # bunny cannot read a byte 'B' (Go's byte): not in the messages it consumes
             portable = ["no-byte"] if client == "ruby" else []
             subprocess.run(
@@ -229,9 +232,3 @@ def test_foreign_client_decodes_every_republished_copy(
         assert [a.fate for a in ob.attempts] == [REQUEUED, PARKED, PARKED, BURIED]
     assert Counter(ob.replayed_from is not None for ob in obs) == {True: total, False: total}
     print(f"{clients.client_version(client)}: decoded {len(deliveries)} deliveries")
-
-
-def contextlib_running(target: Callable[[threading.Event], None]) -> Any:
-    import contextlib
-
-    return contextlib.contextmanager(_running)(target)
