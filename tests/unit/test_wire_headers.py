@@ -214,7 +214,9 @@ def celery_request(app: Celery, extra: dict[str, Any]) -> Context:
     return Context(context)
 
 
-def service_letter(extra: dict[str, Any], state: DLXState = STATE) -> Any:
+def service_letter(
+    extra: dict[str, Any], state: DLXState = STATE, message_id: str | None = "m-1"
+) -> Any:
     from celery_dlx.message.headers import state_headers
 
     headers = {
@@ -234,22 +236,26 @@ def service_letter(extra: dict[str, Any], state: DLXState = STATE) -> Any:
     return read_dead_letter(
         b'{"n": 1}',
         headers,
-        {"content_type": "application/json", "message_id": "m-1", "timestamp": NOW // 1000},
+        {
+            "content_type": "application/json",
+            "timestamp": NOW // 1000,
+            **({"message_id": message_id} if message_id else {}),
+        },
         exchange="celery_dlx",
         routing_key="work",
     )
 
 
-def service_copies(extra: dict[str, Any]) -> list[Outgoing]:
+def service_copies(extra: dict[str, Any], message_id: str | None = "m-1") -> list[Outgoing]:
     """The DLX service's requeue and park copies, built as ``service/loop.py`` builds them."""
     out = []
     for policy in ({"max_requeues": 5}, {"max_requeues": 0, "backoff": [1], "max_parks": 9}):
         config = load_config({"dlx_queues": {"work": policy}})
-        letter = service_letter(extra, DLXState())
+        letter = service_letter(extra, DLXState(), message_id)
         verdict = decide_letter(letter, config, None, NOW)
         # a second failure: the state now carries first-failure and history timestamps
         letter = service_letter(
-            extra, verdict.state if not isinstance(verdict, BuryVerdict) else STATE
+            extra, verdict.state if not isinstance(verdict, BuryVerdict) else STATE, message_id
         )
         verdict = decide_letter(letter, config, None, NOW + 1000)
         assert isinstance(verdict, (RequeueVerdict, ParkVerdict))
@@ -259,7 +265,7 @@ def service_copies(extra: dict[str, Any]) -> list[Outgoing]:
             Outgoing(
                 body=letter.body,
                 routing_key=letter.queue,
-                headers=clean_headers(letter.headers, verdict.state),
+                headers=letter.copy_headers(verdict.state),
                 properties=copy_properties(letter.properties),
             )
         )
@@ -328,6 +334,10 @@ def producers(app: Celery) -> dict[str, Outgoing]:
     requeue, park = service_copies(extra)
     copies["service requeue"] = requeue
     copies["service park"] = park
+    requeue, park = service_copies(extra, message_id=None)  # stamped with x-dlx-id
+    assert "x-dlx-id" in requeue.headers and "x-dlx-id" in park.headers
+    copies["service requeue (look-alike)"] = requeue
+    copies["service park (look-alike)"] = park
     return copies
 
 
@@ -342,6 +352,8 @@ PRODUCERS = [
     "migrate",
     "service requeue",
     "service park",
+    "service requeue (look-alike)",
+    "service park (look-alike)",
 ]
 
 
