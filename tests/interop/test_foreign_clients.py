@@ -114,8 +114,7 @@ def publish_python(queue: str) -> list[str | None]:
 def by_message(deliveries: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Deliveries grouped per message: its message_id, else the x-dlx-id of its copies.
 
-    A look-alike's first delivery carries neither; it is matched to its copies by position, the
-    two look-alikes' first deliveries each becoming a group of their own first.
+    A look-alike's first delivery carries neither: those are pooled in one group of their own.
     """
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     anonymous = []
