@@ -432,3 +432,20 @@ def test_wire_value(value: Any, expected: Any) -> None:
     out: list[tuple[str, str]] = []
     _walk_table(raw[4:], "", out)
     assert {tag for _, tag in out} <= SAFE_FIELD_TYPES
+
+
+def test_the_publish_sequence_header_stays_a_32_bit_int() -> None:
+    """A long-running publisher's sequence number wraps before py-amqp would write it as L."""
+    import itertools
+
+    from celery_dlx.broker.publish import ConfirmingPublisher
+
+    publisher = ConfirmingPublisher(connection=None)  # type: ignore[arg-type]
+    assert next(publisher._seq) == 1
+    seqs = publisher._seq
+    assert isinstance(seqs, itertools.cycle)
+    last = Outgoing(body=b"", routing_key="q").amqp_message(seq=INT32_MAX)
+    raw = serialization.dumps("F", [last.properties["application_headers"]])
+    out: list[tuple[str, str]] = []
+    _walk_table(raw[4:], "", out)
+    assert ("x-dlx-pubseq", "I") in out
