@@ -74,8 +74,9 @@ class DeadLetter:
     (:meth:`copy_headers`), so later deaths of one of them are provably that one.
 
     ``burial_key`` is the obituary id: a message is buried once in its life, so for a provable
-    identity it names the message in its queue (and the replay it came from), not the death: two
-    copies of one message left by a crash (a retry published twice) get one obituary.
+    identity it names the message in its queue (with the replay it came from and the first failure
+    its copies carry), not the death: two copies of one message left by a crash (a retry
+    published twice) get one obituary.
     """
 
     body: bytes
@@ -146,9 +147,14 @@ def letter_key(
     return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
 
 
-def burial_key(queue: str, identity: str, replayed: str | None) -> str:
-    """The obituary id of a message with a provable identity: one per message, queue and replay."""
-    raw = "\x1f".join(("buried", queue, identity, replayed or ""))
+def burial_key(
+    queue: str, identity: str, replayed: str | None, first_failure_ms: int | None = None
+) -> str:
+    """The obituary id of a message with a provable identity: one per message, queue, replay and
+    lineage (the first failure its copies carry: a publisher sending the same id again later
+    starts another lineage)."""
+    lineage = "" if first_failure_ms is None else str(first_failure_ms)
+    raw = "\x1f".join(("buried", queue, identity, replayed or "", lineage))
     return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
 
 
@@ -251,7 +257,11 @@ def read_dead_letter(
         if isinstance(raw_x_death, (list, tuple))
         else ([] if raw_x_death is None else [raw_x_death]),
         provable=provable,
-        burial_key=burial_key(queue, identity, replayed) if provable else key,
+        burial_key=(
+            burial_key(queue, identity, replayed, state.first_failure_ms if state else None)
+            if provable
+            else key
+        ),
     )
 
 

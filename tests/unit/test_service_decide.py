@@ -158,6 +158,10 @@ def test_a_provable_message_has_one_obituary_id_whatever_its_death() -> None:
     assert len({a.burial_key, other_queue.burial_key, replayed.burial_key}) == 3
     look_alike = letter(props={}, body=b"payload")
     assert look_alike.burial_key == look_alike.key  # no provable identity: per delivery
+    # the same id published again later is another lineage: its own obituary
+    first = letter({"x-death": [death()], **state_headers(DLXState(attempt=2, first_failure_ms=5))})
+    again = letter({"x-death": [death()], **state_headers(DLXState(attempt=2, first_failure_ms=9))})
+    assert first.burial_key != again.burial_key
 
 
 def test_a_correlation_id_is_not_an_identity() -> None:
