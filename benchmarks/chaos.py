@@ -7,7 +7,14 @@ Redis (a private ``redis-server`` with AOF, ``appendfsync always``, SIGKILL then
 restarts the RabbitMQ node (``rabbitmqctl stop_app``/``start_app``). Then every message id is
 accounted for: done (executed, counted in a ledger on the shared Redis, which no chaos touches),
 buried (in the graveyard), pending (still parked or queued when the settle time ran out) or lost.
-Duplicates are executions beyond the first. Exit status 1 if anything was lost or left pending.
+Duplicates are executions beyond the first.
+
+Crash points (``DLX_FAULT``) also kill the drains and the DLX service once in each window where a
+crash could lose or double a message (claimed/unpublished, published/unacked, buried/unacked).
+The fates are then checked against the ledger each task run writes itself (id, run, attempt,
+outcome), independent of celery_dlx: good and flaky messages done and never buried, poison buried
+exactly once, and every message no chaos event touched ran exactly as often as its kind says.
+Exit status 1 if anything was lost or left pending, or the ledger check found a violation.
 
 The RabbitMQ restart disturbs every user of the node: run this by hand, not in CI. The node is
 started again (``start_app`` + ``await_startup``) before the script exits, even on failure or
@@ -81,10 +88,17 @@ def main(argv: list[str]) -> int:
         print(f"logs: {report.logdir}")
     if args.json:
         args.json.write_text(json.dumps(report.as_dict(), indent=2, sort_keys=True))
-    ok = report.lost == 0 and report.pending == 0 and report.unsent == 0
+    ok = (
+        report.lost == 0
+        and report.pending == 0
+        and report.unsent == 0
+        and not report.violations
+        and report.good_buried == 0
+    )
     print(
-        f"RESULT lost={report.lost} pending={report.pending} duplicates={report.duplicates}: "
-        f"{'OK' if ok else 'FAILED'}"
+        f"RESULT lost={report.lost} pending={report.pending} duplicates={report.duplicates} "
+        f"good_buried={report.good_buried} ledger_violations={len(report.violations)} "
+        f"exact_checked={report.exact_checked}: {'OK' if ok else 'FAILED'}"
     )
     return 0 if ok else 1
 

@@ -19,3 +19,5 @@ if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium
 fi
+# The foreign AMQP clients (Go, Node, Ruby) of tests/interop.
+bash scripts/interop-setup.sh

@@ -18,7 +18,7 @@ from kombu import Connection
 from kombu.transport.pyamqp import Channel as AMQPChannel
 
 from celery_dlx.errors import PublishError
-from celery_dlx.message.outgoing import PUBLISH_SEQ_HEADER, Outgoing, copy_properties
+from celery_dlx.message.outgoing import INT32_MAX, PUBLISH_SEQ_HEADER, Outgoing, copy_properties
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,9 @@ class ConfirmingPublisher:
         self.connection = connection
         self.timeout = timeout
         self._channel: AMQPChannel | None = None
-        self._seq = itertools.count(1)
+        # Wraps inside 32 bits: a larger header integer would go out as text (issue 12), and
+        # seqs need only be unique within one batch (returns are matched per batch).
+        self._seq = itertools.cycle(range(1, INT32_MAX + 1))
         self._next_tag = 1
         self._acked: dict[int, bool] = {}
         self._returned: set[int] = set()

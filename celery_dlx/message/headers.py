@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from celery_dlx.message.names import (
     FIRST_FAILURE_HEADER,
     HISTORY_HEADER,
     HISTORY_LIMIT,
+    IDENTITY_HEADER,
     PARKS_HEADER,
     QUEUE_HEADER,
     REQUEUES_HEADER,
@@ -112,6 +114,26 @@ def _count(headers: Mapping[str, Any], name: str) -> int:
     return number
 
 
+def _ms(headers: Mapping[str, Any], name: str) -> int:
+    """An epoch-milliseconds header in any form celery_dlx ever wrote.
+
+    Old messages (already parked or in flight) carry an integer (py-amqp ``L`` on the wire); new
+    ones a decimal string (see :func:`celery_dlx.message.outgoing.wire_value`); a double is read
+    too, for publishers that chose that form.
+    """
+    value = headers.get(name)
+    if isinstance(value, float) and math.isfinite(value) and value >= 0:
+        return int(value)
+    if isinstance(value, (str, bytes)):
+        text = _text(value).strip()
+        if _DECIMAL_MS.fullmatch(text):
+            return int(float(text)) if "." in text else int(text)
+    return _count(headers, name)
+
+
+_DECIMAL_MS = re.compile(r"[0-9]{1,19}(\.[0-9]*)?")
+
+
 def _history(raw: Any) -> tuple[HistoryEntry, ...]:
     if raw is None:
         return ()
@@ -154,7 +176,7 @@ def read_state(headers: Mapping[str, Any] | None) -> DLXState:
         parks=_count(headers, PARKS_HEADER),
         history=_history(headers.get(HISTORY_HEADER)),
         queue=_text(queue) if queue is not None else None,
-        first_failure_ms=_count(headers, FIRST_FAILURE_HEADER) if first is not None else None,
+        first_failure_ms=_ms(headers, FIRST_FAILURE_HEADER) if first is not None else None,
         cause=_text(cause) if cause is not None else None,
         exc_type=_text(exc_type) if exc_type is not None else None,
         exc_message=_text(exc_message) if exc_message is not None else None,
@@ -162,7 +184,12 @@ def read_state(headers: Mapping[str, Any] | None) -> DLXState:
 
 
 def state_headers(state: DLXState) -> dict[str, Any]:
-    """celery_dlx's headers for ``state``: plain strings and integers, readable by any AMQP client."""
+    """celery_dlx's headers for ``state``: strings and integers.
+
+    The first-failure time is an epoch-milliseconds integer here (as parked entries keep it);
+    :meth:`celery_dlx.message.outgoing.Outgoing.amqp_message` writes it to the wire as a string,
+    since 64-bit integers go out as py-amqp's ``L``, which RabbitMQ's own clients cannot read.
+    """
     out: dict[str, Any] = {
         ATTEMPT_HEADER: state.attempt,
         REQUEUES_HEADER: state.requeues,
@@ -291,15 +318,41 @@ def dead_letter_refusal(headers: Mapping[str, Any] | None) -> str | None:
     return None if problem is None else f"malformed x-death: {problem}"
 
 
+def _id_value(value: Any) -> str | None:
+    return _text(value) if isinstance(value, (str, bytes)) and value else None
+
+
+def provable_identity(
+    properties: Mapping[str, Any] | None, headers: Mapping[str, Any] | None
+) -> str | None:
+    """An id that names one message and no other, or None when the message carries none.
+
+    In order: the ``message_id`` property (the publisher's word that it names one message),
+    Celery's task id (the ``id`` header, trusted only beside Celery's ``task`` header: a foreign
+    ``id`` header is often an entity id shared by many messages), celery_dlx's own ``x-dlx-id``
+    (stamped on the copies of a message that had neither). Never ``correlation_id``: many
+    messages share one by design (replies to one request).
+    """
+    props = properties or {}
+    hdrs = headers or {}
+    found = _id_value(props.get("message_id"))
+    if found is None and _id_value(hdrs.get("task")) is not None:
+        found = _id_value(hdrs.get("id"))
+    return found or _id_value(hdrs.get(IDENTITY_HEADER))
+
+
 def message_identity(
     properties: Mapping[str, Any] | None, headers: Mapping[str, Any] | None, body: bytes
 ) -> str:
-    """A stable id for a message: its ``message_id``, else Celery's task id, else a body digest."""
+    """:func:`provable_identity`, else a digest of the body and a few properties.
+
+    The digest describes a message, it does not identify one: look-alike messages (the same body
+    from the same publisher) share it. Never deduplicate on it.
+    """
+    found = provable_identity(properties, headers)
+    if found is not None:
+        return found
     props = properties or {}
-    hdrs = headers or {}
-    for value in (props.get("message_id"), hdrs.get("id"), props.get("correlation_id")):
-        if isinstance(value, (str, bytes)) and value:
-            return _text(value)
     digest = hashlib.sha1(body, usedforsecurity=False)
     for name in ("type", "app_id", "timestamp"):
         if props.get(name) is not None:

@@ -22,8 +22,10 @@ EXC_MESSAGE_HEADER = "x-dlx-exc-message"
 REASON_HEADER = "x-dlx-reason"
 #: Header set on messages republished from the graveyard.
 REPLAYED_HEADER = "x-dlx-replayed"
-#: Header with the first failure's time, in epoch milliseconds.
+#: Header with the first failure's time, in epoch milliseconds (a decimal string on the wire).
 FIRST_FAILURE_HEADER = "x-dlx-first-failure-ms"
+#: Header with the identity celery_dlx gave the copies of a message that had no ``message_id``.
+IDENTITY_HEADER = "x-dlx-id"
 
 #: Every header celery_dlx owns.
 OWN_HEADERS = frozenset(
@@ -39,6 +41,7 @@ OWN_HEADERS = frozenset(
         REASON_HEADER,
         REPLAYED_HEADER,
         FIRST_FAILURE_HEADER,
+        IDENTITY_HEADER,
     }
 )
 

@@ -11,6 +11,7 @@ and the reason only.
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -23,12 +24,20 @@ from celery_dlx.message.headers import (
     Death,
     DLXState,
     HistoryEntry,
+    clean_headers,
     fingerprint,
     message_identity,
     parse_x_death,
+    provable_identity,
     read_state,
 )
-from celery_dlx.message.names import HISTORY_LIMIT, QUEUE_HEADER, REASON_HEADER, REPLAYED_HEADER
+from celery_dlx.message.names import (
+    HISTORY_LIMIT,
+    IDENTITY_HEADER,
+    QUEUE_HEADER,
+    REASON_HEADER,
+    REPLAYED_HEADER,
+)
 from celery_dlx.message.obituary import ORIGIN_CELERY, ORIGIN_FOREIGN, Attempt, Obituary
 from celery_dlx.policy.decide import ToBury, ToPark, ToRequeue, decide
 from celery_dlx.policy.settings import DLXConfig
@@ -57,6 +66,18 @@ class DeadLetter:
     :data:`UNKNOWN`; ``problem`` holds the ``undecodable: ...`` reason when headers could not be
     read; ``key`` identifies this death (queue, message, attempt, history, replay) for dedup and
     is the obituary id.
+
+    ``identity`` is the message's provable id (:func:`provable_identity`) when it has one
+    (``provable``); else the digest of its body joined with ``key``, and ``key`` then includes the
+    delivery (:func:`read_dead_letter`'s ``delivery``): look-alike messages, the same body without
+    a ``message_id``, are different messages and never share a key, so none is deduplicated away
+    as another's redelivery. Their copies carry ``identity`` in ``x-dlx-id``
+    (:meth:`copy_headers`), so later deaths of one of them are provably that one.
+
+    ``burial_key`` is the obituary id: a message is buried once in its life, so for a provable
+    identity it names the message in its queue (with the replay it came from and the first failure
+    its copies carry), not the death: two copies of one message left by a crash (a retry
+    published twice) get one obituary.
     """
 
     body: bytes
@@ -76,6 +97,16 @@ class DeadLetter:
     replayed_from: str | None = None
     death_ms: int | None = None
     x_death: list[Any] = field(default_factory=list)
+    provable: bool = True
+    burial_key: str = ""
+
+    def copy_headers(self, state: DLXState) -> dict[str, Any]:
+        """The headers of a requeued or parked copy: cleaned, ``state`` written, identity stamped
+        when the message had no provable one."""
+        headers = clean_headers(self.headers, state)
+        if not self.provable:
+            headers[IDENTITY_HEADER] = self.identity
+        return headers
 
     @property
     def scope(self) -> str:
@@ -95,14 +126,36 @@ def _ms(when: datetime | None) -> int | None:
     return int(when.timestamp() * 1000) if when is not None else None
 
 
-def letter_key(queue: str, identity: str, state: DLXState | None, replayed: str | None) -> str:
-    """The dedup key (and obituary id) of one death: stable across redeliveries of it."""
+def letter_key(
+    queue: str,
+    identity: str,
+    state: DLXState | None,
+    replayed: str | None,
+    delivery: str | None = None,
+) -> str:
+    """The dedup key (and obituary id) of one death.
+
+    With a provable ``identity``, stable across redeliveries of the death. ``delivery`` names one
+    delivery (given for a message without a provable identity): the key is then that delivery's.
+    """
     if state is None:
         tail = "?"
     else:
         last = state.history[-1].at_ms if state.history else 0
         tail = f"{state.attempt}\x1f{last}"
-    raw = "\x1f".join((queue, identity, tail, replayed or ""))
+    parts = (queue, identity, tail, replayed or "")
+    raw = "\x1f".join((*parts, delivery) if delivery is not None else parts)
+    return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
+
+
+def burial_key(
+    queue: str, identity: str, replayed: str | None, first_failure_ms: int | None = None
+) -> str:
+    """The obituary id of a message with a provable identity: one per message, queue, replay and
+    lineage (the first failure its copies carry: a publisher sending the same id again later
+    starts another lineage)."""
+    lineage = "" if first_failure_ms is None else str(first_failure_ms)
+    raw = "\x1f".join(("buried", queue, identity, replayed or "", lineage))
     return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
 
 
@@ -132,8 +185,14 @@ def read_dead_letter(
     exchange: str = "",
     routing_key: str = "",
     redelivered: bool = False,
+    delivery: str | None = None,
 ) -> DeadLetter:
-    """Read a dead letter defensively; never raises (problems land in ``DeadLetter.problem``)."""
+    """Read a dead letter defensively; never raises (problems land in ``DeadLetter.problem``).
+
+    ``delivery`` names this delivery uniquely (the service's connection and delivery tag): the key
+    of a message without a provable identity is this delivery's, so a settle retried on the same
+    delivery gives no second fate; a random one when not given.
+    """
     hdrs = dict(headers) if isinstance(headers, Mapping) else {}
     props = {
         str(k): v
@@ -152,6 +211,7 @@ def read_dead_letter(
     state, state_problem = _own_state(hdrs)
     if state_problem:
         problems.append(state_problem)
+    provable = provable_identity(props, hdrs) is not None
     identity = message_identity(props, hdrs, raw_body)
     bury_reason = _text(hdrs.get(REASON_HEADER))
     queue = (
@@ -170,6 +230,12 @@ def read_dead_letter(
     else:
         death_reason = UNKNOWN
     replayed = _text(hdrs.get(REPLAYED_HEADER))
+    if provable:
+        key = letter_key(queue, identity, state, replayed)
+    else:
+        # Only a look-alike: when in doubt, keep both. The key is this delivery's.
+        key = letter_key(queue, identity, state, replayed, delivery or uuid.uuid4().hex)
+        identity = f"{identity}~{key}"
     raw_x_death = hdrs.get("x-death")
     return DeadLetter(
         body=raw_body,
@@ -178,7 +244,7 @@ def read_dead_letter(
         identity=identity,
         queue=queue,
         death_reason=death_reason,
-        key=letter_key(queue, identity, state, replayed),
+        key=key,
         exchange=exchange,
         routing_key=routing_key,
         redelivered=redelivered,
@@ -191,6 +257,12 @@ def read_dead_letter(
         x_death=list(raw_x_death)
         if isinstance(raw_x_death, (list, tuple))
         else ([] if raw_x_death is None else [raw_x_death]),
+        provable=provable,
+        burial_key=(
+            burial_key(queue, identity, replayed, state.first_failure_ms if state else None)
+            if provable
+            else key
+        ),
     )
 
 
@@ -403,7 +475,7 @@ def build_obituary(
     if first is None:
         first = failures[0] if failures else verdict.last_failure_ms
     return Obituary(
-        id=letter.key,
+        id=letter.burial_key or letter.key,
         message_id=letter.identity,
         queue=verdict.queue or letter.queue,
         reason=verdict.reason,

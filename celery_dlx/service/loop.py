@@ -5,11 +5,14 @@ Runs standalone (``celery -A proj dlx service``) or inside a worker (a bootstep,
 ``dlx_service_queue``; each batch is read (:mod:`celery_dlx.policy.deadletter`, pure), looked up in Redis
 in one round trip (already handled? worker's cause record?), decided, then written: requeued
 copies published with confirms, parked retries stored, obituaries written with their history
-entries. Only then is a dead letter acked, so a kill -9 at any point loses nothing; a redelivered
+entries. Only then is a dead letter acked, so a kill -9 at any point loses nothing. A redelivered
 dead letter is recognised by its key (queue, message id, attempt, history) and acked without a
-second fate. Nothing is ever rejected from the service queue (it has no dead-letter exchange): a
-dead letter the service cannot handle for now (Redis or the broker is down) stays unacked and is
-retried, with one log line per outage.
+second fate, but only when its message id is provable (``message_id``, Celery's task id, or the
+``x-dlx-id`` celery_dlx stamps on copies): look-alike messages without one are never merged, and
+a redelivery of one after a crash may get a second fate (counted, both kept). Nothing is ever
+rejected from the service queue (it has no dead-letter exchange): a dead letter the service
+cannot handle for now (Redis or the broker is down) stays unacked and is retried, with one log
+line per outage.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import signal
 import socket
 import threading
 import time
+import uuid
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +38,7 @@ from kombu import Connection
 from kombu.transport.pyamqp import Channel as AMQPChannel
 from redis.exceptions import RedisError
 
+from celery_dlx import faults
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.broker.topology import service_queue
@@ -40,7 +46,7 @@ from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import DLXError, TopologyError
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
-from celery_dlx.message.headers import clean_headers, read_state
+from celery_dlx.message.headers import read_state
 from celery_dlx.message.names import HISTORY_HEADER
 from celery_dlx.message.obituary import Obituary, send_to_hook
 from celery_dlx.message.outgoing import Outgoing, copy_properties
@@ -98,6 +104,8 @@ class ServiceStats:
     parked: int = 0
     requeued: int = 0
     duplicates: int = 0
+    #: Redelivered dead letters without a provable identity, given a fate again (maybe twice).
+    unproven_redeliveries: int = 0
     batches: int = 0
     archived: int = 0
     outages: int = 0
@@ -274,6 +282,8 @@ class DLXService:
         self._last_sweep = 0.0
         self._sweep_failing = False
         self._idle_since = time.monotonic()
+        # One random name per channel: with a delivery tag it names one delivery for good.
+        self._channel_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -448,11 +458,16 @@ class DLXService:
         live = [w for w in works if not w.duplicate]
         for w in live:
             w.verdict = self._decide(w, now)
-        self._requeue([w for w in live if isinstance(w.verdict, RequeueVerdict)], now)
+        requeues = [w for w in live if isinstance(w.verdict, RequeueVerdict)]
+        self._requeue(requeues, now)
+        if requeues:
+            faults.point("service.published")
         self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
         retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
         self.runtime.record_many(retried)
         burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
+        if burials:
+            faults.point("service.buried")
         # The buried entries went to the history with the obituaries, atomically.
         self.runtime.record_many([event for _, event in burials], history=False)
         for ob, _ in burials:
@@ -462,10 +477,18 @@ class DLXService:
 
     def _count(self, live: list[_Work], duplicates: int) -> None:
         kinds = Counter(type(w.verdict) for w in live)
+        unproven = sum(1 for w in live if w.letter.redelivered and not w.letter.provable)
+        if unproven:
+            logger.warning(
+                "DLX service: %d redelivered dead letter(s) without a message_id given a fate "
+                "again (a look-alike may have been handled before: both are kept)",
+                unproven,
+            )
         self.stats.add(
             received=len(live) + duplicates,
             batches=1,
             duplicates=duplicates,
+            unproven_redeliveries=unproven,
             buried=kinds[BuryVerdict],
             parked=kinds[ParkVerdict],
             requeued=kinds[RequeueVerdict],
@@ -487,7 +510,21 @@ class DLXService:
             exchange=str(info.get("exchange") or ""),
             routing_key=str(info.get("routing_key") or ""),
             redelivered=bool(info.get("redelivered")),
+            delivery=self._delivery_name(message, info),
         )
+
+    def _delivery_name(self, message: Any, info: Any) -> str:
+        """A name of this delivery no other delivery has: its channel's random name and tag.
+
+        The same on a settle retried in this process (no second fate), new on a redelivery
+        after a crash (the redelivered flag cannot tell a look-alike from a redelivery).
+        """
+        tag = info.get("delivery_tag") or getattr(message, "delivery_tag", None)
+        try:
+            name = self._channel_names.setdefault(message.channel, uuid.uuid4().hex)
+        except TypeError:  # no channel, or one that takes no weak reference
+            return uuid.uuid4().hex
+        return f"{name}:{tag}" if tag is not None else uuid.uuid4().hex
 
     def _seen_key(self, letter: DeadLetter) -> str:
         return self.runtime.keys.seen(letter.key)
@@ -548,7 +585,7 @@ class DLXService:
                     body=w.letter.body,
                     routing_key=w.letter.queue,
                     exchange="",
-                    headers=clean_headers(w.letter.headers, w.verdict.state),
+                    headers=w.letter.copy_headers(w.verdict.state),
                     properties=copy_properties(w.letter.properties),
                 )
             )
@@ -571,7 +608,7 @@ class DLXService:
                     attempt=verdict.state.attempt,
                     queue=letter.queue,
                     body=letter.body,
-                    headers=clean_headers(letter.headers, verdict.state),
+                    headers=letter.copy_headers(verdict.state),
                     properties=copy_properties(letter.properties),
                     due_ms=now + int(verdict.delay * 1000),
                     parked_ms=now,
@@ -639,8 +676,10 @@ class DLXService:
                 hostname=self.hostname,
             )
             items.append((ob, buried_event(ob)))
-        Graveyard(self.runtime.redis, self.runtime.keys).write_many(items)
-        return items
+        written = Graveyard(self.runtime.redis, self.runtime.keys).write_many(items)
+        # An obituary already there (a redelivery, or a second copy of the message a crash left
+        # behind) is neither written nor announced again.
+        return [item for item, new in zip(items, written, strict=True) if new]
 
     def _mark_seen(self, works: list[_Work]) -> None:
         if works:

@@ -25,6 +25,7 @@ from typing import Any
 from celery import Celery
 from redis.exceptions import RedisError
 
+from celery_dlx import faults
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.fates import DRAINED, FateEvent
 from celery_dlx.fates import now_ms as wall_ms
@@ -226,6 +227,7 @@ def _publish(runtime: Runtime, claimed: list[ParkedMessage]) -> _Published | Non
     # The fate changes when the copies leave, not when their confirms come back: by then a
     # worker may already be running a retry.
     published_ms = wall_ms()
+    faults.point("drain.claimed")
     try:
         flags = runtime.publisher.publish_many([m.outgoing() for m in claimed])
     except BROKER_ERRORS as exc:
@@ -239,6 +241,7 @@ def _publish(runtime: Runtime, claimed: list[ParkedMessage]) -> _Published | Non
             runtime.config.drain_lease,
         )
         return None
+    faults.point("drain.published")
     sent = [m for m, ok in zip(claimed, flags, strict=True) if ok]
     refused = [m for m, ok in zip(claimed, flags, strict=True) if not ok]
     return _Published(sent, refused, published_ms)

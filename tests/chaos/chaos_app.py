@@ -6,7 +6,13 @@ during the run), ``CHAOS_LEDGER`` the Redis that counts executions (the shared o
 restarted: the ledger must outlive the chaos it measures), ``CHAOS_QUORUM=1`` makes the queues
 quorum queues.
 
-Tasks (each counts its runs, and its successful executions in the ledger before it returns):
+The ledger is independent of celery_dlx: every run of a task (and of the foreign consumer)
+counts itself in ``runs`` when it starts and, when it ends, appends one entry to ``log``: message
+id, run number, the attempt header it was delivered with (for the record only), outcome (``done``
+or ``failed``), pid and time. A run killed mid-way has a ``runs`` count and no entry. The chaos
+check derives each message's expected fate from the ledger alone (see ``harness.py``).
+
+Tasks:
 
 - ``chaos.good``: succeeds.
 - ``chaos.flaky``: fails ``fails`` times (transient errors), then succeeds.
@@ -15,7 +21,9 @@ Tasks (each counts its runs, and its successful executions in the ledger before 
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from typing import Any
 
 import redis
@@ -42,12 +50,14 @@ class Names:
         ledger = "{chaos-ledger-" + uid + "}"
         #: Hash: message id -> successful executions.
         self.done = f"{ledger}:done"
-        #: Hash: message id -> runs (executions, failed or not).
+        #: Hash: message id -> runs (executions started, failed or not).
         self.runs = f"{ledger}:runs"
+        #: List: one JSON entry per finished run (see :func:`record`).
+        self.log = f"{ledger}:log"
 
     @property
     def ledger_keys(self) -> list[str]:
-        return [self.done, self.runs]
+        return [self.done, self.runs, self.log]
 
     @property
     def queues(self) -> list[str]:
@@ -56,6 +66,33 @@ class Names:
     @property
     def exchanges(self) -> list[str]:
         return [self.exchange, self.work]
+
+
+def record(
+    ledger: Any, names: Names, message_id: str, run: int, attempt: Any, outcome: str
+) -> None:
+    """Append one finished run to the ledger (and count a ``done`` one in ``done``)."""
+    entry = {
+        "id": message_id,
+        "run": run,
+        "attempt": attempt,
+        "outcome": outcome,
+        "pid": os.getpid(),
+        "at": time.time(),
+    }
+    pipe = ledger.pipeline(transaction=True)
+    pipe.rpush(names.log, json.dumps(entry))
+    if outcome == "done":
+        pipe.hincrby(names.done, message_id, 1)
+    pipe.execute()
+
+
+def delivered_attempt(request: Any) -> Any:
+    """The attempt header a task was delivered with, read raw (for the ledger's record only)."""
+    properties = getattr(request, "properties", None) or {}
+    headers = properties.get("application_headers") or getattr(request, "headers", None) or {}
+    value = headers.get("x-dlx-attempt") if isinstance(headers, dict) else None
+    return value if isinstance(value, (int, str)) else None
 
 
 def chaos_settings(names: Names, redis_url: str, *, quorum: bool) -> dict[str, Any]:
@@ -96,19 +133,22 @@ def make_chaos_app(uid: str, redis_url: str, *, quorum: bool = False) -> Celery:
 
     @app.task(name="chaos.good", bind=True, shared=False)
     def good(self: Any, message_id: str) -> None:
-        ledger.hincrby(names.runs, message_id, 1)
-        ledger.hincrby(names.done, message_id, 1)
+        run = ledger.hincrby(names.runs, message_id, 1)
+        record(ledger, names, message_id, run, delivered_attempt(self.request), "done")
 
     @app.task(name="chaos.flaky", bind=True, shared=False)
     def flaky(self: Any, message_id: str, fails: int) -> None:
         run = ledger.hincrby(names.runs, message_id, 1)
+        attempt = delivered_attempt(self.request)
         if run <= fails:
+            record(ledger, names, message_id, run, attempt, "failed")
             raise ConnectionError(f"upstream unavailable (run {run} of {message_id})")
-        ledger.hincrby(names.done, message_id, 1)
+        record(ledger, names, message_id, run, attempt, "done")
 
     @app.task(name="chaos.poison", bind=True, shared=False)
     def poison(self: Any, message_id: str) -> None:
-        ledger.hincrby(names.runs, message_id, 1)
+        run = ledger.hincrby(names.runs, message_id, 1)
+        record(ledger, names, message_id, run, delivered_attempt(self.request), "failed")
         raise ValueError(f"order {message_id} refers to no customer")
 
     return app

@@ -11,6 +11,16 @@ every message id:
 - lost: none of these. The run exists to show this is 0.
 
 Duplicates are successful executions beyond the first one of a message (at-least-once).
+
+Then the independent check (:func:`ledger_check`): each message's expected fate follows from its
+kind alone (good, flaky and accepted foreign messages are done, poison is buried), and the
+ledger each run of a task writes itself (:mod:`tests.chaos.chaos_app`) must agree: every message
+expected done is done at least once and never buried; every poison message is buried exactly
+once, never done; a message no chaos event touched (publish to end, see
+:func:`disturbed`) ran exactly as often as its kind says (poison: its whole budget), and only a
+disturbed one may run more. Besides the monkey's random kills, crash points (``DLX_FAULT``) kill
+the drain and the DLX service at least once in each window where a crash could lose or double a
+message: claimed and not published, published and not acked, buried and not acked.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.ops import obituaries
 from celery_dlx.worker.runtime import get_runtime
 from tests.chaos import processes as P
-from tests.chaos.chaos_app import BROKER_URL, LEDGER_URL, Names, make_chaos_app
+from tests.chaos.chaos_app import BROKER_URL, LEDGER_URL, Names, chaos_settings, make_chaos_app
 from tests.chaos.servers import RedisServer
 
 logger = logging.getLogger("chaos")
@@ -55,6 +65,14 @@ PROCESS_ACTIONS = (
 )
 #: Seconds a publish is retried (on new connections) before the message counts as unsent.
 PUBLISH_PATIENCE = 180.0
+#: Crash points armed per process (``<kind><index>``): each fires once, at its second reach.
+DEFAULT_FAULTS: dict[str, list[str]] = {
+    "service0": ["service.published@2", "service.buried@2"],
+    "drain0": ["drain.claimed@2"],
+    "drain1": ["drain.published@2"],
+}
+#: Seconds around a message's life in which a chaos event counts as touching it.
+DISTURB_MARGIN = 0.5
 
 
 @dataclass
@@ -73,6 +91,7 @@ class ChaosPlan:
     settle_seconds: float = 180.0
     gap: tuple[float, float] = (1.0, 4.0)
     actions: tuple[str, ...] = PROCESS_ACTIONS
+    faults: dict[str, list[str]] = field(default_factory=lambda: dict(DEFAULT_FAULTS))
     rabbit_restarts: int = 0
     quorum: bool = False
     seed: int = 7
@@ -124,6 +143,11 @@ class ChaosReport:
     done_and_buried: int = 0
     buried_twice: int = 0
     runs: int = 0
+    killed_runs: int = 0
+    exact_checked: int = 0
+    disturbed: int = 0
+    good_buried: int = 0
+    violations: list[str] = field(default_factory=list)
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
     lost_ids: list[str] = field(default_factory=list)
     duplicate_ids: list[str] = field(default_factory=list)
@@ -151,6 +175,10 @@ class ChaosReport:
             f"duplicates {self.duplicates} extra executions over {self.duplicated_messages} "
             f"messages (at most {self.max_executions} executions of one); done and buried "
             f"{self.done_and_buried}; buried twice {self.buried_twice}",
+            f"ledger: {self.runs} runs started, {self.killed_runs} killed mid-run; "
+            f"{self.exact_checked} untouched messages held to exact run counts, "
+            f"{self.disturbed} touched by chaos; good/flaky buried {self.good_buried}; "
+            f"violations {len(self.violations)}",
             f"chaos events: {json.dumps(self.events, sort_keys=True)}",
             f"unexpected exits: {len(self.unexpected_exits)}; monkey errors: "
             f"{len(self.monkey_errors)}",
@@ -167,7 +195,85 @@ class ChaosReport:
             out.append(f"buried more than once (first 20): {self.buried_twice_ids[:20]}")
         if self.pending_ids:
             out.append(f"pending ids (first 20): {self.pending_ids[:20]}")
+        for violation in self.violations[:20]:
+            out.append(f"LEDGER VIOLATION: {violation}")
         return out
+
+
+def budgets(names: Names) -> tuple[int, int]:
+    """Runs a poison message gets before burial: Celery tasks, foreign-queue messages."""
+    conf = chaos_settings(names, "redis://unused", quorum=False)
+    foreign = conf["dlx_queues"][names.foreign]
+    return (
+        1 + conf["dlx_max_requeues"] + conf["dlx_max_parks"],
+        1 + foreign["max_requeues"] + foreign["max_parks"],
+    )
+
+
+def expected(message: Message, celery_budget: int, foreign_budget: int) -> tuple[str, int]:
+    """A message's fate and its runs in a world without chaos, from its kind alone."""
+    if message.kind == "poison":
+        return "buried", celery_budget
+    if message.kind == "foreign" and message.fails >= foreign_budget:
+        return "buried", foreign_budget
+    return "done", message.fails + 1
+
+
+def disturbed(start: float, end: float, events: list[P.Event]) -> bool:
+    """Whether a chaos event (epoch seconds ``wall``..``until``) overlaps ``start``..``end``."""
+    return any(
+        e.wall - DISTURB_MARGIN <= end and max(e.until, e.wall) + DISTURB_MARGIN >= start
+        for e in events
+    )
+
+
+def ledger_check(
+    report: ChaosReport,
+    messages: list[Message],
+    sent: set[str],
+    published_at: dict[str, float],
+    ledger: tuple[dict[str, int], dict[str, list[dict[str, Any]]]],
+    burials: dict[str, list[int]],
+    events: list[P.Event],
+    budget: tuple[int, int],
+) -> None:
+    """Hold every sent message to the fate its kind expects, from the ledger (module doc)."""
+    runs, entries = ledger
+    violations = report.violations
+    for message in messages:
+        if message.id not in sent:
+            continue
+        fate, want_runs = expected(message, *budget)
+        mine = entries.get(message.id, [])
+        done = sum(1 for e in mine if e["outcome"] == "done")
+        buried = len(burials.get(message.id, []))
+        started = runs.get(message.id, 0)
+        if fate == "done":
+            if done == 0:
+                violations.append(f"{message.id} ({message.kind}) never done")
+            if buried:
+                report.good_buried += 1
+                violations.append(f"{message.id} ({message.kind}) buried {buried}x")
+        else:
+            if buried != 1:
+                violations.append(f"{message.id} ({message.kind}) buried {buried}x, not once")
+            if done:
+                violations.append(f"{message.id} ({message.kind}) done {done}x")
+        start = published_at.get(message.id, 0.0)
+        end = max(
+            [start, *(e["at"] for e in mine), *(ms / 1000 for ms in burials.get(message.id, []))]
+        )
+        if disturbed(start, end, events):
+            report.disturbed += 1
+            continue
+        report.exact_checked += 1
+        outcomes = [e["outcome"] for e in sorted(mine, key=lambda e: e["run"])]
+        want = ["failed"] * (want_runs - (fate == "done")) + ["done"] * (fate == "done")
+        if started != want_runs or outcomes != want:
+            violations.append(
+                f"{message.id} ({message.kind}, untouched by chaos) ran {started}x {outcomes}, "
+                f"expected {want_runs}x {want}"
+            )
 
 
 class _Publisher:
@@ -243,6 +349,7 @@ class ChaosRun:
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.procs: list[P.Proc] = []
         self.sent: set[str] = set()
+        self.published_at: dict[str, float] = {}
         self._app: Any = None
         self.unsent: list[str] = []
 
@@ -292,7 +399,8 @@ class ChaosRun:
         for kind, n in layout:
             for i in range(n):
                 name = f"{kind}{i}-{self.uid}"
-                proc = P.Proc(kind, name, env, self.logdir, plan.concurrency)
+                faults = plan.faults.get(f"{kind}{i}")
+                proc = P.Proc(kind, name, env, self.logdir, plan.concurrency, faults)
                 proc.start()
                 self.procs.append(proc)
 
@@ -308,6 +416,7 @@ class ChaosRun:
                 ahead = start + i * interval - time.monotonic()
                 if ahead > 0:
                     time.sleep(ahead)
+                self.published_at[message.id] = time.time()
                 if publisher.publish(message):
                     self.sent.add(message.id)
                 else:
@@ -320,6 +429,21 @@ class ChaosRun:
     def done_counts(self) -> dict[str, int]:
         raw = self.ledger.hgetall(self.names.done)
         return {k.decode(): int(v) for k, v in raw.items()}
+
+    def ledger_entries(self) -> tuple[dict[str, int], dict[str, list[dict[str, Any]]]]:
+        """The ledger: runs started per message, and each finished run's entry."""
+        runs = {k.decode(): int(v) for k, v in self.ledger.hgetall(self.names.runs).items()}
+        entries: dict[str, list[dict[str, Any]]] = {}
+        for raw in self.ledger.lrange(self.names.log, 0, -1):
+            entry = json.loads(raw)
+            entries.setdefault(entry["id"], []).append(entry)
+        return runs, entries
+
+    def burials(self, runtime: Any) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for ob in obituaries.list_obituaries(runtime, limit=None):
+            out.setdefault(ob.message_id, []).append(ob.buried_ms)
+        return out
 
     def buried_counts(self, runtime: Any) -> Counter[str]:
         return Counter(ob.message_id for ob in obituaries.list_obituaries(runtime, limit=None))
@@ -371,6 +495,7 @@ class ChaosRun:
         report.duplicate_ids = sorted(m for m, n in done.items() if n > 1)
         report.buried_twice_ids = sorted(m for m, n in buried.items() if n > 1)
         report.runs = sum(int(v) for v in self.ledger.hvals(self.names.runs))
+        report.killed_runs = report.runs - self.ledger.llen(self.names.log)
         report.by_kind = self._by_kind(done, buried, pending)
         return report
 
@@ -460,6 +585,7 @@ def run_chaos(plan: ChaosPlan, uid: str | None = None) -> ChaosReport:
             gap=plan.gap,
             rng=random.Random(plan.seed + 1),
             rabbit_limit=plan.rabbit_restarts,
+            act_until=time.monotonic() + plan.chaos_seconds,
         )
         monkey.start()
         stack.callback(monkey.stop)
@@ -481,6 +607,16 @@ def run_chaos(plan: ChaosPlan, uid: str | None = None) -> ChaosReport:
         with Connection(BROKER_URL) as fresh:
             report = run.account(runtime, fresh)
         report.events = monkey.counts()
+        ledger_check(
+            report,
+            run.messages,
+            run.sent,
+            run.published_at,
+            run.ledger_entries(),
+            run.burials(runtime),
+            monkey.events,
+            budgets(run.names),
+        )
         report.unexpected_exits = monkey.unexpected_exits
         report.monkey_errors = monkey.errors
         report.publish_seconds = publish_seconds

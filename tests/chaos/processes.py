@@ -30,7 +30,6 @@ from tests.chaos.servers import RedisServer
 logger = logging.getLogger("chaos")
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-BIN = Path(sys.executable).parent
 
 #: Kinds of process a run starts.
 WORKER, SERVICE, DRAIN, FOREIGN = "worker", "service", "drain", "foreign"
@@ -43,6 +42,8 @@ KILL_DRAIN = "kill -9 drain"
 KILL_FOREIGN = "kill -9 foreign consumer"
 RESTART_REDIS = "restart Redis (SIGKILL + AOF)"
 RESTART_RABBITMQ = "restart RabbitMQ (stop_app/start_app)"
+#: Prefix of the events of a crash point firing (``DLX_FAULT``), e.g. "crash at service.buried".
+FAULT_PREFIX = "crash at "
 
 #: Seconds after a worker's start before its pool children may be killed.
 POOL_SETTLE = 5.0
@@ -73,29 +74,71 @@ def command(kind: str, name: str, concurrency: int) -> list[str]:
             f"{name}@%h",
         ]
     if kind == SERVICE:
-        return [str(BIN / "celery-dlx"), "-A", "tests.chaos.chaos_app", "service", "-l", "WARNING"]
+        # The CLI's entry function, not the console script: a stale script cannot break a run.
+        return [
+            sys.executable,
+            "-c",
+            "from celery_dlx.cli.main import main; main()",
+            "-A",
+            "tests.chaos.chaos_app",
+            "service",
+            "-l",
+            "WARNING",
+        ]
     return [sys.executable, "-m", "tests.chaos.roles", kind]
 
 
 class Proc:
-    """One process of the run, restartable; its output goes to ``<logdir>/<name>.log``."""
+    """One process of the run, restartable; its output goes to ``<logdir>/<name>.log``.
 
-    def __init__(self, kind: str, name: str, env: dict[str, str], logdir: Path, concurrency: int):
+    ``faults`` are crash points (``DLX_FAULT`` values, see :mod:`celery_dlx.faults`) armed one at
+    a time: each start arms the first one not yet fired, so every one fires once, at a known
+    point, whatever the monkey does meanwhile. Fired ones are logged to ``<logdir>/faults.log``.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        env: dict[str, str],
+        logdir: Path,
+        concurrency: int,
+        faults: list[str] | None = None,
+    ):
         self.kind = kind
         self.name = name
         self.env = env
         self.log = logdir / f"{name}.log"
+        self.fault_log = logdir / "faults.log"
+        self.faults = list(faults or ())
         self.concurrency = concurrency
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.started_at = 0.0
 
+    def fault_fired(self) -> str | None:
+        """The armed fault this (exited) process died of, if it did (popped), else None."""
+        if self.proc is None or self.proc.returncode != 9 or not self.faults:
+            return None
+        point = self.faults[0].split("@")[0]
+        if not self.fault_log.exists():
+            return None
+        mark = f"{point} pid={self.proc.pid} "
+        if any(line.startswith(mark) for line in self.fault_log.read_text().splitlines()):
+            return self.faults.pop(0)
+        return None
+
     def start(self) -> None:
+        env = dict(self.env, DLX_FAULT_LOG=str(self.fault_log))
+        if self.faults:
+            env["DLX_FAULT"] = self.faults[0]
+        else:
+            env.pop("DLX_FAULT", None)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 command(self.kind, self.name, self.concurrency),
                 cwd=ROOT,
-                env=self.env,
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -194,6 +237,9 @@ class Event:
     at: float
     action: str
     target: str = ""
+    #: Epoch seconds the action started and ended (a restart lasts its downtime).
+    wall: float = 0.0
+    until: float = 0.0
 
 
 @dataclass
@@ -211,6 +257,9 @@ class Monkey:
     rng: random.Random
     started: float = field(default_factory=time.monotonic)
     rabbit_limit: int = 2
+    #: Monotonic time after which the monkey only supervises (a calm tail: messages published
+    #: then meet no chaos, so the ledger check can hold them to exact run counts).
+    act_until: float = float("inf")
     redis_down: tuple[float, float] = (0.2, 2.0)
     rabbit_down: tuple[float, float] = (1.0, 5.0)
     events: list[Event] = field(default_factory=list)
@@ -235,7 +284,7 @@ class Monkey:
         next_at = time.monotonic() + self.rng.uniform(*self.gap)
         while not self._stop.wait(0.2):
             self.supervise()
-            if time.monotonic() < next_at:
+            if time.monotonic() < next_at or time.monotonic() > self.act_until:
                 continue
             action = first.pop() if first else self.rng.choice(self.actions)
             try:
@@ -248,15 +297,22 @@ class Monkey:
             next_at = time.monotonic() + self.rng.uniform(*self.gap)
 
     def supervise(self) -> None:
-        """Start again every process that is not running (killed, or died by itself)."""
+        """Start again every process that is not running (killed, a crash point, or died by
+        itself: only the last counts in ``unexpected_exits``)."""
         for proc in self.procs:
             if not proc.alive:
-                if proc.proc is not None:
+                fired = proc.fault_fired()
+                if fired is not None:
+                    self._note(f"{FAULT_PREFIX}{fired.split('@')[0]}", proc.name)
+                elif proc.proc is not None:
                     self.unexpected_exits.append(f"{proc.name} exit {proc.proc.returncode}")
                 proc.start()
 
-    def _note(self, action: str, target: str = "") -> None:
-        self.events.append(Event(round(time.monotonic() - self.started, 2), action, target))
+    def _note(self, action: str, target: str = "", wall: float | None = None) -> Event:
+        now = time.time()
+        event = Event(round(time.monotonic() - self.started, 2), action, target, wall or now, now)
+        self.events.append(event)
+        return event
 
     def _pick(self, kind: str) -> Proc | None:
         alive = [p for p in self.procs if p.kind == kind and p.alive]
@@ -284,14 +340,16 @@ class Monkey:
             self._note(action, victim.name)
         elif action == RESTART_REDIS:
             self.redis.kill()
-            self._note(action, f"port {self.redis.port}")
+            event = self._note(action, f"port {self.redis.port}")
             time.sleep(self.rng.uniform(*self.redis_down))
             self.redis.start()
+            event.until = time.time()
         elif action == RESTART_RABBITMQ:
             if self.rabbit.restarts >= self.rabbit_limit:
                 return False
-            self._note(action)
+            event = self._note(action)
             self.rabbit.restart(self.rng.uniform(*self.rabbit_down))
+            event.until = time.time()
         else:
             raise ValueError(f"unknown chaos action {action!r}")
         return True

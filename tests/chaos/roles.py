@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from tests.chaos.chaos_app import BROKER_URL, LEDGER_URL, Names
+from tests.chaos.chaos_app import BROKER_URL, LEDGER_URL, Names, record
 
 
 def drain_forever() -> None:
@@ -52,11 +52,12 @@ def consume_foreign() -> None:
         spec = json.loads(body)
         attempt = int((props.headers or {}).get(ATTEMPT_HEADER, 0))
         message_id = str(spec["id"])
-        ledger.hincrby(names.runs, message_id, 1)
+        run = ledger.hincrby(names.runs, message_id, 1)
         if attempt < int(spec["fails"]):
+            record(ledger, names, message_id, run, attempt, "failed")
             channel.basic_reject(method.delivery_tag, requeue=False)
             return
-        ledger.hincrby(names.done, message_id, 1)
+        record(ledger, names, message_id, run, attempt, "done")
         channel.basic_ack(method.delivery_tag)
 
     while True:

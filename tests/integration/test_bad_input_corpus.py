@@ -4,7 +4,10 @@ Each case is published to the dead-letter exchange as a foreign producer or cons
 it: ``x-death`` of the wrong type or shape, a missing or unknown queue, non-UTF-8 header values,
 properties and header names, huge header tables, empty and 10 MB bodies, wrong content types and
 encodings, a compression bomb, invalid and truncated protobuf, and pickle payloads carrying a
-canary that creates a file if anything ever unpickles them. Every case must end kept (buried
+canary that creates a file if anything ever unpickles them. Header tables are also written field
+type by field type as other clients write them (Go's amqp091-go ``amqp.Table`` with 64-bit ints,
+bytes, decimals and timestamps, Node's amqplib typed values, nested arrays), and two look-alike
+messages (one body, no message_id) must stay two. Every case must end kept (buried
 with a reason, or parked), the service must keep running, and every command (list, show,
 groups, parked, stats, check, replay, purge, migrate) must handle the result without a crash.
 The canary must never fire.
@@ -12,10 +15,12 @@ The canary must never fire.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import pickle
+import struct
 import threading
 import uuid
 from collections.abc import Iterator
@@ -38,6 +43,77 @@ from tests.integration.dlx_apps import make_app, queue_names, worker
 from tests.integration.helpers import wait_until
 
 MIB = 1024 * 1024
+
+
+class Field:
+    """A header value written as raw AMQP bytes (type tag + payload), as another client writes
+    it: py-amqp's own encoder never writes ``l``, ``b``, ``B``, ``s``, ``u``, ``i``, ``f``, ``x``."""
+
+    def __init__(self, tag: str, payload: bytes) -> None:
+        self.tag = tag.encode()
+        self.payload = payload
+
+
+def long(value: int) -> Field:
+    return Field("l", struct.pack(">q", value))
+
+
+@contextlib.contextmanager
+def raw_fields() -> Iterator[None]:
+    """Let py-amqp's table encoder write :class:`Field` values verbatim (publishing only)."""
+    from amqp import serialization
+
+    original = serialization._write_item
+
+    def write_item(value: Any, write: Any, bits: Any) -> None:
+        if isinstance(value, Field):
+            write(value.tag)
+            write(value.payload)
+            return
+        original(value, write, bits)
+
+    serialization._write_item = write_item
+    try:
+        yield
+    finally:
+        serialization._write_item = original
+
+
+#: Epoch milliseconds: what a Go service puts in an int64 header (``l``).
+NOW_MS = 1_763_900_000_000
+#: The body of the two look-alike messages (no message_id, one body: two messages).
+LOOK_ALIKE = b'{"event": "recount"}'
+
+
+def go_table() -> dict[str, Any]:
+    """Every field type amqp091-go writes (``amqp.Table``), RabbitMQ accepts them all."""
+    return {
+        "go-int64": long(NOW_MS),
+        "go-int64-negative": long(-(2**40)),
+        "go-int8": Field("b", b"\xff"),
+        "go-uint8": Field("B", b"\xc8"),
+        "go-int16": Field("s", struct.pack(">h", -3)),
+        "go-float32": Field("f", struct.pack(">f", 1.5)),
+        "go-decimal": Field("D", struct.pack(">Bi", 2, 12345)),
+        "go-decimal-negative": Field("D", struct.pack(">Bi", 2, -5)),
+        "go-timestamp": Field("T", struct.pack(">Q", 1_700_000_000)),
+        "go-bytes": Field("x", struct.pack(">I", 3) + b"\x00\xff\x10"),
+        "go-void": None,
+        "go-table": {"deep": {"ms": long(NOW_MS)}},
+    }
+
+
+def node_table() -> dict[str, Any]:
+    """amqplib's typed values ({'!': 'long', value}) and a number past 32 bits, as it writes them."""
+    return {
+        "node-long": long(2**53 - 1),
+        "node-unsigned-short": Field("u", struct.pack(">H", 60000)),
+        "node-unsigned-int": Field("i", struct.pack(">I", 4_000_000_000)),
+        "node-byte": Field("b", b"\x7f"),
+        "node-float": Field("f", struct.pack(">f", -0.25)),
+        "node-timestamp": Field("T", struct.pack(">Q", 0)),
+        "node-buffer": Field("x", struct.pack(">I", 0)),
+    }
 
 
 class Canary:
@@ -66,6 +142,8 @@ class Case:
     why: str = ""
     #: The id the service gives it (its message_id as text), when that is not ``name``.
     identity: str | None = None
+    #: False: published without a message_id (its obituary's id is derived, see expected_ids).
+    message_id: bool = True
 
     @property
     def id(self) -> str:
@@ -304,6 +382,61 @@ def build_cases(bury: str, park: str, canary: str, pb: Any) -> list[Case]:
             headers={"x-death": death(park)},
             reason=None,
         ),
+        Case(
+            "go-amqp-table",
+            headers={"x-death": valid, **go_table()},
+            why="amqp091-go writes int64 as l, byte as B, decimals, timestamps, bytes (x)",
+        ),
+        Case(
+            "go-amqp-table-parked",
+            headers={"x-death": death(park), **go_table()},
+            reason=None,
+            why="a park stores the table as JSON: decimals, timestamps and bytes come back typed",
+        ),
+        Case(
+            "go-int64-in-own-headers",
+            headers={
+                "x-death": valid,
+                "x-dlx-first-failure-ms": long(NOW_MS),
+                ATTEMPT_HEADER: Field("b", b"\x02"),
+                "x-dlx-requeues": Field("s", struct.pack(">h", 1)),
+            },
+            why="celery_dlx's own headers rewritten by a Go consumer: 64-bit and small int types",
+        ),
+        Case(
+            "node-typed-values",
+            headers={"x-death": valid, **node_table()},
+            why="amqplib's typed values: unsigned short and int, byte, float, zero timestamp",
+        ),
+        Case(
+            "nested-arrays",
+            headers={
+                "x-death": valid,
+                "matrix": [[[long(2**40)]], [], [{"at": long(NOW_MS), "ok": True}], [None, 1.5]],
+                "mixed": [Field("x", struct.pack(">I", 1) + b"\x01"), Field("f", b"\x00" * 4)],
+            },
+            why="arrays of arrays of tables with 64-bit ints: every level is encoded again",
+        ),
+        Case(
+            "empty-tables-and-arrays",
+            headers={"x-death": valid, "empty": {}, "none": [], "k" * 255: "a 255-byte key"},
+            why="the shortest and longest well-formed shapes (a truncated table never gets here: "
+            "RabbitMQ refuses it, see test_a_truncated_header_table_never_reaches_a_queue)",
+        ),
+        Case(
+            "look-alike-1",
+            body=LOOK_ALIKE,
+            headers={"x-death": valid},
+            message_id=False,
+            why="one body without message_id, twice: two messages, two obituaries",
+        ),
+        Case(
+            "look-alike-2",
+            body=LOOK_ALIKE,
+            headers={"x-death": valid},
+            message_id=False,
+            why="the twin of look-alike-1: it must not be acked away as a redelivery of it",
+        ),
     ]
 
 
@@ -336,8 +469,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     channel = conn.connection.channel()  # raw py-amqp: messages exactly as the cases say
     try:
         _declare(app, conn.default_channel, [bury, park])
-        for case in cases:
-            _publish(channel, app.conf.dlx_exchange, bury, case)
+        with raw_fields():
+            for case in cases:
+                _publish(channel, app.conf.dlx_exchange, bury, case)
         svc = DLXService(app, prefetch=30)
         outcome: dict[str, Any] = {}
         thread = threading.Thread(target=_run, args=(svc, outcome), daemon=True)
@@ -347,6 +481,10 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         svc.stop()
         thread.join(30)
         assert finished, f"the service did not finish: {svc.stats}"
+        # A message without message_id gets a derived identity: give each look-alike its own.
+        derived = sorted(m for m in obituaries_by_message(runtime) if m.startswith("sha1-"))
+        for case, message_id in zip((c for c in cases if not c.message_id), derived, strict=False):
+            case.identity = message_id
         yield {
             "app": app,
             "runtime": runtime,
@@ -376,7 +514,9 @@ def _declare(app: Any, channel: Any, queues: list[str]) -> None:
 
 
 def _publish(channel: Any, exchange: str, bury: str, case: Case) -> None:
-    properties = {"message_id": case.name, "delivery_mode": 2, **case.properties}
+    properties = {"delivery_mode": 2, **case.properties}
+    if case.message_id:
+        properties.setdefault("message_id", case.name)
     if case.headers is not None:
         properties["application_headers"] = case.headers
     message = amqp.Message(case.body, **properties)
@@ -441,6 +581,61 @@ def test_the_service_keeps_every_case_with_a_reason_and_never_crashes(
     dead = channel.queue_declare(corpus["app"].conf.dlx_service_queue, passive=True)
     assert dead.message_count == 0
     assert not corpus["canary"].exists(), "a pickle payload was loaded"
+
+
+def test_look_alikes_stay_two_messages(corpus: dict[str, Any]) -> None:
+    look_alikes = [c for c in corpus["cases"] if not c.message_id]
+    ids = {c.id for c in look_alikes}
+    assert len(look_alikes) == 2 and len(ids) == 2 and all(i.startswith("sha1-") for i in ids)
+    buried = obituaries_by_message(corpus["runtime"])
+    for message_id in ids:
+        (ob,) = buried[message_id]
+        assert ob.payload == LOOK_ALIKE and ob.reason.startswith("retry budget spent")
+
+
+def test_other_clients_header_types_are_kept_and_shown(corpus: dict[str, Any]) -> None:
+    """The Go and Node tables are stored as they came (py-amqp's reading) and shown."""
+    app, runtime = corpus["app"], corpus["runtime"]
+    (go,) = obituaries_by_message(runtime)["go-amqp-table"]
+    assert go.headers["go-int64"] == NOW_MS and go.headers["go-uint8"] == 200
+    assert str(go.headers["go-decimal"]) == "123.45" and go.headers["go-bytes"] == b"\x00\xff\x10"
+    assert go.headers["go-table"] == {"deep": {"ms": NOW_MS}}
+    (own,) = obituaries_by_message(runtime)["go-int64-in-own-headers"]
+    assert own.first_failure_ms == NOW_MS and own.attempt == 3
+    parked = {m.message_id: m for m in runtime.store.peek(limit=100)}["go-amqp-table-parked"]
+    assert str(parked.headers["go-decimal"]) == "123.45"
+    assert parked.headers["go-bytes"] == b"\x00\xff\x10"
+    for name in ("go-amqp-table", "node-typed-values", "nested-arrays"):
+        shown = run(app, "show", name, "--json")
+        assert shown.exit_code == 0, (name, shown.output)
+        assert json.loads(shown.stdout)["headers"], name
+
+
+def test_a_truncated_header_table_never_reaches_a_queue(corpus: dict[str, Any]) -> None:
+    """Why the corpus has no truncated table: RabbitMQ parses every header table on publish and
+    closes the connection (541 INTERNAL_ERROR) on one cut mid-item, or on a type tag it does not
+    know, so no consumer and no DLX service ever receives one."""
+    inner = struct.pack(">B", 2) + b"ab" + b"I" + struct.pack(">i", 7)
+    shapes = {
+        "cut-mid-item": Field("F", struct.pack(">I", 6) + inner),
+        "unknown-tag": Field("Z", b""),
+    }
+    for value in shapes.values():
+        conn = amqp.Connection("127.0.0.1:5672", userid="guest", password="guest")
+        conn.connect()
+        try:
+            channel = conn.channel()
+            channel.confirm_select()
+            with raw_fields(), pytest.raises(amqp.exceptions.AMQPError):
+                channel.basic_publish(
+                    amqp.Message(b"x", application_headers={"h": value}),
+                    exchange="",
+                    routing_key=corpus["bury"],
+                )
+                conn.drain_events(timeout=5)
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 def test_show_renders_every_obituary_without_loading_pickle(corpus: dict[str, Any]) -> None:
@@ -526,11 +721,16 @@ def test_migrate_moves_bad_messages_intact(corpus: dict[str, Any]) -> None:
     bodies = {c.id: c.body for c in corpus["cases"]}
     arrived = {}
     channel.auto_decode = False
+    anonymous = []
     while (msg := channel.basic_get(f"{corpus['bury']}-moved", no_ack=True)) is not None:
         body = msg.body.encode() if isinstance(msg.body, str) else msg.body
+        if "message_id" not in msg.properties:  # the look-alikes
+            anonymous.append(body)
+            continue
         arrived[msg.properties["message_id"]] = body
-    assert len(arrived) == before and "json-utf8-well-formed" in arrived
+    assert len(arrived) + len(anonymous) == before and "json-utf8-well-formed" in arrived
     assert all(body == bodies[mid] for mid, body in arrived.items())
+    assert anonymous == [LOOK_ALIKE, LOOK_ALIKE]
     assert not corpus["canary"].exists()
 
 

@@ -427,17 +427,26 @@ def test_malformed_reason_is_truncated_in_the_message() -> None:
 
 # --- message_identity ------------------------------------------------------------------------
 
+#: The body digest of b"body" with no properties: what a message without a provable id gets.
+DIGEST = "sha1-" + __import__("hashlib").sha1(b"body").hexdigest()
+
 
 @pytest.mark.parametrize(
     ("properties", "headers", "expected"),
     [
-        ({"message_id": "m", "correlation_id": "c"}, {"id": "t"}, "m"),
-        ({"correlation_id": "c"}, {"id": "t"}, "t"),
-        ({"correlation_id": "c"}, {}, "c"),
-        ({"message_id": "", "correlation_id": "c"}, {"id": ""}, "c"),
+        ({"message_id": "m", "correlation_id": "c"}, {"id": "t", "task": "a"}, "m"),
+        ({"correlation_id": "c"}, {"id": "t", "task": "a"}, "t"),
         ({"message_id": b"m-bytes"}, None, "m-bytes"),
-        ({"message_id": 12}, {"id": "t"}, "t"),
-        (None, {"id": b"t-bytes"}, "t-bytes"),
+        ({"message_id": 12}, {"id": "t", "task": "a"}, "t"),
+        (None, {"id": b"t-bytes", "task": b"a"}, "t-bytes"),
+        ({}, {"x-dlx-id": "sha1-ab~cd"}, "sha1-ab~cd"),
+        ({"message_id": "m"}, {"x-dlx-id": "sha1-ab~cd"}, "m"),
+        # Shared by many messages by design (issue 12): never an identity.
+        ({"correlation_id": "c"}, {}, DIGEST),
+        ({"message_id": "", "correlation_id": "c"}, {"id": ""}, DIGEST),
+        # A foreign "id" header is often an entity id: only Celery's (beside "task") counts.
+        ({}, {"id": "user-42"}, DIGEST),
+        ({"message_id": 12}, {"id": "t"}, DIGEST),
     ],
 )
 def test_message_identity_precedence(

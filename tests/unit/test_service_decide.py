@@ -94,13 +94,81 @@ def test_newest_x_death_names_the_queue() -> None:
     assert (dl.queue, dl.death_reason) == ("work", "rejected")
 
 
-def test_missing_message_id_gets_a_stable_derived_id() -> None:
+def test_look_alikes_without_message_id_never_share_an_identity_or_key() -> None:
+    """Two messages with one body and no message_id are two messages (issue 12)."""
     a = letter(props={}, body=b"payload")
     b = letter(props={}, body=b"payload")
-    c = letter(props={}, body=b"other")
-    assert a.identity == b.identity and a.identity.startswith("sha1-")
-    assert a.identity != c.identity
-    assert a.key == b.key != c.key
+    digest = a.identity.split("~")[0]
+    assert a.identity.startswith("sha1-") and b.identity.startswith(digest + "~")
+    assert a.identity != b.identity and a.key != b.key
+    assert not a.provable and not b.provable
+
+
+def test_a_look_alike_keeps_its_key_on_the_same_delivery_only() -> None:
+    """A settle retried on the same delivery gives the same key (no second fate); a delivery
+    with another name, a redelivery after a crash included, gets another."""
+    headers = {"x-death": [death()]}
+
+    def read(delivery: str, redelivered: bool = False) -> Any:
+        return read_dead_letter(
+            b"payload",
+            headers,
+            {},
+            routing_key="billing",
+            redelivered=redelivered,
+            delivery=delivery,
+        )
+
+    assert read("chan-1:7").key == read("chan-1:7").key
+    assert read("chan-1:7").identity == read("chan-1:7").identity
+    assert read("chan-1:7").key != read("chan-1:8").key
+    assert read("chan-1:7").key != read("chan-2:7", redelivered=True).key
+
+
+def test_a_look_alike_copy_is_stamped_and_its_next_death_is_provable() -> None:
+    first = letter({"x-death": [death()]}, props={}, body=b"payload")
+    verdict = decide_letter(first, config(), None, NOW)
+    assert isinstance(verdict, ParkVerdict)
+    copy = first.copy_headers(verdict.state)
+    assert copy["x-dlx-id"] == first.identity
+    second = letter({**copy, "x-death": [death()]}, props={}, body=b"payload")
+    again = letter({**copy, "x-death": [death()]}, props={}, body=b"payload")
+    assert second.provable and second.identity == first.identity
+    assert second.key == again.key != first.key  # a redelivery of it is recognised
+
+
+def test_a_provable_message_is_not_stamped() -> None:
+    first = letter()
+    verdict = decide_letter(first, config(), None, NOW)
+    assert isinstance(verdict, ParkVerdict)
+    assert "x-dlx-id" not in first.copy_headers(verdict.state)
+
+
+def test_a_provable_message_has_one_obituary_id_whatever_its_death() -> None:
+    """Two copies of one message a crash left behind die with different histories: one id."""
+    a = letter({"x-death": [death()], **state_headers(DLXState(attempt=4, parks=2))})
+    b = letter(
+        {
+            "x-death": [death()],
+            **state_headers(DLXState(attempt=4, parks=2, history=(HistoryEntry(7, "parked"),))),
+        }
+    )
+    assert a.key != b.key and a.burial_key == b.burial_key
+    other_queue = letter({"x-death": [death("audit")]})
+    replayed = letter({"x-death": [death()], REPLAYED_HEADER: "ob-1"})
+    assert len({a.burial_key, other_queue.burial_key, replayed.burial_key}) == 3
+    look_alike = letter(props={}, body=b"payload")
+    assert look_alike.burial_key == look_alike.key  # no provable identity: per delivery
+    # the same id published again later is another lineage: its own obituary
+    first = letter({"x-death": [death()], **state_headers(DLXState(attempt=2, first_failure_ms=5))})
+    again = letter({"x-death": [death()], **state_headers(DLXState(attempt=2, first_failure_ms=9))})
+    assert first.burial_key != again.burial_key
+
+
+def test_a_correlation_id_is_not_an_identity() -> None:
+    a = letter(props={"correlation_id": "request-1"}, body=b"reply")
+    b = letter(props={"correlation_id": "request-1"}, body=b"reply")
+    assert not a.provable and a.key != b.key
 
 
 def test_celery_task_id_and_name_come_from_headers() -> None:
@@ -329,7 +397,7 @@ def test_cause_record_buries_with_the_workers_facts_even_with_budget_left() -> N
         "celery",
     )
     assert (ob.id, ob.message_id, ob.task, ob.code_version) == (
-        dl.key,
+        dl.burial_key,
         "t-1",
         "proj.tasks.charge",
         "v1",
