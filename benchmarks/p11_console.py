@@ -103,7 +103,7 @@ def main() -> None:
     from celery import Celery
 
     import celery_dlx
-    from celery_dlx.service.loop import buried_event
+    from celery_dlx.service.settle import buried_event
     from celery_dlx.store.graveyard import Filters, Graveyard
     from celery_dlx.web.console import WebSettings
     from celery_dlx.web.server import Background

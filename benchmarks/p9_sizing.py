@@ -30,7 +30,7 @@ from celery_dlx.message.headers import DLXState, clean_headers
 from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Attempt, Obituary
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.service.loop import buried_event
+from celery_dlx.service.settle import buried_event
 from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.store.history import History
 from celery_dlx.store.parking import ParkingStore

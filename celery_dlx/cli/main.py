@@ -118,7 +118,7 @@ def service(
     as_json: bool,
 ) -> None:
     """Run the DLX service: park, requeue or bury every dead letter (stops on SIGTERM/SIGINT)."""
-    from celery_dlx.service.loop import run_service
+    from celery_dlx.service.runner import run_service
 
     setup_logging(loglevel)
     try:

@@ -26,7 +26,8 @@ from celery_dlx.message.obituary import Attempt, Obituary
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.render import iso
-from celery_dlx.service.loop import buried_event, run_service
+from celery_dlx.service.runner import run_service
+from celery_dlx.service.settle import buried_event
 from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.worker.runtime import get_runtime
 from tests.conftest import REDIS_URL, ROOT

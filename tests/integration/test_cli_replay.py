@@ -21,7 +21,7 @@ from celery_dlx.fates import RECOVERED, REPLAYED, now_ms
 from celery_dlx.message.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEADER
 from celery_dlx.message.obituary import ORIGIN_FOREIGN, Attempt, Obituary
 from celery_dlx.ops import obituaries
-from celery_dlx.service.loop import buried_event
+from celery_dlx.service.settle import buried_event
 from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.worker.runtime import Runtime, get_runtime
 from tests.integration.cli_helpers import run_json

@@ -17,7 +17,7 @@ from celery_dlx.message.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEAD
 from celery_dlx.message.obituary import Attempt, Obituary, payload_from_json_safe
 from celery_dlx.ops import obituaries, purge
 from celery_dlx.ops import replay as replaying
-from celery_dlx.service.loop import buried_event
+from celery_dlx.service.settle import buried_event
 from celery_dlx.store import graveyard
 from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.worker.runtime import Runtime, get_runtime

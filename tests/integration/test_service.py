@@ -641,7 +641,7 @@ def test_the_service_moves_obituaries_past_retention_to_the_history(
 ) -> None:
     from celery_dlx.fates import ARCHIVED
     from celery_dlx.message.obituary import Obituary
-    from celery_dlx.service.loop import buried_event
+    from celery_dlx.service.settle import buried_event
     from celery_dlx.store.graveyard import Graveyard
 
     app = make_app(uid, dlx_graveyard_retention=3600)

@@ -12,7 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.errors import ConfigurationError, PublishError, TopologyError
-from celery_dlx.service import loop
+from celery_dlx.service import outage
 from celery_dlx.worker import drain
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_dlx"
@@ -45,8 +45,8 @@ def test_which_errors_are_broker_errors(error: BaseException, is_broker_error: b
 
 
 def test_the_service_retries_broker_and_redis_errors_alike() -> None:
-    assert set(BROKER_ERRORS) <= set(loop.TRANSIENT_ERRORS)
-    assert drain.BROKER_ERRORS is BROKER_ERRORS and loop.BROKER_ERRORS is BROKER_ERRORS
+    assert set(BROKER_ERRORS) <= set(outage.TRANSIENT_ERRORS)
+    assert drain.BROKER_ERRORS is BROKER_ERRORS and outage.BROKER_ERRORS is BROKER_ERRORS
 
 
 def test_no_other_module_defines_a_broker_error_tuple() -> None:

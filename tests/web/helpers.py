@@ -17,7 +17,7 @@ from kombu.serialization import dumps
 
 from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Attempt, Obituary
-from celery_dlx.service.loop import buried_event
+from celery_dlx.service.settle import buried_event
 from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.worker.runtime import Runtime
 

@@ -1,0 +1,94 @@
+"""Running the DLX service: in this process, or in several forked ones sharing the queue."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from celery_dlx.errors import DLXError
+from celery_dlx.service.loop import DLXService
+from celery_dlx.service.stats import ServiceStats
+
+logger = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
+
+
+def run_service(
+    app: Celery,
+    *,
+    prefetch: int | None = None,
+    idle_timeout: float | None = None,
+    processes: int = 1,
+    install_signals: bool = True,
+    on_start: Callable[[DLXService], None] | None = None,
+) -> ServiceStats:
+    """Run the DLX service until SIGTERM/SIGINT (or ``idle_timeout``), in ``processes`` processes.
+
+    One process runs in this thread. More are forked children (one Python process handles a few
+    thousand dead letters a second; instances share the queue and dedup each other's
+    redeliveries); the parent forwards the signal and returns their summed counts. A signal lets
+    every process finish and ack the batches in hand.
+
+    Raises:
+        DLXError: ``processes`` above 1 where ``fork`` is unavailable, or below 1.
+    """
+    if processes < 1:
+        raise DLXError(f"the DLX service needs at least one process (--processes), got {processes}")
+    if processes > 1:
+        return _run_processes(app, processes, prefetch=prefetch, idle_timeout=idle_timeout)
+    service = DLXService(app, prefetch=prefetch)
+    if install_signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: service.stop())
+    if on_start is not None:
+        on_start(service)
+    stats = service.run(idle_timeout=idle_timeout)
+    logger.info("DLX service stopped: %s", stats.as_dict())
+    return stats
+
+
+def _child(app: Celery, prefetch: int | None, idle_timeout: float | None, out: Any) -> None:
+    stats = run_service(app, prefetch=prefetch, idle_timeout=idle_timeout)
+    out.put(stats.as_dict())
+
+
+def _run_processes(
+    app: Celery, processes: int, *, prefetch: int | None, idle_timeout: float | None
+) -> ServiceStats:
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise DLXError("--processes above 1 needs fork; run several `celery dlx service` instead")
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    children = [
+        ctx.Process(target=_child, args=(app, prefetch, idle_timeout, out), daemon=False)
+        for _ in range(processes)
+    ]
+    for child in children:
+        child.start()
+
+    def forward(signum: int, _: Any) -> None:
+        for child in children:
+            if child.pid is not None and child.is_alive():
+                os.kill(child.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    total = ServiceStats(processes=0)
+    try:
+        for child in children:
+            child.join()
+        while not out.empty():
+            total.add(**out.get())
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    failed = [c.exitcode for c in children if c.exitcode != 0]
+    if failed:
+        raise DLXError(f"DLX service processes failed (exit codes {failed}); see their logs")
+    return total

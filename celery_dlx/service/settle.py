@@ -1,0 +1,419 @@
+"""Settling a batch of dead letters: read, look up, decide, write; the ack is the caller's.
+
+Each batch is read (:mod:`celery_dlx.policy.deadletter`, pure), looked up in Redis in one round
+trip (already handled? the worker's cause record?), decided, then written: requeued copies
+published with confirms, parked retries stored, obituaries written with their history entries.
+A redelivered dead letter is recognised by its key (queue, message id, attempt, history) and
+given no second fate, but only when its message id is provable (``message_id``, Celery's task
+id, or the ``x-dlx-id`` celery_dlx stamps on copies): look-alike messages without one are never
+merged.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import uuid
+import weakref
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import amqp
+from celery import Celery
+from kombu import Connection
+
+from celery_dlx import faults
+from celery_dlx.broker.publish import ConfirmingPublisher
+from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
+from celery_dlx.message.cause import CauseRecord
+from celery_dlx.message.headers import read_state
+from celery_dlx.message.names import HISTORY_HEADER
+from celery_dlx.message.obituary import Obituary, send_to_hook
+from celery_dlx.message.outgoing import Outgoing, copy_properties
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.policy.deadletter import (
+    BuryVerdict,
+    DeadLetter,
+    ParkVerdict,
+    RequeueVerdict,
+    Verdict,
+    build_obituary,
+    bury_verdict,
+    decide_letter,
+    read_dead_letter,
+)
+from celery_dlx.service.stats import ServiceStats
+from celery_dlx.store.graveyard import Graveyard
+from celery_dlx.store.parking import ParkingStore, mget_many
+from celery_dlx.worker.runtime import Runtime, get_runtime
+
+logger = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
+
+#: How long a handled dead letter's key is remembered, to ack a redelivery without a second fate.
+SEEN_TTL_MS = 24 * 3600 * 1000
+
+
+# Set every key of KEYS with a time to live of ARGV[1] ms: the batch's "handled" markers.
+_MARK_SEEN = """
+for _, key in ipairs(KEYS) do redis.call('SET', key, '1', 'PX', ARGV[1]) end
+return #KEYS
+"""
+
+
+@dataclass
+class _Work:
+    """One dead letter in a batch, from delivery to ack."""
+
+    message: amqp.Message
+    letter: DeadLetter
+    verdict: Verdict | None = None
+    record: CauseRecord | None = None
+    duplicate: bool = False
+
+
+def buried_event(ob: Obituary) -> FateEvent:
+    """The one ``buried`` fate event of an obituary (history, log with traceback, listeners)."""
+    return ob.fate_event(
+        BURIED,
+        ob.buried_ms,
+        traceback=ob.traceback,
+        extra={
+            "obituary_id": ob.id,
+            "obituary_summary": ob.summary(),
+            "history": [[a.at_ms, a.fate, a.cause] for a in ob.attempts],
+            "payload": ob.payload,
+            "content_type": ob.content_type,
+            "content_encoding": ob.content_encoding,
+            "source": "dlx-service",
+        },
+    )
+
+
+def _retry_event(work: _Work, now: int) -> FateEvent:
+    verdict = work.verdict
+    assert isinstance(verdict, (ParkVerdict, RequeueVerdict))
+    letter = work.letter
+    parked = isinstance(verdict, ParkVerdict)
+    return FateEvent(
+        fate=PARKED if parked else REQUEUED,
+        queue=letter.queue,
+        message_id=letter.identity,
+        attempt=verdict.state.attempt,
+        task=letter.task,
+        cause=verdict.cause,
+        exc_type=verdict.exc_type,
+        exc_message=verdict.exc_message,
+        reason=verdict.reason,
+        delay=verdict.delay if isinstance(verdict, ParkVerdict) else None,
+        importance=verdict.importance,
+        first_failure_ms=verdict.state.first_failure_ms,
+        at_ms=now,
+        extra={
+            "source": "dlx-service",
+            "death_reason": letter.death_reason,
+            "counted": verdict.counted if isinstance(verdict, ParkVerdict) else True,
+        },
+    )
+
+
+def _body_bytes(body: str, encoding: Any) -> bytes:
+    """The bytes of a body a transport decoded to text (py-amqp also leaves an empty body as "").
+
+    The property may be absent (py-amqp then raises on attribute access) or name no codec.
+    """
+    try:
+        return body.encode(str(encoding or "utf-8"), errors="surrogateescape")
+    except LookupError:
+        return body.encode("utf-8", errors="surrogateescape")
+
+
+def ack_all(messages: Sequence[Any]) -> None:
+    """Ack a batch with one ``basic.ack(multiple)`` per channel (a batch holds every delivery
+    received before it, so nothing outside it is acked)."""
+    last: dict[Any, int] = {}
+    for m in messages:
+        last[m.channel] = max(last.get(m.channel, 0), int(m.delivery_tag))
+    for channel, tag in last.items():
+        channel.basic_ack(tag, multiple=True)
+
+
+class BatchSettler:
+    """Gives each dead letter of a batch its fate: requeue, park or bury, and everything but the ack.
+
+    Args:
+        app: the Celery app (its ``dlx_*`` settings and broker are used).
+        hostname: written into obituaries of foreign messages (default: this host).
+        runtime: the app's runtime (default ``get_runtime(app)``).
+    """
+
+    def __init__(
+        self, app: Celery, *, hostname: str | None = None, runtime: Runtime | None = None
+    ) -> None:
+        self.app = app
+        self.runtime = runtime or get_runtime(app)
+        self.config = self.runtime.config
+        self.hostname = hostname or socket.gethostname()
+        self.stats = ServiceStats()
+        self._local = threading.local()  # each settling thread has its own publisher
+        self._publishers: list[tuple[ConfirmingPublisher, Connection]] = []
+        self._publishers_lock = threading.Lock()
+        # One random name per channel: with a delivery tag it names one delivery for good.
+        self._channel_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    def handle(self, messages: Sequence[amqp.Message]) -> None:
+        """Give every dead letter of ``messages`` (kombu messages) its fate, then ack them.
+
+        Raises:
+            redis.RedisError, PublishError, OSError...: a write failed; nothing was acked.
+        """
+        self.settle(messages)
+        ack_all(messages)
+
+    def settle(self, messages: Sequence[amqp.Message]) -> None:
+        """Give every dead letter of ``messages`` its fate (everything but the ack).
+
+        Idempotent: run again on the same messages after a failure, it gives no second fate.
+        Touches no broker channel of the messages, so it may run on another thread.
+
+        Raises:
+            redis.RedisError, PublishError, OSError...: a write failed; ack none of them.
+        """
+        now = now_ms()
+        works = [_Work(m, self._read(m)) for m in messages]
+        self._lookup(works)
+        live = [w for w in works if not w.duplicate]
+        for w in live:
+            w.verdict = self._decide(w, now)
+        requeues = [w for w in live if isinstance(w.verdict, RequeueVerdict)]
+        self._requeue(requeues, now)
+        if requeues:
+            faults.point("service.published")
+        self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
+        retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
+        self.runtime.record_many(retried)
+        burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
+        if burials:
+            faults.point("service.buried")
+        # The buried entries went to the history with the obituaries, atomically.
+        self.runtime.record_many([event for _, event in burials], history=False)
+        for ob, _ in burials:
+            send_to_hook(self.app, self.config.obituary_task, ob)
+        self._mark_seen(live)
+        self._count(live, len(works) - len(live))
+
+    def _count(self, live: list[_Work], duplicates: int) -> None:
+        kinds = Counter(type(w.verdict) for w in live)
+        unproven = sum(1 for w in live if w.letter.redelivered and not w.letter.provable)
+        if unproven:
+            logger.warning(
+                "DLX service: %d redelivered dead letter(s) without a message_id given a fate "
+                "again (a look-alike may have been handled before: both are kept)",
+                unproven,
+            )
+        self.stats.add(
+            received=len(live) + duplicates,
+            batches=1,
+            duplicates=duplicates,
+            unproven_redeliveries=unproven,
+            buried=kinds[BuryVerdict],
+            parked=kinds[ParkVerdict],
+            requeued=kinds[RequeueVerdict],
+        )
+        if duplicates:
+            logger.info(
+                "DLX service acked %d redelivered dead letter(s) handled before", duplicates
+            )
+
+    def _read(self, message: amqp.Message) -> DeadLetter:
+        info = message.delivery_info or {}
+        body = message.body
+        if isinstance(body, str):
+            body = _body_bytes(body, (message.properties or {}).get("content_encoding"))
+        return read_dead_letter(
+            body,
+            message.headers,
+            message.properties,
+            exchange=str(info.get("exchange") or ""),
+            routing_key=str(info.get("routing_key") or ""),
+            redelivered=bool(info.get("redelivered")),
+            delivery=self._delivery_name(message, info),
+        )
+
+    def _delivery_name(self, message: Any, info: Any) -> str:
+        """A name of this delivery no other delivery has: its channel's random name and tag.
+
+        The same on a settle retried in this process (no second fate), new on a redelivery
+        after a crash (the redelivered flag cannot tell a look-alike from a redelivery).
+        """
+        tag = info.get("delivery_tag") or getattr(message, "delivery_tag", None)
+        try:
+            name = self._channel_names.setdefault(message.channel, uuid.uuid4().hex)
+        except TypeError:  # no channel, or one that takes no weak reference
+            return uuid.uuid4().hex
+        return f"{name}:{tag}" if tag is not None else uuid.uuid4().hex
+
+    def _seen_key(self, letter: DeadLetter) -> str:
+        return self.runtime.keys.seen(letter.key)
+
+    def _lookup(self, works: list[_Work]) -> None:
+        """Which letters were handled before, and the worker's cause records: two MGETs."""
+        seen, records = mget_many(
+            self.runtime.redis,
+            [self._seen_key(w.letter) for w in works],
+            [self.runtime.keys.cause(w.letter.identity) for w in works],
+        )
+        for w, marker, record in zip(works, seen, records, strict=True):
+            w.duplicate = marker is not None
+            w.record = CauseRecord.from_json(record)
+
+    def _decide(self, work: _Work, now: int) -> Verdict:
+        try:
+            return decide_letter(work.letter, self.config, work.record, now)
+        except Exception as exc:  # a letter nobody foresaw is buried with the reason, never lost
+            logger.exception("DLX service could not decide dead letter %s", work.letter.identity)
+            why = f"undecodable: {type(exc).__name__}: {exc}"
+            return bury_verdict(work.letter, self.config, why, now, failed=False)
+
+    @property
+    def publisher(self) -> ConfirmingPublisher:
+        """This thread's confirm-mode publisher, on its own connection."""
+        found: ConfirmingPublisher | None = getattr(self._local, "publisher", None)
+        if found is None:
+            conn = self.app.connection_for_write()
+            found = ConfirmingPublisher(conn)
+            self._local.publisher = found
+            with self._publishers_lock:
+                self._publishers.append((found, conn))
+        return found
+
+    def _close_publisher(self, *, every: bool = False) -> None:
+        """Close this thread's publisher (after an error), or every thread's (at the end)."""
+        with self._publishers_lock:
+            mine = getattr(self._local, "publisher", None)
+            closing = [p for p in self._publishers if every or p[0] is mine]
+            self._publishers = [p for p in self._publishers if p not in closing]
+        self._local.publisher = None
+        for publisher, conn in closing:
+            publisher.close()
+            try:
+                conn.release()
+            except Exception:  # a dead connection may fail to close
+                logger.debug("releasing a DLX service publisher connection failed", exc_info=True)
+
+    def _requeue(self, works: list[_Work], now: int) -> None:
+        if not works:
+            return
+        copies = []
+        for w in works:
+            assert isinstance(w.verdict, RequeueVerdict)
+            copies.append(
+                Outgoing(
+                    body=w.letter.body,
+                    routing_key=w.letter.queue,
+                    exchange="",
+                    headers=w.letter.copy_headers(w.verdict.state),
+                    properties=copy_properties(w.letter.properties),
+                )
+            )
+        for w, ok in zip(works, self.publisher.publish_many(copies), strict=True):
+            if not ok:
+                why = f"requeue to {w.letter.queue!r} refused by the broker (queue missing?)"
+                w.verdict = bury_verdict(w.letter, self.config, why, now, failed=True)
+
+    def _park(self, works: list[_Work], now: int) -> None:
+        if not works:
+            return
+        entries = []
+        for w in works:
+            verdict = w.verdict
+            assert isinstance(verdict, ParkVerdict)
+            letter = w.letter
+            entries.append(
+                ParkedMessage(
+                    message_id=letter.identity,
+                    attempt=verdict.state.attempt,
+                    queue=letter.queue,
+                    body=letter.body,
+                    headers=letter.copy_headers(verdict.state),
+                    properties=copy_properties(letter.properties),
+                    due_ms=now + int(verdict.delay * 1000),
+                    parked_ms=now,
+                    task=letter.task,
+                    cause=verdict.cause,
+                )
+            )
+        if self.runtime.broker_delays:
+            self._park_in_ladder(entries)
+            return
+        store = ParkingStore(self.runtime.redis, self.runtime.keys)
+        for w, entry, stored in zip(works, entries, store.park_many(entries), strict=True):
+            if not stored:
+                self._park_taken(store, entry, w.letter, now)
+
+    def _park_in_ladder(self, entries: list[ParkedMessage]) -> None:
+        """``dlx_delay_backend = "ttl"``: publish the retries to their delay queues (confirmed).
+
+        No entry id to dedup against: a batch settled twice (a crash before its ack) parks its
+        retries twice, the at-least-once the seen markers otherwise narrow.
+        """
+        self.runtime.ladder.park_many(self.publisher, entries)
+
+    def _park_taken(
+        self, store: ParkingStore, parked: ParkedMessage, letter: DeadLetter, now: int
+    ) -> None:
+        """Park, idempotently, a letter whose entry id was taken; maybe under a more specific id.
+
+        The store's entry id is message id + attempt. It may already be held by this very dead
+        letter (a redelivery after a crash: done), by the same message dead in another queue (a
+        fanout copy), or by the entry this letter was drained from, not yet deleted (an expired
+        message keeps its attempt). The last two must not swallow this letter.
+        """
+        if self._parked_by_this_letter(parked.entry_id, letter):
+            return
+        base = parked.message_id
+        for candidate in (f"{base}@{letter.queue}", f"{base}@{letter.queue}~{now}"):
+            parked.message_id = candidate
+            if store.park(parked) or self._parked_by_this_letter(parked.entry_id, letter):
+                return
+        raise RuntimeError(f"parking {parked.entry_id} failed: every entry id is taken")
+
+    def _parked_by_this_letter(self, entry_id: str, letter: DeadLetter) -> bool:
+        raw = self.runtime.redis.hget(self.runtime.keys.parked_meta, entry_id)
+        if raw is None:
+            return False  # the entry left meanwhile (drained): park under the next id
+        try:
+            existing = ParkedMessage.from_stored(raw, b"")
+            history = read_state({HISTORY_HEADER: existing.headers.get(HISTORY_HEADER)}).history
+        except Exception:  # an unreadable entry is not ours
+            return False
+        # The entry this letter was drained from carries exactly the letter's history.
+        return existing.queue == letter.queue and history != letter.state.history
+
+    def _bury(self, works: list[_Work], now: int) -> list[tuple[Obituary, FateEvent]]:
+        items = []
+        for w in works:
+            verdict = w.verdict
+            assert isinstance(verdict, BuryVerdict)
+            ob = build_obituary(
+                w.letter,
+                verdict,
+                buried_ms=now,
+                code_version=self.config.code_version,
+                hostname=self.hostname,
+            )
+            items.append((ob, buried_event(ob)))
+        written = Graveyard(self.runtime.redis, self.runtime.keys).write_many(items)
+        # An obituary already there (a redelivery, or a second copy of the message a crash left
+        # behind) is neither written nor announced again.
+        return [item for item, new in zip(items, written, strict=True) if new]
+
+    def _mark_seen(self, works: list[_Work]) -> None:
+        if works:
+            script = self.runtime.redis.register_script(_MARK_SEEN)
+            script(keys=[self._seen_key(w.letter) for w in works], args=[SEEN_TTL_MS])
