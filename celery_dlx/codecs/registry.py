@@ -224,7 +224,7 @@ def registry_from_config(config: Any) -> ProtobufRegistry:
     """The registry described by ``dlx_protobuf_descriptor_sets`` and ``dlx_protobuf_modules``.
 
     Args:
-        config: a :class:`~celery_dlx.policy.settings.DLXConfig`, or a mapping of those two settings.
+        config: a :class:`~celery_dlx.policy.config.DLXConfig`, or a mapping of those two settings.
 
     Raises:
         ConfigurationError: a descriptor set or module cannot be loaded, or protobuf is missing

@@ -26,7 +26,7 @@ from celery import Celery
 from celery_dlx.broker.management import Management, ManagementError, dead_letter_exchange_of
 from celery_dlx.fates import now_ms
 from celery_dlx.message.names import Keys
-from celery_dlx.policy.settings import DLXConfig
+from celery_dlx.policy.config import DLXConfig
 from celery_dlx.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)

@@ -39,8 +39,8 @@ from celery_dlx.message.names import (
     REPLAYED_HEADER,
 )
 from celery_dlx.message.obituary import ORIGIN_CELERY, ORIGIN_FOREIGN, Attempt, Obituary
+from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.decide import ToBury, ToPark, ToRequeue, decide
-from celery_dlx.policy.settings import DLXConfig
 
 #: ``death_reason`` of a message a worker buried by publishing a clean copy (no ``x-death``).
 PUBLISHED = "published"

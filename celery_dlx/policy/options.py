@@ -7,8 +7,9 @@ from types import FunctionType
 from typing import Any
 
 from celery_dlx.errors import ConfigurationError
+from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.decide import Policy, parse_backoff, parse_matchers
-from celery_dlx.policy.settings import IMPORTANCES, DLXConfig
+from celery_dlx.policy.settings import IMPORTANCES
 
 #: Options a task may set; each falls back to the ``dlx_*`` setting of the same name.
 TASK_OPTIONS = (

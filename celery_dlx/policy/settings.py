@@ -1,21 +1,19 @@
-"""Every ``dlx_*`` setting, its default and validation, read from ``app.conf`` in one place.
+"""Every ``dlx_*`` setting: its default, its validation and what it means (:data:`SETTINGS`).
 
-Settings are read under their lower-case name (``dlx_enabled``), upper-case (``DLX_ENABLED``) and,
-for Django projects using ``config_from_object(..., namespace="CELERY")``, as ``CELERY_DLX_ENABLED``.
+:mod:`celery_dlx.policy.config` reads them from ``app.conf`` into a typed :class:`DLXConfig`;
+``docs/gen_config.py`` writes the configuration reference from this table.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_KEY_PREFIX, DEFAULT_SERVICE_QUEUE
 from celery_dlx.policy import durations
-from celery_dlx.policy.decide import Backoff, Policy, parse_backoff
+from celery_dlx.policy.decide import Backoff, parse_backoff
 
 #: Task importances: ``page`` wakes someone, ``notify`` tells them later, ``ignore`` sends nothing.
 IMPORTANCES = ("page", "notify", "ignore")
@@ -392,169 +390,4 @@ def sentry_missing(explicit: Iterable[str], why: str) -> str:
     return (
         f"{named} set but sentry-sdk cannot be imported ({why}): "
         "`pip install celery-dlx[sentry]`, or set dlx_sentry = False"
-    )
-
-
-def _check_extras(values: Mapping[str, Any], explicit: frozenset[str]) -> None:
-    """An integration the settings ask for must be installed; a default one may be absent."""
-    asked = values["dlx_sentry"] and explicit & SENTRY_SETTINGS
-    if asked and importlib.util.find_spec("sentry_sdk") is None:
-        raise ConfigurationError(sentry_missing(explicit, "no module named 'sentry_sdk'"))
-
-
-def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[bool, object]:
-    candidates = [name, name.upper()]
-    if namespace:
-        candidates.append(f"{namespace}_{name.upper()}")
-    for key in candidates:
-        try:
-            if key in conf:
-                return True, conf[key]
-        except Exception:  # some conf objects raise on odd keys
-            continue
-    return False, None
-
-
-def unknown_settings(conf: Mapping[str, Any], namespace: str | None = None) -> list[str]:
-    """Keys in ``conf`` that look like celery_dlx settings but are not."""
-    out = []
-    prefixes = ["dlx_", "DLX_"] + ([f"{namespace}_DLX_"] if namespace else [])
-    for key in list(conf.keys()):
-        if not isinstance(key, str):
-            continue
-        for prefix in prefixes:
-            if key.startswith(prefix):
-                name = "dlx_" + key[len(prefix) :].lower()
-                if name not in SETTINGS:
-                    out.append(key)
-    return sorted(set(out))
-
-
-#: DLXConfig's field of a setting when it is not the setting's name without ``dlx_``.
-_FIELD_OF = {"dlx_code_version": "code_version_setting", "dlx_importance": "default_importance"}
-
-
-def field_name(setting: str) -> str:
-    """The :class:`DLXConfig` attribute holding ``setting`` (``dlx_max_parks`` -> ``max_parks``)."""
-    return _FIELD_OF.get(setting, setting.removeprefix("dlx_"))
-
-
-@dataclass(frozen=True, kw_only=True)
-class DLXConfig:
-    """Validated celery_dlx settings of one app: one typed attribute per ``dlx_*`` setting.
-
-    Built by :func:`load_config`, which validates every value with its :data:`SETTINGS` entry;
-    ``config["dlx_max_parks"]`` and :attr:`values` read by setting name.
-    """
-
-    enabled: bool
-    redis_url: str
-    key_prefix: str
-    max_requeues: int
-    max_parks: int
-    backoff: Backoff
-    drain_interval: float
-    drain_batch: int
-    drain_lease: float
-    #: ``dlx_importance``; :meth:`importance` refines it per queue.
-    default_importance: str
-    exchange: str
-    service_queue: str
-    quorum: bool
-    delivery_limit: int | None
-    queues: Mapping[str, QueuePolicy]
-    expired: str
-    service_in_worker: bool
-    service_prefetch: int
-    obituary_task: str | None
-    #: ``dlx_code_version`` as set; :attr:`code_version` falls back to the environment.
-    code_version_setting: str | None
-    graveyard_retention: float
-    cause_ttl: float
-    delay_backend: str
-    ttl_ladder: tuple[float, ...]
-    protobuf_descriptor_sets: tuple[str, ...]
-    protobuf_modules: tuple[str, ...]
-    send_events: bool
-    sentry: bool
-    sentry_include_payload: bool
-    sentry_payload_limit: int
-    sentry_rate_limit: int
-    sentry_rate_window: float
-    web_host: str
-    web_port: int
-    web_basic_auth: tuple[str, ...]
-    web_viewer_auth: tuple[str, ...]
-    web_max_replay_rate: int
-    #: Names of the settings set in the app's configuration (the rest are defaults).
-    explicit: frozenset[str] = frozenset()
-
-    @property
-    def values(self) -> dict[str, Any]:
-        """Every setting by its name (``dlx_max_parks``), as validated."""
-        return {name: getattr(self, field_name(name)) for name in SETTINGS}
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in SETTINGS:
-            raise KeyError(name)
-        return getattr(self, field_name(name))
-
-    @property
-    def code_version(self) -> str | None:
-        explicit = self.code_version_setting
-        return (
-            explicit or os.environ.get("DLX_CODE_VERSION") or os.environ.get("GIT_COMMIT") or None
-        )
-
-    def policy(self, queue: str | None = None) -> Policy:
-        """The default policy, refined by ``dlx_queues[queue]`` when present."""
-        spec = self.queues.get(queue or "", {})
-        return Policy(
-            max_requeues=spec.get("max_requeues", self.max_requeues),
-            max_parks=spec.get("max_parks", self.max_parks),
-            backoff=spec.get("backoff", self.backoff),
-        )
-
-    def importance(self, queue: str | None = None) -> str:
-        """``dlx_importance``, refined by ``dlx_queues[queue]`` when present."""
-        spec = self.queues.get(queue or "", {})
-        return spec.get("importance", self.default_importance)
-
-    def expired_action(self, queue: str | None = None) -> str:
-        """``dlx_expired``, refined by ``dlx_queues[queue]`` when present."""
-        spec = self.queues.get(queue or "", {})
-        return spec.get("expired", self.expired)
-
-
-def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXConfig:
-    """Validate and read every ``dlx_*`` setting from ``conf`` (an ``app.conf`` or a dict).
-
-    The one place a :class:`DLXConfig` is built.
-
-    Raises:
-        ConfigurationError: an unknown ``dlx_*`` key, or a bad value, named; or an integration's
-            settings set while its library is missing (named with the extra to install).
-    """
-    unknown = unknown_settings(conf, namespace)
-    if unknown:
-        raise ConfigurationError(
-            f"unknown celery_dlx setting(s): {', '.join(unknown)}; known settings: "
-            f"{', '.join(sorted(SETTINGS))} (see docs/configuration.md)"
-        )
-    values: dict[str, Any] = {}
-    explicit: set[str] = set()
-    for name, setting in SETTINGS.items():
-        found, raw = _lookup(conf, name, namespace)
-        if found:
-            explicit.add(name)
-        value = raw if found else setting.default
-        values[name] = setting.check(name, value) if (found or value is not None) else None
-    if values["dlx_delivery_limit"] is not None and not values["dlx_quorum"]:
-        raise ConfigurationError(
-            "dlx_delivery_limit needs quorum queues: set dlx_quorum = True or remove dlx_delivery_limit"
-        )
-    _check_extras(values, frozenset(explicit))
-    return DLXConfig(
-        **{field_name(name): value for name, value in values.items()},
-        explicit=frozenset(explicit),
     )

@@ -9,6 +9,7 @@ service queue (it has no dead-letter exchange): a dead letter the service cannot
 (Redis or the broker is down) stays unacked and is retried, with one log line per outage
 (:mod:`celery_dlx.service.outage`).
 """
+
 from __future__ import annotations
 
 import logging

@@ -31,7 +31,7 @@ from celery_dlx.fates import DRAINED, FateEvent
 from celery_dlx.fates import now_ms as wall_ms
 from celery_dlx.message.names import FIRST_FAILURE_HEADER
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.policy.settings import DLXConfig
+from celery_dlx.policy.config import DLXConfig
 from celery_dlx.worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.fates import BURIED, DRAINED, FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.policy.settings import DLXConfig, load_config
+from celery_dlx.policy.config import DLXConfig, load_config
 from celery_dlx.store.counters import add_counts
 from celery_dlx.store.history import History
 from celery_dlx.store.parking import ParkingStore, redis_client

@@ -28,7 +28,7 @@ from celery_dlx.fates import DRAINED, FateEvent, now_ms
 from celery_dlx.message.headers import read_state
 from celery_dlx.message.outgoing import PUBLISH_SEQ_HEADER, wire_headers
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.policy.settings import load_config
+from celery_dlx.policy.config import load_config
 from celery_dlx.worker.drain import (
     DRAIN_TASK_NAME,
     RELEASE_DELAY,

@@ -12,7 +12,7 @@ import pytest
 
 from celery_dlx.codecs import ProtobufRegistry, decode_payload, registry_from_config
 from celery_dlx.errors import ConfigurationError
-from celery_dlx.policy.settings import load_config
+from celery_dlx.policy.config import load_config
 from tests.fixtures.codecs.protos import TWIN_PROTOS, compile_descriptor_set, compile_python
 
 EVENTS = "shop.events.v1"

@@ -24,7 +24,7 @@ from kombu.message import Message
 from celery_dlx import compat
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.integrations.sentry import install_sentry
-from celery_dlx.policy.settings import load_config
+from celery_dlx.policy.config import load_config
 from celery_dlx.worker.runtime import Runtime
 
 NO_BROKER = "amqp://nobody:nothing@127.0.0.1:1//"

@@ -10,9 +10,9 @@ from celery import Celery
 import celery_dlx
 from celery_dlx.broker.topology import DLXQueue, dead_letter_arguments
 from celery_dlx.errors import ConfigurationError
+from celery_dlx.policy.config import load_config
 from celery_dlx.policy.decide import parse_backoff
 from celery_dlx.policy.options import resolve_task_options
-from celery_dlx.policy.settings import load_config
 
 NO_BROKER = "amqp://nobody:nothing@127.0.0.1:1//"
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from celery_dlx.policy.config import DLXConfig, field_name, load_config
 from celery_dlx.policy.decide import Backoff
-from celery_dlx.policy.settings import SETTINGS, DLXConfig, field_name, load_config
+from celery_dlx.policy.settings import SETTINGS
 
 HINTS = typing.get_type_hints(DLXConfig)
 

@@ -18,8 +18,8 @@ from celery_dlx.broker.ladder import Ladder, delay_queue_arguments, round_up
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import now_ms
 from celery_dlx.policy import durations
+from celery_dlx.policy.config import load_config
 from celery_dlx.policy.decide import CallableBackoff, ExponentialBackoff, parse_backoff
-from celery_dlx.policy.settings import load_config
 
 INT64 = 2**63 - 1
 EDGE_SECONDS: list[Any] = [

@@ -27,8 +27,8 @@ from celery_dlx.broker.ladder import (
 from celery_dlx.errors import ConfigurationError, PublishError, TopologyError
 from celery_dlx.fates import PARKED, FateEvent
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.policy.config import load_config
 from celery_dlx.policy.durations import ladder_ms
-from celery_dlx.policy.settings import load_config
 from celery_dlx.worker.runtime import Runtime
 
 # --- names -----------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from celery_dlx.errors import ConfigurationError
+from celery_dlx.policy.config import DLXConfig, load_config
 from celery_dlx.policy.decide import CallableBackoff, ExponentialBackoff, ListBackoff, Policy
 from celery_dlx.policy.options import TASK_OPTIONS, resolve_task_options, unknown_task_options
-from celery_dlx.policy.settings import DLXConfig, load_config
 from celery_dlx.worker.task import DLXTask
 
 SETTINGS: dict[str, Any] = {

@@ -13,7 +13,7 @@ from sentry_sdk.transport import Transport
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
 from celery_dlx.integrations import sentry as sentry_mod
 from celery_dlx.integrations.sentry import SentryReporter, install_sentry
-from celery_dlx.policy.settings import load_config
+from celery_dlx.policy.config import load_config
 from celery_dlx.worker.runtime import Runtime
 
 

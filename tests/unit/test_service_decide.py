@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import DLXState, HistoryEntry, fingerprint, state_headers
 from celery_dlx.message.names import ATTEMPT_HEADER, QUEUE_HEADER, REASON_HEADER, REPLAYED_HEADER
+from celery_dlx.policy.config import load_config
 from celery_dlx.policy.deadletter import (
     EXPIRED_CAUSE,
     PUBLISHED,
@@ -24,7 +25,6 @@ from celery_dlx.policy.deadletter import (
     decide_letter,
     read_dead_letter,
 )
-from celery_dlx.policy.settings import load_config
 
 NOW = 1_700_000_000_000
 

@@ -43,6 +43,7 @@ from celery_dlx.message.outgoing import (
 )
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops.replay import replay_copy
+from celery_dlx.policy.config import load_config
 from celery_dlx.policy.deadletter import (
     BuryVerdict,
     ParkVerdict,
@@ -51,7 +52,6 @@ from celery_dlx.policy.deadletter import (
     decide_letter,
     read_dead_letter,
 )
-from celery_dlx.policy.settings import load_config
 
 NOW = 1_763_900_000_000  # epoch ms: beyond 32 bits, as every real timestamp is
 STATE = DLXState(

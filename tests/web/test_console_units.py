@@ -9,7 +9,7 @@ import json
 import pytest
 
 from celery_dlx.errors import ConfigurationError
-from celery_dlx.policy.settings import load_config
+from celery_dlx.policy.config import load_config
 from celery_dlx.web import forms
 from celery_dlx.web.auth import OPERATOR, VIEWER, Accounts, Csrf, User
 from celery_dlx.web.console import WebSettings, link
