@@ -34,16 +34,15 @@ from celery_dlx.message.names import HISTORY_HEADER
 from celery_dlx.message.obituary import Obituary, send_to_hook
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.policy.deadletter import (
+from celery_dlx.policy.deadletter import DeadLetter, read_dead_letter
+from celery_dlx.policy.verdicts import (
     BuryVerdict,
-    DeadLetter,
     ParkVerdict,
     RequeueVerdict,
     Verdict,
     build_obituary,
     bury_verdict,
     decide_letter,
-    read_dead_letter,
 )
 from celery_dlx.service.stats import ServiceStats
 from celery_dlx.store.graveyard import Graveyard

@@ -14,16 +14,13 @@ from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import DLXState, HistoryEntry, fingerprint, state_headers
 from celery_dlx.message.names import ATTEMPT_HEADER, QUEUE_HEADER, REASON_HEADER, REPLAYED_HEADER
 from celery_dlx.policy.config import load_config
-from celery_dlx.policy.deadletter import (
-    EXPIRED_CAUSE,
-    PUBLISHED,
-    UNKNOWN,
+from celery_dlx.policy.deadletter import EXPIRED_CAUSE, PUBLISHED, UNKNOWN, read_dead_letter
+from celery_dlx.policy.verdicts import (
     BuryVerdict,
     ParkVerdict,
     RequeueVerdict,
     build_obituary,
     decide_letter,
-    read_dead_letter,
 )
 
 NOW = 1_700_000_000_000

@@ -44,13 +44,13 @@ from celery_dlx.message.outgoing import (
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops.replay import replay_copy
 from celery_dlx.policy.config import load_config
-from celery_dlx.policy.deadletter import (
+from celery_dlx.policy.deadletter import read_dead_letter
+from celery_dlx.policy.verdicts import (
     BuryVerdict,
     ParkVerdict,
     RequeueVerdict,
     build_obituary,
     decide_letter,
-    read_dead_letter,
 )
 
 NOW = 1_763_900_000_000  # epoch ms: beyond 32 bits, as every real timestamp is

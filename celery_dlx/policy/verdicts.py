@@ -1,0 +1,272 @@
+"""The DLX service's decision about a dead letter, and the obituary of a burial; no I/O.
+
+:func:`decide_letter` turns a letter (plus the worker's cause record, if any) into
+:class:`BuryVerdict`, :class:`ParkVerdict` or :class:`RequeueVerdict`, from the queue's policy and
+the message's own headers, never from ``x-death`` counts (RabbitMQ 4.x ignores a republished
+``x-death``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from celery_dlx.fates import PARKED, REQUEUED, Park
+from celery_dlx.message.cause import CauseRecord
+from celery_dlx.message.headers import (
+    DLXState,
+    HistoryEntry,
+    fingerprint,
+)
+from celery_dlx.message.names import (
+    HISTORY_LIMIT,
+)
+from celery_dlx.message.obituary import ORIGIN_CELERY, ORIGIN_FOREIGN, Attempt, Obituary
+from celery_dlx.policy.config import DLXConfig
+from celery_dlx.policy.deadletter import (
+    EXPIRED_CAUSE,
+    UNDECODABLE,
+    UNKNOWN,
+    DeadLetter,
+    Rejected,
+)
+from celery_dlx.policy.decide import ToBury, ToPark, ToRequeue, decide
+
+
+@dataclass(frozen=True)
+class BuryVerdict:
+    """Bury: write an obituary with these facts."""
+
+    reason: str
+    cause: str
+    exc_type: str
+    exc_message: str
+    importance: str
+    attempt: int
+    history: tuple[HistoryEntry, ...]
+    traceback: str = ""
+    first_failure_ms: int | None = None
+    last_failure_ms: int | None = None
+    task: str | None = None
+    queue: str | None = None
+    hostname: str | None = None
+    from_worker: bool = False
+
+
+@dataclass(frozen=True)
+class ParkVerdict:
+    """Park for ``delay`` seconds with ``state`` written into the copy's headers.
+
+    ``counted`` is False for a TTL expiry: the park budget and attempt count are left alone.
+    """
+
+    delay: float
+    state: DLXState
+    cause: str
+    exc_type: str
+    exc_message: str
+    reason: str
+    importance: str
+    counted: bool = True
+
+
+@dataclass(frozen=True)
+class RequeueVerdict:
+    """Publish a copy with ``state`` at the tail of the queue."""
+
+    state: DLXState
+    cause: str
+    exc_type: str
+    exc_message: str
+    reason: str
+    importance: str
+
+
+Verdict = BuryVerdict | ParkVerdict | RequeueVerdict
+
+
+def bury_from_record(
+    letter: DeadLetter, record: CauseRecord, config: DLXConfig, now: int
+) -> BuryVerdict:
+    """The burial a worker decided, with the cause it stashed (unknown fields from the letter)."""
+    queue = record.queue or letter.queue
+    task = record.task or letter.task
+    return BuryVerdict(
+        reason=record.reason or "buried by the worker",
+        cause=record.cause or fingerprint(task or queue, record.exc_type, record.exc_message),
+        exc_type=record.exc_type,
+        exc_message=record.exc_message,
+        traceback=record.traceback,
+        importance=record.importance or config.importance(queue),
+        attempt=letter.state.attempt + 1 if record.attempt is None else record.attempt,
+        history=record.history or (*letter.state.history, HistoryEntry(now, "buried", "")),
+        first_failure_ms=(
+            letter.state.first_failure_ms
+            if record.first_failure_ms is None
+            else record.first_failure_ms
+        ),
+        last_failure_ms=now if record.at_ms is None else record.at_ms,
+        task=task,
+        queue=queue,
+        hostname=record.hostname,
+        from_worker=True,
+    )
+
+
+def _failure(letter: DeadLetter) -> tuple[str, str]:
+    """Exception type and message of the failure: the message's headers, else the death reason."""
+    state = letter.state
+    if letter.problem:
+        return UNDECODABLE, letter.problem
+    return state.exc_type or letter.death_reason, state.exc_message or ""
+
+
+def bury_verdict(
+    letter: DeadLetter, config: DLXConfig, reason: str, now: int, failed: bool
+) -> BuryVerdict:
+    """A burial of ``letter`` for ``reason``; ``failed``: its last delivery was a failed run."""
+    exc_type, exc_message = _failure(letter)
+    cause = fingerprint(letter.scope, exc_type, exc_message)
+    state = letter.state
+    history = (*state.history, HistoryEntry(now, "buried", cause))[-HISTORY_LIMIT:]
+    return BuryVerdict(
+        reason=reason,
+        cause=cause,
+        exc_type=exc_type,
+        exc_message=exc_message,
+        importance=config.importance(letter.queue),
+        attempt=state.attempt + (1 if failed else 0),
+        history=history,
+        first_failure_ms=state.first_failure_ms if state.first_failure_ms is not None else now,
+        last_failure_ms=letter.death_ms or now,
+        task=letter.task,
+        queue=letter.queue,
+    )
+
+
+def _expired_park(letter: DeadLetter, config: DLXConfig, now: int) -> ParkVerdict:
+    """Return an expired message later without counting a failure: its history notes the park."""
+    state = letter.state
+    expiries = sum(1 for e in state.history if e.cause == EXPIRED_CAUSE)
+    delay = config.policy(letter.queue).backoff(expiries)
+    new_state = replace(
+        state,
+        history=(*state.history, HistoryEntry(now, PARKED, EXPIRED_CAUSE))[-HISTORY_LIMIT:],
+        queue=letter.queue,
+    )
+    return ParkVerdict(
+        delay=delay,
+        state=new_state,
+        cause=EXPIRED_CAUSE,
+        exc_type="expired",
+        exc_message="",
+        reason=f"expired in {letter.queue}: returned later (dlx_expired=park)",
+        importance=config.importance(letter.queue),
+        counted=False,
+    )
+
+
+def _from_policy(letter: DeadLetter, config: DLXConfig, exc: BaseException, now: int) -> Verdict:
+    policy = config.policy(letter.queue)
+    decision = decide(exc, letter.state, policy)
+    if isinstance(decision, ToBury):
+        return bury_verdict(letter, config, decision.reason, now, failed=True)
+    exc_type, exc_message = _failure(letter)
+    cause = fingerprint(letter.scope, exc_type, exc_message)
+    fate = REQUEUED if isinstance(decision, ToRequeue) else PARKED
+    new_state = letter.state.after_failure(
+        fate=fate,
+        at_ms=now,
+        cause=cause,
+        queue=letter.queue,
+        exc_type=exc_type,
+        exc_message=exc_message or None,
+    )
+    importance = config.importance(letter.queue)
+    reason = f"{letter.death_reason} in {letter.queue}"
+    if isinstance(decision, ToPark):
+        return ParkVerdict(
+            decision.delay, new_state, cause, exc_type, exc_message, reason, importance
+        )
+    return RequeueVerdict(new_state, cause, exc_type, exc_message, reason, importance)
+
+
+def decide_letter(
+    letter: DeadLetter, config: DLXConfig, record: CauseRecord | None, now: int
+) -> Verdict:
+    """The fate of a dead letter.
+
+    Args:
+        letter: the dead letter as read by :func:`read_dead_letter`.
+        config: the app's settings (``dlx_queues`` policies, ``dlx_expired``...).
+        record: the worker's cause record for the message, if it stashed one: the worker decided
+            to bury, so the message is buried, never parked again.
+        now: epoch milliseconds.
+    """
+    if record is not None:
+        return bury_from_record(letter, record, config, now)
+    if letter.bury_reason is not None:
+        why = "; ".join(r for r in (letter.bury_reason, letter.problem) if r)
+        return bury_verdict(letter, config, why, now, failed=True)
+    if letter.problem:
+        return bury_verdict(letter, config, letter.problem, now, failed=True)
+    reason = letter.death_reason
+    if reason == UNKNOWN:
+        why = "no x-death: published to the dead-letter exchange directly, origin unknown"
+        return bury_verdict(letter, config, why, now, failed=False)
+    if reason == "delivery_limit":
+        why = f"delivery limit reached in {letter.queue} (x-delivery-limit)"
+        return bury_verdict(letter, config, why, now, failed=True)
+    if reason == "expired":
+        if config.expired_action(letter.queue) == "bury":
+            why = f"expired in {letter.queue} (dlx_expired=bury)"
+            return bury_verdict(letter, config, why, now, failed=False)
+        return _expired_park(letter, config, now)
+    if reason == "maxlen":
+        return _from_policy(letter, config, Park(message="queue full (maxlen)"), now)
+    return _from_policy(letter, config, Rejected(f"rejected by a consumer of {letter.queue}"), now)
+
+
+def build_obituary(
+    letter: DeadLetter,
+    verdict: BuryVerdict,
+    *,
+    buried_ms: int,
+    code_version: str | None,
+    hostname: str | None,
+) -> Obituary:
+    """The obituary of ``letter``, buried with ``verdict``."""
+    attempts = [Attempt(e.at_ms, e.fate, e.cause) for e in verdict.history]
+    failures = [a.at_ms for a in attempts if a.fate != "buried"]
+    first = verdict.first_failure_ms
+    if first is None:
+        first = failures[0] if failures else verdict.last_failure_ms
+    return Obituary(
+        id=letter.burial_key or letter.key,
+        message_id=letter.identity,
+        queue=verdict.queue or letter.queue,
+        reason=verdict.reason,
+        buried_ms=buried_ms,
+        task=verdict.task,
+        origin=ORIGIN_CELERY if (verdict.task or verdict.from_worker) else ORIGIN_FOREIGN,
+        cause=verdict.cause,
+        exc_type=verdict.exc_type,
+        exc_message=verdict.exc_message,
+        traceback=verdict.traceback,
+        importance=verdict.importance,
+        attempt=verdict.attempt,
+        attempts=attempts,
+        first_failure_ms=first,
+        last_failure_ms=verdict.last_failure_ms,
+        death_reason=letter.death_reason,
+        x_death=list(letter.x_death),
+        # x-death is kept once, in x_death.
+        headers={k: v for k, v in letter.headers.items() if k != "x-death"},
+        properties=dict(letter.properties),
+        exchange=letter.exchange,
+        routing_key=letter.routing_key,
+        payload=letter.body,
+        payload_size=len(letter.body),
+        code_version=code_version,
+        hostname=verdict.hostname or hostname,
+        replayed_from=letter.replayed_from,
+    )
