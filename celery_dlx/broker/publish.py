@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -41,6 +42,9 @@ class ConfirmingPublisher:
         self._next_tag = 1
         self._acked: dict[int, bool] = {}
         self._returned: set[int] = set()
+        # One batch at a time: the threads of a thread pool share the runtime's publisher, and
+        # interleaved batches would take each other's confirms (lost, then "not confirmed").
+        self._lock = threading.Lock()
 
     def connect(self) -> None:
         """Open the connection and the confirm-mode channel now."""
@@ -97,6 +101,10 @@ class ConfirmingPublisher:
         """
         if not messages:
             return []
+        with self._lock:
+            return self._publish_many(messages)
+
+    def _publish_many(self, messages: Sequence[Outgoing]) -> list[bool]:
         channel = self._ensure_channel()
         self._pending = set()
         tags: list[tuple[int, int]] = []

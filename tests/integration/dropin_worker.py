@@ -27,7 +27,8 @@ def command(uid: str, *args: str) -> list[str]:
         "-A",
         APP,
         "worker",
-        # prefork: a thread pool of 2 shares one confirming publisher between its threads
+        # prefork, the usual production pool (tests/integration/test_publisher_threads.py covers
+        # the thread pool's shared publisher)
         "-P",
         "prefork",
         "-c",

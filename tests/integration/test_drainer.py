@@ -132,3 +132,73 @@ def test_idle_worker_with_beat_at_info_writes_no_per_tick_records(
     ticks = [r for r in records if re.search(r"drain|Sending due task|Received task|succeeded", r)]
     assert ticks == [], ticks
     assert records == [], f"an idle worker should write nothing; wrote {len(records)}: {records}"
+
+
+def test_a_deep_backlog_drains_back_to_back_not_one_batch_per_interval(
+    uid: str,
+    key_prefix: str,
+    keys: Keys,
+    redis_client: Any,
+    broker: Any,
+    cleanup_queues: list[str],
+) -> None:
+    from tests.integration.test_drain import declare, message_count, park
+
+    app = make_app(uid, dlx_drain_batch=50, dlx_drain_interval=30.0)
+    queue = declare(broker, cleanup_queues, f"backlog-{uid}")
+    drainer = Drainer(app, name="deep")
+    park(drainer.runtime, queue, 260)
+    # one turn drains batch after batch (pipelined) within its budget, and a turn that drained
+    # full batches says "go on at once": the loop never waits the interval during a backlog
+    assert drainer.step() is True
+    assert message_count(broker, queue) == 260
+    assert redis_client.zcard(keys.parked_due) == 0
+    assert drainer.step() is False, "nothing left: now the loop waits the interval"
+    drainer.stop()
+    drainer._give_up()
+
+
+@pytest.mark.slow
+def test_when_the_draining_worker_is_killed_another_takes_over(
+    uid: str,
+    key_prefix: str,
+    keys: Keys,
+    redis_client: Any,
+    cleanup_queues: list[str],
+    tmp_path: Path,
+) -> None:
+    import os
+    import signal
+
+    cleanup_queues.extend([queue_of(uid), f"default-{uid}", f"dead-{uid}", f"exchange:dlx-{uid}"])
+    producer = build(uid)
+
+    def holder() -> str:
+        return (redis_client.get(keys.drain_lease) or b"").decode()
+
+    with worker_process(uid, tmp_path / "a.log", "-Q", queue_of(uid)) as first:
+        wait_until(
+            lambda: holder().startswith(f"dropin-{uid}"),
+            what="a drainer holds the lease",
+            timeout=120,
+        )
+        taken_by = holder()
+        with worker_process(uid, tmp_path / "b.log", "-Q", queue_of(uid)):
+            wait_until(
+                lambda: " ready." in (tmp_path / "b.log").read_text(errors="replace"),
+                what="second worker ready",
+                timeout=120,
+            )
+            assert holder() == taken_by, "one drainer at a time"
+            os.killpg(first.pid, signal.SIGKILL)  # the lease holder dies without letting go
+            first.wait(30)
+            results = [producer.send_task("dropin.park_once", args=[n]) for n in range(3)]
+            done = "{" + key_prefix + "}:test:parked-done"
+            wait_until(
+                lambda: redis_client.scard(done) == 3,
+                what="retries drained by the surviving worker",
+                timeout=120,
+            )
+            assert holder() not in ("", taken_by), "the survivor took the lease"
+    for result in results:
+        assert fates_of(redis_client, keys, result.id) == ["parked", "drained", "recovered"]

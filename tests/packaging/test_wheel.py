@@ -96,6 +96,7 @@ def test_wheel_in_a_fresh_venv_exports_the_history_to_parquet(
         "celery_dlx_spark/source.py",
         "celery_dlx/ops/export.py",
         "celery_dlx/py.typed",
+        "celery_dlx_spark/py.typed",
     } <= names
     assert not any(name.startswith(("spark/", "tests/")) for name in names)
 

@@ -16,7 +16,7 @@ def valid_ids(entries: list[tuple[str, dict[str, str]]]) -> set[str]:
 
 
 def read_events(spark: Any, out: Path) -> Any:
-    import dlx_records
+    from celery_dlx_spark import records as dlx_records
 
     path = str(out / "events")
     return spark.read.schema(dlx_records.EVENTS_SCHEMA).option("basePath", path).parquet(path)

@@ -11,6 +11,7 @@ from amqp.exceptions import PreconditionFailed
 from kombu import Exchange, Queue, binding
 from kombu.transport.base import to_rabbitmq_queue_arguments
 
+from celery_dlx.broker.management import ManagementError
 from celery_dlx.broker.topology import (
     DLXQueue,
     app_reference,
@@ -381,3 +382,86 @@ def test_declare_topology_order() -> None:
 def test_declare_topology_406_names_the_queue() -> None:
     with pytest.raises(TopologyError, match="queue 'b' already exists"):
         declare_topology(recording_channel(refuse="b"), [Queue("a"), Queue("b")])
+
+
+# --- a queue migrated by policy (celery dlx migrate QUEUE --policy) ----------------------------
+
+
+class FakeManagement:
+    """The management API's view of one queue, or an unreachable API."""
+
+    def __init__(self, info: dict[str, Any] | None = None, error: Exception | None = None) -> None:
+        self.info, self.error = info, error
+
+    def queue(self, name: str) -> dict[str, Any] | None:
+        if self.error is not None:
+            raise self.error
+        return self.info
+
+
+@pytest.fixture
+def refused_with_arguments(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """A RabbitMQ channel on which the queue exists without dead-letter arguments: the probe
+    with them answers 406, the probe without them succeeds."""
+    from celery_dlx.broker import topology
+
+    probes: list[dict[str, Any]] = []
+
+    def probe(channel: Any, queue: Any, arguments: Any) -> bool:
+        probes.append(dict(arguments))
+        return "x-dead-letter-exchange" not in arguments
+
+    monkeypatch.setattr(topology, "_is_amqp", lambda channel: True)
+    monkeypatch.setattr(topology, "_probe", probe)
+    return probes
+
+
+def _migrated(api: Any) -> Any:
+    queue = dlx_queue("orders", dlx="proj_dlx", service="proj.dead")
+    queue.dlx_app, queue.dlx_management = "shop", api
+    return queue
+
+
+def test_a_queue_whose_policy_gives_the_dlx_is_declared_as_it_is(
+    refused_with_arguments: list[dict[str, Any]],
+) -> None:
+    api = FakeManagement(
+        {
+            "arguments": {},
+            "policy": "celery-dlx-orders",
+            "effective_policy_definition": {"dead-letter-exchange": "proj_dlx"},
+        }
+    )
+    channel = recording_channel()
+    assert _migrated(api)(channel).declare() == "orders"
+    assert declared_queues(channel) == [("proj.dead", {}), ("orders", {})]
+    assert [("x-dead-letter-exchange" in p) for p in refused_with_arguments] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("api", "expected"),
+    [
+        (FakeManagement({"arguments": {}}), "its dead letters go nowhere"),
+        (
+            FakeManagement(
+                {"policy": "other", "effective_policy_definition": {"dead-letter-exchange": "x"}}
+            ),
+            "its dead letters go to 'x' by policy",
+        ),
+        (
+            FakeManagement(error=ManagementError("connection refused")),
+            "the management API could not say whether a policy covers it (connection refused)",
+        ),
+        (None, "celery -A shop dlx migrate orders --policy"),
+    ],
+)
+def test_without_a_matching_policy_the_406_is_refused_with_the_hint(
+    refused_with_arguments: list[dict[str, Any]], api: Any, expected: str
+) -> None:
+    channel = recording_channel()
+    with pytest.raises(TopologyError) as info:
+        _migrated(api)(channel).declare()
+    message = str(info.value)
+    assert expected in message
+    assert "set_policy celery-dlx-orders '^orders$'" in message
+    assert declared_queues(channel) == [("proj.dead", {})], "the caller's channel declared nothing"
