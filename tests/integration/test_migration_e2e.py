@@ -95,7 +95,12 @@ def test_policy_migration_ends_with_a_running_worker_and_nothing_lost(
     queue = names
     good, poison = _waiting_messages(uid)
     channel = broker.channel()
-    assert queue_depth(channel, queue) == GOOD + POISON
+    # send_task publishes without confirms: the broker counts the messages a moment later
+    wait_until(
+        lambda: queue_depth(channel, queue) == GOOD + POISON,
+        what="the waiting messages in the plain queue",
+        timeout=30,
+    )
 
     refused = _refused(uid, queue, tmp_path)
     assert f"celery -A {APP} dlx migrate {queue} --policy" in refused, refused[-3000:]
