@@ -12,6 +12,7 @@ rejects the message into the queue's dead-letter exchange. A requeue or park end
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import socket
@@ -25,7 +26,7 @@ from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_dlx import fates
 from celery_dlx.errors import MalformedHeader
-from celery_dlx.fates import Bury, FateEvent, Park, now_ms
+from celery_dlx.fates import BURIED, Bury, FateEvent, Park, now_ms
 from celery_dlx.message.copies import celery_copy, delivery_headers
 from celery_dlx.message.headers import (
     DLXState,
@@ -48,6 +49,10 @@ from celery_dlx.worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
 
+
+#: Attribute marking an exception whose failure celery_dlx turned into a fate (the same name as
+#: ``celery_dlx.integrations.sentry.HANDLED_ATTR``, which this layer cannot import).
+HANDLED_FATE_ATTR = "__celery_dlx_fate__"
 
 #: Tasks with these name prefixes are never DLX tasks through the ``dlx_enabled`` flag.
 INTERNAL_TASK_PREFIXES = ("celery.", "celery_dlx.")
@@ -365,6 +370,10 @@ class DLXTask(Task):  # type: ignore[misc]
             plan.root,
         )
         root = plan.root
+        # Celery and sentry-sdk's CeleryIntegration see the task's own exception now; the DLX
+        # service reports the burial once, with the obituary (integrations.sentry drops the rest).
+        with contextlib.suppress(AttributeError, TypeError):  # __slots__: cannot carry the mark
+            setattr(root, HANDLED_FATE_ATTR, BURIED)
         if root is not exc:
             # Raised from here, it would print the fate request as its context.
             root.__suppress_context__ = True

@@ -48,3 +48,13 @@ def test_park_rebuilt_from_its_message_alone(exc: Park) -> None:
 def test_park_still_refuses_a_negative_countdown() -> None:
     with pytest.raises(ValueError, match="must be >= 0"):
         Park(countdown=-1)
+
+
+def test_the_worker_marks_buried_exceptions_as_the_sentry_integration_reads_them() -> None:
+    from celery_dlx.integrations.sentry import HANDLED_ATTR, handled_fate
+    from celery_dlx.worker.task import HANDLED_FATE_ATTR
+
+    assert HANDLED_FATE_ATTR == HANDLED_ATTR
+    exc = ValueError("x")
+    setattr(exc, HANDLED_FATE_ATTR, "buried")
+    assert handled_fate(exc) == "buried"
