@@ -166,6 +166,48 @@ def _signature_error(task: Any, exc: BaseException, args: Any, kwargs: Any) -> b
     return False
 
 
+def retry_arguments(
+    run: Any, request_args: Any, request_kwargs: Any, args: Any, kwargs: Any
+) -> tuple[Any, Any]:
+    """The arguments of a retried run, as Celery's ``Task.retry`` computes them.
+
+    None keeps the request's; an explicit ``args`` (or ``kwargs``) alone keeps the inherited
+    values that do not conflict with the new calling convention (Celery #6494).
+    """
+    if (args is not None and kwargs is None and request_kwargs) or (
+        kwargs is not None and args is None and request_args
+    ):
+        try:
+            signature = inspect.signature(run)
+        except (TypeError, ValueError):
+            return args, kwargs
+        if args is not None:
+            positional = [
+                p
+                for p in signature.parameters.values()
+                if p.kind
+                in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            ]
+            kwargs = dict(request_kwargs)
+            for p in positional[: len(args)]:
+                if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                    kwargs.pop(p.name, None)
+        else:
+            try:
+                bound = signature.bind_partial(*request_args)
+            except TypeError:
+                return args, kwargs
+            kwargs = dict(kwargs)
+            for name in list(kwargs):
+                if (
+                    name in bound.arguments
+                    and signature.parameters[name].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+                ):
+                    bound.arguments[name] = kwargs.pop(name)
+            args, kwargs = bound.args, {**bound.kwargs, **kwargs}
+    return args, kwargs
+
+
 def _permanent(exc: BaseException, reason: str) -> Bury:
     bury = Bury(reason)
     bury.__cause__ = exc
@@ -289,6 +331,7 @@ class DLXTask(Task):  # type: ignore[misc]
                 )
             )
             raise _permanent(final, f"max_retries exceeded: {limit}")
+        args, kwargs = retry_arguments(self.run, req.args, req.kwargs, args, kwargs)
         delay = countdown
         if delay is None and eta is not None:
             delay = max(0.0, (eta - self.app.now()).total_seconds())

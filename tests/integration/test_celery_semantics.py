@@ -120,9 +120,16 @@ def test_retry_once_returns_and_max_retries_keeps_celerys_meaning(
             raise self.retry(args=(n + 1,), countdown=0)
         return n
 
+    @app.task(name=f"retry-kwargs-{uid}", bind=True, max_retries=1)
+    def retry_kwargs(self: Any, foo: int, bar: int) -> list[int]:
+        if not self.request.retries:
+            raise self.retry(kwargs={"foo": foo + 1}, countdown=0)
+        return [foo, bar]
+
     with worker(app), delays_returning(app):
         assert retry_once.delay().get(timeout=60) == 1
         assert retry_args.delay(1).get(timeout=60) == 2
+        assert retry_kwargs.delay(1, 2).get(timeout=60) == [2, 2]
         poison = retry_always.delay()
         with pytest.raises(MaxRetriesExceededError):
             poison.get(timeout=60)
