@@ -197,7 +197,7 @@ def retry_arguments(
                 bound = signature.bind_partial(*request_args)
             except TypeError:
                 return args, kwargs
-            kwargs = dict(kwargs)
+            kwargs = dict(kwargs or {})
             for name in list(kwargs):
                 if (
                     name in bound.arguments
