@@ -259,3 +259,15 @@ def test_requeued_and_parked_copies_keep_the_task_protocol(
 
     with worker(app), delays_returning(app):
         assert flaky.delay(1, y=2).get(timeout=60) == [1, 2, 3]
+
+
+def test_unknown_task_is_buried_at_once_with_failure(app: Any, uid: str, broker: Any) -> None:
+    from celery.exceptions import NotRegistered
+
+    channel = broker.channel()
+    with worker(app):
+        result = app.send_task(f"nobody-knows-{uid}", args=(1,))
+        with pytest.raises(NotRegistered):
+            result.get(timeout=60)
+        wait_until(lambda: queue_depth(channel, f"dead-{uid}") == 1, what="the graveyard copy")
+        wait_until(lambda: queue_depth(channel, f"work-{uid}") == 0, what="the work queue")
