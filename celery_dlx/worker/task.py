@@ -267,7 +267,13 @@ class DLXTask(Task):  # type: ignore[misc]
         runtime = get_runtime(self.app)
         delivery = _delivery(self)
         if delivery.problem:
-            self._quarantine(runtime, delivery, delivery.problem)
+            try:
+                self._quarantine(runtime, delivery, delivery.problem)
+            except Ignore:
+                # In the graveyard: the run fails for Celery too (FAILURE, errbacks, chord error)
+                # instead of leaving the result PENDING and a workflow waiting forever.
+                self._fail_without_running(MalformedHeader(delivery.problem))
+                raise
         if delivery.redelivered and not self._redelivery_was_asked(runtime, delivery):
             self._fail(
                 runtime,
@@ -611,6 +617,30 @@ class DLXTask(Task):  # type: ignore[misc]
             reason,
         )
         raise Ignore()
+
+    def _fail_without_running(self, exc: Exception) -> None:
+        """Result FAILURE and ``task_failure`` for a message buried before its task ran."""
+        req = self.request
+        try:
+            self.backend.mark_as_failure(
+                str(req.id),
+                exc,
+                None,
+                request=req,
+                store_result=self.store_errors_even_if_ignored
+                or not (self.ignore_result or req.ignore_result),
+            )
+        except Exception:  # a result backend outage must not change the fate
+            logger.debug("could not store FAILURE for %s", req.id, exc_info=True)
+        signals.task_failure.send(
+            sender=self,
+            task_id=req.id,
+            exception=exc,
+            args=req.args,
+            kwargs=req.kwargs,
+            traceback=None,
+            einfo=None,
+        )
 
     def _mark_retry(self, exc: BaseException, einfo: ExceptionInfo | None) -> None:
         """Result state RETRY and the ``task_retry`` signal, as for Celery's own retry."""

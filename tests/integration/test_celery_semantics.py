@@ -271,3 +271,29 @@ def test_unknown_task_is_buried_at_once_with_failure(app: Any, uid: str, broker:
             result.get(timeout=60)
         wait_until(lambda: queue_depth(channel, f"dead-{uid}") == 1, what="the graveyard copy")
         wait_until(lambda: queue_depth(channel, f"work-{uid}") == 0, what="the work queue")
+
+
+def test_message_quarantined_before_its_run_fails_for_celery(
+    app: Any, uid: str, key_prefix: str, redis_client: Any, broker: Any
+) -> None:
+    from celery_dlx.errors import MalformedHeader
+
+    errbacks = key(key_prefix, "errbacks")
+
+    @app.task(name=f"victim-{uid}")
+    def victim() -> None:
+        return None
+
+    @app.task(name=f"on-error-{uid}")
+    def on_error(request: Any, exc: Any, traceback: Any) -> None:
+        redis_client.rpush(errbacks, type(exc).__name__)
+
+    channel = broker.channel()
+    with worker(app):
+        # x-death copied by a producer as a list of strings: never dead-lettered, quarantined.
+        result = victim.apply_async(headers={"x-death": ["not", "tables"]}, link_error=on_error.s())
+        with pytest.raises(MalformedHeader, match="malformed x-death"):
+            result.get(timeout=60)
+        wait_until(lambda: queue_depth(channel, f"dead-{uid}") == 1, what="the quarantined copy")
+        wait_until(lambda: redis_client.llen(errbacks) == 1, what="the errback")
+    assert redis_client.lrange(errbacks, 0, -1) == [b"MalformedHeader"]
