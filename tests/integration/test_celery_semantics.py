@@ -15,7 +15,7 @@ import pytest
 from celery.exceptions import MaxRetriesExceededError, Reject
 from kombu import Connection, Exchange, Producer
 
-from celery_dlx import Park
+from celery_dlx import Bury, Park, Requeue
 from tests.conftest import BROKER_URL
 from tests.integration.dlx_apps import delays_returning, make_app, queue_names, worker
 from tests.integration.helpers import fates_of, queue_depth, wait_until
@@ -167,6 +167,14 @@ def test_fate_exceptions_cross_a_prefork_pool_and_the_worker_survives(
             raise self.retry(countdown=0.1)
         raise Park(countdown=0.1)
 
+    @app.task(name=f"requeues-{uid}", dlx_max_requeues=1, dlx_max_parks=0)
+    def requeues() -> None:
+        raise Requeue("busy")
+
+    @app.task(name=f"buries-{uid}")
+    def buries() -> None:
+        raise Bury("order cancelled")
+
     @app.task(name=f"ok-{uid}")
     def ok() -> str:
         return "alive"
@@ -178,6 +186,10 @@ def test_fate_exceptions_cross_a_prefork_pool_and_the_worker_survives(
         assert "not yet" in str(info.value)
         with pytest.raises(Park):
             poison_retry.delay().get(timeout=60)
+        with pytest.raises(Requeue, match="busy"):
+            requeues.delay().get(timeout=60)
+        with pytest.raises(Bury, match="order cancelled"):
+            buries.delay().get(timeout=60)
         assert ok.delay().get(timeout=60) == "alive"
 
 
