@@ -267,6 +267,12 @@ def load_allowed() -> dict[str, dict[str, str]]:
         missing = {"test", "reason", "instead"} - set(entry)
         if missing:
             raise SystemExit(f"{ALLOWED}: entry {entry} lacks {sorted(missing)}")
+        path, _, name = entry["instead"].partition("::")
+        if (
+            not (ROOT / path).exists()
+            or f"def {name.split('[')[0]}(" not in (ROOT / path).read_text()
+        ):
+            raise SystemExit(f"{ALLOWED}: {entry['test']}: no test {entry['instead']}")
         allowed[entry["test"]] = entry
     return allowed
 
