@@ -49,11 +49,22 @@ class Park(FateRequest):
         countdown: seconds until the retry; None uses the task's backoff schedule.
     """
 
-    def __init__(self, countdown: float | None = None, message: str = "") -> None:
+    def __init__(self, countdown: float | str | None = None, message: str = "") -> None:
+        if isinstance(countdown, str):
+            # Rebuilt from its message alone (a result backend stores an exception's args).
+            message = message or countdown
+            countdown = None
         if countdown is not None and countdown < 0:
             raise ValueError(f"Park(countdown=...) must be >= 0, got {countdown}")
         super().__init__(message or (f"park for {countdown}s" if countdown is not None else "park"))
         self.countdown = countdown
+
+    #: False for a park whose budget is checked elsewhere (``self.retry()``: Celery's max_retries).
+    budgeted = True
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickles its args (the message) only; the worker's main process unpickles it.
+        return (type(self), (self.countdown, str(self)))
 
 
 class Bury(FateRequest):
@@ -62,6 +73,9 @@ class Bury(FateRequest):
     def __init__(self, reason: str = "buried by task") -> None:
         super().__init__(reason)
         self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason,))
 
 
 def now_ms() -> int:

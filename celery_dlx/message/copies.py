@@ -2,7 +2,9 @@
 
 The worker child has the delivery's full header table and properties (``request.properties``)
 and the decoded arguments; the body is re-encoded with the delivery's own serializer, so a copy
-is the same message with celery_dlx's headers updated and broker headers stripped.
+is the same message with celery_dlx's headers updated and broker headers stripped. A copy keeps
+the message's task protocol: protocol 2 (task headers, ``[args, kwargs, embed]`` body) or
+protocol 1 (everything in a dict body, no task headers), which Celery still accepts.
 """
 
 from __future__ import annotations
@@ -26,6 +28,34 @@ def delivery_headers(request: Any) -> dict[str, Any]:
     return dict(request.headers or {})
 
 
+def task_protocol(headers: dict[str, Any]) -> int:
+    """2 when the task headers are there (``task`` and ``id``), else 1 (all in the body)."""
+    return 2 if "task" in headers and "id" in headers else 1
+
+
+def _body_v1(request: Any, args: list[Any], kwargs: dict[str, Any], retries: int) -> dict[str, Any]:
+    """Celery's protocol 1 body (``celery.app.amqp.AMQP.as_task_v1``) for the running request."""
+    group = getattr(request, "group", None)
+    timelimit = getattr(request, "timelimit", None) or (None, None)
+    return {
+        "task": request.task,
+        "id": request.id,
+        "args": args,
+        "kwargs": kwargs,
+        "group": group,
+        "group_index": getattr(request, "group_index", None),
+        "retries": retries,
+        "eta": getattr(request, "eta", None),
+        "expires": getattr(request, "expires", None),
+        "utc": getattr(request, "utc", True),
+        "callbacks": request.callbacks,
+        "errbacks": request.errbacks,
+        "timelimit": list(timelimit),
+        "taskset": group,
+        "chord": request.chord,
+    }
+
+
 def celery_copy(
     request: Any,
     *,
@@ -34,29 +64,49 @@ def celery_copy(
     exchange: str = "",
     default_serializer: str = "json",
     extra_headers: dict[str, Any] | None = None,
+    retries: int | None = None,
+    args: Any = None,
+    kwargs: Any = None,
 ) -> Outgoing:
-    """A copy of the running task's message carrying ``state``.
+    """A copy of the running task's message carrying ``state``, in the message's own protocol.
+
+    Args:
+        retries: Celery's retry count for the copy (``request.retries`` of its next run); None
+            keeps the delivery's.
+        args, kwargs: new arguments (``self.retry(args=..., kwargs=...)``); None keeps the
+            delivery's.
 
     Raises:
         kombu.exceptions.EncodeError: the arguments cannot be encoded again (never seen for a
             message that was decoded from the same serializer).
     """
     props = request.properties or {}
-    headers = clean_headers(delivery_headers(request), state)
+    original = delivery_headers(request)
+    protocol = task_protocol(original)
+    headers = clean_headers(original, state)
     if extra_headers:
         headers.update(extra_headers)
     content_type = props.get("content_type")
     serializer = (serializer_name(content_type) if content_type else None) or default_serializer
-    embed = {
-        "callbacks": request.callbacks,
-        "errbacks": request.errbacks,
-        "chain": request.chain,
-        "chord": request.chord,
-    }
+    call_args = list(request.args or ()) if args is None else list(args)
+    call_kwargs = dict(request.kwargs or {}) if kwargs is None else dict(kwargs)
+    payload: Any
+    if protocol == 2:
+        if retries is not None:
+            headers["retries"] = retries
+        embed = {
+            "callbacks": request.callbacks,
+            "errbacks": request.errbacks,
+            "chain": request.chain,
+            "chord": request.chord,
+        }
+        payload = (call_args, call_kwargs, embed)
+    else:
+        if retries is None:
+            retries = int(getattr(request, "retries", 0) or 0)
+        payload = _body_v1(request, call_args, call_kwargs, retries)
     body: bytes | str  # kombu returns bytes for binary serializers (celery-types says str)
-    ctype, cenc, body = serialization.dumps(
-        (list(request.args or ()), dict(request.kwargs or {}), embed), serializer=serializer
-    )
+    ctype, cenc, body = serialization.dumps(payload, serializer=serializer)
     compression = headers.get("compression")
     if compression:
         body, _ = compress(body, compression)

@@ -105,6 +105,8 @@ class Keys:
         self.consumerless = f"{base}:check:consumerless"
         #: Rate-limit budgets (Sentry events per cause...): ``budget(name)`` + what is counted.
         self.budget_prefix = f"{base}:budget:"
+        #: String per message: a task rejected it with requeue=True itself (not a crash).
+        self.requeued_by_task_prefix = f"{base}:requeued-by-task:"
         #: Stream: the web console's audit log (who did what, when, with which result).
         self.web_audit = f"{base}:web:audit"
         #: String: the token of the worker whose drainer holds the drain lease (with a TTL).
@@ -123,6 +125,10 @@ class Keys:
     def seen(self, identity: str) -> str:
         """The DLX service's marker of one handled dead letter."""
         return f"{self.seen_prefix}{identity}"
+
+    def requeued_by_task(self, message_id: str) -> str:
+        """The marker of a task's own ``Reject(requeue=True)``: its redelivery is not a crash."""
+        return f"{self.requeued_by_task_prefix}{message_id}"
 
     def budget(self, name: str) -> str:
         """The prefix of one rate-limit budget's keys (``budget(name) + what``)."""

@@ -16,8 +16,8 @@ from datetime import timedelta
 from typing import Any
 
 from celery_dlx.errors import ConfigurationError
-from celery_dlx.fates import Bury, Park, Requeue
-from celery_dlx.message.headers import DLXState
+from celery_dlx.fates import BURIED, PARKED, REQUEUED, Bury, FateRequest, Park, Requeue
+from celery_dlx.message.headers import DLXState, exception_type_name, fingerprint
 from celery_dlx.policy import durations
 
 #: What a classification list may hold: exception classes, or predicates over an exception.
@@ -235,8 +235,90 @@ def decide(exc: BaseException, state: DLXState, policy: Policy) -> Decision:
         reason = exc.reason if isinstance(exc, Bury) else f"permanent failure: {why}"
         return ToBury(reason=reason)
     countdown = exc.countdown if isinstance(exc, Park) else None
+    if isinstance(exc, Park) and not exc.budgeted:
+        # self.retry(): Celery's max_retries was checked before the park was asked for.
+        delay = countdown if countdown is not None else policy.backoff(state.parks)
+        return ToPark(delay=delay, reason=why)
     if kind == "park":
         return _park_or_bury(state, policy, countdown, why)
     if state.requeues < policy.max_requeues:
         return ToRequeue(reason=why)
     return _park_or_bury(state, policy, None, why)
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The failure to name: the exception a fate request wraps (``raise Park() from err``,
+    ``self.retry(exc=err)``), else ``exc`` itself."""
+    if isinstance(exc, FateRequest) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
+
+
+@dataclass(frozen=True)
+class FailurePlan:
+    """What to do with a failed run, worked out before any I/O (:func:`plan_failure`)."""
+
+    decision: Decision
+    #: ``requeued``, ``parked`` or ``buried``.
+    fate: str
+    #: The task's own failure: named in history and obituary, raised again on burial.
+    root: BaseException
+    exc_type: str
+    exc_message: str
+    cause: str
+    at_ms: int
+    #: The state the copy carries (requeue, park); the delivery's own state on burial.
+    state: DLXState
+    #: Celery's ``request.retries`` of the copy's run: every requeue and park is a retry.
+    retries: int
+    #: Seconds until a parked copy is due; None unless parked.
+    delay: float | None = None
+
+    @property
+    def buried(self) -> bool:
+        return isinstance(self.decision, ToBury)
+
+
+def plan_failure(
+    exc: BaseException,
+    state: DLXState,
+    policy: Policy,
+    *,
+    task: str,
+    queue: str,
+    retries: int,
+    at_ms: int,
+) -> FailurePlan:
+    """The fate of a run of ``task`` that raised ``exc``, and everything the worker then writes.
+
+    ``state`` is what the delivery's headers say, ``retries`` Celery's retry count of this run.
+    """
+    decision = decide(exc, state, policy)
+    root = root_cause(exc)
+    exc_type = exception_type_name(root)
+    exc_message = str(root)
+    cause = fingerprint(task, exc_type, exc_message)
+    fate, after, delay = BURIED, state, None
+    if not isinstance(decision, ToBury):
+        fate = REQUEUED if isinstance(decision, ToRequeue) else PARKED
+        after = state.after_failure(
+            fate=fate,
+            at_ms=at_ms,
+            cause=cause,
+            queue=queue,
+            exc_type=exc_type,
+            exc_message=exc_message,
+        )
+        delay = decision.delay if isinstance(decision, ToPark) else None
+    return FailurePlan(
+        decision=decision,
+        fate=fate,
+        root=root,
+        exc_type=exc_type,
+        exc_message=exc_message,
+        cause=cause,
+        at_ms=at_ms,
+        state=after,
+        retries=retries if fate == BURIED else retries + 1,
+        delay=delay,
+    )

@@ -11,18 +11,54 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery.utils.objects import Bunch
 from celery.worker.consumer import Consumer
 from kombu.message import Message
 
 from celery_dlx.compat import divert_reject, install_tolerant_properties
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.message.headers import DLXState, clean_headers, dead_letter_refusal, read_state
-from celery_dlx.message.names import QUEUE_HEADER, REASON_HEADER
+from celery_dlx.message.names import DELIVERY_QUEUE_HEADER, QUEUE_HEADER, REASON_HEADER
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.worker.runtime import get_runtime
 from celery_dlx.worker.strategy import _queue_of
 
 logger = logging.getLogger(__name__)
+
+
+def bury_raw(app: Any, message: Any, queue: str, reason: str) -> bool:
+    """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
+    runtime = get_runtime(app)
+    headers = dict(message.headers or {})
+    headers.pop(DELIVERY_QUEUE_HEADER, None)
+    try:
+        state = read_state(headers)
+    except MalformedHeader:
+        state = DLXState()
+    copy = Outgoing(
+        body=message.body if isinstance(message.body, bytes) else str(message.body).encode(),
+        routing_key=str(queue),
+        exchange=runtime.config.exchange,
+        headers={
+            **clean_headers(headers, DLXState(attempt=state.attempt, queue=str(queue))),
+            REASON_HEADER: reason[:1000],
+            QUEUE_HEADER: str(queue),
+        },
+        properties={
+            **copy_properties(message.properties),
+            "content_type": message.content_type,
+            "content_encoding": message.content_encoding,
+        },
+    )
+    try:
+        runtime.publisher.publish(copy)
+    except Exception as err:
+        logger.warning("could not bury an undecodable message from %s (%r)", queue, err)
+        runtime.reset_publisher()
+        return False
+    # The DLX service logs (and alerts on) the burial itself, once, with the obituary.
+    logger.warning("quarantined a message from %s: %s: sent to the graveyard", queue, reason[:300])
+    return True
 
 
 class DLXConsumer(Consumer):
@@ -36,42 +72,11 @@ class DLXConsumer(Consumer):
 
     def _bury_raw(self, message: Message, reason: str) -> bool:
         """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
-        runtime = get_runtime(self.app)
-        headers = dict(message.headers or {})
         info = message.delivery_info or {}
         queue = (
             _queue_of(self, message) or info.get("routing_key") or self.app.conf.task_default_queue
         )
-        try:
-            state = read_state(headers)
-        except MalformedHeader:
-            state = DLXState()
-        copy = Outgoing(
-            body=message.body if isinstance(message.body, bytes) else str(message.body).encode(),
-            routing_key=str(queue),
-            exchange=runtime.config.exchange,
-            headers={
-                **clean_headers(headers, DLXState(attempt=state.attempt, queue=str(queue))),
-                REASON_HEADER: reason[:1000],
-                QUEUE_HEADER: str(queue),
-            },
-            properties={
-                **copy_properties(message.properties),
-                "content_type": message.content_type,
-                "content_encoding": message.content_encoding,
-            },
-        )
-        try:
-            runtime.publisher.publish(copy)
-        except Exception as err:
-            logger.warning("could not bury an undecodable message from %s (%r)", queue, err)
-            runtime.reset_publisher()
-            return False
-        # The DLX service logs (and alerts on) the burial itself, once, with the obituary.
-        logger.warning(
-            "quarantined a message from %s: %s: sent to the graveyard", queue, reason[:300]
-        )
-        return True
+        return bury_raw(self.app, message, str(queue), reason)
 
     def _divert(self, message: Message, reason: str) -> None:
         """Make Celery's coming reject of ``message`` an ack (buried) or a requeue (never DLX)."""
@@ -82,8 +87,28 @@ class DLXConsumer(Consumer):
         elif dead_letter_refusal(message.headers):
             divert_reject(message, lambda log, errors, requeue=False: message.requeue())
 
+    def _mark_failed(self, message: Message, exc: Exception) -> None:
+        """Record FAILURE for a task message that can never run (no retry could decode it)."""
+        headers = message.headers if isinstance(message.headers, dict) else {}
+        task_id = headers.get("id")
+        if not task_id or not self.app.conf.result_backend:
+            return
+        request = Bunch(
+            name=headers.get("task"),
+            chord=None,
+            root_id=headers.get("root_id"),
+            correlation_id=(message.properties or {}).get("correlation_id"),
+            reply_to=(message.properties or {}).get("reply_to"),
+            errbacks=None,
+        )
+        try:
+            self.app.backend.mark_as_failure(task_id, exc, request=request)
+        except Exception:  # a result backend outage must not stop the consumer
+            logger.warning("could not store FAILURE for %s", task_id, exc_info=True)
+
     def on_decode_error(self, message: Message, exc: Exception) -> None:
         if self._bury_raw(message, f"undecodable: {type(exc).__name__}: {exc}"):
+            self._mark_failed(message, exc)
             message.ack()
         elif dead_letter_refusal(message.headers):
             message.requeue()
@@ -106,4 +131,5 @@ class DLXConsumer(Consumer):
 
     def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
         self._divert(message, f"undecodable: invalid task message: {exc}")
+        self._mark_failed(message, exc)
         super().on_invalid_task(body, message, exc)

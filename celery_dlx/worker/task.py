@@ -2,32 +2,37 @@
 
 The decision is :func:`celery_dlx.policy.decide.decide`; this module carries it out inside the worker
 child: a requeue publishes a confirmed copy at the tail of the same queue, a park stores the copy
-in Redis, a burial stashes the cause for the DLX service and rejects the message into the queue's
-dead-letter exchange. The run then ends with ``Ignore`` (the original is acked) or ``Reject``.
+in Redis (both count as Celery retries: ``request.retries`` of the copy is one more), a burial
+stashes the cause for the DLX service and fails the run with the task's own exception, so Celery
+records FAILURE, calls errbacks and sends ``task_failure`` once, as without celery_dlx, and
+rejects the message into the queue's dead-letter exchange. A requeue or park ends the run with
+``Ignore`` (the original is acked). What to do is worked out first, without I/O
+(:func:`celery_dlx.policy.decide.plan_failure`); ``DLXTask._fail`` only carries it out.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 import socket
 import traceback as tb
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from billiard.einfo import ExceptionInfo
 from celery import Celery, Task, signals
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_dlx import fates
 from celery_dlx.errors import MalformedHeader
-from celery_dlx.fates import FateEvent, FateRequest, Park, now_ms
+from celery_dlx.fates import BURIED, Bury, FateEvent, Park, now_ms
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.copies import celery_copy, delivery_headers
 from celery_dlx.message.headers import (
     DLXState,
     HistoryEntry,
     dead_letter_refusal,
-    exception_type_name,
     fingerprint,
     message_identity,
     read_state,
@@ -39,7 +44,7 @@ from celery_dlx.message.names import (
     REPLAYED_HEADER,
 )
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.policy.decide import ToBury, ToPark, ToRequeue, decide
+from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.store.causes import stash_cause
 from celery_dlx.worker.runtime import Runtime, get_runtime
@@ -47,12 +52,44 @@ from celery_dlx.worker.runtime import Runtime, get_runtime
 logger = logging.getLogger(__name__)
 
 
+#: Attribute marking an exception whose failure celery_dlx turned into a fate (the same name as
+#: ``celery_dlx.integrations.sentry.HANDLED_ATTR``, which this layer cannot import).
+HANDLED_FATE_ATTR = "__celery_dlx_fate__"
+
 #: Tasks with these name prefixes are never DLX tasks through the ``dlx_enabled`` flag.
 INTERNAL_TASK_PREFIXES = ("celery.", "celery_dlx.")
 
 
 class Redelivered(Exception):
     """The broker redelivered this message: the worker running it died or lost its connection."""
+
+
+class RetryPark(Park):
+    """``self.retry()`` in a DLX task: park the message, under Celery's ``max_retries``.
+
+    Args:
+        countdown: seconds until the retry; None uses the task's backoff schedule.
+        message: what the park is for (the retried exception, if any).
+        call_args, call_kwargs: the arguments of the retry (``retry(args=..., kwargs=...)``);
+            None keeps the message's.
+    """
+
+    #: The retry budget is Celery's max_retries, checked by DLXTask.retry, not dlx_max_parks.
+    budgeted = False
+
+    def __init__(
+        self,
+        countdown: float | None = None,
+        message: str = "",
+        call_args: Any = None,
+        call_kwargs: Any = None,
+    ) -> None:
+        super().__init__(countdown=countdown, message=message)
+        self.call_args = call_args
+        self.call_kwargs = call_kwargs
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.countdown, str(self), self.call_args, self.call_kwargs))
 
 
 @dataclass
@@ -109,11 +146,70 @@ def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
     return options
 
 
-def _root(exc: BaseException) -> BaseException:
-    """The failure to name: the exception a ``Park`` from ``retry(exc=...)`` wraps, else ``exc``."""
-    if isinstance(exc, FateRequest) and exc.__cause__ is not None:
-        return exc.__cause__
-    return exc
+#: Seconds a task's own ``Reject(requeue=True)`` is remembered until its redelivery arrives.
+OWN_REDELIVERY_TTL = 86400
+
+
+def _signature_error(task: Any, exc: BaseException, args: Any, kwargs: Any) -> bool:
+    """True when ``exc`` is the TypeError of calling the task with arguments its signature
+    refuses: no retry can ever succeed."""
+    if not isinstance(exc, TypeError):
+        return False
+    try:
+        inspect.signature(task.run).bind(*args, **kwargs)
+    except TypeError:
+        return True
+    except ValueError:  # no signature to inspect (a builtin): cannot tell
+        return False
+    return False
+
+
+def retry_arguments(
+    run: Any, request_args: Any, request_kwargs: Any, args: Any, kwargs: Any
+) -> tuple[Any, Any]:
+    """The arguments of a retried run, as Celery's ``Task.retry`` computes them.
+
+    None keeps the request's; an explicit ``args`` (or ``kwargs``) alone keeps the inherited
+    values that do not conflict with the new calling convention (Celery #6494).
+    """
+    if (args is not None and kwargs is None and request_kwargs) or (
+        kwargs is not None and args is None and request_args
+    ):
+        try:
+            signature = inspect.signature(run)
+        except (TypeError, ValueError):
+            return args, kwargs
+        if args is not None:
+            positional = [
+                p
+                for p in signature.parameters.values()
+                if p.kind
+                in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            ]
+            kwargs = dict(request_kwargs)
+            for p in positional[: len(args)]:
+                if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                    kwargs.pop(p.name, None)
+        else:
+            try:
+                bound = signature.bind_partial(*request_args)
+            except TypeError:
+                return args, kwargs
+            kwargs = dict(kwargs or {})
+            for name in list(kwargs):
+                if (
+                    name in bound.arguments
+                    and signature.parameters[name].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+                ):
+                    bound.arguments[name] = kwargs.pop(name)
+            args, kwargs = bound.args, {**bound.kwargs, **kwargs}
+    return args, kwargs
+
+
+def _permanent(exc: BaseException, reason: str) -> Bury:
+    bury = Bury(reason)
+    bury.__cause__ = exc
+    return bury
 
 
 class DLXTask(Task[Any, Any]):
@@ -174,8 +270,14 @@ class DLXTask(Task[Any, Any]):
         runtime = get_runtime(self.app)
         delivery = _delivery(self)
         if delivery.problem:
-            self._quarantine(runtime, delivery, delivery.problem)
-        if delivery.redelivered:
+            try:
+                self._quarantine(runtime, delivery, delivery.problem)
+            except Ignore:
+                # In the graveyard: the run fails for Celery too (FAILURE, errbacks, chord error)
+                # instead of leaving the result PENDING and a workflow waiting forever.
+                self._fail_without_running(MalformedHeader(delivery.problem))
+                raise
+        if delivery.redelivered and not self._redelivery_was_asked(runtime, delivery):
             self._fail(
                 runtime,
                 delivery,
@@ -186,10 +288,18 @@ class DLXTask(Task[Any, Any]):
             )
         try:
             result = super().__call__(*args, **kwargs)
-        except (Ignore, Reject, Retry):
+        except Reject as exc:
+            # The task's own Reject keeps Celery's meaning; its redelivery is not a crash.
+            if getattr(exc, "requeue", False):
+                self._expect_redelivery(runtime, delivery)
+            raise
+        except (Ignore, Retry):
             raise
         except Exception as exc:
-            self._fail(runtime, delivery, exc, ExceptionInfo())
+            failure: BaseException = exc
+            if _signature_error(self, exc, args, kwargs):
+                failure = _permanent(exc, "permanent failure: the call does not match the task")
+            self._fail(runtime, delivery, failure, ExceptionInfo())
         # A replay resets the attempts; its success is a recovery all the same (the canary of
         # `celery dlx replay --canary` waits for it).
         if delivery.state.attempt > 0 or REPLAYED_HEADER in delivery.headers:
@@ -209,94 +319,169 @@ class DLXTask(Task[Any, Any]):
     ) -> Any:
         """Park the message instead of holding an ETA retry in worker memory.
 
-        ``countdown`` (or ``eta``) becomes the park delay; the park budget replaces
-        ``max_retries``. Outside a DLX worker run (eager, direct call) this is Celery's retry.
+        ``countdown`` (or ``eta``) becomes the park delay (None: the task's backoff schedule);
+        ``max_retries`` keeps Celery's meaning: once ``request.retries`` (which counts every
+        requeue and park) reaches it, the task fails with ``exc`` or ``MaxRetriesExceededError``
+        and is buried, as plain Celery fails it. Outside a DLX worker run (eager, direct call)
+        this is Celery's retry.
         """
         req = self.request
         if req.called_directly or req.is_eager or not self._dlx_enabled_for(self.app):
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+        limit = self.max_retries if max_retries is None else max_retries
+        if limit is not None and (req.retries or 0) >= limit:
+            final = (
+                exc
+                if isinstance(exc, BaseException)
+                else MaxRetriesExceededError(
+                    f"Can't retry {self.name}[{req.id}] args:{req.args} kwargs:{req.kwargs}",
+                    task_args=req.args,
+                    task_kwargs=req.kwargs,
+                )
+            )
+            raise _permanent(final, f"max_retries exceeded: {limit}")
+        args, kwargs = retry_arguments(self.run, req.args, req.kwargs, args, kwargs)
         delay = countdown
         if delay is None and eta is not None:
             delay = max(0.0, (eta - self.app.now()).total_seconds())
-        park = Park(countdown=delay, message=str(exc) if exc else "retry requested")
+        park = RetryPark(
+            countdown=delay,
+            message=str(exc) if exc else "retry requested",
+            call_args=args,
+            call_kwargs=kwargs,
+        )
         if isinstance(exc, BaseException):
             raise park from exc
         raise park
 
+    def _redelivery_was_asked(self, runtime: Runtime, delivery: Delivery) -> bool:
+        """True when this redelivery follows the task's own ``Reject(requeue=True)``."""
+        try:
+            return bool(runtime.redis.delete(runtime.keys.requeued_by_task(delivery.message_id)))
+        except Exception:  # Redis down: count it as a crash, the safe side of the budget
+            logger.debug("could not check the redelivery of %s", delivery.message_id, exc_info=True)
+            return False
+
+    def _expect_redelivery(self, runtime: Runtime, delivery: Delivery) -> None:
+        try:
+            runtime.redis.set(
+                runtime.keys.requeued_by_task(delivery.message_id), 1, ex=OWN_REDELIVERY_TTL
+            )
+        except Exception:
+            logger.warning(
+                "could not note the requeue of %s[%s]: its redelivery counts as a crash",
+                self.name,
+                delivery.message_id,
+                exc_info=True,
+            )
+
     def _fail(
         self, runtime: Runtime, delivery: Delivery, exc: BaseException, einfo: ExceptionInfo | None
-    ) -> None:
+    ) -> NoReturn:
+        """Carry out the fate of a failed run; ends the run (Ignore, or the task's own failure)."""
         options = _options(self, runtime, delivery.queue)
-        decision = decide(exc, delivery.state, options.policy)
-        root = _root(exc)
-        exc_type = exception_type_name(root)
-        exc_message = str(root)
-        cause = fingerprint(self.name, exc_type, exc_message)
-        at = now_ms()
-        if isinstance(decision, ToBury):
-            self._bury(
-                runtime,
-                delivery,
-                options,
-                decision.reason,
-                exc_type,
-                exc_message,
-                cause,
-                einfo,
-                at,
-                root,
-            )
-        fate = fates.REQUEUED if isinstance(decision, ToRequeue) else fates.PARKED
-        state = delivery.state.after_failure(
-            fate=fate,
-            at_ms=at,
-            cause=cause,
+        plan = plan_failure(
+            exc,
+            delivery.state,
+            options.policy,
+            task=self.name,
             queue=delivery.queue,
-            exc_type=exc_type,
-            exc_message=exc_message,
+            retries=int(self.request.retries or 0),
+            at_ms=now_ms(),
         )
+        if plan.buried:
+            self._settle_burial(runtime, delivery, options, plan, einfo, exc)
+        self._send_copy(runtime, delivery, plan, exc)
+        self._record_fate(runtime, delivery, options, plan)
+        self._mark_retry(plan.root, einfo)
+        raise Ignore()
+
+    def _settle_burial(
+        self,
+        runtime: Runtime,
+        delivery: Delivery,
+        options: TaskOptions,
+        plan: FailurePlan,
+        einfo: ExceptionInfo | None,
+        exc: BaseException,
+    ) -> NoReturn:
+        """Stash the cause, then fail the run with the task's own exception, as plain Celery does:
+        FAILURE with that exception, errbacks and chord errors once; the message is rejected
+        into the dead-letter exchange (acks_late without acks_on_failure)."""
+        assert isinstance(plan.decision, ToBury)
+        self._bury(
+            runtime,
+            delivery,
+            options,
+            plan.decision.reason,
+            plan.exc_type,
+            plan.exc_message,
+            plan.cause,
+            einfo,
+            plan.at_ms,
+            plan.root,
+        )
+        root = plan.root
+        # Celery and sentry-sdk's CeleryIntegration see the task's own exception now; the DLX
+        # service reports the burial once, with the obituary (integrations.sentry drops the rest).
+        with contextlib.suppress(AttributeError, TypeError):  # __slots__: cannot carry the mark
+            setattr(root, HANDLED_FATE_ATTR, BURIED)
+        if root is not exc:
+            # Raised from here, it would print the fate request as its context.
+            root.__suppress_context__ = True
+        raise root
+
+    def _send_copy(
+        self, runtime: Runtime, delivery: Delivery, plan: FailurePlan, exc: BaseException
+    ) -> None:
+        """Publish the copy at the tail (requeue) or store it in the parking store (park)."""
         copy = celery_copy(
             self.request,
-            state=state,
+            state=plan.state,
             routing_key=delivery.queue,
             default_serializer=self.serializer or self.app.conf.task_serializer,
+            retries=plan.retries,
+            args=exc.call_args if isinstance(exc, RetryPark) else None,
+            kwargs=exc.call_kwargs if isinstance(exc, RetryPark) else None,
         )
-        delay: float | None = None
         try:
-            if isinstance(decision, ToPark):
-                delay = decision.delay
+            if plan.delay is not None:
                 runtime.park(
                     ParkedMessage(
                         message_id=delivery.message_id,
-                        attempt=state.attempt,
+                        attempt=plan.state.attempt,
                         queue=delivery.queue,
                         body=copy.body,
                         headers=copy.headers,
                         properties=copy.properties,
-                        due_ms=at + int(delay * 1000),
-                        parked_ms=at,
+                        due_ms=plan.at_ms + int(plan.delay * 1000),
+                        parked_ms=plan.at_ms,
                         task=self.name,
-                        cause=cause,
+                        cause=plan.cause,
                     )
                 )
             else:
                 runtime.publisher.publish(copy)
         except Exception as err:
-            self._fallback(runtime, delivery, fate, err)
+            self._fallback(runtime, delivery, plan.fate, err)
+
+    def _record_fate(
+        self, runtime: Runtime, delivery: Delivery, options: TaskOptions, plan: FailurePlan
+    ) -> None:
         event = FateEvent(
-            fate=fate,
+            fate=plan.fate,
             queue=delivery.queue,
             message_id=delivery.message_id,
-            attempt=state.attempt,
+            attempt=plan.state.attempt,
             task=self.name,
-            cause=cause,
-            exc_type=exc_type,
-            exc_message=exc_message[:500],
-            reason=decision.reason,
-            delay=delay,
+            cause=plan.cause,
+            exc_type=plan.exc_type,
+            exc_message=plan.exc_message[:500],
+            reason=plan.decision.reason,
+            delay=plan.delay,
             importance=options.importance,
-            first_failure_ms=state.first_failure_ms,
-            at_ms=at,
+            first_failure_ms=plan.state.first_failure_ms,
+            at_ms=plan.at_ms,
         )
         try:
             runtime.record(event)
@@ -305,13 +490,11 @@ class DLXTask(Task[Any, Any]):
             # original as well, and the message would live twice.
             logger.warning(
                 "could not record the %s fate of %s[%s] in the history: %r",
-                fate,
+                plan.fate,
                 self.name,
                 delivery.message_id,
                 err,
             )
-        self._mark_retry(root, einfo)
-        raise Ignore()
 
     def _fallback(self, runtime: Runtime, delivery: Delivery, fate: str, err: Exception) -> None:
         """The copy could not be stored or published: hand the original to the dead-letter path.
@@ -373,7 +556,6 @@ class DLXTask(Task[Any, Any]):
             )
         if delivery.x_death_problem:
             self._publish_to_graveyard(runtime, delivery, reason)
-        raise Reject(root, requeue=False)  # type: ignore[arg-type]  # Celery takes any reason
 
     def _quarantine(self, runtime: Runtime, delivery: Delivery, reason: str) -> None:
         """Bury a message whose headers cannot be trusted, by publishing a clean copy."""
@@ -435,6 +617,30 @@ class DLXTask(Task[Any, Any]):
             reason,
         )
         raise Ignore()
+
+    def _fail_without_running(self, exc: Exception) -> None:
+        """Result FAILURE and ``task_failure`` for a message buried before its task ran."""
+        req = self.request
+        try:
+            self.backend.mark_as_failure(
+                str(req.id),
+                exc,
+                None,
+                request=req,
+                store_result=self.store_errors_even_if_ignored
+                or not (self.ignore_result or req.ignore_result),
+            )
+        except Exception:  # a result backend outage must not change the fate
+            logger.debug("could not store FAILURE for %s", req.id, exc_info=True)
+        signals.task_failure.send(
+            sender=self,
+            task_id=req.id,
+            exception=exc,
+            args=req.args,
+            kwargs=req.kwargs,
+            traceback=None,
+            einfo=None,
+        )
 
     def _mark_retry(self, exc: BaseException, einfo: ExceptionInfo | None) -> None:
         """Result state RETRY and the ``task_retry`` signal, as for Celery's own retry."""

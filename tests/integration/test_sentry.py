@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import sentry_sdk
 from celery import Celery
+from celery.app.trace import LOG_FAILURE
 from sentry_sdk.integrations.logging import LoggingIntegration
 
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
@@ -249,7 +250,11 @@ def test_celery_integration_on_real_worker_reports_each_cause_once(
     fates = Counter(r.getMessage().split(" ", 1)[0] for r in mine if r.name == "celery_dlx")
     # One line per failed attempt (the drain's republish is logged at DEBUG): attempts lines each.
     assert fates == {"requeued": 12, "parked": 12, "buried": 6}
-    echoes = [r.getMessage() for r in mine if r.name == "celery.app.trace"]
-    assert echoes == [], echoes[:3]  # Celery's "ignored" / "reject" lines of handled runs
+    # Requeued and parked runs leave no Celery line; the burying run fails as in plain Celery,
+    # with Celery's own failure line (and traceback), once per message.
+    echoes = [r for r in mine if r.name == "celery.app.trace"]
+    assert [(r.levelname, r.msg) for r in echoes] == [("ERROR", LOG_FAILURE)] * 6, echoes[:3]
     with_traceback = [r for r in mine if r.exc_info or "Traceback (most recent" in r.getMessage()]
-    assert [(r.name, r.levelname) for r in with_traceback] == [("celery_dlx", "ERROR")] * 6
+    assert sorted((r.name, r.levelname) for r in with_traceback) == sorted(
+        [("celery_dlx", "ERROR"), ("celery.app.trace", "ERROR")] * 6
+    )

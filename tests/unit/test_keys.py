@@ -34,6 +34,9 @@ K = Keys("shop")
         (K.replay_ledger, "{shop}:replay:ledger"),
         (K.consumerless, "{shop}:check:consumerless"),
         (K.budget("sentry") + "c0ffee", "{shop}:budget:sentry:c0ffee"),
+        (K.web_audit, "{shop}:web:audit"),
+        (K.drain_lease, "{shop}:drain:lease"),
+        (K.requeued_by_task("m-1"), "{shop}:requeued-by-task:m-1"),
     ],
 )
 def test_key_names(key: str, name: str) -> None:

@@ -1,0 +1,373 @@
+#!/usr/bin/env python
+"""Compatibility gate: Celery's own integration suite, plain and with celery_dlx on.
+
+Fetches ``t/integration`` from the sdist of the INSTALLED Celery version (cached under
+``.cache/celery-compat/``), runs the chosen files twice against the real services (broker
+RabbitMQ in a fresh vhost per run, result backend Redis under a unique key prefix), once plain
+and once with ``tests/compat/plugin.py`` switching celery_dlx on for the suite's apps, and
+compares per-test outcomes. A test that passes plain and fails with celery_dlx on is run again
+in both modes; it is a regression unless it then passes with celery_dlx on (reported as flaky)
+or is listed in ``tests/compat/allowed.toml`` (an intended difference, with its reason and the
+celery_dlx test of the intended behaviour).
+
+Usage::
+
+    python scripts/celery_compat.py                       # test_tasks.py test_group_chains.py
+    python scripts/celery_compat.py test_canvas.py test_inspect.py
+    python scripts/celery_compat.py --budgets 0 test_tasks.py   # burial = Celery's failure
+
+Exit status: 0 when no unexplained difference, 1 otherwise, 2 on a set-up error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "celery-compat"
+ALLOWED = ROOT / "tests" / "compat" / "allowed.toml"
+DEFAULT_FILES = ("test_tasks.py", "test_group_chains.py")
+
+AMQP_HOST = os.environ.get("CELERY_DLX_COMPAT_AMQP_HOST", "127.0.0.1")
+MANAGEMENT = os.environ.get("CELERY_DLX_COMPAT_MANAGEMENT", "http://127.0.0.1:15672")
+REDIS_URL = os.environ.get("CELERY_DLX_COMPAT_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def celery_version() -> str:
+    import celery
+
+    return str(celery.__version__)
+
+
+def fetch_suite(version: str) -> Path:
+    """``t/`` and the pytest settings of Celery ``version``'s sdist, downloaded once."""
+    base = CACHE / f"celery-{version}"
+    marker = base / ".extracted"  # written last: an interrupted extraction is done again
+    if marker.exists():
+        return base
+    CACHE.mkdir(parents=True, exist_ok=True)
+    sdist = CACHE / f"celery-{version}.tar.gz"
+    if not sdist.exists():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                f"celery=={version}",
+                "-d",
+                str(CACHE),
+            ],
+            check=True,
+        )
+    prefix = f"celery-{version}/"
+    with tarfile.open(sdist) as tar:
+        members = [
+            m
+            for m in tar.getmembers()
+            if m.name.startswith(prefix + "t/integration/")
+            # t/'s own helper modules (t/canvas_helpers.py...), not t/unit or t/smoke
+            or (m.name.startswith(prefix + "t/") and m.name.count("/") == 2 and m.isfile())
+            or m.name == prefix + "pyproject.toml"
+        ]
+        tar.extractall(CACHE, members=members, filter="data")
+    marker.write_text(version)
+    return base
+
+
+def _management(method: str, path: str, body: dict[str, object] | None = None) -> None:
+    req = urllib.request.Request(
+        MANAGEMENT + path,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={
+            "content-type": "application/json",
+            "authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+        },
+    )
+    with urllib.request.urlopen(req, timeout=30):
+        pass
+
+
+def create_vhost(name: str) -> str:
+    """A fresh RabbitMQ vhost for one run (the suite insists on the queue name ``celery``)."""
+    quoted = urllib.parse.quote(name, safe="")
+    _management("PUT", f"/api/vhosts/{quoted}", {})
+    _management(
+        "PUT", f"/api/permissions/{quoted}/guest", {"configure": ".*", "write": ".*", "read": ".*"}
+    )
+    return f"amqp://guest:guest@{AMQP_HOST}:5672/{quoted}"
+
+
+def delete_vhost(name: str) -> None:
+    try:
+        _management("DELETE", f"/api/vhosts/{urllib.parse.quote(name, safe='')}")
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"warning: could not delete vhost {name}: {exc}", file=sys.stderr)
+
+
+def delete_redis_prefix(*patterns: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    for pattern in patterns:
+        batch = []
+        for key in client.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                client.delete(*batch)
+                batch = []
+        if batch:
+            client.delete(*batch)
+
+
+class SuiteError(RuntimeError):
+    """The suite could not run at all (missing dependency, services down)."""
+
+
+@dataclass
+class Run:
+    outcomes: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _nodeid(workdir: Path, classname: str, name: str) -> str:
+    parts = classname.split(".")
+    for i in range(len(parts), 0, -1):
+        path = "/".join(parts[:i]) + ".py"
+        if (workdir / path).exists():
+            return "::".join([path, *parts[i:], name])
+    return f"{classname}::{name}"
+
+
+def parse_junit(workdir: Path, xml: Path) -> dict[str, str]:
+    outcomes: dict[str, str] = {}
+    if not xml.exists():
+        return outcomes
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        node = _nodeid(workdir, case.get("classname", ""), case.get("name", ""))
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome = "failed"
+        elif case.find("skipped") is not None:
+            outcome = "skipped"
+        else:
+            outcome = "passed"
+        # A teardown error is a second entry for the same test: the worst outcome wins.
+        if outcomes.get(node) != "failed":
+            outcomes[node] = outcome
+    return outcomes
+
+
+def run_suite(
+    suite: Path, targets: list[str], mode: str, *, budgets: str | None, timeout: int, tag: str
+) -> Run:
+    """One pytest run of ``targets`` in a private copy of the suite, its own vhost and prefixes."""
+    run_id = f"{tag}-{mode}-{uuid.uuid4().hex[:8]}"
+    workdir = CACHE / "runs" / run_id
+    shutil.copytree(suite / "t", workdir / "t")
+    shutil.copy(suite / "pyproject.toml", workdir / "pyproject.toml")
+    backend_prefix = f"celery-dlx-compat-{run_id}:"
+    dlx_prefix = f"celery-dlx-compat-{run_id}"
+    # The suite's conftest reads this file from its root directory to override its settings.
+    (workdir / "integration-tests-config.json").write_text(
+        json.dumps({"result_backend_transport_options": {"global_keyprefix": backend_prefix}})
+    )
+    vhost = f"celery-dlx-compat-{run_id}"
+    broker = create_vhost(vhost)
+    env = dict(os.environ)
+    env.update(
+        TEST_BROKER=broker,
+        TEST_BACKEND=REDIS_URL,
+        CELERY_DLX_COMPAT=mode,
+        CELERY_DLX_COMPAT_PREFIX=dlx_prefix,
+        CELERY_DLX_COMPAT_REDIS=REDIS_URL,
+        PYTHONPATH=os.pathsep.join([str(workdir), str(ROOT), env.get("PYTHONPATH", "")]),
+    )
+    if budgets is not None:
+        env["CELERY_DLX_COMPAT_BUDGETS"] = budgets
+    xml = workdir / "junit.xml"
+    log = CACHE / "reports" / f"{run_id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *targets,
+        "-p",
+        "no:celery",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "celery.contrib.pytest",
+        "-p",
+        "tests.compat.plugin",
+        f"--junitxml={xml}",
+        f"--timeout={timeout}",
+        "-q",
+        "-rN",
+        "-o",
+        "junit_family=xunit1",
+    ]
+    started = time.monotonic()
+    try:
+        with log.open("w") as out:
+            subprocess.run(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT)
+        run = Run(parse_junit(workdir, xml), time.monotonic() - started)
+        shutil.copy(xml, log.with_suffix(".xml")) if xml.exists() else None
+    finally:
+        delete_vhost(vhost)
+        delete_redis_prefix(backend_prefix + "*", "{" + dlx_prefix + "}*", dlx_prefix + "*")
+        shutil.rmtree(workdir, ignore_errors=True)
+    if not any(o == "passed" for o in run.outcomes.values()) and mode == "plain":
+        raise SuiteError(
+            f"no test ran in {' '.join(targets)} ({mode}); see {log}:\n"
+            + "\n".join(log.read_text().splitlines()[-15:])
+        )
+    print(
+        f"  {mode:5} {' '.join(targets)[:70]}: {_counts(run.outcomes)} in {run.seconds:.0f}s "
+        f"(log {log.relative_to(ROOT)})",
+        flush=True,
+    )
+    return run
+
+
+def _counts(outcomes: dict[str, str]) -> str:
+    values = list(outcomes.values())
+    return ", ".join(f"{values.count(k)} {k}" for k in ("passed", "failed", "skipped"))
+
+
+def load_allowed() -> dict[str, dict[str, str]]:
+    """The documented intended differences: test node id -> {reason, instead}."""
+    if not ALLOWED.exists():
+        return {}
+    data = tomllib.loads(ALLOWED.read_text())
+    allowed = {}
+    for entry in data.get("allowed", []):
+        missing = {"test", "reason", "instead"} - set(entry)
+        if missing:
+            raise SystemExit(f"{ALLOWED}: entry {entry} lacks {sorted(missing)}")
+        path, _, name = entry["instead"].partition("::")
+        if (
+            not (ROOT / path).exists()
+            or f"def {name.split('[')[0]}(" not in (ROOT / path).read_text()
+        ):
+            raise SystemExit(f"{ALLOWED}: {entry['test']}: no test {entry['instead']}")
+        allowed[entry["test"]] = entry
+    return allowed
+
+
+def compare(suite: Path, file: str, args: argparse.Namespace, allowed: dict) -> dict[str, object]:
+    target = f"t/integration/{file}"
+    tag = Path(file).stem.replace("_", "-")
+    plain = run_suite(suite, [target], "plain", budgets=None, timeout=args.timeout, tag=tag)
+    dlx = run_suite(suite, [target], "dlx", budgets=args.budgets, timeout=args.timeout, tag=tag)
+    diffs = sorted(
+        t for t, o in plain.outcomes.items() if o == "passed" and dlx.outcomes.get(t) != "passed"
+    )
+    flaky: list[str] = []
+    confirmed = diffs
+    if diffs and args.rerun:
+        again_dlx = run_suite(
+            suite, diffs, "dlx", budgets=args.budgets, timeout=args.timeout, tag=tag + "-rerun"
+        )
+        confirmed = [t for t in diffs if again_dlx.outcomes.get(t) != "passed"]
+        flaky = [t for t in diffs if t not in confirmed]
+    intended = [t for t in confirmed if t in allowed]
+    unexplained = [t for t in confirmed if t not in allowed]
+    return {
+        "file": file,
+        "plain_passed": sum(o == "passed" for o in plain.outcomes.values()),
+        "plain_total": len(plain.outcomes),
+        "dlx_passed": sum(o == "passed" for o in dlx.outcomes.values()),
+        "dlx_total": len(dlx.outcomes),
+        "passed_plain_failed_dlx": diffs,
+        "flaky_passed_on_rerun": flaky,
+        "allowed": intended,
+        "unexplained": unexplained,
+        "seconds": round(plain.seconds + dlx.seconds),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "files",
+        nargs="*",
+        default=list(DEFAULT_FILES),
+        help="files of t/integration (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--budgets",
+        default=None,
+        help="dlx_max_requeues and dlx_max_parks for the celery_dlx run (e.g. 0)",
+    )
+    parser.add_argument("--timeout", type=int, default=120, help="pytest-timeout per test")
+    parser.add_argument(
+        "--no-rerun",
+        dest="rerun",
+        action="store_false",
+        help="do not run differing tests again before calling them regressions",
+    )
+    parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
+    args = parser.parse_args(argv)
+    version = celery_version()
+    try:
+        suite = fetch_suite(version)
+        allowed = load_allowed()
+    except (subprocess.CalledProcessError, OSError) as exc:
+        print(f"set-up error: {exc}", file=sys.stderr)
+        return 2
+    budgets = f", budgets {args.budgets}" if args.budgets is not None else ""
+    print(f"Celery {version} t/integration, plain vs celery_dlx on{budgets}", flush=True)
+    try:
+        reports = [compare(suite, f, args, allowed) for f in args.files]
+    except SuiteError as exc:
+        print(f"set-up error: {exc}", file=sys.stderr)
+        return 2
+    print()
+    print(
+        f"{'file':28} {'plain pass':>11} {'dlx pass':>9} {'flaky':>6} {'allowed':>8} "
+        f"{'unexplained':>12}"
+    )
+    for r in reports:
+        print(
+            f"{r['file']:28} {r['plain_passed']:>5}/{r['plain_total']:<5} "
+            f"{r['dlx_passed']:>4}/{r['dlx_total']:<4} {len(r['flaky_passed_on_rerun']):>6} "
+            f"{len(r['allowed']):>8} {len(r['unexplained']):>12}"
+        )
+        for t in r["unexplained"]:
+            print(f"    UNEXPLAINED {t}")
+        for t in r["flaky_passed_on_rerun"]:
+            print(f"    flaky (passed on rerun with celery_dlx) {t}")
+        for t in r["allowed"]:
+            print(f"    allowed {t}: {allowed[t]['reason']}")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"celery": version, "budgets": args.budgets, "files": reports}, indent=2)
+        )
+    return 1 if any(r["unexplained"] for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

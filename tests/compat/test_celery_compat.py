@@ -1,0 +1,57 @@
+"""The compatibility gate as a test: Celery's own test_tasks.py and test_group_chains.py, plain and
+with celery_dlx on, must show no unexplained difference (scripts/celery_compat.py).
+
+It takes about 8 minutes on the 2-core CI machine (the suite runs every test twice), too long for
+the main test command: it runs when asked, with ``DLX_COMPAT=1`` (``tox -e compat``, or
+``DLX_COMPAT=1 pytest tests/compat``), or directly as ``python scripts/celery_compat.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(
+        os.environ.get("DLX_COMPAT") != "1",
+        reason="Celery's own integration suite (~8 min): set DLX_COMPAT=1 to run the gate",
+    ),
+]
+
+
+@pytest.mark.parametrize("budgets", [None, "0"], ids=["default-budgets", "budgets-0"])
+def test_celery_integration_suite_passes_with_celery_dlx_on(
+    tmp_path: Path, budgets: str | None
+) -> None:
+    report = tmp_path / "compat.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "celery_compat.py"),
+        "test_tasks.py",
+        "test_group_chains.py",
+        "--json",
+        str(report),
+    ]
+    if budgets is not None:
+        cmd += ["--budgets", budgets]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    files = json.loads(report.read_text())["files"]
+    assert [f["file"] for f in files] == ["test_tasks.py", "test_group_chains.py"]
+    for f in files:
+        assert f["unexplained"] == [], f
+        assert f["plain_passed"] > 0 and f["dlx_total"] == f["plain_total"], f
