@@ -1,9 +1,10 @@
 """The compatibility gate as a test: Celery's own test_tasks.py and test_group_chains.py, plain and
 with celery_dlx on, must show no unexplained difference (scripts/celery_compat.py).
 
-It takes about 8 minutes on the 2-core CI machine (the suite runs every test twice), too long for
-the main test command: it runs when asked, with ``DLX_COMPAT=1`` (``tox -e compat``, or
-``DLX_COMPAT=1 pytest tests/compat``), or directly as ``python scripts/celery_compat.py``.
+It takes about 8 minutes on the 2-core CI machine (the suite runs every test twice). The README's
+test command (``scripts/test.sh``) sets ``DLX_COMPAT=1``; a plain ``pytest`` leaves it out unless
+asked (``DLX_COMPAT=1 pytest tests/compat``, ``tox -e compat``), and the whole gate (canvas and
+inspect too) is ``python scripts/celery_compat.py``.
 """
 
 from __future__ import annotations
