@@ -57,7 +57,10 @@ def targets(
     if ids:
         return list(dict.fromkeys(ids))
     if filters.empty() and not everything:
-        raise DLXError(f"{what} needs obituary ids or a filter (queue, task, cause, since...)")
+        raise DLXError(
+            f"{what} needs obituary ids or a filter (--queue, --task, --cause/--group, --since), "
+            "or --all (everything=True)"
+        )
     return _graveyard(runtime).ids(filters, limit=None, oldest_first=True)
 
 

@@ -201,12 +201,5 @@ def resolve_targets(
     Raises:
         DLXError: neither ids nor a filter, without ``everything``.
     """
-    if ids:
-        return list(dict.fromkeys(ids))
     filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
-    if filters.empty() and not everything:
-        raise DLXError(
-            f"{what} needs obituary ids, a filter (--queue, --task, --cause/--group, --since) "
-            "or --all"
-        )
-    return Graveyard(runtime.redis, runtime.keys).ids(filters, limit=None, oldest_first=True)
+    return obituaries.targets(runtime, ids, filters, everything, what)

@@ -291,7 +291,11 @@ class Graveyard:
 
     def groups(self) -> list[Group]:
         """Every cause still in the graveyard, most recently seen first."""
-        causes = [text(c) for c in self.client.zrevrange(self.groups_key, 0, -1)]
+        return self.groups_of([text(c) for c in self.client.zrevrange(self.groups_key, 0, -1)])
+
+    def groups_of(self, causes: list[str]) -> list[Group]:
+        """The :class:`Group` of each of ``causes`` still in the graveyard, in their order (one
+        round trip: a page of causes never loads the others)."""
         if not causes:
             return []
         pipe = self.client.pipeline(transaction=False)

@@ -28,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from celery_dlx.store import counters
-from celery_dlx.web.reads import groups_of, parked_summary, yard_of
+from celery_dlx.web.reads import parked_summary, yard_of
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class DLXCollector(Collector):
             "Obituaries in the graveyard per cause fingerprint",
             labels=["cause", "queue", "exc_type"],
         )
-        for group in groups_of(yard, causes):
+        for group in yard.groups_of(causes):
             per_cause.add_metric([group.cause, group.queue, group.exc_type], group.count)
         yield per_cause
         parked = parked_summary(runtime)

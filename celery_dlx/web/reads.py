@@ -16,7 +16,7 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops.inspection import group_row, obituary_row
 from celery_dlx.ops.render import iso
 from celery_dlx.store import counters
-from celery_dlx.store.graveyard import Graveyard, Group, text
+from celery_dlx.store.graveyard import Graveyard, text
 
 #: Most rows on one page.
 MAX_PAGE = 200
@@ -40,7 +40,7 @@ def causes_page(runtime: Any, *, offset: int = 0, limit: int = 50) -> dict[str, 
     pipe.zcard(yard.by_time)
     pipe.zrevrange(yard.groups_key, offset, offset + limit - 1)
     causes_total, total, raw = pipe.execute()
-    groups = groups_of(yard, [text(c) for c in raw])
+    groups = yard.groups_of([text(c) for c in raw])
     examples = yard.load([g.example_id for g in groups])
     rows = []
     for group, example in zip(groups, examples, strict=True):
@@ -57,44 +57,9 @@ def causes_page(runtime: Any, *, offset: int = 0, limit: int = 50) -> dict[str, 
     }
 
 
-def groups_of(yard: Graveyard, causes: list[str]) -> list[Group]:
-    """The :class:`Group` of each cause (as :meth:`Graveyard.groups`, for some causes only)."""
-    if not causes:
-        return []
-    pipe = yard.client.pipeline(transaction=False)
-    for cause in causes:
-        index = yard.by_cause(cause)
-        pipe.hgetall(yard.group_key(cause))
-        pipe.zcard(index)
-        pipe.zrange(index, 0, 0, withscores=True)
-        pipe.zrevrange(index, 0, 0, withscores=True)
-    results = pipe.execute()
-    out = []
-    for i, cause in enumerate(causes):
-        info, count, first, last = results[4 * i : 4 * i + 4]
-        if not count or not first or not last:
-            continue
-        meta = {text(k): text(v) for k, v in info.items()}
-        out.append(
-            Group(
-                cause=cause,
-                count=int(count),
-                total=int(meta.get("total") or count),
-                first_ms=int(first[0][1]),
-                last_ms=int(last[0][1]),
-                example_id=text(last[0][0]),
-                exc_type=meta.get("exc_type", ""),
-                exc_message=meta.get("exc_message", ""),
-                task=meta.get("task") or None,
-                queue=meta.get("queue", ""),
-            )
-        )
-    return out
-
-
 def group_info(runtime: Any, cause: str) -> dict[str, Any] | None:
     """One cause group as ``dlx groups --json`` shows it, or None when it is empty."""
-    found = groups_of(yard_of(runtime), [cause])
+    found = yard_of(runtime).groups_of([cause])
     return group_row(found[0]) if found else None
 
 
