@@ -8,6 +8,7 @@ machine moves both sides together.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
@@ -24,6 +25,66 @@ if str(ROOT) not in sys.path:
 
 BROKER_URL = os.environ.get("DLX_BENCH_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = os.environ.get("DLX_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+
+
+def load() -> str:
+    """The machine's load average now, ``1/5/15-minute``, printed with every figure."""
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f}/{five:.2f}/{fifteen:.2f}"
+
+
+def load1() -> float:
+    """The one-minute load average."""
+    return os.getloadavg()[0]
+
+
+def say(text: str) -> None:
+    """Print a line at once (run_all reads the scripts' output as they go)."""
+    print(text, flush=True)
+
+
+def round_line(name: str, n: int, value: str) -> None:
+    """One round's figure, with the load it was measured under."""
+    say(f"round {n}: {name}: {value}  [load {load()}]")
+
+
+def rounds_text(values: Sequence[float], fmt: str = "{:.2f}") -> str:
+    """``median M (r1, r2, ...)``."""
+    return (
+        f"median {fmt.format(median(values))} (rounds "
+        + ", ".join(fmt.format(v) for v in values)
+        + ")"
+    )
+
+
+def rounds_list(values: Sequence[float], fmt: str = "{:.2f}") -> str:
+    """``rounds r1, r2, ...``."""
+    return "rounds " + ", ".join(fmt.format(v) for v in values)
+
+
+def summary(
+    bench: str,
+    metric: str,
+    target: str,
+    measured: str,
+    verdict: str,
+    **extra: Any,
+) -> None:
+    """One machine-readable ``SUMMARY {json}`` line: a row of docs/benchmarks.md's table.
+
+    ``benchmarks/run_all.py`` collects these lines; ``verdict`` is ``met``, ``not met`` or
+    ``measured`` (no target). The load average at the time is added.
+    """
+    row = {
+        "bench": bench,
+        "metric": metric,
+        "target": target,
+        "measured": measured,
+        "verdict": verdict,
+        "load": load(),
+        **extra,
+    }
+    say("SUMMARY " + json.dumps(row, sort_keys=True))
 
 
 def unique(prefix: str) -> str:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,26 +15,28 @@ from typing import Any
 import psutil
 from _common import ROOT
 
+#: The systems a benchmark worker can run: celery_dlx, plain Celery (acks late), Dramatiq.
+SYSTEMS = ("dlx", "plain", "dramatiq")
+#: How each system is named in the output.
+LABELS = {"dlx": "celery_dlx", "plain": "Celery autoretry", "dramatiq": "Dramatiq"}
+#: Celery pools a benchmark runs; prefork (Celery's default) is the headline.
+POOLS = ("prefork", "solo", "threads")
 
-@contextmanager
-def bench_worker(
-    mode: str,
-    uid: str,
-    *,
-    pool: str = "solo",
-    prefetch: int = 10,
-    extra_env: dict[str, str] | None = None,
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A worker process for ``benchmarks/bench_app.py`` in ``mode``; stopped on exit."""
-    env = {
-        **os.environ,
-        "BENCH_MODE": mode,
-        "BENCH_UID": uid,
-        "BENCH_PREFETCH": str(prefetch),
-        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'benchmarks'}",
-        **(extra_env or {}),
-    }
-    cmd = [
+
+def worker_command(mode: str, uid: str, pool: str) -> list[str]:
+    """The command line of one worker: one process (or one pool child / one thread)."""
+    if mode == "dramatiq":
+        return [
+            sys.executable,
+            "-m",
+            "dramatiq",
+            "dramatiq_app",
+            "--processes",
+            "1",
+            "--threads",
+            "1",
+        ]
+    return [
         sys.executable,
         "-m",
         "celery",
@@ -52,24 +55,59 @@ def bench_worker(
         "-n",
         f"bench-{mode}-{uid}@%h",
     ]
+
+
+@contextmanager
+def bench_worker(
+    mode: str,
+    uid: str,
+    *,
+    pool: str = "prefork",
+    prefetch: int = 10,
+    extra_env: dict[str, str] | None = None,
+    cmd: list[str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A worker process for ``bench_app.py`` (``mode`` dlx/plain) or ``dramatiq_app.py``.
+
+    Its output goes to a log file in the temp directory (a pipe nobody reads would block it);
+    the file is removed on exit unless the worker failed.
+    """
+    env = {
+        **os.environ,
+        "BENCH_MODE": mode,
+        "BENCH_UID": uid,
+        "BENCH_PREFETCH": str(prefetch),
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'benchmarks'}",
+        **(extra_env or {}),
+    }
+    log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+        prefix=f"bench-{mode}-{uid}-", suffix=".log", delete=False
+    )
     proc = subprocess.Popen(
-        cmd,
+        cmd or worker_command(mode, uid, pool),
         cwd=ROOT / "benchmarks",
         env=env,
         start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         yield proc
     finally:
-        if proc.poll() is None:
+        ended = proc.poll() is not None
+        failed = ended and proc.returncode != 0
+        if not ended:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+        log.close()
+        if failed:
+            print(f"worker exited early (rc {proc.returncode}); its output: {log.name}")
+        else:
+            os.unlink(log.name)
 
 
 def wait_for_consumer(channel: Any, queue: str, timeout: float = 60.0) -> None:
@@ -115,10 +153,24 @@ def cleanup(uid: str) -> None:
     delete_keys(redis.Redis.from_url(REDIS_URL), f"bench-{uid}")
     with Connection(BROKER_URL) as conn:
         channel = conn.channel()
-        for queue in (f"bench-{uid}", f"bench-dead-{uid}"):
+        queues = (f"bench-{uid}", f"bench-dead-{uid}", f"bench-{uid}.DQ", f"bench-{uid}.XQ")
+        for queue in queues:
             channel.queue_delete(queue)
         channel.exchange_delete(f"bench-dlx-{uid}")
         channel.exchange_delete(f"bench-{uid}")
+
+
+def wait_count(client: Any, key: str, count: int, timeout: float, proc: Any = None) -> None:
+    """Block until the integer at ``key`` reaches ``count`` (the worker must stay alive)."""
+    deadline = time.monotonic() + timeout
+    while int(client.get(key) or 0) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{key} below {count} after {timeout}s: {client.get(key)!r}")
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(
+                f"worker exited (rc {proc.returncode}) with {key} at {client.get(key)!r}"
+            )
+        time.sleep(0.05)
 
 
 def wait_key(client: Any, key: str, timeout: float) -> bytes:
@@ -129,3 +181,28 @@ def wait_key(client: Any, key: str, timeout: float) -> bytes:
             return bytes(value)
         time.sleep(0.02)
     raise RuntimeError(f"{key} not set after {timeout}s")
+
+
+#: Dramatiq's actor name for each bench_app task.
+DRAMATIQ_ACTORS = {
+    "bench.noop": "bench_noop",
+    "bench.work": "bench_work",
+    "bench.park_hour": "bench_park_hour",
+    "bench.count_run": "bench_count_run",
+    "bench.fresh": "bench_fresh",
+}
+
+
+def publish(mode: str, uid: str, task: str, calls: list[tuple[Any, ...]]) -> None:
+    """Publish one ``task`` message per args tuple of ``calls`` to ``bench-<uid>``, in order."""
+    if mode == "dramatiq":
+        import dramatiq_app
+
+        dramatiq_app.publish(uid, DRAMATIQ_ACTORS[task], calls)
+        return
+    from bench_app import make_app
+
+    app = make_app(mode, uid)
+    with app.connection_for_write() as conn:
+        for args in calls:
+            app.send_task(task, args, connection=conn)

@@ -1,7 +1,9 @@
-"""The app the P1-P3 benchmark workers run: plain Celery or celery_dlx, named by environment.
+"""The app the P1-P3 and P10 benchmark workers run: plain Celery or celery_dlx, by environment.
 
-``BENCH_MODE`` is ``dlx`` (celery_dlx installed and enabled) or ``plain`` (Celery alone);
-``BENCH_UID`` names the queue and keys; ``BENCH_PREFETCH`` sets the prefetch multiplier.
+``BENCH_MODE`` is ``dlx`` (celery_dlx installed and enabled) or ``plain`` (Celery alone, with
+``task_acks_late=True``: the same delivery guarantee as celery_dlx, which acks after the fate is
+settled; a failing ``bench.work`` uses Celery's ``autoretry_for`` with its default retry delay and
+budget); ``BENCH_UID`` names the queue and keys; ``BENCH_PREFETCH`` sets the prefetch multiplier.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def make_app(mode: str, uid: str, prefetch: int = 10) -> Celery:
         task_ignore_result=True,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        # The same guarantee on both sides: a message is acked after its run, not before.
+        task_acks_late=True,
     )
     if mode == "dlx":
         app.conf.update(
@@ -50,6 +54,18 @@ def make_app(mode: str, uid: str, prefetch: int = 10) -> Celery:
 
 
 app = make_app(MODE, UID, int(os.environ.get("BENCH_PREFETCH", "10")))
+
+#: Experiments (``BENCH_EXPERIMENTS``, comma separated): proposed changes to code outside the
+#: benchmarks, patched into this worker only, to measure them before anyone makes them.
+#: ``lazy_einfo``: DLXTask builds its ExceptionInfo only when something reads it (a burial's
+#: traceback, a ``task_retry`` receiver); ``quiet_ignore``: the ``Ignore`` that ends a handled
+#: run does not chain the task's exception (``raise Ignore() from None``), so Celery's tracer
+#: formats one short traceback instead of three; ``no_events``: ``dlx_send_events = False``.
+EXPERIMENTS = {e for e in os.environ.get("BENCH_EXPERIMENTS", "").split(",") if e}
+if MODE == "dlx" and EXPERIMENTS:
+    import bench_experiments
+
+    bench_experiments.apply(app, EXPERIMENTS)
 _redis = redis.Redis.from_url(REDIS_URL)
 
 
@@ -71,7 +87,11 @@ def noop(total: int) -> None:
     _mark(total)
 
 
-@app.task(name="bench.work")
+#: Celery's own answer to a failing task: autoretry (default delay 180 s, 3 retries).
+_WORK_OPTIONS: dict[str, Any] = {} if MODE == "dlx" else {"autoretry_for": (ValueError,)}
+
+
+@app.task(name="bench.work", **_WORK_OPTIONS)
 def work(poison: bool, total: int) -> None:
     """A good message counts itself; a poison message always fails."""
     if _redis.get(key("first")) is None:

@@ -1,12 +1,19 @@
-"""P3 memory: worker RSS growth with N parked one-hour retries, celery_dlx vs. Celery countdown.
+"""P3 memory: worker tree RSS with parked one-hour retries, after warm-up, at 20k and at 120k.
 
-Each task fails once with ``self.retry(countdown=3600)``. With celery_dlx the retry is parked in
-Redis and the message acked; with plain Celery it is an ETA message the worker holds unacked in
-memory. Reports the worker's RSS growth (main process and pool child), the messages held unacked
-once every first run is done, and (P3b) the latency of fresh tasks published afterwards.
-Targets: <= 5 MiB growth and 0 unacked for celery_dlx at 100k; P3b <= 50 ms.
+Each task fails once with ``self.retry(countdown=3600)``. celery_dlx parks the retry in Redis
+and acks; plain Celery (acks late) publishes an ETA copy that the worker holds unacked in memory;
+Dramatiq puts it in its delay queue (the worker holds up to 1000 of those per thread).
 
-Run: .venv/bin/python benchmarks/p3_memory.py [--parked 100000] [--plain 20000]
+Per run, one fresh worker: ``--warmup`` failures (imports, connections, caches: Celery's pool
+child grows to a plateau over the first thousand tasks), RSS of the worker tree (main process
+and pool children) after warm-up, then RSS when ``--parked`` (20k) and ``--parked-high`` (120k)
+retries are parked, the messages held unacked (``rabbitmqctl``, after the 5 s statistics
+interval) and (P3b) the latency of 20 fresh tasks published one by one. The growth between the
+two parked counts is the per-retry cost (target <= 5 MiB, every pool). Plain Celery holds its
+retries in memory, so it stops at ``--plain`` (default the low count).
+
+Run: .venv/bin/python benchmarks/p3_memory.py [--parked 20000] [--parked-high 120000]
+     [--pools prefork,solo,threads] [--systems dlx,plain,dramatiq] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -15,58 +22,62 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redis
-from _common import BROKER_URL, REDIS_URL, percentile, unique
-from _workers import bench_worker, cleanup, tree_rss, unacked, wait_for_consumer
-from bench_app import make_app
-from kombu import Connection
+from _common import (
+    REDIS_URL,
+    load,
+    median,
+    percentile,
+    round_line,
+    rounds_list,
+    say,
+    summary,
+    unique,
+)
+from _workers import LABELS, bench_worker, cleanup, publish, tree_rss, unacked, wait_count
 
 MIB = 1024 * 1024
+LIMIT_MIB = 5.0
 
 
-def run(mode: str, n: int, fresh: int = 20, task: str = "bench.park_hour") -> dict[str, float]:
+def run(mode: str, pool: str, warmup: int, counts: list[int], fresh: int = 20) -> dict[str, Any]:
+    """RSS (MiB) after warm-up and at each parked count; unacked and fresh-task latency at the end."""
     uid = unique("p3")[3:]
-    app = make_app(mode, uid)
     client = redis.Redis.from_url(REDIS_URL)
-    prefix = f"bench-{uid}"
     queue = f"bench-{uid}"
 
     def key(name: str) -> str:
-        return "{" + prefix + "}:bench:" + name
+        return "{bench-" + uid + "}:bench:" + name
 
     try:
-        with bench_worker(mode, uid, prefetch=10) as proc, Connection(BROKER_URL) as conn:
-            channel = conn.channel()
-            # Warm up: 200 retries so imports and connections are made before the baseline.
-            with app.connection_for_write() as pub:
-                for _ in range(200):
-                    app.send_task(task, connection=pub)
-            wait_for_consumer(channel, queue)
-            while int(client.get(key("runs")) or 0) < 200:
-                time.sleep(0.05)
+        with bench_worker(mode, uid, prefetch=10, pool=pool) as proc:
+            publish(mode, uid, "bench.park_hour", [()] * warmup)
+            wait_count(client, key("runs"), warmup, 3600, proc)
             time.sleep(1.0)
-            before = tree_rss(proc)
+            rss = {0: tree_rss(proc) / MIB}
+            done = 0
             started = time.monotonic()
-            with app.connection_for_write() as pub:
-                for _ in range(n):
-                    app.send_task(task, connection=pub)
-            while int(client.get(key("runs")) or 0) < 200 + n:
-                time.sleep(0.2)
+            for count in counts:
+                publish(mode, uid, "bench.park_hour", [()] * (count - done))
+                wait_count(client, key("runs"), warmup + count, 14400, proc)
+                done = count
+                time.sleep(1.0)
+                rss[count] = tree_rss(proc) / MIB
             elapsed = time.monotonic() - started
             # RabbitMQ refreshes queue statistics every 5 s (collect_statistics_interval).
             time.sleep(6.0)
-            after = tree_rss(proc)
             held = unacked(queue)
-            latencies = []
+            latencies: list[float] = []
             for _ in range(fresh):
-                app.send_task("bench.fresh", (time.time(),))
-                deadline = time.monotonic() + 120
-                while (
-                    client.llen(key("latency")) < len(latencies) + 1 and time.monotonic() < deadline
-                ):
+                publish(mode, uid, "bench.fresh", [(time.time(),)])
+                deadline = time.monotonic() + 30
+                while client.llen(key("latency")) <= len(latencies):
+                    if time.monotonic() > deadline:
+                        break
                     time.sleep(0.002)
                 values = client.lrange(key("latency"), 0, -1)
                 if len(values) <= len(latencies):
@@ -74,7 +85,7 @@ def run(mode: str, n: int, fresh: int = 20, task: str = "bench.park_hour") -> di
                     break
                 latencies.append(float(values[-1]) * 1000)
         return {
-            "growth_mib": (after - before) / MIB,
+            "rss": rss,
             "unacked": held,
             "seconds": elapsed,
             "fresh_p50_ms": percentile(latencies, 50),
@@ -86,41 +97,107 @@ def run(mode: str, n: int, fresh: int = 20, task: str = "bench.park_hour") -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parked", type=int, default=100_000)
-    parser.add_argument("--plain", type=int, default=20_000)
+    parser.add_argument("--parked", type=int, default=20_000)
+    parser.add_argument("--parked-high", type=int, default=120_000)
+    parser.add_argument(
+        "--plain", type=int, default=None, help="plain Celery's count (default --parked)"
+    )
+    parser.add_argument("--warmup", type=int, default=2000)
+    parser.add_argument("--pools", default="prefork,solo,threads")
+    parser.add_argument("--systems", default="dlx,plain,dramatiq")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    dlx = run("dlx", args.parked)
-    # The worker's own growth for as many messages, each a no-op that succeeds (bench.count_run):
-    # what Celery itself keeps per message processed, with nothing parked and nothing held.
-    floor = run("plain", args.parked, fresh=1, task="bench.count_run")
-    plain = run("plain", args.plain)
-    print(
-        f"celery_dlx, {args.parked:,} parked one-hour retries: RSS growth {dlx['growth_mib']:.1f} MiB, "
-        f"unacked {dlx['unacked']:.0f}, {dlx['seconds']:.0f}s to park all; "
-        f"fresh task latency p50 {dlx['fresh_p50_ms']:.1f} ms, max {dlx['fresh_max_ms']:.1f} ms"
+    low, high = args.parked, args.parked_high
+    pools = args.pools.split(",")
+    systems = args.systems.split(",")
+    cells: list[tuple[str, str, list[int]]] = []
+    if "dlx" in systems:
+        cells += [("dlx", pool, [low, high]) for pool in pools]
+    if "plain" in systems:
+        cells.append(("plain", pools[0], [args.plain or low]))
+    if "dramatiq" in systems:
+        cells.append(("dramatiq", "-", [low, high]))
+    say(
+        f"P3 memory: warm-up {args.warmup:,}, then {low:,} and {high:,} parked one-hour retries, "
+        f"load {load()}"
     )
-    print(
-        f"plain Celery, {args.plain:,} countdown retries: RSS growth {plain['growth_mib']:.1f} MiB, "
-        f"unacked {plain['unacked']:.0f}, {plain['seconds']:.0f}s; "
-        f"fresh task latency p50 {plain['fresh_p50_ms']:.1f} ms, max {plain['fresh_max_ms']:.1f} ms"
-    )
-    print(
-        f"plain Celery, {args.parked:,} no-op tasks (the worker's own growth per message processed): "
-        f"RSS growth {floor['growth_mib']:.1f} MiB"
-    )
-    print(
-        f"celery_dlx growth beyond plain Celery's own for as many messages: "
-        f"{dlx['growth_mib'] - floor['growth_mib']:.1f} MiB"
-    )
-    ok = dlx["growth_mib"] <= 5 and dlx["unacked"] == 0
-    print(
-        f"LIMIT P3 RSS growth at {args.parked:,} parked: {dlx['growth_mib']:.1f} MiB, unacked {dlx['unacked']:.0f} "
-        f"(target <= 5 MiB and 0) {'OK' if ok else 'ABOVE'}"
-    )
-    print(
-        f"LIMIT P3b fresh task latency max: {dlx['fresh_max_ms']:.1f} ms (target <= 50 ms) "
-        f"{'OK' if dlx['fresh_max_ms'] <= 50 else 'ABOVE'}"
-    )
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {(m, p): [] for m, p, _ in cells}
+    for n in range(1, args.rounds + 1):
+        for mode, pool, counts in cells:
+            r = run(mode, pool, args.warmup, counts)
+            results[(mode, pool)].append(r)
+            rss = r["rss"]
+            steps = ", ".join(f"{c:,}: {rss[c]:.1f}" for c in counts)
+            round_line(
+                name(mode, pool),
+                n,
+                f"RSS MiB after warm-up {rss[0]:.1f}, at {steps}; growth "
+                f"{rss[counts[-1]] - rss[counts[0]]:+.1f} MiB between {counts[0]:,} and {counts[-1]:,}"
+                f"; unacked {r['unacked']}; fresh task p50 {r['fresh_p50_ms']:.1f} ms, max "
+                f"{r['fresh_max_ms']:.1f} ms; {r['seconds']:.0f}s",
+            )
+    growths: dict[tuple[str, str], list[float]] = {}
+    for mode, pool, counts in cells:
+        runs = results[(mode, pool)]
+        growth = [r["rss"][counts[-1]] - r["rss"][counts[0]] for r in runs]
+        from_warm = [r["rss"][counts[0]] - r["rss"][0] for r in runs]
+        growths[(mode, pool)] = growth
+        say(
+            f"{name(mode, pool)}: RSS after warm-up {median([r['rss'][0] for r in runs]):.1f} MiB; "
+            f"warm-up to {counts[0]:,}: median {median(from_warm):+.1f} MiB ({rounds_list(from_warm, '{:+.1f}')})"
+            + (
+                f"; {counts[0]:,} to {counts[-1]:,}: median {median(growth):+.1f} MiB "
+                f"({rounds_list(growth, '{:+.1f}')})"
+                if len(counts) > 1
+                else ""
+            )
+            + f"; unacked {max(r['unacked'] for r in runs)}"
+        )
+    for pool in pools if "dlx" in systems else []:
+        runs = results[("dlx", pool)]
+        growth = growths[("dlx", pool)]
+        held = max(r["unacked"] for r in runs)
+        met = median(growth) <= LIMIT_MIB and held == 0
+        peers = []
+        if "dramatiq" in systems:
+            peers.append(f"Dramatiq {median(growths[('dramatiq', '-')]):+.1f} MiB")
+        if "plain" in systems and pool == pools[0]:
+            plain = results[("plain", pools[0])]
+            peers.append(
+                f"Celery autoretry {median([r['rss'][r_count(r)] - r['rss'][0] for r in plain]):+.1f} MiB "
+                f"from warm-up to {r_count(plain[0]):,}, {median([r['unacked'] for r in plain]):,.0f} held unacked"
+            )
+        say(
+            f"LIMIT P3 RSS growth {low:,} -> {high:,} parked ({pool}): {median(growth):+.1f} MiB, "
+            f"unacked {held} (target <= {LIMIT_MIB} MiB and 0) {'OK' if met else 'ABOVE'}"
+        )
+        summary(
+            "P3",
+            f"worker tree RSS growth from {low:,} to {high:,} parked retries, after warm-up, "
+            f"{pool}; messages held unacked",
+            "<= 5 MiB, 0 unacked",
+            f"{median(growth):+.1f} MiB ({rounds_list(growth, '{:+.1f}')}), {held} unacked"
+            + (f"; {'; '.join(peers)}" if peers else ""),
+            "met" if met else "not met",
+        )
+    if "dlx" in systems:
+        runs = results[("dlx", pools[0])]
+        worst = [r["fresh_max_ms"] for r in runs]
+        summary(
+            "P3b",
+            f"latency of a fresh task with {high:,} retries parked, {pools[0]} (max of 20)",
+            "<= 50 ms",
+            f"median of rounds' max {median(worst):.1f} ms ({rounds_list(worst, '{:.1f}')})",
+            "met" if median(worst) <= 50 else "not met",
+        )
+
+
+def r_count(r: dict[str, Any]) -> int:
+    return max(r["rss"])
+
+
+def name(mode: str, pool: str) -> str:
+    return LABELS[mode] + ("" if mode == "dramatiq" else f" ({pool})")
 
 
 if __name__ == "__main__":

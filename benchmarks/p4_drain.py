@@ -27,9 +27,12 @@ from _common import (
     BROKER_URL,
     REDIS_URL,
     delete_keys,
+    load,
     median,
     paired_ratio_line,
+    rounds_list,
     scratch_queues,
+    summary,
     unique,
 )
 from celery import Celery
@@ -204,7 +207,8 @@ def main() -> None:
                 print(
                     f"round {rnd}: raw kombu publish {raw[-1]:,.0f}/s | run_drain "
                     f"{pipelined[-1]:,.0f}/s ({pipelined[-1] / raw[-1]:.2f}x) | drain_once loop "
-                    f"{sequential[-1]:,.0f}/s | park {parks[-1]:,.0f}/s"
+                    f"{sequential[-1]:,.0f}/s | park {parks[-1]:,.0f}/s  [load {load()}]",
+                    flush=True,
                 )
         finally:
             runtime.reset_publisher()
@@ -219,6 +223,14 @@ def main() -> None:
     )
     ratios = [d / r for d, r in zip(pipelined, raw, strict=True)]
     print(paired_ratio_line("P4 run_drain / raw kombu publish", ratios, TARGET))
+    summary(
+        "P4",
+        f"due retries republished per second by run_drain vs. raw kombu publish ({n:,} messages)",
+        f">= {TARGET}x",
+        f"{median(ratios):.2f}x ({rounds_list(ratios)}); drain {median(pipelined):,.0f}/s, "
+        f"raw {median(raw):,.0f}/s",
+        "met" if median(ratios) >= TARGET else "not met",
+    )
 
 
 if __name__ == "__main__":

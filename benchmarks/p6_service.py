@@ -13,9 +13,12 @@ then measures back to back:
   markers, ack; the clock runs from its first batch until every dead letter is acked.
 
 It checks that the graveyard and the parking store then hold exactly the messages of each queue.
-The ratio is the median of the rounds' service/broker ratios (target >= 0.5x).
+The ratio is the median of the rounds' service/broker ratios (target >= 0.5x). The service runs
+with the default ``dlx_service_prefetch`` unless ``--prefetch`` is given; ``--services 1,2`` runs
+one and two service processes (``celery dlx service --processes N``), each against its own broker
+baseline measured just before it (rounds interleave baseline and service).
 
-Run: ``.venv/bin/python benchmarks/p6_service.py [--messages 10000] [--rounds 3]``
+Run: ``.venv/bin/python benchmarks/p6_service.py [--messages 10000] [--rounds 3] [--services 1,2]``
 """
 
 from __future__ import annotations
@@ -34,9 +37,14 @@ from _common import (
     BROKER_URL,
     REDIS_URL,
     delete_keys,
+    load,
     median,
     paired_ratio_line,
+    round_line,
+    rounds_list,
+    say,
     scratch_queues,
+    summary,
     unique,
 )
 from celery import Celery
@@ -44,6 +52,7 @@ from kombu import Connection, Producer
 
 from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.ops import obituaries
+from celery_dlx.policy.settings import load_config
 from celery_dlx.service.loop import DLXService
 from celery_dlx.worker.runtime import get_runtime
 
@@ -145,7 +154,11 @@ def service_run(app: Celery, total: int, instances: int) -> tuple[float, dict[st
 
 
 def one_round(
-    total: int, park_share: float, body_size: int, instances: int = 1, prefetch: int = 2000
+    total: int,
+    park_share: float,
+    body_size: int,
+    instances: int = 1,
+    prefetch: int | None = None,
 ) -> tuple[float, float, dict[str, int]]:
     uid = unique("p6")
     bury_q, park_q, dead, exchange = f"{uid}-bury", f"{uid}-park", f"{uid}-dead", f"{uid}-dlx"
@@ -156,12 +169,13 @@ def one_round(
         dlx_key_prefix=uid,
         dlx_exchange=exchange,
         dlx_service_queue=dead,
-        dlx_service_prefetch=prefetch,
         dlx_queues={
             bury_q: {"max_requeues": 0, "max_parks": 0},
             park_q: {"max_requeues": 0, "backoff": [3600]},
         },
     )
+    if prefetch is not None:
+        app.conf.dlx_service_prefetch = prefetch
     runtime = get_runtime(app)
     client = redis.Redis.from_url(REDIS_URL)
     with Connection(BROKER_URL) as conn, scratch_queues(conn) as scratch:
@@ -191,29 +205,56 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--park-share", type=float, default=0.5, help="share parked, rest buried")
     parser.add_argument("--body-size", type=int, default=1024)
-    parser.add_argument("--services", type=int, default=1, help="DLX service processes")
-    parser.add_argument("--prefetch", type=int, default=2000, help="dlx_service_prefetch")
-    args = parser.parse_args()
-    ratios = []
-    broker_rates, service_rates = [], []
-    for n in range(args.rounds):
-        broker_rate, service_rate, stats = one_round(
-            args.messages, args.park_share, args.body_size, args.services, args.prefetch
-        )
-        ratios.append(service_rate / broker_rate)
-        broker_rates.append(broker_rate)
-        service_rates.append(service_rate)
-        print(
-            f"round {n + 1}: broker dead-letters {broker_rate:,.0f}/s, service handles "
-            f"{service_rate:,.0f}/s ({stats['batches']} batches, {stats['buried']} buried, "
-            f"{stats['parked']} parked) -> {service_rate / broker_rate:.2f}x"
-        )
-    print(
-        f"median: broker {median(broker_rates):,.0f}/s, service {median(service_rates):,.0f}/s "
-        f"({args.messages} dead letters per round, {args.park_share:.0%} parked, "
-        f"{args.body_size} B bodies, prefetch {args.prefetch}, {args.services} service process(es))"
+    parser.add_argument("--services", default="1,2", help="DLX service processes, one row each")
+    parser.add_argument(
+        "--prefetch", type=int, default=None, help="dlx_service_prefetch (default: the setting's)"
     )
-    print(paired_ratio_line("P6 DLX service / broker dead-lettering", ratios, TARGET))
+    args = parser.parse_args()
+    counts = [int(c) for c in args.services.split(",")]
+    prefetch = args.prefetch or int(load_config({}).service_prefetch)
+    say(
+        f"P6 DLX service vs. broker dead-lettering: {args.messages:,} dead letters per round, "
+        f"{args.park_share:.0%} parked, prefetch {prefetch}"
+        f"{'' if args.prefetch else ' (the default)'}, load {load()}"
+    )
+    ratios: dict[int, list[float]] = {c: [] for c in counts}
+    broker_rates: dict[int, list[float]] = {c: [] for c in counts}
+    service_rates: dict[int, list[float]] = {c: [] for c in counts}
+    for n in range(1, args.rounds + 1):
+        for count in counts:
+            broker_rate, service_rate, stats = one_round(
+                args.messages, args.park_share, args.body_size, count, args.prefetch
+            )
+            ratios[count].append(service_rate / broker_rate)
+            broker_rates[count].append(broker_rate)
+            service_rates[count].append(service_rate)
+            round_line(
+                f"{count} service process(es)",
+                n,
+                f"broker dead-letters {broker_rate:,.0f}/s, service handles {service_rate:,.0f}/s "
+                f"({stats['batches']} batches, {stats['buried']} buried, {stats['parked']} parked) "
+                f"-> {service_rate / broker_rate:.2f}x",
+            )
+    for count in counts:
+        say(
+            f"{count} process(es): median broker {median(broker_rates[count]):,.0f}/s, service "
+            f"{median(service_rates[count]):,.0f}/s"
+        )
+        say(
+            paired_ratio_line(
+                f"P6 DLX service ({count} process(es)) / broker", ratios[count], TARGET
+            )
+        )
+        ratio = median(ratios[count])
+        summary(
+            "P6",
+            f"DLX service vs. the broker's own dead-lettering, {count} service process"
+            f"{'es' if count > 1 else ''}, prefetch {prefetch}",
+            ">= 0.5x" if count == 1 else "measured (scaling)",
+            f"{ratio:.2f}x ({rounds_list(ratios[count])}); broker "
+            f"{median(broker_rates[count]):,.0f}/s, service {median(service_rates[count]):,.0f}/s",
+            ("met" if ratio >= TARGET else "not met") if count == 1 else "measured",
+        )
 
 
 if __name__ == "__main__":

@@ -45,13 +45,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from _common import BROKER_URL, REDIS_URL, ROOT, delete_keys, limit_line, scratch_queues, unique
+from _common import (
+    BROKER_URL,
+    REDIS_URL,
+    ROOT,
+    delete_keys,
+    limit_line,
+    scratch_queues,
+    summary,
+    unique,
+)
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from celery.exceptions import Reject
 from kombu import Connection
 
 import celery_dlx
+from celery_dlx.policy.settings import load_config
 from celery_dlx.service.loop import DLXService
 from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.worker.drain import run_drain
@@ -203,7 +213,9 @@ def publish(app: Celery, charge: Any, ship: Any, n: int) -> set[str]:
     return ids
 
 
-def phase_dlx(tally: Tally, sink: SentrySink, n: int, cleanup: list[str]) -> Result:
+def phase_dlx(
+    tally: Tally, sink: SentrySink, n: int, cleanup: list[str], rate_limit: int | None = None
+) -> Result:
     uid = unique("p8")[3:]
     queue = f"p8-work-{uid}"
     app = Celery(f"p8-dlx-{uid}", broker=BROKER_URL, set_as_current=False)
@@ -218,9 +230,9 @@ def phase_dlx(tally: Tally, sink: SentrySink, n: int, cleanup: list[str]) -> Res
         dlx_max_requeues=2,
         dlx_max_parks=2,
         dlx_backoff=[0.2, 0.3],
-        dlx_sentry_rate_limit=1,
-        dlx_sentry_rate_window=3600,
     )
+    if rate_limit is not None:  # else celery_dlx's default Sentry settings
+        app.conf.update(dlx_sentry_rate_limit=rate_limit, dlx_sentry_rate_window=3600)
     cleanup += [queue, f"p8-dead-{uid}", f"exchange:p8-dlx-{uid}"]
     runtime = get_runtime(app)
     runs = Counter[str]()
@@ -283,8 +295,14 @@ def phase_plain(
     runs = Counter[str]()
     task_log = logging.getLogger("shop.tasks")
 
-    if kind == "retry":
-        retry = {"autoretry_for": (Exception,), "max_retries": None, "default_retry_delay": 0}
+    if kind in ("retry", "budget"):
+        # budget: Celery's autoretry with celery_dlx's attempt budget (ATTEMPTS runs, then the
+        # failure is final) and its delays; retry: unlimited, at once.
+        retry: dict[str, Any] = (
+            {"autoretry_for": (Exception,), "max_retries": ATTEMPTS - 1, "default_retry_delay": 0.2}
+            if kind == "budget"
+            else {"autoretry_for": (Exception,), "max_retries": None, "default_retry_delay": 0}
+        )
 
         @app.task(name=f"shop.charge.{uid}", **retry)
         def charge(order_id: int) -> None:
@@ -323,7 +341,14 @@ def phase_plain(
     with running_worker(app):
         started = time.monotonic()
         ids = publish(app, charge, ship, n)
-        time.sleep(max(0.0, started + seconds - time.monotonic()))
+        if kind == "budget":  # until every message spent its budget
+            deadline = started + 300
+            while runs["x"] < 2 * n * ATTEMPTS and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)  # the last failures' log lines and events
+            seconds = time.monotonic() - started
+        else:
+            time.sleep(max(0.0, started + seconds - time.monotonic()))
     import sentry_sdk
 
     sentry_sdk.flush(timeout=30)
@@ -365,6 +390,15 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=10, help="poison messages per cause")
     parser.add_argument("--dump", help="write every log record to this file")
     parser.add_argument(
+        "--sentry-rate-limit",
+        type=int,
+        default=None,
+        help="dlx_sentry_rate_limit for celery_dlx (default: the setting's default)",
+    )
+    parser.add_argument(
+        "--unlimited", action="store_true", help="also run the unlimited plain-retry loop"
+    )
+    parser.add_argument(
         "--window",
         type=float,
         default=None,
@@ -377,15 +411,18 @@ def main() -> None:
     root.setLevel(logging.INFO)
     print(f"P8 noise: {args.messages} + {args.messages} poison messages, two causes ({ROOT.name})")
     with SentrySink() as sink, Connection(BROKER_URL) as conn, scratch_queues(conn) as cleanup:
-        dlx = phase_dlx(tally, sink, args.messages, cleanup)
+        dlx = phase_dlx(tally, sink, args.messages, cleanup, args.sentry_rate_limit)
         window = args.window if args.window is not None else dlx.seconds
-        retry = phase_plain("retry", window, tally, sink, args.messages, cleanup)
-        reject = phase_plain("reject", window, tally, sink, args.messages, cleanup)
-    for result in (dlx, retry, reject):
+        budget = phase_plain("budget", window, tally, sink, args.messages, cleanup)
+        baselines = [budget]
+        if args.unlimited:
+            baselines.append(phase_plain("retry", window, tally, sink, args.messages, cleanup))
+        baselines.append(phase_plain("reject", window, tally, sink, args.messages, cleanup))
+    for result in (dlx, *baselines):
         report(result)
     if args.dump:
         with open(args.dump, "w") as out:
-            for result in (dlx, retry, reject):
+            for result in (dlx, *baselines):
                 out.write(f"===== {result.name}\n")
                 for record in result.records:
                     out.write(record.text + "\n")
@@ -398,14 +435,43 @@ def main() -> None:
                      len(dlx.attributed(logging.WARNING)) / per, ATTEMPTS + 1))  # fmt: skip
     print(limit_line("celery_dlx tracebacks/message", sum(r.traceback for r in failure) / per, 1))
     worst = max(dlx.causes(dlx.received).values(), default=0)
-    print(limit_line("celery_dlx Sentry events per cause per window", worst, 1))
-    for base in (retry, reject):
+    limit = args.sentry_rate_limit or int(load_config({}).sentry_rate_limit)
+    print(limit_line("celery_dlx Sentry events per cause per window", worst, limit))
+    for base in baselines:
         print(
             f"BASELINE {base.name}: {len(base.attributed(logging.INFO)) / per:.1f} records/message "
             f"at INFO, {len(base.attributed(logging.WARNING)) / per:.1f} at WARNING, "
             f"{len(base.sent)} Sentry events built, {len(base.received)} received, "
-            f"{base.runs / per:.1f} runs/message in {base.seconds:.1f}s"
+            f"{base.runs / per:.1f} runs/message in {base.seconds:.1f}s",
+            flush=True,
         )
+    dlx_info = len(failure) / per
+    dlx_tb = sum(r.traceback for r in failure) / per
+    base_info = (
+        len([r for r in budget.attributed(logging.INFO) if r.logger != "celery.worker.strategy"])
+        / per
+    )
+    base_tb = sum(r.traceback for r in budget.attributed(logging.INFO)) / per
+    met = dlx_info <= ATTEMPTS + 1 and dlx_tb <= 1
+    summary(
+        "P8",
+        f"poison storm ({per} messages, {ATTEMPTS} attempts each): failure log records and "
+        "tracebacks per message at INFO, vs. plain Celery autoretry with the same budget",
+        f"<= {ATTEMPTS + 1} records, 1 traceback",
+        f"celery_dlx {dlx_info:.1f} records, {dlx_tb:.1f} tracebacks; Celery autoretry (max_retries="
+        f"{ATTEMPTS - 1}) {base_info:.1f} records, {base_tb:.1f} tracebacks",
+        "met" if met else "not met",
+    )
+    summary(
+        "P8",
+        "poison storm: Sentry events per cause (default Sentry settings on both sides"
+        + (f"; dlx_sentry_rate_limit={args.sentry_rate_limit}" if args.sentry_rate_limit else "")
+        + ")",
+        f"<= {limit} per cause (dlx_sentry_rate_limit)",
+        f"celery_dlx {len(dlx.received)} events ({dict(dlx.causes(dlx.received))}); Celery "
+        f"autoretry {len(budget.received)} events",
+        "met" if worst <= limit else "not met",
+    )
 
 
 if __name__ == "__main__":

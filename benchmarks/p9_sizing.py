@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import summary
 from celery import Celery
 
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
@@ -197,13 +199,16 @@ def main(argv: list[str]) -> int:
         client = server.client()
         info = client.info("server")
         print(f"redis {info['redis_version']}, allocator {client.info('memory')['mem_allocator']}")
+        parked = []
         for size in args.body_bytes:
             r = measure_parked(client, app, args.parked, size)
+            parked.append(f"{r['bytes_each']:,.0f} B with {r['message_bytes']:,.0f} B of message")
             print(
                 f"SIZE parked retry, {size} B args ({r['message_bytes']:.0f} B body+headers as "
                 f"JSON), n={r['n']:,}: {r['bytes_each']:,.0f} B each, {r['total_mib']:,.1f} MiB"
             )
-        r = measure_graveyard(client, args.obituaries, 1024)
+        obituary = measure_graveyard(client, args.obituaries, 1024)
+        r = obituary
         print(
             f"SIZE obituary, 1024 B payload with traceback and indexes, n={r['n']:,}: "
             f"{r['bytes_each']:,.0f} B each (history entry {r['of_which_history_each']:,.0f} B "
@@ -214,6 +219,15 @@ def main(argv: list[str]) -> int:
             f"SIZE history entry (a fate change), n={r['n']:,}: {r['bytes_each']:,.0f} B each, "
             f"{r['total_mib']:,.1f} MiB"
         )
+    summary(
+        "P9",
+        "Redis memory per parked retry, obituary (1 KB payload), history entry "
+        "(sizing; deterministic, one run)",
+        "measured",
+        f"parked: {'; '.join(parked)}; obituary {obituary['bytes_each']:,.0f} B; history entry "
+        f"{r['bytes_each']:,.0f} B",
+        "measured",
+    )
     return 0
 
 

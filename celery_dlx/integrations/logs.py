@@ -49,7 +49,12 @@ class CeleryEchoFilter(logging.Filter):
         return self._app()
 
     def __call__(self, event: FateEvent) -> None:
-        if event.fate in (REQUEUED, PARKED):
+        # Celery logs ``ignored`` at INFO: below that level (Celery's worker default is WARNING)
+        # the line is never made, so there is nothing to lower and nothing to remember (each
+        # remembered id would stay until 4096 newer ones push it out).
+        if event.fate in (REQUEUED, PARKED) and logging.getLogger(TRACE_LOGGER).isEnabledFor(
+            logging.INFO
+        ):
             self._handled[event.message_id] = event.fate
             while len(self._handled) > REMEMBER:
                 self._handled.popitem(last=False)

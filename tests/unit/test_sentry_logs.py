@@ -91,6 +91,22 @@ def test_ignored_line_of_a_requeue_or_park_recorded_here_is_dropped(
     assert kept == ["id-b", "id-user", "id-r"]
 
 
+def test_nothing_is_remembered_while_celery_would_not_log_the_ignored_line(
+    app: Any, trace: tuple[logging.Logger, Capture]
+) -> None:
+    logger, capture = trace
+    echo = install_log_filter(app)
+    logger.setLevel(logging.WARNING)  # Celery's default worker level: no `ignored` lines
+    for n in range(10):
+        echo(_event(PARKED, f"id-{n}"))
+    assert not echo._handled
+    logger.setLevel(logging.INFO)
+    echo(_event(PARKED, "id-p"))
+    _log_like_celery(logger, logging.INFO, "ignored", "dlx.charge", "id-p", None)
+    assert capture.records == []  # lowered as before once the line is logged
+    assert not echo._handled
+
+
 @contextmanager
 def running(task: Any, task_id: str) -> Iterator[None]:
     """Make ``task`` the worker's current task with request id ``task_id``, as trace does."""
