@@ -23,6 +23,7 @@ from celery_dlx.ops.render import iso
 from celery_dlx.store.graveyard import CHUNK
 from celery_dlx.web.audit import AuditEntry, record_action
 from celery_dlx.web.auth import User
+from celery_dlx.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def replay_summary(result: dict[str, Any]) -> tuple[str, str]:
 class Actions:
     """Starts replays and purges for the console, one at a time."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self._running = threading.Lock()
         self._jobs: dict[str, Job] = {}

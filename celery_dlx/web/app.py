@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -19,6 +18,7 @@ from celery_dlx.errors import DLXError
 from celery_dlx.web import api, pages
 from celery_dlx.web.console import Console, WebSettings
 from celery_dlx.web.guard import Guard
+from celery_dlx.worker.runtime import Runtime
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -52,7 +52,7 @@ async def on_redis_error(request: Request, exc: Exception) -> Response:
     return await _error(request, 503, f"Redis unreachable or refused ({exc}); check dlx_redis_url")
 
 
-def create_app(runtime: Any, settings: WebSettings) -> Starlette:
+def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
     """The console of ``runtime``'s app (a :class:`~celery_dlx.worker.runtime.Runtime`).
 
     Raises:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from celery_dlx.fates import AUDIT, FateEvent, now_ms
 from celery_dlx.ops.render import iso
 from celery_dlx.store.history import History
+from celery_dlx.worker.runtime import Runtime
 
 #: The history entry's fate for an operator action.
 AUDIT_FATE = AUDIT
@@ -76,7 +77,7 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def record_action(runtime: Any, entry: AuditEntry) -> str:
+def record_action(runtime: Runtime, entry: AuditEntry) -> str:
     """Append ``entry`` to the audit stream and an ``audit`` entry to the failure history."""
     entry.at_ms = entry.at_ms or now_ms()
     event = FateEvent(
@@ -92,9 +93,12 @@ def record_action(runtime: Any, entry: AuditEntry) -> str:
     return history.append_audit(entry.fields(), event, maxlen=AUDIT_MAXLEN)
 
 
-def read_audit(runtime: Any, *, limit: int = 100) -> list[dict[str, Any]]:
+def read_audit(runtime: Runtime, *, limit: int = 100) -> list[dict[str, Any]]:
     """The latest audit entries, newest first."""
-    rows = runtime.redis.xrevrange(runtime.keys.web_audit, "+", "-", count=limit)
+    rows = cast(
+        "list[tuple[bytes, dict[bytes, bytes]]]",
+        runtime.redis.xrevrange(runtime.keys.web_audit, "+", "-", count=limit),
+    )
     out = []
     for entry_id, raw in rows:
         fields = {_text(k): _text(v) for k, v in raw.items()}

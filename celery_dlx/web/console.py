@@ -19,6 +19,7 @@ from celery_dlx.ops.render import ago
 from celery_dlx.web.actions import Actions
 from celery_dlx.web.auth import Accounts, Csrf
 from celery_dlx.web.metrics import DLXCollector
+from celery_dlx.worker.runtime import Runtime
 
 #: Largest request body accepted (forms and JSON), in bytes.
 MAX_BODY = 64 * 1024
@@ -73,7 +74,7 @@ def short_type(name: str | None) -> str:
 class Console:
     """Everything the routes share; one per running console."""
 
-    def __init__(self, runtime: Any, settings: WebSettings) -> None:
+    def __init__(self, runtime: Runtime, settings: WebSettings) -> None:
         self.runtime = runtime
         self.settings = settings
         self.accounts = Accounts.from_lists(settings.operators, settings.viewers)
@@ -114,7 +115,7 @@ class Console:
         return data
 
 
-def run_checks(runtime: Any) -> dict[str, Any]:
+def run_checks(runtime: Runtime) -> dict[str, Any]:
     """:func:`celery_dlx.ops.checks.run_check` with the broker's management API when it can be
     had; ``error`` is set when the check itself could not run."""
     from celery_dlx.broker.management import management_for

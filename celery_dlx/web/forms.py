@@ -12,6 +12,7 @@ from celery_dlx.ops.render import parse_when
 from celery_dlx.ops.replay import resolve_targets
 from celery_dlx.web.actions import MAX_IDS as MAX_IDS
 from celery_dlx.web.reads import MAX_PAGE, GroupFilters
+from celery_dlx.worker.runtime import Runtime
 
 
 class BadRequest(DLXError):
@@ -79,7 +80,7 @@ class Targets:
     cause: str | None
 
 
-def targets(runtime: Any, ids: Sequence[Any], cause: Any) -> Targets:
+def targets(runtime: Runtime, ids: Sequence[Any], cause: Any) -> Targets:
     """The named ids (at most :data:`MAX_IDS`), else every obituary of ``cause``, oldest first.
 
     Raises:

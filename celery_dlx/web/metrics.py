@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from celery_dlx.store import counters
 from celery_dlx.web.reads import parked_summary, yard_of
+from celery_dlx.worker.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ WINDOWS = (("5m", 300.0), ("1h", 3600.0))
 class DLXCollector(Collector):
     """Reads the graveyard, the parking store and the fate counters at scrape time."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

@@ -8,7 +8,7 @@ graveyard); rows have the shapes of :mod:`celery_dlx.ops.inspection` (the CLI's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.fates import now_ms
@@ -17,6 +17,7 @@ from celery_dlx.ops.inspection import group_row, obituary_row
 from celery_dlx.ops.render import iso
 from celery_dlx.store import counters
 from celery_dlx.store.graveyard import Graveyard, text
+from celery_dlx.worker.runtime import Runtime
 
 #: Most rows on one page.
 MAX_PAGE = 200
@@ -26,11 +27,11 @@ SCAN_CAP = 10000
 PARKED_SCAN = 20000
 
 
-def yard_of(runtime: Any) -> Graveyard:
+def yard_of(runtime: Runtime) -> Graveyard:
     return Graveyard(runtime.redis, runtime.keys)
 
 
-def causes_page(runtime: Any, *, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+def causes_page(runtime: Runtime, *, offset: int = 0, limit: int = 50) -> dict[str, Any]:
     """One page of cause groups, most recently seen first (rows of ``dlx groups --json``, plus
     ``importance`` of the latest obituary)."""
     yard = yard_of(runtime)
@@ -57,7 +58,7 @@ def causes_page(runtime: Any, *, offset: int = 0, limit: int = 50) -> dict[str, 
     }
 
 
-def group_info(runtime: Any, cause: str) -> dict[str, Any] | None:
+def group_info(runtime: Runtime, cause: str) -> dict[str, Any] | None:
     """One cause group as ``dlx groups --json`` shows it, or None when it is empty."""
     found = yard_of(runtime).groups_of([cause])
     return group_row(found[0]) if found else None
@@ -85,7 +86,7 @@ class GroupPage:
 
 
 def group_page(
-    runtime: Any,
+    runtime: Runtime,
     cause: str,
     filters: GroupFilters,
     *,
@@ -186,13 +187,16 @@ def _tally(per: dict[str, dict[str, Any]], message: ParkedMessage, now: int) -> 
         q["next_due_ms"] = due
 
 
-def _scan_parked(runtime: Any, now: int) -> tuple[dict[str, dict[str, Any]], int]:
+def _scan_parked(runtime: Runtime, now: int) -> tuple[dict[str, dict[str, Any]], int]:
     """Per-queue rows of the :data:`PARKED_SCAN` soonest-due retries, and how many were read."""
     client, keys = runtime.redis, runtime.keys
     per: dict[str, dict[str, Any]] = {}
     read, batch = 0, 1000
     while read < PARKED_SCAN:
-        rows = client.zrange(keys.parked_due, read, read + batch - 1, withscores=True)
+        rows = cast(
+            "list[tuple[bytes, float]]",
+            client.zrange(keys.parked_due, read, read + batch - 1, withscores=True),
+        )
         if not rows:
             break
         metas = client.hmget(keys.parked_meta, [r for r, _ in rows])
@@ -210,7 +214,7 @@ def _scan_parked(runtime: Any, now: int) -> tuple[dict[str, dict[str, Any]], int
     return per, read
 
 
-def parked_summary(runtime: Any, *, at_ms: int | None = None) -> dict[str, Any]:
+def parked_summary(runtime: Runtime, *, at_ms: int | None = None) -> dict[str, Any]:
     """Parked retries per queue: count, due now, next due, oldest lateness (seconds past due).
 
     The store has one index by due time, so per-queue numbers come from reading the
@@ -244,7 +248,7 @@ CHART_FATES = ("requeued", "parked", "drained", "buried", "replayed", "recovered
 
 
 def fate_chart(
-    runtime: Any,
+    runtime: Runtime,
     *,
     window_s: float = 3600.0,
     at_ms: int | None = None,
@@ -288,7 +292,7 @@ def fate_chart(
     }
 
 
-def graveyard_queues(runtime: Any) -> list[dict[str, Any]]:
+def graveyard_queues(runtime: Runtime) -> list[dict[str, Any]]:
     """``{queue, count, last_at}`` for every queue with obituaries."""
     return [
         {"queue": q, "count": n, "last_ms": last, "last_at": iso(last)}

@@ -10,9 +10,10 @@ from typing import Any
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.web.auth import Accounts, check_listen
 from celery_dlx.web.console import WebSettings
+from celery_dlx.worker.runtime import Runtime
 
 
-def _server(runtime: Any, settings: WebSettings, log_level: str) -> Any:
+def _server(runtime: Runtime, settings: WebSettings, log_level: str) -> Any:
     import uvicorn
 
     from celery_dlx.web.app import create_app
@@ -32,7 +33,7 @@ def _server(runtime: Any, settings: WebSettings, log_level: str) -> Any:
     return uvicorn.Server(config)
 
 
-def serve(runtime: Any, settings: WebSettings, *, log_level: str = "info") -> None:
+def serve(runtime: Runtime, settings: WebSettings, *, log_level: str = "info") -> None:
     """Serve the console until SIGINT/SIGTERM.
 
     Raises:
@@ -44,7 +45,7 @@ def serve(runtime: Any, settings: WebSettings, *, log_level: str = "info") -> No
 class Background:
     """The console served by a uvicorn server in a daemon thread (tests, the demo)."""
 
-    def __init__(self, runtime: Any, settings: WebSettings, log_level: str = "warning") -> None:
+    def __init__(self, runtime: Runtime, settings: WebSettings, log_level: str = "warning") -> None:
         self.server = _server(runtime, settings, log_level)
         self.settings = settings
         self.thread = threading.Thread(target=self.server.run, name="dlx-web", daemon=True)
