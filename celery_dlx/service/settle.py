@@ -45,8 +45,9 @@ from celery_dlx.policy.verdicts import (
     decide_letter,
 )
 from celery_dlx.service.stats import ServiceStats
+from celery_dlx.store.client import mget_many
 from celery_dlx.store.graveyard import Graveyard
-from celery_dlx.store.parking import ParkingStore, mget_many
+from celery_dlx.store.parking import ParkingStore
 from celery_dlx.worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)

@@ -8,24 +8,23 @@ DLX service takes it (in its batch ``MGET``) when it writes the obituary.
 
 from __future__ import annotations
 
-from typing import Any
-
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.names import Keys
+from celery_dlx.store.client import RedisClient
 
 
 def stash_cause(
-    client: Any, keys: Keys, message_id: str, record: CauseRecord, ttl_seconds: float
+    client: RedisClient, keys: Keys, message_id: str, record: CauseRecord, ttl_seconds: float
 ) -> None:
     """Store ``record`` for ``message_id`` for ``ttl_seconds``."""
     client.set(keys.cause(message_id), record.to_json(), px=int(ttl_seconds * 1000))
 
 
-def read_cause(client: Any, keys: Keys, message_id: str) -> CauseRecord | None:
+def read_cause(client: RedisClient, keys: Keys, message_id: str) -> CauseRecord | None:
     """The stashed record for ``message_id``, or None. Unreadable records read as None."""
     return CauseRecord.from_json(client.get(keys.cause(message_id)))
 
 
-def drop_cause(client: Any, keys: Keys, message_id: str) -> None:
+def drop_cause(client: RedisClient, keys: Keys, message_id: str) -> None:
     """Forget the record once the obituary holding it is written."""
     client.delete(keys.cause(message_id))

@@ -18,6 +18,7 @@ from typing import Any
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import FATE_CHANGES, FateEvent, now_ms
 from celery_dlx.message.names import Keys
+from celery_dlx.store.client import RedisClient
 
 #: The field separator between queue and fate.
 SEPARATOR = "|"
@@ -115,7 +116,7 @@ def minute_of(ms: int) -> int:
     return ms // 60000
 
 
-def read_minutes(client: Any, keys: Keys, start_minute: int, end_minute: int) -> Counts:
+def read_minutes(client: RedisClient, keys: Keys, start_minute: int, end_minute: int) -> Counts:
     """Every counter from ``start_minute`` to ``end_minute`` (epoch minutes, both included).
 
     One pipelined round trip; missing minutes simply have no rows.
@@ -151,7 +152,9 @@ def read_minutes(client: Any, keys: Keys, start_minute: int, end_minute: int) ->
     return result
 
 
-def read_window(client: Any, keys: Keys, seconds: float, *, at_ms: int | None = None) -> Counts:
+def read_window(
+    client: RedisClient, keys: Keys, seconds: float, *, at_ms: int | None = None
+) -> Counts:
     """The counters of the last ``seconds`` up to ``at_ms`` (default now), whole minutes.
 
     The current minute is included, so a 60-second window reads two hashes (the current,
@@ -206,7 +209,7 @@ class Breach:
 
 
 def breaches(
-    client: Any, keys: Keys, thresholds: Iterable[Threshold], *, at_ms: int | None = None
+    client: RedisClient, keys: Keys, thresholds: Iterable[Threshold], *, at_ms: int | None = None
 ) -> list[Breach]:
     """Each ``(threshold, queue)`` whose count over the threshold's window exceeds its limit."""
     found: list[Breach] = []

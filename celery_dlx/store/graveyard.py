@@ -36,13 +36,13 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from celery_dlx.fates import ARCHIVED, FateEvent, now_ms
 from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Obituary
+from celery_dlx.store.client import RedisClient, run_script_many
 from celery_dlx.store.history import history_args
-from celery_dlx.store.parking import run_script_many
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class Graveyard:
         keys: the key layout (prefix).
     """
 
-    def __init__(self, client: Any, keys: Keys) -> None:
+    def __init__(self, client: RedisClient, keys: Keys) -> None:
         self.client = client
         self.keys = keys
         self.records = keys.graveyard("records")
@@ -333,7 +333,10 @@ class Graveyard:
         key, index = (
             (self.queues_key, self.by_queue) if kind == "queue" else (self.tasks_key, self.by_task)
         )
-        rows = [(text(n), int(s)) for n, s in self.client.zrevrange(key, 0, -1, withscores=True)]
+        scored = cast(
+            "list[tuple[bytes, float]]", self.client.zrevrange(key, 0, -1, withscores=True)
+        )
+        rows = [(text(n), int(s)) for n, s in scored]
         pipe = self.client.pipeline(transaction=False)
         for name, _ in rows:
             pipe.zcard(index(name))
@@ -346,7 +349,7 @@ class Graveyard:
             return
         ids = [oid for oid, _ in replayed]
         current = self.client.hmget(self.keys.replay_ledger, ids)
-        mapping = {}
+        mapping: dict[Any, Any] = {}
         for (oid, at), raw in zip(replayed, current, strict=True):
             mapping[oid] = json.dumps({"replays": [*_ledger_times(raw), at]})
         self.client.hset(self.keys.replay_ledger, mapping=mapping)

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.names import Keys
+from celery_dlx.store.client import RedisClient
 
 #: Fields every history entry has, in order.
 HISTORY_FIELDS = (
@@ -85,7 +86,7 @@ def history_args(event: FateEvent) -> list[str]:
 class History:
     """The failure history stream: the one place entries are appended from Python, and read."""
 
-    def __init__(self, client: Any, keys: Keys) -> None:
+    def __init__(self, client: RedisClient, keys: Keys) -> None:
         self.client = client
         self.keys = keys
 
@@ -114,7 +115,8 @@ class History:
             The audit stream entry's id.
         """
         pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(self.keys.web_audit, dict(fields), maxlen=maxlen, approximate=True)
+        entry: dict[Any, Any] = dict(fields)
+        pipe.xadd(self.keys.web_audit, entry, maxlen=maxlen, approximate=True)
         self.append_many([event], pipe=pipe)
         entry_id = pipe.execute()[0]
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
@@ -123,7 +125,10 @@ class History:
         self, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[tuple[str, dict[str, str]]]:
         """Entries between ``start`` and ``end`` (stream ids), decoded to text."""
-        rows = self.client.xrange(self.keys.history, start, end, count=count)
+        rows = cast(
+            "list[tuple[bytes, dict[bytes, bytes]]]",
+            self.client.xrange(self.keys.history, start, end, count=count),
+        )
         out = []
         for entry_id, fields in rows:
             eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)

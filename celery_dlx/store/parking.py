@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
-
-import redis
+from typing import Any, cast
 
 from celery_dlx.fates import now_ms
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.store.client import RedisClient, run_script_many
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class ParkingStore:
         keys: the key layout (prefix).
     """
 
-    def __init__(self, client: Any, keys: Keys | None = None) -> None:
+    def __init__(self, client: RedisClient, keys: Keys | None = None) -> None:
         self.client = client
         self.keys = keys or Keys()
         self._claim = client.register_script(_CLAIM)
@@ -149,7 +148,10 @@ class ParkingStore:
 
     def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
         """Parked retries by due time, without claiming them."""
-        ids = self.client.zrange(self.keys.parked_due, offset, offset + limit - 1, withscores=True)
+        ids = cast(
+            "list[tuple[bytes, float]]",
+            self.client.zrange(self.keys.parked_due, offset, offset + limit - 1, withscores=True),
+        )
         if not ids:
             return []
         metas = self.client.hmget(self.keys.parked_meta, [i for i, _ in ids])
@@ -170,76 +172,3 @@ class ParkingStore:
         pipe.hdel(self.keys.parked_meta, *entry_ids)
         pipe.hdel(self.keys.parked_body, *entry_ids)
         return int(pipe.execute()[0])
-
-
-def is_cluster(client: Any) -> bool:
-    """True for a ``RedisCluster`` client (``dlx_redis_url`` with ``?cluster=true``)."""
-    from redis.cluster import RedisCluster
-
-    return isinstance(client, RedisCluster)
-
-
-def run_script_many(
-    client: Any, script: Any, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
-) -> list[Any]:
-    """Run ``script`` once per ``(keys, args)`` of ``calls``; returns the replies in order.
-
-    One pipelined round trip on a plain client. redis-py refuses scripts in a Redis Cluster
-    pipeline, so there each call goes on its own (its keys share one hash tag, hence one slot).
-    """
-    if is_cluster(client):
-        return [script(keys=list(keys), args=list(args)) for keys, args in calls]
-    pipe = client.pipeline(transaction=False)
-    for keys, args in calls:
-        script(keys=list(keys), args=list(args), client=pipe)
-    return list(pipe.execute())
-
-
-def mget_many(client: Any, *key_lists: Sequence[str]) -> list[list[Any]]:
-    """``MGET`` of each key list (each within one hash tag), in one round trip where possible.
-
-    redis-py refuses ``MGET`` in a Redis Cluster pipeline; there each list is its own ``MGET``.
-    """
-    if is_cluster(client):
-        return [list(client.mget(list(keys))) if keys else [] for keys in key_lists]
-    pipe = client.pipeline(transaction=False)
-    for keys in key_lists:
-        pipe.mget(list(keys))
-    return [list(r) for r in pipe.execute()]
-
-
-def redis_client(url: str) -> Any:
-    """A Redis client for ``url``: ``redis://``/``rediss://``/``unix://``, ``sentinel://host:port/
-    service[/db]`` (several hosts separated by commas), or ``redis://...?cluster=true``."""
-    from urllib.parse import parse_qs, urlparse
-
-    parsed = urlparse(url)
-    query = parse_qs(parsed.query)
-    if parsed.scheme in ("sentinel", "sentinels"):
-        from redis.sentinel import Sentinel
-
-        hosts = []
-        for part in parsed.netloc.split("@")[-1].split(","):
-            host, _, port = part.partition(":")
-            hosts.append((host or "127.0.0.1", int(port or 26379)))
-        path = [p for p in parsed.path.split("/") if p]
-        if not path:
-            raise ValueError(f"sentinel URL needs a service name: {url}")
-        db = int(path[1]) if len(path) > 1 else 0
-        password = parsed.password
-        # redis 8 leaves Sentinel's constructor and master_for unannotated.
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            hosts,
-            socket_timeout=5.0,
-            password=password,
-            sentinel_kwargs={"password": password} if password else None,
-        )
-        return sentinel.master_for(path[0], db=db, socket_timeout=5.0)  # type: ignore[no-untyped-call]
-    if query.get("cluster", ["false"])[0].lower() in ("1", "true", "yes"):
-        from redis.cluster import RedisCluster
-
-        clean = url.split("?", 1)[0]
-        return RedisCluster.from_url(clean)
-    return redis.Redis.from_url(
-        url, socket_timeout=10.0, socket_connect_timeout=5.0, health_check_interval=30
-    )

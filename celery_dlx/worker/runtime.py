@@ -14,8 +14,6 @@ from typing import Any
 
 from celery import Celery
 from kombu import Connection
-from redis import Redis
-from redis.cluster import RedisCluster
 
 from celery_dlx.broker.ladder import Ladder
 from celery_dlx.broker.publish import ConfirmingPublisher
@@ -23,15 +21,12 @@ from celery_dlx.fates import BURIED, DRAINED, FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig, load_config
+from celery_dlx.store.client import RedisClient, redis_client
 from celery_dlx.store.counters import add_counts
 from celery_dlx.store.history import History
-from celery_dlx.store.parking import ParkingStore, redis_client
+from celery_dlx.store.parking import ParkingStore
 
 logger = logging.getLogger("celery_dlx")
-
-#: A client of ``dlx_redis_url`` (a sentinel URL gives a plain ``Redis`` of the master); bytes
-#: responses (``decode_responses`` is off).
-RedisClient = Redis | RedisCluster
 
 #: A fate listener: called once per fate change; its failures are logged, never raised.
 Listener = Callable[[FateEvent], None]

@@ -24,8 +24,9 @@ from celery_dlx.ops import obituaries, purge
 from celery_dlx.ops import replay as replaying
 from celery_dlx.service.loop import DLXService
 from celery_dlx.store import counters
+from celery_dlx.store.client import redis_client
 from celery_dlx.store.history import History
-from celery_dlx.store.parking import ParkingStore, redis_client
+from celery_dlx.store.parking import ParkingStore
 from celery_dlx.worker.runtime import get_runtime
 from tests.chaos.servers import RedisClusterServers, redis_cluster
 from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker

@@ -19,7 +19,8 @@ from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.store.parking import ParkingStore, redis_client
+from celery_dlx.store.client import redis_client
+from celery_dlx.store.parking import ParkingStore
 from celery_dlx.worker.drain import drain_once
 from celery_dlx.worker.runtime import get_runtime
 from tests.chaos.servers import SentinelServers, redis_sentinel, wait_for
