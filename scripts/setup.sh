@@ -11,7 +11,7 @@ stamp=.venv/.celery_dlx-installed
 want=$(cat setup.cfg pyproject.toml | sha1sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
-  .venv/bin/python -m pip install -q -e ".[test,sentry,protobuf,spark,flower,web]"
+  .venv/bin/python -m pip install -q -e ".[test,sentry,protobuf,spark,flower,web,bench]"
   echo "$want" > "$stamp"
 fi
 # The console's browser tests drive Debian's Chromium through Playwright (no browser download).
