@@ -322,7 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="dlx_max_requeues and dlx_max_parks for the celery_dlx run (e.g. 0)",
     )
-    parser.add_argument("--timeout", type=int, default=120, help="pytest-timeout per test")
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=300,
+        help="pytest-timeout per test (the suite's own for flaky tests)",
+    )
     parser.add_argument(
         "--no-rerun",
         dest="rerun",
