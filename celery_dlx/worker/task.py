@@ -13,11 +13,9 @@ rejects the message into the queue's dead-letter exchange. A requeue or park end
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import socket
 import traceback as tb
-from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn
 
 from billiard.einfo import ExceptionInfo
@@ -26,19 +24,15 @@ from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_dlx import fates
 from celery_dlx.errors import MalformedHeader
-from celery_dlx.fates import BURIED, Bury, FateEvent, Park, now_ms
+from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
-from celery_dlx.message.copies import celery_copy, delivery_headers
+from celery_dlx.message.copies import celery_copy
 from celery_dlx.message.headers import (
     DLXState,
     HistoryEntry,
-    dead_letter_refusal,
     fingerprint,
-    message_identity,
-    read_state,
 )
 from celery_dlx.message.names import (
-    DELIVERY_QUEUE_HEADER,
     QUEUE_HEADER,
     REASON_HEADER,
     REPLAYED_HEADER,
@@ -47,6 +41,8 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.store.causes import stash_cause
+from celery_dlx.worker.delivery import Delivery, read_delivery
+from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
 from celery_dlx.worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
@@ -64,76 +60,6 @@ class Redelivered(Exception):
     """The broker redelivered this message: the worker running it died or lost its connection."""
 
 
-class RetryPark(Park):
-    """``self.retry()`` in a DLX task: park the message, under Celery's ``max_retries``.
-
-    Args:
-        countdown: seconds until the retry; None uses the task's backoff schedule.
-        message: what the park is for (the retried exception, if any).
-        call_args, call_kwargs: the arguments of the retry (``retry(args=..., kwargs=...)``);
-            None keeps the message's.
-    """
-
-    #: The retry budget is Celery's max_retries, checked by DLXTask.retry, not dlx_max_parks.
-    budgeted = False
-
-    def __init__(
-        self,
-        countdown: float | None = None,
-        message: str = "",
-        call_args: Any = None,
-        call_kwargs: Any = None,
-    ) -> None:
-        super().__init__(countdown=countdown, message=message)
-        self.call_args = call_args
-        self.call_kwargs = call_kwargs
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.countdown, str(self), self.call_args, self.call_kwargs))
-
-
-@dataclass
-class Delivery:
-    """What the worker knows about the message being run."""
-
-    headers: dict[str, Any]
-    queue: str
-    message_id: str
-    redelivered: bool
-    state: DLXState
-    problem: str | None
-    x_death_problem: str | None
-
-
-def _delivery(task: Task[Any, Any]) -> Delivery:
-    req = task.request
-    headers = delivery_headers(req)
-    info = req.delivery_info or {}
-    problem = None
-    try:
-        state = read_state(headers)
-    except MalformedHeader as exc:
-        state, problem = DLXState(), f"malformed header: {exc}"
-    x_problem = dead_letter_refusal(headers)
-    queue = (
-        headers.get(DELIVERY_QUEUE_HEADER)
-        or state.queue
-        or (info.get("routing_key") if not info.get("exchange") else None)
-        or task.app.conf.task_default_queue
-    )
-    if isinstance(queue, bytes):
-        queue = queue.decode("utf-8", "replace")
-    return Delivery(
-        headers=headers,
-        queue=str(queue),
-        message_id=str(req.id or message_identity(req.properties, headers, b"")),
-        redelivered=bool(info.get("redelivered")),
-        state=state,
-        problem=problem or x_problem,
-        x_death_problem=x_problem,
-    )
-
-
 def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
     cache = task.__class__.__dict__.get("_dlx_options_cache")
     if cache is None:
@@ -148,62 +74,6 @@ def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
 
 #: Seconds a task's own ``Reject(requeue=True)`` is remembered until its redelivery arrives.
 OWN_REDELIVERY_TTL = 86400
-
-
-def _signature_error(task: Any, exc: BaseException, args: Any, kwargs: Any) -> bool:
-    """True when ``exc`` is the TypeError of calling the task with arguments its signature
-    refuses: no retry can ever succeed."""
-    if not isinstance(exc, TypeError):
-        return False
-    try:
-        inspect.signature(task.run).bind(*args, **kwargs)
-    except TypeError:
-        return True
-    except ValueError:  # no signature to inspect (a builtin): cannot tell
-        return False
-    return False
-
-
-def retry_arguments(
-    run: Any, request_args: Any, request_kwargs: Any, args: Any, kwargs: Any
-) -> tuple[Any, Any]:
-    """The arguments of a retried run, as Celery's ``Task.retry`` computes them.
-
-    None keeps the request's; an explicit ``args`` (or ``kwargs``) alone keeps the inherited
-    values that do not conflict with the new calling convention (Celery #6494).
-    """
-    if (args is not None and kwargs is None and request_kwargs) or (
-        kwargs is not None and args is None and request_args
-    ):
-        try:
-            signature = inspect.signature(run)
-        except (TypeError, ValueError):
-            return args, kwargs
-        if args is not None:
-            positional = [
-                p
-                for p in signature.parameters.values()
-                if p.kind
-                in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-            ]
-            kwargs = dict(request_kwargs)
-            for p in positional[: len(args)]:
-                if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
-                    kwargs.pop(p.name, None)
-        else:
-            try:
-                bound = signature.bind_partial(*request_args)
-            except TypeError:
-                return args, kwargs
-            kwargs = dict(kwargs or {})
-            for name in list(kwargs):
-                if (
-                    name in bound.arguments
-                    and signature.parameters[name].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
-                ):
-                    bound.arguments[name] = kwargs.pop(name)
-            args, kwargs = bound.args, {**bound.kwargs, **kwargs}
-    return args, kwargs
 
 
 def _permanent(exc: BaseException, reason: str) -> Bury:
@@ -268,7 +138,7 @@ class DLXTask(Task[Any, Any]):
         if req.called_directly or req.is_eager or not self._dlx_enabled_for(self.app):
             return super().__call__(*args, **kwargs)
         runtime = get_runtime(self.app)
-        delivery = _delivery(self)
+        delivery = read_delivery(self)
         if delivery.problem:
             try:
                 self._quarantine(runtime, delivery, delivery.problem)
@@ -297,7 +167,7 @@ class DLXTask(Task[Any, Any]):
             raise
         except Exception as exc:
             failure: BaseException = exc
-            if _signature_error(self, exc, args, kwargs):
+            if signature_error(self, exc, args, kwargs):
                 failure = _permanent(exc, "permanent failure: the call does not match the task")
             self._fail(runtime, delivery, failure, ExceptionInfo())
         # A replay resets the attempts; its success is a recovery all the same (the canary of

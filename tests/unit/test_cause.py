@@ -142,5 +142,5 @@ def test_only_the_rule_reads_x_death_problems_on_the_worker_side() -> None:
         text = path.read_text(encoding="utf-8")
         if name != "message/headers.py":
             assert not re.search(r"\bx_death_problem\(", text), name
-    for name in ("worker/task.py", "worker/consumer.py"):
+    for name in ("worker/delivery.py", "worker/consumer.py"):
         assert "dead_letter_refusal(" in (PACKAGE / name).read_text(encoding="utf-8"), name

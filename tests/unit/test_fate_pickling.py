@@ -13,7 +13,8 @@ import pickle
 import pytest
 
 from celery_dlx.fates import Bury, Park, Requeue
-from celery_dlx.worker.task import Redelivered, RetryPark
+from celery_dlx.worker.retrying import RetryPark
+from celery_dlx.worker.task import Redelivered
 
 CASES = [
     Park(),

@@ -15,7 +15,7 @@ from celery_dlx.policy.decide import (
     plan_failure,
     root_cause,
 )
-from celery_dlx.worker.task import RetryPark
+from celery_dlx.worker.retrying import RetryPark
 
 POLICY = Policy(max_requeues=2, max_parks=2, backoff=ListBackoff((5.0, 30.0)))
 AT = 1_700_000_000_000

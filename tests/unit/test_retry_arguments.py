@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.worker.task import retry_arguments
+from celery_dlx.worker.retrying import retry_arguments
 
 
 def with_label(foo: int, bar: int, label: Any = None) -> None: ...

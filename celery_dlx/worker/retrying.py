@@ -1,0 +1,93 @@
+"""``self.retry()`` in a DLX task, the Celery way: a park under ``max_retries`` with Celery's
+argument rules; and the one failure no retry can fix, a call its signature refuses."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from celery_dlx.fates import Park
+
+
+class RetryPark(Park):
+    """``self.retry()`` in a DLX task: park the message, under Celery's ``max_retries``.
+
+    Args:
+        countdown: seconds until the retry; None uses the task's backoff schedule.
+        message: what the park is for (the retried exception, if any).
+        call_args, call_kwargs: the arguments of the retry (``retry(args=..., kwargs=...)``);
+            None keeps the message's.
+    """
+
+    #: The retry budget is Celery's max_retries, checked by DLXTask.retry, not dlx_max_parks.
+    budgeted = False
+
+    def __init__(
+        self,
+        countdown: float | None = None,
+        message: str = "",
+        call_args: Any = None,
+        call_kwargs: Any = None,
+    ) -> None:
+        super().__init__(countdown=countdown, message=message)
+        self.call_args = call_args
+        self.call_kwargs = call_kwargs
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.countdown, str(self), self.call_args, self.call_kwargs))
+
+
+def signature_error(task: Any, exc: BaseException, args: Any, kwargs: Any) -> bool:
+    """True when ``exc`` is the TypeError of calling the task with arguments its signature
+    refuses: no retry can ever succeed."""
+    if not isinstance(exc, TypeError):
+        return False
+    try:
+        inspect.signature(task.run).bind(*args, **kwargs)
+    except TypeError:
+        return True
+    except ValueError:  # no signature to inspect (a builtin): cannot tell
+        return False
+    return False
+
+
+def retry_arguments(
+    run: Any, request_args: Any, request_kwargs: Any, args: Any, kwargs: Any
+) -> tuple[Any, Any]:
+    """The arguments of a retried run, as Celery's ``Task.retry`` computes them.
+
+    None keeps the request's; an explicit ``args`` (or ``kwargs``) alone keeps the inherited
+    values that do not conflict with the new calling convention (Celery #6494).
+    """
+    if (args is not None and kwargs is None and request_kwargs) or (
+        kwargs is not None and args is None and request_args
+    ):
+        try:
+            signature = inspect.signature(run)
+        except (TypeError, ValueError):
+            return args, kwargs
+        if args is not None:
+            positional = [
+                p
+                for p in signature.parameters.values()
+                if p.kind
+                in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            ]
+            kwargs = dict(request_kwargs)
+            for p in positional[: len(args)]:
+                if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                    kwargs.pop(p.name, None)
+        else:
+            try:
+                bound = signature.bind_partial(*request_args)
+            except TypeError:
+                return args, kwargs
+            kwargs = dict(kwargs or {})
+            for name in list(kwargs):
+                if (
+                    name in bound.arguments
+                    and signature.parameters[name].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+                ):
+                    bound.arguments[name] = kwargs.pop(name)
+            args, kwargs = bound.args, {**bound.kwargs, **kwargs}
+    return args, kwargs
