@@ -1,75 +1,24 @@
-"""``celery dlx parked/stats/check/migrate/export``: what waits, how much fails, what is broken.
+"""``celery dlx parked/stats/export``: what waits, how much fails, and the failure history out.
 
-Thin: :mod:`celery_dlx.ops.inspection`, :mod:`celery_dlx.ops.checks`, :mod:`celery_dlx.ops.migrate` and
-:mod:`celery_dlx.ops.export` do the work and return data.
+Thin: :mod:`celery_dlx.ops.inspection` and :mod:`celery_dlx.ops.export` do the work and return
+data (``check`` and ``migrate`` are in :mod:`celery_dlx.cli.broker`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 import click
-from celery import Celery
 
-from celery_dlx.broker.management import Management
 from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
-    EXIT_PROBLEMS,
     app_of,
     duration,
     echo_json,
     handle_errors,
     json_option,
-    progress_bar,
     runtime_of,
-    show_progress,
 )
 from celery_dlx.fates import now_ms
 from celery_dlx.ops.render import ago, human_seconds, table
-from celery_dlx.worker.runtime import Runtime
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def management_options(func: F) -> F:
-    """``--management-url/-user/-password`` (defaults from the broker URL)."""
-    for option in reversed(
-        (
-            click.option(
-                "--management-url",
-                envvar="CELERY_DLX_MANAGEMENT_URL",
-                default=None,
-                help="RabbitMQ management API (default: http://<broker host>:15672).",
-            ),
-            click.option(
-                "--management-user",
-                envvar="CELERY_DLX_MANAGEMENT_USER",
-                default=None,
-                help="Management API user (default: the broker's).",
-            ),
-            click.option(
-                "--management-password",
-                envvar="CELERY_DLX_MANAGEMENT_PASSWORD",
-                default=None,
-                help="Management API password (default: the broker's).",
-            ),
-        )
-    ):
-        func = option(func)
-    return func
-
-
-def management_api(
-    app: Celery, url: str | None, user: str | None, password: str | None
-) -> Management:
-    from celery_dlx.broker.management import management_for
-
-    conn = app.connection_for_write()
-    try:
-        return management_for(conn, url=url, user=user, password=password)
-    finally:
-        conn.release()
 
 
 @click.command("parked")
@@ -184,187 +133,6 @@ def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
         click.echo(f"unreadable counter {bad['key']} {bad['field']}: {bad['reason']}", err=True)
 
 
-@click.command("check")
-@click.option(
-    "--for",
-    "for_seconds",
-    default="15m",
-    callback=duration("--for"),
-    show_default=True,
-    help="A queue with ready messages and no consumer this long is an orphan.",
-)
-@click.option("--all-queues", is_flag=True, help="Look for orphans among every queue of the vhost.")
-@click.option(
-    "--no-management",
-    is_flag=True,
-    help="Check over AMQP only (no arguments, bindings or orphans).",
-)
-@management_options
-@json_option
-@click.pass_context
-@handle_errors
-def check_command(
-    ctx: click.Context,
-    for_seconds: float,
-    all_queues: bool,
-    no_management: bool,
-    management_url: str | None,
-    management_user: str | None,
-    management_password: str | None,
-    as_json: bool,
-) -> None:
-    """Check the dead-letter topology and look for orphan queues; exit 4 when something is wrong."""
-    from celery_dlx.ops.checks import run_check
-
-    runtime = runtime_of(ctx)
-    api = (
-        None
-        if no_management
-        else management_api(runtime.app, management_url, management_user, management_password)
-    )
-    report = run_check(runtime, api, for_seconds=for_seconds, all_queues=all_queues)
-    if as_json:
-        echo_json(report.to_json())
-    else:
-        click.echo(f"exchange {report.exchange}, service queue {report.service_queue}")
-        if report.queues:
-            rows = [
-                (q["name"], q["dead_letter_exchange"] or "-", q.get("set_by", "-"), q["why"])
-                for q in report.queues
-            ]
-            click.echo(table(("QUEUE", "DLX", "SET BY", "WHY"), rows, shrink=("WHY",)))
-        if not report.management:
-            click.echo("management API not used: queue arguments, bindings and orphans not checked")
-        for p in report.problems:
-            click.echo(f"PROBLEM {p.kind} {p.subject}: {p.detail}")
-        click.echo("ok" if report.ok else f"{len(report.problems)} problem(s)")
-    if not report.ok:
-        ctx.exit(EXIT_PROBLEMS)
-
-
-@click.command("migrate")
-@click.argument("queue")
-@click.option("--policy", "method", flag_value="policy", help="Add the DLX with a RabbitMQ policy.")
-@click.option(
-    "--rename",
-    "method",
-    flag_value="rename",
-    help="Declare a new queue with the DLX and move the messages.",
-)
-@click.option("--remove", is_flag=True, help="With --policy: remove the policy this command wrote.")
-@click.option("--to", default=None, help="With --rename: the new queue's name (default QUEUE.dlx).")
-@click.option(
-    "--no-bindings", is_flag=True, help="With --rename: do not copy the old queue's bindings."
-)
-@click.option(
-    "--keep-old-bindings", is_flag=True, help="With --rename: leave the old queue bound too."
-)
-@click.option("--dry-run", is_flag=True, help="Say what would be done; change nothing.")
-@management_options
-@json_option
-@click.pass_context
-@handle_errors
-def migrate_command(
-    ctx: click.Context,
-    queue: str,
-    method: str | None,
-    remove: bool,
-    to: str | None,
-    no_bindings: bool,
-    keep_old_bindings: bool,
-    dry_run: bool,
-    management_url: str | None,
-    management_user: str | None,
-    management_password: str | None,
-    as_json: bool,
-) -> None:
-    """Give an existing QUEUE the dead-letter exchange without a 406 (--policy or --rename)."""
-    from celery_dlx.ops.migrate import QueueNotFound, migrate_policy, remove_policy
-
-    if method is None:
-        raise click.UsageError("choose --policy or --rename (docs/cli.md compares them)")
-    if remove and method != "policy":
-        raise click.UsageError("--remove goes with --policy (it deletes the policy migrate wrote)")
-    runtime = runtime_of(ctx)
-    api = management_api(runtime.app, management_url, management_user, management_password)
-    try:
-        if method == "policy" and remove:
-            data = remove_policy(api, queue)
-        elif method == "policy":
-            data = migrate_policy(api, queue, runtime.config.exchange, dry_run=dry_run)
-        else:
-            data = _rename(
-                runtime, api, queue, to, no_bindings, keep_old_bindings, dry_run, as_json
-            )
-    except QueueNotFound as exc:
-        if as_json:
-            echo_json({"error": "not found", "queue": queue, "detail": str(exc)})
-        else:
-            click.echo(str(exc), err=True)
-        ctx.exit(EXIT_NOT_FOUND)
-    if as_json:
-        echo_json(data)
-    else:
-        click.echo(_migrate_text(data))
-
-
-def _rename(
-    runtime: Runtime,
-    api: Management,
-    queue: str,
-    to: str | None,
-    no_bindings: bool,
-    keep_old: bool,
-    dry_run: bool,
-    as_json: bool,
-) -> dict[str, Any]:
-    from celery_dlx.ops.migrate import migrate_rename
-
-    total = 0 if dry_run else _ready(api, queue)
-    with progress_bar(total, "moving", show_progress(as_json)) as advance:
-        return migrate_rename(
-            runtime,
-            api,
-            queue,
-            to=to,
-            copy_bindings=not no_bindings,
-            unbind_old=not keep_old,
-            dry_run=dry_run,
-            progress=advance,
-        )
-
-
-def _ready(api: Management, queue: str) -> int:
-    info = api.queue(queue) or {}
-    return int(info.get("messages_ready") or 0)
-
-
-def _migrate_text(data: dict[str, Any]) -> str:
-    if "removed" in data:
-        return f"policy {data['policy']} {'removed' if data['removed'] else 'was not there'}"
-    prefix = "dry run: " if data.get("dry_run") else ""
-    if data["method"] == "policy":
-        p = data["policy"]
-        if not p["needed"]:
-            return f"{prefix}nothing to do for {data['queue']}: {p['reason']}"
-        merged = f", merging policy {p['merged_from']}" if p["merged_from"] else ""
-        return (
-            f"{prefix}policy {p['name']} (priority {p['priority']}{merged}) on {data['queue']}: "
-            f"{p['definition']}; dead letters now go to {data['dead_letter_exchange'] or '-'} "
-            f"(set by {data['set_by']})"
-        )
-    lines = [f"{prefix}{data['queue']} -> {data['new_queue']} with {data['arguments']}"]
-    lines += [f"  bound {b['source']} {b['routing_key']!r}" for b in data["bound"]]
-    lines += [f"  unbound old {b['source']} {b['routing_key']!r}" for b in data["unbound"]]
-    if not data.get("dry_run"):
-        lines.append(f"moved {data['moved']} messages, {data['left']} left on {data['queue']}")
-        lines.append(
-            f"next: point consumers at {data['new_queue']} (task_queues), then producers that "
-            f"publish to {data['queue']!r} directly; delete {data['queue']} when it stays empty"
-        )
-    return "\n".join(lines)
-
-
 @click.command("export")
 @click.option("--out", required=True, help="Output directory (local path, hdfs://, s3a://...).")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
@@ -430,4 +198,4 @@ def export_command(
 
 
 #: The commands this module adds to the ``dlx`` group.
-COMMANDS = (parked_command, stats_command, check_command, migrate_command, export_command)
+COMMANDS = (parked_command, stats_command, export_command)
