@@ -37,7 +37,10 @@ STAGES = [
     ("Celery tracer (trace_task), whole run", "trace_task (celery/app/trace.py"),
     ("DLXTask.__call__ (celery_dlx)", "__call__ (celery_dlx/worker/task.py"),
     ("task body (bench_app.park_hour)", "park_hour (bench_app.py"),
-    ("billiard ExceptionInfo(), all (the tracer's two and DLXTask's)", "__init__ (billiard/einfo.py"),
+    (
+        "billiard ExceptionInfo(), all (the tracer's two and DLXTask's)",
+        "__init__ (billiard/einfo.py",
+    ),
     ("DLXTask._fail", "_fail (celery_dlx/worker/task.py"),
     ("  celery_copy (the parked copy)", "celery_copy (celery_dlx/message/copies.py"),
     ("  Runtime.park (Redis Lua park)", "park (celery_dlx/worker/runtime.py"),
