@@ -9,6 +9,8 @@ celery_dlx: the producer of the queue before it was migrated.
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 import redis
 from celery import Celery
@@ -71,4 +73,26 @@ def park_once(n: int) -> int:
     if _redis.incr(key(f"park-once-{n}")) == 1:
         raise Park(countdown=0.5)
     _redis.sadd(key("parked-done"), n)
+    return n
+
+
+@app.task(name="dropin.flaky", bind=True)
+def flaky(self: Any, n: int) -> int:
+    """Fails its first run in a celery_dlx worker (celery_dlx requeues a copy); a copy run in a
+    celery_dlx worker waits until a plain worker has run one (tests/integration/test_rolling_deploy.py).
+    Records each run as ``kind:n:x-dlx-requeues``."""
+    plain = os.environ.get("DLX_TEST_PLAIN") == "1"
+    requeues = self.request.get("x-dlx-requeues") or (self.request.headers or {}).get(
+        "x-dlx-requeues"
+    )
+    _redis.rpush(key("flaky-runs"), f"{'plain' if plain else 'dlx'}:{n}:{requeues}")
+    if not plain and requeues is None:
+        raise ValueError(f"flaky {n}")
+    if plain and requeues is not None:
+        _redis.set(key("plain-ran-copy"), 1)
+    elif not plain:
+        deadline = time.monotonic() + 120
+        while not _redis.exists(key("plain-ran-copy")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    _redis.sadd(key("flaky-done"), n)
     return n
