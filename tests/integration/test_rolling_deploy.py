@@ -4,9 +4,12 @@ plain Celery worker of the same app (no ``install``, dlx off) and a celery_dlx w
 Flaky messages fail their first run in the celery_dlx worker, which requeues a copy with its
 ``x-dlx-*`` headers; the copies the celery_dlx worker cannot hold (two processes, late acks, prefetch 2; its
 copy runs wait until the plain worker ran one) are left for the plain worker, which runs them like
-any task. Good messages are done by whichever worker gets them; the poison message is either
-buried by celery_dlx or, when the plain worker gets it (first or as a copy), fails there as plain
-Celery fails it (acks_late off: acked, FAILURE, gone). Nothing is lost, nothing stays queued."""
+any task. A poison message queued behind the flaky ones is requeued by celery_dlx once, and its
+copy (last in the queue) always reaches the plain worker, which fails it as plain Celery does
+(acks_late off: logged, acked, FAILURE, gone; no obituary). Good messages and a second poison
+message are published while both workers consume: the good ones are done by whichever worker gets
+them, the poison one is either buried by celery_dlx or failed by the plain worker, as above.
+Nothing is lost, nothing stays queued."""
 
 from __future__ import annotations
 
@@ -63,7 +66,9 @@ def test_plain_and_dlx_workers_share_a_migrated_queue(
     plain_producer = build(uid, plain=True)
     for n in range(FLAKY):
         plain_producer.send_task("dropin.flaky", args=[n])
-    wait_until(lambda: queue_depth(channel, queue) == FLAKY, what="the flaky messages queued")
+    # queued behind the flaky ones: its celery_dlx copy comes last, after every flaky copy
+    early_poison = plain_producer.send_task("dropin.poison", args=[1]).id
+    wait_until(lambda: queue_depth(channel, queue) == FLAKY + 1, what="the messages queued")
     _migrate(uid, queue, "--policy")
     assert (api.queue(queue) or {}).get("policy") == f"celery-dlx-{queue}"
 
@@ -79,7 +84,11 @@ def test_plain_and_dlx_workers_share_a_migrated_queue(
             timeout=120,
         )
         wait_until(
-            lambda: queue_depth(channel, queue) == FLAKY - HELD,
+            lambda: "requeued" in fates_of(redis_client, keys, early_poison),
+            what="the early poison message requeued by the celery_dlx worker",
+        )
+        wait_until(
+            lambda: queue_depth(channel, queue) == FLAKY + 1 - HELD,
             what="the copies the celery_dlx worker cannot hold left in the queue",
             timeout=60,
         )
@@ -135,4 +144,8 @@ def test_plain_and_dlx_workers_share_a_migrated_queue(
     else:
         # plain Celery: the failure is logged, the message acked and gone; no obituary
         assert graveyard == 0 and fates_of(redis_client, keys, poison)[-1:] != ["buried"]
+    # the early poison message's copy (x-dlx-requeues=1) reached the plain worker, which failed it
+    # as plain Celery does: logged, acked, gone; celery_dlx did not see it again, no obituary
+    assert f"dropin.poison[{early_poison}] raised unexpected: ValueError" in plain_text
+    assert fates_of(redis_client, keys, early_poison) == ["requeued"]
     assert queue_depth(channel, queue) == 0
