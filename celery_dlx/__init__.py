@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from celery_dlx.ops.obituaries import groups as obituary_groups
     from celery_dlx.ops.purge import PurgeReport, purge
     from celery_dlx.ops.replay import ReplayReport, replay, resolve_targets
+    from celery_dlx.results import dlx_details
     from celery_dlx.store.counters import Threshold, breaches, read_window
     from celery_dlx.store.graveyard import Group
 
@@ -74,6 +75,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Threshold": ("celery_dlx.store.counters", "Threshold"),
     "delay_queue_name": ("celery_dlx.broker.ladder", "delay_queue_name"),
     "ladder_depths": ("celery_dlx.ops.ladders", "ladder_depths"),
+    "dlx_details": ("celery_dlx.results", "dlx_details"),
 }
 
 
@@ -114,6 +116,7 @@ __all__ = [
     "dead_letter_arguments",
     "declare_topology",
     "delay_queue_name",
+    "dlx_details",
     "dlx_exchange",
     "dlx_queue",
     "get_obituary",

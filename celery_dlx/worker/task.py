@@ -23,6 +23,7 @@ from celery import Celery, Task, signals
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_dlx import fates
+from celery_dlx.compat import RESULT_DETAILS_ATTR, add_result_details_hook
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
@@ -173,6 +174,13 @@ class DLXTask(Task[Any, Any]):
         # A replay resets the attempts; its success is a recovery all the same (the canary of
         # `celery dlx replay --canary` waits for it).
         if delivery.state.attempt > 0 or REPLAYED_HEADER in delivery.headers:
+            self._set_details(
+                fate=fates.RECOVERED,
+                attempt=delivery.state.attempt,
+                queue=delivery.queue,
+                replayed=REPLAYED_HEADER in delivery.headers,
+                first_failure_ms=delivery.state.first_failure_ms,
+            )
             self._record_recovery(runtime, delivery)
         return result
 
@@ -259,12 +267,34 @@ class DLXTask(Task[Any, Any]):
             retries=int(self.request.retries or 0),
             at_ms=now_ms(),
         )
+        self._set_plan_details(delivery, plan)
         if plan.buried:
             self._settle_burial(runtime, delivery, options, plan, einfo, exc)
         self._send_copy(runtime, delivery, plan, exc)
         self._record_fate(runtime, delivery, options, plan)
         self._mark_retry(plan.root, einfo)
         raise Ignore()
+
+    def _set_details(self, **details: Any) -> None:
+        """celery_dlx's details of this run, for the result meta (``celery_dlx.results``)."""
+        add_result_details_hook(type(self.backend))
+        setattr(self.request, RESULT_DETAILS_ATTR, details)
+
+    def _set_plan_details(self, delivery: Delivery, plan: FailurePlan) -> None:
+        extra: dict[str, Any] = {}
+        if plan.delay is not None:
+            extra = {"delay": plan.delay, "due_ms": plan.at_ms + int(plan.delay * 1000)}
+        self._set_details(
+            fate=plan.fate,
+            attempt=delivery.state.attempt + 1,
+            queue=delivery.queue,
+            reason=plan.decision.reason,
+            cause=plan.cause,
+            exc_type=plan.exc_type,
+            first_failure_ms=delivery.state.first_failure_ms or plan.at_ms,
+            at_ms=plan.at_ms,
+            **extra,
+        )
 
     def _settle_burial(
         self,
@@ -445,6 +475,16 @@ class DLXTask(Task[Any, Any]):
             first_failure_ms=at,
             at_ms=at,
             hostname=self.request.hostname or socket.gethostname(),
+        )
+        self._set_details(
+            fate=fates.BURIED,
+            attempt=record.attempt,
+            queue=delivery.queue,
+            reason=record.reason,
+            cause=record.cause,
+            exc_type=record.exc_type,
+            first_failure_ms=at,
+            at_ms=at,
         )
         try:
             stash_cause(

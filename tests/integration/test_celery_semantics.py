@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 from celery.exceptions import MaxRetriesExceededError, Reject
+from celery.result import AsyncResult
 from kombu import Connection, Exchange, Producer
 
-from celery_dlx import Bury, Park, Requeue
+from celery_dlx import Bury, Park, Requeue, dlx_details
 from tests.conftest import BROKER_URL
 from tests.integration.dlx_apps import delays_returning, make_app, queue_names, worker
 from tests.integration.helpers import fates_of, queue_depth, wait_until
@@ -72,6 +73,47 @@ def test_buried_result_is_the_tasks_own_exception_and_errbacks_run_once(
     assert redis_client.lrange(errbacks, 0, -1) == [b"OrderMissing: order 7 not found"]
     # celery_dlx's own account of the run count is in the result meta: every retry it made.
     assert app.backend.get_task_meta(result.id)["retries"] == 4
+    # ... and its own details of the burial beside Celery's fields, not in the exception type.
+    details = dlx_details(result)
+    assert details is not None
+    assert details["fate"] == "buried"
+    assert details["attempt"] == 5
+    assert details["queue"] == f"work-{uid}"
+    assert "OrderMissing" in details["exc_type"]
+    assert details["cause"] and details["reason"]
+    assert details["first_failure_ms"] <= details["at_ms"]
+
+
+def test_result_meta_carries_each_runs_fate(
+    app: Any, uid: str, key_prefix: str, redis_client: Any
+) -> None:
+    """Each run sees the details its predecessor stored with RETRY; success stores `recovered`."""
+    seen = key(key_prefix, "seen")
+
+    @app.task(name=f"flaky-{uid}", bind=True)
+    def flaky(self: Any) -> int:
+        before = dlx_details(AsyncResult(self.request.id, app=app)) or {}
+        redis_client.rpush(
+            seen, f"{before.get('fate')}:{before.get('attempt')}:{'due_ms' in before}"
+        )
+        if self.request.retries < 3:
+            raise ConnectionError("upstream down")
+        return int(self.request.retries)
+
+    with worker(app), delays_returning(app):
+        result = flaky.delay()
+        assert result.get(timeout=60) == 3
+    assert redis_client.lrange(seen, 0, -1) == [
+        b"None:None:False",
+        b"requeued:1:False",
+        b"requeued:2:False",
+        b"parked:3:True",
+    ]
+    details = dlx_details(result)
+    assert details is not None
+    assert details["fate"] == "recovered"
+    assert details["attempt"] == 3
+    assert details["replayed"] is False
 
 
 def test_request_retries_counts_every_requeue_and_park(
