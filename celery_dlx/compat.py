@@ -11,6 +11,7 @@ alone loads the script).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -195,3 +196,60 @@ def add_result_details_hook(backend_cls: type) -> None:
 
         backend_cls._get_result_meta = _get_result_meta  # type: ignore[attr-defined]
         setattr(backend_cls, _HOOKED_ATTR, True)
+
+
+# -- billiard: tracebacks without a copy of every code object's positions --------------------------
+
+_positions_shared = False
+
+
+class _CodeWithoutPositions:
+    """A code object seen through billiard's ``_Code``, whose ``co_positions()`` is empty."""
+
+    __slots__ = ("_code",)
+
+    def __init__(self, code: Any) -> None:
+        self._code = code
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._code, name)
+
+    def co_positions(self) -> Any:
+        return iter(())
+
+
+def share_code_positions() -> None:
+    """Make billiard's ``ExceptionInfo`` share one positions list per code object.
+
+    Internal: ``billiard.einfo._Code.__init__``, which on Python >= 3.11 stores
+    ``list(code.co_positions())`` for every frame of every traceback it copies (thousands of
+    tuples for Celery's large ``trace_task``). Celery's tracer builds such a copy for every failed,
+    retried or ignored run, and a handled failure costs two or three of them: most of its time.
+    Code objects do not change, so the list is computed once per code object (held weakly) and
+    shared; what billiard copies, pickles and formats is unchanged. Process-wide and idempotent.
+    """
+    global _positions_shared
+    if _positions_shared or sys.version_info < (3, 11):
+        return
+    import weakref
+
+    from billiard import einfo
+
+    with _lock:
+        if _positions_shared:
+            return
+        cache: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+        original = einfo._Code.__init__
+
+        def __init__(self: Any, code: Any) -> None:
+            original(self, _CodeWithoutPositions(code))
+            try:
+                positions = cache.get(code)
+                if positions is None:
+                    positions = cache[code] = list(code.co_positions())
+            except TypeError:  # not weak-referenceable (not a real code object): no sharing
+                positions = list(code.co_positions())
+            self._co_positions = positions
+
+        einfo._Code.__init__ = __init__  # type: ignore[method-assign]  # the patch itself
+        _positions_shared = True

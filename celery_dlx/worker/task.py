@@ -15,15 +15,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import sys
 import traceback as tb
 from typing import Any, ClassVar, NoReturn
 
 from billiard.einfo import ExceptionInfo
 from celery import Celery, Task, signals
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_dlx import fates
-from celery_dlx.compat import RESULT_DETAILS_ATTR, add_result_details_hook
+from celery_dlx.compat import RESULT_DETAILS_ATTR, add_result_details_hook, share_code_positions
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
@@ -75,6 +77,34 @@ def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
 
 #: Seconds a task's own ``Reject(requeue=True)`` is remembered until its redelivery arrives.
 OWN_REDELIVERY_TTL = 86400
+
+
+class LazyExceptionInfo(ExceptionInfo):
+    """billiard's ``ExceptionInfo`` of the exception being handled, built when first read.
+
+    A requeue or park reads it only when the result backend stores the traceback or a
+    ``task_retry`` receiver looks at ``einfo``; a burial always reads it (the obituary's
+    traceback). Building one copies and formats the whole traceback, the largest single cost of
+    a handled failure, so it is not built for nothing. Pickles as the built ``ExceptionInfo``.
+    """
+
+    def __init__(self) -> None:  # billiard's __init__ runs on first read
+        self._exc_info = sys.exc_info()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in _EINFO_ATTRS:
+            pending = object.__getattribute__(self, "__dict__").pop("_exc_info", None)
+            if pending is not None:
+                ExceptionInfo.__init__(self, pending)
+        return object.__getattribute__(self, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        _ = self.traceback  # built before it leaves the process
+        return self.__dict__
+
+
+#: What billiard's ExceptionInfo sets (class attributes, so ``__getattr__`` would never see them).
+_EINFO_ATTRS = frozenset({"type", "exception", "tb", "traceback", "internal", "exc_info"})
 
 
 def _permanent(exc: BaseException, reason: str) -> Bury:
@@ -170,7 +200,7 @@ class DLXTask(Task[Any, Any]):
             failure: BaseException = exc
             if signature_error(self, exc, args, kwargs):
                 failure = _permanent(exc, "permanent failure: the call does not match the task")
-            self._fail(runtime, delivery, failure, ExceptionInfo())
+            self._fail(runtime, delivery, failure, LazyExceptionInfo())
         # A replay resets the attempts; its success is a recovery all the same (the canary of
         # `celery dlx replay --canary` waits for it).
         if delivery.state.attempt > 0 or REPLAYED_HEADER in delivery.headers:
@@ -257,6 +287,7 @@ class DLXTask(Task[Any, Any]):
         self, runtime: Runtime, delivery: Delivery, exc: BaseException, einfo: ExceptionInfo | None
     ) -> NoReturn:
         """Carry out the fate of a failed run; ends the run (Ignore, or the task's own failure)."""
+        share_code_positions()
         options = _options(self, runtime, delivery.queue)
         plan = plan_failure(
             exc,
@@ -273,7 +304,9 @@ class DLXTask(Task[Any, Any]):
         self._send_copy(runtime, delivery, plan, exc)
         self._record_fate(runtime, delivery, options, plan)
         self._mark_retry(plan.root, einfo)
-        raise Ignore()
+        # Without the failure as context: Celery's tracer formats the Ignore's traceback (for a
+        # line it logs at INFO), which would otherwise repeat the whole failure.
+        raise Ignore() from None
 
     def _set_details(self, **details: Any) -> None:
         """celery_dlx's details of this run, for the result meta (``celery_dlx.results``)."""
@@ -555,7 +588,10 @@ class DLXTask(Task[Any, Any]):
     def _mark_retry(self, exc: BaseException, einfo: ExceptionInfo | None) -> None:
         """Result state RETRY and the ``task_retry`` signal, as for Celery's own retry."""
         req = self.request
-        if not (self.ignore_result or req.ignore_result):
+        # No result backend: nothing to store (and no traceback to format for it).
+        if not (
+            self.ignore_result or req.ignore_result or isinstance(self.backend, DisabledBackend)
+        ):
             try:
                 # celery-types: Celery stores any exception; a worker run always has an id.
                 self.backend.mark_as_retry(

@@ -275,3 +275,43 @@ def test_load_config_names_the_extra_for_configured_sentry() -> None:
         load_config({"dlx_sentry_rate_limit": 3})
     assert load_config({"dlx_sentry": False, "dlx_sentry_rate_limit": 3}).sentry is False
     assert load_config({}).sentry is True  # on by default: skipped without sentry-sdk
+
+
+# -- billiard -------------------------------------------------------------------------------------
+
+
+def _failure() -> BaseException:
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        raise KeyError(f"missing {n}")
+
+    try:
+        deep(5)
+    except KeyError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_billiard_tracebacks_share_code_positions_and_format_the_same() -> None:
+    import pickle
+    import traceback
+
+    from billiard.einfo import ExceptionInfo
+
+    exc = _failure()
+    exc_info = (type(exc), exc, exc.__traceback__)
+    before = ExceptionInfo(exc_info)
+    compat.share_code_positions()
+    compat.share_code_positions()  # idempotent
+    after, again = ExceptionInfo(exc_info), ExceptionInfo(exc_info)
+    assert after.traceback == before.traceback
+    # The copied traceback formats as before, carets included, also after a pickle round trip
+    # (prefork sends it to the parent, which logs it).
+    for einfo in (after, pickle.loads(pickle.dumps(after))):
+        assert traceback.format_exception(type(exc), exc, einfo.tb) == (
+            traceback.format_exception(type(exc), exc, before.tb)
+        ), broken("billiard", "einfo._Code (how a traceback copy keeps co_positions)")
+    if sys.version_info >= (3, 11):
+        assert after.tb.tb_frame.f_code._co_positions is again.tb.tb_frame.f_code._co_positions
+        assert after.tb.tb_frame.f_code._co_positions  # the real positions, not the empty stand-in
