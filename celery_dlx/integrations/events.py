@@ -24,8 +24,11 @@ Celery's event state turns an unknown ``task-<x>`` event into the custom state `
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
+import threading
 from typing import Any
 
 from celery import Celery
@@ -46,8 +49,6 @@ EVENT_TYPES = {
 TRACEBACK_LIMIT = 16384
 #: Longest exception message or reason sent in an event.
 TEXT_LIMIT = 1000
-#: Publish retry of an event: one quick retry on a stale pooled connection, never a long wait.
-RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 
 
 def summary(event: FateEvent) -> str:
@@ -104,12 +105,22 @@ def event_hostname(app: Celery) -> str:
 class EventSender:
     """Fate listener sending ``task-<fate>`` events through the app's event dispatcher.
 
+    One event dispatcher (and one broker connection, made on first use) is kept per process and
+    node name, as Celery's worker keeps its own: making a dispatcher per event (a producer from the
+    pool, the exchange declared again) cost more than the Redis work of a failure. Events are
+    monitoring, best effort: a publish that fails drops the connection and is tried once on a
+    fresh one; if that fails too the event is lost and the fate is not affected. Thread-safe;
+    after a fork the child makes its own connection.
+
     Args:
-        runtime: the app's runtime (its app's broker connection pool carries the events).
+        runtime: the app's runtime (its app's broker settings carry the events).
     """
 
     def __init__(self, runtime: Runtime) -> None:
         self.app = runtime.app
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._dispatchers: dict[str, Any] = {}
 
     def __call__(self, event: FateEvent) -> None:
         self.send(event)
@@ -119,15 +130,47 @@ class EventSender:
         event_type = EVENT_TYPES.get(event.fate)
         if event_type is None:
             return False
-        with self.app.events.default_dispatcher(hostname=event_hostname(self.app)) as dispatcher:
-            dispatcher.send(
-                event_type,
-                uuid=event.message_id,
-                retry=True,
-                retry_policy=RETRY_POLICY,
-                **event_fields(event),
-            )
+        hostname = event_hostname(self.app)
+        fields = event_fields(event)
+        with self._lock:
+            for last in (False, True):
+                dispatcher = self._dispatcher(hostname)
+                try:
+                    dispatcher.send(event_type, uuid=event.message_id, **fields)
+                    break
+                except Exception:
+                    self._drop(hostname)
+                    if last:
+                        raise
         return True
+
+    def close(self) -> None:
+        """Close the kept connections (a new one is made by the next event)."""
+        with self._lock:
+            for hostname in list(self._dispatchers):
+                self._drop(hostname)
+
+    def _dispatcher(self, hostname: str) -> Any:
+        pid = os.getpid()
+        if pid != self._pid:  # forked: the parent's connections are not ours to use
+            self._pid, self._dispatchers = pid, {}
+        dispatcher = self._dispatchers.get(hostname)
+        if dispatcher is None:
+            connection = self.app.connection_for_write()
+            connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2)
+            dispatcher = self._dispatchers[hostname] = self.app.events.Dispatcher(
+                connection, hostname=hostname, enabled=True, buffer_while_offline=False
+            )
+        return dispatcher
+
+    def _drop(self, hostname: str) -> None:
+        dispatcher = self._dispatchers.pop(hostname, None)
+        if dispatcher is None:
+            return
+        with contextlib.suppress(Exception):
+            dispatcher.close()
+        with contextlib.suppress(Exception):
+            dispatcher.connection.close()
 
 
 def install_events(runtime: Runtime) -> EventSender | None:

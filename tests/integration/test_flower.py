@@ -248,6 +248,29 @@ def test_retry_events_keep_the_custom_state_until_success(
     assert info is not None and info["result"] == "'ok'"
 
 
+def test_kept_connection_lost_is_replaced_and_the_event_still_arrives(
+    app: Celery, flower: Flower, uid: str
+) -> None:
+    """The sender keeps one connection; when the broker side of it is gone, the next event goes
+    out on a fresh one (and the sender can be closed and used again)."""
+    runtime = get_runtime(app)
+    sender = EventSender(runtime)
+    _wait_for_receiver(flower, sender, uid)
+    (hostname,) = sender._dispatchers
+    kept = sender._dispatchers[hostname]
+    kept.connection.connection.transport.sock.shutdown(socket.SHUT_RDWR)  # a dead TCP link
+    message = f"after-loss-{uid}"
+    sender.send(_event(PARKED, message, task=f"shop.charge.{uid}"))
+    assert wait_for_task(flower, message, "PARKED") is not None
+    assert sender._dispatchers[hostname] is not kept
+    sender.close()
+    assert not sender._dispatchers
+    again = f"after-close-{uid}"
+    sender.send(_event(REQUEUED, again, task=f"shop.charge.{uid}"))
+    assert wait_for_task(flower, again, "REQUEUED") is not None
+    sender.close()
+
+
 def test_foreign_message_events_and_disabled_setting(app: Celery, flower: Flower, uid: str) -> None:
     runtime = get_runtime(app)
     sender = EventSender(runtime)
