@@ -52,7 +52,7 @@ from kombu import Connection, Producer
 
 from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.ops import obituaries
-from celery_dlx.policy.settings import load_config
+from celery_dlx.policy.config import load_config
 from celery_dlx.service.loop import DLXService
 from celery_dlx.worker.runtime import get_runtime
 

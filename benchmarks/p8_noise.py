@@ -61,7 +61,7 @@ from celery.exceptions import Reject
 from kombu import Connection
 
 import celery_dlx
-from celery_dlx.policy.settings import load_config
+from celery_dlx.policy.config import load_config
 from celery_dlx.service.loop import DLXService
 from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.worker.drain import run_drain
