@@ -157,7 +157,7 @@ class EventSender:
         dispatcher = self._dispatchers.get(hostname)
         if dispatcher is None:
             connection = self.app.connection_for_write()
-            connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2)
+            connection.ensure_connection(max_retries=1, interval_start=0, interval_step=1)
             dispatcher = self._dispatchers[hostname] = self.app.events.Dispatcher(
                 connection, hostname=hostname, enabled=True, buffer_while_offline=False
             )

@@ -151,6 +151,10 @@ class DLXService(BatchSettler):
         one ``basic.ack(multiple)``, and only once every earlier batch is acked too.
         """
         pending: deque[tuple[list[amqp.Message], Future[bool]]] = deque()
+        # True once a wait for more dead letters came back empty: the inbox is all there is for
+        # now. A backlog arrives one delivery per drain, so handing the inbox to a free settler at
+        # once would settle it a few messages at a time; it waits for a full batch or a pause.
+        quiet = False
         with ThreadPoolExecutor(SETTLERS, thread_name_prefix="celery_dlx-settle") as helpers:
             while True:
                 while pending and (pending[0][1].done() or self._stop.is_set()):
@@ -162,14 +166,20 @@ class DLXService(BatchSettler):
                     self._maybe_sweep()
                 if self._stop.is_set():
                     return
-                while len(pending) < SETTLERS and self._inbox:
+                while (
+                    len(pending) < SETTLERS
+                    and self._inbox
+                    and (quiet or len(self._inbox) >= self.batch_limit)
+                ):
                     batch = self._inbox[: self.batch_limit]
                     del self._inbox[: self.batch_limit]
                     pending.append((batch, helpers.submit(self._process, batch)))
                 busy = bool(pending) or bool(self._inbox)
                 try:
                     conn.drain_events(timeout=BATCH_WAIT if busy else IDLE_POLL)
+                    quiet = False
                 except TimeoutError:
+                    quiet = True
                     conn.heartbeat_check()
                     if not busy and self._idle(idle_timeout):
                         return

@@ -253,7 +253,9 @@ class BatchSettler:
         """
         tag = info.get("delivery_tag") or getattr(message, "delivery_tag", None)
         try:
-            name = self._channel_names.setdefault(message.channel, uuid.uuid4().hex)
+            name = self._channel_names.get(message.channel)
+            if name is None:
+                name = self._channel_names.setdefault(message.channel, uuid.uuid4().hex)
         except TypeError:  # no channel, or one that takes no weak reference
             return uuid.uuid4().hex
         return f"{name}:{tag}" if tag is not None else uuid.uuid4().hex
