@@ -253,3 +253,55 @@ def share_code_positions() -> None:
 
         einfo._Code.__init__ = __init__  # type: ignore[method-assign]  # the patch itself
         _positions_shared = True
+
+
+# -- CPython's traceback module: positions and carets computed once --------------------------------
+
+_traceback_cached = False
+#: Most code positions (and caret anchors) remembered; the cache starts over when full.
+TRACEBACK_CACHE_SIZE = 4096
+
+
+def cache_traceback_positions() -> None:
+    """Make the ``traceback`` module compute a frame's position and carets once, not per format.
+
+    Internal: CPython 3.11-3.12's ``traceback._get_code_position(code, instruction_index)``,
+    which walks ``code.co_positions()`` from the start to the frame's instruction on every
+    format (Celery's ``trace_task`` is thousands of instructions long, and its frame is in every
+    traceback of a task run), and ``traceback._extract_caret_anchors_from_line_segment(segment)``,
+    which parses the source segment with ``ast`` for the ``~~~^^^`` markers. Both are pure: the
+    same arguments always give the same answer, so formatting is unchanged. Celery's tracer
+    formats two or three tracebacks per handled failure; this was the largest part of their cost.
+    Missing functions (another Python version) are left alone. Process-wide and idempotent.
+    """
+    global _traceback_cached
+    if _traceback_cached:
+        return
+    import functools
+    import traceback
+
+    with _lock:
+        if _traceback_cached:
+            return
+        original = getattr(traceback, "_get_code_position", None)
+        if original is not None:
+            positions: dict[tuple[int, int], tuple[object, Any]] = {}
+
+            def _get_code_position(code: Any, instruction_index: int) -> Any:
+                key = (id(code), instruction_index)
+                hit = positions.get(key)
+                if hit is not None and hit[0] is code:
+                    return hit[1]
+                position = original(code, instruction_index)
+                if len(positions) >= TRACEBACK_CACHE_SIZE:
+                    positions.clear()
+                positions[key] = (code, position)  # the code is kept: its id is not reused
+                return position
+
+            traceback._get_code_position = _get_code_position  # type: ignore[attr-defined]
+        anchors = getattr(traceback, "_extract_caret_anchors_from_line_segment", None)
+        if anchors is not None:
+            traceback._extract_caret_anchors_from_line_segment = functools.lru_cache(  # type: ignore[attr-defined]
+                TRACEBACK_CACHE_SIZE
+            )(anchors)
+        _traceback_cached = True

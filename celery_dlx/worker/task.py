@@ -25,7 +25,12 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_dlx import fates
-from celery_dlx.compat import RESULT_DETAILS_ATTR, add_result_details_hook, share_code_positions
+from celery_dlx.compat import (
+    RESULT_DETAILS_ATTR,
+    add_result_details_hook,
+    cache_traceback_positions,
+    share_code_positions,
+)
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
@@ -288,6 +293,7 @@ class DLXTask(Task[Any, Any]):
     ) -> NoReturn:
         """Carry out the fate of a failed run; ends the run (Ignore, or the task's own failure)."""
         share_code_positions()
+        cache_traceback_positions()
         options = _options(self, runtime, delivery.queue)
         plan = plan_failure(
             exc,

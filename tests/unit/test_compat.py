@@ -315,3 +315,32 @@ def test_billiard_tracebacks_share_code_positions_and_format_the_same() -> None:
     if sys.version_info >= (3, 11):
         assert after.tb.tb_frame.f_code._co_positions is again.tb.tb_frame.f_code._co_positions
         assert after.tb.tb_frame.f_code._co_positions  # the real positions, not the empty stand-in
+
+
+def _caret_failure() -> BaseException:
+    values: dict[str, int] = {}
+    try:
+        _ = values["a"] + len(values) * 2  # a segment with carets (~~~~~~^^^^^)
+    except KeyError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_traceback_positions_and_carets_cached_format_the_same() -> None:
+    import traceback
+
+    failures = [_failure(), _caret_failure()]
+    before = ["".join(traceback.format_exception(exc)) for exc in failures]
+    compat.cache_traceback_positions()
+    compat.cache_traceback_positions()  # idempotent
+    for _ in range(2):  # the second time from the caches
+        after = ["".join(traceback.format_exception(exc)) for exc in failures]
+        assert after == before, broken_python("traceback._get_code_position and carets")
+    if sys.version_info[:2] in ((3, 11), (3, 12)):
+        assert "^^^^" in before[1]
+        position = traceback._get_code_position  # type: ignore[attr-defined]
+        assert position.__module__ == "celery_dlx.compat", broken_python("traceback internals")
+
+
+def broken_python(internal: str) -> str:
+    return f"Python {sys.version.split()[0]} changed {internal}: update celery_dlx/compat.py"
