@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from celery import Celery, signals
+from celery.app import app_or_default
 from celery.app.amqp import AMQP, Queues
 from kombu import Queue
 
@@ -112,8 +113,11 @@ def _warm_on_start(app: Celery) -> None:
     """
 
     def warm(sender: Any = None, **_: Any) -> None:
-        owner = getattr(sender, "app", None)
-        if owner is not None and owner is not app:
+        # worker_ready comes from the worker's consumer; worker_process_init has no sender, but
+        # the pool process has made its worker's app the current one before sending it. Another
+        # app of the same process (a second Celery app, a test's) must not connect anywhere.
+        owner = getattr(sender, "app", None) or app_or_default()
+        if owner is not app:
             return
         if get_runtime(app).config.enabled:
             get_runtime(app).warm()

@@ -313,3 +313,34 @@ def test_install_on_an_already_configured_app_applies_at_once() -> None:
     assert DrainerStep in app.steps["worker"]
     add_task(app)
     assert bound(app).acks_late is True
+
+
+def test_pool_process_start_warms_only_the_workers_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """worker_process_init has no sender: only the app the pool process runs (the current one)
+    connects, never another app of the same process (before: every installed app did, each
+    retrying an unreachable broker while the pool process could not start its tasks)."""
+    from celery import signals
+    from celery._state import _set_current_app, get_current_app
+
+    from celery_dlx.worker.runtime import Runtime
+
+    warmed: list[str] = []
+    monkeypatch.setattr(Runtime, "warm", lambda self: warmed.append(self.app.main))
+    mine = make_app(dlx_enabled=True)
+    mine.main = "mine"
+    other = make_app(dlx_enabled=True)
+    other.main = "other"
+    previous = get_current_app()
+    _set_current_app(mine)
+    try:
+        signals.worker_process_init.send(sender=None)
+    finally:
+        _set_current_app(previous)
+    assert warmed == ["mine"]
+    warmed.clear()
+
+    class Consumer:  # what worker_ready is sent by: the worker's consumer, with its app
+        app = other
+
+    signals.worker_ready.send(sender=Consumer())
+    assert warmed == ["other"]
