@@ -55,12 +55,8 @@ def make_app(mode: str, uid: str, prefetch: int = 10) -> Celery:
 
 app = make_app(MODE, UID, int(os.environ.get("BENCH_PREFETCH", "10")))
 
-#: Experiments (``BENCH_EXPERIMENTS``, comma separated): proposed changes to code outside the
-#: benchmarks, patched into this worker only, to measure them before anyone makes them.
-#: ``lazy_einfo``: DLXTask builds its ExceptionInfo only when something reads it (a burial's
-#: traceback, a ``task_retry`` receiver); ``quiet_ignore``: the ``Ignore`` that ends a handled
-#: run does not chain the task's exception (``raise Ignore() from None``), so Celery's tracer
-#: formats one short traceback instead of three; ``no_events``: ``dlx_send_events = False``.
+#: Experiments (``BENCH_EXPERIMENTS``, comma separated): variants of celery_dlx's worker patched
+#: into this worker only, to measure them (see ``bench_experiments``; ``no_events``).
 EXPERIMENTS = {e for e in os.environ.get("BENCH_EXPERIMENTS", "").split(",") if e}
 if MODE == "dlx" and EXPERIMENTS:
     import bench_experiments

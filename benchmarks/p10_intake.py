@@ -73,8 +73,8 @@ def main() -> None:
     parser.add_argument(
         "--experiments",
         default="",
-        help="adds celery_dlx rows with proposed changes patched in (benchmarks/bench_experiments.py): "
-        "e.g. lazy_einfo+quiet_ignore,no_events (',' between rows, '+' within one)",
+        help="adds celery_dlx rows with variants patched in (benchmarks/bench_experiments.py): "
+        "e.g. no_events (',' between rows, '+' within one)",
     )
     args = parser.parse_args()
     pools = args.pools.split(",")
