@@ -1,11 +1,12 @@
 """Quiet logs: Celery's own per-run lines that only repeat a celery_dlx fate line go to DEBUG.
 
-A DLX task ends a failed run with ``Ignore`` (requeued or parked) or ``Reject(requeue=False)``
-(buried through the dead-letter exchange). Celery then logs, per run, ``Task x[id] ignored`` at
-INFO, or ``Task x[id] reject requeue=False: ...`` at WARNING with the whole chained traceback.
-celery_dlx has already logged the fate (one line with task, id, attempt and cause) and logs the
-traceback once, when the DLX service buries the message. :class:`CeleryEchoFilter` lowers those
-echoes to DEBUG without their traceback (shown only when Celery's trace logger is at DEBUG). Runs
+A DLX task ends a requeued or parked run with ``Ignore``; Celery then logs ``Task x[id] ignored``
+at INFO per run, though celery_dlx has already logged the fate (one line with task, id, attempt
+and cause). A buried run fails with the task's own exception, and Celery's ``Task x[id] raised
+unexpected: ...`` (ERROR, with the traceback) is the one traceback of that burial; the DLX
+service's ``buried`` line then names the cause without it. :class:`CeleryEchoFilter` lowers the
+echoes (``ignored``, and ``rejected`` for a fallback ``Reject`` when the copy could not be stored)
+to DEBUG without their traceback (shown only when Celery's trace logger is at DEBUG). Runs
 celery_dlx did not handle (a task's own ``Ignore``, a ``Reject(requeue=True)``, plain tasks) keep
 Celery's lines.
 """

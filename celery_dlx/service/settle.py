@@ -75,8 +75,13 @@ class _Work:
     duplicate: bool = False
 
 
-def buried_event(ob: Obituary) -> FateEvent:
-    """The one ``buried`` fate event of an obituary (history, log with traceback, listeners)."""
+def buried_event(ob: Obituary, *, traceback_logged: bool = False) -> FateEvent:
+    """The one ``buried`` fate event of an obituary (history, log with traceback, listeners).
+
+    ``traceback_logged``: the worker's Celery tracer already logged this failure with its
+    traceback (a DLX task that failed with its own exception); the burial line then names the
+    cause without printing the traceback again. Sentry, Flower and the obituary keep it.
+    """
     return ob.fate_event(
         BURIED,
         ob.buried_ms,
@@ -89,6 +94,7 @@ def buried_event(ob: Obituary) -> FateEvent:
             "content_type": ob.content_type,
             "content_encoding": ob.content_encoding,
             "source": "dlx-service",
+            "traceback_logged": traceback_logged,
         },
     )
 
@@ -409,7 +415,7 @@ class BatchSettler:
                 code_version=self.config.code_version,
                 hostname=self.hostname,
             )
-            items.append((ob, buried_event(ob)))
+            items.append((ob, buried_event(ob, traceback_logged=verdict.from_worker)))
         written = Graveyard(self.runtime.redis, self.runtime.keys).write_many(items)
         # An obituary already there (a redelivery, or a second copy of the message a crash left
         # behind) is neither written nor announced again.

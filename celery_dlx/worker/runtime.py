@@ -243,7 +243,9 @@ class Runtime:
             logger.debug(line, *args)
             return
         if event.fate == BURIED:
-            logger.error(line + ("\n%s" if event.traceback else "%s"), *args, event.traceback or "")
+            # One traceback per burial in the logs: not again when Celery's tracer logged it.
+            shown = "" if event.extra.get("traceback_logged") else event.traceback
+            logger.error(line + ("\n%s" if shown else "%s"), *args, shown or "")
         else:
             logger.info(line, *args)
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -230,7 +232,7 @@ def test_foreign_consumer_rejects_are_retried_after_the_delays_then_buried(
 
 
 def test_celery_task_buried_by_the_in_worker_service_keeps_its_exception_and_traceback(
-    uid: str, names: dict[str, str], cleanup_queues: list[str]
+    uid: str, names: dict[str, str], cleanup_queues: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     app = Celery(f"celery-{uid}", broker=BROKER_URL, set_as_current=False)
     celery_dlx.install(app)
@@ -286,6 +288,24 @@ def test_celery_task_buried_by_the_in_worker_service_keeps_its_exception_and_tra
     assert "card declined" in hooked["traceback"]
     assert payload_from_json_safe(hooked) == ob.payload
     assert not [t for t in threading.enumerate() if t.name == "celery_dlx-service"]
+    # One traceback in the logs per burial: Celery's "raised unexpected" line has it, and the
+    # burial line names the cause without printing it again (the obituary keeps it).
+    with_traceback = [r for r in caplog.records if "card declined" in r.getMessage() or r.exc_info]
+    lines = [r for r in with_traceback if "Traceback (most recent call last)" in _text(r)]
+    assert len(lines) == 1 and lines[0].name == "celery.app.trace", [
+        (r.name, r.getMessage()[:80]) for r in with_traceback
+    ]
+    burial = [
+        r for r in caplog.records if r.name == "celery_dlx" and r.getMessage().startswith("buried")
+    ]
+    assert len(burial) == 1 and "Traceback" not in burial[0].getMessage()
+
+
+def _text(record: logging.LogRecord) -> str:
+    text = record.getMessage()
+    if record.exc_info:
+        text += "".join(traceback.format_exception(*record.exc_info))
+    return text
 
 
 def test_bad_input_is_buried_with_a_reason_and_the_service_keeps_going(
