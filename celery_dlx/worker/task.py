@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import sys
 import traceback as tb
 from typing import Any, ClassVar, NoReturn
 
@@ -50,6 +49,7 @@ from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.store.causes import stash_cause
 from celery_dlx.worker.delivery import Delivery, read_delivery
+from celery_dlx.worker.einfo import LazyExceptionInfo
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
 from celery_dlx.worker.runtime import Runtime, get_runtime
 
@@ -82,34 +82,6 @@ def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
 
 #: Seconds a task's own ``Reject(requeue=True)`` is remembered until its redelivery arrives.
 OWN_REDELIVERY_TTL = 86400
-
-
-class LazyExceptionInfo(ExceptionInfo):
-    """billiard's ``ExceptionInfo`` of the exception being handled, built when first read.
-
-    A requeue or park reads it only when the result backend stores the traceback or a
-    ``task_retry`` receiver looks at ``einfo``; a burial always reads it (the obituary's
-    traceback). Building one copies and formats the whole traceback, the largest single cost of
-    a handled failure, so it is not built for nothing. Pickles as the built ``ExceptionInfo``.
-    """
-
-    def __init__(self) -> None:  # billiard's __init__ runs on first read
-        self._exc_info = sys.exc_info()
-
-    def __getattribute__(self, name: str) -> Any:
-        if name in _EINFO_ATTRS:
-            pending = object.__getattribute__(self, "__dict__").pop("_exc_info", None)
-            if pending is not None:
-                ExceptionInfo.__init__(self, pending)
-        return object.__getattribute__(self, name)
-
-    def __getstate__(self) -> dict[str, Any]:
-        _ = self.traceback  # built before it leaves the process
-        return self.__dict__
-
-
-#: What billiard's ExceptionInfo sets (class attributes, so ``__getattr__`` would never see them).
-_EINFO_ATTRS = frozenset({"type", "exception", "tb", "traceback", "internal", "exc_info"})
 
 
 def _permanent(exc: BaseException, reason: str) -> Bury:

@@ -6,7 +6,7 @@ import pickle
 
 from billiard.einfo import ExceptionInfo
 
-from celery_dlx.worker.task import LazyExceptionInfo
+from celery_dlx.worker.einfo import LazyExceptionInfo
 
 
 def _caught() -> tuple[LazyExceptionInfo, ExceptionInfo]:

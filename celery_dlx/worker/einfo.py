@@ -1,0 +1,36 @@
+"""``LazyExceptionInfo``: billiard's ``ExceptionInfo`` of a handled failure, built when first read."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from billiard.einfo import ExceptionInfo
+
+
+class LazyExceptionInfo(ExceptionInfo):
+    """billiard's ``ExceptionInfo`` of the exception being handled, built when first read.
+
+    A requeue or park reads it only when the result backend stores the traceback or a
+    ``task_retry`` receiver looks at ``einfo``; a burial always reads it (the obituary's
+    traceback). Building one copies and formats the whole traceback, the largest single cost of
+    a handled failure, so it is not built for nothing. Pickles as the built ``ExceptionInfo``.
+    """
+
+    def __init__(self) -> None:  # billiard's __init__ runs on first read
+        self._exc_info = sys.exc_info()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in _EINFO_ATTRS:
+            pending = object.__getattribute__(self, "__dict__").pop("_exc_info", None)
+            if pending is not None:
+                ExceptionInfo.__init__(self, pending)
+        return object.__getattribute__(self, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        _ = self.traceback  # built before it leaves the process
+        return self.__dict__
+
+
+#: What billiard's ExceptionInfo sets (class attributes, so ``__getattr__`` would never see them).
+_EINFO_ATTRS = frozenset({"type", "exception", "tb", "traceback", "internal", "exc_info"})
