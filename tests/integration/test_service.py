@@ -674,25 +674,30 @@ def test_the_service_moves_obituaries_past_retention_to_the_history(
     assert [json.loads(h["obituary"])["id"] for h in archived] == ["old"]
 
 
+def dead_letters(channel: Any, names: dict[str, str], count: int, prefix: str) -> None:
+    """``count`` dead letters of the billing queue in the service queue, as RabbitMQ would put them."""
+    dead = Queue(names["dead"], exchange=Exchange(names["dlx"], type="topic"), routing_key="#")
+    dead(channel).declare()
+    producer = Producer(channel)
+    death = [{"queue": names["billing"], "reason": "rejected", "count": 1}]
+    for i in range(count):
+        producer.publish(
+            b"{}",
+            exchange=names["dlx"],
+            routing_key=names["billing"],
+            headers={"x-death": death},
+            message_id=f"{prefix}-{i}",
+            retry=True,
+        )
+
+
 def test_several_service_processes_share_the_queue(
     uid: str, names: dict[str, str], broker: Any
 ) -> None:
     conf = {"dlx_queues": {names["billing"]: {"max_parks": 0, "max_requeues": 0}}}
     runtime = get_runtime(make_app(uid, **conf))
     channel = broker.channel()
-    dead = Queue(names["dead"], exchange=Exchange(names["dlx"], type="topic"), routing_key="#")
-    dead(channel).declare()
-    producer = Producer(channel)
-    death = [{"queue": names["billing"], "reason": "rejected", "count": 1}]
-    for i in range(300):
-        producer.publish(
-            b"{}",
-            exchange=names["dlx"],
-            routing_key=names["billing"],
-            headers={"x-death": death},
-            message_id=f"p-{i}",
-            retry=True,
-        )
+    dead_letters(channel, names, 300, "p")
     proc = service_process(
         uid, conf, "--processes", "2", "--until-idle", "2", "--json", capture=True
     )
@@ -717,20 +722,8 @@ def test_a_backlog_is_settled_in_full_batches(uid: str, names: dict[str, str], b
     app = make_app(uid, dlx_service_prefetch=300, **conf)
     runtime = get_runtime(app)
     channel = broker.channel()
-    dead = Queue(names["dead"], exchange=Exchange(names["dlx"], type="topic"), routing_key="#")
-    dead(channel).declare()
-    producer = Producer(channel)
-    death = [{"queue": names["billing"], "reason": "rejected", "count": 1}]
     total = 1000
-    for i in range(total):
-        producer.publish(
-            b"{}",
-            exchange=names["dlx"],
-            routing_key=names["billing"],
-            headers={"x-death": death},
-            message_id=f"b-{i}",
-            retry=True,
-        )
+    dead_letters(channel, names, total, "b")
     wait_until(
         lambda: channel.queue_declare(names["dead"], passive=True).message_count == total,
         "the backlog",
