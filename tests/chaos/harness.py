@@ -154,6 +154,8 @@ class ChaosReport:
     buried_twice_ids: list[str] = field(default_factory=list)
     pending_ids: list[str] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=dict)
+    #: Events after the chaos ended, while the run settled (crash points firing late).
+    settle_events: list[str] = field(default_factory=list)
     unexpected_exits: list[str] = field(default_factory=list)
     monkey_errors: list[str] = field(default_factory=list)
     publish_seconds: float = 0.0
@@ -179,7 +181,8 @@ class ChaosReport:
             f"{self.exact_checked} untouched messages held to exact run counts, "
             f"{self.disturbed} touched by chaos; good/flaky buried {self.good_buried}; "
             f"violations {len(self.violations)}",
-            f"chaos events: {json.dumps(self.events, sort_keys=True)}",
+            f"chaos events: {json.dumps(self.events, sort_keys=True)}; while settling: "
+            f"{self.settle_events}",
             f"unexpected exits: {len(self.unexpected_exits)}; monkey errors: "
             f"{len(self.monkey_errors)}",
             f"publish {self.publish_seconds:.1f}s, settle {self.settle_seconds:.1f}s, "
@@ -594,19 +597,23 @@ def run_chaos(plan: ChaosPlan, uid: str | None = None) -> ChaosReport:
         publish_seconds = time.monotonic() - started
         while time.monotonic() < chaos_end:
             time.sleep(0.2)
-        monkey.stop()
+        # The monkey goes on supervising while the run settles: a crash point armed in a
+        # restarted process can fire late, and nothing would start that process again.
+        monkey.calm()
+        calm_at = len(monkey.events)
         run.rabbit.ensure_running()
         if run.redis.proc is None:
             run.redis.start()
-        monkey.supervise()
         settle_start = time.monotonic()
         runtime = get_runtime(run.app())
         settled = run.settle(runtime)
         settle_seconds = time.monotonic() - settle_start
+        monkey.stop()
         P.stop_all(run.procs, _stop_order)
         with Connection(BROKER_URL) as fresh:
             report = run.account(runtime, fresh)
         report.events = monkey.counts()
+        report.settle_events = [f"{e.action} {e.target}" for e in monkey.events[calm_at:]]
         ledger_check(
             report,
             run.messages,

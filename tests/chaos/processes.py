@@ -267,10 +267,20 @@ class Monkey:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     errors: list[str] = field(default_factory=list)
+    #: Held while an action is under way (see :meth:`calm`).
+    _acting: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="chaos-monkey", daemon=True)
         self._thread.start()
+
+    def calm(self) -> None:
+        """Act no more (an action under way finishes first) but go on supervising until
+        :meth:`stop`: a crash point can still fire while the run settles, and a supervisor
+        restarts that process as it would any other."""
+        self.act_until = 0.0
+        with self._acting:
+            pass
 
     def stop(self) -> None:
         self._stop.set()
@@ -288,7 +298,10 @@ class Monkey:
                 continue
             action = first.pop() if first else self.rng.choice(self.actions)
             try:
-                done = self.act(action)
+                with self._acting:
+                    if time.monotonic() > self.act_until:  # calm() came first
+                        continue
+                    done = self.act(action)
                 if not done and action != RESTART_RABBITMQ and action not in first:
                     first.insert(0, action)  # nothing to act on yet: again later
             except Exception as exc:  # a failed action is reported, the run goes on

@@ -59,3 +59,30 @@ def test_no_message_is_lost_while_processes_and_redis_die() -> None:
         assert kinds[kind] == {"sent": kinds[kind]["sent"], "buried": kinds[kind]["sent"]}
     for kind in ("good", "flaky", "foreign"):
         assert kinds[kind] == {"sent": kinds[kind]["sent"], "done": kinds[kind]["sent"]}
+
+
+def test_a_crash_point_firing_while_the_run_settles_is_restarted() -> None:
+    """The harness goes on supervising after the chaos: a crash point still armed in a
+    restarted process may fire while the run settles (bigger service batches made that common),
+    and the dead process must be started again, as a supervisor would, or its queue waits
+    forever. No monkey actions here; the DLX service dies at its 4th burial batch, which on
+    these machines comes after publishing has ended (before the fix this run never settled)."""
+    plan = ChaosPlan(
+        messages=200,
+        workers=1,
+        drains=1,
+        publish_seconds=4.0,
+        chaos_seconds=0.1,
+        settle_seconds=60.0,
+        actions=(),
+        faults={"service0": ["service.buried@4"]},
+        quorum=True,
+        seed=23,
+    )
+    report = run_chaos(plan)
+    print("\n".join(["late crash accounting:", *report.lines()]))
+
+    assert report.events == {f"{FAULT_PREFIX}service.buried": 1}
+    assert report.settled and report.pending == 0, f"pending: {report.pending_ids[:20]}"
+    assert report.lost == 0 and report.done + report.buried == report.sent
+    assert report.violations == []
