@@ -112,7 +112,7 @@ def _warm_on_start(app: Celery) -> None:
     worker process itself (``worker_ready``). Signals are global, so each handler checks its app.
     """
 
-    def warm(sender: Any = None, **_: Any) -> None:
+    def warm(sender: Any = None, signal: Any = None, **_: Any) -> None:
         # worker_ready comes from the worker's consumer; worker_process_init has no sender, but
         # the pool process has made its worker's app the current one before sending it. Another
         # app of the same process (a second Celery app, a test's) must not connect anywhere.
@@ -120,10 +120,20 @@ def _warm_on_start(app: Celery) -> None:
         if owner is not app:
             return
         if get_runtime(app).config.enabled:
-            get_runtime(app).warm()
+            # Fate listeners (the event connection) warm where tasks run: a prefork worker's
+            # pool processes, not its main process.
+            runs_tasks = signal is signals.worker_process_init or not _is_prefork(sender)
+            get_runtime(app).warm(listeners=runs_tasks)
 
     signals.worker_process_init.connect(warm, weak=False)
     signals.worker_ready.connect(warm, weak=False)
+
+
+def _is_prefork(consumer: Any) -> bool:
+    """True when ``consumer``'s worker runs its tasks in prefork pool processes."""
+    from celery.concurrency.prefork import TaskPool
+
+    return isinstance(getattr(consumer, "pool", None), TaskPool)
 
 
 def configure(app: Celery) -> None:

@@ -105,12 +105,13 @@ def event_hostname(app: Celery) -> str:
 class EventSender:
     """Fate listener sending ``task-<fate>`` events through the app's event dispatcher.
 
-    One event dispatcher (and one broker connection, made on first use) is kept per process and
-    node name, as Celery's worker keeps its own: making a dispatcher per event (a producer from the
-    pool, the exchange declared again) cost more than the Redis work of a failure. Events are
-    monitoring, best effort: a publish that fails drops the connection and is tried once on a
-    fresh one; if that fails too the event is lost and the fate is not affected. Thread-safe;
-    after a fork the child makes its own connection.
+    One broker connection is kept per process (made by :meth:`warm` when a worker process
+    starts, or at the first event) and one event dispatcher on it per node name, as Celery's
+    worker keeps its own: making a dispatcher per event (a producer from the pool, the exchange
+    declared again) cost more than the Redis work of a failure. Events are monitoring, best
+    effort: a publish that fails drops the connection and is tried once on a fresh one; if that
+    fails too the event is lost and the fate is not affected. Thread-safe; after a fork the
+    child makes its own connection.
 
     Args:
         runtime: the app's runtime (its app's broker settings carry the events).
@@ -120,10 +121,17 @@ class EventSender:
         self.app = runtime.app
         self._lock = threading.Lock()
         self._pid = 0
+        self._connection: Any = None
         self._dispatchers: dict[str, Any] = {}
 
     def __call__(self, event: FateEvent) -> None:
         self.send(event)
+
+    def warm(self) -> None:
+        """Connect now (a worker process starting), so that the first fate change does not wait
+        for a broker connection. Raises what connecting raises."""
+        with self._lock:
+            self._connect()
 
     def send(self, event: FateEvent) -> bool:
         """Send the event for ``event``; False when its fate has no event type."""
@@ -139,38 +147,45 @@ class EventSender:
                     dispatcher.send(event_type, uuid=event.message_id, **fields)
                     break
                 except Exception:
-                    self._drop(hostname)
+                    self._reset()
                     if last:
                         raise
         return True
 
     def close(self) -> None:
-        """Close the kept connections (a new one is made by the next event)."""
+        """Close the kept connection (a new one is made by the next event)."""
         with self._lock:
-            for hostname in list(self._dispatchers):
-                self._drop(hostname)
+            self._reset()
 
-    def _dispatcher(self, hostname: str) -> Any:
+    def _connect(self) -> Any:
         pid = os.getpid()
-        if pid != self._pid:  # forked: the parent's connections are not ours to use
-            self._pid, self._dispatchers = pid, {}
-        dispatcher = self._dispatchers.get(hostname)
-        if dispatcher is None:
+        if pid != self._pid:  # forked: the parent's connection is not ours to use or close
+            self._pid, self._connection, self._dispatchers = pid, None, {}
+        if self._connection is None:
             connection = self.app.connection_for_write()
             connection.ensure_connection(max_retries=1, interval_start=0, interval_step=1)
+            self._connection = connection
+        return self._connection
+
+    def _dispatcher(self, hostname: str) -> Any:
+        connection = self._connect()
+        dispatcher = self._dispatchers.get(hostname)
+        if dispatcher is None:  # a channel on the kept connection
             dispatcher = self._dispatchers[hostname] = self.app.events.Dispatcher(
                 connection, hostname=hostname, enabled=True, buffer_while_offline=False
             )
         return dispatcher
 
-    def _drop(self, hostname: str) -> None:
-        dispatcher = self._dispatchers.pop(hostname, None)
-        if dispatcher is None:
-            return
-        with contextlib.suppress(Exception):
-            dispatcher.close()
-        with contextlib.suppress(Exception):
-            dispatcher.connection.close()
+    def _reset(self) -> None:
+        # A failed publish makes the connection suspect: every dispatcher on it goes with it.
+        dispatchers, self._dispatchers = self._dispatchers, {}
+        for dispatcher in dispatchers.values():
+            with contextlib.suppress(Exception):
+                dispatcher.close()
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.close()
 
 
 def install_events(runtime: Runtime) -> EventSender | None:

@@ -176,9 +176,10 @@ class Runtime:
         if own:
             pipe.execute()
 
-    def warm(self) -> None:
+    def warm(self, *, listeners: bool = True) -> None:
         """Connect to Redis and the broker now (a pool process starting), not at the first failure.
 
+        With ``listeners``, fate listeners that keep a connection (the event sender) connect too.
         Best effort: a service that is down is connected to again on first use.
         """
         try:
@@ -188,6 +189,10 @@ class Runtime:
             logger.warning("celery_dlx could not reach Redis at start (%s); will retry on use", exc)
         try:
             self.publisher.connect()
+            for listener in list(self.listeners) if listeners else ():
+                warm = getattr(listener, "warm", None)
+                if warm is not None:
+                    warm()
         except Exception as exc:
             logger.warning(
                 "celery_dlx could not reach the broker at start (%s); will retry on use", exc

@@ -271,6 +271,27 @@ def test_kept_connection_lost_is_replaced_and_the_event_still_arrives(
     sender.close()
 
 
+def test_warm_connects_before_the_first_event_which_uses_that_connection(
+    app: Celery, flower: Flower, uid: str
+) -> None:
+    """A worker process warms the sender when it starts: the broker connection is made then,
+    and the first fate change sends on it instead of connecting."""
+    sender = EventSender(get_runtime(app))
+    assert sender._connection is None
+    sender.warm()
+    warmed = sender._connection
+    assert warmed is not None and warmed.connected
+    _wait_for_receiver(flower, sender, uid)
+    message = f"warm-{uid}"
+    sender.send(_event(PARKED, message, task=f"shop.charge.{uid}"))
+    assert wait_for_task(flower, message, "PARKED") is not None
+    assert sender._connection is warmed
+    (dispatcher,) = sender._dispatchers.values()
+    assert dispatcher.connection is warmed
+    sender.close()
+    assert sender._connection is None and not warmed.connected
+
+
 def test_foreign_message_events_and_disabled_setting(app: Celery, flower: Flower, uid: str) -> None:
     runtime = get_runtime(app)
     sender = EventSender(runtime)

@@ -318,14 +318,21 @@ def test_install_on_an_already_configured_app_applies_at_once() -> None:
 def test_pool_process_start_warms_only_the_workers_app(monkeypatch: pytest.MonkeyPatch) -> None:
     """worker_process_init has no sender: only the app the pool process runs (the current one)
     connects, never another app of the same process (before: every installed app did, each
-    retrying an unreachable broker while the pool process could not start its tasks)."""
+    retrying an unreachable broker while the pool process could not start its tasks). Fate
+    listeners (the event connection) warm where tasks run: not in a prefork worker's main
+    process."""
     from celery import signals
     from celery._state import _set_current_app, get_current_app
+    from celery.concurrency.prefork import TaskPool
 
     from celery_dlx.worker.runtime import Runtime
 
-    warmed: list[str] = []
-    monkeypatch.setattr(Runtime, "warm", lambda self: warmed.append(self.app.main))
+    warmed: list[tuple[str, bool]] = []
+
+    def warm(self: Runtime, *, listeners: bool = True) -> None:
+        warmed.append((self.app.main, listeners))
+
+    monkeypatch.setattr(Runtime, "warm", warm)
     mine = make_app(dlx_enabled=True)
     mine.main = "mine"
     other = make_app(dlx_enabled=True)
@@ -336,11 +343,16 @@ def test_pool_process_start_warms_only_the_workers_app(monkeypatch: pytest.Monke
         signals.worker_process_init.send(sender=None)
     finally:
         _set_current_app(previous)
-    assert warmed == ["mine"]
+    assert warmed == [("mine", True)]
     warmed.clear()
 
     class Consumer:  # what worker_ready is sent by: the worker's consumer, with its app
         app = other
+        pool: object = None  # solo and threads pools run tasks in the worker process
 
     signals.worker_ready.send(sender=Consumer())
-    assert warmed == ["other"]
+    assert warmed == [("other", True)]
+    warmed.clear()
+    Consumer.pool = TaskPool(limit=1)  # not started: only its type matters
+    signals.worker_ready.send(sender=Consumer())
+    assert warmed == [("other", False)]
