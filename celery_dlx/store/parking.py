@@ -99,6 +99,16 @@ class ParkingStore:
             )
         )
 
+    def park_in(self, pipe: Any, message: ParkedMessage) -> None:
+        """Queue the park of ``message`` in ``pipe`` (not executed), as a bare ``EVALSHA``.
+
+        redis-py checks a pipeline's registered scripts with ``SCRIPT EXISTS`` first, a round
+        trip of its own; this does not. Its reply is 1, 0 (already parked) or, when Redis lost
+        its scripts (a restart), a ``NoScriptError``: then :meth:`park` loads it and parks.
+        """
+        args = [message.entry_id, message.due_ms, message.meta_json(), message.body]
+        pipe.evalsha(self._park.sha, len(self._kk), *self._kk, *args)
+
     def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
         """Park a batch in one Redis round trip; per message, False if already parked."""
         if not messages:

@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery
 from kombu import Connection
+from redis.exceptions import NoScriptError
 
 from celery_dlx.broker.ladder import Ladder
 from celery_dlx.broker.publish import ConfirmingPublisher
@@ -21,7 +22,7 @@ from celery_dlx.fates import BURIED, DRAINED, FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig, load_config
-from celery_dlx.store.client import RedisClient, redis_client
+from celery_dlx.store.client import RedisClient, is_cluster, redis_client
 from celery_dlx.store.counters import add_counts
 from celery_dlx.store.history import History
 from celery_dlx.store.parking import ParkingStore
@@ -98,6 +99,50 @@ class Runtime:
             self.ladder.park(self.publisher, message)
             return True
         return self.store.park(message)
+
+    def park_recorded(self, message: ParkedMessage, event: FateEvent) -> None:
+        """Park ``message`` and record ``event`` (its ``parked`` fate) in one Redis round trip.
+
+        The park, the history append and the counters go in one ``MULTI``/``EXEC``: sent whole or
+        not at all, so a park that failed to reach Redis leaves no history entry behind. Then
+        the fate is logged and the listeners are told. Where that cannot be one transaction
+        (the ``ttl`` delay backend, Redis Cluster), :meth:`park` then :meth:`record`.
+
+        Raises:
+            redis.RedisError, ...: the message is not parked (nothing was recorded, unless Redis
+            refused the park itself inside the transaction: then the history may hold it).
+        """
+        if self.broker_delays or is_cluster(self.redis):
+            self.park(message)
+            self._record_parked(event)
+            return
+        self._log(event)
+        pipe = self.redis.pipeline(transaction=True)
+        self.store.park_in(pipe, message)
+        self.history.append_many([event], pipe)
+        self._count([event], pipe)
+        results = pipe.execute(raise_on_error=False)
+        if isinstance(results[0], NoScriptError):  # Redis restarted: the rest went in
+            self.store.park(message)
+        elif isinstance(results[0], Exception):
+            raise results[0]
+        if any(isinstance(r, Exception) for r in results[1:]):
+            logger.warning(
+                "celery_dlx could not record the parked fate of %s in the history: %r",
+                event.message_id,
+                next(r for r in results[1:] if isinstance(r, Exception)),
+            )
+        self._notify(event)
+
+    def _record_parked(self, event: FateEvent) -> None:
+        try:
+            self.record(event)
+        except Exception as err:  # parked already: the history is not worth a second fate
+            logger.warning(
+                "celery_dlx could not record the parked fate of %s in the history: %r",
+                event.message_id,
+                err,
+            )
 
     @property
     def history(self) -> History:

@@ -279,8 +279,7 @@ class DLXTask(Task[Any, Any]):
         self._set_plan_details(delivery, plan)
         if plan.buried:
             self._settle_burial(runtime, delivery, options, plan, einfo, exc)
-        self._send_copy(runtime, delivery, plan, exc)
-        self._record_fate(runtime, delivery, options, plan)
+        self._send_copy(runtime, delivery, plan, exc, self._fate_event(delivery, options, plan))
         self._mark_retry(plan.root, einfo)
         # Without the failure as context: Celery's tracer formats the Ignore's traceback (for a
         # line it logs at INFO), which would otherwise repeat the whole failure.
@@ -343,9 +342,15 @@ class DLXTask(Task[Any, Any]):
         raise root
 
     def _send_copy(
-        self, runtime: Runtime, delivery: Delivery, plan: FailurePlan, exc: BaseException
+        self,
+        runtime: Runtime,
+        delivery: Delivery,
+        plan: FailurePlan,
+        exc: BaseException,
+        event: FateEvent,
     ) -> None:
-        """Publish the copy at the tail (requeue) or store it in the parking store (park)."""
+        """Publish the copy at the tail (requeue) and record the fate, or store the copy in the
+        parking store (park) and record the fate in the same Redis round trip."""
         copy = celery_copy(
             self.request,
             state=plan.state,
@@ -357,7 +362,7 @@ class DLXTask(Task[Any, Any]):
         )
         try:
             if plan.delay is not None:
-                runtime.park(
+                runtime.park_recorded(
                     ParkedMessage(
                         message_id=delivery.message_id,
                         attempt=plan.state.attempt,
@@ -369,17 +374,28 @@ class DLXTask(Task[Any, Any]):
                         parked_ms=plan.at_ms,
                         task=self.name,
                         cause=plan.cause,
-                    )
+                    ),
+                    event,
                 )
-            else:
-                runtime.publisher.publish(copy)
+                return
+            runtime.publisher.publish(copy)
         except Exception as err:
             self._fallback(runtime, delivery, plan.fate, err)
+        try:
+            runtime.record(event)
+        except Exception as err:
+            # The copy is out: failing the run now would dead-letter the original as well, and
+            # the message would live twice.
+            logger.warning(
+                "could not record the %s fate of %s[%s] in the history: %r",
+                plan.fate,
+                self.name,
+                delivery.message_id,
+                err,
+            )
 
-    def _record_fate(
-        self, runtime: Runtime, delivery: Delivery, options: TaskOptions, plan: FailurePlan
-    ) -> None:
-        event = FateEvent(
+    def _fate_event(self, delivery: Delivery, options: TaskOptions, plan: FailurePlan) -> FateEvent:
+        return FateEvent(
             fate=plan.fate,
             queue=delivery.queue,
             message_id=delivery.message_id,
@@ -394,18 +410,6 @@ class DLXTask(Task[Any, Any]):
             first_failure_ms=plan.state.first_failure_ms,
             at_ms=plan.at_ms,
         )
-        try:
-            runtime.record(event)
-        except Exception as err:
-            # The copy is out (published or parked): failing the run now would dead-letter the
-            # original as well, and the message would live twice.
-            logger.warning(
-                "could not record the %s fate of %s[%s] in the history: %r",
-                plan.fate,
-                self.name,
-                delivery.message_id,
-                err,
-            )
 
     def _fallback(self, runtime: Runtime, delivery: Delivery, fate: str, err: Exception) -> None:
         """The copy could not be stored or published: hand the original to the dead-letter path.

@@ -161,3 +161,80 @@ def test_peek_and_remove(store: ParkingStore) -> None:
     assert store.remove(["m2:1"]) == 1
     assert [m.message_id for m in store.peek()] == ["m1"]
     assert store.remove([]) == 0
+
+
+def _runtime(key_prefix: str, redis_url: str = "redis://127.0.0.1:6379/0") -> Any:
+    from celery import Celery
+
+    from celery_dlx.worker.runtime import get_runtime
+
+    app = Celery("park-recorded", set_as_current=False)
+    app.conf.update(dlx_key_prefix=key_prefix, dlx_redis_url=redis_url)
+    return get_runtime(app)
+
+
+def _parked_event(message: ParkedMessage) -> Any:
+    from celery_dlx.fates import PARKED, FateEvent
+
+    return FateEvent(
+        fate=PARKED,
+        queue=message.queue,
+        message_id=message.message_id,
+        attempt=message.attempt,
+        delay=60.0,
+        at_ms=T0,
+    )
+
+
+def test_park_recorded_parks_appends_counts_and_notifies_in_one_transaction(
+    key_prefix: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's park: the entry, its history entry and its counter in one MULTI/EXEC (one
+    round trip), the listeners told once; the same calls as Runtime.park + Runtime.record."""
+    runtime = _runtime(key_prefix)
+    heard: list[str] = []
+    runtime.listeners.append(lambda event: heard.append(event.message_id))
+    message = _parked("m1", due_ms=T0 + 60_000)
+    sent: list[list[str]] = []
+    real_execute = type(runtime.redis.pipeline()).execute
+
+    def execute(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append([str(c[0][0]) for c in pipe.command_stack])
+        return real_execute(pipe, *args, **kwargs)
+
+    monkeypatch.setattr(type(runtime.redis.pipeline()), "execute", execute)
+    runtime.park_recorded(message, _parked_event(message))
+    assert sent == [["EVALSHA", "XADD", "HINCRBY", "EXPIRE"]]  # one pipeline, no SCRIPT EXISTS
+    assert [m.entry_id for m in runtime.store.claim(10, LEASE, now=T0 + 60_000)] == ["m1:1"]
+    ((_, entry),) = runtime.history.read(count=10)
+    assert (entry["fate"], entry["message_id"], entry["queue"]) == ("parked", "m1", "orders")
+    minute = T0 // 60000
+    assert int(redis_client.hget(runtime.keys.counter(minute), "orders|parked")) == 1
+    assert heard == ["m1"]
+
+
+def test_park_recorded_after_redis_lost_its_scripts_still_parks_once(
+    key_prefix: str, redis_client: Any
+) -> None:
+    """A Redis restart forgets the Lua scripts: the bare EVALSHA fails inside the transaction
+    (the history entry goes in), and the park is made again with the script loaded."""
+    runtime = _runtime(key_prefix)
+    message = _parked("m2", due_ms=T0)
+    redis_client.script_flush()
+    runtime.park_recorded(message, _parked_event(message))
+    assert [m.entry_id for m in runtime.store.claim(10, LEASE, now=T0)] == ["m2:1"]
+    assert [e["message_id"] for _, e in runtime.history.read(count=10)] == ["m2"]
+
+
+def test_park_recorded_with_redis_down_raises_and_tells_no_listener(key_prefix: str) -> None:
+    """Nothing parked means no fate: the error reaches the task (which falls back to the
+    dead-letter path) and no listener hears of a park."""
+    import redis
+
+    runtime = _runtime(key_prefix, redis_url="redis://127.0.0.1:1/0")
+    heard: list[str] = []
+    runtime.listeners.append(lambda event: heard.append(event.message_id))
+    message = _parked("m3")
+    with pytest.raises(redis.ConnectionError):
+        runtime.park_recorded(message, _parked_event(message))
+    assert heard == []
