@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
@@ -218,15 +218,49 @@ class _CodeWithoutPositions:
         return iter(())
 
 
+class SparsePositions:
+    """What a pickled billiard ``_Code`` keeps of its code object's positions: how many there
+    are and the ones its traceback points at (the instruction of each frame and traceback
+    entry). Iterated, it is the full list with ``(None, None, None, None)`` elsewhere, which
+    is how ``traceback`` finds a position (the entry at ``lasti // 2``)."""
+
+    __slots__ = ("known", "length")
+
+    def __init__(self, length: int, known: dict[int, Any]) -> None:
+        self.length = length
+        self.known = known
+
+    def __iter__(self) -> Iterator[Any]:
+        blank, get = (None, None, None, None), self.known.get
+        return (get(i, blank) for i in range(self.length))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return SparsePositions, (self.length, self.known)
+
+
+#: Set on a billiard ``_Code``: the position indexes its traceback copy needs.
+_NEEDED_ATTR = "_celery_dlx_needed"
+
+
+def _need(code: Any, lasti: int) -> None:
+    if lasti >= 0:
+        code.__dict__.setdefault(_NEEDED_ATTR, set()).add(lasti // 2)
+
+
 def share_code_positions() -> None:
-    """Make billiard's ``ExceptionInfo`` share one positions list per code object.
+    """Make billiard's ``ExceptionInfo`` share one positions list per code object, and pickle
+    only the positions its traceback needs.
 
     Internal: ``billiard.einfo._Code.__init__``, which on Python >= 3.11 stores
     ``list(code.co_positions())`` for every frame of every traceback it copies (thousands of
     tuples for Celery's large ``trace_task``). Celery's tracer builds such a copy for every failed,
     retried or ignored run, and a handled failure costs two or three of them: most of its time.
     Code objects do not change, so the list is computed once per code object (held weakly) and
-    shared; what billiard copies, pickles and formats is unchanged. Process-wide and idempotent.
+    shared. A prefork pool process also pickles the copy to its parent with the result of every
+    failed, retried or ignored run: about 32 KB, most of it ``trace_task``'s positions. Pickled,
+    a ``_Code`` now keeps only the positions its frame and traceback entry point at
+    (:class:`SparsePositions`, about 1 KB in all); the copy formats as before, carets included.
+    Process-wide and idempotent.
     """
     global _positions_shared
     if _positions_shared or sys.version_info < (3, 11):
@@ -251,7 +285,32 @@ def share_code_positions() -> None:
                 positions = list(code.co_positions())
             self._co_positions = positions
 
+        def __reduce__(self: Any) -> tuple[Any, ...]:
+            state = self.__dict__
+            needed = state.get(_NEEDED_ATTR)
+            if needed is not None:
+                state = {k: v for k, v in state.items() if k != _NEEDED_ATTR}
+                positions = state.get("_co_positions")
+                if isinstance(positions, list):
+                    known = {i: positions[i] for i in needed if i < len(positions)}
+                    state["_co_positions"] = SparsePositions(len(positions), known)
+            return einfo._Code.__new__, (einfo._Code,), state
+
+        frame_init = einfo._Frame.__init__
+        traceback_init = einfo.Traceback.__init__
+
+        def _frame_init(self: Any, frame: Any) -> None:
+            frame_init(self, frame)
+            _need(self.f_code, frame.f_lasti)
+
+        def _traceback_init(self: Any, tb: Any, *args: Any, **kwargs: Any) -> None:
+            traceback_init(self, tb, *args, **kwargs)
+            _need(self.tb_frame.f_code, tb.tb_lasti)
+
         einfo._Code.__init__ = __init__  # type: ignore[method-assign]  # the patch itself
+        einfo._Code.__reduce__ = __reduce__  # type: ignore[method-assign]
+        einfo._Frame.__init__ = _frame_init  # type: ignore[method-assign]
+        einfo.Traceback.__init__ = _traceback_init  # type: ignore[method-assign]
         _positions_shared = True
 
 

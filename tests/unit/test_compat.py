@@ -317,6 +317,43 @@ def test_billiard_tracebacks_share_code_positions_and_format_the_same() -> None:
         assert after.tb.tb_frame.f_code._co_positions  # the real positions, not the empty stand-in
 
 
+def test_billiard_tracebacks_pickle_only_the_positions_they_point_at() -> None:
+    """A prefork pool process pickles the ExceptionInfo of every failed, retried or ignored run
+    to its parent. Built by Celery's own tracer, it held every position of ``trace_task``
+    (about 32 KB); now only those its frames point at, and it formats the same, carets
+    included, after the round trip."""
+    import pickle
+    import traceback
+
+    from billiard.einfo import ExceptionInfo
+    from celery import Celery
+    from celery.app.trace import build_tracer
+
+    compat.share_code_positions()
+    app = Celery("einfo-size", set_as_current=False)
+
+    @app.task(name="einfo.fail", shared=False)
+    def fail() -> None:
+        values: dict[str, int] = {}
+        _ = values["a"] + len(values) * 2  # carets (~~~~~~^^^^^)
+
+    tracer = build_tracer(fail.name, fail, app=app, eager=False, propagate=False)
+    einfo = tracer("id-1", (), {}, {"id": "id-1", "delivery_info": {}})[0]
+    assert isinstance(einfo, ExceptionInfo)
+    copy = pickle.loads(pickle.dumps(einfo, protocol=pickle.HIGHEST_PROTOCOL))
+    exc = einfo.exception
+    formatted = traceback.format_exception(type(exc), exc, einfo.tb)
+    assert traceback.format_exception(type(exc), exc, copy.tb) == formatted, broken(
+        "billiard", "einfo._Code/_Frame/Traceback (what a traceback copy pickles)"
+    )
+    if sys.version_info >= (3, 11):
+        assert "^^^^" in "".join(formatted)
+        assert len(pickle.dumps(einfo, protocol=pickle.HIGHEST_PROTOCOL)) < 8000
+        positions = copy.tb.tb_frame.f_code._co_positions  # trace_task's frame
+        assert isinstance(positions, compat.SparsePositions)
+        assert positions.length > 1000 and len(positions.known) <= 2
+
+
 def _caret_failure() -> BaseException:
     values: dict[str, int] = {}
     try:
