@@ -51,7 +51,6 @@ from celery_dlx.store.parking import ParkingStore
 from celery_dlx.worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
-logger = logging.getLogger(__name__)
 
 #: How long a handled dead letter's key is remembered, to ack a redelivery without a second fate.
 SEEN_TTL_MS = 24 * 3600 * 1000
@@ -405,15 +404,12 @@ class BatchSettler:
 
     def _bury(self, works: list[_Work], now: int) -> list[tuple[Obituary, FateEvent]]:
         items = []
+        code_version = self.config.code_version  # read from the environment: once per batch
         for w in works:
             verdict = w.verdict
             assert isinstance(verdict, BuryVerdict)
             ob = build_obituary(
-                w.letter,
-                verdict,
-                buried_ms=now,
-                code_version=self.config.code_version,
-                hostname=self.hostname,
+                w.letter, verdict, buried_ms=now, code_version=code_version, hostname=self.hostname
             )
             items.append((ob, buried_event(ob, traceback_logged=verdict.from_worker)))
         written = Graveyard(self.runtime.redis, self.runtime.keys).write_many(items)
