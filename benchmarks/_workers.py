@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -127,6 +128,17 @@ def tree_rss(proc: subprocess.Popen[bytes]) -> int:
     """Resident memory of a worker process and its children, in bytes."""
     parent = psutil.Process(proc.pid)
     return sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)])
+
+
+def tree_cpu(proc: subprocess.Popen[bytes]) -> float:
+    """CPU seconds (user + system) used so far by a worker process and its live children."""
+    parent = psutil.Process(proc.pid)
+    total = 0.0
+    for p in [parent, *parent.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def unacked(queue: str) -> int:

@@ -5,7 +5,9 @@ one child; prefetch 10) and times the first run to the last. Plain Celery runs w
 ``task_acks_late=True`` (celery_dlx acks late: its fates need the message until the run is over,
 so the baseline pays the same ack after the run). Rounds alternate plain / celery_dlx; the
 figure is the median of the rounds' ratios, each round printed with the load average.
-Target: celery_dlx >= 0.95x plain, prefork.
+Target: celery_dlx >= 0.95x plain, prefork. Each round also reads the CPU time (user + system)
+the worker's process tree spent per task, first task to last: an extra row per pool, the median
+of the rounds' celery_dlx / plain ratios, which a busy machine moves far less than throughput.
 
 Run: .venv/bin/python benchmarks/p2_success.py [--tasks 5000] [--rounds 3] [--pools prefork]
 """
@@ -30,13 +32,19 @@ from _common import (
     summary,
     unique,
 )
-from _workers import bench_worker, cleanup, publish, wait_key
+from _workers import bench_worker, cleanup, publish, tree_cpu, wait_key
 
 TARGET = 0.95
 
 
-def run(mode: str, tasks: int, pool: str = "prefork") -> float:
-    """Tasks per second of one worker over ``tasks`` no-op tasks."""
+def run(mode: str, tasks: int, pool: str = "prefork") -> tuple[float, float]:
+    """Tasks per second of one worker over ``tasks`` no-op tasks, and the CPU time (user +
+    system, µs) its process tree spent per task from the first task to the last.
+
+    CPU time is read when the first task has run and when the last has: a few tasks' worth of
+    imprecision at the start, none of the worker's start-up. On a shared machine it moves far
+    less than the wall clock, which waits for whatever else runs.
+    """
     uid = unique("p2")[3:]
     client = redis.Redis.from_url(REDIS_URL)
     prefix = f"bench-{uid}"
@@ -46,10 +54,13 @@ def run(mode: str, tasks: int, pool: str = "prefork") -> float:
 
     try:
         publish(mode, uid, "bench.noop", [(tasks,)] * tasks)
-        with bench_worker(mode, uid, prefetch=10, pool=pool):
+        with bench_worker(mode, uid, prefetch=10, pool=pool) as proc:
+            wait_key(client, key("first"), timeout=900)
+            cpu_first = tree_cpu(proc)
             last = float(wait_key(client, key("last"), timeout=900))
+            cpu_last = tree_cpu(proc)
         first = float(client.get(key("first")))
-        return (tasks - 1) / (last - first)
+        return (tasks - 1) / (last - first), (cpu_last - cpu_first) * 1e6 / (tasks - 1)
     finally:
         cleanup(uid)
 
@@ -62,17 +73,19 @@ def main() -> None:
     args = parser.parse_args()
     say(f"P2 success path: {args.tasks:,} no-op tasks, prefetch 10, load {load()}")
     for index, pool in enumerate(args.pools.split(",")):
-        plain, dlx, ratios = [], [], []
+        plain, dlx, ratios, cpu_ratios = [], [], [], []
         for n in range(1, args.rounds + 1):
-            p = run("plain", args.tasks, pool)
-            d = run("dlx", args.tasks, pool)
+            p, p_cpu = run("plain", args.tasks, pool)
+            d, d_cpu = run("dlx", args.tasks, pool)
             plain.append(p)
             dlx.append(d)
             ratios.append(d / p)
+            cpu_ratios.append(d_cpu / p_cpu)
             round_line(
                 f"{pool}",
                 n,
-                f"plain Celery acks_late {p:,.0f}/s, celery_dlx {d:,.0f}/s -> {d / p:.3f}x",
+                f"plain Celery acks_late {p:,.0f}/s, celery_dlx {d:,.0f}/s -> {d / p:.3f}x; "
+                f"CPU per task {p_cpu:,.0f} / {d_cpu:,.0f} µs -> {d_cpu / p_cpu:.3f}x",
             )
         ratio = median(ratios)
         say(f"{pool}: plain Celery acks_late tasks/s {rounds_text(plain, '{:,.0f}')}")
@@ -90,6 +103,16 @@ def main() -> None:
             f"{ratio:.2f}x ({rounds_list(ratios)}); plain {median(plain):,.0f}/s, "
             f"celery_dlx {median(dlx):,.0f}/s",
             "met" if met else "not met",
+        )
+        cpu = median(cpu_ratios)
+        say(f"{pool}: CPU per task celery_dlx / plain {rounds_text(cpu_ratios, '{:.3f}')}")
+        summary(
+            "P2",
+            f"success path: CPU time per task of the worker tree (user + system, first task to "
+            f"last), celery_dlx / plain Celery acks_late, {pool}",
+            "measured (<= 1.05x: no more work per task)",
+            f"{cpu:.2f}x ({rounds_list(cpu_ratios)})",
+            "measured",
         )
 
 
