@@ -114,9 +114,11 @@ class Runtime:
         """
         if self.broker_delays or is_cluster(self.redis):
             self.park(message)
-            self._record_parked(event)
+            try:
+                self.record(event)
+            except Exception as err:  # parked already: the history is not worth a second fate
+                _unrecorded(event, err)
             return
-        self._log(event)
         pipe = self.redis.pipeline(transaction=True)
         self.store.park_in(pipe, message)
         self.history.append_many([event], pipe)
@@ -126,23 +128,11 @@ class Runtime:
             self.store.park(message)
         elif isinstance(results[0], Exception):
             raise results[0]
-        if any(isinstance(r, Exception) for r in results[1:]):
-            logger.warning(
-                "celery_dlx could not record the parked fate of %s in the history: %r",
-                event.message_id,
-                next(r for r in results[1:] if isinstance(r, Exception)),
-            )
+        self._log(event)  # parked: not before, a failed park falls back to the dead-letter path
+        failed = next((r for r in results[1:] if isinstance(r, Exception)), None)
+        if failed is not None:
+            _unrecorded(event, failed)
         self._notify(event)
-
-    def _record_parked(self, event: FateEvent) -> None:
-        try:
-            self.record(event)
-        except Exception as err:  # parked already: the history is not worth a second fate
-            logger.warning(
-                "celery_dlx could not record the parked fate of %s in the history: %r",
-                event.message_id,
-                err,
-            )
 
     @property
     def history(self) -> History:
@@ -305,6 +295,15 @@ class Runtime:
                 listener(event)
             except Exception:
                 logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
+
+
+def _unrecorded(event: FateEvent, err: BaseException) -> None:
+    logger.warning(
+        "celery_dlx could not record the %s fate of %s in the history: %r",
+        event.fate,
+        event.message_id,
+        err,
+    )
 
 
 def get_runtime(app: Celery) -> Runtime:

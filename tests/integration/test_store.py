@@ -226,15 +226,20 @@ def test_park_recorded_after_redis_lost_its_scripts_still_parks_once(
     assert [e["message_id"] for _, e in runtime.history.read(count=10)] == ["m2"]
 
 
-def test_park_recorded_with_redis_down_raises_and_tells_no_listener(key_prefix: str) -> None:
+def test_park_recorded_with_redis_down_raises_and_tells_no_listener(
+    key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Nothing parked means no fate: the error reaches the task (which falls back to the
-    dead-letter path) and no listener hears of a park."""
+    dead-letter path); no listener hears of a park and no `parked` line is logged."""
+    import logging
+
     import redis
 
     runtime = _runtime(key_prefix, redis_url="redis://127.0.0.1:1/0")
     heard: list[str] = []
     runtime.listeners.append(lambda event: heard.append(event.message_id))
     message = _parked("m3")
-    with pytest.raises(redis.ConnectionError):
+    with caplog.at_level(logging.INFO, logger="celery_dlx"), pytest.raises(redis.ConnectionError):
         runtime.park_recorded(message, _parked_event(message))
     assert heard == []
+    assert not [r for r in caplog.records if r.getMessage().startswith("parked")]
