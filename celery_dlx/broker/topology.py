@@ -159,18 +159,25 @@ def migration_hint(queue: str, exchange: str, app: str = "proj", detail: str = "
 
 def _probe(channel: Any, queue: Queue, arguments: Mapping[str, Any]) -> bool:
     """Declare ``queue`` with ``arguments`` on a throwaway channel of ``channel``'s connection:
-    False when RabbitMQ answers 406 (which closes only that channel)."""
+    False when RabbitMQ answers 406 (which closes only that channel).
+
+    Anything else raised (a timeout or Ctrl-C arriving mid-frame, a lost connection) goes to the
+    caller with the probe left as it is: py-amqp loses its place in the byte stream when a read
+    is interrupted by anything but a socket timeout, and closing the probe would then wait
+    forever for an answer it cannot read (seen: a pytest timeout in Celery's own suite turned
+    into a hang here, in a ``finally``).
+    """
     probe = channel.connection.channel()
     try:
         copy = queue.bind(probe)
         copy.queue_arguments = dict(arguments)
         Queue.queue_declare(copy)
-        return True
     except PreconditionFailed:
-        return False
-    finally:
         if probe.is_open:
             probe.close()
+        return False
+    probe.close()
+    return True
 
 
 def _is_amqp(channel: Any) -> bool:
