@@ -47,14 +47,22 @@ def _probes(conn: Connection, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return opened
 
 
-def test_an_interrupted_probe_is_not_closed_and_the_interrupt_reaches_the_caller(
+@pytest.fixture
+def probe_setup(
     uid: str, broker: Connection, cleanup_queues: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[Any, Any, list[Any]]:
+    """A DLX work queue (deleted after the test), the caller's channel, the probes opened."""
     name = f"probe-{uid}"
     cleanup_queues.extend([name, f"probe-dead-{uid}", f"exchange:probe-dlx-{uid}"])
     queue = dlx_queue(name, dlx=f"probe-dlx-{uid}", service=f"probe-dead-{uid}")
     channel = broker.channel()
-    opened = _probes(broker, monkeypatch)
+    return queue, channel, _probes(broker, monkeypatch)
+
+
+def test_an_interrupted_probe_is_not_closed_and_the_interrupt_reaches_the_caller(
+    probe_setup: tuple[Any, Any, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue, channel, opened = probe_setup
 
     def interrupted(self: Queue, *args: Any, **kwargs: Any) -> Any:
         raise Interrupted
@@ -67,13 +75,9 @@ def test_an_interrupted_probe_is_not_closed_and_the_interrupt_reaches_the_caller
 
 
 def test_a_probe_that_declares_or_meets_a_406_is_closed(
-    uid: str, broker: Connection, cleanup_queues: list[str], monkeypatch: pytest.MonkeyPatch
+    probe_setup: tuple[Any, Any, list[Any]], uid: str
 ) -> None:
-    name = f"probe-ok-{uid}"
-    cleanup_queues.extend([name, f"probe-ok-dead-{uid}", f"exchange:probe-ok-dlx-{uid}"])
-    queue = dlx_queue(name, dlx=f"probe-ok-dlx-{uid}", service=f"probe-ok-dead-{uid}")
-    channel = broker.channel()
-    opened = _probes(broker, monkeypatch)
+    queue, channel, opened = probe_setup
     arguments = dict(queue.queue_arguments or {})
     assert topology._probe(channel, queue, arguments) is True
     other = {**arguments, "x-dead-letter-exchange": f"another-{uid}"}
