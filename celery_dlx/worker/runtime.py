@@ -114,10 +114,7 @@ class Runtime:
         """
         if self.broker_delays or is_cluster(self.redis):
             self.park(message)
-            try:
-                self.record(event)
-            except Exception as err:  # parked already: the history is not worth a second fate
-                _unrecorded(event, err)
+            self.record_settled(event)
             return
         pipe = self.redis.pipeline(transaction=True)
         self.store.park_in(pipe, message)
@@ -133,6 +130,15 @@ class Runtime:
         if failed is not None:
             _unrecorded(event, failed)
         self._notify(event)
+
+    def record_settled(self, event: FateEvent) -> None:
+        """:meth:`record` a fate whose copy is already out (published or parked): a failure is
+        logged, not raised, since failing the run now would dead-letter the original as well
+        and the message would live twice."""
+        try:
+            self.record(event)
+        except Exception as err:
+            _unrecorded(event, err)
 
     @property
     def history(self) -> History:
@@ -299,8 +305,9 @@ class Runtime:
 
 def _unrecorded(event: FateEvent, err: BaseException) -> None:
     logger.warning(
-        "celery_dlx could not record the %s fate of %s in the history: %r",
+        "celery_dlx could not record the %s fate of %s[%s] in the history: %r",
         event.fate,
+        event.task or "-",
         event.message_id,
         err,
     )

@@ -381,18 +381,7 @@ class DLXTask(Task[Any, Any]):
             runtime.publisher.publish(copy)
         except Exception as err:
             self._fallback(runtime, delivery, plan.fate, err)
-        try:
-            runtime.record(event)
-        except Exception as err:
-            # The copy is out: failing the run now would dead-letter the original as well, and
-            # the message would live twice.
-            logger.warning(
-                "could not record the %s fate of %s[%s] in the history: %r",
-                plan.fate,
-                self.name,
-                delivery.message_id,
-                err,
-            )
+        runtime.record_settled(event)
 
     def _fate_event(self, delivery: Delivery, options: TaskOptions, plan: FailurePlan) -> FateEvent:
         return FateEvent(
