@@ -10,6 +10,7 @@ lease, see ``celery_dlx.worker.drainer``).
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from celery import Celery, signals
@@ -105,28 +106,38 @@ def install(app: Celery) -> None:
     _warm_on_start(app)
 
 
+#: The apps install() was called on, for the worker start signals (which are global). Weak: an app
+#: a process drops (a test's, a script's) is not kept alive by having been installed.
+_INSTALLED: weakref.WeakSet[Celery] = weakref.WeakSet()
+
+
 def _warm_on_start(app: Celery) -> None:
     """Connect each worker process to Redis and the broker when it starts, not at its first failure.
 
     Pool processes start with ``worker_process_init``; solo and thread pools run tasks in the
-    worker process itself (``worker_ready``). Signals are global, so each handler checks its app.
+    worker process itself (``worker_ready``). Signals are global: one receiver for every installed
+    app (connected once, see below), which warms only the app of the worker that started.
     """
+    _INSTALLED.add(app)
 
-    def warm(sender: Any = None, signal: Any = None, **_: Any) -> None:
-        # worker_ready comes from the worker's consumer; worker_process_init has no sender, but
-        # the pool process has made its worker's app the current one before sending it. Another
-        # app of the same process (a second Celery app, a test's) must not connect anywhere.
-        owner = getattr(sender, "app", None) or app_or_default()
-        if owner is not app:
-            return
-        if get_runtime(app).config.enabled:
-            # Fate listeners (the event connection) warm where tasks run: a prefork worker's
-            # pool processes, not its main process.
-            runs_tasks = signal is signals.worker_process_init or not _is_prefork(sender)
-            get_runtime(app).warm(listeners=runs_tasks)
 
-    signals.worker_process_init.connect(warm, weak=False)
-    signals.worker_ready.connect(warm, weak=False)
+def _warm(sender: Any = None, signal: Any = None, **_: Any) -> None:
+    # worker_ready comes from the worker's consumer; worker_process_init has no sender, but the
+    # pool process has made its worker's app the current one before sending it. Another app of
+    # the same process (a second Celery app, a test's) must not connect anywhere.
+    app = getattr(sender, "app", None) or app_or_default()
+    if app not in _INSTALLED:
+        return
+    runtime = get_runtime(app)
+    if runtime.config.enabled:
+        # Fate listeners (the event connection) warm where tasks run: a prefork worker's pool
+        # processes, not its main process.
+        runs_tasks = signal is signals.worker_process_init or not _is_prefork(sender)
+        runtime.warm(listeners=runs_tasks)
+
+
+signals.worker_process_init.connect(_warm, dispatch_uid="celery_dlx.install.warm")
+signals.worker_ready.connect(_warm, dispatch_uid="celery_dlx.install.warm")
 
 
 def _is_prefork(consumer: Any) -> bool:

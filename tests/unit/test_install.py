@@ -356,3 +356,23 @@ def test_pool_process_start_warms_only_the_workers_app(monkeypatch: pytest.Monke
     Consumer.pool = TaskPool(limit=1)  # not started: only its type matters
     signals.worker_ready.send(sender=Consumer())
     assert warmed == [("other", False)]
+
+
+def test_an_installed_app_that_is_dropped_is_not_kept_alive() -> None:
+    """The worker start signals are global: they must not hold every app ever installed (a test
+    session's, a script's), nor call a receiver per app at each worker start."""
+    import gc
+    import weakref
+
+    from celery import signals
+
+    receivers = len(signals.worker_process_init.receivers)
+    app = make_app(dlx_enabled=True)
+    add_task(app)
+    get_runtime(app)
+    make_app(dlx_enabled=True)
+    assert len(signals.worker_process_init.receivers) == receivers
+    gone = weakref.ref(app)
+    del app
+    gc.collect()
+    assert gone() is None
