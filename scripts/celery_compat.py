@@ -16,16 +16,19 @@ Usage::
     python scripts/celery_compat.py test_canvas.py test_inspect.py
     python scripts/celery_compat.py --budgets 0 test_tasks.py   # burial = Celery's failure
 
-Exit status: 0 when no unexplained difference, 1 otherwise, 2 on a set-up error.
+Exit status: 0 when no unexplained difference, 1 otherwise (a run that hangs past
+``--suite-timeout`` is killed and counts as a failure), 2 on a set-up error.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -37,6 +40,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import tomllib
 
@@ -146,6 +150,45 @@ class SuiteError(RuntimeError):
     """The suite could not run at all (missing dependency, services down)."""
 
 
+class SuiteHung(RuntimeError):
+    """A run of the suite did not finish within ``--suite-timeout`` and was killed."""
+
+
+#: Seconds between asking a hung run for its stacks (SIGABRT) and killing its session.
+DUMP_GRACE = 10.0
+HUNG_MARK = "== celery_compat: no end"
+
+
+def run_watched(
+    cmd: list[str], *, cwd: Path, env: dict[str, str], out: IO[str], limit: float
+) -> bool:
+    """Run ``cmd`` in a session of its own; False if it had to be killed after ``limit`` seconds.
+
+    pytest-timeout ends one hung test, but only when the test lets its exception through: an
+    interrupt swallowed in a ``finally`` (or a hang in a fixture's teardown) holds the whole run,
+    and CI with it. On time-out the run gets SIGABRT first, so pytest's faulthandler writes every
+    thread's stack to the log, then the whole session (pytest and anything it started) is killed.
+    """
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        proc.wait(timeout=limit)
+        return True
+    except subprocess.TimeoutExpired:
+        out.write(f"\n{HUNG_MARK} after {limit:.0f}s; SIGABRT for the stacks, then kill\n")
+        out.flush()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=DUMP_GRACE)
+        return False
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @dataclass
 class Run:
     outcomes: dict[str, str] = field(default_factory=dict)
@@ -180,7 +223,14 @@ def parse_junit(workdir: Path, xml: Path) -> dict[str, str]:
 
 
 def run_suite(
-    suite: Path, targets: list[str], mode: str, *, budgets: str | None, timeout: int, tag: str
+    suite: Path,
+    targets: list[str],
+    mode: str,
+    *,
+    budgets: str | None,
+    timeout: int,
+    tag: str,
+    limit: float = 3600.0,
 ) -> Run:
     """One pytest run of ``targets`` in a private copy of the suite, its own vhost and prefixes."""
     run_id = f"{tag}-{mode}-{uuid.uuid4().hex[:8]}"
@@ -232,7 +282,13 @@ def run_suite(
     started = time.monotonic()
     try:
         with log.open("w") as out:
-            subprocess.run(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT)
+            finished = run_watched(cmd, cwd=workdir, env=env, out=out, limit=limit)
+        if not finished:
+            stacks = log.read_text().split(HUNG_MARK, 1)[-1].splitlines()
+            raise SuiteHung(
+                f"{mode} run of {' '.join(targets)} did not finish in {limit:.0f}s and was killed; "
+                f"the stacks of its threads (from {log}):\n" + "\n".join(stacks[:200])
+            )
         run = Run(parse_junit(workdir, xml), time.monotonic() - started)
         shutil.copy(xml, log.with_suffix(".xml")) if xml.exists() else None
     finally:
@@ -280,17 +336,27 @@ def load_allowed() -> dict[str, dict[str, str]]:
 def compare(suite: Path, file: str, args: argparse.Namespace, allowed: dict) -> dict[str, object]:
     target = f"t/integration/{file}"
     tag = Path(file).stem.replace("_", "-")
-    plain = run_suite(suite, [target], "plain", budgets=None, timeout=args.timeout, tag=tag)
-    dlx = run_suite(suite, [target], "dlx", budgets=args.budgets, timeout=args.timeout, tag=tag)
+
+    def run(targets: list[str], mode: str, tag: str) -> Run:
+        return run_suite(
+            suite,
+            targets,
+            mode,
+            budgets=args.budgets if mode == "dlx" else None,
+            timeout=args.timeout,
+            tag=tag,
+            limit=args.suite_timeout,
+        )
+
+    plain = run([target], "plain", tag)
+    dlx = run([target], "dlx", tag)
     diffs = sorted(
         t for t, o in plain.outcomes.items() if o == "passed" and dlx.outcomes.get(t) != "passed"
     )
     flaky: list[str] = []
     confirmed = diffs
     if diffs and args.rerun:
-        again_dlx = run_suite(
-            suite, diffs, "dlx", budgets=args.budgets, timeout=args.timeout, tag=tag + "-rerun"
-        )
+        again_dlx = run(diffs, "dlx", tag + "-rerun")
         confirmed = [t for t in diffs if again_dlx.outcomes.get(t) != "passed"]
         flaky = [t for t in diffs if t not in confirmed]
     intended = [t for t in confirmed if t in allowed]
@@ -329,6 +395,14 @@ def main(argv: list[str] | None = None) -> int:
         help="pytest-timeout per test (the suite's own for flaky tests)",
     )
     parser.add_argument(
+        "--suite-timeout",
+        type=float,
+        default=3600.0,
+        help="seconds one pytest run of a file may take before it is killed (its threads' stacks "
+        "in its log) and the gate fails (default: %(default)s; test_canvas.py with celery_dlx on "
+        "takes about 26 minutes here)",
+    )
+    parser.add_argument(
         "--no-rerun",
         dest="rerun",
         action="store_false",
@@ -350,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     except SuiteError as exc:
         print(f"set-up error: {exc}", file=sys.stderr)
         return 2
+    except SuiteHung as exc:
+        print(f"HUNG: {exc}", file=sys.stderr)
+        return 1
     print()
     print(
         f"{'file':28} {'plain pass':>11} {'dlx pass':>9} {'flaky':>6} {'allowed':>8} "

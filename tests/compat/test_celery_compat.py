@@ -58,6 +58,10 @@ def test_celery_integration_suite_passes_with_celery_dlx_on(
         "test_group_chains.py",
         "--json",
         str(report),
+        # A run of one of these files takes a few minutes: a hang fails the gate within 15
+        # minutes, with the stacks of the hung run, instead of holding CI for an hour.
+        "--suite-timeout",
+        "900",
     ]
     if budgets is not None:
         cmd += ["--budgets", budgets]
