@@ -7,10 +7,10 @@ Dramatiq puts it in its delay queue (the worker holds up to 1000 of those per th
 Per run, one fresh worker: ``--warmup`` failures (imports, connections, caches: Celery's pool
 child grows to a plateau over the first thousand tasks), RSS of the worker tree (main process
 and pool children) after warm-up, then RSS when ``--parked`` (20k) and ``--parked-high`` (120k)
-retries are parked, the messages held unacked (``rabbitmqctl``, after the 5 s statistics
-interval) and (P3b) the latency of 20 fresh tasks published one by one. The growth between the
-two parked counts is the per-retry cost (target <= 5 MiB, every pool). Plain Celery holds its
-retries in memory, so it stops at ``--plain`` (default the low count).
+retries are parked, the messages held unacked (``rabbitmqctl``, after the 5 s statistics interval;
+read until it is 0, for up to 30 s) and (P3b) the latency of 20 fresh tasks published one by one.
+The growth between the two parked counts is the per-retry cost (target <= 5 MiB, every pool).
+Plain Celery holds its retries in memory, so it stops at ``--plain`` (default the low count).
 
 Run: .venv/bin/python benchmarks/p3_memory.py [--parked 20000] [--parked-high 120000]
      [--pools prefork,solo,threads] [--systems dlx,plain,dramatiq] [--rounds 3]
@@ -44,6 +44,23 @@ MIB = 1024 * 1024
 LIMIT_MIB = 5.0
 
 
+def held_unacked(queue: str, settle: float = 30.0) -> int:
+    """Messages of ``queue`` the worker still holds unacked ``settle`` seconds after its last run.
+
+    RabbitMQ refreshes queue statistics every 5 s (collect_statistics_interval), and a sample read
+    just after the last runs can predate their acks: a solo worker read 1-6 here 7 s after its
+    last run, and 0 two seconds later. The count is read until it is 0 or ``settle`` has passed
+    (Celery autoretry holds its ETA retries for an hour: it stays up).
+    """
+    deadline = time.monotonic() + settle
+    time.sleep(6.0)
+    held = unacked(queue)
+    while held and time.monotonic() < deadline:
+        time.sleep(2.0)
+        held = unacked(queue)
+    return held
+
+
 def run(mode: str, pool: str, warmup: int, counts: list[int], fresh: int = 20) -> dict[str, Any]:
     """RSS (MiB) after warm-up and at each parked count; unacked and fresh-task latency at the end."""
     uid = unique("p3")[3:]
@@ -68,9 +85,7 @@ def run(mode: str, pool: str, warmup: int, counts: list[int], fresh: int = 20) -
                 time.sleep(1.0)
                 rss[count] = tree_rss(proc) / MIB
             elapsed = time.monotonic() - started
-            # RabbitMQ refreshes queue statistics every 5 s (collect_statistics_interval).
-            time.sleep(6.0)
-            held = unacked(queue)
+            held = held_unacked(queue)
             latencies: list[float] = []
             for _ in range(fresh):
                 publish(mode, uid, "bench.fresh", [(time.time(),)])
