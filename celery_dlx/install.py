@@ -103,22 +103,16 @@ def install(app: Celery) -> None:
     app.on_after_configure.connect(on_configure, weak=False)
     if app.configured:  # type: ignore[attr-defined]  # celery-types omits Celery.configured
         configure(app)
-    _warm_on_start(app)
+    _INSTALLED.add(app)
 
 
 #: The apps install() was called on, for the worker start signals (which are global). Weak: an app
 #: a process drops (a test's, a script's) is not kept alive by having been installed.
+#: Each worker process connects to Redis and the broker when it starts, not at its first failure:
+#: pool processes start with ``worker_process_init``; solo and thread pools run tasks in the worker
+#: process itself (``worker_ready``). One receiver serves every installed app (connected once,
+#: below) and warms only the app of the worker that started.
 _INSTALLED: weakref.WeakSet[Celery] = weakref.WeakSet()
-
-
-def _warm_on_start(app: Celery) -> None:
-    """Connect each worker process to Redis and the broker when it starts, not at its first failure.
-
-    Pool processes start with ``worker_process_init``; solo and thread pools run tasks in the
-    worker process itself (``worker_ready``). Signals are global: one receiver for every installed
-    app (connected once, see below), which warms only the app of the worker that started.
-    """
-    _INSTALLED.add(app)
 
 
 def _warm(sender: Any = None, signal: Any = None, **_: Any) -> None:
