@@ -1,15 +1,17 @@
-"""The drainer: the drain running inside every worker, one at a time per key prefix.
+"""The drainer: the drain running in every worker (and DLX service), one at a time per prefix.
 
-A worker bootstep starts a daemon thread that republishes due parked retries
+A worker bootstep (and the standalone DLX service, :mod:`celery_dlx.service.runner`, through
+:class:`DrainerThread`) starts a daemon thread that republishes due parked retries
 (:func:`~celery_dlx.worker.drain.run_drain`) every ``dlx_drain_interval`` seconds, and at once
 again while a full batch keeps coming (a backlog drains at full speed). It needs no beat and no
 task message: it runs whatever queues the worker consumes (``-Q orders``) and however deep their
 backlog, and it writes no log line per tick.
 
 Only the holder of the drain lease drains: a Redis key (``{prefix}:drain:lease``) holding the
-holder's token with a TTL of :func:`lease_seconds`, renewed before every run. The other workers'
-drainers check it every interval (one Redis call) and take it when it expires, so a worker killed
-with ``-9`` is replaced within one lease; a worker that stops cleanly hands the lease on at once.
+holder's token with a TTL of :func:`lease_seconds`, renewed before every run. The other drainers
+(of workers and DLX services alike) check it every interval (one Redis call) and take it when it
+expires, so a process killed with ``-9`` is replaced within one lease; one that stops cleanly
+hands the lease on at once.
 Two drainers overlapping for a moment (a holder stalled past its lease) is safe: entries are
 claimed atomically under ``dlx_drain_lease`` (see :mod:`celery_dlx.worker.drain`).
 """
@@ -34,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 #: Least seconds a drain lease lasts without renewal (the takeover time after a worker died).
 MIN_LEASE = 10.0
-#: Seconds the worker waits at shutdown for the drain in hand to finish.
+#: Seconds a worker or DLX service waits at shutdown for the drain in hand to finish.
 STOP_TIMEOUT = 30.0
 
 # Take the lease when free, renew it when ours: 1 if held by the caller afterwards, else 0.
@@ -91,7 +93,7 @@ class DrainLease:
 
 
 class Drainer:
-    """The drain loop of one worker: drains while it holds the lease, else waits for it.
+    """The drain loop of one process: drains while it holds the lease, else waits for it.
 
     It gets a runtime of its own (its own Redis client and confirming publisher, so it never
     shares a channel with the tasks of a thread pool), with the app's fate listeners.
@@ -155,8 +157,43 @@ class Drainer:
         self.held = False
 
 
+class DrainerThread:
+    """A :class:`Drainer` in a daemon thread, started and stopped by its owner: the worker's
+    :class:`DrainerStep` or the standalone DLX service.
+
+    Args:
+        app: the Celery app.
+        name: the process's name in the lease token (default: the host name).
+    """
+
+    def __init__(self, app: Any, *, name: str | None = None) -> None:
+        self.drainer = Drainer(app, name=name)
+        self.thread = threading.Thread(target=self._run, name="celery_dlx-drainer", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> bool:
+        """Stop after the drain in hand (the lease is released); True once the thread ended."""
+        self.drainer.stop()
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            logger.warning("the drainer did not stop within %ss", timeout)
+            return False
+        return True
+
+    def _run(self) -> None:
+        try:
+            self.drainer.run()
+        except Exception:  # its owner keeps running; the failure must be visible
+            logger.exception("the drainer thread stopped on an error")
+
+
 class DrainerStep(bootsteps.StartStopStep):
-    """Worker bootstep running a :class:`Drainer` thread for the worker's lifetime."""
+    """Worker bootstep running a :class:`DrainerThread` for the worker's lifetime."""
 
     name = "celery_dlx.worker.drainer"
     # started once the pool has forked its children (they never see the thread)
@@ -164,38 +201,23 @@ class DrainerStep(bootsteps.StartStopStep):
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        self.drainer: Drainer | None = None
-        self.thread: threading.Thread | None = None
+        self.running: DrainerThread | None = None
 
     def include_if(self, parent: Any) -> bool:
         config = get_runtime(parent.app).config
         return bool(config.enabled or config.service_in_worker)
 
     def start(self, parent: Any) -> None:
-        if self.thread is not None and self.thread.is_alive():
+        if self.running is not None and self.running.is_alive():
             return
-        self.drainer = Drainer(parent.app, name=getattr(parent, "hostname", None))
-        self.thread = threading.Thread(
-            target=self._run, args=(self.drainer,), name="celery_dlx-drainer", daemon=True
-        )
-        self.thread.start()
-
-    @staticmethod
-    def _run(drainer: Drainer) -> None:
-        try:
-            drainer.run()
-        except Exception:  # the worker keeps running its tasks; the failure must be visible
-            logger.exception("the drainer thread stopped on an error")
+        self.running = DrainerThread(parent.app, name=getattr(parent, "hostname", None))
+        self.running.start()
 
     def stop(self, parent: Any) -> None:
-        if self.drainer is None or self.thread is None:
+        if self.running is None:
             return
-        self.drainer.stop()
-        self.thread.join(STOP_TIMEOUT)
-        if self.thread.is_alive():
-            logger.warning("the drainer did not stop within %ss", STOP_TIMEOUT)
-        self.drainer = None
-        self.thread = None
+        self.running.stop()
+        self.running = None
 
     def terminate(self, parent: Any) -> None:
         self.stop(parent)
