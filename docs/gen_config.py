@@ -38,6 +38,7 @@ KINDS = {
     "_optional_seconds": "seconds >= 0.001, finite, or None",
     "_optional_str": "string, or None",
     "_str_list": "list of strings",
+    "_host_patterns": "list of host names, `*.domain` patterns or IP addresses",
     "_ladder": "strictly increasing list of seconds, each 0.001 s to 315356400 s in whole ms",
     "_backoff": "backoff (list, mapping or callable)",
     "_queue_policies": "mapping of queue name to policy",

@@ -106,6 +106,7 @@ class DLXConfig:
     sentry_rate_window: float
     web_host: str
     web_port: int
+    web_allowed_hosts: tuple[str, ...]
     web_basic_auth: tuple[str, ...]
     web_viewer_auth: tuple[str, ...]
     web_max_replay_rate: int

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypedDict
@@ -90,6 +91,28 @@ def _str_list(name: str, value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ConfigurationError(f"{name} must be a list of strings, got {value!r}")
     return tuple(_str(f"{name}[{i}]", v) for i, v in enumerate(value))
+
+
+#: A host name or IPv4 address, ``*.`` and a domain (any name under it), or ``[IPv6]``.
+_HOST_PATTERN = re.compile(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*|\[[0-9a-f:.]+\]")
+
+
+def _host_patterns(name: str, value: object) -> tuple[str, ...]:
+    patterns = []
+    for i, text in enumerate(_str_list(name, value)):
+        pattern = text.lower()
+        if pattern == "*":
+            raise ConfigurationError(
+                f"{name}[{i}] is '*', which would let a DNS-rebinding page in: name the hosts "
+                "(a domain's subdomains as '*.corp.example')"
+            )
+        if not _HOST_PATTERN.fullmatch(pattern):
+            raise ConfigurationError(
+                f"{name}[{i}] must be a host name, '*.domain' or IP address ([...] for IPv6) "
+                f"without scheme, port or path, e.g. 'dlx.example.com'; got {text!r}"
+            )
+        patterns.append(pattern)
+    return tuple(patterns)
 
 
 def _ladder(name: str, value: object) -> tuple[float, ...]:
@@ -358,6 +381,13 @@ SETTINGS: dict[str, Setting] = {
             "Address `celery dlx web` listens on (a non-loopback address needs credentials).",
         ),
         Setting("dlx_web_port", 5566, _positive_count, "Port of `celery dlx web`."),
+        Setting(
+            "dlx_web_allowed_hosts",
+            [],
+            _host_patterns,
+            "Host names the console answers besides the address it listens on (a proxy's or "
+            "tunnel's name; `*.corp.example` for any name under a domain); any other Host gets 400.",
+        ),
         Setting(
             "dlx_web_basic_auth",
             [],
