@@ -106,6 +106,13 @@ def setup_logging(loglevel: str) -> None:
     show_default=True,
     help="Service processes (forked); each handles a few thousand dead letters a second.",
 )
+@click.option(
+    "--drain/--no-drain",
+    default=True,
+    show_default=True,
+    help="Drain due parked retries every dlx_drain_interval, one process at a time under the "
+    "workers' drain lease; --no-drain leaves it to the workers.",
+)
 @click.option("-l", "--loglevel", default="INFO", show_default=True, help="Logging level.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run's counts as JSON on exit.")
 @click.pass_context
@@ -114,16 +121,22 @@ def service(
     prefetch: int | None,
     until_idle: float | None,
     processes: int,
+    drain: bool,
     loglevel: str,
     as_json: bool,
 ) -> None:
-    """Run the DLX service: park, requeue or bury every dead letter (stops on SIGTERM/SIGINT)."""
+    """Run the DLX service: park, requeue or bury every dead letter, and drain parked retries
+    (stops on SIGTERM/SIGINT)."""
     from celery_dlx.service.runner import run_service
 
     setup_logging(loglevel)
     try:
         stats = run_service(
-            app_of(ctx), prefetch=prefetch, idle_timeout=until_idle, processes=processes
+            app_of(ctx),
+            prefetch=prefetch,
+            idle_timeout=until_idle,
+            processes=processes,
+            drain=drain,
         )
     except DLXError as exc:
         raise click.ClickException(str(exc)) from exc

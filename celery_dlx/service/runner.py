@@ -1,4 +1,10 @@
-"""Running the DLX service: in this process, or in several forked ones sharing the queue."""
+"""Running the DLX service: in this process, or in several forked ones sharing the queue.
+
+Each process also runs the drainer (:class:`~celery_dlx.worker.drainer.DrainerThread`), as every
+worker does, so a shop running only the service (no Python worker) gets its parked retries back:
+the holder of the Redis drain lease drains every ``dlx_drain_interval`` seconds, one process at a
+time per key prefix, whatever mix of workers and services runs.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,9 @@ from celery_dlx.errors import DLXError
 from celery_dlx.service.loop import DLXService
 from celery_dlx.service.stats import ServiceStats
 
-logger = logging.getLogger(__name__)
+# The drainer every worker runs, reused as is (the runner's one import from the worker package).
+from celery_dlx.worker.drainer import DrainerThread
+
 logger = logging.getLogger(__name__)
 
 
@@ -24,6 +32,7 @@ def run_service(
     prefetch: int | None = None,
     idle_timeout: float | None = None,
     processes: int = 1,
+    drain: bool = True,
     install_signals: bool = True,
     on_start: Callable[[DLXService], None] | None = None,
 ) -> ServiceStats:
@@ -32,7 +41,8 @@ def run_service(
     One process runs in this thread. More are forked children (one Python process handles a few
     thousand dead letters a second; instances share the queue and dedup each other's
     redeliveries); the parent forwards the signal and returns their summed counts. A signal lets
-    every process finish and ack the batches in hand.
+    every process finish and ack the batches in hand. With ``drain``, every process also runs the
+    drainer under the drain lease, stopped (and its lease released) when the service stops.
 
     Raises:
         DLXError: ``processes`` above 1 where ``fork`` is unavailable, or below 1.
@@ -40,25 +50,52 @@ def run_service(
     if processes < 1:
         raise DLXError(f"the DLX service needs at least one process (--processes), got {processes}")
     if processes > 1:
-        return _run_processes(app, processes, prefetch=prefetch, idle_timeout=idle_timeout)
+        return _run_processes(
+            app, processes, prefetch=prefetch, idle_timeout=idle_timeout, drain=drain
+        )
     service = DLXService(app, prefetch=prefetch)
     if install_signals:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: service.stop())
-    if on_start is not None:
-        on_start(service)
-    stats = service.run(idle_timeout=idle_timeout)
+    drainer = _start_drainer(app) if drain else None
+    if drainer is None:
+        logger.info("DLX service not draining parked retries: workers or another service must")
+    try:
+        if on_start is not None:
+            on_start(service)
+        stats = service.run(idle_timeout=idle_timeout)
+    finally:
+        if drainer is not None:
+            drainer.stop()
     logger.info("DLX service stopped: %s", stats.as_dict())
     return stats
 
 
-def _child(app: Celery, prefetch: int | None, idle_timeout: float | None, out: Any) -> None:
-    stats = run_service(app, prefetch=prefetch, idle_timeout=idle_timeout)
+def _start_drainer(app: Celery) -> DrainerThread:
+    """Start the drainer thread, as the workers' bootstep does."""
+    drainer = DrainerThread(app)
+    drainer.start()
+    logger.info(
+        "DLX service draining parked retries every %ss while it holds the drain lease",
+        drainer.drainer.interval,
+    )
+    return drainer
+
+
+def _child(
+    app: Celery, prefetch: int | None, idle_timeout: float | None, drain: bool, out: Any
+) -> None:
+    stats = run_service(app, prefetch=prefetch, idle_timeout=idle_timeout, drain=drain)
     out.put(stats.as_dict())
 
 
 def _run_processes(
-    app: Celery, processes: int, *, prefetch: int | None, idle_timeout: float | None
+    app: Celery,
+    processes: int,
+    *,
+    prefetch: int | None,
+    idle_timeout: float | None,
+    drain: bool,
 ) -> ServiceStats:
     import multiprocessing
 
@@ -67,7 +104,7 @@ def _run_processes(
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
     children = [
-        ctx.Process(target=_child, args=(app, prefetch, idle_timeout, out), daemon=False)
+        ctx.Process(target=_child, args=(app, prefetch, idle_timeout, drain, out), daemon=False)
         for _ in range(processes)
     ]
     for child in children:
