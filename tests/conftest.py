@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +54,38 @@ def keys(key_prefix: str) -> Any:
     from celery_dlx.message.names import Keys
 
     return Keys(key_prefix)
+
+
+def vhost_url(name: str) -> str:
+    """``BROKER_URL`` with its virtual host replaced by ``name``."""
+    parts = urllib.parse.urlsplit(BROKER_URL)
+    return parts._replace(path="/" + urllib.parse.quote(name, safe="")).geturl()
+
+
+@pytest.fixture
+def vhost(uid: str) -> Iterator[str]:
+    """The broker URL of a RabbitMQ virtual host of this test alone, deleted with all it holds
+    after the test (through the management API of ``BROKER_URL``'s host, as its user).
+
+    For a test whose point holds for everything a process logs or reports: on a shared virtual
+    host, other users reach every worker through its broadcast exchanges (a worker starting
+    with mingle makes each one log ``sync with <node>``), whoever they are.
+    """
+    from kombu import Connection
+
+    from celery_dlx.broker.management import management_for
+
+    name = f"dlxtest-{uid}"
+    api = management_for(Connection(BROKER_URL))
+    quoted = urllib.parse.quote(name, safe="")
+    api.request("PUT", f"/api/vhosts/{quoted}", {})
+    try:
+        everything = {"configure": ".*", "write": ".*", "read": ".*"}
+        user = urllib.parse.quote(api.user, safe="")
+        api.request("PUT", f"/api/permissions/{quoted}/{user}", everything)
+        yield vhost_url(name)
+    finally:
+        api.request("DELETE", f"/api/vhosts/{quoted}")
 
 
 @pytest.fixture

@@ -42,16 +42,19 @@ def command(uid: str, *args: str) -> list[str]:
 
 
 @contextmanager
-def worker_process(uid: str, log: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(
+    uid: str, log: Path, *args: str, broker: str | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """A worker (``-l INFO`` unless ``args`` say otherwise) logging to ``log``; stopped with
-    SIGTERM (warm shutdown) at the end."""
+    SIGTERM (warm shutdown) at the end. ``broker``: its broker URL (default ``BROKER_URL``)."""
     if "-l" not in args:
         args = (*args, "-l", "INFO")
+    extra = {"DLX_TEST_BROKER": broker} if broker else {}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             command(uid, *args),
             cwd=ROOT,
-            env=env(uid),
+            env=env(uid, **extra),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -113,18 +113,22 @@ def test_worker_consuming_only_its_queue_drains_parked_retries_back(
 
 @pytest.mark.slow
 def test_idle_worker_with_beat_at_info_writes_no_per_tick_records(
-    uid: str, key_prefix: str, cleanup_queues: list[str], tmp_path: Path
+    uid: str, key_prefix: str, vhost: str, tmp_path: Path
 ) -> None:
-    cleanup_queues.extend([queue_of(uid), f"default-{uid}", f"dead-{uid}", f"exchange:dlx-{uid}"])
+    """The whole log stays empty, not only celery_dlx's loggers: in a virtual host of its own,
+    so that other workers on the broker (their mingle makes every worker log ``sync with``)
+    cannot write to it."""
     log = tmp_path / "worker.log"
     idle = 20.0
-    with worker_process(uid, log, "-B", "-s", str(tmp_path / "beat-schedule")):
+    with worker_process(uid, log, "-B", "-s", str(tmp_path / "beat-schedule"), broker=vhost):
         wait_until(
             lambda: " ready." in log.read_text(errors="replace"), what="worker ready", timeout=120
         )
         time.sleep(1.0)  # let start-up lines (beat's "Starting...") land
         before = log.read_text(errors="replace").splitlines()
         assert any("beat: Starting" in line for line in before), "INFO records are written"
+        own = vhost.rsplit("/", 1)[1]
+        assert any("transport:" in line and own in line for line in before), "in its vhost"
         time.sleep(idle)
         after = log.read_text(errors="replace").splitlines()
     records = [line for line in after[len(before) :] if re.match(r"^\[\d{4}-", line)]
