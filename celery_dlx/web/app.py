@@ -17,7 +17,8 @@ from starlette.staticfiles import StaticFiles
 from celery_dlx.errors import DLXError
 from celery_dlx.web import api, pages
 from celery_dlx.web.console import Console, WebSettings
-from celery_dlx.web.guard import Guard
+from celery_dlx.web.guard import Guard, SameOrigin, TrustedHosts
+from celery_dlx.web.hosts import HostRule
 from celery_dlx.worker.runtime import Runtime
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -85,9 +86,16 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
+    hosts = HostRule.listening(settings.host, settings.port, settings.allowed_hosts)
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(Guard, accounts=console.accounts, max_body=settings.max_body)],
+        # Outermost first: a foreign Host or a write from another site is refused before any
+        # credentials are asked for.
+        middleware=[
+            Middleware(TrustedHosts, rule=hosts),
+            Middleware(SameOrigin),
+            Middleware(Guard, accounts=console.accounts, max_body=settings.max_body),
+        ],
         exception_handlers={
             DLXError: on_dlx_error,
             HTTPException: on_http_error,

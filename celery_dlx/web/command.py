@@ -22,6 +22,14 @@ from celery_dlx.errors import DLXError
     help="Port (default: dlx_web_port, 5566).",
 )
 @click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A host name the console also answers (a proxy's or tunnel's; '*.corp.example' for "
+    "a domain's names); repeatable (default: dlx_web_allowed_hosts).",
+)
+@click.option(
     "--basic-auth",
     "operators",
     multiple=True,
@@ -48,6 +56,7 @@ def web_command(
     ctx: click.Context,
     host: str | None,
     port: int | None,
+    allowed_hosts: tuple[str, ...],
     operators: tuple[str, ...],
     viewers: tuple[str, ...],
     protos: tuple[str, ...],
@@ -73,6 +82,7 @@ def web_command(
             runtime.config,
             host=host,
             port=port,
+            allowed_hosts=allowed_hosts,
             operators=operators,
             viewers=viewers,
             protos=protos,

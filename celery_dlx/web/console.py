@@ -16,6 +16,7 @@ from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.fates import now_ms
 from celery_dlx.ops.inspection import registry_for
 from celery_dlx.ops.render import ago
+from celery_dlx.policy.settings import SETTINGS
 from celery_dlx.web.actions import Actions
 from celery_dlx.web.auth import Accounts, Csrf
 from celery_dlx.web.metrics import DLXCollector
@@ -29,15 +30,25 @@ CHECK_TTL = 30.0
 
 @dataclass(frozen=True)
 class WebSettings:
-    """Where the console listens, who may use it, and its limits."""
+    """Where the console listens, the names it answers, who may use it, and its limits.
+
+    Raises:
+        ConfigurationError: a malformed host name or pattern in ``allowed_hosts``.
+    """
 
     host: str = "127.0.0.1"
     port: int = 5566
+    allowed_hosts: tuple[str, ...] = ()
     operators: tuple[str, ...] = ()
     viewers: tuple[str, ...] = ()
     max_replay_rate: float = 50.0
     max_body: int = MAX_BODY
     protos: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check = SETTINGS["dlx_web_allowed_hosts"].check
+        checked = check("--allowed-host/dlx_web_allowed_hosts", list(self.allowed_hosts))
+        object.__setattr__(self, "allowed_hosts", checked)
 
     @classmethod
     def from_config(
@@ -46,6 +57,7 @@ class WebSettings:
         *,
         host: str | None = None,
         port: int | None = None,
+        allowed_hosts: Sequence[str] = (),
         operators: Sequence[str] = (),
         viewers: Sequence[str] = (),
         protos: Sequence[str] = (),
@@ -54,6 +66,7 @@ class WebSettings:
         return cls(
             host=host or config.web_host,
             port=port or config.web_port,
+            allowed_hosts=tuple(allowed_hosts) or tuple(config.web_allowed_hosts),
             operators=tuple(operators) or tuple(config.web_basic_auth),
             viewers=tuple(viewers) or tuple(config.web_viewer_auth),
             max_replay_rate=float(config.web_max_replay_rate),

@@ -1,4 +1,5 @@
-"""ASGI middleware in front of every route: authentication, body size, security headers."""
+"""ASGI middleware in front of every route: the Host, the origin of writes, authentication,
+body size, security headers."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from celery_dlx.web.auth import Accounts
+from celery_dlx.web.hosts import WRITE_METHODS, HostRule, same_origin
 
 #: No inline script, no third-party anything, no framing, forms only to the console itself.
 CSP = (
@@ -19,7 +22,9 @@ SECURITY_HEADERS = (
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    # Not no-referrer: with it Chromium sends ``Origin: null`` on the console's own form posts,
+    # which SameOrigin must then refuse. same-origin still tells other sites nothing.
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 )
 
@@ -34,6 +39,70 @@ async def _plain(send: Send, status: int, text: str, extra: list[tuple[bytes, by
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class TrustedHosts(TrustedHostMiddleware):
+    """Starlette's :class:`TrustedHostMiddleware` with the console's :class:`HostRule`: the
+    address it listens on at its port (and the loopback names on loopback), and the names of
+    ``dlx_web_allowed_hosts`` at any port. Any other ``Host`` gets 400 saying which setting
+    would admit it, before credentials are asked for.
+
+    The rule replaces Starlette's match, which cannot check a port or name the setting.
+    """
+
+    def __init__(self, app: ASGIApp, rule: HostRule) -> None:
+        super().__init__(
+            app, allowed_hosts=[*sorted(rule.names), *rule.patterns], www_redirect=False
+        )
+        self.rule = rule
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = Headers(scope=scope).get("host")
+        if self.rule.allows(host, scope.get("scheme", "http")):
+            await self.app(scope, receive, send)
+            return
+        shown = repr(host[:200]) if host else "(none)"
+        await _plain(
+            send,
+            400,
+            f"Host {shown} is not a name of this console, which answers {self.rule.describe()}. "
+            "A page that points its own name at the console (DNS rebinding) is refused here; "
+            "if you reach the console by this name (a proxy, a tunnel), add it to "
+            "dlx_web_allowed_hosts (or --allowed-host).\n",
+            [],
+        )
+
+
+class SameOrigin:
+    """403 for a write (POST, PUT, PATCH, DELETE) that does not come from a page of the
+    console: its ``Origin`` (or, without one, its ``Referer``) must have the request's scheme,
+    host and port. Browsers send ``Origin`` on every POST; a script must send it too."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in WRITE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        scheme, host = scope.get("scheme", "http"), headers.get("host")
+        source = headers.get("origin", headers.get("referer"))
+        if same_origin(source, scheme, host):
+            await self.app(scope, receive, send)
+            return
+        said = "no Origin or Referer" if source is None else f"Origin/Referer {source[:200]!r}"
+        await _plain(
+            send,
+            403,
+            f"refused: a {scope['method']} must come from the console's own pages, and this "
+            f"one has {said}, not {scheme}://{host}. Scripts send the header too, e.g. "
+            f"curl -H 'Origin: {scheme}://{host}'.\n",
+            [],
+        )
 
 
 class Guard:

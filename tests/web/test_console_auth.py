@@ -126,7 +126,7 @@ def test_request_body_size_is_limited(console: dict[str, Any]) -> None:
         "POST",
         "/api/purge",
         body=iter([b"{" + b" " * 16384] * 8 + [b"}"]),
-        headers={"Authorization": f"Basic {auth}", "X-CSRF-Token": token},
+        headers={"Authorization": f"Basic {auth}", "X-CSRF-Token": token, "Origin": console["url"]},
         encode_chunked=True,
     )
     reply_status = conn.getresponse().status
@@ -139,7 +139,7 @@ def test_request_body_size_is_limited(console: dict[str, Any]) -> None:
         "POST",
         "/api/purge",
         body=iter([b'{"ids": [], ', b'"yes": true}']),
-        headers={"Authorization": f"Basic {auth}", "X-CSRF-Token": token},
+        headers={"Authorization": f"Basic {auth}", "X-CSRF-Token": token, "Origin": console["url"]},
         encode_chunked=True,
     )
     small = conn.getresponse()
@@ -156,6 +156,8 @@ def test_security_headers_and_csp_forbid_inline_script(console: dict[str, Any]) 
         assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
         assert reply.headers["x-content-type-options"] == "nosniff"
         assert reply.headers["x-frame-options"] == "DENY"
+        # Not no-referrer, under which Chromium's own form posts carry Origin: null.
+        assert reply.headers["referrer-policy"] == "same-origin"
     page = console["op"].get("/causes").text
     assert "<script>" not in page and 'src="/static/console.js"' in page
     assert console["nobody"].get("/").headers["content-security-policy"]

@@ -44,6 +44,17 @@ def test_settings_and_options() -> None:
         load_config({"dlx_web_basic_auth": "a:1"})
 
 
+def test_allowed_hosts_from_the_setting_or_the_option() -> None:
+    config = load_config({"dlx_web_allowed_hosts": ["dlx.example.com"]})
+    assert WebSettings.from_config(config).allowed_hosts == ("dlx.example.com",)
+    given = WebSettings.from_config(config, allowed_hosts=["*.Corp.example"])
+    assert given.allowed_hosts == ("*.corp.example",)
+    with pytest.raises(ConfigurationError, match=r"--allowed-host/dlx_web_allowed_hosts\[0\]"):
+        WebSettings.from_config(config, allowed_hosts=["dlx.example.com:443"])
+    with pytest.raises(ConfigurationError, match="rebinding"):
+        WebSettings(allowed_hosts=("*",))
+
+
 def test_accounts_and_csrf() -> None:
     accounts = Accounts.from_lists(["op:pw:with:colons"], ["v:x"])
     assert accounts.authenticate(basic("op", "pw:with:colons")) == User("op", OPERATOR)
