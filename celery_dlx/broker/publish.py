@@ -42,6 +42,7 @@ class ConfirmingPublisher:
         self._next_tag = 1
         self._acked: dict[int, bool] = {}
         self._returned: set[int] = set()
+        self._returned_unsequenced = False
         # One batch at a time: the threads of a thread pool share the runtime's publisher, and
         # interleaved batches would take each other's confirms (lost, then "not confirmed").
         self._lock = threading.Lock()
@@ -83,6 +84,8 @@ class ConfirmingPublisher:
         seq = (message.headers or {}).get(PUBLISH_SEQ_HEADER) if message is not None else None
         if isinstance(seq, int):
             self._returned.add(seq)
+        else:  # a message sent with raw properties: every such one of the batch counts as lost
+            self._returned_unsequenced = True
         logger.warning(
             "broker returned a message for %r (%s): its queue does not exist", routing_key, exc
         )
@@ -107,6 +110,7 @@ class ConfirmingPublisher:
     def _publish_many(self, messages: Sequence[Outgoing]) -> list[bool]:
         channel = self._ensure_channel()
         self._pending = set()
+        self._returned_unsequenced = False
         tags: list[tuple[int, int]] = []
         for msg in messages:
             seq = next(self._seq)
@@ -134,6 +138,8 @@ class ConfirmingPublisher:
             except TimeoutError:
                 continue
         out = [self._acked.pop(tag, False) and seq not in self._returned for tag, seq in tags]
+        if self._returned_unsequenced:
+            out = [ok and m.raw_properties is None for ok, m in zip(out, messages, strict=True)]
         self._returned.difference_update(seq for _, seq in tags)
         return out
 

@@ -138,3 +138,13 @@ class Keys:
 #: Header the worker's main process adds to a delivery, naming the queue it was consumed from
 #: (a fanout or topic delivery's routing key does not name it). Never carried by a copy.
 DELIVERY_QUEUE_HEADER = "x-dlx-delivered-from"
+
+#: Key celery_dlx's frame reader adds to a delivery's properties (never sent as a property):
+#: the raw content of its header table, so a copy writes each user header back as its producer
+#: encoded it (:func:`celery_dlx.message.fieldtable.write_table`).
+WIRE_HEADERS_PROPERTY = "x-dlx-wire-headers"
+#: Key added to a delivery's properties when its property list could not be decoded: the reason.
+UNDECODABLE_PROPERTY = "x-dlx-undecodable"
+#: Key added with :data:`UNDECODABLE_PROPERTY`: the raw bytes of the property list. A quarantine
+#: copy carries them in the header of the same name (a byte array).
+RAW_PROPERTIES_PROPERTY = "x-dlx-raw-properties"

@@ -2,29 +2,28 @@
 
 Every republish (requeue, drain, TTL ladder, replay, the DLX service, quarantine copies) is built
 as an :class:`Outgoing`; :meth:`Outgoing.amqp_message` is the one place its headers are cleaned of
-broker-owned ``x-death*`` headers and encoded (:func:`wire_headers`) into AMQP field types every
-client decodes before they reach the wire.
+broker-owned ``x-death*`` headers and encoded, by celery_dlx's own writer
+(:mod:`celery_dlx.message.fieldtable`): user headers as their producer wrote them, celery_dlx's in
+field types every client decodes.
 """
 
 from __future__ import annotations
 
-import calendar
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 import amqp
 
+from celery_dlx.message.fieldtable import write_properties, write_table
 from celery_dlx.message.headers import clean_headers
+from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
 
 #: Header carrying a per-publisher sequence number, so a returned message is matched to its publish.
 PUBLISH_SEQ_HEADER = "x-dlx-pubseq"
 
 #: AMQP basic properties celery_dlx carries over when it copies a message.
-COPIED_PROPERTIES = (
+AMQP_PROPERTIES = (
     "content_type",
     "content_encoding",
     "delivery_mode",
@@ -37,63 +36,25 @@ COPIED_PROPERTIES = (
     "user_id",
     "app_id",
 )
+#: What a copy carries over of a received message's properties: those, and the raw header table
+#: celery_dlx's frame reader kept (through Redis too), so user headers keep their field types.
+COPIED_PROPERTIES = (*AMQP_PROPERTIES, WIRE_HEADERS_PROPERTY)
 
-#: AMQP field-type tags (as py-amqp writes them) that RabbitMQ's own clients decode: long string,
-#: signed 32-bit int, boolean, double, table, array, void, timestamp, decimal. Proven by the
-#: real Go (amqp091-go), Node (amqplib) and Ruby (bunny) consumers of ``tests/interop``.
-#: Missing on purpose: ``L``, py-amqp's letter for any int outside 32 bits, which amqp091-go
-#: (connection error 501) and amqplib (``Unexpected type tag "L"``) cannot read.
-SAFE_FIELD_TYPES = frozenset("SItdFAVTD")
-#: The int range py-amqp writes as ``I`` (it writes ``L`` below -2**31 + 1, not only below -2**31).
-INT32_MIN = -(2**31) + 1
+#: The publish sequence wraps inside 32 bits, so it always goes out as an ``I`` field.
 INT32_MAX = 2**31 - 1
-#: Limits of py-amqp's ``D`` encoding: scale in an unsigned byte, unscaled value in a signed int32.
-_DECIMAL_SCALE_MAX = 255
 
 
-def _wire_decimal(value: Decimal) -> Decimal | str:
-    """A decimal as ``D`` when py-amqp can write it exactly, else its text."""
-    if not value.is_finite():
-        return str(value)
-    _sign, digits, exponent = value.as_tuple()
-    assert isinstance(exponent, int)  # finite
-    unscaled = int("".join(map(str, digits)) or "0")
-    if exponent > 0 or -exponent > _DECIMAL_SCALE_MAX or unscaled > INT32_MAX:
-        return str(value)
-    return value
+class EncodedMessage(amqp.Message):
+    """An ``amqp.Message`` whose property list celery_dlx encoded itself
+    (:func:`~celery_dlx.message.fieldtable.write_properties`): py-amqp sends those bytes as they
+    are. ``properties`` still holds the decoded view (headers included) for readers."""
 
+    def __init__(self, body: bytes, encoded_properties: bytes, **properties: Any) -> None:
+        super().__init__(body, **properties)
+        self.encoded_properties = encoded_properties
 
-def wire_value(value: Any) -> Any:
-    """``value`` in a form py-amqp writes with a tag of :data:`SAFE_FIELD_TYPES`.
-
-    Ints outside 32 bits (epoch milliseconds, a Go ``int64`` carried over) become their decimal
-    text, exactly; so do decimals ``D`` cannot hold and values no field type holds. Strings,
-    booleans, floats, in-range ints, ``None``, datetimes and decimals are kept; tables and arrays
-    are encoded item by item. Bytes stay bytes (py-amqp writes them as a long string ``S``).
-    """
-    if value is None or isinstance(value, (str, bytes, bool)):
-        return value
-    if isinstance(value, datetime):
-        # py-amqp writes ``T`` as unsigned epoch seconds: a time before 1970 cannot be written.
-        return value if calendar.timegm(value.utctimetuple()) >= 0 else value.isoformat()
-    if isinstance(value, int):
-        return value if INT32_MIN <= value <= INT32_MAX else str(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Decimal):
-        return _wire_decimal(value)
-    if isinstance(value, (bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, Mapping):
-        return wire_headers(value)
-    if isinstance(value, (list, tuple)):
-        return [wire_value(v) for v in value]
-    return str(value)
-
-
-def wire_headers(headers: Mapping[Any, Any]) -> dict[Any, Any]:
-    """``headers`` with every value (nested ones too) encoded by :func:`wire_value`."""
-    return {k: wire_value(v) for k, v in headers.items()}
+    def _serialize_properties(self) -> bytes:
+        return self.encoded_properties
 
 
 @dataclass
@@ -105,15 +66,32 @@ class Outgoing:
     exchange: str = ""
     headers: dict[str, Any] = field(default_factory=dict)
     properties: dict[str, Any] = field(default_factory=dict)
+    #: A property list to send exactly as received (a message moved whose properties
+    #: celery_dlx could not decode); ``headers`` and ``properties`` are then not written.
+    raw_properties: bytes | None = None
 
-    def amqp_message(self, seq: int) -> amqp.Message:
-        props = {
-            k: v for k, v in self.properties.items() if k in COPIED_PROPERTIES and v is not None
-        }
+    def amqp_message(self, seq: int) -> EncodedMessage:
+        """The message to publish, ``seq`` in :data:`PUBLISH_SEQ_HEADER`.
+
+        Broker ``x-death*`` headers are left out. When the properties carry the original
+        delivery's raw header table (:data:`WIRE_HEADERS_PROPERTY`), every header the copy
+        leaves unchanged goes out as its producer encoded it; the rest with celery_dlx's
+        :func:`~celery_dlx.message.fieldtable.encode_value`. With :attr:`raw_properties`, those
+        bytes are sent and no sequence header (the publisher cannot match a return to it).
+
+        Raises:
+            FieldTableError: a property or header name longer than a short string.
+        """
+        if self.raw_properties is not None:
+            return EncodedMessage(self.body, self.raw_properties)
+        props = {k: v for k, v in self.properties.items() if k in AMQP_PROPERTIES and v is not None}
         props.setdefault("delivery_mode", 2)
-        headers = wire_headers(clean_headers(self.headers))
+        headers = clean_headers(self.headers)
         headers[PUBLISH_SEQ_HEADER] = seq
-        return amqp.Message(self.body, application_headers=headers, **props)
+        table = write_table(headers, self.properties.get(WIRE_HEADERS_PROPERTY))
+        return EncodedMessage(
+            self.body, write_properties(props, table), application_headers=headers, **props
+        )
 
 
 def copy_properties(properties: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any, cast
 from amqp.protocol import queue_declare_ok_t
 from kombu.transport.pyamqp import Channel as AMQPChannel
 
+from celery_dlx.broker.frames import connection_for
 from celery_dlx.broker.management import Management, dead_letter_exchange_of
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.broker.topology import (
@@ -32,8 +33,8 @@ from celery_dlx.broker.topology import (
     policy_name,
     service_queue,
 )
-from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import DLXError
+from celery_dlx.message.names import RAW_PROPERTIES_PROPERTY
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.worker.runtime import Runtime
 
@@ -277,7 +278,6 @@ def move_messages(
     Raises:
         MigrationError: the broker did not confirm a batch (the rest stays on ``source``).
     """
-    install_tolerant_properties()  # a message with non-UTF-8 properties moves like any other
     publisher = ConfirmingPublisher(connection)
     channel = connection.connection.channel()
     # py-amqp decodes a body with a content_encoding to text; the moved copy keeps the bytes.
@@ -296,6 +296,8 @@ def move_messages(
                     routing_key=target,
                     headers=dict(m.headers or {}),
                     properties=copy_properties(m.properties),
+                    # properties celery_dlx could not decode move exactly as they came
+                    raw_properties=m.properties.get(RAW_PROPERTIES_PROPERTY),
                 )
                 for m in taken
             ]
@@ -386,7 +388,8 @@ def migrate_rename(
     }
     if dry_run:
         return result
-    with runtime.app.connection_for_write() as conn:
+    # celery_dlx's frame reader: no message of the old queue stops the move
+    with connection_for(runtime.app, write=True) as conn:
         conn.ensure_connection(max_retries=3)
         channel = cast(AMQPChannel, conn.default_channel)  # RabbitMQ: a py-amqp channel
         service_queue(config.service_queue, config.exchange, quorum=config.quorum)(

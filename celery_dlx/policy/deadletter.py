@@ -30,6 +30,7 @@ from celery_dlx.message.names import (
     QUEUE_HEADER,
     REASON_HEADER,
     REPLAYED_HEADER,
+    UNDECODABLE_PROPERTY,
 )
 
 #: ``death_reason`` of a message a worker buried by publishing a clean copy (no ``x-death``).
@@ -215,6 +216,9 @@ def read_dead_letter(
     }
     raw_body = bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else b""
     problems = _shape_problems(body, headers)
+    undecodable = props.get(UNDECODABLE_PROPERTY)
+    if undecodable is not None:  # kept with its raw bytes (x-dlx-raw-properties) for the graveyard
+        problems.append(f"undecodable: AMQP properties: {undecodable}")
     deaths, death_problem = _first_death(hdrs)
     state, state_problem = _own_state(hdrs)
     problems += [p for p in (death_problem, state_problem) if p]

@@ -27,8 +27,8 @@ from kombu.transport.pyamqp import Channel as AMQPChannel
 from redis.exceptions import RedisError
 
 from celery_dlx.broker.errors import BROKER_ERRORS
+from celery_dlx.broker.frames import connection_for
 from celery_dlx.broker.topology import service_queue
-from celery_dlx.compat import install_tolerant_properties
 from celery_dlx.errors import TopologyError
 from celery_dlx.service.outage import RETRY_DELAYS, TRANSIENT_ERRORS, Outage
 from celery_dlx.service.settle import BatchSettler, ack_all
@@ -36,7 +36,6 @@ from celery_dlx.service.stats import ServiceStats
 from celery_dlx.store.graveyard import sweep_retention
 from celery_dlx.worker.runtime import Runtime
 
-logger = logging.getLogger(__name__)
 logger = logging.getLogger(__name__)
 
 #: Seconds one wait for dead letters lasts before the idle work (heartbeats, retention sweep).
@@ -115,7 +114,8 @@ class DLXService(BatchSettler):
         return self.stats
 
     def _consume(self, idle_timeout: float | None, outage: Outage) -> None:
-        with self.app.connection_for_read() as conn:
+        # celery_dlx's frame reader: no header a dead letter carries can stop the service.
+        with connection_for(self.app) as conn:
             conn.ensure_connection(max_retries=1)
             # The service consumes raw py-amqp deliveries: amqp:// brokers only.
             channel = cast(AMQPChannel, conn.channel())
@@ -131,8 +131,6 @@ class DLXService(BatchSettler):
                     f"the DLX service queue {self.config.service_queue!r} exists with other "
                     f"arguments (dlx_service_queue, dlx_quorum): {exc}"
                 ) from exc
-            # A dead letter whose message_id or header names are not UTF-8 must not kill us.
-            install_tolerant_properties()
             # Raw deliveries (amqp.Message): nothing is decoded, and no per-message wrapper.
             channel.basic_qos(0, self.prefetch, False)
             channel.basic_consume(self.config.service_queue, callback=self._inbox.append)

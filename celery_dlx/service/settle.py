@@ -26,6 +26,7 @@ from celery import Celery
 from kombu import Connection
 
 from celery_dlx import faults
+from celery_dlx.broker.frames import connection_for
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
@@ -292,7 +293,7 @@ class BatchSettler:
         """This thread's confirm-mode publisher, on its own connection."""
         found: ConfirmingPublisher | None = getattr(self._local, "publisher", None)
         if found is None:
-            conn = self.app.connection_for_write()
+            conn = connection_for(self.app, write=True)
             found = ConfirmingPublisher(conn)
             self._local.publisher = found
             with self._publishers_lock:

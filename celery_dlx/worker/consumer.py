@@ -15,10 +15,17 @@ from celery.utils.objects import Bunch
 from celery.worker.consumer import Consumer
 from kombu.message import Message
 
-from celery_dlx.compat import divert_reject, install_tolerant_properties
+from celery_dlx.broker.frames import tolerant
+from celery_dlx.compat import divert_reject
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.message.headers import DLXState, clean_headers, dead_letter_refusal, read_state
-from celery_dlx.message.names import DELIVERY_QUEUE_HEADER, QUEUE_HEADER, REASON_HEADER
+from celery_dlx.message.names import (
+    DELIVERY_QUEUE_HEADER,
+    QUEUE_HEADER,
+    RAW_PROPERTIES_PROPERTY,
+    REASON_HEADER,
+    UNDECODABLE_PROPERTY,
+)
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.worker.runtime import get_runtime
 from celery_dlx.worker.strategy import _queue_of
@@ -31,6 +38,9 @@ def bury_raw(app: Any, message: Any, queue: str, reason: str) -> bool:
     runtime = get_runtime(app)
     headers = dict(message.headers or {})
     headers.pop(DELIVERY_QUEUE_HEADER, None)
+    raw_properties = (message.properties or {}).get(RAW_PROPERTIES_PROPERTY)
+    if raw_properties is not None:
+        headers[RAW_PROPERTIES_PROPERTY] = raw_properties  # a byte array on the wire
     try:
         state = read_state(headers)
     except MalformedHeader:
@@ -64,11 +74,27 @@ def bury_raw(app: Any, message: Any, queue: str, reason: str) -> bool:
 class DLXConsumer(Consumer):
     """Celery's consumer with undecodable, unknown and invalid messages buried, not dropped."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # A message whose message_id or header names are not UTF-8 would stop the worker: py-amqp
-        # raises in its frame reader, Celery calls that unrecoverable.
-        install_tolerant_properties()
-        super().__init__(*args, **kwargs)
+    def connection_for_read(self, heartbeat: float | None = None) -> Any:
+        # celery_dlx's frame reader on the consumer's own connection: a header py-amqp raises on
+        # (a 1969 timestamp, a name that is not UTF-8) would stop the worker, which Celery calls
+        # unrecoverable; and copies keep each header's field type.
+        return self.ensure_connected(tolerant(self.app.connection_for_read(heartbeat=heartbeat)))
+
+    def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
+        handler = super().create_task_handler(*args, **kwargs)
+
+        def on_task_received(message: Message) -> Any:
+            problem = (message.properties or {}).get(UNDECODABLE_PROPERTY)
+            if problem is None:
+                return handler(message)
+            # Properties the frame reader could not decode: quarantined with their raw bytes.
+            if self._bury_raw(message, f"undecodable: AMQP properties: {problem}"):
+                message.ack()
+            else:
+                message.requeue()  # the graveyard could not take it: never dead-lettered blindly
+            return None
+
+        return on_task_received
 
     def _bury_raw(self, message: Message, reason: str) -> bool:
         """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""

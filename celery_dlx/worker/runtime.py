@@ -16,6 +16,7 @@ from celery import Celery
 from kombu import Connection
 from redis.exceptions import NoScriptError
 
+from celery_dlx.broker.frames import connection_for
 from celery_dlx.broker.ladder import Ladder
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.fates import BURIED, DRAINED, FateEvent
@@ -149,7 +150,7 @@ class Runtime:
         """This process's confirm-mode publisher on its own broker connection."""
         self._check_fork()
         if self._publisher is None:
-            self._connection = self.app.connection_for_write()
+            self._connection = connection_for(self.app, write=True)
             self._publisher = ConfirmingPublisher(self._connection)
         return self._publisher
 

@@ -1,12 +1,17 @@
-"""Every header celery_dlx can publish goes out in AMQP field types RabbitMQ's own clients decode.
+"""Every header celery_dlx republishes keeps its producer's field type, or is one every client reads.
 
 Each producer of a republish (worker requeue/park copy, quarantine copy, DLX service requeue and
 park, drain, TTL ladder, graveyard replay, queue migration) is fed headers at their worst: 64-bit
 epoch milliseconds from celery_dlx's own state, and every field type a Go, Node or Ruby publisher
-can send (decoded by py-amqp from a raw frame). The copy is encoded by py-amqp's own serializer
-(:meth:`Outgoing.amqp_message` then ``amqp.serialization.dumps``) and the encoded bytes are walked:
-every type tag, nested ones included, must be in ``SAFE_FIELD_TYPES``. A walk of the bytes, not of
-Python types, so a value py-amqp would write as ``L`` cannot pass.
+can send. The copy is encoded by celery_dlx's writer (:meth:`Outgoing.amqp_message`) and the bytes
+it would put on the wire are walked:
+
+* with the delivery's raw header table (what celery_dlx's frame reader keeps), every foreign
+  header goes out byte for byte as its producer wrote it;
+* without it (a record written before celery_dlx kept the table), every type tag, nested ones
+  included, is one of ``WRITTEN_TYPES``: never py-amqp's ``L``, which Go and Node cannot read.
+
+A walk of the bytes, not of Python types, so a changed type cannot pass.
 """
 
 from __future__ import annotations
@@ -30,17 +35,22 @@ from kombu.transport.pyamqp import Message
 from celery_dlx.broker.ladder import DelayQueue
 from celery_dlx.broker.publish import outgoing_copies
 from celery_dlx.message.copies import celery_copy
-from celery_dlx.message.headers import DLXState, HistoryEntry, clean_headers, read_state
-from celery_dlx.message.names import FIRST_FAILURE_HEADER, QUEUE_HEADER, REASON_HEADER
-from celery_dlx.message.obituary import Obituary
-from celery_dlx.message.outgoing import (
-    INT32_MAX,
-    SAFE_FIELD_TYPES,
-    Outgoing,
-    copy_properties,
-    wire_headers,
-    wire_value,
+from celery_dlx.message.fieldtable import (
+    WRITTEN_TYPES,
+    encode_value,
+    header_table_span,
+    read_table,
+    table_entries,
 )
+from celery_dlx.message.headers import DLXState, HistoryEntry, clean_headers, read_state
+from celery_dlx.message.names import (
+    FIRST_FAILURE_HEADER,
+    QUEUE_HEADER,
+    REASON_HEADER,
+    WIRE_HEADERS_PROPERTY,
+)
+from celery_dlx.message.obituary import Obituary
+from celery_dlx.message.outgoing import INT32_MAX, Outgoing, copy_properties
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops.replay import replay_copy
 from celery_dlx.policy.config import load_config
@@ -123,7 +133,12 @@ def foreign_headers() -> dict[str, Any]:
     raw = _table(FOREIGN_FIELDS)
     (headers,), _ = serialization.loads("F", raw, 0)
     assert headers["go-int64"] == NOW  # py-amqp reads 'l' as a plain int: it would write 'L'
+    assert read_table(raw[4:]) == headers  # and celery_dlx's reader gives the same values
     return dict(headers)
+
+
+#: The raw content of that table, as celery_dlx's frame reader keeps it in the properties.
+ORIGIN = _table(FOREIGN_FIELDS)[4:]
 
 
 # -- walking what py-amqp writes ------------------------------------------------------------
@@ -162,20 +177,41 @@ def _walk_table(buf: bytes, path: str, out: list[tuple[str, str]]) -> None:
         offset = _walk_value(buf, offset + 1 + keylen, f"{path}.{key}" if path else key, out)
 
 
-def wire_tags(copy: Outgoing) -> list[tuple[str, str]]:
-    """Every (header path, type tag) of ``copy`` as py-amqp puts it on the wire."""
-    message = copy.amqp_message(seq=7)
-    encoded = serialization.dumps("F", [message.properties["application_headers"]])
+def sent_table(copy: Outgoing, seq: int = 7) -> bytes:
+    """The content of the header table ``copy`` puts on the wire."""
+    encoded = bytes(copy.amqp_message(seq=seq)._serialize_properties())
+    span = header_table_span(encoded, 0)
+    assert span is not None
+    return encoded[span[0] : span[1]]
+
+
+def wire_tags(copy: Outgoing, skip: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """Every (header path, type tag) of ``copy`` on the wire, but the top-level ``skip`` ones."""
+    kept = b"".join(
+        _short(k.decode()) + v for k, v in table_entries(sent_table(copy)) if k.decode() not in skip
+    )
     out: list[tuple[str, str]] = []
-    _walk_table(encoded[4:], "", out)
+    _walk_table(kept, "", out)
     return out
 
 
-def assert_safe(copy: Outgoing) -> None:
-    tags = wire_tags(copy)
-    unsafe = [(path, tag) for path, tag in tags if tag not in SAFE_FIELD_TYPES]
+def assert_safe(copy: Outgoing, skip: frozenset[str] = frozenset()) -> None:
+    tags = wire_tags(copy, skip)
+    unsafe = [(path, tag) for path, tag in tags if tag not in WRITTEN_TYPES]
     assert not unsafe, f"headers a foreign client cannot decode: {unsafe}"
     assert {tag for _, tag in tags} >= {"S", "I"}
+
+
+FOREIGN_NAMES = frozenset(name for name, _ in FOREIGN_FIELDS)
+
+
+def assert_kept(copy: Outgoing) -> None:
+    """Every foreign header goes out exactly as its producer wrote it; the rest is safe."""
+    sent = {k.decode(): v for k, v in table_entries(sent_table(copy))}
+    changed = [name for name, raw in FOREIGN_FIELDS if sent.get(name) != raw]
+    assert not changed, f"foreign headers not written back as their producer wrote them: {changed}"
+    unsafe = [(p, t) for p, t in wire_tags(copy, FOREIGN_NAMES) if t not in WRITTEN_TYPES]
+    assert not unsafe, f"headers a foreign client cannot decode: {unsafe}"
 
 
 # -- the producers ---------------------------------------------------------------------------
@@ -193,7 +229,12 @@ def app() -> Celery:
     return app
 
 
-def celery_request(app: Celery, extra: dict[str, Any]) -> Context:
+def kept(origin: bytes | None) -> dict[str, Any]:
+    """The properties key celery_dlx's frame reader adds, when the test gives the raw table."""
+    return {WIRE_HEADERS_PROPERTY: origin} if origin is not None else {}
+
+
+def celery_request(app: Celery, extra: dict[str, Any], origin: bytes | None = None) -> Context:
     """The task context a worker child runs with, for a delivery carrying ``extra`` headers."""
     task_id = str(uuid.uuid4())
     headers, properties, body, _ = app.amqp.as_task_v2(task_id, "proj.add", (1, 2), {})
@@ -204,6 +245,7 @@ def celery_request(app: Celery, extra: dict[str, Any]) -> Context:
         content_encoding=enc,
         application_headers={**headers, **extra},
         **properties,
+        **kept(origin),
     )
     raw.delivery_info = {"exchange": "", "routing_key": "work", "delivery_tag": 1}
     message = Message(raw, channel=None, accept=[ctype])
@@ -214,7 +256,10 @@ def celery_request(app: Celery, extra: dict[str, Any]) -> Context:
 
 
 def service_letter(
-    extra: dict[str, Any], state: DLXState = STATE, message_id: str | None = "m-1"
+    extra: dict[str, Any],
+    state: DLXState = STATE,
+    message_id: str | None = "m-1",
+    origin: bytes | None = None,
 ) -> Any:
     from celery_dlx.message.headers import state_headers
 
@@ -239,22 +284,28 @@ def service_letter(
             "content_type": "application/json",
             "timestamp": NOW // 1000,
             **({"message_id": message_id} if message_id else {}),
+            **kept(origin),
         },
         exchange="celery_dlx",
         routing_key="work",
     )
 
 
-def service_copies(extra: dict[str, Any], message_id: str | None = "m-1") -> list[Outgoing]:
+def service_copies(
+    extra: dict[str, Any], message_id: str | None = "m-1", origin: bytes | None = None
+) -> list[Outgoing]:
     """The DLX service's requeue and park copies, built as ``service/loop.py`` builds them."""
     out = []
     for policy in ({"max_requeues": 5}, {"max_requeues": 0, "backoff": [1], "max_parks": 9}):
         config = load_config({"dlx_queues": {"work": policy}})
-        letter = service_letter(extra, DLXState(), message_id)
+        letter = service_letter(extra, DLXState(), message_id, origin)
         verdict = decide_letter(letter, config, None, NOW)
         # a second failure: the state now carries first-failure and history timestamps
         letter = service_letter(
-            extra, verdict.state if not isinstance(verdict, BuryVerdict) else STATE, message_id
+            extra,
+            verdict.state if not isinstance(verdict, BuryVerdict) else STATE,
+            message_id,
+            origin,
         )
         verdict = decide_letter(letter, config, None, NOW + 1000)
         assert isinstance(verdict, (RequeueVerdict, ParkVerdict))
@@ -271,7 +322,7 @@ def service_copies(extra: dict[str, Any], message_id: str | None = "m-1") -> lis
     return out
 
 
-def parked(extra: dict[str, Any]) -> ParkedMessage:
+def parked(extra: dict[str, Any], origin: bytes | None = None) -> ParkedMessage:
     """A parked retry as the drain reads it back from Redis (through its JSON form)."""
     from celery_dlx.message.headers import state_headers
 
@@ -281,7 +332,7 @@ def parked(extra: dict[str, Any]) -> ParkedMessage:
         queue="work",
         body=b"{}",
         headers=clean_headers(extra, STATE),
-        properties={"content_type": "application/json", "timestamp": NOW // 1000},
+        properties={"content_type": "application/json", "timestamp": NOW // 1000, **kept(origin)},
         due_ms=NOW,
         parked_ms=NOW,
     )
@@ -289,21 +340,22 @@ def parked(extra: dict[str, Any]) -> ParkedMessage:
     return ParkedMessage.from_stored(entry.meta_json(), entry.body)
 
 
-def obituary(extra: dict[str, Any]) -> Obituary:
+def obituary(extra: dict[str, Any], origin: bytes | None = None) -> Obituary:
     """An obituary as the graveyard stores it (JSON record) and replay reads it back."""
     config = load_config({"dlx_queues": {"work": {"max_requeues": 0, "max_parks": 0}}})
-    letter = service_letter(extra)
+    letter = service_letter(extra, origin=origin)
     verdict = decide_letter(letter, config, None, NOW)
     assert isinstance(verdict, BuryVerdict)
     ob = build_obituary(letter, verdict, buried_ms=NOW, code_version="1", hostname="h")
     return Obituary.from_record(ob.record_json(), ob.payload)
 
 
-def producers(app: Celery) -> dict[str, Outgoing]:
-    """One copy from every republish celery_dlx makes, all fed the worst headers."""
+def producers(app: Celery, origin: bytes | None = None) -> dict[str, Outgoing]:
+    """One copy from every republish celery_dlx makes, all fed the worst headers (and, given
+    ``origin``, the raw table they came in, as celery_dlx's frame reader keeps it)."""
     extra = foreign_headers()
-    request = celery_request(app, extra)
-    ob = obituary(extra)
+    request = celery_request(app, extra, origin)
+    ob = obituary(extra, origin)
     copies: dict[str, Outgoing] = {
         "worker requeue/park copy": celery_copy(request, state=STATE, routing_key="work"),
         "worker quarantine copy (task)": celery_copy(
@@ -323,17 +375,20 @@ def producers(app: Celery) -> dict[str, Outgoing]:
                 REASON_HEADER: "undecodable",
                 QUEUE_HEADER: "work",
             },
+            properties=kept(origin),
         ),
-        "drain": parked(extra).outgoing(),
-        "ttl ladder": parked(extra).outgoing(DelayQueue("work_dlq_1", "work", 1000, {}).name),
+        "drain": parked(extra, origin).outgoing(),
+        "ttl ladder": parked(extra, origin).outgoing(
+            DelayQueue("work_dlq_1", "work", 1000, {}).name
+        ),
         "replay": replay_copy(ob),
         "replay keeping attempts": replay_copy(ob, keep_attempts=True),
-        "migrate": outgoing_copies([(b"{}", extra, {}, "work")])[0],
+        "migrate": outgoing_copies([(b"{}", extra, kept(origin), "work")])[0],
     }
-    requeue, park = service_copies(extra)
+    requeue, park = service_copies(extra, origin=origin)
     copies["service requeue"] = requeue
     copies["service park"] = park
-    requeue, park = service_copies(extra, message_id=None)  # stamped with x-dlx-id
+    requeue, park = service_copies(extra, message_id=None, origin=origin)  # x-dlx-id stamped
     assert "x-dlx-id" in requeue.headers and "x-dlx-id" in park.headers
     copies["service requeue (look-alike)"] = requeue
     copies["service park (look-alike)"] = park
@@ -357,10 +412,21 @@ PRODUCERS = [
 
 
 @pytest.mark.parametrize("producer", PRODUCERS)
-def test_every_republished_header_is_a_safe_field_type(app: Celery, producer: str) -> None:
+def test_every_foreign_header_goes_out_as_its_producer_wrote_it(app: Celery, producer: str) -> None:
+    copies = producers(app, ORIGIN)
+    assert sorted(copies) == sorted(PRODUCERS)
+    assert_kept(copies[producer])
+
+
+@pytest.mark.parametrize("producer", PRODUCERS)
+def test_without_the_raw_table_every_header_is_a_safe_field_type(
+    app: Celery, producer: str
+) -> None:
     copies = producers(app)
     assert sorted(copies) == sorted(PRODUCERS)
     assert_safe(copies[producer])
+    with pytest.raises(AssertionError, match="not written back"):
+        assert_kept(copies[producer])  # the check can fail: the types change without the table
 
 
 @pytest.mark.parametrize("producer", PRODUCERS)
@@ -377,10 +443,10 @@ def test_own_state_survives_the_wire_and_reads_back(app: Celery) -> None:
     from celery_dlx.message.headers import state_headers
 
     copy = Outgoing(body=b"", routing_key="work", headers=state_headers(STATE))
-    sent = copy.amqp_message(seq=1).properties["application_headers"]
-    assert sent[FIRST_FAILURE_HEADER] == str(STATE.first_failure_ms)
     # what a consumer receives: py-amqp decodes the encoded table
-    (received,), _ = serialization.loads("F", serialization.dumps("F", [sent]), 0)
+    table = sent_table(copy, seq=1)
+    (received,), _ = serialization.loads("F", struct.pack(">I", len(table)) + table, 0)
+    assert received[FIRST_FAILURE_HEADER] == str(STATE.first_failure_ms)
     assert read_state(received) == STATE
     assert json.loads(received["x-dlx-history"])[0][0] == NOW - 9000
 
@@ -408,7 +474,7 @@ def test_first_failure_in_no_known_form_is_malformed(first: Any) -> None:
         (INT32_MAX, INT32_MAX),
         (INT32_MAX + 1, str(INT32_MAX + 1)),
         (-(2**31) + 1, -(2**31) + 1),
-        (-(2**31), str(-(2**31))),  # py-amqp writes L already here
+        (-(2**31), -(2**31)),  # py-amqp would write L already here; celery_dlx writes I
         (2**70, str(2**70)),
         (True, True),
         (1.5, 1.5),
@@ -424,13 +490,14 @@ def test_first_failure_in_no_known_form_is_malformed(first: Any) -> None:
         ({1, 2}, "{1, 2}"),
     ],
 )
-def test_wire_value(value: Any, expected: Any) -> None:
-    assert wire_value(value) == expected
-    # and py-amqp can write the result with safe tags only
-    raw = serialization.dumps("F", [wire_headers({"v": value})])
+def test_encode_value(value: Any, expected: Any) -> None:
+    encoded = encode_value(value)
+    # what a consumer receives: py-amqp decodes it
+    (received,), _ = serialization.loads("F", _table([("v", encoded)]), 0)
+    assert received["v"] == expected
     out: list[tuple[str, str]] = []
-    _walk_table(raw[4:], "", out)
-    assert {tag for _, tag in out} <= SAFE_FIELD_TYPES
+    _walk_value(encoded, 0, "v", out)
+    assert {tag for _, tag in out} <= WRITTEN_TYPES
 
 
 def test_the_publish_sequence_header_stays_a_32_bit_int() -> None:
@@ -443,8 +510,6 @@ def test_the_publish_sequence_header_stays_a_32_bit_int() -> None:
     assert next(publisher._seq) == 1
     seqs = publisher._seq
     assert isinstance(seqs, itertools.cycle)
-    last = Outgoing(body=b"", routing_key="q").amqp_message(seq=INT32_MAX)
-    raw = serialization.dumps("F", [last.properties["application_headers"]])
     out: list[tuple[str, str]] = []
-    _walk_table(raw[4:], "", out)
+    _walk_table(sent_table(Outgoing(body=b"", routing_key="q"), seq=INT32_MAX), "", out)
     assert ("x-dlx-pubseq", "I") in out

@@ -1,0 +1,504 @@
+"""AMQP 0-9-1 field tables and basic properties, read and written by celery_dlx's own code.
+
+Pure: no I/O and no AMQP client imported. Two jobs, both on the bytes RabbitMQ carries:
+
+* **Reading that cannot be killed.** :func:`read_table` and :func:`read_properties` decode every
+  field type RabbitMQ passes on, to the same Python values as py-amqp 5 where py-amqp decodes
+  them. Values py-amqp raises on are decoded too: a timestamp outside Python's datetime range is
+  its (signed) epoch seconds, a 1969 timestamp written as the unsigned wrap-around (amqp091-go)
+  is the datetime it meant, a short string that is not UTF-8 has replacement characters. What is
+  malformed (an unknown type tag, a length past the end, nesting deeper than :data:`MAX_DEPTH`)
+  raises :class:`FieldTableError` with a reason, never another exception;
+  :func:`read_properties` turns that into the :data:`~celery_dlx.message.names.UNDECODABLE_PROPERTY`
+  marker with the raw bytes, so the message can be quarantined.
+* **Writing that keeps the producer's types.** :func:`write_table` encodes a header table for a
+  copy. Given the table the original delivery carried (``origin``, its raw bytes), every entry
+  whose value the copy leaves unchanged is written back byte for byte: an int8, a float32, a
+  byte array or a 1969 timestamp stays what its producer wrote. Only what celery_dlx sets or
+  changes is encoded anew, with field types every client reads (:data:`WRITTEN_TYPES`).
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime, timezone
+from decimal import Decimal
+from struct import error as StructError
+from struct import pack, unpack_from
+from typing import Any
+
+from celery_dlx.errors import DLXError
+from celery_dlx.message.names import (
+    RAW_PROPERTIES_PROPERTY,
+    UNDECODABLE_PROPERTY,
+    WIRE_HEADERS_PROPERTY,
+)
+
+#: Deepest nesting of tables and arrays read; deeper is malformed (py-amqp recursed until
+#: Python's recursion limit, which stops the consumer).
+MAX_DEPTH = 64
+#: Field types celery_dlx writes for values it sets: long string, signed 32-bit int, boolean,
+#: double, table, array, void, timestamp, decimal, byte array. RabbitMQ's Go, Node and Ruby
+#: clients read each of them (``tests/interop``). Ints outside 32 bits and values none of these
+#: holds exactly are written as their text.
+WRITTEN_TYPES = frozenset("SItdFAVTDx")
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+_UINT64 = 2**64
+_DECIMAL_SCALE_MAX = 255
+
+#: AMQP basic properties in wire order: (name, flag bit, kind); ``s`` short string, ``o``
+#: octet, ``F`` the header table, ``Q`` the 64-bit timestamp.
+BASIC_PROPERTIES = (
+    ("content_type", 0x8000, "s"),
+    ("content_encoding", 0x4000, "s"),
+    ("application_headers", 0x2000, "F"),
+    ("delivery_mode", 0x1000, "o"),
+    ("priority", 0x0800, "o"),
+    ("correlation_id", 0x0400, "s"),
+    ("reply_to", 0x0200, "s"),
+    ("expiration", 0x0100, "s"),
+    ("message_id", 0x0080, "s"),
+    ("timestamp", 0x0040, "Q"),
+    ("type", 0x0020, "s"),
+    ("user_id", 0x0010, "s"),
+    ("app_id", 0x0008, "s"),
+    ("cluster_id", 0x0004, "s"),
+)
+
+
+class FieldTableError(DLXError, ValueError):
+    """A field table or property list that is not well-formed AMQP; the message says where."""
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+Buffer = bytes | bytearray | memoryview
+_Reader = Callable[[Buffer, int, int, int], tuple[Any, int]]
+
+
+def _need(buf: Buffer, offset: int, size: int, end: int) -> None:
+    if size < 0 or offset + size > end:
+        raise FieldTableError(f"field ends past its table ({offset + size} > {end} bytes)")
+
+
+def _text(raw: Buffer) -> str | bytes:
+    """A long string or a table key, as py-amqp gives it: text, or bytes when not UTF-8."""
+    data = bytes(raw)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
+def timestamp_value(seconds: int) -> datetime | int:
+    """The value of a ``T`` field: a naive UTC datetime (as py-amqp gives it), or the signed
+    epoch seconds when no datetime holds it. Above 2**63 it is a negative time written
+    unsigned (amqp091-go writes 1969 so)."""
+    if seconds >= 2**63:
+        seconds -= _UINT64
+    try:
+        return datetime.fromtimestamp(seconds, tz=timezone.utc).replace(tzinfo=None)
+    except (OverflowError, OSError, ValueError):
+        return seconds
+
+
+def _fixed(fmt: str, size: int) -> _Reader:
+    def read(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+        _need(buf, offset, size, end)
+        return unpack_from(fmt, buf, offset)[0], offset + size
+
+    return read
+
+
+def _long_string(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    _need(buf, offset, 4, end)
+    (size,) = unpack_from(">I", buf, offset)
+    offset += 4
+    _need(buf, offset, size, end)
+    return _text(buf[offset : offset + size]), offset + size
+
+
+def _byte_array(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    _need(buf, offset, 4, end)
+    (size,) = unpack_from(">I", buf, offset)
+    offset += 4
+    _need(buf, offset, size, end)
+    return bytes(buf[offset : offset + size]), offset + size
+
+
+def _decimal(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    _need(buf, offset, 5, end)
+    scale, unscaled = unpack_from(">Bi", buf, offset)
+    return Decimal(unscaled) / Decimal(10**scale), offset + 5  # py-amqp's value, to the digit
+
+
+def _timestamp(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    _need(buf, offset, 8, end)
+    return timestamp_value(unpack_from(">Q", buf, offset)[0]), offset + 8
+
+
+def _boolean(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    _need(buf, offset, 1, end)
+    return bool(buf[offset]), offset + 1
+
+
+def _void(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    return None, offset
+
+
+def _table(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    _need(buf, offset, 4, end)
+    (size,) = unpack_from(">I", buf, offset)
+    offset += 4
+    _need(buf, offset, size, end)
+    return _entries_value(buf, offset, offset + size, depth + 1), offset + size
+
+
+def _array(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    _need(buf, offset, 4, end)
+    (size,) = unpack_from(">I", buf, offset)
+    offset += 4
+    _need(buf, offset, size, end)
+    limit = offset + size
+    if depth + 1 > MAX_DEPTH:
+        raise FieldTableError(f"tables and arrays nested deeper than {MAX_DEPTH}")
+    items = []
+    while offset < limit:
+        value, offset = _read_value(buf, offset, limit, depth + 1)
+        items.append(value)
+    return items, limit
+
+
+#: The reader of each field type tag. ``s`` is RabbitMQ's signed 16-bit int (the errata), ``L``
+#: a signed 64-bit int as py-amqp reads it.
+_READERS: dict[int, _Reader] = {
+    ord("S"): _long_string,
+    ord("x"): _byte_array,
+    ord("b"): _fixed(">b", 1),
+    ord("B"): _fixed(">B", 1),
+    ord("s"): _fixed(">h", 2),
+    ord("U"): _fixed(">h", 2),
+    ord("u"): _fixed(">H", 2),
+    ord("I"): _fixed(">i", 4),
+    ord("i"): _fixed(">I", 4),
+    ord("l"): _fixed(">q", 8),
+    ord("L"): _fixed(">q", 8),
+    ord("f"): _fixed(">f", 4),
+    ord("d"): _fixed(">d", 8),
+    ord("D"): _decimal,
+    ord("F"): _table,
+    ord("A"): _array,
+    ord("t"): _boolean,
+    ord("T"): _timestamp,
+    ord("V"): _void,
+}
+
+
+def _read_value(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    _need(buf, offset, 1, end)
+    reader = _READERS.get(buf[offset])
+    if reader is None:
+        raise FieldTableError(f"unknown field type {chr(buf[offset])!r} at byte {offset}")
+    return reader(buf, offset + 1, end, depth)
+
+
+def _split(buf: Buffer, offset: int, end: int, depth: int) -> Iterator[tuple[bytes, int, int]]:
+    """``(key, value start, value end)`` of each entry of a table's content."""
+    if depth > MAX_DEPTH:
+        raise FieldTableError(f"tables and arrays nested deeper than {MAX_DEPTH}")
+    while offset < end:
+        size = buf[offset]
+        offset += 1
+        _need(buf, offset, size, end)
+        key = bytes(buf[offset : offset + size])
+        start = offset + size
+        _value, offset = _read_value(buf, start, end, depth)
+        yield key, start, offset
+
+
+def _entries_value(buf: Buffer, offset: int, end: int, depth: int) -> dict[Any, Any]:
+    if depth > MAX_DEPTH:
+        raise FieldTableError(f"tables and arrays nested deeper than {MAX_DEPTH}")
+    out: dict[Any, Any] = {}
+    while offset < end:
+        size = buf[offset]
+        offset += 1
+        _need(buf, offset, size, end)
+        key = _text(buf[offset : offset + size])
+        out[key], offset = _read_value(buf, offset + size, end, depth)
+    return out
+
+
+def read_table(content: Buffer) -> dict[Any, Any]:
+    """The header table whose content (the entries, without the length) is ``content``.
+
+    Raises:
+        FieldTableError: the bytes are not a well-formed table (the message says why).
+    """
+    try:
+        return _entries_value(content, 0, len(content), 0)
+    except FieldTableError:
+        raise
+    except (StructError, IndexError, RecursionError, MemoryError) as exc:  # never expected
+        raise FieldTableError(f"malformed table: {type(exc).__name__}: {exc}") from None
+
+
+def table_entries(content: Buffer) -> list[tuple[bytes, bytes]]:
+    """``(name, encoded value)`` of each entry of a table's content, in wire order.
+
+    Raises:
+        FieldTableError: the bytes are not a well-formed table.
+    """
+    data = bytes(content)
+    try:
+        return [(key, data[start:stop]) for key, start, stop in _split(data, 0, len(data), 0)]
+    except FieldTableError:
+        raise
+    except (StructError, IndexError, RecursionError) as exc:
+        raise FieldTableError(f"malformed table: {type(exc).__name__}: {exc}") from None
+
+
+def read_value(encoded: Buffer) -> Any:
+    """The value of one encoded field (type tag first).
+
+    Raises:
+        FieldTableError: the bytes are not one well-formed field.
+    """
+    value, end = _read_value(encoded, 0, len(encoded), 1)
+    if end != len(encoded):
+        raise FieldTableError(f"{len(encoded) - end} bytes after the field")
+    return value
+
+
+def header_table_span(buf: Buffer, offset: int) -> tuple[int, int] | None:
+    """Where the header table's content lies in a basic property list starting at ``offset``
+    (``(start, end)``), or None when the list has no table or ends first."""
+    try:
+        (flags,) = unpack_from(">H", buf, offset)
+        offset += 2
+        if not flags & 0x2000:
+            return None
+        for bit in (0x8000, 0x4000):
+            if flags & bit:
+                offset += 1 + buf[offset]
+        (size,) = unpack_from(">I", buf, offset)
+    except (StructError, IndexError):
+        return None
+    start = offset + 4
+    return (start, start + size) if start + size <= len(buf) else None
+
+
+def read_properties(buf: Buffer, offset: int = 0) -> dict[str, Any]:
+    """The basic properties of a content header frame's property list at ``offset``; total.
+
+    What py-amqp would give, plus :data:`WIRE_HEADERS_PROPERTY` (the header table's raw
+    content). Short strings that are not UTF-8 get replacement characters. When the header table
+    or the list is malformed, the properties read up to there are given, without
+    ``application_headers``, with :data:`UNDECODABLE_PROPERTY` (the reason) and
+    :data:`RAW_PROPERTIES_PROPERTY` (the property list's raw bytes).
+    """
+    props: dict[str, Any] = {}
+    end = len(buf)
+    start = offset
+    try:
+        _need(buf, offset, 2, end)
+        (flags,) = unpack_from(">H", buf, offset)
+        offset += 2
+        if flags & 1:
+            raise FieldTableError("more than one word of property flags (not a basic class)")
+        for name, bit, kind in BASIC_PROPERTIES:
+            if not flags & bit:
+                continue
+            if kind == "s":
+                _need(buf, offset, 1, end)
+                size = buf[offset]
+                offset += 1
+                _need(buf, offset, size, end)
+                props[name] = bytes(buf[offset : offset + size]).decode("utf-8", "replace")
+                offset += size
+            elif kind == "o":
+                _need(buf, offset, 1, end)
+                props[name] = buf[offset]
+                offset += 1
+            elif kind == "Q":
+                _need(buf, offset, 8, end)
+                props[name] = unpack_from(">Q", buf, offset)[0]
+                offset += 8
+            else:
+                _need(buf, offset, 4, end)
+                (size,) = unpack_from(">I", buf, offset)
+                _need(buf, offset + 4, size, end)
+                content = bytes(buf[offset + 4 : offset + 4 + size])
+                offset += 4 + size
+                try:
+                    props[name] = read_table(content)
+                except FieldTableError as exc:
+                    _undecodable(props, f"header table: {exc}", buf, start)
+                    continue  # the other properties (message_id...) are still read
+                props[WIRE_HEADERS_PROPERTY] = content
+    except FieldTableError as exc:
+        _undecodable(props, f"property list: {exc}", buf, start)
+    return props
+
+
+def _undecodable(props: dict[str, Any], reason: str, buf: Buffer, start: int) -> None:
+    props.setdefault(UNDECODABLE_PROPERTY, reason)
+    props[RAW_PROPERTIES_PROPERTY] = bytes(buf[start:])
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+def _short(raw: bytes) -> bytes:
+    if len(raw) > 255:
+        raise FieldTableError(f"a short string holds at most 255 bytes, got {len(raw)}")
+    return bytes((len(raw),)) + raw
+
+
+def _key(key: Any) -> bytes:
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key)
+    return str(key).encode("utf-8", "surrogateescape")
+
+
+def _decimal_field(value: Decimal) -> bytes | None:
+    """A decimal as ``D`` when the field holds it exactly (scale in a byte, int32 digits)."""
+    if not value.is_finite():
+        return None
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)  # finite
+    unscaled = int("".join(map(str, digits)) or "0")
+    if exponent > 0 or -exponent > _DECIMAL_SCALE_MAX or unscaled > INT32_MAX:
+        return None
+    return b"D" + pack(">Bi", -exponent, -unscaled if sign else unscaled)
+
+
+def encode_value(value: Any, depth: int = 0) -> bytes:
+    """``value`` as one field, with a type of :data:`WRITTEN_TYPES`.
+
+    Text, booleans, finite floats, ints in 32 bits, ``None``, tables and arrays as such; bytes
+    as a byte array; datetimes from 1970 on as timestamps; decimals as ``D`` when it holds them
+    exactly. Anything else (ints outside 32 bits, such as epoch milliseconds, earlier datetimes,
+    other decimals, non-finite floats, other types) as its text.
+
+    Raises:
+        FieldTableError: tables nested deeper than :data:`MAX_DEPTH`, or a key over 255 bytes.
+    """
+    if value is None:
+        return b"V"
+    if isinstance(value, bool):
+        return b"t\x01" if value else b"t\x00"
+    if isinstance(value, str):
+        raw = value.encode("utf-8", "surrogateescape")
+        return b"S" + pack(">I", len(raw)) + raw
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        return b"x" + pack(">I", len(raw)) + raw
+    if isinstance(value, int):
+        if INT32_MIN <= value <= INT32_MAX:
+            return b"I" + pack(">i", value)
+        return encode_value(str(value))
+    if isinstance(value, float):
+        return b"d" + pack(">d", value) if math.isfinite(value) else encode_value(str(value))
+    if isinstance(value, Decimal):
+        return _decimal_field(value) or encode_value(str(value))
+    if isinstance(value, datetime):
+        seconds = calendar.timegm(value.utctimetuple())
+        return b"T" + pack(">Q", seconds) if seconds >= 0 else encode_value(value.isoformat())
+    if depth >= MAX_DEPTH and isinstance(value, (Mapping, list, tuple)):
+        raise FieldTableError(f"tables and arrays nested deeper than {MAX_DEPTH}")
+    if isinstance(value, Mapping):
+        content = b"".join(_short(_key(k)) + encode_value(v, depth + 1) for k, v in value.items())
+        return b"F" + pack(">I", len(content)) + content
+    if isinstance(value, (list, tuple)):
+        content = b"".join(encode_value(v, depth + 1) for v in value)
+        return b"A" + pack(">I", len(content)) + content
+    return encode_value(str(value))
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two header values are the same value of the same kind (``True`` is not ``1``,
+    ``1`` is not ``1.0``, ``-0.0`` is not ``0.0``); bytes-likes compare as bytes, tuples as lists."""
+    if isinstance(a, (bytes, bytearray, memoryview)):
+        return isinstance(b, (bytes, bytearray, memoryview)) and bytes(a) == bytes(b)
+    if isinstance(a, Mapping):
+        return (
+            isinstance(b, Mapping)
+            and len(a) == len(b)
+            and all(k in b and same_value(v, b[k]) for k, v in a.items())
+        )
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same_value, a, b))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return bool(a == b)
+
+
+def write_table(headers: Mapping[Any, Any], origin: Buffer | None = None) -> bytes:
+    """The content of a header table holding ``headers`` (entries only, no length).
+
+    ``origin``: the raw content of the table the original delivery carried. An entry of
+    ``headers`` whose value is the same as that entry's (:func:`same_value`) is written back as
+    its producer encoded it; every other entry with :func:`encode_value`. Entries of ``origin``
+    that ``headers`` lacks are left out. An ``origin`` that is not a well-formed table is
+    ignored.
+
+    Raises:
+        FieldTableError: a key over 255 bytes, or nesting deeper than :data:`MAX_DEPTH`.
+    """
+    kept: dict[Any, tuple[bytes, bytes]] = {}
+    if origin:
+        try:
+            for key, encoded in table_entries(origin):
+                kept[_text(key)] = (key, encoded)
+        except FieldTableError:
+            kept = {}
+    out = bytearray()
+    for key, value in headers.items():
+        found = kept.get(key) if isinstance(key, (str, bytes)) else None
+        if found is not None and same_value(value, read_value(found[1])):
+            out += _short(found[0]) + found[1]
+        else:
+            out += _short(_key(key)) + encode_value(value, 1)
+    return bytes(out)
+
+
+def write_properties(properties: Mapping[str, Any], table: bytes | None) -> bytes:
+    """A basic property list: flags, then each property ``properties`` sets, in wire order.
+
+    ``table`` is the header table's content (from :func:`write_table`); ``application_headers``
+    in ``properties`` is ignored. Text properties longer than a short string are an error.
+
+    Raises:
+        FieldTableError: a short string over 255 bytes, or an octet or timestamp out of range.
+    """
+    flags = 0
+    out = bytearray()
+    for name, bit, kind in BASIC_PROPERTIES:
+        if kind == "F":
+            if table is None:
+                continue
+            flags |= bit
+            out += pack(">I", len(table)) + table
+            continue
+        value = properties.get(name)
+        if value is None:
+            continue
+        flags |= bit
+        if kind == "s":
+            out += _short(str(value).encode("utf-8", "surrogateescape"))
+        elif kind == "o":
+            if not 0 <= int(value) <= 255:
+                raise FieldTableError(f"property {name} must be an octet, got {value!r}")
+            out.append(int(value))
+        else:
+            seconds = int(value.timestamp()) if isinstance(value, datetime) else int(value)
+            if not 0 <= seconds < _UINT64:
+                raise FieldTableError(f"property {name} out of range: {value!r}")
+            out += pack(">Q", seconds)
+    return pack(">H", flags) + bytes(out)
