@@ -1,49 +1,90 @@
-"""Tolerant decoding of AMQP properties that are not UTF-8 (py-amqp raises on them)."""
+"""celery_dlx's frame reader against py-amqp: what py-amqp raises on, what it relies on of py-amqp.
+
+The reader is passed per connection (``amqp.Connection(frame_handler=...)``); py-amqp's own decoder
+stays what it is for every other connection of the process.
+"""
 
 from __future__ import annotations
 
+import inspect
+import struct
+
 import amqp
 import pytest
-from amqp import serialization
+from amqp import method_framing, serialization
+from amqp.utils import bytes_to_str
+from kombu import Connection
 
-from celery_dlx.compat import install_tolerant_properties
+from celery_dlx.broker.frames import decode_content_header, frame_handler, tolerant
+from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
 
-BASIC = amqp.spec.Basic.CLASS_ID
 
-
-def header_frame(**properties: object) -> bytes:
-    return bytes(amqp.Message(b"body", **properties)._serialize_properties())
+def header_payload(**properties: object) -> bytes:
+    """A content header frame's payload: class, weight, body size, then the property list."""
+    props = bytes(amqp.Message(b"body", **properties)._serialize_properties())
+    return struct.pack(">HHQ", amqp.spec.Basic.CLASS_ID, 0, 4) + props
 
 
 def test_py_amqp_alone_raises_on_a_non_utf8_message_id() -> None:
-    frame = header_frame(message_id=b"\xff\xfe-id")
+    frame = header_payload(message_id=b"\xff\xfe-id")
     with pytest.raises(UnicodeDecodeError):
-        serialization.decode_properties_basic(frame, 0)
+        serialization.decode_properties_basic(frame, 12)
 
 
-def test_installed_decoder_replaces_invalid_short_strings_and_header_names() -> None:
-    install_tolerant_properties()
-    install_tolerant_properties()  # idempotent: wraps once
-    decode = serialization.PROPERTY_CLASSES[BASIC]
-    frame = header_frame(
+def test_the_reader_replaces_invalid_short_strings_and_keeps_header_names_as_py_amqp_does() -> None:
+    frame = header_payload(
         message_id=b"\xff\xfe-id",
         content_type=b"text/\xff",
         application_headers={b"\xfe-name": 1, "ok": "v"},
     )
-    props, _ = decode(frame, 0)
+    class_id, size, props = decode_content_header(frame)
+    assert (class_id, size) == (amqp.spec.Basic.CLASS_ID, 4)
     assert props["message_id"] == "\ufffd\ufffd-id"
     assert props["content_type"] == "text/\ufffd"
-    assert props["application_headers"] == {"\ufffd-name": 1, "ok": "v"}
-    assert serialization.pstr_t is amqp.utils.bytes_to_str  # the swap did not outlive the frame
+    assert props["application_headers"] == {b"\xfe-name": 1, "ok": "v"}
+    assert WIRE_HEADERS_PROPERTY in props
+    # nothing of py-amqp was replaced to get there
+    assert serialization.pstr_t is bytes_to_str
+    assert serialization.PROPERTY_CLASSES[amqp.spec.Basic.CLASS_ID] is (
+        serialization.decode_properties_basic
+    )
 
 
-def test_installed_decoder_changes_nothing_that_decoded_before() -> None:
-    install_tolerant_properties()
-    frame = header_frame(
+def test_the_reader_changes_nothing_that_decoded_before() -> None:
+    frame = header_payload(
         message_id="m-1",
         content_type="application/json",
         application_headers={"x-death": [{"queue": "q", "count": 1}], "raw": b"\xff"},
     )
-    assert serialization.PROPERTY_CLASSES[BASIC](frame, 0) == (
-        serialization.decode_properties_basic(frame, 0)
+    _, _, props = decode_content_header(frame)
+    raw = props.pop(WIRE_HEADERS_PROPERTY)
+    assert (props, 0) == (serialization.decode_properties_basic(frame, 12)[0], 0)
+    assert (
+        raw
+        == bytes(
+            amqp.Message(
+                b"", application_headers=props["application_headers"]
+            )._serialize_properties()
+        )[6:]
     )
+
+
+def test_the_py_amqp_internals_the_reader_relies_on() -> None:
+    """An upgrade of py-amqp that changes one of these fails here, not in production."""
+    assert "frame_handler" in inspect.signature(amqp.Connection.__init__).parameters
+    assert list(inspect.signature(method_framing.frame_handler).parameters)[:2] == [
+        "connection",
+        "callback",
+    ]
+    message = amqp.Message(frame_method=(60, 60), frame_args=b"")
+    for attr in ("frame_method", "frame_args", "body_size", "ready", "properties"):
+        assert hasattr(message, attr), attr
+    assert callable(message.inbound_body)
+    assert callable(message._serialize_properties)  # EncodedMessage overrides it
+
+
+def test_tolerant_sets_the_reader_on_py_amqp_connections_only() -> None:
+    amqp_conn = tolerant(Connection("amqp://guest:guest@127.0.0.1:1//"))
+    assert amqp_conn.transport_options["frame_handler"] is frame_handler
+    memory = tolerant(Connection("memory://"))
+    assert "frame_handler" not in (memory.transport_options or {})
