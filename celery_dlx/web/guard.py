@@ -95,12 +95,17 @@ class SameOrigin:
             await self.app(scope, receive, send)
             return
         said = "no Origin or Referer" if source is None else f"Origin/Referer {source[:200]!r}"
+        hint = f"Scripts send the header too, e.g. curl -H 'Origin: {scheme}://{host}'."
+        if scheme == "http" and source is not None and source.startswith("https:"):
+            hint = (
+                "Behind a TLS proxy, the proxy must send X-Forwarded-Proto: https from an "
+                "address uvicorn trusts (127.0.0.1, ::1, or FORWARDED_ALLOW_IPS)."
+            )
         await _plain(
             send,
             403,
             f"refused: a {scope['method']} must come from the console's own pages, and this "
-            f"one has {said}, not {scheme}://{host}. Scripts send the header too, e.g. "
-            f"curl -H 'Origin: {scheme}://{host}'.\n",
+            f"one has {said}, not {scheme}://{host}. {hint}\n",
             [],
         )
 
