@@ -25,6 +25,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import amqp
@@ -32,8 +33,16 @@ import pytest
 import redis as redis_lib
 from kombu import Connection
 
+from celery_dlx.broker.frames import tolerant
 from celery_dlx.broker.topology import dead_letter_arguments, service_queue
-from celery_dlx.message.names import ATTEMPT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER
+from celery_dlx.message.fieldtable import table_entries
+from celery_dlx.message.names import (
+    ATTEMPT_HEADER,
+    HISTORY_HEADER,
+    QUEUE_HEADER,
+    REASON_HEADER,
+    WIRE_HEADERS_PROPERTY,
+)
 from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
 from celery_dlx.worker.runtime import get_runtime
@@ -148,6 +157,14 @@ class Case:
     @property
     def id(self) -> str:
         return self.identity or self.name
+
+
+#: Timestamps RabbitMQ carries and py-amqp cannot read: time.Unix(-86400, 0) as amqp091-go writes
+#: it, and the year 10000.
+HOSTILE_TIMESTAMPS = {
+    "go-1969": Field("T", struct.pack(">Q", 2**64 - 86400)),
+    "go-year-10000": Field("T", struct.pack(">Q", 253_402_300_800 + 86_400)),
+}
 
 
 def death(queue: str, **extra: Any) -> list[dict[str, Any]]:
@@ -394,6 +411,18 @@ def build_cases(bury: str, park: str, canary: str, pb: Any) -> list[Case]:
             why="a park stores the table as JSON: decimals, timestamps and bytes come back typed",
         ),
         Case(
+            "go-hostile-timestamps",
+            headers={"x-death": valid, **HOSTILE_TIMESTAMPS},
+            why="amqp091-go writes 1969 as the unsigned wrap-around; year 10000 is past datetime: "
+            "py-amqp raised OverflowError in its frame reader and stopped the service",
+        ),
+        Case(
+            "go-hostile-timestamps-parked",
+            headers={"x-death": death(park), **HOSTILE_TIMESTAMPS},
+            reason=None,
+            why="the park keeps the raw table: the drained copy carries both timestamps as sent",
+        ),
+        Case(
             "go-int64-in-own-headers",
             headers={
                 "x-death": valid,
@@ -465,7 +494,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     )
     runtime = get_runtime(app)
     cases = build_cases(bury, park, str(canary), pb)
-    conn = Connection(BROKER_URL)
+    # celery_dlx's frame reader: plain py-amqp raises OverflowError reading the hostile timestamps
+    # back (test_migrate_moves_bad_messages_intact gets them from the moved queue).
+    conn = tolerant(Connection(BROKER_URL))
     channel = conn.connection.channel()  # raw py-amqp: messages exactly as the cases say
     try:
         _declare(app, conn.default_channel, [bury, park])
@@ -605,7 +636,18 @@ def test_other_clients_header_types_are_kept_and_shown(corpus: dict[str, Any]) -
     parked = {m.message_id: m for m in runtime.store.peek(limit=100)}["go-amqp-table-parked"]
     assert str(parked.headers["go-decimal"]) == "123.45"
     assert parked.headers["go-bytes"] == b"\x00\xff\x10"
-    for name in ("go-amqp-table", "node-typed-values", "nested-arrays"):
+    (hostile,) = obituaries_by_message(runtime)["go-hostile-timestamps"]
+    assert hostile.headers["go-1969"] == datetime(1969, 12, 31)
+    assert hostile.headers["go-year-10000"] == 253_402_300_800 + 86_400  # no datetime holds it
+    parked = {m.message_id: m for m in runtime.store.peek(limit=100)}
+    kept = table_entries(parked["go-hostile-timestamps-parked"].properties[WIRE_HEADERS_PROPERTY])
+    assert (b"go-1969", b"T" + struct.pack(">Q", 2**64 - 86400)) in kept
+    for name in (
+        "go-amqp-table",
+        "node-typed-values",
+        "nested-arrays",
+        "go-hostile-timestamps",
+    ):
         shown = run(app, "show", name, "--json")
         assert shown.exit_code == 0, (name, shown.output)
         assert json.loads(shown.stdout)["headers"], name
