@@ -31,6 +31,8 @@ from typing import Any
 
 from celery_dlx.errors import DLXError
 from celery_dlx.message.names import (
+    BROKER_HEADER_PREFIXES,
+    BROKER_HEADERS,
     RAW_PROPERTIES_PROPERTY,
     UNDECODABLE_PROPERTY,
     WIRE_HEADERS_PROPERTY,
@@ -466,6 +468,29 @@ def write_table(headers: Mapping[Any, Any], origin: Buffer | None = None) -> byt
         else:
             out += _short(_key(key)) + encode_value(value, 1)
     return bytes(out)
+
+
+def _own_or_broker(key: bytes) -> bool:
+    return key.startswith(b"x-dlx-") or key.decode("utf-8", "replace").startswith(
+        (*BROKER_HEADER_PREFIXES, *BROKER_HEADERS)
+    )
+
+
+def user_origin(content: Buffer | None) -> bytes | None:
+    """What a copy needs to keep of a delivery's raw header table: its user entries (not
+    celery_dlx's ``x-dlx-*``, not the broker's ``x-death*``), or None when
+    :func:`encode_value` writes each of them back to the same bytes anyway (every table a
+    Celery or py-amqp producer writes): stored records then carry no second copy of the headers.
+    A table that is not well-formed is kept whole."""
+    if not content:
+        return None
+    try:
+        kept = b"".join(_short(k) + v for k, v in table_entries(content) if not _own_or_broker(k))
+        if not kept or write_table(read_table(kept)) == kept:
+            return None
+    except FieldTableError:
+        return bytes(content)
+    return kept
 
 
 def write_properties(properties: Mapping[str, Any], table: bytes | None) -> bytes:

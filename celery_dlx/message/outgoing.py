@@ -15,7 +15,7 @@ from typing import Any
 
 import amqp
 
-from celery_dlx.message.fieldtable import write_properties, write_table
+from celery_dlx.message.fieldtable import user_origin, write_properties, write_table
 from celery_dlx.message.headers import clean_headers
 from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
 
@@ -95,5 +95,18 @@ class Outgoing:
 
 
 def copy_properties(properties: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The properties of a received message worth carrying over to a copy."""
-    return {k: v for k, v in (properties or {}).items() if k in COPIED_PROPERTIES and v is not None}
+    """The properties of a received message worth carrying over to a copy (the raw header table
+    only where it is needed: :func:`~celery_dlx.message.fieldtable.user_origin`)."""
+    return record_properties(
+        {k: v for k, v in (properties or {}).items() if k in COPIED_PROPERTIES and v is not None}
+    )
+
+
+def record_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """``properties`` with the raw header table cut to what a copy needs, or left out."""
+    out = dict(properties)
+    raw = out.pop(WIRE_HEADERS_PROPERTY, None)
+    kept = user_origin(raw) if isinstance(raw, (bytes, bytearray, memoryview)) else None
+    if kept is not None:
+        out[WIRE_HEADERS_PROPERTY] = kept
+    return out

@@ -21,6 +21,7 @@ from celery_dlx.message.names import (
     HISTORY_LIMIT,
 )
 from celery_dlx.message.obituary import ORIGIN_CELERY, ORIGIN_FOREIGN, Attempt, Obituary
+from celery_dlx.message.outgoing import record_properties
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.deadletter import (
     EXPIRED_CAUSE,
@@ -261,7 +262,7 @@ def build_obituary(
         x_death=list(letter.x_death),
         # x-death is kept once, in x_death.
         headers={k: v for k, v in letter.headers.items() if k != "x-death"},
-        properties=dict(letter.properties),
+        properties=record_properties(letter.properties),
         exchange=letter.exchange,
         routing_key=letter.routing_key,
         payload=letter.body,

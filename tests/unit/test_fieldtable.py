@@ -413,3 +413,18 @@ def test_a_1969_timestamp_from_go_is_read_where_py_amqp_raises() -> None:
     _, _, decoded = decode_content_header(frame)
     assert decoded["application_headers"] == {"at": datetime(1969, 12, 31)}
     assert decoded[WIRE_HEADERS_PROPERTY] == content
+
+
+def test_records_keep_the_raw_table_only_where_a_copy_needs_it() -> None:
+    """A table every client's writer would reproduce (a Celery producer's) is not stored twice;
+    of another, only the user entries are kept; a malformed one is kept whole."""
+    from celery_dlx.message.fieldtable import encode_value, user_origin
+
+    plain = b"".join(short(k) + encode_value(v) for k, v in [(b"task", "t"), (b"retries", 0)])
+    assert user_origin(plain) is None
+    go = short(b"n") + b"l" + struct.pack(">q", 7)
+    own = short(b"x-dlx-attempt") + b"I" + struct.pack(">i", 1)
+    death = short(b"x-death") + X_DEATH
+    assert user_origin(plain + go + own + death) == plain + go
+    assert user_origin(short(b"k") + b"Z") == short(b"k") + b"Z"
+    assert user_origin(b"") is None and user_origin(None) is None
