@@ -82,6 +82,8 @@ def command(kind: str, name: str, concurrency: int) -> list[str]:
             "-A",
             "tests.chaos.chaos_app",
             "service",
+            # the drain role is its own process here: a service kill is not also a drain kill
+            "--no-drain",
             "-l",
             "WARNING",
         ]
