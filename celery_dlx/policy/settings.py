@@ -225,7 +225,7 @@ SETTINGS: dict[str, Setting] = {
             "dlx_drain_interval",
             1.0,
             _seconds,
-            "Seconds between drains of due parked retries (the drainer bootstep in the workers).",
+            "Seconds between drains of due parked retries (the drainer in the workers and the DLX service).",
         ),
         Setting(
             "dlx_drain_batch", 500, _positive_count, "Most parked retries one drain claims at once."
