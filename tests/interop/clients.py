@@ -2,18 +2,22 @@
 
 Each client is a real consumer on RabbitMQ's own client library for its language (Go's amqp091-go,
 Node's amqplib, Ruby's bunny). It rejects every delivery (requeue=false) and prints one JSON line
-per delivery with the headers it decoded. A client whose toolchain is missing is installed by
-``scripts/interop-setup.sh`` (run once per session here too); if that cannot install it, its tests
-skip with the reason, except under ``CI``, where they fail.
+per delivery with the headers it decoded. The all-types programs (``go/allfields.go``,
+``node/allfields.js``, ``ruby/allfields.rb``, ``pika/allfields.py``) publish every header field
+type their client writes and print each header as a typed cell (issue 21). A client whose
+toolchain is missing is installed by ``scripts/interop-setup.sh`` (run once per session here too);
+if that cannot install it, its tests skip with the reason, except under ``CI``, where they fail.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -79,7 +83,31 @@ def _node_ok() -> bool:
     return shutil.which("node") is not None and (HERE / "node/node_modules/amqplib").is_dir()
 
 
-_CHECKS = {"go": _go_ok, "node": _node_ok, "ruby": _ruby_ok}
+def _pika_ok() -> bool:
+    return importlib.util.find_spec("pika") is not None
+
+
+_CHECKS = {"go": _go_ok, "node": _node_ok, "ruby": _ruby_ok, "pika": _pika_ok}
+
+#: Field tags each client cannot read: a delivery carrying one closes amqp091-go's connection
+#: (``ErrSyntax``) or kills bunny's reader thread, so the all-types publishers leave them out of
+#: the messages for that consumer. amqplib and pika read every tag RabbitMQ knows.
+UNREADABLE = {"go": "ui", "node": "", "ruby": "Bui", "pika": ""}
+#: The messages each all-types publisher (``publish-all``) sends to every queue it is given.
+ALL_TYPES_MESSAGES = {
+    "go": ("go-all",),
+    "node": ("node-all",),
+    "ruby": ("ruby-all", "ruby-binary"),
+    "pika": ("pika-all",),
+}
+
+
+def available(client: str) -> bool:
+    """Whether ``client``'s toolchain is here, installing it once if not (never skips)."""
+    if _CHECKS[client]():
+        return True
+    run_setup()
+    return _CHECKS[client]()
 
 
 def require(client: str) -> None:
@@ -92,12 +120,12 @@ def require(client: str) -> None:
 
 
 def build_go(out_dir: Path) -> Path:
-    """Build the Go consumer into ``out_dir`` (a temporary directory: never committed)."""
+    """Build the Go client (consumer.go, allfields.go) into ``out_dir`` (temporary, never committed)."""
     require("go")
     binary = out_dir / "consumer"
     env = dict(os.environ, **GO_ENV, GOCACHE=str(out_dir / "gocache"))
     done = subprocess.run(
-        ["go", "build", "-o", str(binary), "consumer.go"],
+        ["go", "build", "-o", str(binary), "consumer.go", "allfields.go"],
         cwd=HERE / "go",
         env=env,
         capture_output=True,
@@ -106,7 +134,7 @@ def build_go(out_dir: Path) -> Path:
         check=False,
     )
     if done.returncode != 0:
-        pytest.fail(f"go build of tests/interop/go/consumer.go failed:\n{done.stderr}")
+        pytest.fail(f"go build of tests/interop/go failed:\n{done.stderr}")
     return binary
 
 
@@ -123,6 +151,10 @@ def client_version(client: str) -> str:
     if client == "node":
         meta = json.loads((HERE / "node/node_modules/amqplib/package.json").read_text())
         return f"amqplib {meta['version']}"
+    if client == "pika":
+        import pika
+
+        return f"pika {pika.__version__}"
     out = subprocess.run(
         ["ruby", "-e", 'require "bunny"; print Bunny::VERSION'],
         capture_output=True,
@@ -140,6 +172,21 @@ def consumer_command(client: str, go_binary: Path | None, queue: str) -> list[st
     if client == "node":
         return ["node", str(HERE / "node/consumer.js"), url, queue]
     return ["ruby", str(HERE / "ruby/consumer.rb"), url, queue]
+
+
+def all_types_command(client: str, go_binary: Path | None, mode: str, *args: str) -> list[str]:
+    """A command of the all-types programs: ``publish-all <omit|-> <queue>...``,
+    ``consume-typed <queue>...`` (every client), ``publish-hostile <queue>`` (Go)."""
+    url = amqp_url()
+    if client == "go":
+        assert go_binary is not None
+        return [str(go_binary), mode, url, *args]
+    program = {
+        "node": ["node", str(HERE / "node/allfields.js")],
+        "ruby": ["ruby", str(HERE / "ruby/allfields.rb")],
+        "pika": [sys.executable, str(HERE / "pika/allfields.py")],
+    }[client]
+    return [*program, mode, url, *args]
 
 
 @dataclass

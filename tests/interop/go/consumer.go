@@ -6,9 +6,11 @@
 //	consumer publish <amqp-url> <queue> <n> [no-byte]
 //	                                          publish n messages whose headers use Go's field types
 //	                                          (no-byte: without a byte 'B', which bunny cannot read)
+//	consumer publish-all|publish-hostile|consume-typed ...
+//	                                          every field type and a typed view (allfields.go)
 //
 // Built in GOPATH mode from Debian's golang-github-rabbitmq-amqp091-go-dev, no network:
-// GOPATH=/usr/share/gocode GO111MODULE=off go build -o /tmp/consumer consumer.go
+// GOPATH=/usr/share/gocode GO111MODULE=off go build -o /tmp/consumer consumer.go allfields.go
 package main
 
 import (
@@ -138,6 +140,9 @@ func publish(url, queue string, n int, withByte bool) {
 }
 
 func main() {
+	if len(os.Args) > 1 && typedMain(os.Args[1], os.Args[2:]) {
+		return
+	}
 	if len(os.Args) < 4 || (os.Args[1] == "publish" && len(os.Args) < 5) {
 		fail("usage: consumer consume <url> <queue> | consumer publish <url> <queue> <n> [no-byte]")
 	}
