@@ -207,17 +207,39 @@ def _read_value(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, in
     return reader(buf, offset + 1, end, depth)
 
 
-def _split(buf: Buffer, offset: int, end: int, depth: int) -> Iterator[tuple[bytes, int, int]]:
-    """``(key, value start, value end)`` of each entry of a table's content."""
-    if depth > MAX_DEPTH:
-        raise FieldTableError(f"tables and arrays nested deeper than {MAX_DEPTH}")
+#: Size of each fixed-size field after its tag; the others carry a 32-bit length.
+_FIXED_SIZES = {
+    ord(t): n
+    for t, n in zip("bBsUuIilLfdDtTV", (1, 1, 2, 2, 2, 4, 4, 8, 8, 4, 8, 5, 1, 8, 0), strict=True)
+}
+_SIZED = frozenset(map(ord, "SxFA"))
+
+
+def _skip(buf: Buffer, offset: int, end: int) -> int:
+    """Where the field at ``offset`` ends, without reading what it holds (no recursion)."""
+    _need(buf, offset, 1, end)
+    tag = buf[offset]
+    offset += 1
+    size = _FIXED_SIZES.get(tag)
+    if size is None:
+        if tag not in _SIZED:
+            raise FieldTableError(f"unknown field type {chr(tag)!r} at byte {offset - 1}")
+        _need(buf, offset, 4, end)
+        (size,) = unpack_from(">I", buf, offset)
+        offset += 4
+    _need(buf, offset, size, end)
+    return offset + size
+
+
+def _split(buf: Buffer, offset: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """``(key, value start, value end)`` of each entry of a table's content (values unread)."""
     while offset < end:
         size = buf[offset]
         offset += 1
         _need(buf, offset, size, end)
         key = bytes(buf[offset : offset + size])
         start = offset + size
-        _value, offset = _read_value(buf, start, end, depth)
+        offset = _skip(buf, start, end)
         yield key, start, offset
 
 
@@ -249,14 +271,15 @@ def read_table(content: Buffer) -> dict[Any, Any]:
 
 
 def table_entries(content: Buffer) -> list[tuple[bytes, bytes]]:
-    """``(name, encoded value)`` of each entry of a table's content, in wire order.
+    """``(name, encoded value)`` of each entry of a table's content, in wire order. The values
+    are delimited, not read: a value nested deeper than :data:`MAX_DEPTH` is split out too.
 
     Raises:
-        FieldTableError: the bytes are not a well-formed table.
+        FieldTableError: the top level is not well-formed (an unknown tag, a length past the end).
     """
     data = bytes(content)
     try:
-        return [(key, data[start:stop]) for key, start, stop in _split(data, 0, len(data), 0)]
+        return [(key, data[start:stop]) for key, start, stop in _split(data, 0, len(data))]
     except FieldTableError:
         raise
     except (StructError, IndexError, RecursionError) as exc:
@@ -387,7 +410,7 @@ def encode_value(value: Any, depth: int = 0) -> bytes:
     other decimals, non-finite floats, other types) as its text.
 
     Raises:
-        FieldTableError: tables nested deeper than :data:`MAX_DEPTH`, or a key over 255 bytes.
+        FieldTableError: a table key over 255 bytes.
     """
     if value is None:
         return b"V"
@@ -411,7 +434,8 @@ def encode_value(value: Any, depth: int = 0) -> bytes:
         seconds = calendar.timegm(value.utctimetuple())
         return b"T" + pack(">Q", seconds) if seconds >= 0 else encode_value(value.isoformat())
     if depth >= MAX_DEPTH and isinstance(value, (Mapping, list, tuple)):
-        raise FieldTableError(f"tables and arrays nested deeper than {MAX_DEPTH}")
+        # Only reached without the original bytes (a record from before they were kept).
+        return encode_value(f"<{type(value).__name__} nested deeper than {MAX_DEPTH} levels>")
     if isinstance(value, Mapping):
         content = b"".join(_short(_key(k)) + encode_value(v, depth + 1) for k, v in value.items())
         return b"F" + pack(">I", len(content)) + content
@@ -451,7 +475,7 @@ def write_table(headers: Mapping[Any, Any], origin: Buffer | None = None) -> byt
     ignored.
 
     Raises:
-        FieldTableError: a key over 255 bytes, or nesting deeper than :data:`MAX_DEPTH`.
+        FieldTableError: a key over 255 bytes.
     """
     kept: dict[Any, tuple[bytes, bytes]] = {}
     if origin:
@@ -463,7 +487,7 @@ def write_table(headers: Mapping[Any, Any], origin: Buffer | None = None) -> byt
     out = bytearray()
     for key, value in headers.items():
         found = kept.get(key) if isinstance(key, (str, bytes)) else None
-        if found is not None and same_value(value, read_value(found[1])):
+        if found is not None and _unchanged(value, found[1]):
             out += _short(found[0]) + found[1]
         else:
             out += _short(_key(key)) + encode_value(value, 1)
@@ -491,6 +515,13 @@ def user_origin(content: Buffer | None) -> bytes | None:
     except FieldTableError:
         return bytes(content)
     return kept
+
+
+def _unchanged(value: Any, encoded: bytes) -> bool:
+    try:
+        return same_value(value, read_value(encoded))
+    except FieldTableError:  # nested past MAX_DEPTH (py-amqp read it): celery_dlx never edits it
+        return True
 
 
 def write_properties(properties: Mapping[str, Any], table: bytes | None) -> bytes:

@@ -428,3 +428,16 @@ def test_records_keep_the_raw_table_only_where_a_copy_needs_it() -> None:
     assert user_origin(plain + go + own + death) == plain + go
     assert user_origin(short(b"k") + b"Z") == short(b"k") + b"Z"
     assert user_origin(b"") is None and user_origin(None) is None
+
+
+def test_a_header_nested_deeper_than_the_limit_that_py_amqp_reads_is_copied_whole() -> None:
+    """py-amqp reads 300 levels (the fast path); the copy writes them back untouched, and a
+    record without the raw table still encodes (a placeholder below the limit), never raises."""
+    deep = nested(300)
+    frame = content_header(write_properties({}, deep))
+    _, _, props = decode_content_header(frame)
+    assert UNDECODABLE_PROPERTY not in props
+    headers = dict(props["application_headers"], **{"x-dlx-attempt": 1})
+    written = dict(table_entries(write_table(headers, origin=props[WIRE_HEADERS_PROPERTY])))
+    assert written[b"deep"] == deep[len(short(b"deep")) :]
+    assert write_table(headers)  # no origin: encoded, the depth past the limit as text
