@@ -6,7 +6,9 @@ upgrade that removes or changes one fails there, with the library and version na
 in production. Internals replaced by public APIs (and no longer used): Celery's
 ``Queues._add`` (``Queues.add``/``add_compat`` are overridden instead), ``celery._state``
 (``celery.current_task``), redis-py's ``Script.sha`` (redis-py computes it; ``script_load``
-alone loads the script).
+alone loads the script), and Celery's ``Backend._get_result_meta``, which celery_dlx wrapped
+class-wide to add its details of a run to the stored meta (the task stores them itself beside the
+result: ``celery_dlx.results``).
 """
 
 from __future__ import annotations
@@ -159,43 +161,6 @@ def add_sentry_event_processor_once(processor: Callable[[Event, Hint], Event | N
 
     if processor not in scope.global_event_processors:
         scope.add_global_event_processor(processor)
-
-
-# -- Celery: celery_dlx's details in the result meta ----------------------------------------------
-
-#: Attribute of a task's request (``self.request``) holding celery_dlx's details of the run.
-RESULT_DETAILS_ATTR = "dlx_details"
-#: Key of those details in the stored result meta.
-RESULT_META_KEY = "dlx"
-_HOOKED_ATTR = "_celery_dlx_result_details"
-
-
-def add_result_details_hook(backend_cls: type) -> None:
-    """Make ``backend_cls`` store ``request.dlx_details`` under ``meta["dlx"]``.
-
-    Internal: ``celery.backends.base.Backend._get_result_meta(result, state, traceback,
-    request, ...)``, which builds the dict the key-value backends (Redis, Memcached, file
-    system, ...) and MongoDB store whole. Celery's only public way to extend that dict is
-    ``result_extended``, with a fixed set of request fields. A request without the attribute (any
-    plain task, any other app) stores exactly what it stored before. Idempotent per class.
-    """
-    if backend_cls.__dict__.get(_HOOKED_ATTR):
-        return
-    with _lock:
-        if backend_cls.__dict__.get(_HOOKED_ATTR):
-            return
-        original = backend_cls._get_result_meta  # type: ignore[attr-defined]
-
-        def _get_result_meta(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-            meta: dict[str, Any] = original(self, *args, **kwargs)
-            request = kwargs["request"] if "request" in kwargs else (args[3:4] or (None,))[0]
-            details = getattr(request, RESULT_DETAILS_ATTR, None)
-            if details:
-                meta[RESULT_META_KEY] = dict(details)
-            return meta
-
-        backend_cls._get_result_meta = _get_result_meta  # type: ignore[attr-defined]
-        setattr(backend_cls, _HOOKED_ATTR, True)
 
 
 # -- billiard: tracebacks without a copy of every code object's positions --------------------------

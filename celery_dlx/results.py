@@ -1,8 +1,9 @@
-"""celery_dlx's details of a task's last run, as the result backend stores them.
+"""celery_dlx's details of a task's last run, stored with the app's result backend.
 
-A DLX task puts them in the result meta beside Celery's own fields (under ``"dlx"``), so the
-result's state and value stay exactly Celery's (``RETRY`` with the original exception,
-``FAILURE`` with the task's own exception) while code that wants to know more can ask:
+A DLX task stores them beside its result (under the result's key followed by ``:dlx``), just
+before Celery stores the state they describe, so the result's state and value stay exactly
+Celery's (``RETRY`` with the original exception, ``FAILURE`` with the task's own exception) while
+code that wants to know more can ask:
 
 - ``fate``: ``requeued``, ``parked``, ``buried`` or ``recovered`` (a later run succeeded);
 - ``attempt``: failed runs so far, this one included (for ``recovered``: before this run);
@@ -10,8 +11,9 @@ result's state and value stay exactly Celery's (``RETRY`` with the original exce
   ``exc_type``, ``first_failure_ms`` and ``at_ms`` (epoch milliseconds);
 - for ``parked``: ``delay`` (seconds) and ``due_ms``; for ``recovered``: ``replayed``.
 
-Stored by the backends that keep the whole meta dict: the key-value ones (Redis, Memcached, file
-system, ...) and MongoDB. The RPC and database backends store a fixed set of fields and drop it.
+Stored by the key-value backends (Redis, Memcached, file system, S3, ...) with the result's
+expiry, through their public ``set``/``get``; the RPC, database and MongoDB backends have no such
+store, and ``dlx_details`` returns None there.
 """
 
 from __future__ import annotations
@@ -19,13 +21,34 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from celery.backends.base import BaseKeyValueStoreBackend
 from celery.result import AsyncResult
 
-from celery_dlx.compat import RESULT_META_KEY
+#: What follows a result's key in the key of its details.
+DETAILS_KEY_SUFFIX = ":dlx"
+
+
+def _details_key(backend: BaseKeyValueStoreBackend, task_id: str) -> str:
+    return backend.get_key_for_task(task_id, DETAILS_KEY_SUFFIX)
+
+
+def store_details(backend: object, task_id: str, details: Mapping[str, Any]) -> bool:
+    """Store ``details`` of task ``task_id``'s run with ``backend`` (the task's result backend).
+
+    Returns False, storing nothing, for a backend that is not a key-value store. Raises what the
+    backend raises.
+    """
+    if not isinstance(backend, BaseKeyValueStoreBackend):
+        return False
+    backend.set(_details_key(backend, task_id), backend.encode(dict(details)))
+    return True
 
 
 def dlx_details(result: AsyncResult[Any]) -> dict[str, Any] | None:
-    """celery_dlx's details of ``result``'s last stored state, or None (none stored)."""
-    meta = result.backend.get_task_meta(result.id)
-    details = meta.get(RESULT_META_KEY) if isinstance(meta, Mapping) else None
+    """celery_dlx's details of ``result``'s last requeue, park, burial or recovery, or None."""
+    backend = result.backend
+    if not isinstance(backend, BaseKeyValueStoreBackend):
+        return None
+    stored = backend.get(_details_key(backend, result.id))
+    details = None if stored is None else backend.decode(stored)
     return dict(details) if isinstance(details, Mapping) else None

@@ -24,12 +24,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_dlx import fates
-from celery_dlx.compat import (
-    RESULT_DETAILS_ATTR,
-    add_result_details_hook,
-    cache_traceback_positions,
-    share_code_positions,
-)
+from celery_dlx.compat import cache_traceback_positions, share_code_positions
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
@@ -47,6 +42,7 @@ from celery_dlx.message.names import (
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
+from celery_dlx.results import store_details
 from celery_dlx.store.causes import stash_cause
 from celery_dlx.worker.delivery import Delivery, read_delivery
 from celery_dlx.worker.einfo import LazyExceptionInfo
@@ -59,6 +55,10 @@ logger = logging.getLogger(__name__)
 #: Attribute marking an exception whose failure celery_dlx turned into a fate (the same name as
 #: ``celery_dlx.integrations.sentry.HANDLED_ATTR``, which this layer cannot import).
 HANDLED_FATE_ATTR = "__celery_dlx_fate__"
+
+#: Attribute of a run's request (``self.request``) holding celery_dlx's details of the run, until
+#: they are stored with the state they describe (``celery_dlx.results``).
+DETAILS_ATTR = "dlx_details"
 
 #: Tasks with these name prefixes are never DLX tasks through the ``dlx_enabled`` flag.
 INTERNAL_TASK_PREFIXES = ("celery.", "celery_dlx.")
@@ -188,6 +188,7 @@ class DLXTask(Task[Any, Any]):
                 replayed=REPLAYED_HEADER in delivery.headers,
                 first_failure_ms=delivery.state.first_failure_ms,
             )
+            self._store_details(failure=False)
             self._record_recovery(runtime, delivery)
         return result
 
@@ -286,9 +287,30 @@ class DLXTask(Task[Any, Any]):
         raise Ignore() from None
 
     def _set_details(self, **details: Any) -> None:
-        """celery_dlx's details of this run, for the result meta (``celery_dlx.results``)."""
-        add_result_details_hook(type(self.backend))
-        setattr(self.request, RESULT_DETAILS_ATTR, details)
+        """celery_dlx's details of this run, stored with its state (``_store_details``)."""
+        setattr(self.request, DETAILS_ATTR, details)
+
+    def _stores_result(self, *, failure: bool) -> bool:
+        """Whether this run's state is stored: not when results are ignored, unless a failure
+        under ``store_errors_even_if_ignored``; never without a result backend."""
+        req = self.request
+        if isinstance(self.backend, DisabledBackend):
+            return False
+        ignored = self.ignore_result or req.ignore_result
+        return not ignored or (failure and bool(self.store_errors_even_if_ignored))
+
+    def _store_details(self, *, failure: bool) -> None:
+        """Store this run's details with the result backend, just before its state is stored
+        (RETRY by ``_mark_retry``, FAILURE or SUCCESS by Celery), so whoever reads the state can
+        read them."""
+        req = self.request
+        details = getattr(req, DETAILS_ATTR, None)
+        if not details or not self._stores_result(failure=failure):
+            return
+        try:
+            store_details(self.backend, str(req.id), details)
+        except Exception:  # a result backend outage must not change the fate
+            logger.debug("could not store the details of %s", req.id, exc_info=True)
 
     def _set_plan_details(self, delivery: Delivery, plan: FailurePlan) -> None:
         extra: dict[str, Any] = {}
@@ -339,6 +361,7 @@ class DLXTask(Task[Any, Any]):
         if root is not exc:
             # Raised from here, it would print the fate request as its context.
             root.__suppress_context__ = True
+        self._store_details(failure=True)
         raise root
 
     def _send_copy(
@@ -535,6 +558,7 @@ class DLXTask(Task[Any, Any]):
     def _fail_without_running(self, exc: Exception) -> None:
         """Result FAILURE and ``task_failure`` for a message buried before its task ran."""
         req = self.request
+        self._store_details(failure=True)
         try:
             self.backend.mark_as_failure(
                 str(req.id),
@@ -560,9 +584,8 @@ class DLXTask(Task[Any, Any]):
         """Result state RETRY and the ``task_retry`` signal, as for Celery's own retry."""
         req = self.request
         # No result backend: nothing to store (and no traceback to format for it).
-        if not (
-            self.ignore_result or req.ignore_result or isinstance(self.backend, DisabledBackend)
-        ):
+        if self._stores_result(failure=False):
+            self._store_details(failure=False)
             try:
                 # celery-types: Celery stores any exception; a worker run always has an id.
                 self.backend.mark_as_retry(

@@ -136,34 +136,6 @@ def _message() -> Message:
     )
 
 
-@pytest.mark.parametrize("extended", [False, True])
-def test_celery_result_meta_carries_the_requests_dlx_details(extended: bool) -> None:
-    from celery.app.task import Context
-
-    app = Celery(
-        "compat",
-        broker=NO_BROKER,
-        backend="cache+memory://",
-        set_as_current=False,
-        result_extended=extended,
-    )
-    backend = app.backend
-    compat.add_result_details_hook(type(backend))
-    compat.add_result_details_hook(type(backend))  # idempotent: wrapped once
-    details = {"fate": "parked", "attempt": 2, "due_ms": 1_700_000_000_000}
-    request = Context(id="compat-meta-1", task="proj.t", retries=2, delivery_info={})
-    setattr(request, compat.RESULT_DETAILS_ATTR, details)
-    backend.mark_as_retry("compat-meta-1", ValueError("x"), None, request=request)
-    meta = backend.get_task_meta("compat-meta-1")
-    assert meta["status"] == "RETRY"
-    assert meta.get(compat.RESULT_META_KEY) == details, broken(
-        "celery", "Backend._get_result_meta (the stored meta no longer comes from it)"
-    )
-    plain = Context(id="compat-meta-2", task="proj.t", retries=0, delivery_info={})
-    backend.mark_as_done("compat-meta-2", 1, request=plain)
-    assert compat.RESULT_META_KEY not in backend.get_task_meta("compat-meta-2")
-
-
 @pytest.mark.parametrize("hook", ["on_unknown_message", "on_unknown_task", "on_invalid_task"])
 def test_celery_rejects_through_reject_log_error(hook: str) -> None:
     """Celery's consumer must reject an unknown/invalid message with ``reject_log_error``."""
