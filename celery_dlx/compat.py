@@ -9,16 +9,25 @@ in production. Internals replaced by public APIs (and no longer used): Celery's
 alone loads the script), and Celery's ``Backend._get_result_meta``, which celery_dlx wrapped
 class-wide to add its details of a run to the stored meta (the task stores them itself beside the
 result: ``celery_dlx.results``).
+
+celery_dlx replaces no function of the standard library, Celery, kombu, billiard, py-amqp or
+redis-py process-wide; where their code is slow or wrong for celery_dlx, it works around it in
+its own code (``docs/upstream.md`` proposes the fixes upstream). Gone for that reason, besides
+the wrap above: the shared and sparse code positions of billiard's traceback copies and the
+cached positions and carets of ``traceback`` (a requeue or park no longer makes Celery build a
+traceback at all: :func:`settling_tracer`).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from billiard.einfo import ExceptionInfo
 from celery import Celery
+from celery.exceptions import Ignore
 from kombu import Queue
 from kombu.message import Message
 
@@ -163,169 +172,70 @@ def add_sentry_event_processor_once(processor: Callable[[Event, Hint], Event | N
         scope.add_global_event_processor(processor)
 
 
-# -- billiard: tracebacks without a copy of every code object's positions --------------------------
-
-_positions_shared = False
+# -- Celery: a requeued or parked run ends without a traceback ------------------------------------
 
 
-class _CodeWithoutPositions:
-    """A code object seen through billiard's ``_Code``, whose ``co_positions()`` is empty."""
+class RunSettled(BaseException):
+    """Ends a DLX task's run once celery_dlx has carried out its requeue or park.
 
-    __slots__ = ("_code",)
-
-    def __init__(self, code: Any) -> None:
-        self._code = code
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._code, name)
-
-    def co_positions(self) -> Any:
-        return iter(())
-
-
-class SparsePositions:
-    """What a pickled billiard ``_Code`` keeps of its code object's positions: how many there
-    are and the ones its traceback points at (the instruction of each frame and traceback
-    entry). Iterated, it is the full list with ``(None, None, None, None)`` elsewhere, which
-    is how ``traceback`` finds a position (the entry at ``lasti // 2``)."""
-
-    __slots__ = ("known", "length")
-
-    def __init__(self, length: int, known: dict[int, Any]) -> None:
-        self.length = length
-        self.known = known
-
-    def __iter__(self) -> Iterator[Any]:
-        blank, get = (None, None, None, None), self.known.get
-        return (get(i, blank) for i in range(self.length))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return SparsePositions, (self.length, self.known)
-
-
-#: Set on a billiard ``_Code``: the position indexes its traceback copy needs.
-_NEEDED_ATTR = "_celery_dlx_needed"
-
-
-def _need(code: Any, lasti: int) -> None:
-    if lasti >= 0:
-        code.__dict__.setdefault(_NEEDED_ATTR, set()).add(lasti // 2)
-
-
-def share_code_positions() -> None:
-    """Make billiard's ``ExceptionInfo`` share one positions list per code object, and pickle
-    only the positions its traceback needs.
-
-    Internal: ``billiard.einfo._Code.__init__``, which on Python >= 3.11 stores
-    ``list(code.co_positions())`` for every frame of every traceback it copies (thousands of
-    tuples for Celery's large ``trace_task``). Celery's tracer builds such a copy for every failed,
-    retried or ignored run, and a handled failure costs two or three of them: most of its time.
-    Code objects do not change, so the list is computed once per code object (held weakly) and
-    shared. A prefork pool process also pickles the copy to its parent with the result of every
-    failed, retried or ignored run: about 32 KB, most of it ``trace_task``'s positions. Pickled,
-    a ``_Code`` now keeps only the positions its frame and traceback entry point at
-    (:class:`SparsePositions`, about 1 KB in all); the copy formats as before, carets included.
-    Process-wide and idempotent.
+    Celery's tracer turns every exception that ends a run into billiard ``ExceptionInfo``s: two
+    for an ``Ignore`` (the run's result, and one for a line logged at INFO), one for a ``Retry``,
+    each copying every position of Celery's long ``trace_task`` and formatting the traceback; a
+    prefork pool process then pickles one of them (about 35 KB) to its parent. A
+    ``BaseException`` is let through instead (``except BaseException: raise``), after the tracer's
+    own cleanup (``task_postrun``, the task and request stacks, ``process_cleanup``), to
+    :func:`settling_tracer`. Raised only under that tracer.
     """
-    global _positions_shared
-    if _positions_shared or sys.version_info < (3, 11):
-        return
-    import weakref
-
-    from billiard import einfo
-
-    with _lock:
-        if _positions_shared:
-            return
-        cache: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
-        original = einfo._Code.__init__
-
-        def __init__(self: Any, code: Any) -> None:
-            original(self, _CodeWithoutPositions(code))
-            try:
-                positions = cache.get(code)
-                if positions is None:
-                    positions = cache[code] = list(code.co_positions())
-            except TypeError:  # not weak-referenceable (not a real code object): no sharing
-                positions = list(code.co_positions())
-            self._co_positions = positions
-
-        def __reduce__(self: Any) -> tuple[Any, ...]:
-            state = self.__dict__
-            needed = state.get(_NEEDED_ATTR)
-            if needed is not None:
-                state = {k: v for k, v in state.items() if k != _NEEDED_ATTR}
-                positions = state.get("_co_positions")
-                if isinstance(positions, list):
-                    known = {i: positions[i] for i in needed if i < len(positions)}
-                    state["_co_positions"] = SparsePositions(len(positions), known)
-            return einfo._Code.__new__, (einfo._Code,), state
-
-        frame_init = einfo._Frame.__init__
-        traceback_init = einfo.Traceback.__init__
-
-        def _frame_init(self: Any, frame: Any) -> None:
-            frame_init(self, frame)
-            _need(self.f_code, frame.f_lasti)
-
-        def _traceback_init(self: Any, tb: Any, *args: Any, **kwargs: Any) -> None:
-            traceback_init(self, tb, *args, **kwargs)
-            _need(self.tb_frame.f_code, tb.tb_lasti)
-
-        einfo._Code.__init__ = __init__  # type: ignore[method-assign]  # the patch itself
-        einfo._Code.__reduce__ = __reduce__  # type: ignore[method-assign]
-        einfo._Frame.__init__ = _frame_init  # type: ignore[method-assign]
-        einfo.Traceback.__init__ = _traceback_init  # type: ignore[method-assign]
-        _positions_shared = True
 
 
-# -- CPython's traceback module: positions and carets computed once --------------------------------
+class _IgnoredInfo(ExceptionInfo):
+    """billiard's ``ExceptionInfo`` of an ``Ignore``, without a traceback to copy or format."""
 
-_traceback_cached = False
-#: Most code positions (and caret anchors) remembered; the cache starts over when full.
-TRACEBACK_CACHE_SIZE = 4096
+    def __init__(self) -> None:
+        self.type = Ignore  # type: ignore[misc]  # billiard-stubs: a class attribute, not a property
+        self.exception = Ignore()
+        self.tb = None
+        self.traceback = ""
+        self.internal = True
 
 
-def cache_traceback_positions() -> None:
-    """Make the ``traceback`` module compute a frame's position and carets once, not per format.
+_SETTLING_ATTR = "celery_dlx_settling"
+#: A Celery tracer: ``(task_id, args, kwargs, request) -> trace_ok_t``.
+Tracer = Callable[..., Any]
 
-    Internal: CPython 3.11-3.12's ``traceback._get_code_position(code, instruction_index)``,
-    which walks ``code.co_positions()`` from the start to the frame's instruction on every
-    format (Celery's ``trace_task`` is thousands of instructions long, and its frame is in every
-    traceback of a task run), and ``traceback._extract_caret_anchors_from_line_segment(segment)``,
-    which parses the source segment with ``ast`` for the ``~~~^^^`` markers. Both are pure: the
-    same arguments always give the same answer, so formatting is unchanged. Celery's tracer
-    formats two or three tracebacks per handled failure; this was the largest part of their cost.
-    Missing functions (another Python version) are left alone. Process-wide and idempotent.
+
+def settling_tracer(tracer: Tracer) -> Tracer:
+    """``tracer`` (Celery's tracer of one task), reporting a run ended by :class:`RunSettled` as
+    a run ended by ``Ignore``: the pool's parent acks the message, and does nothing else.
+
+    Internals: Celery's worker runs a task through its ``task.__trace__(uuid, args, kwargs,
+    request)``, which it sets to ``build_tracer(...)`` (the consumer for the solo and thread
+    pools, every prefork pool process when it starts); a tracer returns ``trace_ok_t(retval,
+    info, runtime, retstr)``; a run with an ``info`` is reported as failed, and the parent's
+    ``Request.on_failure`` reads ``retval.exception``: an ``Ignore`` is acked. What differs from
+    Celery's ``Ignore``: ``task_postrun`` receivers see ``state=None`` (as for any
+    ``BaseException``), no ``Task ... ignored`` line is logged at INFO (celery_dlx logs the
+    fate), and sentry-sdk marks the run's transaction (performance monitoring only)
+    ``internal_error`` instead of ``aborted``.
     """
-    global _traceback_cached
-    if _traceback_cached:
-        return
-    import functools
-    import traceback
+    from celery import states
+    from celery.app.trace import TraceInfo, trace_ok_t
 
-    with _lock:
-        if _traceback_cached:
-            return
-        original = getattr(traceback, "_get_code_position", None)
-        if original is not None:
-            positions: dict[tuple[int, int], tuple[object, Any]] = {}
+    if settles(tracer):
+        return tracer
 
-            def _get_code_position(code: Any, instruction_index: int) -> Any:
-                key = (id(code), instruction_index)
-                hit = positions.get(key)
-                if hit is not None and hit[0] is code:
-                    return hit[1]
-                position = original(code, instruction_index)
-                if len(positions) >= TRACEBACK_CACHE_SIZE:
-                    positions.clear()
-                positions[key] = (code, position)  # the code is kept: its id is not reused
-                return position
+    def trace(uuid: str, args: Any, kwargs: Any, request: Any = None) -> Any:
+        started = time.monotonic()
+        try:
+            return tracer(uuid, args, kwargs, request)
+        except RunSettled:
+            info = TraceInfo(states.IGNORED, Ignore())
+            return trace_ok_t(_IgnoredInfo(), info, time.monotonic() - started, None)
 
-            traceback._get_code_position = _get_code_position  # type: ignore[attr-defined]
-        anchors = getattr(traceback, "_extract_caret_anchors_from_line_segment", None)
-        if anchors is not None:
-            traceback._extract_caret_anchors_from_line_segment = functools.lru_cache(  # type: ignore[attr-defined]
-                TRACEBACK_CACHE_SIZE
-            )(anchors)
-        _traceback_cached = True
+    setattr(trace, _SETTLING_ATTR, True)
+    return trace
+
+
+def settles(tracer: object) -> bool:
+    """True for a tracer made by :func:`settling_tracer` (one that catches :class:`RunSettled`)."""
+    return bool(getattr(tracer, _SETTLING_ATTR, False))

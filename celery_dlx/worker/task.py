@@ -5,8 +5,9 @@ child: a requeue publishes a confirmed copy at the tail of the same queue, a par
 in Redis (both count as Celery retries: ``request.retries`` of the copy is one more), a burial
 stashes the cause for the DLX service and fails the run with the task's own exception, so Celery
 records FAILURE, calls errbacks and sends ``task_failure`` once, as without celery_dlx, and
-rejects the message into the queue's dead-letter exchange. A requeue or park ends the run with
-``Ignore`` (the original is acked). What to do is worked out first, without I/O
+rejects the message into the queue's dead-letter exchange. A requeue or park ends the run as
+Celery's ``Ignore`` does (the original is acked), without making Celery build a traceback
+(:class:`celery_dlx.compat.RunSettled`). What to do is worked out first, without I/O
 (:func:`celery_dlx.policy.decide.plan_failure`); ``DLXTask._fail`` only carries it out.
 """
 
@@ -24,7 +25,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_dlx import fates
-from celery_dlx.compat import cache_traceback_positions, share_code_positions
+from celery_dlx.compat import RunSettled, Tracer, settles, settling_tracer
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
@@ -123,6 +124,19 @@ class DLXTask(Task[Any, Any]):
     dlx_max_requeues: object = None
     dlx_max_parks: object = None
     dlx_importance: object = None
+
+    @property
+    def __trace__(self) -> Tracer | None:
+        """Celery's tracer of this task in a worker, which sets it (``build_tracer``) before the
+        first run; for a DLX task, one that ends a requeued or parked run without a traceback."""
+        tracer: Tracer | None = self.__dict__.get("_dlx_tracer")
+        return tracer
+
+    @__trace__.setter
+    def __trace__(self, tracer: Tracer | None) -> None:
+        if tracer is not None and self._dlx_enabled_for(self.app):
+            tracer = settling_tracer(tracer)
+        self.__dict__["_dlx_tracer"] = tracer
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
@@ -264,9 +278,7 @@ class DLXTask(Task[Any, Any]):
     def _fail(
         self, runtime: Runtime, delivery: Delivery, exc: BaseException, einfo: ExceptionInfo | None
     ) -> NoReturn:
-        """Carry out the fate of a failed run; ends the run (Ignore, or the task's own failure)."""
-        share_code_positions()
-        cache_traceback_positions()
+        """Carry out the fate of a failed run; ends the run (settled, or the task's own failure)."""
         options = _options(self, runtime, delivery.queue)
         plan = plan_failure(
             exc,
@@ -282,8 +294,10 @@ class DLXTask(Task[Any, Any]):
             self._settle_burial(runtime, delivery, options, plan, einfo, exc)
         self._send_copy(runtime, delivery, plan, exc, self._fate_event(delivery, options, plan))
         self._mark_retry(plan.root, einfo)
-        # Without the failure as context: Celery's tracer formats the Ignore's traceback (for a
-        # line it logs at INFO), which would otherwise repeat the whole failure.
+        if settles(self.__dict__.get("_dlx_tracer")):  # the worker runs it through that tracer
+            raise RunSettled() from None
+        # Under another tracer: without the failure as context, since Celery's tracer formats
+        # the Ignore's traceback (for a line it logs at INFO).
         raise Ignore() from None
 
     def _set_details(self, **details: Any) -> None:

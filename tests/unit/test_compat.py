@@ -249,107 +249,83 @@ def test_load_config_names_the_extra_for_configured_sentry() -> None:
     assert load_config({}).sentry is True  # on by default: skipped without sentry-sdk
 
 
-# -- billiard -------------------------------------------------------------------------------------
+# -- Celery: a requeued or parked run ends without a traceback ------------------------------------
 
 
-def _failure() -> BaseException:
-    def deep(n: int) -> None:
-        if n:
-            deep(n - 1)
-        raise KeyError(f"missing {n}")
-
-    try:
-        deep(5)
-    except KeyError as exc:
-        return exc
-    raise AssertionError("unreachable")
-
-
-def test_billiard_tracebacks_share_code_positions_and_format_the_same() -> None:
+def test_celery_tracer_lets_a_settled_run_through_and_the_parent_acks_it() -> None:
+    """Celery's tracer re-raises a BaseException after its cleanup; the settling tracer reports the
+    run as an ignored one, which the worker's parent acks, with no traceback built or pickled."""
     import pickle
-    import traceback
 
-    from billiard.einfo import ExceptionInfo
-
-    exc = _failure()
-    exc_info = (type(exc), exc, exc.__traceback__)
-    before = ExceptionInfo(exc_info)
-    compat.share_code_positions()
-    compat.share_code_positions()  # idempotent
-    after, again = ExceptionInfo(exc_info), ExceptionInfo(exc_info)
-    assert after.traceback == before.traceback
-    # The copied traceback formats as before, carets included, also after a pickle round trip
-    # (prefork sends it to the parent, which logs it).
-    for einfo in (after, pickle.loads(pickle.dumps(after))):
-        assert traceback.format_exception(type(exc), exc, einfo.tb) == (
-            traceback.format_exception(type(exc), exc, before.tb)
-        ), broken("billiard", "einfo._Code (how a traceback copy keeps co_positions)")
-    if sys.version_info >= (3, 11):
-        assert after.tb.tb_frame.f_code._co_positions is again.tb.tb_frame.f_code._co_positions
-        assert after.tb.tb_frame.f_code._co_positions  # the real positions, not the empty stand-in
-
-
-def test_billiard_tracebacks_pickle_only_the_positions_they_point_at() -> None:
-    """A prefork pool process pickles the ExceptionInfo of every failed, retried or ignored run
-    to its parent. Built by Celery's own tracer, it held every position of ``trace_task``
-    (about 32 KB); now only those its frames point at, and it formats the same, carets
-    included, after the round trip."""
-    import pickle
-    import traceback
-
-    from billiard.einfo import ExceptionInfo
-    from celery import Celery
+    from celery import Task, signals
     from celery.app.trace import build_tracer
+    from celery.exceptions import Ignore
+    from celery.worker.request import Request
 
-    compat.share_code_positions()
-    app = Celery("einfo-size", set_as_current=False)
+    app = Celery("compat-settle", broker=NO_BROKER, set_as_current=False)
+    postrun: list[Any] = []
 
-    @app.task(name="einfo.fail", shared=False)
-    def fail() -> None:
-        values: dict[str, int] = {}
-        _ = values["a"] + len(values) * 2  # carets (~~~~~~^^^^^)
+    class Settling(Task):  # type: ignore[type-arg]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            super().__call__(*args, **kwargs)
+            raise compat.RunSettled()
 
-    tracer = build_tracer(fail.name, fail, app=app, eager=False, propagate=False)
-    einfo = tracer("id-1", (), {}, {"id": "id-1", "delivery_info": {}})[0]
-    assert isinstance(einfo, ExceptionInfo)
-    copy = pickle.loads(pickle.dumps(einfo, protocol=pickle.HIGHEST_PROTOCOL))
-    exc = einfo.exception
-    formatted = traceback.format_exception(type(exc), exc, einfo.tb)
-    assert traceback.format_exception(type(exc), exc, copy.tb) == formatted, broken(
-        "billiard", "einfo._Code/_Frame/Traceback (what a traceback copy pickles)"
-    )
-    if sys.version_info >= (3, 11):
-        assert "^^^^" in "".join(formatted)
-        assert len(pickle.dumps(einfo, protocol=pickle.HIGHEST_PROTOCOL)) < 8000
-        positions = copy.tb.tb_frame.f_code._co_positions  # trace_task's frame
-        assert isinstance(positions, compat.SparsePositions)
-        assert positions.length > 1000 and len(positions.known) <= 2
+    @app.task(base=Settling, name="compat.settled", shared=False)
+    def settled() -> None: ...
 
+    def on_postrun(sender: Any = None, **kwargs: Any) -> None:
+        postrun.append(kwargs["task_id"])
 
-def _caret_failure() -> BaseException:
-    values: dict[str, int] = {}
+    signals.task_postrun.connect(on_postrun, sender=settled, weak=False)
     try:
-        _ = values["a"] + len(values) * 2  # a segment with carets (~~~~~~^^^^^)
-    except KeyError as exc:
-        return exc
-    raise AssertionError("unreachable")
+        tracer = compat.settling_tracer(build_tracer(settled.name, settled, app=app))
+        assert compat.settling_tracer(tracer) is tracer  # wrapped once
+        retval, info, runtime, _ = tracer("id-1", (), {}, {"id": "id-1", "delivery_info": {}})
+    finally:
+        signals.task_postrun.disconnect(on_postrun, sender=settled)
+    assert info, broken("celery", "build_tracer (a tracer returns trace_ok_t(R, I, T, Rstr))")
+    assert postrun == ["id-1"], broken("celery", "trace_task (task_postrun of a BaseException)")
+    assert not settled.request_stack.stack, broken("celery", "trace_task (request stack)")
+    assert isinstance(retval.exception, Ignore) and retval.tb is None and runtime >= 0
+    sent = pickle.dumps((1, retval, runtime), protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(sent) < 400  # what a prefork pool process sends its parent
+
+    message = Message(
+        body=b"[[], {}, {}]",
+        delivery_tag=1,
+        content_type="application/json",
+        content_encoding="utf-8",
+        delivery_info={"routing_key": "q", "exchange": ""},
+        properties={},
+        headers={"id": "id-1", "task": settled.name},
+    )
+    acks: list[Any] = []
+    rejects: list[Any] = []
+    request = Request(
+        message,
+        app=app,
+        task=settled,
+        on_ack=lambda *args: acks.append(args),
+        on_reject=lambda *args: rejects.append(args),
+    )
+    request.on_success(pickle.loads(sent))
+    assert len(acks) == 1 and not rejects, broken(
+        "celery", "Request.on_success/on_failure (an Ignore is acked)"
+    )
 
 
-def test_traceback_positions_and_carets_cached_format_the_same() -> None:
-    import traceback
+def test_celery_worker_sets_the_tracer_as_task_attribute() -> None:
+    """The worker hands each task its tracer by assigning ``task.__trace__``, so a DLX task's
+    property sees it (the prefork pool process at start, the consumer for the other pools)."""
+    import inspect
 
-    failures = [_failure(), _caret_failure()]
-    before = ["".join(traceback.format_exception(exc)) for exc in failures]
-    compat.cache_traceback_positions()
-    compat.cache_traceback_positions()  # idempotent
-    for _ in range(2):  # the second time from the caches
-        after = ["".join(traceback.format_exception(exc)) for exc in failures]
-        assert after == before, broken_python("traceback._get_code_position and carets")
-    if sys.version_info[:2] in ((3, 11), (3, 12)):
-        assert "^^^^" in before[1]
-        position = traceback._get_code_position  # type: ignore[attr-defined]
-        assert position.__module__ == "celery_dlx.compat", broken_python("traceback internals")
+    from celery.concurrency import prefork
+    from celery.worker.consumer import consumer
 
-
-def broken_python(internal: str) -> str:
-    return f"Python {sys.version.split()[0]} changed {internal}: update celery_dlx/compat.py"
+    for module, function in (
+        (prefork, prefork.process_initializer),
+        (consumer, consumer.Consumer.update_strategies),
+    ):
+        assert "task.__trace__ = build_tracer(" in inspect.getsource(function), broken(
+            "celery", f"{module.__name__}.{function.__qualname__} (task.__trace__ assignment)"
+        )
