@@ -5,10 +5,18 @@ Fetches ``t/integration`` from the sdist of the INSTALLED Celery version (cached
 ``.cache/celery-compat/``), runs the chosen files twice against the real services (broker
 RabbitMQ in a fresh vhost per run, result backend Redis under a unique key prefix), once plain
 and once with ``tests/compat/plugin.py`` switching celery_dlx on for the suite's apps, and
-compares per-test outcomes. A test that passes plain and fails with celery_dlx on is run again
-in both modes; it is a regression unless it then passes with celery_dlx on (reported as flaky)
-or is listed in ``tests/compat/allowed.toml`` (an intended difference, with its reason and the
-celery_dlx test of the intended behaviour).
+compares per-test outcomes (the decisions are ``tests/compat/gate.py``'s). A test that passes
+plain and fails with celery_dlx on is:
+
+- an allowed difference when ``tests/compat/allowed.toml`` lists it AND it failed as written
+  there (exception type, message pattern);
+- otherwise run again alone, ``--reruns`` times in each mode (its own pytest session each time,
+  plain and celery_dlx on in turn): flaky if it fails plain too, else a regression. A failure
+  seen only with celery_dlx on fails the gate even when every rerun passed.
+
+The drain of a celery_dlx run is the session worker's own drainer bootstep: the plugin reports
+whether it ran, the failure history of the run's key prefix counts the parked and drained
+retries, and parked retries that none drained fail the gate.
 
 Usage::
 
@@ -16,7 +24,7 @@ Usage::
     python scripts/celery_compat.py test_canvas.py test_inspect.py
     python scripts/celery_compat.py --budgets 0 test_tasks.py   # burial = Celery's failure
 
-Exit status: 0 when no unexplained difference, 1 otherwise (a run that hangs past
+Exit status: 0 when no regression and the drain worked, 1 otherwise (a run that hangs past
 ``--suite-timeout`` is killed and counts as a failure), 2 on a set-up error.
 """
 
@@ -38,16 +46,24 @@ import urllib.parse
 import urllib.request
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python scripts/celery_compat.py`
+    sys.path.insert(0, str(ROOT))
+
+from tests.compat import gate  # noqa: E402  (the gate's decisions, pure and tested)
+
 CACHE = ROOT / ".cache" / "celery-compat"
 ALLOWED = ROOT / "tests" / "compat" / "allowed.toml"
 DEFAULT_FILES = ("test_tasks.py", "test_group_chains.py")
+#: Times a differing test is run again alone in each mode before the gate decides.
+DEFAULT_RERUNS = 3
 
 AMQP_HOST = os.environ.get("CELERY_DLX_COMPAT_AMQP_HOST", "127.0.0.1")
 MANAGEMENT = os.environ.get("CELERY_DLX_COMPAT_MANAGEMENT", "http://127.0.0.1:15672")
@@ -191,8 +207,19 @@ def run_watched(
 
 @dataclass
 class Run:
-    outcomes: dict[str, str] = field(default_factory=dict)
+    """One pytest run: each test's result, and for a celery_dlx run what its drain did."""
+
+    results: dict[str, gate.Result] = field(default_factory=dict)
     seconds: float = 0.0
+    #: fate -> count in the run's failure history (celery_dlx runs only).
+    fates: dict[str, int] = field(default_factory=dict)
+    #: retries still parked when the run ended.
+    left_parked: int = 0
+    #: per session worker: was celery_dlx's drainer bootstep running in it (from the plugin).
+    drainers: list[bool] = field(default_factory=list)
+
+    def count(self, outcome: str) -> int:
+        return sum(r.outcome == outcome for r in self.results.values())
 
 
 def _nodeid(workdir: Path, classname: str, name: str) -> str:
@@ -204,22 +231,46 @@ def _nodeid(workdir: Path, classname: str, name: str) -> str:
     return f"{classname}::{name}"
 
 
-def parse_junit(workdir: Path, xml: Path) -> dict[str, str]:
-    outcomes: dict[str, str] = {}
+def parse_junit(workdir: Path, xml: Path) -> dict[str, gate.Result]:
+    """Each test's result; a failed test keeps its first failure (a subtest's, or the call's
+    before a teardown error)."""
+    results: dict[str, gate.Result] = {}
     if not xml.exists():
-        return outcomes
+        return results
     for case in ET.parse(xml).getroot().iter("testcase"):
         node = _nodeid(workdir, case.get("classname", ""), case.get("name", ""))
-        if case.find("failure") is not None or case.find("error") is not None:
-            outcome = "failed"
+        failures = [e for e in case if e.tag in ("failure", "error")]
+        if failures:
+            first = failures[0]
+            failure = gate.failure_from_junit(first.get("message", ""), first.text or "")
+            result = gate.Result(gate.FAILED, failure)
         elif case.find("skipped") is not None:
-            outcome = "skipped"
+            result = gate.Result(gate.SKIPPED)
         else:
-            outcome = "passed"
+            result = gate.Result(gate.PASSED)
         # A teardown error is a second entry for the same test: the worst outcome wins.
-        if outcomes.get(node) != "failed":
-            outcomes[node] = outcome
-    return outcomes
+        if node not in results or results[node].outcome != gate.FAILED:
+            results[node] = result
+    return results
+
+
+def read_drain(prefix: str) -> tuple[dict[str, int], int]:
+    """The fates counted in ``prefix``'s failure history, and the retries still parked."""
+    import redis
+
+    from celery_dlx.message.names import Keys
+    from celery_dlx.store.history import History
+
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = Keys(prefix)
+    history = History(client, keys)
+    fates: dict[str, int] = {}
+    start = "-"
+    while rows := history.read(start, "+", count=1000):
+        for _, fields in rows:
+            fates[fields.get("fate", "")] = fates.get(fields.get("fate", ""), 0) + 1
+        start = "(" + rows[-1][0]
+    return fates, int(client.zcard(keys.parked_due))
 
 
 def run_suite(
@@ -231,8 +282,13 @@ def run_suite(
     timeout: int,
     tag: str,
     limit: float = 3600.0,
+    rerun: bool = False,
 ) -> Run:
-    """One pytest run of ``targets`` in a private copy of the suite, its own vhost and prefixes."""
+    """One pytest run of ``targets`` in a private copy of the suite, its own vhost and prefixes.
+
+    A plain run of a whole file that passes nothing is a set-up error (services down, missing
+    dependency); a ``rerun`` of a test alone may fail plain, which is what it is run to find out.
+    """
     run_id = f"{tag}-{mode}-{uuid.uuid4().hex[:8]}"
     workdir = CACHE / "runs" / run_id
     shutil.copytree(suite / "t", workdir / "t")
@@ -278,6 +334,9 @@ def run_suite(
         "-rN",
         "-o",
         "junit_family=xunit1",
+        # Whole assertion diffs in the report: allowed.toml's patterns match what differs.
+        "-o",
+        "verbosity_assertions=2",
     ]
     started = time.monotonic()
     try:
@@ -290,54 +349,58 @@ def run_suite(
                 f"the stacks of its threads (from {log}):\n" + "\n".join(stacks[:200])
             )
         run = Run(parse_junit(workdir, xml), time.monotonic() - started)
+        if mode == "dlx":
+            run.fates, run.left_parked = read_drain(dlx_prefix)
+            run.drainers = gate.drainer_states(log.read_text())
         shutil.copy(xml, log.with_suffix(".xml")) if xml.exists() else None
     finally:
         delete_vhost(vhost)
         delete_redis_prefix(backend_prefix + "*", "{" + dlx_prefix + "}*", dlx_prefix + "*")
         shutil.rmtree(workdir, ignore_errors=True)
-    if not any(o == "passed" for o in run.outcomes.values()) and mode == "plain":
+    if not run.count(gate.PASSED) and mode == "plain" and not rerun:
         raise SuiteError(
             f"no test ran in {' '.join(targets)} ({mode}); see {log}:\n"
             + "\n".join(log.read_text().splitlines()[-15:])
         )
     print(
-        f"  {mode:5} {' '.join(targets)[:70]}: {_counts(run.outcomes)} in {run.seconds:.0f}s "
+        f"  {mode:5} {' '.join(targets)[:70]}: {_counts(run)} in {run.seconds:.0f}s "
         f"(log {log.relative_to(ROOT)})",
         flush=True,
     )
     return run
 
 
-def _counts(outcomes: dict[str, str]) -> str:
-    values = list(outcomes.values())
-    return ", ".join(f"{values.count(k)} {k}" for k in ("passed", "failed", "skipped"))
+def _counts(run: Run) -> str:
+    return ", ".join(f"{run.count(k)} {k}" for k in (gate.PASSED, gate.FAILED, gate.SKIPPED))
 
 
-def load_allowed() -> dict[str, dict[str, str]]:
-    """The documented intended differences: test node id -> {reason, instead}."""
+def load_allowed() -> dict[str, gate.AllowedDifference]:
+    """The documented intended differences, by test node id, each naming an existing
+    celery_dlx test of the intended behaviour."""
     if not ALLOWED.exists():
         return {}
-    data = tomllib.loads(ALLOWED.read_text())
-    allowed = {}
-    for entry in data.get("allowed", []):
-        missing = {"test", "reason", "instead"} - set(entry)
-        if missing:
-            raise SystemExit(f"{ALLOWED}: entry {entry} lacks {sorted(missing)}")
-        path, _, name = entry["instead"].partition("::")
+    try:
+        allowed = gate.parse_allowed(tomllib.loads(ALLOWED.read_text()))
+    except ValueError as exc:
+        raise SystemExit(f"{ALLOWED}: {exc}") from exc
+    for entry in allowed.values():
+        path, _, name = entry.instead.partition("::")
         if (
             not (ROOT / path).exists()
             or f"def {name.split('[')[0]}(" not in (ROOT / path).read_text()
         ):
-            raise SystemExit(f"{ALLOWED}: {entry['test']}: no test {entry['instead']}")
-        allowed[entry["test"]] = entry
+            raise SystemExit(f"{ALLOWED}: {entry.test}: no test {entry.instead}")
     return allowed
 
 
-def compare(suite: Path, file: str, args: argparse.Namespace, allowed: dict) -> dict[str, object]:
+def compare(
+    suite: Path, file: str, args: argparse.Namespace, allowed: dict[str, gate.AllowedDifference]
+) -> dict[str, Any]:
+    """Run ``file`` plain and with celery_dlx on, rerun its differences, judge them."""
     target = f"t/integration/{file}"
     tag = Path(file).stem.replace("_", "-")
 
-    def run(targets: list[str], mode: str, tag: str) -> Run:
+    def run(targets: list[str], mode: str, tag: str, rerun: bool = False) -> Run:
         return run_suite(
             suite,
             targets,
@@ -346,33 +409,73 @@ def compare(suite: Path, file: str, args: argparse.Namespace, allowed: dict) -> 
             timeout=args.timeout,
             tag=tag,
             limit=args.suite_timeout,
+            rerun=rerun,
         )
 
     plain = run([target], "plain", tag)
     dlx = run([target], "dlx", tag)
-    diffs = sorted(
-        t for t, o in plain.outcomes.items() if o == "passed" and dlx.outcomes.get(t) != "passed"
-    )
-    flaky: list[str] = []
-    confirmed = diffs
-    if diffs and args.rerun:
-        again_dlx = run(diffs, "dlx", tag + "-rerun")
-        confirmed = [t for t in diffs if again_dlx.outcomes.get(t) != "passed"]
-        flaky = [t for t in diffs if t not in confirmed]
-    intended = [t for t in confirmed if t in allowed]
-    unexplained = [t for t in confirmed if t not in allowed]
+    diffs = gate.differing(plain.results, dlx.results)
+    verdicts = []
+    reruns: dict[str, gate.Reruns] = {}
+    for test in diffs:
+        verdict = gate.first_look(test, dlx.results.get(test), allowed.get(test))
+        if verdict is None:
+            reruns[test] = rerun_alone(test, args.reruns, run, tag)
+            verdict = gate.judge(test, dlx.results.get(test), allowed.get(test), reruns[test])
+        verdicts.append(verdict)
+    problem = gate.drain_problem(dlx.fates, dlx.drainers)
     return {
         "file": file,
-        "plain_passed": sum(o == "passed" for o in plain.outcomes.values()),
-        "plain_total": len(plain.outcomes),
-        "dlx_passed": sum(o == "passed" for o in dlx.outcomes.values()),
-        "dlx_total": len(dlx.outcomes),
+        "plain_passed": plain.count(gate.PASSED),
+        "plain_total": len(plain.results),
+        "dlx_passed": dlx.count(gate.PASSED),
+        "dlx_total": len(dlx.results),
         "passed_plain_failed_dlx": diffs,
-        "flaky_passed_on_rerun": flaky,
-        "allowed": intended,
-        "unexplained": unexplained,
+        "allowed": [v.test for v in verdicts if v.kind == gate.ALLOWED],
+        "flaky": [v.test for v in verdicts if v.kind == gate.FLAKY],
+        "unexplained": [v.test for v in verdicts if v.kind == gate.REGRESSION],
+        "verdicts": {
+            v.test: _verdict(v, dlx.results.get(v.test), reruns.get(v.test)) for v in verdicts
+        },
+        "drain": {
+            "parked": dlx.fates.get("parked", 0),
+            "drained": dlx.fates.get("drained", 0),
+            "left_parked": dlx.left_parked,
+            "drainer_bootstep": dlx.drainers,
+            "fates": dlx.fates,
+            "problem": problem,
+        },
         "seconds": round(plain.seconds + dlx.seconds),
     }
+
+
+def rerun_alone(test: str, times: int, run: Callable[..., Run], tag: str) -> gate.Reruns:
+    """Run ``test`` alone ``times`` times in each mode, plain and celery_dlx on in turn (so the
+    machine's load falls on both alike)."""
+    reruns = gate.Reruns()
+    for i in range(times):
+        for mode, seen in (("plain", reruns.plain), ("dlx", reruns.dlx)):
+            seen.append(run([test], mode, f"{tag}-rerun{i + 1}", rerun=True).results.get(test))
+    return reruns
+
+
+def _verdict(
+    verdict: gate.Verdict, dlx: gate.Result | None, reruns: gate.Reruns | None
+) -> dict[str, Any]:
+    """A verdict for the JSON report: why, the failure with celery_dlx on, the reruns."""
+    shown: dict[str, Any] = {
+        "verdict": verdict.kind,
+        "why": verdict.why,
+        "dlx_failure": str(dlx.failure)
+        if dlx and dlx.failure
+        else getattr(dlx, "outcome", "missing"),
+    }
+    if reruns is not None:
+        shown["reruns"] = {
+            mode: [r.outcome if r is not None else "missing" for r in results]
+            for mode, results in (("plain", reruns.plain), ("dlx", reruns.dlx))
+        }
+    return shown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,13 +506,23 @@ def main(argv: list[str] | None = None) -> int:
         "takes about 26 minutes here)",
     )
     parser.add_argument(
+        "--reruns",
+        type=int,
+        default=DEFAULT_RERUNS,
+        help="times a differing test (not an allowed one failing as written down) is run again "
+        "alone in each mode; it is flaky only if it fails plain too (default: %(default)s)",
+    )
+    parser.add_argument(
         "--no-rerun",
-        dest="rerun",
-        action="store_false",
-        help="do not run differing tests again before calling them regressions",
+        dest="reruns",
+        action="store_const",
+        const=0,
+        help="--reruns 0: every difference not allowed is a regression",
     )
     parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
     args = parser.parse_args(argv)
+    if args.reruns < 0:
+        parser.error("--reruns must be 0 or more")
     version = celery_version()
     try:
         suite = fetch_suite(version)
@@ -427,28 +540,44 @@ def main(argv: list[str] | None = None) -> int:
     except SuiteHung as exc:
         print(f"HUNG: {exc}", file=sys.stderr)
         return 1
-    print()
-    print(
-        f"{'file':28} {'plain pass':>11} {'dlx pass':>9} {'flaky':>6} {'allowed':>8} "
-        f"{'unexplained':>12}"
-    )
-    for r in reports:
-        print(
-            f"{r['file']:28} {r['plain_passed']:>5}/{r['plain_total']:<5} "
-            f"{r['dlx_passed']:>4}/{r['dlx_total']:<4} {len(r['flaky_passed_on_rerun']):>6} "
-            f"{len(r['allowed']):>8} {len(r['unexplained']):>12}"
-        )
-        for t in r["unexplained"]:
-            print(f"    UNEXPLAINED {t}")
-        for t in r["flaky_passed_on_rerun"]:
-            print(f"    flaky (passed on rerun with celery_dlx) {t}")
-        for t in r["allowed"]:
-            print(f"    allowed {t}: {allowed[t]['reason']}")
+    print_report(reports, allowed)
     if args.json:
         args.json.write_text(
             json.dumps({"celery": version, "budgets": args.budgets, "files": reports}, indent=2)
         )
-    return 1 if any(r["unexplained"] for r in reports) else 0
+    failed = any(r["unexplained"] or r["drain"]["problem"] for r in reports)
+    return 1 if failed else 0
+
+
+def print_report(reports: list[dict[str, Any]], allowed: dict[str, gate.AllowedDifference]) -> None:
+    print()
+    print(
+        f"{'file':28} {'plain pass':>11} {'dlx pass':>9} {'flaky':>6} {'allowed':>8} "
+        f"{'unexplained':>12} {'parked':>7} {'drained':>8}"
+    )
+    for r in reports:
+        drain = r["drain"]
+        print(
+            f"{r['file']:28} {r['plain_passed']:>5}/{r['plain_total']:<5} "
+            f"{r['dlx_passed']:>4}/{r['dlx_total']:<4} {len(r['flaky']):>6} "
+            f"{len(r['allowed']):>8} {len(r['unexplained']):>12} {drain['parked']:>7} "
+            f"{drain['drained']:>8}"
+        )
+        verdicts = r["verdicts"]
+        for t in r["unexplained"]:
+            print(f"    UNEXPLAINED {t}: {verdicts[t]['why']}")
+        for t in r["flaky"]:
+            print(f"    flaky {t}: {verdicts[t]['why']}")
+        for t in r["allowed"]:
+            print(f"    allowed {t} ({allowed[t].expected()}): {allowed[t].reason}")
+        running = drain["drainer_bootstep"]
+        print(
+            f"    drain: {drain['parked']} parked, {drain['drained']} drained by the session "
+            f"worker's drainer bootstep (running in {sum(running)} of {len(running)} workers), "
+            f"{drain['left_parked']} still parked at the end"
+        )
+        if drain["problem"]:
+            print(f"    DRAIN PROBLEM: {drain['problem']}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@ runs the tasks, and its per-test app) gets ``celery_dlx.install(app)`` and the `
 below, as a user switching celery_dlx on would. With ``CELERY_DLX_COMPAT=plain`` (or unset) the
 plugin does nothing, so the same command gives the plain baseline.
 
+The plugin runs no drain of its own: parked retries come back through the drainer bootstep that
+``celery_dlx.install`` adds to the app's worker, running inside the suite's session worker
+(``celery.contrib.testing.worker``) as in any worker. When that worker has started, the plugin
+notes whether the bootstep's thread is running, and writes one line per worker
+(``tests.compat.gate.drainer_line``) in the terminal summary, which the script reads.
+
 Environment (set by the script):
     CELERY_DLX_COMPAT: ``dlx`` to switch celery_dlx on.
     CELERY_DLX_COMPAT_PREFIX: the ``dlx_key_prefix`` of the run (unique, deleted afterwards).
@@ -16,15 +22,16 @@ Environment (set by the script):
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.compat.gate import drainer_line
+
 MODE_ENV = "CELERY_DLX_COMPAT"
+#: The drainer lines of the session's workers (:func:`tests.compat.gate.drainer_line`).
+WORKERS = pytest.StashKey[list[str]]()
 
 
 def enabled() -> bool:
@@ -51,6 +58,7 @@ def pytest_configure(config: Any) -> None:
     if not enabled():
         return
     from celery.contrib.testing import app as testing_app
+    from celery.contrib.testing.worker import test_worker_started
 
     import celery_dlx
 
@@ -65,6 +73,15 @@ def pytest_configure(config: Any) -> None:
     # celery.contrib.pytest imports TestApp from this module each time it makes an app.
     testing_app.TestApp = dlx_test_app
 
+    workers: list[str] = []
+    config.stash[WORKERS] = workers
+
+    def on_worker_started(sender: Any = None, worker: Any = None, **_: Any) -> None:
+        workers.append(drainer_line(worker.hostname, drainer_running(worker)))
+
+    # Sent once the worker's consumer is up, after its bootsteps (the drainer's too) started.
+    test_worker_started.connect(on_worker_started, weak=False)
+
 
 def pytest_report_header(config: Any) -> str:
     if not enabled():
@@ -72,31 +89,14 @@ def pytest_report_header(config: Any) -> str:
     return f"celery_dlx compat: celery_dlx on {dlx_settings()}"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def celery_dlx_drain(request: Any) -> Iterator[None]:
-    """Drain due parked retries while the session runs, as beat's drain entry does in a worker -B
-    (the suite's worker runs in a thread, without beat)."""
-    if not enabled():
-        yield
-        return
-    from celery_dlx.worker.drain import run_drain
-    from celery_dlx.worker.runtime import get_runtime
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    for line in config.stash.get(WORKERS, []):
+        terminalreporter.write_line(line)
 
-    runtime = get_runtime(request.getfixturevalue("celery_session_app"))
-    interval = float(runtime.config.drain_interval)
-    stop = threading.Event()
 
-    def loop() -> None:
-        while not stop.is_set():
-            # A Redis hiccup: the next tick tries again, as beat would.
-            with contextlib.suppress(Exception):
-                run_drain(runtime, budget_seconds=interval)
-            stop.wait(interval)
+def drainer_running(worker: Any) -> bool:
+    """True when ``worker`` (a started WorkController) has celery_dlx's drainer thread running."""
+    from celery_dlx.worker.drainer import DrainerStep
 
-    thread = threading.Thread(target=loop, name="celery_dlx-compat-drain", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(10)
+    steps = [s for s in worker.blueprint.order if isinstance(s, DrainerStep)]
+    return any(s.running is not None and s.running.is_alive() for s in steps)

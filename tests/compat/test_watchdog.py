@@ -7,7 +7,6 @@ processes (pytest itself in the second) and check what the gate does with them.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import textwrap
@@ -16,20 +15,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def compat() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "celery_compat_script", ROOT / "scripts" / "celery_compat.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def alive(pid: int) -> bool:
