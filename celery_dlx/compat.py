@@ -15,7 +15,11 @@ redis-py process-wide; where their code is slow or wrong for celery_dlx, it work
 its own code (``docs/upstream.md`` proposes the fixes upstream). Gone for that reason, besides
 the wrap above: the shared and sparse code positions of billiard's traceback copies and the
 cached positions and carets of ``traceback`` (a requeue or park no longer makes Celery build a
-traceback at all: :func:`settling_tracer`).
+traceback at all: :func:`settling_tracer`), and py-amqp's basic-properties decoder, which
+celery_dlx replaced for the whole process to survive properties that are not UTF-8: its own frame
+reader now goes to its own connections only (``celery_dlx/broker/frames.py``, through py-amqp's
+``Connection(frame_handler=...)``; the py-amqp internals it relies on are checked in
+``tests/unit/test_amqp_compat.py``).
 """
 
 from __future__ import annotations
@@ -38,60 +42,6 @@ _lock = threading.Lock()
 
 #: ``(name, type)`` pairs of kombu ``Object.attrs``: the attributes a copy keeps.
 QueueAttrs = tuple[tuple[str, Any], ...]
-#: A py-amqp decoder of one class's content header: ``(buf, offset) -> (properties, offset)``.
-PropertyDecoder = Callable[[Any, int], tuple[dict[str, Any], int]]
-
-
-# -- py-amqp: properties that are not UTF-8 ------------------------------------------------------
-
-
-def _replacing(value: object) -> object:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode("utf-8", errors="replace")
-    return value
-
-
-def install_tolerant_properties() -> None:
-    """Make py-amqp deliver messages whose properties or header names are not UTF-8.
-
-    AMQP short strings (``message_id``, ``content_type``, header names...) are octets, and
-    producers in other languages send whatever bytes they hold. py-amqp decodes them as UTF-8
-    inside the connection's frame reader and raises ``UnicodeDecodeError`` there: the delivery
-    never reaches the consumer and the broker redelivers it to the next consumer, which dies the
-    same way. One such dead letter would stop the DLX service for good.
-
-    Internals: ``amqp.serialization.PROPERTY_CLASSES`` (the decoder per class id, looked up per
-    header frame) and ``amqp.serialization.pstr_t`` (the short-string decoder, read at call
-    time). py-amqp has no hook for either. A header frame that decodes today decodes exactly as
-    before; one that raises is decoded again with every invalid short string replaced
-    (``U+FFFD``). Process-wide and idempotent; called by celery_dlx's consumers, never at import.
-    """
-    from amqp import serialization, spec
-
-    # celery-types declares PROPERTY_CLASSES as dict[int, type]; py-amqp stores decoder functions.
-    classes: dict[int, PropertyDecoder] = serialization.PROPERTY_CLASSES  # type: ignore[assignment]
-    strict = classes[spec.Basic.CLASS_ID]
-    if getattr(strict, "celery_dlx_tolerant", False):
-        return
-
-    def decode(buf: Any, offset: int) -> tuple[dict[str, Any], int]:
-        try:
-            return strict(buf, offset)
-        except UnicodeDecodeError:
-            # py-amqp reads its module's `pstr_t` at call time; swap it for this one frame. Another
-            # thread decoding meanwhile sees the same result for anything that decodes, and
-            # replacement characters where it would have raised or kept bytes.
-            with _lock:
-                original = serialization.pstr_t
-                # celery-types declares pstr_t as str -> bytes; it is amqp.utils.bytes_to_str.
-                serialization.pstr_t = _replacing  # type: ignore[assignment]
-                try:
-                    return strict(buf, offset)
-                finally:
-                    serialization.pstr_t = original
-
-    setattr(decode, "celery_dlx_tolerant", True)  # noqa: B010 (a marker on a function)
-    classes[spec.Basic.CLASS_ID] = decode
 
 
 # -- kombu -----------------------------------------------------------------------------------------
