@@ -2,8 +2,8 @@
 
 Nothing here is used by celery_dlx itself: ``bench_app`` applies these when ``BENCH_EXPERIMENTS``
 names them. The earlier experiments (``lazy_einfo``, ``quiet_ignore``, ``einfo_positions``) are
-now celery_dlx's own code (``LazyExceptionInfo``, ``raise Ignore() from None``,
-``compat.share_code_positions``); what is left:
+now celery_dlx's own code (``LazyExceptionInfo``, ``raise Ignore() from None``) or gone with the
+requeue and park that end without a traceback (``compat.settling_tracer``); what is left:
 
 - ``no_events``: ``dlx_send_events = False`` (no Flower event per fate change).
 """

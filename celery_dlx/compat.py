@@ -24,7 +24,6 @@ reader now goes to its own connections only (``celery_dlx/broker/frames.py``, th
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,6 @@ from kombu.message import Message
 if TYPE_CHECKING:
     from sentry_sdk.types import Event, Hint
 
-_lock = threading.Lock()
 
 #: ``(name, type)`` pairs of kombu ``Object.attrs``: the attributes a copy keeps.
 QueueAttrs = tuple[tuple[str, Any], ...]
