@@ -1,6 +1,7 @@
 """Export celery_dlx's failure history to Parquet, incrementally, with aggregates and a chart.
 
-Run it with ``spark-submit`` (any master) or plain ``python`` (``local[*]``)::
+Run it with ``spark-submit`` (its ``--master``: ``spark://``, ``yarn``, ``k8s://``, ``local[N]``)
+or plain ``python`` (``--master``, else the configured master, else ``local[*]``)::
 
     python -m celery_dlx_spark --redis-url redis://127.0.0.1:6379/0 --prefix dlx --out /data/dlx-history
 
@@ -59,6 +60,8 @@ LAST_RUN = "_last_export.json"
 STAGING = "_staging"
 #: Name of the chart in the output directory.
 CHART = "failures_by_cause.png"
+#: Master of a run that nothing else gave one (plain ``python -m celery_dlx_spark``).
+DEFAULT_MASTER = "local[*]"
 
 
 class ExportError(RuntimeError):
@@ -300,7 +303,13 @@ def export(spark: Any, options: ExportOptions) -> dict[str, Any]:
         else dlx_source.connect(options.redis_url)
     )
     counter = spark.sparkContext.accumulator(0)
-    result: dict[str, Any] = {"stream": key, "out": options.out, "trimmed": None}
+    result: dict[str, Any] = {
+        "stream": key,
+        "out": options.out,
+        "trimmed": None,
+        "master": spark.sparkContext.master,
+        "app_id": spark.sparkContext.applicationId,
+    }
     with ExitStack() as stack:
         if client is not None:
             stack.callback(client.close)
@@ -384,7 +393,8 @@ def format_result(result: dict[str, Any]) -> str:
         lines.append(
             f"exported batch {result['batch']}: {result['records']:,} records, "
             f"{result['malformed']:,} malformed, up to id {result['end_id']} "
-            f"({result['records_per_s']:,.0f} records/s on {result['cores']} cores)"
+            f"({result['records_per_s']:,.0f} records/s on {result['cores']} cores"
+            f"{' of ' + result['master'] if result.get('master') else ''})"
         )
         for code, count in sorted(result["malformed_by_reason"].items()):
             lines.append(f"  malformed {code}: {count:,} (see {result['out']}/malformed)")
@@ -408,7 +418,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source.add_argument("--prefix", default="dlx", help="celery_dlx key prefix (dlx_key_prefix)")
     source.add_argument("--snapshot", help="read a JSON-lines snapshot (path or glob) instead")
     parser.add_argument("--out", required=True, help="output directory (path or Hadoop URI)")
-    parser.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
+    parser.add_argument(
+        "--master",
+        help="Spark master of a plain python run (default: spark-defaults.conf's, else local[*]); "
+        "under spark-submit, give spark-submit's --master",
+    )
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--ranges", type=int, help="id ranges read in parallel")
     parser.add_argument("--page-size", type=int, default=5000, help="entries per XRANGE")
@@ -441,15 +455,52 @@ def options_from_args(args: argparse.Namespace) -> ExportOptions:
     )
 
 
+def choose_master(requested: str | None, configured: str | None, submitted: bool) -> str:
+    """The master the job runs on: spark-submit's when spark-submit started it, else the job's
+    ``--master``, else the configured one, else ``local[*]``.
+
+    Args:
+        requested: the job's own ``--master`` (or ``--conf spark.master=...``), if any.
+        configured: ``spark.master`` as the JVM sees it: spark-submit's ``--master`` or
+            ``--conf``, ``spark-defaults.conf``, ``$MASTER``.
+        submitted: spark-submit started this driver (it always sets a master, ``local[*]`` by
+            default), so its master is the one the user chose.
+
+    Raises:
+        ExportError: under spark-submit, a job ``--master`` that is not spark-submit's.
+    """
+    if submitted and requested and configured and requested != configured:
+        raise ExportError(
+            f"--master {requested} was given to the job, but spark-submit runs it on "
+            f"{configured}: give the master to spark-submit's --master instead"
+        )
+    if submitted:
+        return configured or requested or DEFAULT_MASTER
+    return requested or configured or DEFAULT_MASTER
+
+
 def build_session(master: str | None, conf: list[str]) -> Any:
-    """A SparkSession: ``master`` if given, else spark-submit's, else ``local[*]``."""
-    from pyspark import SparkConf
+    """A SparkSession on the master :func:`choose_master` picks; a master set by spark-submit,
+    SparkConf or ``spark-defaults.conf`` is never replaced.
+
+    Raises:
+        ExportError: see :func:`choose_master`.
+    """
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName("celery-dlx-export")
     settings = dict(item.split("=", 1) for item in conf)
-    chosen = master or SparkConf().get("spark.master", None) or "local[*]"
-    builder = builder.master(chosen)
+    requested = master or settings.pop("spark.master", None)
+    # spark-submit hands its driver the gateway of its own JVM, whose system properties hold
+    # spark-submit's --master, --conf and spark-defaults.conf: join (or, run with plain python,
+    # start) that JVM first, so SparkConf sees them before anything decides the master
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    SparkContext._ensure_initialized()
+    configured = SparkConf().get("spark.master", None)
+    chosen = choose_master(requested, configured, submitted)
+    builder = SparkSession.builder.appName("celery-dlx-export")
+    if chosen != configured:
+        builder = builder.master(chosen)
     if chosen.startswith("local"):
         # local workers must be this interpreter (it has redis-py), not whatever python3 is
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -474,8 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as exc:
         print(f"dlx export: {exc}", file=sys.stderr)
         return 2
-    spark = build_session(args.master, args.conf)
+    try:
+        spark = build_session(args.master, args.conf)
+    except ExportError as exc:
+        print(f"dlx export: {exc}", file=sys.stderr)
+        _write_result(args.result_json, {"status": "failed", "error": str(exc)})
+        return 2
     spark.sparkContext.setLogLevel("WARN")
+    if not args.quiet:
+        print(f"dlx export: {describe(spark)}", file=sys.stderr, flush=True)
     try:
         result = export(spark, options)
     except (ExportError, dlx_stream.LockedError, dlx_storage.CheckpointError) as exc:
@@ -486,14 +544,24 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
     finally:
         spark.stop()
-    if args.result_json:
-        with open(args.result_json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2, default=str)
+    _write_result(args.result_json, result)
     if result["status"] == "failed":
         return 1
     if not args.quiet:
         print(format_result(result))
     return 0
+
+
+def describe(spark: Any) -> str:
+    """Where the job runs: its master and application id (the id the cluster's UI shows)."""
+    context = spark.sparkContext
+    return f"running on {context.master} as application {context.applicationId}"
+
+
+def _write_result(path: str | None, result: dict[str, Any]) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=2, default=str)
 
 
 if __name__ == "__main__":

@@ -135,7 +135,19 @@ def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
 
 @click.command("export")
 @click.option("--out", required=True, help="Output directory (local path, hdfs://, s3a://...).")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option(
+    "--master",
+    default="local[*]",
+    show_default=True,
+    help="Spark master, given to spark-submit: local[N], spark://HOST:PORT, yarn, k8s://URL.",
+)
+@click.option(
+    "--conf",
+    "conf_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A Spark setting for spark-submit (spark.executor.memory=2g...); repeatable.",
+)
 @click.option(
     "--trim", is_flag=True, help="Trim the history stream up to the checkpoint after the export."
 )
@@ -156,6 +168,7 @@ def export_command(
     ctx: click.Context,
     out: str,
     master: str,
+    conf_items: tuple[str, ...],
     trim: bool,
     snapshot: str | None,
     timeout: float | None,
@@ -169,6 +182,9 @@ def export_command(
 
     if trim and snapshot:
         raise click.UsageError("--trim applies to the Redis stream; it cannot go with --snapshot")
+    if any("=" not in item or item.startswith("=") for item in conf_items):
+        raise click.UsageError("--conf takes KEY=VALUE (a Spark setting)")
+    conf = dict(item.split("=", 1) for item in conf_items)
     app = app_of(ctx)
     if print_command:
         redis_url, prefix = export_settings(app)
@@ -179,6 +195,7 @@ def export_command(
             snapshot=snapshot,
             master=master,
             trim=trim,
+            conf=conf,
         )
         if as_json:
             echo_json(command)
@@ -186,7 +203,14 @@ def export_command(
             click.echo(shlex.join(command))
         return
     result = run_export(
-        app, out=out, master=master, trim=trim, snapshot=snapshot, timeout=timeout, echo=not as_json
+        app,
+        out=out,
+        master=master,
+        conf=conf,
+        trim=trim,
+        snapshot=snapshot,
+        timeout=timeout,
+        echo=not as_json,
     )
     if as_json:
         echo_json({k: v for k, v in result.__dict__.items() if k != "raw"})
@@ -194,6 +218,7 @@ def export_command(
     click.echo(
         f"{result.status}: {result.records} records, {result.malformed} malformed, to {result.out}"
         + (f"; chart {result.chart}" if result.chart else "")
+        + (f"; Spark application {result.app_id} on {result.master}" if result.app_id else "")
     )
 
 

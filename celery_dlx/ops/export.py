@@ -74,6 +74,8 @@ class ExportResult:
         seconds: ``export`` (read, validate, write) and ``total`` wall time of the job.
         records_per_s: records (good and malformed) exported per second by this run.
         cores: Spark's default parallelism (cores) the run had.
+        master: the Spark master the job ran on (``local[*]``, ``spark://host:7077``, ``yarn``...).
+        app_id: the Spark application id (as the cluster manager and its UI name it).
         command: the spark-submit command that ran.
         raw: the job's whole result.
     """
@@ -93,6 +95,8 @@ class ExportResult:
     seconds: dict[str, float]
     records_per_s: float
     cores: int
+    master: str = ""
+    app_id: str = ""
     command: list[str] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -124,6 +128,8 @@ class ExportResult:
             seconds={k: float(v) for k, v in (data.get("seconds") or {}).items()},
             records_per_s=float(data.get("records_per_s", 0.0)),
             cores=int(data.get("cores", 0)),
+            master=str(data.get("master", "")),
+            app_id=str(data.get("app_id", "")),
             command=list(command),
             raw=dict(data),
         )
@@ -257,7 +263,9 @@ def build_spark_submit_command(
         redis_url: Redis holding the history stream (``dlx_redis_url``).
         key_prefix: celery_dlx key prefix (``dlx_key_prefix``); default ``dlx``.
         snapshot: read this JSON-lines snapshot (see :func:`dump_snapshot`) instead of Redis.
-        master: Spark master: ``local[*]`` (default), ``spark://host:7077``, ``yarn``, ``k8s://...``.
+        master: Spark master, passed to spark-submit's ``--master`` (the job never replaces
+            it): ``local[*]`` (default), ``local[N]``, ``spark://host:7077``, ``yarn``,
+            ``k8s://https://host:443``.
         trim: trim the stream up to the checkpoint after a committed export.
         ranges: id ranges the stream is split into (default: 4 per core, fewer for short streams).
         page_size: entries per XRANGE call (default 5000).
@@ -274,11 +282,16 @@ def build_spark_submit_command(
         workdir: where the job's zip and entry script are written (see :func:`package_job`).
 
     Raises:
-        ExportError: neither ``redis_url`` nor ``snapshot``, ``trim`` with ``snapshot``, or the
-            job or spark-submit cannot be found.
+        ExportError: neither ``redis_url`` nor ``snapshot``, ``trim`` with ``snapshot``, an
+            empty ``master``, or the job or spark-submit cannot be found.
     """
     if snapshot is None and not redis_url:
         raise ExportError("export needs redis_url (dlx_redis_url) or snapshot (a JSON-lines file)")
+    if not master or master != master.strip():
+        raise ExportError(
+            f"master must name a Spark master (local[*], local[N], spark://host:port, yarn, "
+            f"k8s://https://host:port), got {master!r}"
+        )
     if snapshot is not None and trim:
         raise ExportError("trim applies to the Redis stream; it cannot go with snapshot")
     entry, archive = find_job(job, workdir)

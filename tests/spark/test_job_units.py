@@ -82,6 +82,29 @@ def test_page_blobs_keep_columns_even_with_separators_in_values() -> None:
     assert "kept out" not in records[2]
 
 
+@pytest.mark.parametrize(
+    ("requested", "configured", "submitted", "chosen"),
+    [
+        (None, "spark://m:7077", True, "spark://m:7077"),  # spark-submit --master
+        (None, "yarn", True, "yarn"),
+        (None, "local[*]", True, "local[*]"),  # spark-submit's own default
+        ("yarn", "yarn", True, "yarn"),
+        ("local[2]", "local[*]", False, "local[2]"),  # python -m ... --master
+        (None, "k8s://https://k:443", False, "k8s://https://k:443"),  # spark-defaults.conf
+        (None, None, False, "local[*]"),  # nothing set one
+    ],
+)
+def test_the_master_is_never_replaced(
+    requested: str | None, configured: str | None, submitted: bool, chosen: str
+) -> None:
+    assert dlx_export.choose_master(requested, configured, submitted) == chosen
+
+
+def test_a_job_master_differing_from_spark_submits_is_refused() -> None:
+    with pytest.raises(dlx_export.ExportError, match="spark-submit's --master"):
+        dlx_export.choose_master("local[2]", "spark://m:7077", submitted=True)
+
+
 def test_ids_and_successors() -> None:
     assert dlx_source.parse_id(b"17-3") == (17, 3)
     assert dlx_stream.successor("17-3") == "17-4"
