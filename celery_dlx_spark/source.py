@@ -149,8 +149,9 @@ def split_ranges(
     return ranges
 
 
-#: A raw XRANGE entry: its id and its fields as a flat ``[name, value, name, value...]`` list.
-RawEntry = tuple[bytes, list[bytes]]
+#: An XRANGE entry: its id and its fields, as a flat ``[name, value, name, value...]`` list (the
+#: reply as hiredis parsed it) or as a dict (a client that applied redis-py's XRANGE callback).
+RawEntry = tuple[bytes, list[bytes] | dict[bytes, bytes]]
 
 
 @functools.lru_cache(maxsize=64)
@@ -165,6 +166,15 @@ def _values_getter(names: tuple[bytes, ...]) -> Callable[[list[bytes]], tuple[by
     return lambda flat: tuple(b"" if i is None else flat[i] for i in picks)
 
 
+def _flat(fields: list[bytes] | dict[bytes, bytes]) -> list[bytes]:
+    """An entry's fields as a flat ``[name, value, ...]`` list. The reply's own list unless a
+    callback made it a dict: a ``RedisCluster`` runs its nodes' XRANGE callbacks, whatever its
+    own ``set_response_callback`` says."""
+    if isinstance(fields, dict):
+        return [item for pair in fields.items() for item in pair]
+    return fields
+
+
 def encode_page(rows: list[RawEntry]) -> str:
     """One XRANGE page as a blob: entries joined by ``RECORD_SEP``, each the id and the fields of
     ``HISTORY_FIELDS`` joined by ``UNIT_SEP`` (a missing field is empty).
@@ -172,9 +182,10 @@ def encode_page(rows: list[RawEntry]) -> str:
     Separator characters inside a value (never written by celery_dlx) become U+FFFD so a hostile
     value cannot shift the columns; undecodable UTF-8 becomes U+FFFD too.
     """
+    flats = [(entry_id, _flat(fields)) for entry_id, fields in rows]
     records = [
         _UNIT_SEP_B.join((entry_id, *_values_getter(tuple(flat[0::2]))(flat)))
-        for entry_id, flat in rows
+        for entry_id, flat in flats
     ]
     blob = _RECORD_SEP_B.join(records)
     expected_units = len(records) * len(HISTORY_FIELDS)
@@ -183,7 +194,7 @@ def encode_page(rows: list[RawEntry]) -> str:
             _UNIT_SEP_B.join(
                 [_clean(entry_id), *map(_clean, _values_getter(tuple(flat[0::2]))(flat))]
             )
-            for entry_id, flat in rows
+            for entry_id, flat in flats
         )
     return blob.decode("utf-8", "replace")
 

@@ -82,6 +82,19 @@ def test_page_blobs_keep_columns_even_with_separators_in_values() -> None:
     assert "kept out" not in records[2]
 
 
+def test_page_blobs_are_the_same_from_dict_replies() -> None:
+    # a RedisCluster applies its nodes' XRANGE callback, so the fields come as a dict there
+    # (they were sliced like a list: "TypeError: unhashable type: 'slice'")
+    rows = [
+        (b"1-0", [b"fate", b"parked", b"queue", b"q", b"delay", b"1.5"]),
+        (b"1-1", [b"task", b"\xff", b"fate", b"buried", b"reason", b"a\x1eb\x1fc"]),
+    ]
+    as_dicts = [
+        (entry_id, dict(zip(flat[0::2], flat[1::2], strict=True))) for entry_id, flat in rows
+    ]
+    assert dlx_source.encode_page(as_dicts) == dlx_source.encode_page(list(rows))
+
+
 @pytest.mark.parametrize(
     ("requested", "configured", "submitted", "chosen"),
     [
