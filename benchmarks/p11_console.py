@@ -107,7 +107,7 @@ def main() -> None:
     from celery_dlx.store.graveyard import Filters, Graveyard
     from celery_dlx.web.console import WebSettings
     from celery_dlx.web.server import Background
-    from celery_dlx.worker.runtime import get_runtime
+    from celery_dlx.wiring.runtime import get_runtime
     from tests.chaos.servers import own_redis
     from tests.web.helpers import free_port
 

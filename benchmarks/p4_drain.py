@@ -40,8 +40,8 @@ from kombu import Connection, Producer
 
 from celery_dlx.fates import now_ms
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.worker.drain import drain_once, run_drain
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.drain.core import drain_once, run_drain
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 TARGET = 0.4
 

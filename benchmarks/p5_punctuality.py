@@ -42,8 +42,8 @@ from kombu import Connection, Consumer, Queue
 from celery_dlx.fates import now_ms
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import load_config
-from celery_dlx.worker.drain import beat_entry, register_drain_task
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.drain.core import beat_entry, register_drain_task
+from celery_dlx.wiring.runtime import get_runtime
 
 #: Header carrying a bench retry's due time (epoch ms), read at arrival.
 DUE_HEADER = "bench-due-ms"

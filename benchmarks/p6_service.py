@@ -54,7 +54,7 @@ from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.ops import obituaries
 from celery_dlx.policy.config import load_config
 from celery_dlx.service.loop import DLXService
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 
 logging.basicConfig(level=logging.INFO, stream=open(os.devnull, "w"))  # noqa: SIM115
 

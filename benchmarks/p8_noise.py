@@ -64,8 +64,8 @@ import celery_dlx
 from celery_dlx.policy.config import load_config
 from celery_dlx.service.loop import DLXService
 from celery_dlx.store.graveyard import Graveyard
-from celery_dlx.worker.drain import run_drain
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.drain.core import run_drain
+from celery_dlx.wiring.runtime import get_runtime
 from tests.sentry_sink import SentrySink
 
 ATTEMPTS = 5

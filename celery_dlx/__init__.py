@@ -32,7 +32,7 @@ from celery_dlx.errors import (
 from celery_dlx.fates import Bury, Park, Requeue
 from celery_dlx.install import install
 from celery_dlx.policy.decide import ExponentialBackoff, ListBackoff
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.task import DLXTask
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from celery_dlx.broker.topology import as_dlx_queue, management_of_app
 from celery_dlx.compat import app_task_or_amqp_made
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.integrations import install_integrations
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def configure(app: Celery) -> None:
     """Apply the validated settings to ``app`` (called once its configuration is loaded)."""
     runtime = get_runtime(app)
     config = runtime.config
-    from celery_dlx.worker.drain import register_drain_task
+    from celery_dlx.drain.core import register_drain_task
 
     # The drain task is registered even when disabled, so `celery dlx` tools and a beat of
     # another app can send it; it only runs if scheduled.

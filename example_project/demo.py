@@ -103,7 +103,7 @@ def _check_services(names: Any) -> str | None:
 
 
 def _tour(names: Any, run: str, rundir: Path, timeout: float) -> bool:
-    from celery_dlx.worker.runtime import get_runtime
+    from celery_dlx.wiring.runtime import get_runtime
 
     from . import processes, schema, story
     from .report import table
@@ -259,7 +259,7 @@ def _console(names: Any, run: str, rundir: Path) -> None:
     try:
         from celery_dlx.web.console import WebSettings
         from celery_dlx.web.server import Background
-        from celery_dlx.worker.runtime import get_runtime
+        from celery_dlx.wiring.runtime import get_runtime
 
         from . import processes
 

@@ -19,7 +19,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -293,3 +293,74 @@ def close_quietly(channel: amqp.Channel) -> None:
             channel.close()
     except Exception:  # closing a broken channel is best effort
         logger.debug("closing a delay-queue declare channel failed", exc_info=True)
+
+
+class LadderParking:
+    """The ``Parking`` role with ``dlx_delay_backend = "ttl"``: retries wait in the broker's
+    delay queues, which give them back by themselves (no drain).
+
+    Reads and drain calls go to ``stored``, the Redis parking store: what was parked there
+    before the backend changed still drains and shows.
+
+    Args:
+        ladder: the process's delay-queue ladder.
+        publisher: the process's confirming publisher (asked for at each park).
+        stored: the Redis parking store (a ``Parking``), asked for when first needed.
+    """
+
+    def __init__(
+        self,
+        ladder: Ladder,
+        publisher: Callable[[], ConfirmingPublisher],
+        stored: Callable[[], Any],
+    ) -> None:
+        self.ladder = ladder
+        self.publisher = publisher
+        self.stored = stored
+
+    def park(self, message: ParkedMessage) -> bool:
+        """Publish ``message`` to its delay queue (confirmed); always True (no dedup id)."""
+        self.ladder.park(self.publisher(), message)
+        return True
+
+    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
+        self.ladder.park_many(self.publisher(), messages)
+        return [True] * len(messages)
+
+    def park_recorded(self, message: ParkedMessage, events: Sequence[Any]) -> bool:
+        """Park in the broker; the caller records ``events`` (returns False)."""
+        self.park(message)
+        return False
+
+    # What waits in Redis (parked before the backend changed) drains and shows as before.
+
+    def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
+        return list(self.stored().claim(limit, lease_ms, now))
+
+    def ack(self, messages: Iterable[ParkedMessage]) -> int:
+        return int(self.stored().ack(messages))
+
+    def release(self, messages: Iterable[ParkedMessage], due_ms: int | None = None) -> None:
+        self.stored().release(messages, due_ms)
+
+    def count(self) -> int:
+        return int(self.stored().count())
+
+    def due_count(self, now: int | None = None) -> int:
+        return int(self.stored().due_count(now))
+
+    def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
+        return list(self.stored().peek(limit, offset))
+
+    def soonest(self, limit: int, batch: int = 1000) -> Iterator[ParkedMessage]:
+        return iter(self.stored().soonest(limit, batch))
+
+    def entry(self, entry_id: str) -> ParkedMessage | None:
+        found: ParkedMessage | None = self.stored().entry(entry_id)
+        return found
+
+    def remove(self, entry_ids: Sequence[str]) -> int:
+        return int(self.stored().remove(entry_ids))
+
+    def load_scripts(self) -> None:
+        self.stored().load_scripts()

@@ -30,11 +30,15 @@ class ConfirmingPublisher:
     Args:
         connection: a connected ``kombu.Connection`` to RabbitMQ (pyamqp transport).
         timeout: seconds to wait for the confirms of one batch.
+        owns_connection: :meth:`close` releases the connection too.
     """
 
-    def __init__(self, connection: Connection, timeout: float = 30.0) -> None:
+    def __init__(
+        self, connection: Connection, timeout: float = 30.0, *, owns_connection: bool = False
+    ) -> None:
         self.connection = connection
         self.timeout = timeout
+        self.owns_connection = owns_connection
         self._channel: AMQPChannel | None = None
         # Wraps inside 32 bits: a larger header integer would go out as text (issue 12), and
         # seqs need only be unique within one batch (returns are matched per batch).
@@ -161,6 +165,11 @@ class ConfirmingPublisher:
             except Exception:  # closing a broken channel is best effort
                 logger.debug("closing confirm channel failed", exc_info=True)
             self._channel = None
+        if self.owns_connection:
+            try:
+                self.connection.release()
+            except Exception:  # a dead connection may fail to close
+                logger.debug("releasing a publisher connection failed", exc_info=True)
 
 
 def outgoing_copies(

@@ -22,7 +22,7 @@ from celery_dlx.cli.kit import (
     show_progress,
 )
 from celery_dlx.ops.render import table
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
 

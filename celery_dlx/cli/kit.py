@@ -28,7 +28,7 @@ from celery_dlx.errors import DLXError
 from celery_dlx.ops.render import dumps, parse_duration, parse_when
 
 if TYPE_CHECKING:
-    from celery_dlx.worker.runtime import Runtime
+    from celery_dlx.wiring.runtime import Runtime
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -48,8 +48,8 @@ def app_of(ctx: click.Context) -> Celery:
 
 
 def runtime_of(ctx: click.Context) -> Runtime:
-    """The app's :class:`~celery_dlx.worker.runtime.Runtime`."""
-    from celery_dlx.worker.runtime import get_runtime
+    """The app's :class:`~celery_dlx.wiring.runtime.Runtime`."""
+    from celery_dlx.wiring.runtime import get_runtime
 
     return get_runtime(app_of(ctx))
 

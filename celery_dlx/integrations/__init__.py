@@ -2,7 +2,7 @@
 
 :func:`install_integrations` appends the enabled fate listeners to ``runtime.listeners``;
 ``celery_dlx.install(app)`` calls it. Each listener is told every fate change after it was
-logged, counted and appended to the failure history (see :meth:`celery_dlx.worker.runtime.Runtime.record`).
+logged, counted and appended to the failure history (see :meth:`celery_dlx.wiring.runtime.Runtime.record`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from celery import Celery
 from celery_dlx.integrations.events import EventSender, install_events
 from celery_dlx.integrations.logs import CeleryEchoFilter, install_log_filter
 from celery_dlx.integrations.sentry import SentryReporter, install_sentry, mark_handled
-from celery_dlx.worker.runtime import Listener, Runtime
+from celery_dlx.wiring.runtime import Listener, Runtime
 
 __all__ = [
     "CeleryEchoFilter",

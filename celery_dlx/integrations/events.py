@@ -34,7 +34,7 @@ from typing import Any
 from celery import Celery
 
 from celery_dlx.fates import BURIED, PARKED, REPLAYED, REQUEUED, FateEvent
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

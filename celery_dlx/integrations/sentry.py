@@ -30,10 +30,9 @@ from typing import TYPE_CHECKING, Any
 from celery_dlx.compat import add_sentry_event_processor_once
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import BURIED, FateEvent
-from celery_dlx.integrations.ratelimit import WindowBudget
 from celery_dlx.integrations.tracebacks import exception_values
 from celery_dlx.policy.settings import SENTRY_SETTINGS, sentry_missing
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:
     from sentry_sdk.types import Event, Hint
@@ -44,7 +43,7 @@ logger = logging.getLogger(__name__)
 LEVELS = {"page": "fatal", "notify": "warning"}
 #: Breadcrumb level per fate (anything not listed is ``info``).
 BREADCRUMB_LEVELS = {"parked": "warning", "requeued": "info", "buried": "error"}
-#: The logger :meth:`celery_dlx.worker.runtime.Runtime.record` writes fate lines to.
+#: The logger :meth:`celery_dlx.wiring.runtime.Runtime.record` writes fate lines to.
 FATE_LOGGER = "celery_dlx"
 #: Attribute set on an exception whose failure celery_dlx turned into a fate.
 HANDLED_ATTR = "__celery_dlx_fate__"
@@ -294,9 +293,7 @@ class SentryReporter:
         self.include_payload: bool = config.sentry_include_payload
         self.payload_limit: int = config.sentry_payload_limit
         self._protobuf: tuple[Any] | None = None
-        self.budget = WindowBudget(
-            runtime.keys, "sentry", config.sentry_rate_limit, config.sentry_rate_window
-        )
+        self.budget = runtime.budget("sentry", config.sentry_rate_limit, config.sentry_rate_window)
 
     def __call__(self, event: FateEvent) -> None:
         if not sentry_active():
@@ -325,9 +322,7 @@ class SentryReporter:
         if history is not None or obituary_id is None:
             return history
         try:
-            from celery_dlx.store.graveyard import Graveyard
-
-            (ob,) = Graveyard(self.runtime.redis, self.runtime.keys).load([obituary_id])
+            (ob,) = self.runtime.graveyard.load([obituary_id])
         except Exception as exc:  # breadcrumbs are a nicety; the event goes without them
             logger.debug("could not read obituary %s for breadcrumbs: %r", obituary_id, exc)
             return None
@@ -345,7 +340,7 @@ class SentryReporter:
         if level is None:
             return None
         fingerprint = event.cause or f"{event.task or event.queue}:{event.exc_type}"
-        allowed, used = self.budget.spend(self.runtime.redis, fingerprint)
+        allowed, used = self.budget.spend(fingerprint)
         if not allowed:
             return None
         data = burial_event(event, level)

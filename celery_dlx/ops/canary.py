@@ -29,7 +29,7 @@ from celery_dlx.fates import BURIED, PARKED, RECOVERED, REQUEUED
 from celery_dlx.message.obituary import ORIGIN_FOREIGN, Obituary
 from celery_dlx.ops.replay import ReplayReport, replay
 from celery_dlx.store.graveyard import Graveyard
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 #: Fates that mean the canary failed again.
 FAILURE_FATES = (REQUEUED, PARKED, BURIED)

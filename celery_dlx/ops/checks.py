@@ -25,9 +25,8 @@ from celery import Celery
 
 from celery_dlx.broker.management import Management, ManagementError, dead_letter_exchange_of
 from celery_dlx.fates import now_ms
-from celery_dlx.message.names import Keys
 from celery_dlx.policy.config import DLXConfig
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -176,29 +175,6 @@ def find_orphans(
     return out
 
 
-def consumerless_key(keys: Keys) -> str:
-    """Redis hash: queue -> epoch ms a ``check`` first saw it with messages and no consumer."""
-    return keys.consumerless
-
-
-def remember_consumerless(
-    redis: Any, keys: Keys, queues: Iterable[Mapping[str, Any]], now: int
-) -> dict[str, int]:
-    """Record which queues have messages and no consumer now; returns the first-seen times."""
-    key = consumerless_key(keys)
-    waiting = [str(q["name"]) for q in queues if not q.get("consumers") and q.get("messages_ready")]
-    busy = [str(q["name"]) for q in queues if q.get("consumers") or not q.get("messages_ready")]
-    pipe = redis.pipeline(transaction=False)
-    for name in waiting:
-        pipe.hsetnx(key, name, now)
-    if busy:
-        pipe.hdel(key, *busy)
-    pipe.hgetall(key)
-    stored = pipe.execute()[-1] or {}
-    seen = {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in stored.items()}
-    return {name: seen[name] for name in waiting if name in seen}
-
-
 def _amqp_checks(app: Celery, config: DLXConfig) -> list[Problem]:
     """The DLX exchange and service queue exist (passive declares, one channel each)."""
     problems = []
@@ -294,7 +270,7 @@ def run_check(
         report.problems.extend(classify_queue(name, info, config.exchange, why))
     scope = listed if all_queues else [q for q in listed if _in_scope(q, expected, config)]
     report.orphan_scope = len(scope)
-    first_seen = remember_consumerless(runtime.redis, runtime.keys, scope, now)
+    first_seen = runtime.consumerless.remember(scope, now)
     report.problems.extend(
         find_orphans(scope, for_seconds=for_seconds, now=now, first_seen=first_seen)
     )

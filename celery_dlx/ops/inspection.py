@@ -1,6 +1,6 @@
 """What ``celery dlx list/show/groups/parked/stats`` show, as plain data.
 
-Every function takes a :class:`~celery_dlx.worker.runtime.Runtime` (or what it read) and returns
+Every function takes a :class:`~celery_dlx.wiring.runtime.Runtime` (or what it read) and returns
 JSON-safe dicts; the command line prints them as tables or as JSON. Payloads are shown through
 :func:`celery_dlx.codecs.decode_payload` (pickle is never loaded).
 """
@@ -17,7 +17,7 @@ from celery_dlx.ops import obituaries
 from celery_dlx.ops.render import iso, preview
 from celery_dlx.store import counters
 from celery_dlx.store.graveyard import Group
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 #: Bytes of each payload decoded for a listing (``show`` decodes up to the codecs' default).
 LIST_DECODE_LIMIT = 4096

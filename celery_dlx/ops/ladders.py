@@ -9,7 +9,7 @@ from amqp.exceptions import NotFound
 
 from celery_dlx.broker.ladder import close_quietly, delay_queue_name
 from celery_dlx.policy.durations import ladder_ms
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 
 def ladder_queues(runtime: Runtime) -> list[str]:

@@ -36,7 +36,7 @@ from celery_dlx.broker.topology import (
 from celery_dlx.errors import DLXError
 from celery_dlx.message.names import RAW_PROPERTIES_PROPERTY
 from celery_dlx.message.outgoing import Outgoing, copy_properties
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

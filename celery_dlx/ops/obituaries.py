@@ -1,6 +1,6 @@
 """Reading the graveyard: list, get, group and count obituaries without consuming anything.
 
-Plain functions over a :class:`~celery_dlx.worker.runtime.Runtime` that return data; the command
+Plain functions over a :class:`~celery_dlx.wiring.runtime.Runtime` that return data; the command
 line, the web console and users' own code sit on them.
 """
 
@@ -13,7 +13,7 @@ from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.store.graveyard import CHUNK, Filters, Graveyard, Group, When, chunks, text
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 
 def to_ms(value: When | None, *, now: int | None = None) -> int | None:
@@ -84,7 +84,7 @@ def list_obituaries(
     """Obituaries matching every given filter, newest first, without consuming anything.
 
     Args:
-        runtime: the app's :class:`~celery_dlx.worker.runtime.Runtime`.
+        runtime: the app's :class:`~celery_dlx.wiring.runtime.Runtime`.
         queue, task, cause, message_id: exact matches.
         since, until: burial time bounds (datetime, timedelta ago, or epoch seconds).
         limit: most obituaries returned (None: all).

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from celery_dlx.fates import PURGED
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
-from celery_dlx.store.graveyard import When, remove_all
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.store.graveyard import When
+from celery_dlx.wiring.retention import remove_all
+from celery_dlx.wiring.runtime import Runtime
 
 
 @dataclass

@@ -23,7 +23,7 @@ from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
 from celery_dlx.ops.render import iso
 from celery_dlx.store.graveyard import CHUNK, Graveyard, When, chunks
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 
 @dataclass

@@ -15,7 +15,7 @@ from celery import Celery, bootsteps
 from celery.worker.consumer import Consumer
 
 from celery_dlx.service.loop import DLXService
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 
 logger = logging.getLogger(__name__)
 

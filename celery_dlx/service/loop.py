@@ -33,8 +33,8 @@ from celery_dlx.errors import TopologyError
 from celery_dlx.service.outage import RETRY_DELAYS, TRANSIENT_ERRORS, Outage
 from celery_dlx.service.settle import BatchSettler, ack_all
 from celery_dlx.service.stats import ServiceStats
-from celery_dlx.store.graveyard import sweep_retention
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.retention import sweep_retention
+from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Running the DLX service: in this process, or in several forked ones sharing the queue.
 
-Each process also runs the drainer (:class:`~celery_dlx.worker.drainer.DrainerThread`), as every
+Each process also runs the drainer (:class:`~celery_dlx.drain.drainer.DrainerThread`), as every
 worker does, so a shop running only the service (no Python worker) gets its parked retries back:
 the holder of the Redis drain lease drains every ``dlx_drain_interval`` seconds, one process at a
 time per key prefix, whatever mix of workers and services runs.
@@ -16,12 +16,11 @@ from typing import Any
 
 from celery import Celery
 
+# The drainer every worker runs, reused as is (the runner's one import from the worker package).
+from celery_dlx.drain.drainer import DrainerThread
 from celery_dlx.errors import DLXError
 from celery_dlx.service.loop import DLXService
 from celery_dlx.service.stats import ServiceStats
-
-# The drainer every worker runs, reused as is (the runner's one import from the worker package).
-from celery_dlx.worker.drainer import DrainerThread
 
 logger = logging.getLogger(__name__)
 

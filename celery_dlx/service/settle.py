@@ -21,13 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import amqp
 from celery import Celery
-from kombu import Connection
 
 from celery_dlx import faults
-from celery_dlx.broker.frames import connection_for
-from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import read_state
@@ -45,30 +41,22 @@ from celery_dlx.policy.verdicts import (
     bury_verdict,
     decide_letter,
 )
+from celery_dlx.roles import Parking, Publisher
 from celery_dlx.service.stats import ServiceStats
-from celery_dlx.store.client import mget_many
-from celery_dlx.store.graveyard import Graveyard
-from celery_dlx.store.parking import ParkingStore
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
 
-#: How long a handled dead letter's key is remembered, to ack a redelivery without a second fate.
-SEEN_TTL_MS = 24 * 3600 * 1000
-
-
-# Set every key of KEYS with a time to live of ARGV[1] ms: the batch's "handled" markers.
-_MARK_SEEN = """
-for _, key in ipairs(KEYS) do redis.call('SET', key, '1', 'PX', ARGV[1]) end
-return #KEYS
-"""
+#: A delivery as the service's consumer hands it over (``amqp.Message``: body, headers,
+#: properties, delivery_info, channel, delivery_tag).
+Delivery = Any
 
 
 @dataclass
 class _Work:
     """One dead letter in a batch, from delivery to ack."""
 
-    message: amqp.Message
+    message: Delivery
     letter: DeadLetter
     verdict: Verdict | None = None
     record: CauseRecord | None = None
@@ -165,14 +153,14 @@ class BatchSettler:
         self.hostname = hostname or socket.gethostname()
         self.stats = ServiceStats()
         self._local = threading.local()  # each settling thread has its own publisher
-        self._publishers: list[tuple[ConfirmingPublisher, Connection]] = []
+        self._publishers: list[Publisher] = []
         self._publishers_lock = threading.Lock()
         # One random name per channel: with a delivery tag it names one delivery for good.
         self._channel_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
     # -- one batch ---------------------------------------------------------------------------
 
-    def handle(self, messages: Sequence[amqp.Message]) -> None:
+    def handle(self, messages: Sequence[Delivery]) -> None:
         """Give every dead letter of ``messages`` (kombu messages) its fate, then ack them.
 
         Raises:
@@ -181,7 +169,7 @@ class BatchSettler:
         self.settle(messages)
         ack_all(messages)
 
-    def settle(self, messages: Sequence[amqp.Message]) -> None:
+    def settle(self, messages: Sequence[Delivery]) -> None:
         """Give every dead letter of ``messages`` its fate (everything but the ack).
 
         Idempotent: run again on the same messages after a failure, it gives no second fate.
@@ -236,7 +224,7 @@ class BatchSettler:
                 "DLX service acked %d redelivered dead letter(s) handled before", duplicates
             )
 
-    def _read(self, message: amqp.Message) -> DeadLetter:
+    def _read(self, message: Delivery) -> DeadLetter:
         info = message.delivery_info or {}
         body = message.body
         if isinstance(body, str):
@@ -266,19 +254,14 @@ class BatchSettler:
             return uuid.uuid4().hex
         return f"{name}:{tag}" if tag is not None else uuid.uuid4().hex
 
-    def _seen_key(self, letter: DeadLetter) -> str:
-        return self.runtime.keys.seen(letter.key)
-
     def _lookup(self, works: list[_Work]) -> None:
-        """Which letters were handled before, and the worker's cause records: two MGETs."""
-        seen, records = mget_many(
-            self.runtime.redis,
-            [self._seen_key(w.letter) for w in works],
-            [self.runtime.keys.cause(w.letter.identity) for w in works],
+        """Which letters were handled before, and the worker's cause records: one round trip."""
+        seen, records = self.runtime.letters.lookup(
+            [w.letter.key for w in works], [w.letter.identity for w in works]
         )
         for w, marker, record in zip(works, seen, records, strict=True):
-            w.duplicate = marker is not None
-            w.record = CauseRecord.from_json(record)
+            w.duplicate = marker
+            w.record = record
 
     def _decide(self, work: _Work, now: int) -> Verdict:
         try:
@@ -289,30 +272,25 @@ class BatchSettler:
             return bury_verdict(work.letter, self.config, why, now, failed=False)
 
     @property
-    def publisher(self) -> ConfirmingPublisher:
+    def publisher(self) -> Publisher:
         """This thread's confirm-mode publisher, on its own connection."""
-        found: ConfirmingPublisher | None = getattr(self._local, "publisher", None)
+        found: Publisher | None = getattr(self._local, "publisher", None)
         if found is None:
-            conn = connection_for(self.app, write=True)
-            found = ConfirmingPublisher(conn)
+            found = self.runtime.open_publisher()
             self._local.publisher = found
             with self._publishers_lock:
-                self._publishers.append((found, conn))
+                self._publishers.append(found)
         return found
 
     def _close_publisher(self, *, every: bool = False) -> None:
         """Close this thread's publisher (after an error), or every thread's (at the end)."""
         with self._publishers_lock:
             mine = getattr(self._local, "publisher", None)
-            closing = [p for p in self._publishers if every or p[0] is mine]
+            closing = [p for p in self._publishers if every or p is mine]
             self._publishers = [p for p in self._publishers if p not in closing]
         self._local.publisher = None
-        for publisher, conn in closing:
-            publisher.close()
-            try:
-                conn.release()
-            except Exception:  # a dead connection may fail to close
-                logger.debug("releasing a DLX service publisher connection failed", exc_info=True)
+        for publisher in closing:
+            publisher.close()  # and its connection
 
     def _requeue(self, works: list[_Work], now: int) -> None:
         if not works:
@@ -356,24 +334,16 @@ class BatchSettler:
                     cause=verdict.cause,
                 )
             )
-        if self.runtime.broker_delays:
-            self._park_in_ladder(entries)
-            return
-        store = ParkingStore(self.runtime.redis, self.runtime.keys)
-        for w, entry, stored in zip(works, entries, store.park_many(entries), strict=True):
+        # With the TTL ladder (dlx_delay_backend = "ttl") there is no entry id to dedup against:
+        # a batch settled twice (a crash before its ack) parks its retries twice, the
+        # at-least-once the seen markers otherwise narrow.
+        parking = self.runtime.parking
+        for w, entry, stored in zip(works, entries, parking.park_many(entries), strict=True):
             if not stored:
-                self._park_taken(store, entry, w.letter, now)
-
-    def _park_in_ladder(self, entries: list[ParkedMessage]) -> None:
-        """``dlx_delay_backend = "ttl"``: publish the retries to their delay queues (confirmed).
-
-        No entry id to dedup against: a batch settled twice (a crash before its ack) parks its
-        retries twice, the at-least-once the seen markers otherwise narrow.
-        """
-        self.runtime.ladder.park_many(self.publisher, entries)
+                self._park_taken(parking, entry, w.letter, now)
 
     def _park_taken(
-        self, store: ParkingStore, parked: ParkedMessage, letter: DeadLetter, now: int
+        self, parking: Parking, parked: ParkedMessage, letter: DeadLetter, now: int
     ) -> None:
         """Park, idempotently, a letter whose entry id was taken; maybe under a more specific id.
 
@@ -382,21 +352,22 @@ class BatchSettler:
         fanout copy), or by the entry this letter was drained from, not yet deleted (an expired
         message keeps its attempt). The last two must not swallow this letter.
         """
-        if self._parked_by_this_letter(parked.entry_id, letter):
+        if self._parked_by_this_letter(parking, parked.entry_id, letter):
             return
         base = parked.message_id
         for candidate in (f"{base}@{letter.queue}", f"{base}@{letter.queue}~{now}"):
             parked.message_id = candidate
-            if store.park(parked) or self._parked_by_this_letter(parked.entry_id, letter):
+            if parking.park(parked) or self._parked_by_this_letter(
+                parking, parked.entry_id, letter
+            ):
                 return
         raise RuntimeError(f"parking {parked.entry_id} failed: every entry id is taken")
 
-    def _parked_by_this_letter(self, entry_id: str, letter: DeadLetter) -> bool:
-        raw = self.runtime.redis.hget(self.runtime.keys.parked_meta, entry_id)
-        if raw is None:
-            return False  # the entry left meanwhile (drained): park under the next id
+    def _parked_by_this_letter(self, parking: Parking, entry_id: str, letter: DeadLetter) -> bool:
+        existing = parking.entry(entry_id)
+        if existing is None:
+            return False  # the entry left meanwhile (drained), or is unreadable: not ours
         try:
-            existing = ParkedMessage.from_stored(raw, b"")
             history = read_state({HISTORY_HEADER: existing.headers.get(HISTORY_HEADER)}).history
         except Exception:  # an unreadable entry is not ours
             return False
@@ -413,12 +384,10 @@ class BatchSettler:
                 w.letter, verdict, buried_ms=now, code_version=code_version, hostname=self.hostname
             )
             items.append((ob, buried_event(ob, traceback_logged=verdict.from_worker)))
-        written = Graveyard(self.runtime.redis, self.runtime.keys).write_many(items)
+        written = self.runtime.graveyard.write_many(items)
         # An obituary already there (a redelivery, or a second copy of the message a crash left
         # behind) is neither written nor announced again.
         return [item for item, new in zip(items, written, strict=True) if new]
 
     def _mark_seen(self, works: list[_Work]) -> None:
-        if works:
-            script = self.runtime.redis.register_script(_MARK_SEEN)
-            script(keys=[self._seen_key(w.letter) for w in works], args=[SEEN_TTL_MS])
+        self.runtime.letters.mark([w.letter.key for w in works])

@@ -3,7 +3,9 @@
 A Celery task buried by reject reaches the DLX service as the original message: the exception,
 traceback and attempt history live only in the worker. The worker stashes a
 :class:`~celery_dlx.message.cause.CauseRecord` here, keyed by message id, before it rejects; the
-DLX service takes it (in its batch ``MGET``) when it writes the obituary.
+DLX service takes it (in its batch lookup, :class:`~celery_dlx.store.seen.Letters`) when it writes
+the obituary. The worker also notes here the deliveries it requeued itself (a copy it published),
+so a redelivery of the original after a crash is not counted as a crash.
 """
 
 from __future__ import annotations
@@ -13,18 +15,46 @@ from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient
 
 
+class Causes:
+    """The ``Causes`` role in Redis: stashed cause records and own-requeue markers."""
+
+    def __init__(self, client: RedisClient, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+
+    def stash(self, message_id: str, record: CauseRecord, ttl_seconds: float) -> None:
+        """Store ``record`` for ``message_id`` for ``ttl_seconds``."""
+        self.client.set(self.keys.cause(message_id), record.to_json(), px=int(ttl_seconds * 1000))
+
+    def read(self, message_id: str) -> CauseRecord | None:
+        """The stashed record for ``message_id``, or None. Unreadable records read as None."""
+        return CauseRecord.from_json(self.client.get(self.keys.cause(message_id)))
+
+    def drop(self, message_id: str) -> None:
+        """Forget the record once the obituary holding it is written."""
+        self.client.delete(self.keys.cause(message_id))
+
+    def note_requeue(self, message_id: str, ttl_seconds: int) -> None:
+        """Remember that this worker published the requeue copy of ``message_id``."""
+        self.client.set(self.keys.requeued_by_task(message_id), 1, ex=ttl_seconds)
+
+    def take_requeue(self, message_id: str) -> bool:
+        """Whether a requeue of ``message_id`` was noted (and forget it)."""
+        return bool(self.client.delete(self.keys.requeued_by_task(message_id)))
+
+
 def stash_cause(
     client: RedisClient, keys: Keys, message_id: str, record: CauseRecord, ttl_seconds: float
 ) -> None:
-    """Store ``record`` for ``message_id`` for ``ttl_seconds``."""
-    client.set(keys.cause(message_id), record.to_json(), px=int(ttl_seconds * 1000))
+    """Store ``record`` for ``message_id`` for ``ttl_seconds`` (:meth:`Causes.stash`)."""
+    Causes(client, keys).stash(message_id, record, ttl_seconds)
 
 
 def read_cause(client: RedisClient, keys: Keys, message_id: str) -> CauseRecord | None:
-    """The stashed record for ``message_id``, or None. Unreadable records read as None."""
-    return CauseRecord.from_json(client.get(keys.cause(message_id)))
+    """The stashed record for ``message_id``, or None (:meth:`Causes.read`)."""
+    return Causes(client, keys).read(message_id)
 
 
 def drop_cause(client: RedisClient, keys: Keys, message_id: str) -> None:
-    """Forget the record once the obituary holding it is written."""
-    client.delete(keys.cause(message_id))
+    """Forget the record (:meth:`Causes.drop`)."""
+    Causes(client, keys).drop(message_id)

@@ -25,7 +25,7 @@ history first, so nothing is evicted silently. The replay ledger (``keys.replay_
 obituary id to the times it was replayed.
 
 The plain functions at the bottom (``list_obituaries``, ``get_obituary``, ``groups``, ``replay``,
-``purge``, ``sweep_retention``) take a :class:`~celery_dlx.worker.runtime.Runtime` and return data; the
+``purge``, ``sweep_retention``) take a :class:`~celery_dlx.wiring.runtime.Runtime` and return data; the
 command line sits on them.
 """
 
@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from celery_dlx.fates import ARCHIVED, FateEvent, now_ms
+from celery_dlx.fates import FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.store.client import RedisClient, run_script_many
@@ -289,6 +289,16 @@ class Graveyard:
     def count(self) -> int:
         return int(self.client.zcard(self.by_time))
 
+    def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
+        """Ids of up to ``limit`` obituaries buried at or before ``cutoff_ms``, oldest first."""
+        return [
+            text(i) for i in self.client.zrangebyscore(self.by_time, "-inf", cutoff_ms, 0, limit)
+        ]
+
+    def top_causes(self, limit: int) -> list[str]:
+        """The ``limit`` causes with the most obituaries, most first."""
+        return [text(c) for c in self.client.zrevrange(self.groups_key, 0, limit - 1)]
+
     def groups(self) -> list[Group]:
         """Every cause still in the graveyard, most recently seen first."""
         return self.groups_of([text(c) for c in self.client.zrevrange(self.groups_key, 0, -1)])
@@ -377,48 +387,3 @@ def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
 
 #: What ``since`` and ``until`` accept: a datetime, a timedelta (that long ago), or epoch seconds.
 When = datetime | timedelta | float | int
-
-
-def remove_all(
-    runtime: Any, ids: Iterable[str], fate: str, reason: str, dry_run: bool
-) -> tuple[list[str], list[str]]:
-    yard = Graveyard(runtime.redis, runtime.keys)
-    removed: list[str] = []
-    missing: list[str] = []
-    for chunk in chunks(list(ids), CHUNK):
-        for oid, ob in zip(chunk, yard.load(chunk, with_payload=not dry_run), strict=True):
-            if ob is None:
-                missing.append(oid)
-                continue
-            if dry_run:
-                removed.append(oid)
-                continue
-            event = ob.fate_event(
-                fate,
-                now_ms(),
-                reason=reason,
-                extra={"obituary_id": ob.id, "obituary": ob.json_safe()},
-            )
-            if yard.remove(ob, event):
-                runtime.record(event, history=False)
-                removed.append(oid)
-            else:
-                missing.append(oid)
-    return removed, missing
-
-
-def sweep_retention(runtime: Any, *, now: int | None = None, limit: int = 1000) -> int:
-    """Move obituaries older than ``dlx_graveyard_retention`` to the history (``archived``).
-
-    Safe to run from several processes at once: each obituary is archived exactly once.
-
-    Returns:
-        How many obituaries were archived (at most ``limit``).
-    """
-    retention_ms = int(runtime.config.graveyard_retention * 1000)
-    cutoff = (now_ms() if now is None else now) - retention_ms
-    yard = Graveyard(runtime.redis, runtime.keys)
-    old = [text(i) for i in yard.client.zrangebyscore(yard.by_time, "-inf", cutoff, 0, limit)]
-    reason = f"older than dlx_graveyard_retention ({runtime.config.graveyard_retention:g}s)"
-    removed, _ = remove_all(runtime, old, ARCHIVED, reason, dry_run=False)
-    return len(removed)

@@ -28,12 +28,13 @@ field                     meaning
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient
+from celery_dlx.store.counters import Counts, add_counts, read_window
 
 #: Fields every history entry has, in order.
 HISTORY_FIELDS = (
@@ -147,3 +148,65 @@ class History:
 
     def length(self) -> int:
         return int(self.client.xlen(self.keys.history))
+
+    def tail(self) -> str:
+        """The id of the stream's last entry (``0-0`` when empty)."""
+        last = cast(
+            "list[tuple[Any, Any]]", self.client.xrevrange(self.keys.history, "+", "-", count=1)
+        )
+        return _text(last[0][0]) if last else "0-0"
+
+    def after(
+        self, last: str, *, count: int = 1000, block_ms: int | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Entries appended after the entry ``last``, waiting up to ``block_ms`` for one."""
+        reply = cast(
+            "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None",
+            self.client.xread({self.keys.history: last}, count=count, block=block_ms),
+        )
+        return [
+            (_text(entry_id), {_text(k): _text(v) for k, v in fields.items()})
+            for _, entries in reply or ()
+            for entry_id, fields in entries
+        ]
+
+    def audit(self, limit: int = 100) -> list[tuple[str, dict[str, str]]]:
+        """The latest ``limit`` entries of the operators' audit stream, newest first."""
+        rows = cast(
+            "list[tuple[bytes, dict[bytes, bytes]]]",
+            self.client.xrevrange(self.keys.web_audit, "+", "-", count=limit),
+        )
+        return [(_text(i), {_text(k): _text(v) for k, v in f.items()}) for i, f in rows]
+
+    def counts(self, window_s: float, *, at_ms: int | None = None) -> Counts:
+        """The per-minute fate counters over the last ``window_s`` seconds."""
+        return read_window(self.client, self.keys, window_s, at_ms=at_ms)
+
+    def write(
+        self, events: Sequence[FateEvent], *, history: bool = True
+    ) -> tuple[BaseException | None, bool]:
+        """Append ``events`` (unless ``history`` is False: the caller appended them) and add them
+        to the counters, in one round trip.
+
+        Returns:
+            The first history append refused (None when all went in), and whether the counters
+            failed (they are best effort).
+
+        Raises:
+            redis.RedisError: the round trip failed and ``history`` is True.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        appended = self.append_many(events, pipe) if history else 0
+        add_counts(pipe, self.keys, events)
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except Exception:
+            if history:
+                raise
+            return None, True
+        failed = next((r for r in results[:appended] if isinstance(r, Exception)), None)
+        return failed, any(isinstance(r, Exception) for r in results[appended:])
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -10,13 +10,16 @@ Parking is idempotent per message id and attempt.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
-from celery_dlx.fates import now_ms
+from redis.exceptions import NoScriptError
+
+from celery_dlx.fates import FateEvent, now_ms
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.store.client import RedisClient, run_script_many
+from celery_dlx.store.client import RedisClient, is_cluster, run_script_many
+from celery_dlx.store.counters import add_counts
 
 logger = logging.getLogger(__name__)
 
@@ -182,3 +185,72 @@ class ParkingStore:
         pipe.hdel(self.keys.parked_meta, *entry_ids)
         pipe.hdel(self.keys.parked_body, *entry_ids)
         return int(pipe.execute()[0])
+
+    def entry(self, entry_id: str) -> ParkedMessage | None:
+        """The parked retry ``entry_id`` with its body, or None (gone, or unreadable)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.keys.parked_meta, entry_id)
+        pipe.hget(self.keys.parked_body, entry_id)
+        meta, body = pipe.execute()
+        if meta is None:
+            return None
+        try:
+            return ParkedMessage.from_stored(meta, bytes(body or b""))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    def soonest(self, limit: int, batch: int = 1000) -> Iterator[ParkedMessage]:
+        """The ``limit`` soonest-due retries (without bodies), in due order; entries gone or
+        unreadable are skipped. ``lease_score`` is each one's due (or lease end) in ms."""
+        read = 0
+        while read < limit:
+            rows = cast(
+                "list[tuple[bytes, float]]",
+                self.client.zrange(
+                    self.keys.parked_due, read, min(limit, read + batch) - 1, withscores=True
+                ),
+            )
+            if not rows:
+                return
+            metas = self.client.hmget(self.keys.parked_meta, [r for r, _ in rows])
+            for (_, score), meta in zip(rows, metas, strict=True):
+                if meta is None:
+                    continue
+                try:
+                    yield ParkedMessage.from_stored(meta, b"", lease_score=int(score))
+                except (ValueError, TypeError, KeyError):
+                    continue
+            read += len(rows)
+            if len(rows) < batch:
+                return
+
+    def park_recorded(
+        self, message: ParkedMessage, events: Sequence[FateEvent]
+    ) -> bool | BaseException:
+        """Park ``message`` and append ``events`` to the history and counters, in one
+        ``MULTI``/``EXEC`` where the client allows it.
+
+        Returns:
+            True when the park and the record went in; the history's error when the park went in
+            and its record did not; False when the record was not attempted (a Redis Cluster:
+            the caller records the events itself).
+
+        Raises:
+            redis.RedisError, ...: the message is not parked (and nothing was recorded).
+        """
+        if is_cluster(self.client):
+            self.park(message)
+            return False
+        from celery_dlx.store.history import History
+
+        pipe = self.client.pipeline(transaction=True)
+        self.park_in(pipe, message)
+        History(self.client, self.keys).append_many(events, pipe)
+        add_counts(pipe, self.keys, events)
+        results = pipe.execute(raise_on_error=False)
+        if isinstance(results[0], NoScriptError):  # Redis restarted: the rest went in
+            self.park(message)
+        elif isinstance(results[0], Exception):
+            raise results[0]
+        failed = next((r for r in results[1:] if isinstance(r, Exception)), None)
+        return True if failed is None else failed

@@ -23,7 +23,7 @@ from celery_dlx.ops.render import iso
 from celery_dlx.store.graveyard import CHUNK
 from celery_dlx.web.audit import AuditEntry, record_action
 from celery_dlx.web.auth import User
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

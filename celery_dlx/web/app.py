@@ -19,7 +19,7 @@ from celery_dlx.web import api, pages
 from celery_dlx.web.console import Console, WebSettings
 from celery_dlx.web.guard import Guard, SameOrigin, TrustedHosts
 from celery_dlx.web.hosts import HostRule
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -54,7 +54,7 @@ async def on_redis_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
-    """The console of ``runtime``'s app (a :class:`~celery_dlx.worker.runtime.Runtime`).
+    """The console of ``runtime``'s app (a :class:`~celery_dlx.wiring.runtime.Runtime`).
 
     Raises:
         ConfigurationError: malformed accounts.

@@ -15,7 +15,7 @@ from typing import Any, cast
 from celery_dlx.fates import AUDIT, FateEvent, now_ms
 from celery_dlx.ops.render import iso
 from celery_dlx.store.history import History
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 #: The history entry's fate for an operator action.
 AUDIT_FATE = AUDIT

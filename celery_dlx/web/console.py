@@ -20,7 +20,7 @@ from celery_dlx.policy.settings import SETTINGS
 from celery_dlx.web.actions import Actions
 from celery_dlx.web.auth import Accounts, Csrf
 from celery_dlx.web.metrics import DLXCollector
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 #: Largest request body accepted (forms and JSON), in bytes.
 MAX_BODY = 64 * 1024

@@ -12,7 +12,7 @@ from celery_dlx.ops.render import parse_when
 from celery_dlx.ops.replay import resolve_targets
 from celery_dlx.web.actions import MAX_IDS as MAX_IDS
 from celery_dlx.web.reads import MAX_PAGE, GroupFilters
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 
 class BadRequest(DLXError):

@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from celery_dlx.store import counters
 from celery_dlx.web.reads import parked_summary, yard_of
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

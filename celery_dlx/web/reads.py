@@ -17,7 +17,7 @@ from celery_dlx.ops.inspection import group_row, obituary_row
 from celery_dlx.ops.render import iso
 from celery_dlx.store import counters
 from celery_dlx.store.graveyard import Graveyard, text
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 #: Most rows on one page.
 MAX_PAGE = 200

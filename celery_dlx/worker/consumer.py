@@ -27,7 +27,7 @@ from celery_dlx.message.names import (
     UNDECODABLE_PROPERTY,
 )
 from celery_dlx.message.outgoing import Outgoing, copy_properties
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from celery_dlx.worker.strategy import _queue_of
 
 logger = logging.getLogger(__name__)

@@ -44,11 +44,10 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.results import store_details
-from celery_dlx.store.causes import stash_cause
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.delivery import Delivery, read_delivery
 from celery_dlx.worker.einfo import LazyExceptionInfo
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
-from celery_dlx.worker.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -257,16 +256,14 @@ class DLXTask(Task[Any, Any]):
     def _redelivery_was_asked(self, runtime: Runtime, delivery: Delivery) -> bool:
         """True when this redelivery follows the task's own ``Reject(requeue=True)``."""
         try:
-            return bool(runtime.redis.delete(runtime.keys.requeued_by_task(delivery.message_id)))
+            return runtime.causes.take_requeue(delivery.message_id)
         except Exception:  # Redis down: count it as a crash, the safe side of the budget
             logger.debug("could not check the redelivery of %s", delivery.message_id, exc_info=True)
             return False
 
     def _expect_redelivery(self, runtime: Runtime, delivery: Delivery) -> None:
         try:
-            runtime.redis.set(
-                runtime.keys.requeued_by_task(delivery.message_id), 1, ex=OWN_REDELIVERY_TTL
-            )
+            runtime.causes.note_requeue(delivery.message_id, OWN_REDELIVERY_TTL)
         except Exception:
             logger.warning(
                 "could not note the requeue of %s[%s]: its redelivery counts as a crash",
@@ -488,9 +485,7 @@ class DLXTask(Task[Any, Any]):
             hostname=self.request.hostname or socket.gethostname(),
         )
         try:
-            stash_cause(
-                runtime.redis, runtime.keys, delivery.message_id, record, runtime.config.cause_ttl
-            )
+            runtime.causes.stash(delivery.message_id, record, runtime.config.cause_ttl)
         except Exception as err:  # the DLX service still buries it, with the x-death reason only
             logger.warning(
                 "could not stash the cause of %s[%s]: %r", self.name, delivery.message_id, err
@@ -528,9 +523,7 @@ class DLXTask(Task[Any, Any]):
             at_ms=at,
         )
         try:
-            stash_cause(
-                runtime.redis, runtime.keys, delivery.message_id, record, runtime.config.cause_ttl
-            )
+            runtime.causes.stash(delivery.message_id, record, runtime.config.cause_ttl)
         except Exception as err:
             logger.warning(
                 "could not stash the cause of %s[%s]: %r", self.name, delivery.message_id, err

@@ -45,7 +45,7 @@ from kombu import Connection, Producer
 
 from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.ops import obituaries
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.chaos import processes as P
 from tests.chaos.chaos_app import BROKER_URL, LEDGER_URL, Names, chaos_settings, make_chaos_app
 from tests.chaos.servers import RedisServer

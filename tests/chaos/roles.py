@@ -22,8 +22,8 @@ from tests.chaos.chaos_app import BROKER_URL, LEDGER_URL, Names, record
 
 
 def drain_forever() -> None:
-    from celery_dlx.worker.drain import run_drain
-    from celery_dlx.worker.runtime import get_runtime
+    from celery_dlx.drain.core import run_drain
+    from celery_dlx.wiring.runtime import get_runtime
     from tests.chaos.chaos_app import app
 
     runtime = get_runtime(app)

@@ -12,9 +12,9 @@ from celery.contrib.testing.worker import start_worker
 
 import celery_dlx
 from celery_dlx.broker.ladder import delay_queue_name
+from celery_dlx.drain.core import run_drain
 from celery_dlx.policy.durations import ladder_ms
-from celery_dlx.worker.drain import run_drain
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL
 
 #: The delay backends the fate tests run with.

@@ -45,7 +45,7 @@ from celery_dlx.message.names import (
 )
 from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL
 from tests.integration.cli_helpers import run, shop_protos
 from tests.integration.dlx_apps import make_app, queue_names, worker

@@ -14,7 +14,7 @@ import pytest
 
 from celery_dlx.broker.management import Management, management_for
 from celery_dlx.broker.topology import dead_letter_arguments, declare_topology
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.integration.cli_helpers import run, run_json
 from tests.integration.dlx_apps import make_app, queue_names
 from tests.integration.helpers import wait_until

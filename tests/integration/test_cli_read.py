@@ -29,7 +29,7 @@ from celery_dlx.ops.render import iso
 from celery_dlx.service.runner import run_service
 from celery_dlx.service.settle import buried_event
 from celery_dlx.store.graveyard import Graveyard
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.conftest import REDIS_URL, ROOT
 from tests.integration.cli_helpers import (
     b64,

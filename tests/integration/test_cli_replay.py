@@ -23,7 +23,7 @@ from celery_dlx.message.obituary import ORIGIN_FOREIGN, Attempt, Obituary
 from celery_dlx.ops import obituaries
 from celery_dlx.service.settle import buried_event
 from celery_dlx.store.graveyard import Graveyard
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 from tests.integration.cli_helpers import run_json
 from tests.integration.dlx_apps import make_app, queue_names, worker
 from tests.integration.helpers import wait_until

@@ -12,7 +12,7 @@ from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.store import counters
 from celery_dlx.store.counters import COUNTER_TTL
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 #: A fixed minute far from now, so the test's reads see only its own writes.

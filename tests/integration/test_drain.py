@@ -24,13 +24,7 @@ from celery.beat import Scheduler
 from celery.local import maybe_evaluate
 from kombu import Connection
 
-from celery_dlx.fates import DRAINED, FateEvent, now_ms
-from celery_dlx.message.fieldtable import read_table, write_table
-from celery_dlx.message.headers import read_state
-from celery_dlx.message.outgoing import PUBLISH_SEQ_HEADER
-from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.policy.config import load_config
-from celery_dlx.worker.drain import (
+from celery_dlx.drain.core import (
     DRAIN_TASK_NAME,
     RELEASE_DELAY,
     beat_entry,
@@ -38,7 +32,13 @@ from celery_dlx.worker.drain import (
     register_drain_task,
     run_drain,
 )
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.fates import DRAINED, FateEvent, now_ms
+from celery_dlx.message.fieldtable import read_table, write_table
+from celery_dlx.message.headers import read_state
+from celery_dlx.message.outgoing import PUBLISH_SEQ_HEADER
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.policy.config import load_config
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL, ROOT
 
 #: Generous bound for anything awaited (a busy CI machine), never a timing assertion.
@@ -137,7 +137,7 @@ def drain_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "celery_dlx.worker.drain" and r.levelno >= logging.WARNING
+        if r.name == "celery_dlx.drain.core" and r.levelno >= logging.WARNING
     ]
 
 
@@ -355,9 +355,9 @@ _FROZEN_DRAIN = textwrap.dedent(
     """
     import sys
     from celery import Celery
-    from celery_dlx.worker.drain import drain_once
+    from celery_dlx.drain.core import drain_once
     from celery_dlx.broker.publish import ConfirmingPublisher
-    from celery_dlx.worker.runtime import get_runtime
+    from celery_dlx.wiring.runtime import get_runtime
 
     broker, redis_url, prefix, lease = sys.argv[1:5]
 

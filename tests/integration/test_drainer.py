@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from celery_dlx.drain.drainer import Drainer, lease_seconds
 from celery_dlx.message.names import Keys
-from celery_dlx.worker.drainer import Drainer, DrainLease, lease_seconds
+from celery_dlx.store.lease import DrainLease
 from tests.integration.dlx_apps import make_app
 from tests.integration.dropin_app import build, queue_of
 from tests.integration.dropin_worker import worker_process

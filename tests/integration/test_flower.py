@@ -21,7 +21,7 @@ from celery import Celery
 
 from celery_dlx.fates import BURIED, DRAINED, PARKED, REPLAYED, REQUEUED, FateEvent
 from celery_dlx.integrations import EventSender, install_integrations
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL
 
 AUTH = "dlx:flower-test"

@@ -18,9 +18,9 @@ from celery_dlx.message.obituary import Attempt, Obituary, payload_from_json_saf
 from celery_dlx.ops import obituaries, purge
 from celery_dlx.ops import replay as replaying
 from celery_dlx.service.settle import buried_event
-from celery_dlx.store import graveyard
 from celery_dlx.store.graveyard import Graveyard
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.wiring.retention import sweep_retention
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 BROKER_URL = os.environ.get("DLX_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = os.environ.get("DLX_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -186,8 +186,8 @@ def test_retention_moves_old_obituaries_to_the_history(runtime: Runtime) -> None
         make(2, buried_ms=now - 3601 * 1000),
         make(3, buried_ms=now - 10),
     )
-    assert graveyard.sweep_retention(runtime, now=now) == 2
-    assert graveyard.sweep_retention(runtime, now=now) == 0
+    assert sweep_retention(runtime, now=now) == 2
+    assert sweep_retention(runtime, now=now) == 0
     assert [ob.id for ob in obituaries.list_obituaries(runtime)] == ["ob-3"]
     archived = [r for r in history(runtime) if r["fate"] == ARCHIVED]
     assert sorted(json.loads(r["obituary"])["id"] for r in archived) == ["ob-1", "ob-2"]

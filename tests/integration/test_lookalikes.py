@@ -23,10 +23,10 @@ import pytest
 from celery import Celery
 
 from celery_dlx.broker.topology import dlx_queue
+from celery_dlx.drain.core import drain_once
 from celery_dlx.fates import BURIED, PARKED, REQUEUED
 from celery_dlx.ops import obituaries
-from celery_dlx.worker.drain import drain_once
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 from tests.conftest import BROKER_URL, ROOT
 from tests.integration.dlx_apps import service_thread
 from tests.integration.helpers import wait_until

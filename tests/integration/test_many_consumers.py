@@ -24,7 +24,7 @@ from celery_dlx.fates import BURIED, DRAINED, PARKED, REQUEUED
 from celery_dlx.message.names import ATTEMPT_HEADER
 from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.conftest import BROKER_URL
 from tests.integration.dlx_apps import drain_thread, make_app
 from tests.integration.helpers import queue_depth, wait_until

@@ -20,7 +20,7 @@ from celery import Celery
 from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.chaos.harness import PROCESS_ACTIONS, ChaosPlan, run_chaos
 from tests.conftest import BROKER_URL
 from tests.integration.dlx_apps import drain_thread, make_app, queue_names, service_thread, worker

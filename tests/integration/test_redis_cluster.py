@@ -27,7 +27,7 @@ from celery_dlx.store import counters
 from celery_dlx.store.client import redis_client
 from celery_dlx.store.history import History
 from celery_dlx.store.parking import ParkingStore
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.chaos.servers import RedisClusterServers, redis_cluster
 from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker
 from tests.integration.helpers import fates_of, wait_until

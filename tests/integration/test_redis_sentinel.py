@@ -14,6 +14,7 @@ import pytest
 from celery import Celery
 from kombu import Exchange, Producer, Queue
 
+from celery_dlx.drain.core import drain_once
 from celery_dlx.fates import now_ms
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
@@ -21,8 +22,7 @@ from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
 from celery_dlx.store.client import redis_client
 from celery_dlx.store.parking import ParkingStore
-from celery_dlx.worker.drain import drain_once
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.chaos.servers import SentinelServers, redis_sentinel, wait_for
 from tests.conftest import BROKER_URL
 

@@ -22,7 +22,7 @@ from sentry_sdk.integrations.logging import LoggingIntegration
 
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
 from celery_dlx.integrations import CeleryEchoFilter, SentryReporter, install_integrations
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL, ROOT
 from tests.sentry_sink import SentrySink
 
@@ -125,7 +125,7 @@ def test_rate_limit_holds_across_processes(sink: SentrySink, uid: str, key_prefi
         import sentry_sdk
         from celery import Celery
         from celery_dlx.integrations import install_integrations
-        from celery_dlx.worker.runtime import get_runtime
+        from celery_dlx.wiring.runtime import get_runtime
         from tests.integration.test_sentry import _burial
 
         sentry_sdk.init(dsn={sink.dsn!r}, default_integrations=False)

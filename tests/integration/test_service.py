@@ -25,13 +25,13 @@ from kombu import Exchange, Producer, Queue
 
 import celery_dlx
 from celery_dlx.broker.topology import dlx_queue
+from celery_dlx.drain.core import drain_once
 from celery_dlx.fates import BURIED, DRAINED, PARKED, REQUEUED
 from celery_dlx.message.names import ATTEMPT_HEADER, REASON_HEADER
 from celery_dlx.message.obituary import payload_from_json_safe
 from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
-from celery_dlx.worker.drain import drain_once
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 from tests.conftest import BROKER_URL, ROOT
 from tests.integration.dlx_apps import service_thread
 from tests.integration.service_app import service_settings

@@ -26,7 +26,7 @@ from celery_dlx.fates import BURIED, DRAINED, PARKED
 from celery_dlx.message.names import ATTEMPT_HEADER, Keys
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.inspection import parked_data
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 from tests.conftest import BROKER_URL, ROOT
 from tests.integration.helpers import fates_of, wait_until
 from tests.integration.service_app import make_service_app, service_settings

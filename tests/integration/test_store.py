@@ -166,7 +166,7 @@ def test_peek_and_remove(store: ParkingStore) -> None:
 def _runtime(key_prefix: str, redis_url: str = "redis://127.0.0.1:6379/0") -> Any:
     from celery import Celery
 
-    from celery_dlx.worker.runtime import get_runtime
+    from celery_dlx.wiring.runtime import get_runtime
 
     app = Celery("park-recorded", set_as_current=False)
     app.conf.update(dlx_key_prefix=key_prefix, dlx_redis_url=redis_url)

@@ -28,7 +28,7 @@ from celery_dlx.message.outgoing import PUBLISH_SEQ_HEADER
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.ladders import ladder_depths
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.integration.dlx_apps import make_app, queue_names, service_thread, worker
 from tests.integration.helpers import fates_of, queue_depth, wait_until
 

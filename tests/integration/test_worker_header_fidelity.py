@@ -21,7 +21,7 @@ import celery_dlx
 from celery_dlx.message.fieldtable import encode_value, table_entries, write_properties
 from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
 from celery_dlx.message.outgoing import EncodedMessage
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.conftest import BROKER_URL
 from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker
 from tests.integration.helpers import wait_until

@@ -26,9 +26,9 @@ from typing import Any
 from celery import Celery
 
 from celery_dlx.broker.ladder import DELAY_QUEUE_INFIX
+from celery_dlx.drain.core import drain_once
 from celery_dlx.service.loop import DLXService
-from celery_dlx.worker.drain import drain_once
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 #: Headers celery_dlx owns: they may be added or changed by any copy.
 OWN_PREFIX = "x-dlx-"

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from celery_dlx.drain.core import drain_once
 from celery_dlx.ops import obituaries
-from celery_dlx.worker.drain import drain_once
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL, ROOT
 from tests.integration.dlx_apps import service_thread
 from tests.interop import clients

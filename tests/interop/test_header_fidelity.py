@@ -48,7 +48,7 @@ from celery_dlx.fates import BURIED, PARKED, REQUEUED
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.replay import replay
 from celery_dlx.policy.durations import ladder_ms
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 from tests.conftest import BROKER_URL, REDIS_URL
 from tests.integration.dlx_apps import DELAY_BACKENDS, TEST_LADDER
 from tests.integration.service_app import service_settings

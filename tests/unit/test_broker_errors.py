@@ -11,9 +11,9 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from celery_dlx.broker.errors import BROKER_ERRORS
+from celery_dlx.drain import core as drain
 from celery_dlx.errors import ConfigurationError, PublishError, TopologyError
 from celery_dlx.service import outage
-from celery_dlx.worker import drain
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_dlx"
 

@@ -25,7 +25,7 @@ from celery_dlx import compat
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.integrations.sentry import install_sentry
 from celery_dlx.policy.config import load_config
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 NO_BROKER = "amqp://nobody:nothing@127.0.0.1:1//"
 

@@ -13,7 +13,7 @@ from celery_dlx.errors import ConfigurationError
 from celery_dlx.policy.config import DLXConfig, load_config, unknown_settings
 from celery_dlx.policy.decide import ExponentialBackoff, ListBackoff, Policy
 from celery_dlx.policy.settings import SETTINGS
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 
 NO_BROKER = "amqp://nobody:nothing@127.0.0.1:1//"
 

@@ -12,7 +12,7 @@ import celery_dlx
 from celery_dlx.broker.topology import DLXQueue, dead_letter_arguments
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.install import DEFAULT_CONSUMER, DLX_CONSUMER
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from celery_dlx.worker.task import AutoDLXTask, DLXTask
 
 #: Nothing listens here: a test that tried to connect would fail, not hang.
@@ -325,7 +325,7 @@ def test_pool_process_start_warms_only_the_workers_app(monkeypatch: pytest.Monke
     from celery._state import _set_current_app, get_current_app
     from celery.concurrency.prefork import TaskPool
 
-    from celery_dlx.worker.runtime import Runtime
+    from celery_dlx.wiring.runtime import Runtime
 
     warmed: list[tuple[str, bool]] = []
 

@@ -29,7 +29,7 @@ from celery_dlx.fates import PARKED, FateEvent
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import load_config
 from celery_dlx.policy.durations import ladder_ms
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 # --- names -----------------------------------------------------------------------------------
 

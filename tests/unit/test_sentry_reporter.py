@@ -14,7 +14,7 @@ from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent
 from celery_dlx.integrations import sentry as sentry_mod
 from celery_dlx.integrations.sentry import SentryReporter, install_sentry
 from celery_dlx.policy.config import load_config
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 
 class CapturingTransport(Transport):
@@ -35,7 +35,7 @@ class FakeBudget:
         self.limit = limit
         self.spent: dict[str, int] = {}
 
-    def spend(self, client: Any, what: str) -> tuple[bool, int]:
+    def spend(self, what: str) -> tuple[bool, int]:
         self.spent[what] = self.spent.get(what, 0) + 1
         return self.spent[what] <= self.limit, self.spent[what]
 
@@ -203,7 +203,7 @@ def test_listeners_survive_when_get_runtime_is_what_configures_the_app() -> None
 
     import celery_dlx
     from celery_dlx.integrations import CeleryEchoFilter, EventSender
-    from celery_dlx.worker.runtime import get_runtime
+    from celery_dlx.wiring.runtime import get_runtime
 
     app = Celery("unit-first-touch", set_as_current=False)
     celery_dlx.install(app)

@@ -12,7 +12,7 @@ import pytest
 
 from celery_dlx.web.console import WebSettings
 from celery_dlx.web.server import Background
-from celery_dlx.worker.runtime import get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 from tests.integration.cli_helpers import shop_protos
 from tests.integration.dlx_apps import make_app, queue_names
 from tests.web.helpers import OPERATOR, VIEWER, Client, free_port

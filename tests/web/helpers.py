@@ -19,7 +19,7 @@ from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Attempt, Obituary
 from celery_dlx.service.settle import buried_event
 from celery_dlx.store.graveyard import Graveyard
-from celery_dlx.worker.runtime import Runtime
+from celery_dlx.wiring.runtime import Runtime
 
 #: A payload, header, task name and message meant to run script if anything is not escaped.
 XSS = '<script>window.__xss=1;alert("xss")</script><img src=x onerror="window.__xss=2;alert(2)">'

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery_dlx.message.names import Keys
+from celery_dlx.store.client import RedisClient
 
 #: INCR the key; start its window (PEXPIRE) on the first hit; return the count so far.
 #: A key left without a TTL (a crash between the two calls is impossible in Lua, but a key
@@ -25,17 +27,27 @@ class WindowBudget:
     processes sharing the Redis: workers, the DLX service and the CLI alike.
 
     Args:
+        client: the calling process's Redis client, asked for at each use (a pool process has
+            its own).
         keys: the key layout; budget keys live under its hash-tagged prefix.
         name: what is budgeted (part of the key).
         limit: uses per window.
         window: seconds.
     """
 
-    def __init__(self, keys: Keys, name: str, limit: int, window: float) -> None:
+    def __init__(
+        self,
+        client: Callable[[], RedisClient],
+        keys: Keys,
+        name: str,
+        limit: int,
+        window: float,
+    ) -> None:
         if limit < 1:
             raise ValueError(f"budget limit must be >= 1, got {limit}")
         if window <= 0:
             raise ValueError(f"budget window must be > 0 seconds, got {window}")
+        self.client = client
         self.base = keys.budget(name)
         self.limit = limit
         self.window_ms = max(1, int(window * 1000))
@@ -44,12 +56,9 @@ class WindowBudget:
     def key(self, what: str) -> str:
         return self.base + what
 
-    def spend(self, client: Any, what: str) -> tuple[bool, int]:
-        """Use one unit for ``what``: ``(allowed, uses in this window including this one)``.
-
-        Args:
-            client: the redis-py client of the calling process.
-        """
+    def spend(self, what: str) -> tuple[bool, int]:
+        """Use one unit for ``what``: ``(allowed, uses in this window including this one)``."""
+        client = self.client()
         if self._script is None:
             self._script = client.register_script(_SPEND)
         used = int(self._script(keys=[self.key(what)], args=[self.window_ms], client=client))

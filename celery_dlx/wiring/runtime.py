@@ -1,8 +1,17 @@
-"""Per-app runtime: validated settings, the Redis client, store, history and fate recording.
+"""The composition root: one :class:`Runtime` per app hands out celery_dlx's roles.
 
-One :class:`Runtime` hangs off each Celery app (``get_runtime(app)``); nothing is a module-level
-singleton. Clients and broker connections are made lazily per process, so prefork children never
-share a socket with their parent.
+Built once per app from its validated settings (``get_runtime(app)``; nothing is a module-level
+singleton), it makes the Redis client and broker connections lazily per process, so prefork
+children never share a socket with their parent (fork safety lives here, in one place), and
+hands out the roles of :mod:`celery_dlx.roles`: :attr:`Runtime.parking` (the delay backend,
+chosen here once), :attr:`Runtime.graveyard`, :attr:`Runtime.history`, :attr:`Runtime.causes`,
+:attr:`Runtime.publisher`, and the smaller stores of the DLX service, the drain, ``dlx check``
+and the Sentry budget. It also records fate changes: one log line, the history and counters,
+then the listeners (integrations).
+
+Only this module and ``store/`` hold a Redis client or a key name; only this module and
+``broker/`` a broker connection. ``redis``, ``keys`` and ``store`` stay readable for tests and
+tools.
 """
 
 from __future__ import annotations
@@ -10,23 +19,27 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from celery import Celery
 from kombu import Connection
-from redis.exceptions import NoScriptError
 
 from celery_dlx.broker.frames import connection_for
-from celery_dlx.broker.ladder import Ladder
+from celery_dlx.broker.ladder import Ladder, LadderParking
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.fates import BURIED, DRAINED, FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig, load_config
-from celery_dlx.store.client import RedisClient, is_cluster, redis_client
-from celery_dlx.store.counters import add_counts
+from celery_dlx.roles import Parking
+from celery_dlx.store.causes import Causes
+from celery_dlx.store.client import RedisClient, redis_client
+from celery_dlx.store.consumerless import Consumerless
+from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.store.history import History
+from celery_dlx.store.lease import DrainLease
 from celery_dlx.store.parking import ParkingStore
+from celery_dlx.store.ratelimit import WindowBudget
+from celery_dlx.store.seen import Letters
 
 logger = logging.getLogger("celery_dlx")
 
@@ -70,7 +83,41 @@ class Runtime:
 
     @property
     def store(self) -> ParkingStore:
+        """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend)."""
         return ParkingStore(self.redis, self.keys)
+
+    @property
+    def parking(self) -> Parking:
+        """Where parked retries wait: the Redis sorted set, or with ``dlx_delay_backend = "ttl"``
+        the broker's delay queues (chosen here, once; nothing else asks which)."""
+        if self.config.delay_backend == "ttl":
+            return LadderParking(self.ladder, lambda: self.publisher, lambda: self.store)
+        return self.store
+
+    @property
+    def graveyard(self) -> Graveyard:
+        return Graveyard(self.redis, self.keys)
+
+    @property
+    def causes(self) -> Causes:
+        return Causes(self.redis, self.keys)
+
+    @property
+    def letters(self) -> Letters:
+        """The DLX service's seen markers and its batch lookup of cause records."""
+        return Letters(self.redis, self.keys)
+
+    @property
+    def consumerless(self) -> Consumerless:
+        return Consumerless(self.redis, self.keys)
+
+    def budget(self, name: str, limit: int, window: float) -> WindowBudget:
+        """A budget of ``limit`` uses per ``window`` seconds, shared by every process."""
+        return WindowBudget(lambda: self.redis, self.keys, name, limit, window)
+
+    def drain_lease(self, seconds: float, token: str) -> DrainLease:
+        """This process's hold on the drain lease of the app's key prefix."""
+        return DrainLease(self.redis, self.keys.drain_lease, seconds, token)
 
     @property
     def ladder(self) -> Ladder:
@@ -80,26 +127,16 @@ class Runtime:
             self._ladder = Ladder(self.config.ttl_ladder, quorum=bool(self.config.quorum))
         return self._ladder
 
-    @property
-    def broker_delays(self) -> bool:
-        """True when parked retries wait in the broker (``dlx_delay_backend = "ttl"``)."""
-        return bool(self.config.delay_backend == "ttl")
-
     def park(self, message: ParkedMessage) -> bool:
-        """Park ``message`` until ``message.due_ms`` with the configured delay backend.
+        """Park ``message`` until ``message.due_ms`` with the configured delay backend
+        (:attr:`parking`); False when this message id and attempt were parked already."""
+        return self.parking.park(message)
 
-        ``redis``: stored in the parking store; returns False when this message id and attempt
-        were already parked (idempotent). ``ttl``: published to the delay queue of its delay
-        (rounded up to a step of ``dlx_ttl_ladder``); always returns True, Redis is not used.
-
-        Raises:
-            redis.RedisError: (redis) the store is unavailable.
-            PublishError, TopologyError, connection errors: (ttl) the broker did not take it.
-        """
-        if self.broker_delays:
-            self.ladder.park(self.publisher, message)
-            return True
-        return self.store.park(message)
+    @property
+    def history_optional(self) -> bool:
+        """True when the broker holds every fate (``dlx_delay_backend = "ttl"``): a failed
+        history append is then logged, not raised (Redis is optional)."""
+        return bool(self.config.delay_backend == "ttl")
 
     def park_recorded(self, message: ParkedMessage, event: FateEvent) -> None:
         """Park ``message`` and record ``event`` (its ``parked`` fate) in one Redis round trip.
@@ -113,23 +150,13 @@ class Runtime:
             redis.RedisError, ...: the message is not parked (nothing was recorded, unless Redis
             refused the park itself inside the transaction: then the history may hold it).
         """
-        if self.broker_delays or is_cluster(self.redis):
-            self.park(message)
+        recorded = self.parking.park_recorded(message, [event])
+        if recorded is False:
             self.record_settled(event)
             return
-        pipe = self.redis.pipeline(transaction=True)
-        self.store.park_in(pipe, message)
-        self.history.append_many([event], pipe)
-        self._count([event], pipe)
-        results = pipe.execute(raise_on_error=False)
-        if isinstance(results[0], NoScriptError):  # Redis restarted: the rest went in
-            self.store.park(message)
-        elif isinstance(results[0], Exception):
-            raise results[0]
         self._log(event)  # parked: not before, a failed park falls back to the dead-letter path
-        failed = next((r for r in results[1:] if isinstance(r, Exception)), None)
-        if failed is not None:
-            _unrecorded(event, failed)
+        if recorded is not True:
+            _unrecorded(event, recorded)
         self._notify(event)
 
     def record_settled(self, event: FateEvent) -> None:
@@ -153,6 +180,11 @@ class Runtime:
             self._connection = connection_for(self.app, write=True)
             self._publisher = ConfirmingPublisher(self._connection)
         return self._publisher
+
+    def open_publisher(self) -> ConfirmingPublisher:
+        """A confirm-mode publisher on a connection of its own, which its ``close()`` releases
+        (a DLX service's settling thread has one each)."""
+        return ConfirmingPublisher(connection_for(self.app, write=True), owns_connection=True)
 
     def reset_publisher(self) -> None:
         """Drop the publisher (after a connection error) so the next use reconnects."""
@@ -178,7 +210,7 @@ class Runtime:
         Raises:
             redis.RedisError: the history append failed (it is part of the fate).
         """
-        if history and self.broker_delays:
+        if history and self.history_optional:
             self._record_best_effort(event)
             return
         if history:
@@ -209,14 +241,9 @@ class Runtime:
             logger.warning("celery_dlx failure history is being appended again")
         self._history_failing = False
 
-    def _count(self, events: Sequence[FateEvent], pipe: Any = None) -> None:
-        """Add ``events`` to the per-minute counters (in ``pipe`` if given, else now)."""
-        own = pipe is None
-        if own:
-            pipe = self.redis.pipeline(transaction=False)
-        add_counts(pipe, self.keys, events)
-        if own:
-            pipe.execute()
+    def _count(self, events: Sequence[FateEvent]) -> None:
+        """Add ``events`` to the per-minute counters now."""
+        self.history.write(events, history=False)
 
     def warm(self, *, listeners: bool = True) -> None:
         """Connect to Redis and the broker now (a pool process starting), not at the first failure.
@@ -225,8 +252,7 @@ class Runtime:
         Best effort: a service that is down is connected to again on first use.
         """
         try:
-            self.redis.ping()
-            self.store.load_scripts()
+            self.parking.load_scripts()
         except Exception as exc:
             logger.warning("celery_dlx could not reach Redis at start (%s); will retry on use", exc)
         try:
@@ -255,17 +281,8 @@ class Runtime:
             return
         for event in events:
             self._log(event)
-        pipe = self.redis.pipeline(transaction=False)
-        appended = self.history.append_many(events, pipe) if history else 0
-        self._count(events, pipe)
-        try:
-            results = pipe.execute(raise_on_error=False)
-        except Exception:
-            if history:
-                raise
-            results = [RuntimeError("counter update not sent")]  # counters are best effort
-        failed = next((r for r in results[:appended] if isinstance(r, Exception)), None)
-        if any(isinstance(r, Exception) for r in results[appended:]):
+        failed, counters_failed = self.history.write(events, history=history)
+        if counters_failed:
             logger.warning("celery_dlx counter update failed for %d events", len(events))
         if failed is not None:
             raise failed

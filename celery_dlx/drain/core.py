@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery
-from redis.exceptions import RedisError
 
 from celery_dlx import faults
 from celery_dlx.broker.errors import BROKER_ERRORS
@@ -32,7 +31,8 @@ from celery_dlx.fates import now_ms as wall_ms
 from celery_dlx.message.names import FIRST_FAILURE_HEADER
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig
-from celery_dlx.worker.runtime import Runtime, get_runtime
+from celery_dlx.store.errors import STORE_ERRORS
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -198,8 +198,8 @@ def _give_back(runtime: Runtime, claimed: list[ParkedMessage] | None) -> None:
     if not claimed:
         return
     try:
-        runtime.store.release(claimed)
-    except RedisError as exc:
+        runtime.parking.release(claimed)
+    except STORE_ERRORS as exc:
         logger.warning("drain could not release %d unpublished retries: %s", len(claimed), exc)
 
 
@@ -207,10 +207,10 @@ def _claim(runtime: Runtime, now_ms: int | None) -> list[ParkedMessage] | None:
     """Claim a batch, or None after a Redis error (logged)."""
     config = runtime.config
     try:
-        claimed = runtime.store.claim(
+        claimed = runtime.parking.claim(
             config.drain_batch, int(config.drain_lease * 1000), now=now_ms
         )
-    except RedisError as exc:
+    except STORE_ERRORS as exc:
         # One line per outage, not one per beat tick.
         if not runtime.drain_failing:
             logger.warning("drain could not claim parked retries from Redis: %s", exc)
@@ -254,7 +254,7 @@ def _settle(runtime: Runtime, published: _Published) -> tuple[int, bool]:
         How many confirmed entries another drain had claimed again (stale), and whether Redis
         failed (the unsettled entries come back after their lease: duplicates, never a loss).
     """
-    store = runtime.store
+    store = runtime.parking
     sent, refused = published.sent, published.refused
     stale, failed = 0, False
     try:
@@ -262,7 +262,7 @@ def _settle(runtime: Runtime, published: _Published) -> tuple[int, bool]:
             stale = len(sent) - store.ack(sent)
         if refused:
             store.release(refused, due_ms=published.published_ms + int(RELEASE_DELAY * 1000))
-    except RedisError as exc:
+    except STORE_ERRORS as exc:
         logger.warning("drain could not settle %d parked retries in Redis: %s", len(sent), exc)
         failed = True
     if stale:
@@ -290,7 +290,7 @@ def _record(runtime: Runtime, published: _Published) -> None:
     events = [drained_event(runtime, m, published.published_ms) for m in published.sent]
     try:
         runtime.record_many(events)
-    except RedisError as exc:
+    except STORE_ERRORS as exc:
         logger.warning("drain could not record %d drained retries in history: %s", len(events), exc)
 
 

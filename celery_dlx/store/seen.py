@@ -1,0 +1,50 @@
+"""The DLX service's ledger of dead letters it has given a fate, and its batch lookup.
+
+A dead letter redelivered after a crash (its batch settled, not yet acked) must get no second
+fate: each settled letter leaves a marker (``seen:<letter key>``) for :data:`SEEN_TTL_MS`. One
+batch's markers and the workers' cause records (:mod:`celery_dlx.store.causes`) are read in one
+round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from celery_dlx.message.cause import CauseRecord
+from celery_dlx.message.names import Keys
+from celery_dlx.store.client import RedisClient, mget_many
+
+#: How long a handled dead letter's key is remembered, to ack a redelivery without a second fate.
+SEEN_TTL_MS = 24 * 3600 * 1000
+
+# Set every key of KEYS with a time to live of ARGV[1] ms: the batch's "handled" markers.
+_MARK_SEEN = """
+for _, key in ipairs(KEYS) do redis.call('SET', key, '1', 'PX', ARGV[1]) end
+return #KEYS
+"""
+
+
+class Letters:
+    """Seen markers of settled dead letters, and the cause records the workers stashed."""
+
+    def __init__(self, client: RedisClient, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._mark = client.register_script(_MARK_SEEN)
+
+    def lookup(
+        self, letter_keys: Sequence[str], identities: Sequence[str]
+    ) -> tuple[list[bool], list[CauseRecord | None]]:
+        """Which letters were settled before, and the cause record of each identity: two
+        ``MGET``s in one round trip."""
+        seen, records = mget_many(
+            self.client,
+            [self.keys.seen(k) for k in letter_keys],
+            [self.keys.cause(i) for i in identities],
+        )
+        return [m is not None for m in seen], [CauseRecord.from_json(r) for r in records]
+
+    def mark(self, letter_keys: Sequence[str], ttl_ms: int = SEEN_TTL_MS) -> None:
+        """Remember that these letters were settled (for ``ttl_ms``)."""
+        if letter_keys:
+            self._mark(keys=[self.keys.seen(k) for k in letter_keys], args=[ttl_ms])

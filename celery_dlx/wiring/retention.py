@@ -1,0 +1,55 @@
+"""Removing obituaries with their fate recorded: an operator's purge, the retention sweep."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from celery_dlx.fates import ARCHIVED, now_ms
+from celery_dlx.store.graveyard import CHUNK, chunks
+from celery_dlx.wiring.runtime import Runtime
+
+
+def remove_all(
+    runtime: Runtime, ids: Iterable[str], fate: str, reason: str, dry_run: bool
+) -> tuple[list[str], list[str]]:
+    """Remove the obituaries ``ids`` from the graveyard, each with its ``fate`` (``purged``,
+    ``archived``) in the history; ``(removed, missing)``. ``dry_run`` removes nothing."""
+    yard = runtime.graveyard
+    removed: list[str] = []
+    missing: list[str] = []
+    for chunk in chunks(list(ids), CHUNK):
+        for oid, ob in zip(chunk, yard.load(chunk, with_payload=not dry_run), strict=True):
+            if ob is None:
+                missing.append(oid)
+                continue
+            if dry_run:
+                removed.append(oid)
+                continue
+            event = ob.fate_event(
+                fate,
+                now_ms(),
+                reason=reason,
+                extra={"obituary_id": ob.id, "obituary": ob.json_safe()},
+            )
+            if yard.remove(ob, event):
+                runtime.record(event, history=False)
+                removed.append(oid)
+            else:
+                missing.append(oid)
+    return removed, missing
+
+
+def sweep_retention(runtime: Runtime, *, now: int | None = None, limit: int = 1000) -> int:
+    """Move obituaries older than ``dlx_graveyard_retention`` to the history (``archived``).
+
+    Safe to run from several processes at once: each obituary is archived exactly once.
+
+    Returns:
+        How many obituaries were archived (at most ``limit``).
+    """
+    retention = runtime.config.graveyard_retention
+    cutoff = (now_ms() if now is None else now) - int(retention * 1000)
+    old = runtime.graveyard.older_than(cutoff, limit)
+    reason = f"older than dlx_graveyard_retention ({retention:g}s)"
+    removed, _ = remove_all(runtime, old, ARCHIVED, reason, dry_run=False)
+    return len(removed)
