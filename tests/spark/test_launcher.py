@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
 
+from celery_dlx.cli.main import dlx
 from celery_dlx.ops import export
 from tests.conftest import REDIS_URL
 
@@ -88,9 +95,62 @@ def test_run_export_with_the_apps_settings_through_spark_submit(
     assert result.checkpoint["last_id"] == entries[-1][0] == result.end_id
     assert result.command[result.command.index("--prefix") + 1] == key_prefix
     assert result.chart is None and result.summary == []
+    assert result.master == "local[2]" and result.app_id.startswith("local-")
     events = list((out / "events").glob("day=*/queue=*/batch=after-0-0/*.parquet"))
     assert events, "Parquet written under day/queue/batch partitions"
     assert (out / "_last_export.json").is_file()
+
+
+def test_the_cli_hands_master_and_conf_to_spark_submit() -> None:
+    app = Celery("t", set_as_current=False)
+    app.conf.update(dlx_redis_url="redis://10.1.2.3:6380/4", dlx_key_prefix="shop")
+    obj = CLIContext(app=app, no_color=True, workdir=None)
+    args = ["export", "--out", "/data/dlx", "--master", "spark://m:7077", "--print-command"]
+    conf = ["--conf", "spark.executor.memory=2g", "--conf", "spark.pyspark.python=/opt/py"]
+    ran = CliRunner().invoke(dlx, [*args, *conf, "--json"], obj=obj)
+    assert ran.exit_code == 0, ran.output
+    command = json.loads(ran.stdout)
+    assert command[command.index("--master") + 1] == "spark://m:7077"
+    assert "spark.executor.memory=2g" in command and "spark.pyspark.python=/opt/py" in command
+    assert "--master" not in command[command.index("--py-files") :], "the job gets no master"
+    refused = CliRunner().invoke(dlx, [*args, "--conf", "spark.executor.memory"], obj=obj)
+    assert refused.exit_code == 2 and "KEY=VALUE" in refused.stderr
+
+
+def _job(tmp_path: Path, *args: str, spark_submit: list[str] | None = None) -> Any:
+    """Run the job as a process: with plain python, or under ``spark_submit`` options."""
+    result_json = tmp_path / "result.json"
+    job_args = ["--snapshot", str(tmp_path / "s.jsonl"), "--out", str(tmp_path / "out")]
+    job_args += ["--no-aggregates", "--quiet", "--result-json", str(result_json), *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER", "PYSPARK_SUBMIT_ARGS")}
+    env.update(PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    if spark_submit is None:
+        command = [sys.executable, "-m", "celery_dlx_spark", *job_args]
+    else:
+        entry, archive = export.package_job(tmp_path / "job")
+        submit = [export.find_spark_submit(), *spark_submit, "--py-files", str(archive)]
+        command = [*submit, str(entry), *job_args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    result = json.loads(result_json.read_text()) if result_json.exists() else None
+    return done, result
+
+
+def test_the_job_defaults_to_local_only_when_nothing_set_a_master(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")
+    from celery_dlx_spark import source
+
+    with open(tmp_path / "s.jsonl", "w") as handle:
+        for entry_id, fields in generated.history()[:20]:
+            handle.write(source.snapshot_line(entry_id, fields) + "\n")
+
+    done, result = _job(tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert result["master"] == "local[*]" and result["records"] + result["malformed"] == 20
+
+    # under spark-submit the job keeps spark-submit's master and refuses to run on another
+    done, result = _job(tmp_path, "--master", "local[2]", spark_submit=["--master", "local[1]"])
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert result["status"] == "failed" and "spark-submit's --master" in result["error"]
 
 
 def _fake_spark_submit(tmp_path: Path, body: str) -> str:
