@@ -11,8 +11,9 @@ plain and fails with celery_dlx on is:
 - an allowed difference when ``tests/compat/allowed.toml`` lists it AND it failed as written
   there (exception type, message pattern);
 - otherwise run again alone, ``--reruns`` times in each mode (its own pytest session each time,
-  plain and celery_dlx on in turn): flaky if it fails plain too, else a regression. A failure
-  seen only with celery_dlx on fails the gate even when every rerun passed.
+  plain and celery_dlx on in turn): flaky if it fails plain too with the same exception type,
+  else a regression. A failure seen only with celery_dlx on fails the gate even when every
+  rerun passed.
 
 The drain of a celery_dlx run is the session worker's own drainer bootstep: the plugin reports
 whether it ran, the failure history of the run's key prefix counts the parked and drained
@@ -510,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=DEFAULT_RERUNS,
         help="times a differing test (not an allowed one failing as written down) is run again "
-        "alone in each mode; it is flaky only if it fails plain too (default: %(default)s)",
+        "alone in each mode; it is flaky only if it fails plain too, the same way "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--no-rerun",

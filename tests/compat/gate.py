@@ -7,7 +7,7 @@ does the I/O (pytest sessions, JUnit files, Redis); every decision is made here,
 - :func:`first_look`: an allowed difference whose failure is the one written down in
   ``tests/compat/allowed.toml`` needs no rerun;
 - :func:`judge`: any other difference, after its reruns (each alone, in both modes): flaky only
-  when it failed plain too, else a regression that fails the gate;
+  when it failed plain too, the same way, else a regression that fails the gate;
 - :func:`drain_problem`: parked retries must have been drained by the worker's drainer bootstep.
 """
 
@@ -30,6 +30,9 @@ DRAINER_MARK = "celery_dlx compat: drainer bootstep"
 _PHASE = re.compile(r'failed on (?:setup|teardown) with "(?P<exc>.*)"\Z', re.S)
 # "celery.exceptions.TimeoutError: The operation timed out." / "AssertionError" / "Failed: ..."
 _EXC_TYPE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)(?::|\Z)")
+# The report's last line, "t/integration/test_x.py:201: AssertionError": the type when the
+# message leaves it out (pytest writes a one-line assertion as "assert 0 > 0").
+_WHERE = re.compile(r"\S+:\d+: (?P<type>[A-Za-z_][\w.]*)\Z")
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,9 @@ class Failure:
         return f"{self.message}\n{self.detail}"
 
     def __str__(self) -> str:
-        first = self.message.strip().splitlines()[0] if self.message.strip() else self.exc_type
+        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        if self.exc_type and not first.startswith(self.exc_type):
+            first = f"{self.exc_type}: {first}" if first else self.exc_type
         return first if len(first) <= SHOWN else first[: SHOWN - 3] + "..."
 
 
@@ -70,8 +75,9 @@ def failure_from_junit(message: str, text: str) -> Failure:
     message = message.strip()
     phase = _PHASE.match(message)
     exc = phase.group("exc") if phase else message
-    found = _EXC_TYPE.match(exc)
-    detail = "\n".join(line[1:].strip() for line in text.splitlines() if line.startswith("E "))
+    lines = text.strip().splitlines()
+    found = _EXC_TYPE.match(exc) or (_WHERE.match(lines[-1].strip()) if lines else None)
+    detail = "\n".join(line[1:].strip() for line in lines if line.startswith("E "))
     return Failure(exc_type=found.group("type") if found else "", message=exc, detail=detail)
 
 
@@ -193,23 +199,32 @@ def judge(
 ) -> Verdict:
     """The verdict on a differing test once :func:`first_look` left it to the reruns.
 
-    It is flaky only if it failed plain in a rerun too: a difference seen only with celery_dlx
-    on is a regression, even when every rerun passed (a gate passed by luck is no gate).
+    It is flaky only if it failed plain in a rerun too, the same way (:func:`same_way`) as it
+    failed with celery_dlx on. Anything else is a regression: failing only with celery_dlx on,
+    even when every rerun passed (a gate passed by luck is no gate), or failing plain alone for
+    another reason (a test that needs the tests before it: its reruns alone tell nothing).
     """
-    failed_plain = [r for r in reruns.plain if r is not None and r.outcome == FAILED]
-    if failed_plain:
-        first = failed_plain[0].failure
-        return Verdict(
-            test,
-            FLAKY,
-            f"failed plain too, in {len(failed_plain)} of {len(reruns.plain)} reruns"
-            + (f" ({first})" if first else ""),
-        )
     seen = _shown(dlx)
     if allowed is not None:
         base = f"allowed for {allowed.expected()}, but failed with {seen}"
     else:
         base = f"not on the allow-list; failed with {seen}"
+    failed_plain = [r for r in reruns.plain if r is not None and r.outcome == FAILED]
+    alike = [r for r in failed_plain if dlx is not None and same_way(r.failure, dlx.failure)]
+    if alike:
+        return Verdict(
+            test,
+            FLAKY,
+            f"failed plain too, the same way, in {len(alike)} of {len(reruns.plain)} reruns "
+            f"({_shown(alike[0])})",
+        )
+    if failed_plain:
+        return Verdict(
+            test,
+            REGRESSION,
+            f"{base}; failed plain alone in {len(failed_plain)} of {len(reruns.plain)} reruns, "
+            f"but otherwise ({_shown(failed_plain[0])}): the reruns do not explain it",
+        )
     if not reruns.dlx:
         return Verdict(test, REGRESSION, f"{base}; not rerun")
     failed_dlx = [r for r in reruns.dlx if r is None or r.outcome != PASSED]
@@ -227,6 +242,15 @@ def judge(
         f"{base} once; passed its {len(reruns.dlx)} reruns with celery_dlx on and never failed "
         f"plain ({len(reruns.plain)} reruns): a failure seen only with celery_dlx on",
     )
+
+
+def same_way(plain: Failure | None, dlx: Failure | None) -> bool:
+    """True when a plain failure is the celery_dlx one again: the same exception type (a
+    timeout plain explains a timeout with celery_dlx on, an assertion does not). A type named
+    without its module (pytest's last report line) matches its dotted name."""
+    if plain is None or dlx is None or not plain.exc_type or not dlx.exc_type:
+        return False
+    return type_matches(plain.exc_type, dlx.exc_type) or type_matches(dlx.exc_type, plain.exc_type)
 
 
 def _shown(result: Result | None) -> str:

@@ -71,6 +71,12 @@ def test_the_type_of_every_kind_of_junit_message(message: str, exc_type: str) ->
     assert gate.failure_from_junit(message, "").exc_type == exc_type
 
 
+def test_a_one_line_assertion_takes_its_type_from_the_reports_last_line() -> None:
+    failure = reported("stats-plain-alone.xml", "test_stats")
+    assert failure.message == "assert 0 > 0"
+    assert failure.exc_type == "AssertionError"
+
+
 def test_the_detail_is_the_exceptions_rendering_whole() -> None:
     failure = reported("inspect_active-dlx.xml", "test_active")
     assert (
@@ -225,14 +231,42 @@ def test_any_other_difference_goes_to_the_reruns(dlx: Result | None) -> None:
     assert gate.first_look("t::x", dlx, None) is None
 
 
-def test_flaky_only_when_it_failed_plain_in_a_rerun() -> None:
-    reruns = Reruns(
-        plain=[Result(PASSED), failed("TimeoutError", "slow machine"), Result(PASSED)],
-        dlx=[failed(), failed(), failed()],
-    )
-    verdict = gate.judge("t::x", failed(), None, reruns)
+def test_flaky_only_when_it_failed_plain_in_a_rerun_the_same_way() -> None:
+    timeout = failed("celery.exceptions.TimeoutError", "The operation timed out.")
+    reruns = Reruns(plain=[Result(PASSED), timeout, Result(PASSED)], dlx=[timeout] * 3)
+    verdict = gate.judge("t::x", timeout, None, reruns)
     assert verdict.kind == gate.FLAKY
-    assert "failed plain too, in 1 of 3 reruns (TimeoutError: slow machine)" in verdict.why
+    assert "failed plain too, the same way, in 1 of 3 reruns" in verdict.why
+    assert "(celery.exceptions.TimeoutError: The operation timed out.)" in verdict.why
+
+
+def test_failing_plain_alone_for_another_reason_explains_nothing() -> None:
+    """Celery's test_stats, seen by the gate: with celery_dlx on the worker could not encode
+    its stats reply (TypeError); alone, plain, it fails on the worker's uptime of 0 s."""
+    encode = Result(FAILED, reported("stats-dlx-alone-encode-error.xml", "test_stats"))
+    uptime = Result(FAILED, reported("stats-plain-alone.xml", "test_stats"))
+    reruns = Reruns(plain=[uptime] * 3, dlx=[encode] * 3)
+    verdict = gate.judge("t::x", encode, None, reruns)
+    assert verdict.kind == gate.REGRESSION
+    assert "failed plain alone in 3 of 3 reruns, but otherwise (AssertionError" in verdict.why
+
+
+@pytest.mark.parametrize(
+    ("plain", "dlx", "same"),
+    [
+        (Failure("KeyError", "KeyError: 'a'"), Failure("KeyError", "KeyError: 'b'"), True),
+        (Failure("TimeoutError", "x"), Failure("celery.exceptions.TimeoutError", "x"), True),
+        (Failure("Error", "x"), Failure("celery.exceptions.TimeoutError", "x"), False),
+        (Failure("AssertionError", "assert 0 > 0"), Failure("TypeError", "len(None)"), False),
+        (Failure("", "contains 1 failed subtest"), Failure("", "contains 1 failed subtest"), False),
+        (None, Failure("KeyError", "KeyError: 'a'"), False),
+        (Failure("KeyError", "KeyError: 'a'"), None, False),
+    ],
+)
+def test_the_same_way_is_the_same_exception_type(
+    plain: Failure | None, dlx: Failure | None, same: bool
+) -> None:
+    assert gate.same_way(plain, dlx) is same
 
 
 def test_failing_only_with_celery_dlx_in_the_reruns_is_a_regression() -> None:
