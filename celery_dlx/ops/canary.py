@@ -22,13 +22,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import BURIED, PARKED, RECOVERED, REQUEUED
 from celery_dlx.message.obituary import ORIGIN_FOREIGN, Obituary
 from celery_dlx.ops.replay import ReplayReport, replay
-from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.wiring.runtime import Runtime
 
 #: Fates that mean the canary failed again.
@@ -98,41 +97,23 @@ class ReplayRun:
 
 def history_tail(runtime: Runtime) -> str:
     """The id of the history stream's last entry (``0-0`` when empty)."""
-    last = runtime.redis.xrevrange(runtime.keys.history, "+", "-", count=1)
-    if not last:
-        return "0-0"
-    raw = last[0][0]
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return runtime.history.tail()
 
 
 class FateWatch:
     """Reads the history entries of one message appended after ``after`` (blocking reads)."""
 
     def __init__(self, runtime: Runtime, message_id: str, after: str) -> None:
-        self.redis = runtime.redis
-        self.key = runtime.keys.history
+        self.history = runtime.history
         self.message_id = message_id
         self.last = after
 
     def next_fate(self, block_ms: int) -> str | None:
         """The first fate of the message appended since the last call, waiting up to ``block_ms``."""
-        reply = cast(
-            "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None",
-            self.redis.xread({self.key: self.last}, count=1000, block=block_ms),
-        )
-        for _, entries in reply or ():
-            for entry_id, fields in entries:
-                self.last = _text(entry_id)
-                decoded = {_text(k): _text(v) for k, v in fields.items()}
-                if (
-                    decoded.get("message_id") == self.message_id
-                    and decoded.get("fate") != "replayed"
-                ):
-                    return decoded.get("fate")
+        for entry_id, fields in self.history.after(self.last, count=1000, block_ms=block_ms):
+            self.last = entry_id
+            if fields.get("message_id") == self.message_id and fields.get("fate") != "replayed":
+                return fields.get("fate")
         return None
 
 
@@ -247,7 +228,7 @@ def _canary_first(
     progress: Callable[[int], None] | None,
 ) -> list[str]:
     """Replay targets one by one until one is actually published, then watch it; the rest."""
-    yard = Graveyard(runtime.redis, runtime.keys)
+    yard = runtime.graveyard
     for i, oid in enumerate(targets):
         after = history_tail(runtime)
         report = replay(runtime, [oid], keep_attempts=keep_attempts, force=force)

@@ -8,14 +8,13 @@ JSON-safe dicts; the command line prints them as tables or as JSON. Payloads are
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from celery_dlx.codecs import Decoded, ProtobufRegistry, decode_payload, registry_from_config
 from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.render import iso, preview
-from celery_dlx.store import counters
 from celery_dlx.store.graveyard import Group
 from celery_dlx.wiring.runtime import Runtime
 
@@ -175,9 +174,8 @@ def parked_data(runtime: Runtime, *, limit: int = 50, at_ms: int | None = None) 
     (``claimed``: its score is the lease end).
     """
     now = now_ms() if at_ms is None else at_ms
-    store = runtime.store
     messages = []
-    for m in store.peek(limit):
+    for m in runtime.parking.peek(limit):
         messages.append(
             {
                 "entry_id": m.entry_id,
@@ -196,8 +194,8 @@ def parked_data(runtime: Runtime, *, limit: int = 50, at_ms: int | None = None) 
         )
     return {
         "backend": runtime.config.delay_backend,
-        "count": store.count(),
-        "due_now": store.due_count(now),
+        "count": runtime.parking.count(),
+        "due_now": runtime.parking.due_count(now),
         "messages": messages,
         "ladder": ladder_rows(runtime),
     }
@@ -212,18 +210,14 @@ def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> dict[str, Any]:
     import base64
 
     from celery_dlx.fates import PURGED, FateEvent
-    from celery_dlx.message.parked import ParkedMessage
 
-    store = runtime.store
-    keys = runtime.keys
+    parking = runtime.parking
     purged, missing = [], []
     for entry_id in entry_ids:
-        meta = cast("bytes | None", runtime.redis.hget(keys.parked_meta, entry_id))
-        body = cast("bytes | None", runtime.redis.hget(keys.parked_body, entry_id))
-        if meta is None or not store.remove([entry_id]):
+        message = parking.entry(entry_id)
+        if message is None or not parking.remove([entry_id]):
             missing.append(entry_id)
             continue
-        message = ParkedMessage.from_stored(meta, body or b"")
         record = json_safe_parked(message)
         record["body_b64"] = base64.b64encode(message.body).decode("ascii")
         runtime.record(
@@ -276,7 +270,7 @@ def stats_data(
         ``malformed_counters`` (counter fields that could not be read, with the reason).
     """
     now = now_ms() if at_ms is None else at_ms
-    counts = counters.read_window(runtime.redis, runtime.keys, window_s, at_ms=now)
+    counts = runtime.history.counts(window_s, at_ms=now)
     fates: dict[str, dict[str, int]] = {}
     for (queue, fate), n in sorted(counts.totals().items()):
         fates.setdefault(queue, {})[fate] = n
@@ -296,8 +290,8 @@ def stats_data(
         )
     oldest_all = obituaries.list_obituaries(runtime, limit=1, oldest_first=True)
     oldest_ms = oldest_all[0].buried_ms if oldest_all else None
-    store = runtime.store
-    nxt = store.peek(1)
+    parking = runtime.parking
+    nxt = parking.peek(1)
     return {
         "window_s": window_s,
         "fates": fates,
@@ -310,8 +304,8 @@ def stats_data(
             "queues": per_queue,
         },
         "parked": {
-            "count": store.count(),
-            "due_now": store.due_count(now),
+            "count": parking.count(),
+            "due_now": parking.due_count(now),
             "next_due_ms": nxt[0].due_ms if nxt else None,
             "next_due_at": iso(nxt[0].due_ms) if nxt else None,
         },

@@ -65,7 +65,7 @@ def targets(
 
 
 def _graveyard(runtime: Runtime) -> Graveyard:
-    return Graveyard(runtime.redis, runtime.keys)
+    return runtime.graveyard
 
 
 def list_obituaries(

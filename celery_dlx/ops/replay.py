@@ -131,7 +131,7 @@ def replay(
     """
     filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
     targets = obituaries.targets(runtime, ids, filters, everything, "replay")
-    yard = Graveyard(runtime.redis, runtime.keys)
+    yard = runtime.graveyard
     pacer = _Pacer(rate)
     report = ReplayReport(dry_run=dry_run)
     for chunk in chunks(targets, pacer.chunk()):

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from celery_dlx.fates import AUDIT, FateEvent, now_ms
 from celery_dlx.ops.render import iso
-from celery_dlx.store.history import History
 from celery_dlx.wiring.runtime import Runtime
 
 #: The history entry's fate for an operator action.
@@ -73,10 +72,6 @@ def _json_object(raw: str | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 def record_action(runtime: Runtime, entry: AuditEntry) -> str:
     """Append ``entry`` to the audit stream and an ``audit`` entry to the failure history."""
     entry.at_ms = entry.at_ms or now_ms()
@@ -89,25 +84,19 @@ def record_action(runtime: Runtime, entry: AuditEntry) -> str:
         reason=f"{entry.user} ({entry.role}) {entry.action} {entry.target}: {entry.summary}",
         at_ms=entry.at_ms,
     )
-    history = History(runtime.redis, runtime.keys)
-    return history.append_audit(entry.fields(), event, maxlen=AUDIT_MAXLEN)
+    return runtime.history.append_audit(entry.fields(), event, maxlen=AUDIT_MAXLEN)
 
 
 def read_audit(runtime: Runtime, *, limit: int = 100) -> list[dict[str, Any]]:
     """The latest audit entries, newest first."""
-    rows = cast(
-        "list[tuple[bytes, dict[bytes, bytes]]]",
-        runtime.redis.xrevrange(runtime.keys.web_audit, "+", "-", count=limit),
-    )
     out = []
-    for entry_id, raw in rows:
-        fields = {_text(k): _text(v) for k, v in raw.items()}
+    for entry_id, fields in runtime.history.audit(limit):
         params = _json_object(fields.get("params"))
         result = _json_object(fields.get("result"))
         at_ms = int(fields.get("at_ms") or 0)
         out.append(
             {
-                "id": _text(entry_id),
+                "id": entry_id,
                 "at_ms": at_ms,
                 "at": iso(at_ms),
                 "user": fields.get("user", ""),

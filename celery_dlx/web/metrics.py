@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from celery_dlx.store import counters
 from celery_dlx.web.reads import parked_summary, yard_of
 from celery_dlx.wiring.runtime import Runtime
 
@@ -72,8 +71,7 @@ class DLXCollector(Collector):
         total.add_metric([], yard.count())
         yield total
         causes = [
-            c.decode() if isinstance(c, bytes) else str(c)
-            for c in runtime.redis.zrevrange(yard.groups_key, 0, MAX_CAUSES - 1)
+            c.decode() if isinstance(c, bytes) else str(c) for c in yard.top_causes(MAX_CAUSES)
         ]
         per_cause = GaugeMetricFamily(
             "celery_dlx_graveyard_cause_obituaries",
@@ -115,7 +113,7 @@ class DLXCollector(Collector):
             labels=["queue", "fate", "window"],
         )
         for window, seconds in WINDOWS:
-            counts = counters.read_window(runtime.redis, runtime.keys, seconds)
+            counts = runtime.history.counts(seconds)
             for (queue, fate), n in sorted(counts.totals().items()):
                 fates.add_metric([queue, fate, window], n)
         yield fates

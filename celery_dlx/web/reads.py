@@ -8,14 +8,13 @@ graveyard); rows have the shapes of :mod:`celery_dlx.ops.inspection` (the CLI's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.fates import now_ms
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops.inspection import group_row, obituary_row
 from celery_dlx.ops.render import iso
-from celery_dlx.store import counters
 from celery_dlx.store.graveyard import Graveyard, text
 from celery_dlx.wiring.runtime import Runtime
 
@@ -28,7 +27,7 @@ PARKED_SCAN = 20000
 
 
 def yard_of(runtime: Runtime) -> Graveyard:
-    return Graveyard(runtime.redis, runtime.keys)
+    return runtime.graveyard
 
 
 def causes_page(runtime: Runtime, *, offset: int = 0, limit: int = 50) -> dict[str, Any]:
@@ -189,28 +188,11 @@ def _tally(per: dict[str, dict[str, Any]], message: ParkedMessage, now: int) -> 
 
 def _scan_parked(runtime: Runtime, now: int) -> tuple[dict[str, dict[str, Any]], int]:
     """Per-queue rows of the :data:`PARKED_SCAN` soonest-due retries, and how many were read."""
-    client, keys = runtime.redis, runtime.keys
     per: dict[str, dict[str, Any]] = {}
-    read, batch = 0, 1000
-    while read < PARKED_SCAN:
-        rows = cast(
-            "list[tuple[bytes, float]]",
-            client.zrange(keys.parked_due, read, read + batch - 1, withscores=True),
-        )
-        if not rows:
-            break
-        metas = client.hmget(keys.parked_meta, [r for r, _ in rows])
-        for (_, score), meta in zip(rows, metas, strict=True):
-            if meta is None:
-                continue
-            try:
-                message = ParkedMessage.from_stored(meta, b"", lease_score=int(score))
-            except (ValueError, TypeError, KeyError):
-                continue
-            _tally(per, message, now)
-        read += len(rows)
-        if len(rows) < batch:
-            break
+    read = 0
+    for message in runtime.parking.soonest(PARKED_SCAN):
+        _tally(per, message, now)
+        read += 1
     return per, read
 
 
@@ -230,12 +212,12 @@ def parked_summary(runtime: Runtime, *, at_ms: int | None = None) -> dict[str, A
         q["next_due_at"] = iso(q["next_due_ms"])
         q["oldest_due_at"] = iso(oldest)
         queues.append(q)
-    store = runtime.store
-    total = store.count()
+    parking = runtime.parking
+    total = parking.count()
     lateness = [q["lateness_s"] for q in queues if q["lateness_s"] is not None]
     return {
         "count": total,
-        "due_now": store.due_count(now),
+        "due_now": parking.due_count(now),
         "sampled": read,
         "complete": read >= total,
         "oldest_lateness_s": max(lateness) if lateness else None,
@@ -257,7 +239,7 @@ def fate_chart(
 ) -> dict[str, Any]:
     """Per-minute fate counts over the window as SVG polyline points (numbers only), with totals
     per queue and fate."""
-    counts = counters.read_window(runtime.redis, runtime.keys, window_s, at_ms=at_ms)
+    counts = runtime.history.counts(window_s, at_ms=at_ms)
     minutes = list(range(counts.start_minute, counts.end_minute + 1))
     per_fate: dict[str, list[int]] = {}
     for row in counts.rows:

@@ -248,13 +248,15 @@ class FakeRedis:
 
 
 class FakeRuntime:
+    """The composition root's history role over a fake Redis."""
+
     def __init__(self, redis: FakeRedis) -> None:
-        self.redis = redis
+        from celery_dlx.store.history import History
 
         class Keys:
             history = "history"
 
-        self.keys = Keys
+        self.history = History(redis, Keys)  # type: ignore[arg-type]
 
 
 def entry(i: int, message_id: str, fate: str) -> tuple[bytes, dict[bytes, bytes]]:
