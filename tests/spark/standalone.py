@@ -85,7 +85,7 @@ class SparkStandalone:
 
     def _answers(self) -> bool:
         try:
-            return self.status().get("status") == "ALIVE"
+            return bool(self.status().get("status") == "ALIVE")
         except OSError:
             return False
 
