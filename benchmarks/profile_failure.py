@@ -42,7 +42,7 @@ STAGES = [
         "__init__ (billiard/einfo.py",
     ),
     ("DLXTask._fail", "_fail (celery_dlx/worker/task.py"),
-    ("  celery_copy (the parked copy)", "celery_copy (celery_dlx/message/copies.py"),
+    ("  celery_copy (the parked copy)", "celery_copy (celery_dlx/broker/copies.py"),
     ("  Runtime.park (Redis Lua park)", "park (celery_dlx/wiring/runtime.py"),
     ("  Runtime.record (history + counters + log)", "record (celery_dlx/wiring/runtime.py"),
     ("    Runtime._log (fate log line)", "_log (celery_dlx/wiring/runtime.py"),

@@ -56,9 +56,9 @@ def decode_content_header(buf: Any) -> tuple[int, int, dict[str, Any]]:
     return class_id, body_size, properties
 
 
-def frame_handler(connection: amqp.Connection, callback: Callback) -> Callable[[Frame], bool]:
+def read_frames(connection: amqp.Connection, callback: Callback) -> Callable[[Frame], bool]:
     """py-amqp's ``method_framing.frame_handler`` with :func:`decode_content_header` for the
-    content header frame; passed to ``amqp.Connection(frame_handler=...)``."""
+    content header frame."""
     expected_types: defaultdict[int, int] = defaultdict(lambda: 1)
     partial_messages: dict[int, Any] = {}  # amqp.Message (celery-types omits its frame API)
 
@@ -99,6 +99,32 @@ def frame_handler(connection: amqp.Connection, callback: Callback) -> Callable[[
         return True
 
     return on_frame
+
+
+class FrameHandler:
+    """:func:`read_frames` as py-amqp's ``frame_handler`` argument.
+
+    It sits in the connection's ``transport_options``, which kombu reports: ``Connection.info()``
+    is in ``celery inspect stats``, serialized as JSON, and connections are pickled. So it has a
+    JSON form (its name, through kombu's ``__json__`` hook), pickles by reference and has a
+    readable ``repr``.
+    """
+
+    def __call__(self, connection: amqp.Connection, callback: Callback) -> Callable[[Frame], bool]:
+        return read_frames(connection, callback)
+
+    def __json__(self) -> str:
+        return "celery_dlx.broker.frames:frame_handler"
+
+    def __repr__(self) -> str:
+        return "<celery_dlx frame reader>"
+
+    def __reduce__(self) -> str:
+        return "frame_handler"
+
+
+#: The frame reader celery_dlx's connections pass to py-amqp.
+frame_handler = FrameHandler()
 
 
 def tolerant(connection: Connection) -> Connection:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import amqp
 from kombu import Connection
 from kombu.transport.pyamqp import Channel as AMQPChannel
 
@@ -22,6 +23,25 @@ from celery_dlx.errors import PublishError
 from celery_dlx.message.outgoing import INT32_MAX, PUBLISH_SEQ_HEADER, Outgoing, copy_properties
 
 logger = logging.getLogger(__name__)
+
+
+class EncodedMessage(amqp.Message):
+    """An ``amqp.Message`` whose property list celery_dlx encoded itself
+    (:func:`~celery_dlx.message.fieldtable.write_properties`): py-amqp sends those bytes as they
+    are. ``properties`` still holds the decoded view (headers included) for readers."""
+
+    def __init__(self, body: bytes, encoded_properties: bytes, **properties: Any) -> None:
+        super().__init__(body, **properties)
+        self.encoded_properties = encoded_properties
+
+    def _serialize_properties(self) -> bytes:
+        return self.encoded_properties
+
+
+def amqp_message(message: Outgoing, seq: int) -> EncodedMessage:
+    """``message`` as py-amqp publishes it (see :meth:`Outgoing.encode`)."""
+    encoded = message.encode(seq)
+    return EncodedMessage(encoded.body, encoded.properties_bytes, **encoded.properties)
 
 
 class ConfirmingPublisher:
@@ -122,7 +142,7 @@ class ConfirmingPublisher:
             self._next_tag += 1
             self._pending.add(tag)
             channel.basic_publish(
-                msg.amqp_message(seq),
+                amqp_message(msg, seq),
                 exchange=msg.exchange,
                 routing_key=msg.routing_key,
                 mandatory=True,

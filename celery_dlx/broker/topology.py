@@ -190,6 +190,10 @@ def without_policy_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in arguments.items() if k not in POLICY_DLX_ARGUMENTS}
 
 
+#: DLXQueue's own attributes, beside kombu's.
+_DLX_ATTRS = ("dlx_service_queue", "dlx_quorum_service", "dlx_app", "dlx_management")
+
+
 class DLXQueue(Queue):
     """A kombu ``Queue`` that declares its dead-letter exchange and service queue first."""
 
@@ -208,6 +212,16 @@ class DLXQueue(Queue):
     dlx_app: str | None = None
     #: The management API asked whether a policy gives the queue its dead-letter exchange.
     dlx_management: Management | None = None
+
+    def as_dict(self, recurse: bool = False) -> dict[str, Any]:
+        """kombu's fields of the queue. A report of it (``recurse=True``: ``celery inspect
+        active_queues``, sent as JSON) has kombu's fields only; celery_dlx's (an app name, a
+        management API client) are for the copies kombu makes of the queue (``recurse=False``)."""
+        data: dict[str, Any] = super().as_dict(recurse)
+        if recurse:
+            for name in _DLX_ATTRS:
+                data.pop(name, None)
+        return data
 
     def declare(self, nowait: bool = False, channel: Any = None) -> str:
         """Declare the dead-letter target, then the queue, its exchange and bindings.

@@ -1,4 +1,5 @@
-"""Rebuilding a Celery task message inside the worker, to requeue or park an exact copy.
+"""What a Celery task message carries, read from the running request (pure; the copy itself is
+built by :func:`celery_dlx.broker.copies.celery_copy`).
 
 The worker child has the delivery's full header table and properties (``request.properties``)
 and the decoded arguments; the body is re-encoded with the delivery's own serializer, so a copy
@@ -10,13 +11,6 @@ protocol 1 (everything in a dict body, no task headers), which Celery still acce
 from __future__ import annotations
 
 from typing import Any
-
-from kombu import serialization
-from kombu.compression import compress
-
-from celery_dlx.compat import serializer_name
-from celery_dlx.message.headers import DLXState, clean_headers
-from celery_dlx.message.outgoing import Outgoing, copy_properties
 
 
 def delivery_headers(request: Any) -> dict[str, Any]:
@@ -54,72 +48,3 @@ def _body_v1(request: Any, args: list[Any], kwargs: dict[str, Any], retries: int
         "taskset": group,
         "chord": request.chord,
     }
-
-
-def celery_copy(
-    request: Any,
-    *,
-    state: DLXState,
-    routing_key: str,
-    exchange: str = "",
-    default_serializer: str = "json",
-    extra_headers: dict[str, Any] | None = None,
-    retries: int | None = None,
-    args: Any = None,
-    kwargs: Any = None,
-) -> Outgoing:
-    """A copy of the running task's message carrying ``state``, in the message's own protocol.
-
-    Args:
-        retries: Celery's retry count for the copy (``request.retries`` of its next run); None
-            keeps the delivery's.
-        args, kwargs: new arguments (``self.retry(args=..., kwargs=...)``); None keeps the
-            delivery's.
-
-    Raises:
-        kombu.exceptions.EncodeError: the arguments cannot be encoded again (never seen for a
-            message that was decoded from the same serializer).
-    """
-    props = request.properties or {}
-    original = delivery_headers(request)
-    protocol = task_protocol(original)
-    headers = clean_headers(original, state)
-    if extra_headers:
-        headers.update(extra_headers)
-    content_type = props.get("content_type")
-    serializer = (serializer_name(content_type) if content_type else None) or default_serializer
-    call_args = list(request.args or ()) if args is None else list(args)
-    call_kwargs = dict(request.kwargs or {}) if kwargs is None else dict(kwargs)
-    payload: Any
-    if protocol == 2:
-        if retries is not None:
-            headers["retries"] = retries
-        embed = {
-            "callbacks": request.callbacks,
-            "errbacks": request.errbacks,
-            "chain": request.chain,
-            "chord": request.chord,
-        }
-        payload = (call_args, call_kwargs, embed)
-    else:
-        if retries is None:
-            retries = int(getattr(request, "retries", 0) or 0)
-        payload = _body_v1(request, call_args, call_kwargs, retries)
-    body: bytes | str  # kombu returns bytes for binary serializers (celery-types says str)
-    ctype, cenc, body = serialization.dumps(payload, serializer=serializer)
-    compression = headers.get("compression")
-    if compression:
-        body, _ = compress(body, compression)
-    properties = copy_properties(props)
-    properties["content_type"] = ctype
-    properties["content_encoding"] = cenc
-    priority = (request.delivery_info or {}).get("priority")
-    if priority is not None:
-        properties["priority"] = priority
-    return Outgoing(
-        body=body if isinstance(body, bytes) else body.encode(cenc or "utf-8"),
-        routing_key=routing_key,
-        exchange=exchange,
-        headers=headers,
-        properties=properties,
-    )

@@ -187,7 +187,7 @@ def state_headers(state: DLXState) -> dict[str, Any]:
     """celery_dlx's headers for ``state``: strings and integers.
 
     The first-failure time is an epoch-milliseconds integer here (as parked entries keep it);
-    :meth:`celery_dlx.message.outgoing.Outgoing.amqp_message` writes it to the wire as a string,
+    :meth:`celery_dlx.message.outgoing.Outgoing.encode` writes it to the wire as a string,
     since 64-bit integers go out as py-amqp's ``L``, which RabbitMQ's own clients cannot read.
     """
     out: dict[str, Any] = {

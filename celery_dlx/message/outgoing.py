@@ -1,7 +1,7 @@
 """A message celery_dlx is about to publish: raw body, headers, properties and destination.
 
 Every republish (requeue, drain, TTL ladder, replay, the DLX service, quarantine copies) is built
-as an :class:`Outgoing`; :meth:`Outgoing.amqp_message` is the one place its headers are cleaned of
+as an :class:`Outgoing`; :meth:`Outgoing.encode` is the one place its headers are cleaned of
 broker-owned ``x-death*`` headers and encoded, by celery_dlx's own writer
 (:mod:`celery_dlx.message.fieldtable`): user headers as their producer wrote them, celery_dlx's in
 field types every client decodes.
@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import amqp
 
 from celery_dlx.message.fieldtable import user_origin, write_properties, write_table
 from celery_dlx.message.headers import clean_headers
@@ -44,19 +42,6 @@ COPIED_PROPERTIES = (*AMQP_PROPERTIES, WIRE_HEADERS_PROPERTY)
 INT32_MAX = 2**31 - 1
 
 
-class EncodedMessage(amqp.Message):
-    """An ``amqp.Message`` whose property list celery_dlx encoded itself
-    (:func:`~celery_dlx.message.fieldtable.write_properties`): py-amqp sends those bytes as they
-    are. ``properties`` still holds the decoded view (headers included) for readers."""
-
-    def __init__(self, body: bytes, encoded_properties: bytes, **properties: Any) -> None:
-        super().__init__(body, **properties)
-        self.encoded_properties = encoded_properties
-
-    def _serialize_properties(self) -> bytes:
-        return self.encoded_properties
-
-
 @dataclass
 class Outgoing:
     """One message to publish: raw body, headers and AMQP properties, and where it goes."""
@@ -70,8 +55,8 @@ class Outgoing:
     #: celery_dlx could not decode); ``headers`` and ``properties`` are then not written.
     raw_properties: bytes | None = None
 
-    def amqp_message(self, seq: int) -> EncodedMessage:
-        """The message to publish, ``seq`` in :data:`PUBLISH_SEQ_HEADER`.
+    def encode(self, seq: int) -> Encoded:
+        """The message as it goes on the wire, ``seq`` in :data:`PUBLISH_SEQ_HEADER`.
 
         Broker ``x-death*`` headers are left out. When the properties carry the original
         delivery's raw header table (:data:`WIRE_HEADERS_PROPERTY`), every header the copy
@@ -83,15 +68,24 @@ class Outgoing:
             FieldTableError: a property or header name longer than a short string.
         """
         if self.raw_properties is not None:
-            return EncodedMessage(self.body, self.raw_properties)
+            return Encoded(self.body, self.raw_properties, {})
         props = {k: v for k, v in self.properties.items() if k in AMQP_PROPERTIES and v is not None}
         props.setdefault("delivery_mode", 2)
         headers = clean_headers(self.headers)
         headers[PUBLISH_SEQ_HEADER] = seq
         table = write_table(headers, self.properties.get(WIRE_HEADERS_PROPERTY))
-        return EncodedMessage(
-            self.body, write_properties(props, table), application_headers=headers, **props
-        )
+        props["application_headers"] = headers
+        return Encoded(self.body, write_properties(props, table), props)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """An :class:`Outgoing` encoded: its body, its property list as bytes (celery_dlx's writer),
+    and the properties as values (headers included) for readers."""
+
+    body: bytes
+    properties_bytes: bytes
+    properties: dict[str, Any]
 
 
 def copy_properties(properties: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -25,11 +25,11 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 
 from celery_dlx import fates
+from celery_dlx.broker.copies import celery_copy
 from celery_dlx.compat import RunSettled, Tracer, settles, settling_tracer
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
-from celery_dlx.message.copies import celery_copy
 from celery_dlx.message.headers import (
     DLXState,
     HistoryEntry,

@@ -18,9 +18,9 @@ import pytest
 from kombu import Connection
 
 import celery_dlx
+from celery_dlx.broker.publish import EncodedMessage
 from celery_dlx.message.fieldtable import encode_value, table_entries, write_properties
 from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
-from celery_dlx.message.outgoing import EncodedMessage
 from celery_dlx.wiring.runtime import get_runtime
 from tests.conftest import BROKER_URL
 from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker

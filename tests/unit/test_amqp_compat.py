@@ -88,3 +88,16 @@ def test_tolerant_sets_the_reader_on_py_amqp_connections_only() -> None:
     assert amqp_conn.transport_options["frame_handler"] is frame_handler
     memory = tolerant(Connection("memory://"))
     assert "frame_handler" not in (memory.transport_options or {})
+
+
+def test_a_tolerant_connection_reports_and_pickles_as_any_other() -> None:
+    """``celery inspect stats`` sends ``Connection.info()`` as JSON; kombu pickles connections."""
+    import pickle
+
+    from kombu.utils.json import dumps, loads
+
+    conn = tolerant(Connection("amqp://guest:guest@127.0.0.1:1//"))
+    info = loads(dumps(conn.info()))
+    assert info["transport_options"]["frame_handler"] == "celery_dlx.broker.frames:frame_handler"
+    assert pickle.loads(pickle.dumps(frame_handler)) is frame_handler
+    assert pickle.loads(pickle.dumps(conn)).transport_options["frame_handler"] is frame_handler

@@ -20,7 +20,9 @@ from kombu import serialization
 from kombu.compression import compress, decompress
 from kombu.transport.pyamqp import Message
 
-from celery_dlx.message.copies import celery_copy, delivery_headers
+from celery_dlx.broker.copies import celery_copy
+from celery_dlx.broker.publish import amqp_message
+from celery_dlx.message.copies import delivery_headers
 from celery_dlx.message.headers import DLXState, HistoryEntry, read_state, state_headers
 from celery_dlx.message.names import DELIVERY_QUEUE_HEADER, REASON_HEADER
 
@@ -140,7 +142,7 @@ def test_copy_has_the_same_task_message_with_new_state_headers(app: Celery) -> N
 def test_copy_never_carries_broker_headers(app: Celery, header: str) -> None:
     copy = celery_copy(delivered(app), state=STATE, routing_key="work")
     assert header not in copy.headers
-    assert header not in copy.amqp_message(1).application_headers
+    assert header not in amqp_message(copy, 1).application_headers
 
 
 def test_copy_properties(app: Celery) -> None:

@@ -18,7 +18,8 @@ from celery.worker.strategy import proto1_to_proto2
 from kombu import serialization
 from kombu.transport.pyamqp import Message
 
-from celery_dlx.message.copies import celery_copy, task_protocol
+from celery_dlx.broker.copies import celery_copy
+from celery_dlx.message.copies import task_protocol
 from celery_dlx.message.headers import DLXState, read_state
 from tests.unit.test_copies import delivered
 

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from pika import data as pika_data
 
 from celery_dlx.broker.frames import decode_content_header
+from celery_dlx.broker.publish import amqp_message
 from celery_dlx.message.fieldtable import (
     MAX_DEPTH,
     FieldTableError,
@@ -399,7 +400,7 @@ def test_the_service_path_never_raises_and_keeps_every_user_header(
 def _table_of(copy: Outgoing) -> bytes:
     from celery_dlx.message.fieldtable import header_table_span
 
-    encoded = bytes(copy.amqp_message(1)._serialize_properties())
+    encoded = bytes(amqp_message(copy, 1)._serialize_properties())
     span = header_table_span(encoded, 0)
     assert span is not None
     return encoded[span[0] : span[1]]

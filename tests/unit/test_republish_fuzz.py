@@ -15,6 +15,7 @@ import amqp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from celery_dlx.broker.publish import amqp_message
 from celery_dlx.message.names import BROKER_HEADERS
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.parked import ParkedMessage
@@ -81,15 +82,15 @@ def test_every_parked_message_republishes_without_broker_headers(
 ) -> None:
     message = parked(headers, body)
     back = ParkedMessage.from_stored(message.meta_json(), body)
-    amqp_message = back.outgoing().amqp_message(1)
-    frame = bytes(amqp_message._serialize_properties())
+    message = amqp_message(back.outgoing(), 1)
+    frame = bytes(message._serialize_properties())
     decoded, _ = amqp.serialization.decode_properties_basic(frame, 0)
     sent = decoded["application_headers"]
     assert not any(
         name.startswith(("x-death", "x-first-death-", "x-last-death-")) or name in BROKER_HEADERS
         for name in sent
     )
-    assert amqp_message.body == body
+    assert message.body == body
 
 
 def test_tables_using_the_codecs_own_keys_come_back_as_they_were() -> None:

@@ -465,3 +465,21 @@ def test_without_a_matching_policy_the_406_is_refused_with_the_hint(
     assert expected in message
     assert "set_policy celery-dlx-orders '^orders$'" in message
     assert declared_queues(channel) == [("proj.dead", {})], "the caller's channel declared nothing"
+
+
+def test_a_dlx_queue_reports_kombus_fields_only_and_copies_keep_its_own() -> None:
+    """``celery inspect active_queues`` sends ``as_dict(recurse=True)`` as JSON: no management
+    client or app name in it; a bound copy keeps them."""
+    from copy import copy
+
+    from kombu.utils.json import dumps
+
+    from celery_dlx.broker.topology import DLXQueue
+
+    queue = DLXQueue("q", dlx_service_queue="dead", dlx_app="proj", dlx_management=object())
+    report = queue.as_dict(recurse=True)
+    assert not [k for k in report if k.startswith("dlx_")]
+    dumps(report)
+    twin = copy(queue)
+    assert (twin.dlx_service_queue, twin.dlx_app) == ("dead", "proj")
+    assert twin.dlx_management is queue.dlx_management

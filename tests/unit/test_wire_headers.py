@@ -3,7 +3,7 @@
 Each producer of a republish (worker requeue/park copy, quarantine copy, DLX service requeue and
 park, drain, TTL ladder, graveyard replay, queue migration) is fed headers at their worst: 64-bit
 epoch milliseconds from celery_dlx's own state, and every field type a Go, Node or Ruby publisher
-can send. The copy is encoded by celery_dlx's writer (:meth:`Outgoing.amqp_message`) and the bytes
+can send. The copy is encoded by celery_dlx's writer (:meth:`Outgoing.encode`) and the bytes
 it would put on the wire are walked:
 
 * with the delivery's raw header table (what celery_dlx's frame reader keeps), every foreign
@@ -32,9 +32,9 @@ from celery.worker.request import Request
 from kombu import serialization as kombu_serialization
 from kombu.transport.pyamqp import Message
 
+from celery_dlx.broker.copies import celery_copy
 from celery_dlx.broker.ladder import DelayQueue
-from celery_dlx.broker.publish import outgoing_copies
-from celery_dlx.message.copies import celery_copy
+from celery_dlx.broker.publish import amqp_message, outgoing_copies
 from celery_dlx.message.fieldtable import (
     WRITTEN_TYPES,
     encode_value,
@@ -179,7 +179,7 @@ def _walk_table(buf: bytes, path: str, out: list[tuple[str, str]]) -> None:
 
 def sent_table(copy: Outgoing, seq: int = 7) -> bytes:
     """The content of the header table ``copy`` puts on the wire."""
-    encoded = bytes(copy.amqp_message(seq=seq)._serialize_properties())
+    encoded = bytes(amqp_message(copy, seq)._serialize_properties())
     span = header_table_span(encoded, 0)
     assert span is not None
     return encoded[span[0] : span[1]]
