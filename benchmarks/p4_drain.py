@@ -38,9 +38,9 @@ from _common import (
 from celery import Celery
 from kombu import Connection, Producer
 
+from celery_dlx.drain.core import drain_once, run_drain
 from celery_dlx.fates import now_ms
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.drain.core import drain_once, run_drain
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 TARGET = 0.4

@@ -39,10 +39,10 @@ from _common import (
 from celery import Celery
 from kombu import Connection, Consumer, Queue
 
+from celery_dlx.drain.core import beat_entry, register_drain_task
 from celery_dlx.fates import now_ms
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import load_config
-from celery_dlx.drain.core import beat_entry, register_drain_task
 from celery_dlx.wiring.runtime import get_runtime
 
 #: Header carrying a bench retry's due time (epoch ms), read at arrival.

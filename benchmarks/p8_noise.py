@@ -61,10 +61,10 @@ from celery.exceptions import Reject
 from kombu import Connection
 
 import celery_dlx
+from celery_dlx.drain.core import run_drain
 from celery_dlx.policy.config import load_config
 from celery_dlx.service.loop import DLXService
 from celery_dlx.store.graveyard import Graveyard
-from celery_dlx.drain.core import run_drain
 from celery_dlx.wiring.runtime import get_runtime
 from tests.sentry_sink import SentrySink
 
