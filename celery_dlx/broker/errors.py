@@ -16,3 +16,6 @@ from celery_dlx.errors import PublishError
 #: The broker connection, channel or socket failed (``ConnectionError`` is an ``OSError``), or
 #: the broker did not confirm a publish (:class:`~celery_dlx.errors.PublishError`).
 BROKER_ERRORS: tuple[type[Exception], ...] = (PublishError, OperationalError, AMQPError, OSError)
+
+#: What a connection attempt raises when the broker cannot be reached.
+UNREACHABLE: tuple[type[Exception], ...] = (OperationalError, ConnectionError)

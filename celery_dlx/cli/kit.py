@@ -59,18 +59,18 @@ def handle_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        import redis
-        from kombu.exceptions import OperationalError
+        from celery_dlx.broker.errors import UNREACHABLE
+        from celery_dlx.store.errors import STORE_ERRORS
 
         try:
             return func(*args, **kwargs)
         except DLXError as exc:
             raise click.ClickException(str(exc)) from exc
-        except redis.RedisError as exc:
+        except STORE_ERRORS as exc:
             raise click.ClickException(
                 f"Redis unreachable or refused ({exc}); check dlx_redis_url"
             ) from exc
-        except (OperationalError, ConnectionError) as exc:
+        except UNREACHABLE as exc:
             raise click.ClickException(f"broker unreachable ({exc}); check broker_url") from exc
 
     return cast(F, wrapper)

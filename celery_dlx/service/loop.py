@@ -17,22 +17,17 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import cast
 
-import amqp
-from amqp.exceptions import PreconditionFailed
 from celery import Celery
-from kombu import Connection
-from kombu.transport.pyamqp import Channel as AMQPChannel
-from redis.exceptions import RedisError
 
+from celery_dlx.broker.consume import Delivery, QueueConsumer, ack_all
 from celery_dlx.broker.errors import BROKER_ERRORS
-from celery_dlx.broker.frames import connection_for
 from celery_dlx.broker.topology import service_queue
 from celery_dlx.errors import TopologyError
 from celery_dlx.service.outage import RETRY_DELAYS, TRANSIENT_ERRORS, Outage
-from celery_dlx.service.settle import BatchSettler, ack_all
+from celery_dlx.service.settle import BatchSettler
 from celery_dlx.service.stats import ServiceStats
+from celery_dlx.store.errors import STORE_ERRORS
 from celery_dlx.wiring.retention import sweep_retention
 from celery_dlx.wiring.runtime import Runtime
 
@@ -74,7 +69,7 @@ class DLXService(BatchSettler):
         self.batch_limit = max(1, min(BATCH_LIMIT, self.prefetch // (SETTLERS + 1)))
         self._stop = threading.Event()
         self._settle_outage = Outage("Redis or the broker")
-        self._inbox: list[amqp.Message] = []
+        self._inbox: list[Delivery] = []
         self._last_sweep = 0.0
         self._sweep_failing = False
         self._idle_since = time.monotonic()
@@ -114,33 +109,28 @@ class DLXService(BatchSettler):
         return self.stats
 
     def _consume(self, idle_timeout: float | None, outage: Outage) -> None:
+        config = self.config
+        queue = service_queue(config.service_queue, config.exchange, quorum=config.quorum)
+        mismatch = (
+            f"the DLX service queue {config.service_queue!r} exists with other arguments "
+            "(dlx_service_queue, dlx_quorum)"
+        )
         # celery_dlx's frame reader: no header a dead letter carries can stop the service.
-        with connection_for(self.app) as conn:
-            conn.ensure_connection(max_retries=1)
-            # The service consumes raw py-amqp deliveries: amqp:// brokers only.
-            channel = cast(AMQPChannel, conn.channel())
-            # py-amqp decodes a body with a content_encoding to text; the graveyard keeps bytes.
-            channel.auto_decode = False
-            queue = service_queue(
-                self.config.service_queue, self.config.exchange, quorum=self.config.quorum
-            )
-            try:
-                queue(channel).declare()
-            except PreconditionFailed as exc:
-                raise TopologyError(
-                    f"the DLX service queue {self.config.service_queue!r} exists with other "
-                    f"arguments (dlx_service_queue, dlx_quorum): {exc}"
-                ) from exc
-            # Raw deliveries (amqp.Message): nothing is decoded, and no per-message wrapper.
-            channel.basic_qos(0, self.prefetch, False)
-            channel.basic_consume(self.config.service_queue, callback=self._inbox.append)
+        with QueueConsumer(
+            self.app,
+            config.service_queue,
+            lambda channel: queue(channel).declare(),
+            self.prefetch,
+            self._inbox,
+            mismatch=mismatch,
+        ) as consumer:
             outage.end()
             logger.info(
-                "DLX service consuming %s (prefetch %d)", self.config.service_queue, self.prefetch
+                "DLX service consuming %s (prefetch %d)", config.service_queue, self.prefetch
             )
-            self._loop(conn, idle_timeout)
+            self._loop(consumer, idle_timeout)
 
-    def _loop(self, conn: Connection, idle_timeout: float | None) -> None:
+    def _loop(self, consumer: QueueConsumer, idle_timeout: float | None) -> None:
         """Receive and ack on this thread while helper threads settle the batches in hand.
 
         The connection stays on this thread (it is not thread-safe). Settling is mostly Redis
@@ -148,7 +138,7 @@ class DLXService(BatchSettler):
         for Redis while the other runs). Batches are acked in the order they arrived, each with
         one ``basic.ack(multiple)``, and only once every earlier batch is acked too.
         """
-        pending: deque[tuple[list[amqp.Message], Future[bool]]] = deque()
+        pending: deque[tuple[list[Delivery], Future[bool]]] = deque()
         # True once a wait for more dead letters came back empty: the inbox is all there is for
         # now. A backlog arrives one delivery per drain, so handing the inbox to a free settler at
         # once would settle it a few messages at a time; it waits for a full batch or a pause.
@@ -173,14 +163,9 @@ class DLXService(BatchSettler):
                     del self._inbox[: self.batch_limit]
                     pending.append((batch, helpers.submit(self._process, batch)))
                 busy = bool(pending) or bool(self._inbox)
-                try:
-                    conn.drain_events(timeout=BATCH_WAIT if busy else IDLE_POLL)
-                    quiet = False
-                except TimeoutError:
-                    quiet = True
-                    conn.heartbeat_check()
-                    if not busy and self._idle(idle_timeout):
-                        return
+                quiet = not consumer.wait(BATCH_WAIT if busy else IDLE_POLL)
+                if quiet and not busy and self._idle(idle_timeout):
+                    return
 
     def _idle(self, idle_timeout: float | None) -> bool:
         """Idle work; True when the service has been idle for ``idle_timeout`` (and stops)."""
@@ -191,7 +176,7 @@ class DLXService(BatchSettler):
             return True
         return False
 
-    def _process(self, batch: list[amqp.Message]) -> bool:
+    def _process(self, batch: list[Delivery]) -> bool:
         """Settle ``batch``, retrying while Redis or the publisher is down.
 
         Returns:
@@ -224,7 +209,7 @@ class DLXService(BatchSettler):
         self._last_sweep = time.monotonic()
         try:
             self.stats.add(archived=sweep_retention(self.runtime))
-        except RedisError as exc:
+        except STORE_ERRORS as exc:
             if not self._sweep_failing:  # once per outage, not once a minute
                 logger.warning(
                     "DLX service: graveyard retention sweep failed (%s); retried every %ds",

@@ -11,10 +11,9 @@ import logging
 import threading
 import time
 
-from redis.exceptions import RedisError
-
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.service.stats import ServiceStats
+from celery_dlx.store.errors import STORE_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +21,7 @@ logger = logging.getLogger(__name__)
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 #: Errors that mean "not now": the batch stays unacked and is retried.
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (RedisError, *BROKER_ERRORS)
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (*STORE_ERRORS, *BROKER_ERRORS)
 
 
 class Outage:

@@ -24,6 +24,7 @@ from typing import Any
 from celery import Celery
 
 from celery_dlx import faults
+from celery_dlx.broker.consume import Delivery, ack_all
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import read_state
@@ -46,10 +47,6 @@ from celery_dlx.service.stats import ServiceStats
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
-
-#: A delivery as the service's consumer hands it over (``amqp.Message``: body, headers,
-#: properties, delivery_info, channel, delivery_tag).
-Delivery = Any
 
 
 @dataclass
@@ -123,16 +120,6 @@ def _body_bytes(body: str, encoding: Any) -> bytes:
         return body.encode(str(encoding or "utf-8"), errors="surrogateescape")
     except LookupError:
         return body.encode("utf-8", errors="surrogateescape")
-
-
-def ack_all(messages: Sequence[Any]) -> None:
-    """Ack a batch with one ``basic.ack(multiple)`` per channel (a batch holds every delivery
-    received before it, so nothing outside it is acked)."""
-    last: dict[Any, int] = {}
-    for m in messages:
-        last[m.channel] = max(last.get(m.channel, 0), int(m.delivery_tag))
-    for channel, tag in last.items():
-        channel.basic_ack(tag, multiple=True)
 
 
 class BatchSettler:

@@ -59,7 +59,7 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
     Raises:
         ConfigurationError: malformed accounts.
     """
-    import redis
+    from celery_dlx.store.errors import STORE_ERRORS
 
     console = Console(runtime, settings)
     routes = [
@@ -99,7 +99,7 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
         exception_handlers={
             DLXError: on_dlx_error,
             HTTPException: on_http_error,
-            redis.RedisError: on_redis_error,
+            **dict.fromkeys(STORE_ERRORS, on_redis_error),
         },
     )
     app.state.console = console

@@ -13,7 +13,6 @@ from typing import Any
 
 from celery.utils.objects import Bunch
 from celery.worker.consumer import Consumer
-from kombu.message import Message
 
 from celery_dlx.broker.frames import tolerant
 from celery_dlx.compat import divert_reject
@@ -31,6 +30,9 @@ from celery_dlx.wiring.runtime import get_runtime
 from celery_dlx.worker.strategy import _queue_of
 
 logger = logging.getLogger(__name__)
+
+#: kombu's ``Message`` as Celery's consumer hands it over.
+Message = Any
 
 
 def bury_raw(app: Any, message: Any, queue: str, reason: str) -> bool:

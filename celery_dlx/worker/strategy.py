@@ -14,10 +14,12 @@ from typing import Any
 from celery import Celery, Task
 from celery.worker.consumer import Consumer
 from celery.worker.strategy import default
-from kombu.message import Message
 
 from celery_dlx.compat import consumer_tags
 from celery_dlx.message.names import DELIVERY_QUEUE_HEADER
+
+#: kombu's ``Message`` as Celery's consumer hands it over.
+Message = Any
 
 
 def _queue_of(consumer: Consumer, message: Message) -> str | None:

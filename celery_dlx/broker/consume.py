@@ -1,0 +1,107 @@
+"""Consuming one queue in raw deliveries, for the DLX service (celery_dlx's frame reader).
+
+The service's loop (:mod:`celery_dlx.service.loop`) receives and acks on one thread and settles
+on others; this module is all it needs of the broker: connect and declare, wait for deliveries,
+ack a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, cast
+
+from amqp.exceptions import PreconditionFailed
+from celery import Celery
+from kombu.transport.pyamqp import Channel as AMQPChannel
+
+from celery_dlx.broker.frames import connection_for
+from celery_dlx.errors import TopologyError
+
+#: A delivery as py-amqp hands it over (``amqp.Message``: body, headers, properties,
+#: delivery_info, channel, delivery_tag), undecoded.
+Delivery = Any
+
+
+class QueueConsumer:
+    """Raw deliveries of ``queue`` appended to ``inbox``, on a connection of its own.
+
+    Args:
+        app: the Celery app (its broker).
+        queue: the queue to consume.
+        declare: declares the queue (and what it needs) on a channel.
+        prefetch: the consumer prefetch.
+        inbox: where deliveries go, in order.
+
+    Raises (on entering):
+        TopologyError: the queue exists with other arguments (its message names the settings).
+        kombu/amqp connection errors: the broker is unreachable.
+    """
+
+    def __init__(
+        self,
+        app: Celery,
+        queue: str,
+        declare: Callable[[Any], object],
+        prefetch: int,
+        inbox: list[Delivery],
+        *,
+        mismatch: str = "",
+    ) -> None:
+        self.app = app
+        self.queue = queue
+        self.declare = declare
+        self.prefetch = prefetch
+        self.inbox = inbox
+        self.mismatch = mismatch
+        self._conn: Any = None
+
+    def __enter__(self) -> QueueConsumer:
+        conn = connection_for(self.app)
+        try:
+            conn.ensure_connection(max_retries=1)
+            # Raw py-amqp deliveries (amqp:// brokers only): nothing decoded, no wrapper.
+            channel = cast(AMQPChannel, conn.channel())
+            # py-amqp decodes a body with a content_encoding to text; the graveyard keeps bytes.
+            channel.auto_decode = False
+            try:
+                self.declare(channel)
+            except PreconditionFailed as exc:
+                raise TopologyError(f"{self.mismatch or self.queue}: {exc}") from exc
+            channel.basic_qos(0, self.prefetch, False)
+            channel.basic_consume(self.queue, callback=self.inbox.append)
+        except BaseException:
+            conn.release()
+            raise
+        self._conn = conn
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._conn is not None:
+            self._conn.release()
+            self._conn = None
+
+    def wait(self, timeout: float) -> bool:
+        """Receive for up to ``timeout`` seconds; False when nothing came (the heartbeat is
+        checked then)."""
+        try:
+            self._conn.drain_events(timeout=timeout)
+        except TimeoutError:
+            self._conn.heartbeat_check()
+            return False
+        return True
+
+
+def ack_all(messages: Sequence[Delivery]) -> None:
+    """Ack a batch with one ``basic.ack(multiple)`` per channel (a batch holds every delivery
+    received before it, so nothing outside it is acked)."""
+    last: dict[Any, int] = {}
+    for m in messages:
+        last[m.channel] = max(last.get(m.channel, 0), int(m.delivery_tag))
+    for channel, tag in last.items():
+        channel.basic_ack(tag, multiple=True)
