@@ -1,10 +1,10 @@
-"""The obituary: everything known about one buried message, and the hook task that is sent it.
+"""The obituary: everything known about one buried message.
 
 An :class:`Obituary` is written to the graveyard by the DLX service when it buries a dead letter.
 Its record is JSON (header and property values tagged by :mod:`celery_dlx.message.jsoncodec`); the payload
-is kept aside as raw bytes, never decoded here and never unpickled. :func:`send_to_hook` sends the
-JSON-safe form (payload as base64 with its content type) to the task named by
-``dlx_obituary_task``.
+is kept aside as raw bytes, never decoded here and never unpickled. Its JSON-safe form (payload as
+base64 with its content type) is what the hook task named by ``dlx_obituary_task`` is sent
+(:func:`celery_dlx.broker.hook.send_to_hook`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ import base64
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from celery import Celery
+from typing import Any
 
 from celery_dlx.fates import FateEvent
 from celery_dlx.message import jsoncodec
@@ -253,32 +250,3 @@ def payload_from_json_safe(data: Mapping[str, Any]) -> bytes | None:
     payload = data.get("payload") or {}
     encoded = payload.get("base64") if isinstance(payload, Mapping) else None
     return base64.b64decode(encoded) if isinstance(encoded, str) else None
-
-
-def send_to_hook(app: Celery, task_name: str | None, obituary: Obituary) -> bool:
-    """Send ``obituary`` (JSON-safe) to the hook task ``task_name`` (``dlx_obituary_task``).
-
-    The obituary is already in the graveyard: a failure to send is logged and swallowed. An
-    obituary of the hook task itself is not sent to it, so a failing hook cannot feed itself.
-
-    Returns:
-        True if the task message was sent.
-    """
-    if not task_name or obituary.task == task_name:
-        return False
-    try:
-        app.send_task(
-            task_name,
-            args=[obituary.json_safe(payload_limit=HOOK_PAYLOAD_LIMIT)],
-            serializer="json",
-        )
-    except Exception:  # the hook is best effort: the graveyard holds the obituary
-        logger.warning(
-            "obituary hook %s could not be sent for obituary %s (message %s); the obituary is kept",
-            task_name,
-            obituary.id,
-            obituary.message_id,
-            exc_info=True,
-        )
-        return False
-    return True

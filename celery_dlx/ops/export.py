@@ -445,20 +445,4 @@ def dump_snapshot(
     Returns:
         the number of entries written.
     """
-    history = History(client, keys)
-    start = "-" if after is None else "(" + after
-    written = 0
-    with open(path, "w", encoding="utf-8") as handle:
-        while True:
-            rows = history.read(start, "+", count=page)
-            for entry_id, fields in rows:
-                handle.write(
-                    json.dumps(
-                        {"id": entry_id, **fields}, separators=(",", ":"), ensure_ascii=False
-                    )
-                )
-                handle.write("\n")
-            written += len(rows)
-            if len(rows) < page:
-                return written
-            start = "(" + rows[-1][0]
+    return History(client, keys).dump(os.fspath(path), after=after, page=page)

@@ -25,11 +25,12 @@ from celery import Celery
 
 from celery_dlx import faults
 from celery_dlx.broker.consume import Delivery, ack_all
+from celery_dlx.broker.hook import send_to_hook
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import read_state
 from celery_dlx.message.names import HISTORY_HEADER
-from celery_dlx.message.obituary import Obituary, send_to_hook
+from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.deadletter import DeadLetter, read_dead_letter

@@ -149,6 +149,26 @@ class History:
     def length(self) -> int:
         return int(self.client.xlen(self.keys.history))
 
+    def dump(self, path: str, *, after: str | None = None, page: int = 10000) -> int:
+        """Write the stream (entries after ``after``, or all) to a JSON-lines file: one object per
+        line, ``id`` plus the entry's fields; how many were written."""
+        start = "-" if after is None else "(" + after
+        written = 0
+        with open(path, "w", encoding="utf-8") as handle:
+            while True:
+                rows = self.read(start, "+", count=page)
+                for entry_id, fields in rows:
+                    handle.write(
+                        json.dumps(
+                            {"id": entry_id, **fields}, separators=(",", ":"), ensure_ascii=False
+                        )
+                    )
+                    handle.write("\n")
+                written += len(rows)
+                if len(rows) < page:
+                    return written
+                start = "(" + rows[-1][0]
+
     def tail(self) -> str:
         """The id of the stream's last entry (``0-0`` when empty)."""
         last = cast(

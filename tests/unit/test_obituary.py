@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from celery_dlx.broker.hook import send_to_hook
 from celery_dlx.message.jsoncodec import from_jsonable
 from celery_dlx.message.jsoncodec import to_jsonable as jsonable
 from celery_dlx.message.obituary import (
@@ -17,7 +18,6 @@ from celery_dlx.message.obituary import (
     Attempt,
     Obituary,
     payload_from_json_safe,
-    send_to_hook,
 )
 
 
