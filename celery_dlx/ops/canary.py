@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery_dlx.broker import probe
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import BURIED, PARKED, RECOVERED, REQUEUED
 from celery_dlx.message.obituary import ORIGIN_FOREIGN, Obituary
@@ -119,16 +120,7 @@ class FateWatch:
 
 def ready_messages(runtime: Runtime, queue: str) -> int | None:
     """Ready messages in ``queue`` (passive declare), or None when it cannot be read."""
-    try:
-        with runtime.app.connection_for_read() as conn:
-            conn.ensure_connection(max_retries=1)
-            channel = conn.connection.channel()
-            try:
-                return int(channel.queue_declare(queue, passive=True).message_count)
-            finally:
-                channel.close()
-    except Exception:  # a missing queue or an unreachable broker: no evidence either way
-        return None
+    return probe.ready_messages(runtime.app, queue)
 
 
 def watch_canary(

@@ -24,6 +24,7 @@ from typing import Any
 from celery import Celery
 
 from celery_dlx.broker.management import Management, ManagementError, dead_letter_exchange_of
+from celery_dlx.broker.probe import missing_entities
 from celery_dlx.fates import now_ms
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.wiring.runtime import Runtime
@@ -176,36 +177,29 @@ def find_orphans(
 
 
 def _amqp_checks(app: Celery, config: DLXConfig) -> list[Problem]:
-    """The DLX exchange and service queue exist (passive declares, one channel each)."""
+    """The DLX exchange and service queue exist (passive declares)."""
+    missing = missing_entities(app, exchanges=[config.exchange], queues=[config.service_queue])
     problems = []
-    with app.connection_for_read() as conn:
-        conn.ensure_connection(max_retries=3)
-        channel = conn.connection.channel()
-        try:
-            channel.exchange_declare(config.exchange, "topic", passive=True)
-        except Exception as exc:
-            problems.append(
-                Problem(
-                    MISSING_EXCHANGE,
-                    config.exchange,
-                    f"dead-letter exchange {config.exchange!r} (dlx_exchange) is missing ({exc}): "
-                    "dead letters are dropped; start a worker or the DLX service to declare it",
-                )
+    if config.exchange in missing.exchanges:
+        problems.append(
+            Problem(
+                MISSING_EXCHANGE,
+                config.exchange,
+                f"dead-letter exchange {config.exchange!r} (dlx_exchange) is missing "
+                f"({missing.exchanges[config.exchange]}): "
+                "dead letters are dropped; start a worker or the DLX service to declare it",
             )
-            channel = conn.connection.channel()
-        try:
-            channel.queue_declare(config.service_queue, passive=True)
-        except Exception as exc:
-            problems.append(
-                Problem(
-                    MISSING_QUEUE,
-                    config.service_queue,
-                    f"DLX service queue {config.service_queue!r} (dlx_service_queue) is missing "
-                    f"({exc}): start the DLX service (`celery dlx service`)",
-                )
+        )
+    if config.service_queue in missing.queues:
+        problems.append(
+            Problem(
+                MISSING_QUEUE,
+                config.service_queue,
+                f"DLX service queue {config.service_queue!r} (dlx_service_queue) is missing "
+                f"({missing.queues[config.service_queue]}): "
+                "start the DLX service (`celery dlx service`)",
             )
-            channel = conn.connection.channel()
-        channel.close()
+        )
     return problems
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from amqp.exceptions import NotFound
-
-from celery_dlx.broker.ladder import close_quietly, delay_queue_name
+from celery_dlx.broker.ladder import delay_queue_name
+from celery_dlx.broker.probe import queue_counts
 from celery_dlx.policy.durations import ladder_ms
 from celery_dlx.wiring.runtime import Runtime
 
@@ -37,28 +36,16 @@ def ladder_depths(runtime: Runtime, queues: Iterable[str] | None = None) -> list
     """
     steps = ladder_ms(runtime.config.ttl_ladder)
     names = sorted(set(queues)) if queues is not None else ladder_queues(runtime)
-    rows: list[dict[str, Any]] = []
-    with runtime.app.connection_for_read() as conn:
-        conn.ensure_connection(max_retries=3)
-        channel = conn.connection.channel()
-        try:
-            for queue in names:
-                for step in steps:
-                    name = delay_queue_name(queue, step)
-                    try:
-                        ok = channel.queue_declare(name, passive=True)
-                    except NotFound:
-                        channel = conn.connection.channel()  # a 404 closes the channel
-                        continue
-                    rows.append(
-                        {
-                            "queue": queue,
-                            "delay_queue": name,
-                            "delay_seconds": step / 1000,
-                            "messages": int(ok.message_count),
-                            "consumers": int(ok.consumer_count),
-                        }
-                    )
-        finally:
-            close_quietly(channel)
-    return rows
+    ladder = [(queue, step, delay_queue_name(queue, step)) for queue in names for step in steps]
+    counts = queue_counts(runtime.app, [name for _, _, name in ladder])
+    return [
+        {
+            "queue": queue,
+            "delay_queue": name,
+            "delay_seconds": step / 1000,
+            "messages": counts[name][0],
+            "consumers": counts[name][1],
+        }
+        for queue, step, name in ladder
+        if name in counts
+    ]
