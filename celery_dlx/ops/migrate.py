@@ -18,24 +18,20 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from amqp.protocol import queue_declare_ok_t
-from kombu.transport.pyamqp import Channel as AMQPChannel
-
-from celery_dlx.broker.frames import connection_for
+from celery_dlx.broker import moving
 from celery_dlx.broker.management import Management, dead_letter_exchange_of
-from celery_dlx.broker.publish import ConfirmingPublisher
+from celery_dlx.broker.probe import missing_entities
 from celery_dlx.broker.topology import (
     dead_letter_arguments,
     policy_name,
     service_queue,
 )
 from celery_dlx.errors import DLXError
-from celery_dlx.message.names import RAW_PROPERTIES_PROPERTY
-from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -266,11 +262,8 @@ def move_messages(
     progress: Callable[[int], None] | None = None,
     limit: int | None = None,
 ) -> int:
-    """Move the ready messages of ``source`` to ``target`` (default exchange), with confirms.
-
-    Each batch is fetched unacked, published with ``mandatory`` and confirms, then acked; a
-    message the broker did not confirm is requeued on ``source`` and the move stops. Broker
-    ``x-death`` headers are stripped (as on every celery_dlx republish).
+    """Move the ready messages of ``source`` to ``target`` with confirms
+    (:func:`celery_dlx.broker.moving.move_messages`).
 
     Returns:
         How many messages were moved.
@@ -278,58 +271,18 @@ def move_messages(
     Raises:
         MigrationError: the broker did not confirm a batch (the rest stays on ``source``).
     """
-    publisher = ConfirmingPublisher(connection)
-    channel = connection.connection.channel()
-    # py-amqp decodes a body with a content_encoding to text; the moved copy keeps the bytes.
-    channel.auto_decode = False
-    moved = 0
+    with _refusal_stops_migration():
+        return moving.move_messages(
+            connection, source, target, batch=batch, progress=progress, limit=limit
+        )
+
+
+@contextmanager
+def _refusal_stops_migration() -> Iterator[None]:
     try:
-        while limit is None or moved < limit:
-            size = batch if limit is None else min(batch, limit - moved)
-            taken = _take(channel, source, size)
-            if not taken:
-                break
-            copies = [
-                Outgoing(
-                    # An empty body comes as "" whatever auto_decode says.
-                    body=m.body.encode() if isinstance(m.body, str) else bytes(m.body),
-                    routing_key=target,
-                    headers=dict(m.headers or {}),
-                    properties=copy_properties(m.properties),
-                    # properties celery_dlx could not decode move exactly as they came
-                    raw_properties=m.properties.get(RAW_PROPERTIES_PROPERTY),
-                )
-                for m in taken
-            ]
-            results = publisher.publish_many(copies)
-            for msg, ok in zip(taken, results, strict=True):
-                if ok:
-                    channel.basic_ack(msg.delivery_tag)
-                else:
-                    channel.basic_reject(msg.delivery_tag, requeue=True)
-            done = sum(results)
-            moved += done
-            if progress is not None:
-                progress(done)
-            if done < len(taken):
-                raise MigrationError(
-                    f"the broker refused {len(taken) - done} messages for {target!r} (moved "
-                    f"{moved}; the rest stays on {source!r}): does {target!r} exist?"
-                )
-    finally:
-        publisher.close()
-        channel.close()
-    return moved
-
-
-def _take(channel: Any, queue: str, n: int) -> list[Any]:
-    out: list[Any] = []
-    while len(out) < n:
-        msg = channel.basic_get(queue, no_ack=False)
-        if msg is None:
-            break
-        out.append(msg)
-    return out
+        yield
+    except moving.MoveRefused as exc:
+        raise MigrationError(str(exc)) from exc
 
 
 def migrate_rename(
@@ -388,28 +341,23 @@ def migrate_rename(
     }
     if dry_run:
         return result
-    # celery_dlx's frame reader: no message of the old queue stops the move
-    with connection_for(runtime.app, write=True) as conn:
-        conn.ensure_connection(max_retries=3)
-        channel = cast(AMQPChannel, conn.default_channel)  # RabbitMQ: a py-amqp channel
-        service_queue(config.service_queue, config.exchange, quorum=config.quorum)(
-            channel
-        ).declare()
-        # py-amqp declares auto_delete=True unless told: the new queue must outlive its consumers
-        channel.queue_declare(
-            new, durable=plan.durable, auto_delete=False, arguments=plan.arguments
+    moving.declare_renamed(
+        runtime.app,
+        queue,
+        new,
+        durable=plan.durable,
+        arguments=plan.arguments,
+        bind=plan.bind,
+        unbind=plan.unbind,
+        first=[service_queue(config.service_queue, config.exchange, quorum=config.quorum)],
+    )
+    logger.info(
+        "queue %s declared with dead-letter exchange %s; moving %s", new, config.exchange, queue
+    )
+    with _refusal_stops_migration():
+        result["moved"], result["left"] = moving.move_queue(
+            runtime.app, queue, new, batch=batch, progress=progress
         )
-        for b in plan.bind:
-            channel.queue_bind(new, b["source"], b["routing_key"], arguments=b["arguments"])
-        for b in plan.unbind:
-            channel.queue_unbind(queue, b["source"], b["routing_key"], arguments=b["arguments"])
-        logger.info(
-            "queue %s declared with dead-letter exchange %s; moving %s", new, config.exchange, queue
-        )
-        result["moved"] = move_messages(conn, queue, new, batch=batch, progress=progress)
-        declared = cast(AMQPChannel, conn.default_channel).queue_declare(queue, passive=True)
-        # celery-types: py-amqp answers a queue_declare_ok_t (a named tuple), not a plain tuple.
-        result["left"] = int(cast(queue_declare_ok_t, declared).message_count)
     return result
 
 
@@ -425,11 +373,8 @@ def _old_queue(
         raise MigrationError(
             "copying bindings needs the management API (--management-url); or pass --no-bindings"
         )
-    with runtime.app.connection_for_read() as conn:
-        conn.ensure_connection(max_retries=3)
-        try:
-            conn.connection.channel().queue_declare(queue, passive=True)
-        except Exception as exc:
-            raise QueueNotFound(f"queue {queue!r} does not exist ({exc})") from exc
+    refused = missing_entities(runtime.app, queues=[queue]).queues
+    if queue in refused:
+        raise QueueNotFound(f"queue {queue!r} does not exist ({refused[queue]})")
     # Without the API the old queue's arguments are unknown: a durable classic queue is assumed.
     return {"name": queue, "arguments": {}, "durable": True}, []
