@@ -62,7 +62,7 @@ class Park(FateRequest):
     #: False for a park whose budget is checked elsewhere (``self.retry()``: Celery's max_retries).
     budgeted = True
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[type[Park], tuple[float | None, str]]:
         # Exception pickles its args (the message) only; the worker's main process unpickles it.
         return (type(self), (self.countdown, str(self)))
 
@@ -74,7 +74,7 @@ class Bury(FateRequest):
         super().__init__(reason)
         self.reason = reason
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[type[Bury], tuple[str]]:
         return (type(self), (self.reason,))
 
 
@@ -103,5 +103,5 @@ class FateEvent:
     at_ms: int = field(default_factory=now_ms)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -10,8 +10,10 @@ accepts.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from celery.app.task import Context
 from kombu import serialization
 from kombu.compression import compress
 
@@ -22,16 +24,16 @@ from celery_dlx.message.outgoing import Outgoing, copy_properties
 
 
 def celery_copy(
-    request: Any,
+    request: Context,
     *,
     state: DLXState,
     routing_key: str,
     exchange: str = "",
     default_serializer: str = "json",
-    extra_headers: dict[str, Any] | None = None,
+    extra_headers: Mapping[str, object] | None = None,
     retries: int | None = None,
-    args: Any = None,
-    kwargs: Any = None,
+    args: Iterable[object] | None = None,
+    kwargs: Mapping[str, object] | None = None,
 ) -> Outgoing:
     """A copy of the running task's message carrying ``state``, in the message's own protocol.
 
@@ -74,7 +76,7 @@ def celery_copy(
     ctype, cenc, body = serialization.dumps(payload, serializer=serializer)
     compression = headers.get("compression")
     if compression:
-        body, _ = compress(body, compression)
+        body, _ = compress(body, str(compression))
     properties = copy_properties(props)
     properties["content_type"] = ctype
     properties["content_encoding"] = cenc

@@ -78,7 +78,7 @@ class CauseRecord:
         return cls.from_mapping(data) if isinstance(data, Mapping) else None
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> CauseRecord:
+    def from_mapping(cls, data: Mapping[str, object]) -> CauseRecord:
         """The record of a parsed JSON object (see :meth:`from_json`)."""
         return cls(**{name: read(data.get(name)) for name, read in _READERS.items()})
 

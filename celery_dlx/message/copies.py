@@ -10,10 +10,21 @@ protocol 1 (everything in a dict body, no task headers), which Celery still acce
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 
-def delivery_headers(request: Any) -> dict[str, Any]:
+class Delivered(Protocol):
+    """What :func:`delivery_headers` reads of a running request (Celery's ``Context``)."""
+
+    @property
+    def properties(self) -> Mapping[str, object] | None: ...
+
+    @property
+    def headers(self) -> Mapping[str, object] | None: ...
+
+
+def delivery_headers(request: Delivered) -> dict[str, object]:
     """The delivery's full AMQP header table (Celery's and custom headers)."""
     props = request.properties or {}
     raw = props.get("application_headers")
@@ -22,7 +33,7 @@ def delivery_headers(request: Any) -> dict[str, Any]:
     return dict(request.headers or {})
 
 
-def task_protocol(headers: dict[str, Any]) -> int:
+def task_protocol(headers: Mapping[str, object]) -> int:
     """2 when the task headers are there (``task`` and ``id``), else 1 (all in the body)."""
     return 2 if "task" in headers and "id" in headers else 1
 

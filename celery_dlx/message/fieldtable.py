@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from struct import error as StructError
 from struct import pack, unpack_from
-from typing import Any
+from typing import Any, TypeVar
 
 from celery_dlx.errors import DLXError
 from celery_dlx.message.names import (
@@ -78,6 +78,8 @@ class FieldTableError(DLXError, ValueError):
 # -- reading -------------------------------------------------------------------------------------
 
 Buffer = bytes | bytearray | memoryview
+#: A table's key type: text, or bytes for a key that is not UTF-8 (:func:`read_table`).
+_Key = TypeVar("_Key")
 _Reader = Callable[[Buffer, int, int, int], tuple[Any, int]]
 
 
@@ -256,7 +258,7 @@ def _entries_value(buf: Buffer, offset: int, end: int, depth: int) -> dict[Any, 
     return out
 
 
-def read_table(content: Buffer) -> dict[Any, Any]:
+def read_table(content: Buffer) -> dict[str | bytes, object]:
     """The header table whose content (the entries, without the length) is ``content``.
 
     Raises:
@@ -286,7 +288,7 @@ def table_entries(content: Buffer) -> list[tuple[bytes, bytes]]:
         raise FieldTableError(f"malformed table: {type(exc).__name__}: {exc}") from None
 
 
-def read_value(encoded: Buffer) -> Any:
+def read_value(encoded: Buffer) -> object:
     """The value of one encoded field (type tag first).
 
     Raises:
@@ -316,7 +318,7 @@ def header_table_span(buf: Buffer, offset: int) -> tuple[int, int] | None:
     return (start, start + size) if start + size <= len(buf) else None
 
 
-def read_properties(buf: Buffer, offset: int = 0) -> dict[str, Any]:
+def read_properties(buf: Buffer, offset: int = 0) -> dict[str, object]:
     """The basic properties of a content header frame's property list at ``offset``; total.
 
     What py-amqp would give, plus :data:`WIRE_HEADERS_PROPERTY` (the header table's raw
@@ -401,7 +403,7 @@ def _decimal_field(value: Decimal) -> bytes | None:
     return b"D" + pack(">Bi", -exponent, -unscaled if sign else unscaled)
 
 
-def encode_value(value: Any, depth: int = 0) -> bytes:
+def encode_value(value: object, depth: int = 0) -> bytes:
     """``value`` as one field, with a type of :data:`WRITTEN_TYPES`.
 
     Text, booleans, finite floats, ints in 32 bits, ``None``, tables and arrays as such; bytes
@@ -445,7 +447,7 @@ def encode_value(value: Any, depth: int = 0) -> bytes:
     return encode_value(str(value))
 
 
-def same_value(a: Any, b: Any) -> bool:
+def same_value(a: object, b: object) -> bool:
     """Whether two header values are the same value of the same kind (``True`` is not ``1``,
     ``1`` is not ``1.0``, ``-0.0`` is not ``0.0``); bytes-likes compare as bytes, tuples as lists."""
     if isinstance(a, (bytes, bytearray, memoryview)):
@@ -460,12 +462,12 @@ def same_value(a: Any, b: Any) -> bool:
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same_value, a, b))
     if type(a) is not type(b):
         return False
-    if isinstance(a, float):
+    if isinstance(a, float) and isinstance(b, float):  # b is: the types are the same
         return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
     return bool(a == b)
 
 
-def write_table(headers: Mapping[Any, Any], origin: Buffer | None = None) -> bytes:
+def write_table(headers: Mapping[_Key, object], origin: Buffer | None = None) -> bytes:
     """The content of a header table holding ``headers`` (entries only, no length).
 
     ``origin``: the raw content of the table the original delivery carried. An entry of
@@ -477,11 +479,11 @@ def write_table(headers: Mapping[Any, Any], origin: Buffer | None = None) -> byt
     Raises:
         FieldTableError: a key over 255 bytes.
     """
-    kept: dict[Any, tuple[bytes, bytes]] = {}
+    kept: dict[str | bytes, tuple[bytes, bytes]] = {}
     if origin:
         try:
-            for key, encoded in table_entries(origin):
-                kept[_text(key)] = (key, encoded)
+            for raw_key, encoded in table_entries(origin):
+                kept[_text(raw_key)] = (raw_key, encoded)
         except FieldTableError:
             kept = {}
     out = bytearray()
@@ -524,7 +526,7 @@ def _unchanged(value: Any, encoded: bytes) -> bool:
         return True
 
 
-def write_properties(properties: Mapping[str, Any], table: bytes | None) -> bytes:
+def write_properties(properties: Mapping[str, object], table: bytes | None) -> bytes:
     """A basic property list: flags, then each property ``properties`` sets, in wire order.
 
     ``table`` is the header table's content (from :func:`write_table`); ``application_headers``
@@ -542,7 +544,7 @@ def write_properties(properties: Mapping[str, Any], table: bytes | None) -> byte
             flags |= bit
             out += pack(">I", len(table)) + table
             continue
-        value = properties.get(name)
+        value: Any = properties.get(name)  # what the producer set: int() and str() judge it
         if value is None:
             continue
         flags |= bit

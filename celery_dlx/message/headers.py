@@ -46,7 +46,7 @@ class HistoryEntry:
     fate: str
     cause: str = ""
 
-    def to_json(self) -> list[Any]:
+    def to_json(self) -> list[int | str]:
         return [self.at_ms, self.fate, self.cause]
 
 
@@ -157,7 +157,7 @@ def _history(raw: Any) -> tuple[HistoryEntry, ...]:
     return tuple(entries)
 
 
-def read_state(headers: Mapping[str, Any] | None) -> DLXState:
+def read_state(headers: Mapping[str, object] | None) -> DLXState:
     """Read celery_dlx's own headers.
 
     Raises:
@@ -183,14 +183,14 @@ def read_state(headers: Mapping[str, Any] | None) -> DLXState:
     )
 
 
-def state_headers(state: DLXState) -> dict[str, Any]:
+def state_headers(state: DLXState) -> dict[str, object]:
     """celery_dlx's headers for ``state``: strings and integers.
 
     The first-failure time is an epoch-milliseconds integer here (as parked entries keep it);
     :meth:`celery_dlx.message.outgoing.Outgoing.encode` writes it to the wire as a string,
     since 64-bit integers go out as py-amqp's ``L``, which RabbitMQ's own clients cannot read.
     """
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         ATTEMPT_HEADER: state.attempt,
         REQUEUES_HEADER: state.requeues,
         PARKS_HEADER: state.parks,
@@ -219,8 +219,8 @@ def is_broker_header(name: str) -> bool:
 
 
 def clean_headers(
-    headers: Mapping[str, Any] | None, state: DLXState | None = None
-) -> dict[str, Any]:
+    headers: Mapping[str, object] | None, state: DLXState | None = None
+) -> dict[str, object]:
     """Headers for a republished copy: broker ``x-death*`` headers stripped, ``state`` written."""
     out = {k: v for k, v in (headers or {}).items() if not is_broker_header(str(k))}
     if state is not None:
@@ -238,10 +238,10 @@ class Death:
     exchange: str = ""
     routing_keys: tuple[str, ...] = ()
     time: datetime | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, object] = field(default_factory=dict)
 
 
-def parse_x_death(headers: Mapping[str, Any] | None) -> list[Death]:
+def parse_x_death(headers: Mapping[str, object] | None) -> list[Death]:
     """Parse ``x-death`` (newest death first, as RabbitMQ orders it).
 
     Returns an empty list when the header is absent.
@@ -288,7 +288,7 @@ def parse_x_death(headers: Mapping[str, Any] | None) -> list[Death]:
     return deaths
 
 
-def x_death_problem(headers: Mapping[str, Any] | None) -> str | None:
+def x_death_problem(headers: Mapping[str, object] | None) -> str | None:
     """The reason ``x-death`` is malformed, or None when it is absent or well formed.
 
     What such a message may not be is decided by :func:`dead_letter_refusal`.
@@ -300,7 +300,7 @@ def x_death_problem(headers: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-def dead_letter_refusal(headers: Mapping[str, Any] | None) -> str | None:
+def dead_letter_refusal(headers: Mapping[str, object] | None) -> str | None:
     """Why a message must never be rejected into a dead-letter exchange, or None when it may be.
 
     The malformed-``x-death`` rule, decided here and nowhere else: RabbitMQ 3.10 crashes the
@@ -323,7 +323,7 @@ def _id_value(value: Any) -> str | None:
 
 
 def provable_identity(
-    properties: Mapping[str, Any] | None, headers: Mapping[str, Any] | None
+    properties: Mapping[str, object] | None, headers: Mapping[str, object] | None
 ) -> str | None:
     """An id that names one message and no other, or None when the message carries none.
 
@@ -342,7 +342,7 @@ def provable_identity(
 
 
 def message_identity(
-    properties: Mapping[str, Any] | None, headers: Mapping[str, Any] | None, body: bytes
+    properties: Mapping[str, object] | None, headers: Mapping[str, object] | None, body: bytes
 ) -> str:
     """:func:`provable_identity`, else a digest of the body and a few properties.
 

@@ -25,7 +25,6 @@ import json
 from collections.abc import Mapping
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any
 
 #: Keys of the tags; a table of user data using one is escaped so it never reads as a tag.
 TAG_KEYS = ("__bytes__", "__datetime__", "__decimal__", "__repr__")
@@ -39,7 +38,7 @@ _DATE_TEXT = 10
 _COMPACT = (",", ":")
 
 
-def tag(value: Any) -> dict[str, str]:
+def tag(value: object) -> dict[str, str]:
     """The tag of a scalar JSON cannot hold (bytes, datetime, date, Decimal; else its repr)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"__bytes__": bytes(value).hex()}
@@ -50,7 +49,7 @@ def tag(value: Any) -> dict[str, str]:
     return {"__repr__": repr(value)[:REPR_LIMIT]}
 
 
-def to_jsonable(value: Any) -> Any:
+def to_jsonable(value: object) -> object:
     """``value`` as JSON-safe data: tables walked, non-JSON scalars tagged, tag-shaped keys escaped."""
     if isinstance(value, Mapping):
         return _escaped({str(k): to_jsonable(v) for k, v in value.items()})
@@ -61,7 +60,7 @@ def to_jsonable(value: Any) -> Any:
     return tag(value)
 
 
-def untag(obj: dict[str, Any]) -> Any:
+def untag(obj: dict[str, object]) -> object:
     """One decoded JSON object back to its value: a tag's value, an unescaped table, or ``obj``.
 
     Usable as ``json.loads(..., object_hook=untag)`` (inner objects are already decoded).
@@ -93,7 +92,7 @@ def untag(obj: dict[str, Any]) -> Any:
     return obj
 
 
-def from_jsonable(value: Any) -> Any:
+def from_jsonable(value: object) -> object:
     """Undo :func:`to_jsonable` on data already parsed from JSON (``__repr__`` values stay text)."""
     if isinstance(value, dict):
         return untag({k: from_jsonable(v) for k, v in value.items()})
@@ -102,7 +101,7 @@ def from_jsonable(value: Any) -> Any:
     return value
 
 
-def dumps(doc: Mapping[str, Any]) -> str:
+def dumps(doc: Mapping[str, object]) -> str:
     """``doc`` as compact JSON text in the tagged form (what ``json.dumps(to_jsonable(doc))`` gives).
 
     The fast path lets json's encoder tag values as it meets them; a table using a tag's key, a
@@ -110,7 +109,7 @@ def dumps(doc: Mapping[str, Any]) -> str:
     """
     tagged = 0
 
-    def default(value: Any) -> Any:
+    def default(value: object) -> object:
         nonlocal tagged
         if isinstance(value, Mapping):
             raise TypeError("a non-dict mapping: the slow path walks it")
@@ -126,7 +125,7 @@ def dumps(doc: Mapping[str, Any]) -> str:
     return text
 
 
-def loads(text: str | bytes) -> Any:
+def loads(text: str | bytes) -> object:
     """Parse JSON written by :func:`dumps` (or either older codec), tags decoded.
 
     Raises:
@@ -139,7 +138,7 @@ def _needs_escape(key: str) -> bool:
     return key in TAG_KEYS or key.startswith(ESCAPED)
 
 
-def _escaped(table: dict[str, Any]) -> dict[str, Any]:
+def _escaped(table: dict[str, object]) -> dict[str, object]:
     if not any(_needs_escape(k) for k in table):
         return table
     out = {(ESCAPED + k if _needs_escape(k) else k): v for k, v in table.items()}

@@ -109,7 +109,7 @@ class Obituary:
         value = self.properties.get("content_encoding")
         return value if isinstance(value, str) else None
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, object]:
         """The stored JSON record: everything but the payload bytes and the replays."""
         # Built by hand: dataclasses.asdict deep-copies every header value, 5x slower.
         data = {name: getattr(self, name) for name in _PLAIN_FIELDS}
@@ -134,7 +134,7 @@ class Obituary:
 
     @classmethod
     def from_record(
-        cls, record: Mapping[str, Any] | str | bytes, payload: bytes | None = None
+        cls, record: Mapping[str, object] | str | bytes, payload: bytes | None = None
     ) -> Obituary:
         """Rebuild an obituary from its stored record (JSON text or a mapping) and payload.
 
@@ -143,7 +143,7 @@ class Obituary:
         """
         if isinstance(record, (str, bytes)):
             data = jsoncodec.loads(record)  # tags decoded while parsing
-            tables: Callable[[Any], Any] = _as_decoded
+            tables: Callable[[object], object] = _as_decoded
         else:
             data, tables = dict(record), jsoncodec.from_jsonable
         if not isinstance(data, dict):
@@ -167,7 +167,7 @@ class Obituary:
         *,
         reason: str | None = None,
         traceback: str = "",
-        extra: dict[str, Any] | None = None,
+        extra: dict[str, object] | None = None,
     ) -> FateEvent:
         """A fate change of the buried message (``buried``, ``purged``, ``archived``...) with the
         facts of this obituary; ``reason`` defaults to the burial's."""
@@ -188,7 +188,7 @@ class Obituary:
             extra={} if extra is None else extra,
         )
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """A small JSON-safe view for logs, events and integrations (no payload, no headers)."""
         return {
             "id": self.id,
@@ -212,7 +212,7 @@ class Obituary:
             "hostname": self.hostname,
         }
 
-    def json_safe(self, payload_limit: int | None = None) -> dict[str, Any]:
+    def json_safe(self, payload_limit: int | None = None) -> dict[str, object]:
         """The whole obituary as JSON-safe data, the payload as base64 with its content type.
 
         Args:
@@ -233,7 +233,7 @@ class Obituary:
         return data
 
 
-def _as_decoded(value: Any) -> Any:
+def _as_decoded(value: object) -> object:
     return value
 
 
@@ -245,7 +245,7 @@ _PLAIN_FIELDS = tuple(
 )
 
 
-def payload_from_json_safe(data: Mapping[str, Any]) -> bytes | None:
+def payload_from_json_safe(data: Mapping[str, object]) -> bytes | None:
     """The payload bytes of a :meth:`Obituary.json_safe` dict, or None when it was left out."""
     payload = data.get("payload") or {}
     encoded = payload.get("base64") if isinstance(payload, Mapping) else None

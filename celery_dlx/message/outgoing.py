@@ -88,7 +88,7 @@ class Encoded:
     properties: dict[str, Any]
 
 
-def copy_properties(properties: Mapping[str, Any] | None) -> dict[str, Any]:
+def copy_properties(properties: Mapping[str, object] | None) -> dict[str, object]:
     """The properties of a received message worth carrying over to a copy (the raw header table
     only where it is needed: :func:`~celery_dlx.message.fieldtable.user_origin`)."""
     return record_properties(
@@ -96,7 +96,7 @@ def copy_properties(properties: Mapping[str, Any] | None) -> dict[str, Any]:
     )
 
 
-def record_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
+def record_properties(properties: Mapping[str, object]) -> dict[str, object]:
     """``properties`` with the raw header table cut to what a copy needs, or left out."""
     out = dict(properties)
     raw = out.pop(WIRE_HEADERS_PROPERTY, None)

@@ -68,6 +68,10 @@ class ParkedMessage:
     def from_stored(cls, meta: bytes | str, body: bytes, lease_score: int = 0) -> ParkedMessage:
         # The hook decodes tagged values inside json's C loop: a drain decodes every claimed entry.
         data = jsoncodec.loads(meta)
+        if not isinstance(data, dict):
+            raise TypeError(
+                f"a parked entry's meta must be a JSON object, got {type(data).__name__}"
+            )
         return cls(
             message_id=data["message_id"],
             attempt=int(data["attempt"]),

@@ -8,20 +8,183 @@ JSON-safe dicts; the command line prints them as tables or as JSON. Payloads are
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from celery_dlx.codecs import Decoded, ProtobufRegistry, decode_payload, registry_from_config
 from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Obituary
+from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.render import iso, preview
-from celery_dlx.store.graveyard import Group
+from celery_dlx.store.graveyard import Group, When
 from celery_dlx.wiring.runtime import Runtime
 
 #: Bytes of each payload decoded for a listing (``show`` decodes up to the codecs' default).
 LIST_DECODE_LIMIT = 4096
 #: Characters of the one-line payload preview in a listing.
 PREVIEW_WIDTH = 120
+
+
+class ObituaryFilters(TypedDict, total=False):
+    """Filters of :func:`list_rows` (those of :func:`celery_dlx.ops.obituaries.list_obituaries`)."""
+
+    queue: str | None
+    task: str | None
+    cause: str | None
+    message_id: str | None
+    since: When | None
+    until: When | None
+    limit: int | None
+    oldest_first: bool
+
+
+class RowPayload(TypedDict):
+    """What a listing row says of the payload."""
+
+    size: int
+    content_type: str | None
+    kind: str | None
+    type_name: str | None
+    preview: str | None
+
+
+class ObituaryRow(TypedDict):
+    """One obituary in a listing (:func:`obituary_row`)."""
+
+    id: str
+    message_id: str
+    queue: str
+    task: str | None
+    origin: str
+    cause: str
+    exc_type: str
+    exc_message: str
+    reason: str
+    importance: str
+    attempt: int
+    buried_ms: int
+    buried_at: str | None
+    replayed_from: str | None
+    replays: list[int]
+    payload: RowPayload
+
+
+class ObituaryList(TypedDict):
+    """A listing (:func:`list_rows`): the rows, how many are shown, the graveyard's size."""
+
+    obituaries: list[ObituaryRow]
+    count: int
+    total: int
+
+
+class GroupRow(TypedDict):
+    """One cause group (:func:`group_row`)."""
+
+    cause: str
+    count: int
+    total: int
+    first_ms: int
+    first_seen: str | None
+    last_ms: int
+    last_seen: str | None
+    example_id: str
+    exc_type: str
+    exc_message: str
+    task: str | None
+    queue: str
+
+
+class GroupList(TypedDict):
+    """Every cause group (:func:`groups_data`), how many, and the graveyard's size."""
+
+    groups: list[GroupRow]
+    count: int
+    total: int
+
+
+class ParkedRow(TypedDict):
+    """One parked retry (:func:`parked_data`)."""
+
+    entry_id: str
+    message_id: str
+    task: str | None
+    queue: str
+    attempt: int
+    cause: str
+    parked_ms: int
+    parked_at: str | None
+    due_ms: int
+    due_at: str | None
+    due_in_s: float
+    claimed: bool
+
+
+class ParkedData(TypedDict):
+    """Parked retries by due time and the TTL ladder's depths (:func:`parked_data`)."""
+
+    backend: str
+    count: int
+    due_now: int
+    messages: list[ParkedRow]
+    #: Rows of :func:`celery_dlx.ops.ladders.ladder_depths`, None without the TTL ladder.
+    ladder: list[dict[str, Any]] | None
+
+
+class PurgeReport(TypedDict):
+    """Entry ids purged and not found (:func:`purge_parked`)."""
+
+    purged: list[str]
+    missing: list[str]
+
+
+class QueueDeaths(TypedDict):
+    """One queue's obituaries in :func:`stats_data`."""
+
+    queue: str
+    count: int
+    last_ms: int
+    last_at: str | None
+    oldest_ms: int | None
+    oldest_at: str | None
+
+
+class GraveyardStats(TypedDict):
+    """The graveyard in :func:`stats_data`."""
+
+    count: int
+    oldest_ms: int | None
+    oldest_at: str | None
+    oldest_age_s: float | None
+    queues: list[QueueDeaths]
+
+
+class ParkedStats(TypedDict):
+    """The parking store in :func:`stats_data`."""
+
+    count: int
+    due_now: int
+    next_due_ms: int | None
+    next_due_at: str | None
+
+
+class MalformedCounter(TypedDict):
+    """A counter field :func:`stats_data` could not read, and why."""
+
+    key: str
+    field: str
+    reason: str
+
+
+class Stats(TypedDict):
+    """What :func:`stats_data` returns."""
+
+    window_s: float
+    fates: dict[str, dict[str, int]]
+    totals: dict[str, int]
+    graveyard: GraveyardStats
+    parked: ParkedStats
+    history_length: int
+    malformed_counters: list[MalformedCounter]
 
 
 def registry_for(runtime: Runtime, extra_sets: Sequence[str] = ()) -> ProtobufRegistry:
@@ -42,7 +205,7 @@ def decode_obituary(
     """The decoded payload of ``ob`` (None when it was loaded without its payload)."""
     if ob.payload is None:
         return None
-    options: dict[str, Any] = {} if limit is None else {"limit": limit}
+    options: dict[str, int] = {} if limit is None else {"limit": limit}
     return decode_payload(
         ob.payload,
         content_type=ob.content_type,
@@ -73,7 +236,7 @@ def payload_preview(decoded: Decoded, width: int = PREVIEW_WIDTH) -> str:
     return preview(data, width)
 
 
-def obituary_row(ob: Obituary, registry: ProtobufRegistry | None = None) -> dict[str, Any]:
+def obituary_row(ob: Obituary, registry: ProtobufRegistry | None = None) -> ObituaryRow:
     """One obituary as a listing row (``celery dlx list --json``)."""
     decoded = decode_obituary(ob, registry, LIST_DECODE_LIMIT)
     return {
@@ -107,8 +270,8 @@ def list_rows(
     *,
     registry: ProtobufRegistry | None = None,
     decode: bool = True,
-    **filters: Any,
-) -> dict[str, Any]:
+    **filters: Unpack[ObituaryFilters],
+) -> ObituaryList:
     """Obituaries matching ``filters`` (see :func:`celery_dlx.ops.obituaries.list_obituaries`).
 
     Returns:
@@ -121,7 +284,7 @@ def list_rows(
 
 def show_data(
     ob: Obituary, registry: ProtobufRegistry | None, *, raw: bool = False
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The whole obituary with its decoded payload (``celery dlx show --json``).
 
     Every stored field of :class:`~celery_dlx.message.obituary.Obituary` is there (headers, properties
@@ -130,20 +293,23 @@ def show_data(
     """
     data = ob.json_safe()
     payload = data["payload"]
-    if not raw:
-        payload["base64"] = None
-    decoded = decode_obituary(ob, registry)
-    payload["decoded"] = decoded.to_json() if decoded else None
+    if isinstance(payload, dict):  # always: json_safe's payload view
+        if not raw:
+            payload["base64"] = None
+        decoded = decode_obituary(ob, registry)
+        payload["decoded"] = decoded.to_json() if decoded else None
     data["buried_at"] = iso(ob.buried_ms)
     data["first_failure_at"] = iso(ob.first_failure_ms)
     data["last_failure_at"] = iso(ob.last_failure_ms)
-    for attempt in data["attempts"]:
-        attempt["at"] = iso(attempt["at_ms"])
+    data["attempts"] = [  # the record's attempts, each with its ISO time
+        {"at_ms": a.at_ms, "fate": a.fate, "cause": a.cause, "at": iso(a.at_ms)}
+        for a in ob.attempts
+    ]
     data["replays"] = [{"at_ms": at, "at": iso(at)} for at in ob.replays]
     return data
 
 
-def group_row(group: Group) -> dict[str, Any]:
+def group_row(group: Group) -> GroupRow:
     """One cause group (``celery dlx groups --json``)."""
     return {
         "cause": group.cause,
@@ -161,20 +327,20 @@ def group_row(group: Group) -> dict[str, Any]:
     }
 
 
-def groups_data(runtime: Runtime) -> dict[str, Any]:
+def groups_data(runtime: Runtime) -> GroupList:
     """Every cause in the graveyard, most recently seen first, with the graveyard's size."""
     rows = [group_row(g) for g in obituaries.groups(runtime)]
     return {"groups": rows, "count": len(rows), "total": obituaries.count(runtime)}
 
 
-def parked_data(runtime: Runtime, *, limit: int = 50, at_ms: int | None = None) -> dict[str, Any]:
+def parked_data(runtime: Runtime, *, limit: int = 50, at_ms: int | None = None) -> ParkedData:
     """Parked retries by due time (``celery dlx parked --json``), and the TTL ladder's depths.
 
     A message whose score differs from its due time is claimed by a drain right now
     (``claimed``: its score is the lease end).
     """
     now = now_ms() if at_ms is None else at_ms
-    messages = []
+    messages: list[ParkedRow] = []
     for m in runtime.parking.peek(limit):
         messages.append(
             {
@@ -201,7 +367,7 @@ def parked_data(runtime: Runtime, *, limit: int = 50, at_ms: int | None = None) 
     }
 
 
-def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> dict[str, Any]:
+def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> PurgeReport:
     """Delete parked retries by entry id (``<message id>:<attempt>``, as ``parked`` shows).
 
     Each purged retry is recorded in the failure history as ``purged``, with its whole record
@@ -212,7 +378,8 @@ def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> dict[str, Any]:
     from celery_dlx.fates import PURGED, FateEvent
 
     parking = runtime.parking
-    purged, missing = [], []
+    purged: list[str] = []
+    missing: list[str] = []
     for entry_id in entry_ids:
         message = parking.entry(entry_id)
         if message is None or not parking.remove([entry_id]):
@@ -237,11 +404,11 @@ def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> dict[str, Any]:
     return {"purged": purged, "missing": missing}
 
 
-def json_safe_parked(message: Any) -> dict[str, Any]:
+def json_safe_parked(message: ParkedMessage) -> dict[str, object]:
     """A parked retry's metadata as JSON-safe data."""
     import json
 
-    data: dict[str, Any] = json.loads(message.meta_json())
+    data: dict[str, object] = json.loads(message.meta_json())
     return data
 
 
@@ -258,9 +425,7 @@ def ladder_rows(runtime: Runtime) -> list[dict[str, Any]] | None:
     return ladder_depths(runtime)
 
 
-def stats_data(
-    runtime: Runtime, *, window_s: float = 3600.0, at_ms: int | None = None
-) -> dict[str, Any]:
+def stats_data(runtime: Runtime, *, window_s: float = 3600.0, at_ms: int | None = None) -> Stats:
     """Fate counts per queue over the last ``window_s``, the graveyard and the parking store.
 
     Returns:
@@ -274,7 +439,7 @@ def stats_data(
     fates: dict[str, dict[str, int]] = {}
     for (queue, fate), n in sorted(counts.totals().items()):
         fates.setdefault(queue, {})[fate] = n
-    per_queue = []
+    per_queue: list[QueueDeaths] = []
     for queue, n, last_ms in obituaries.queues(runtime):
         oldest = obituaries.list_obituaries(runtime, queue=queue, limit=1, oldest_first=True)
         oldest_ms = oldest[0].buried_ms if oldest else None

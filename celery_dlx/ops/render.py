@@ -11,7 +11,6 @@ import re
 import shutil
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from celery_dlx.errors import DLXError
 
@@ -100,7 +99,7 @@ def ago(ms: int | None, now_ms: int) -> str:
     return f"{human_seconds(delta)} ago" if delta >= 0 else f"in {human_seconds(-delta)}"
 
 
-def clip(text: Any, width: int) -> str:
+def clip(text: object, width: int) -> str:
     """``text`` on one line, cut to ``width`` characters with an ellipsis."""
     flat = " ".join(str("" if text is None else text).split())
     if width <= 0 or len(flat) <= width:
@@ -110,7 +109,7 @@ def clip(text: Any, width: int) -> str:
 
 def table(
     headers: Sequence[str],
-    rows: Sequence[Sequence[Any]],
+    rows: Sequence[Sequence[object]],
     *,
     width: int | None = None,
     shrink: Sequence[str] = (),
@@ -145,12 +144,12 @@ def table(
     return "\n".join(lines)
 
 
-def dumps(data: Any) -> str:
+def dumps(data: object) -> str:
     """``data`` as indented JSON (non-ASCII kept, NaN refused: the output must parse anywhere)."""
     return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False, default=_fallback)
 
 
-def _fallback(value: Any) -> Any:
+def _fallback(value: object) -> object:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {"__bytes__": bytes(value).hex()}
     if isinstance(value, datetime):
@@ -158,7 +157,7 @@ def _fallback(value: Any) -> Any:
     return repr(value)
 
 
-def preview(data: Any, width: int = 80) -> str:
+def preview(data: object, width: int = 80) -> str:
     """A one-line rendering of decoded payload data, cut to ``width`` characters."""
     if isinstance(data, str):
         return clip(data, width)

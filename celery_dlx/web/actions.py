@@ -52,7 +52,7 @@ class Job:
     finished_ms: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "id": self.id,
             "user": self.user.name,

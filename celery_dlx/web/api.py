@@ -17,7 +17,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from celery_dlx.ops import obituaries
-from celery_dlx.ops.inspection import groups_data, list_rows, parked_data, show_data, stats_data
+from celery_dlx.ops.inspection import (
+    ObituaryFilters,
+    ObituaryList,
+    groups_data,
+    list_rows,
+    parked_data,
+    show_data,
+    stats_data,
+)
 from celery_dlx.web import forms
 from celery_dlx.web.actions import Busy
 from celery_dlx.web.audit import read_audit
@@ -40,22 +48,22 @@ async def obituary_list(request: Request) -> Response:
     console = console_of(request)
     p = request.query_params
     limit = forms.integer(p, "limit", 50, low=1, high=MAX_LIST)
-    filters = {
+    filters: ObituaryFilters = {
         "queue": forms.text(p, "queue"),
         "task": forms.text(p, "task"),
         "cause": forms.text(p, "cause"),
         "since": None if (s := forms.when_ms(p, "since")) is None else s / 1000,
         "until": None if (u := forms.when_ms(p, "until")) is None else u / 1000,
+        "limit": limit,
+        "oldest_first": forms.flag(p.get("oldest_first")),
     }
     decode = not forms.flag(p.get("no_decode"))
 
-    def read() -> dict[str, Any]:
+    def read() -> ObituaryList:
         return list_rows(
             console.runtime,
             registry=console.registry if decode else None,
             decode=decode,
-            limit=limit,
-            oldest_first=forms.flag(p.get("oldest_first")),
             **filters,
         )
 
@@ -66,7 +74,7 @@ async def obituary(request: Request) -> Response:
     console = console_of(request)
     ident = forms.text(request.query_params, "id") or ""
 
-    def read() -> dict[str, Any] | None:
+    def read() -> dict[str, object] | None:
         ob = obituaries.get_obituary(console.runtime, ident)
         return None if ob is None else show_data(ob, console.registry)
 

@@ -87,9 +87,9 @@ def record_action(runtime: Runtime, entry: AuditEntry) -> str:
     return runtime.history.append_audit(entry.fields(), event, maxlen=AUDIT_MAXLEN)
 
 
-def read_audit(runtime: Runtime, *, limit: int = 100) -> list[dict[str, Any]]:
+def read_audit(runtime: Runtime, *, limit: int = 100) -> list[dict[str, object]]:
     """The latest audit entries, newest first."""
-    out = []
+    out: list[dict[str, object]] = []
     for entry_id, fields in runtime.history.audit(limit):
         params = _json_object(fields.get("params"))
         result = _json_object(fields.get("result"))

@@ -6,7 +6,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
@@ -16,6 +15,7 @@ from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.fates import now_ms
 from celery_dlx.ops.inspection import registry_for
 from celery_dlx.ops.render import ago
+from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.settings import SETTINGS
 from celery_dlx.web.actions import Actions
 from celery_dlx.web.auth import Accounts, Csrf
@@ -53,7 +53,7 @@ class WebSettings:
     @classmethod
     def from_config(
         cls,
-        config: Any,
+        config: DLXConfig,
         *,
         host: str | None = None,
         port: int | None = None,
@@ -74,7 +74,7 @@ class WebSettings:
         )
 
 
-def link(path: str, **params: Any) -> str:
+def link(path: str, **params: object) -> str:
     """``path`` with the non-empty ``params`` as its query string."""
     given = {k: v for k, v in params.items() if v is not None and v is not False and v != ""}
     return f"{path}?{urlencode(given)}" if given else path
@@ -96,7 +96,7 @@ class Console:
         self.metrics = CollectorRegistry(auto_describe=False)
         self.metrics.register(DLXCollector(runtime))
         self._registry: ProtobufRegistry | None = None
-        self._check: tuple[float, dict[str, Any]] | None = None
+        self._check: tuple[float, dict[str, object]] | None = None
         self._lock = threading.Lock()
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("celery_dlx.web", "templates"),
@@ -116,7 +116,7 @@ class Console:
                 self._registry = registry_for(self.runtime, self.settings.protos)
             return self._registry
 
-    def check(self) -> dict[str, Any]:
+    def check(self) -> dict[str, object]:
         """``dlx check --json`` (cached for :data:`CHECK_TTL` seconds); a management API that
         cannot be reached is reported, not raised."""
         with self._lock:
@@ -128,7 +128,7 @@ class Console:
         return data
 
 
-def run_checks(runtime: Runtime) -> dict[str, Any]:
+def run_checks(runtime: Runtime) -> dict[str, object]:
     """:func:`celery_dlx.ops.checks.run_check` with the broker's management API when it can be
     had; ``error`` is set when the check itself could not run."""
     from celery_dlx.broker.management import management_for
@@ -143,6 +143,7 @@ def run_checks(runtime: Runtime) -> dict[str, Any]:
             conn.release()
     except Exception:  # no management API: checked over AMQP only, as the report says
         api = None
+    data: dict[str, object]
     try:
         data = run_check(runtime, api).to_json()
         data["error"] = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from celery_dlx.errors import DLXError
 from celery_dlx.ops.obituaries import to_ms
@@ -20,7 +19,7 @@ class BadRequest(DLXError):
 
 
 def integer(
-    params: Mapping[str, Any], name: str, default: int, *, low: int = 0, high: int | None = None
+    params: Mapping[str, object], name: str, default: int, *, low: int = 0, high: int | None = None
 ) -> int:
     raw = params.get(name)
     if raw in (None, ""):
@@ -34,14 +33,14 @@ def integer(
     return value
 
 
-def number(raw: Any, name: str) -> float:
+def number(raw: object, name: str) -> float:
     try:
         return float(str(raw))
     except ValueError as exc:
         raise BadRequest(f"{name} must be a number, got {raw!r}") from exc
 
 
-def when_ms(params: Mapping[str, Any], name: str) -> int | None:
+def when_ms(params: Mapping[str, object], name: str) -> int | None:
     """``since``/``until`` as the CLI takes them (``2h`` ago, an ISO time, ``@epoch``), in ms."""
     raw = params.get(name)
     if raw in (None, ""):
@@ -52,12 +51,12 @@ def when_ms(params: Mapping[str, Any], name: str) -> int | None:
         raise BadRequest(str(exc)) from exc
 
 
-def text(params: Mapping[str, Any], name: str) -> str | None:
+def text(params: Mapping[str, object], name: str) -> str | None:
     raw = params.get(name)
     return str(raw).strip() or None if raw is not None else None
 
 
-def group_filters(params: Mapping[str, Any]) -> GroupFilters:
+def group_filters(params: Mapping[str, object]) -> GroupFilters:
     return GroupFilters(
         queue=text(params, "queue"),
         task=text(params, "task"),
@@ -67,7 +66,7 @@ def group_filters(params: Mapping[str, Any]) -> GroupFilters:
     )
 
 
-def page_bounds(params: Mapping[str, Any], default: int = 50) -> tuple[int, int]:
+def page_bounds(params: Mapping[str, object], default: int = 50) -> tuple[int, int]:
     return integer(params, "offset", 0), integer(params, "limit", default, low=1, high=MAX_PAGE)
 
 
@@ -80,7 +79,7 @@ class Targets:
     cause: str | None
 
 
-def targets(runtime: Runtime, ids: Sequence[Any], cause: Any) -> Targets:
+def targets(runtime: Runtime, ids: Sequence[object], cause: object) -> Targets:
     """The named ids (at most :data:`MAX_IDS`), else every obituary of ``cause``, oldest first.
 
     Raises:
@@ -102,7 +101,7 @@ def targets(runtime: Runtime, ids: Sequence[Any], cause: Any) -> Targets:
     return Targets(found, f"cause {cause_text}", cause_text)
 
 
-def replay_rate(raw: Any, maximum: float) -> float:
+def replay_rate(raw: object, maximum: float) -> float:
     """The replay rate asked for, between 0 (excluded) and ``dlx_web_max_replay_rate``."""
     if raw in (None, ""):
         return min(10.0, maximum)
@@ -116,7 +115,7 @@ def replay_rate(raw: Any, maximum: float) -> float:
     return rate
 
 
-def flag(raw: Any) -> bool:
+def flag(raw: object) -> bool:
     return raw is True or str(raw).lower() in {"1", "on", "true", "yes"}
 
 

@@ -3,14 +3,13 @@ body size, security headers."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from celery_dlx.web.auth import Accounts
+from celery_dlx.web.auth import Accounts, User
 from celery_dlx.web.hosts import WRITE_METHODS, HostRule, same_origin
 
 #: No inline script, no third-party anything, no framing, forms only to the console itself.
@@ -158,11 +157,12 @@ class Guard:
         await self.app(scope, limited_receive, secured_send)
 
 
-def user_of(scope_or_request: Any) -> Any:
+def user_of(scope_or_request: HTTPConnection | Scope) -> User:
     """The authenticated user of a request."""
     state = (
         scope_or_request.scope["state"]
-        if hasattr(scope_or_request, "scope")
+        if isinstance(scope_or_request, HTTPConnection)
         else scope_or_request["state"]
     )
-    return state["user"]
+    user: User = state["user"]  # set by Guard
+    return user

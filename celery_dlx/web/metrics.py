@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Literal
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -82,7 +83,7 @@ class DLXCollector(Collector):
             per_cause.add_metric([group.cause, group.queue, group.exc_type], group.count)
         yield per_cause
         parked = parked_summary(runtime)
-        gauges = {
+        gauges: dict[Literal["count", "due_now", "lateness_s"], GaugeMetricFamily] = {
             "count": GaugeMetricFamily(
                 "celery_dlx_parked", "Parked retries per queue", labels=["queue"]
             ),
@@ -96,14 +97,15 @@ class DLXCollector(Collector):
             ),
         }
         for row in parked["queues"]:
-            for name, gauge in gauges.items():
-                gauge.add_metric([row["queue"]], row[name] or 0)
+            for field, gauge in gauges.items():
+                gauge.add_metric([row["queue"]], row[field] or 0)
         yield from gauges.values()
-        for name, key, text in (
+        totals: tuple[tuple[str, Literal["count", "due_now", "sampled"], str], ...] = (
             ("celery_dlx_parked_total", "count", "Parked retries"),
             ("celery_dlx_parked_due_total", "due_now", "Parked retries due now"),
             ("celery_dlx_parked_sampled", "sampled", "Parked retries read for per-queue numbers"),
-        ):
+        )
+        for name, key, text in totals:
             gauge = GaugeMetricFamily(name, text)
             gauge.add_metric([], parked[key])
             yield gauge

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from celery_dlx.ops import obituaries
-from celery_dlx.ops.inspection import parked_data
+from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
 from celery_dlx.web import forms
 from celery_dlx.web.actions import Busy
 from celery_dlx.web.audit import read_audit
@@ -17,6 +17,8 @@ from celery_dlx.web.console import Console
 from celery_dlx.web.guard import user_of
 from celery_dlx.web.payload import obituary_view
 from celery_dlx.web.reads import (
+    GroupPage,
+    ParkedSummary,
     causes_page,
     fate_chart,
     graveyard_queues,
@@ -31,7 +33,7 @@ def console_of(request: Request) -> Console:
     return console
 
 
-def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+def render(request: Request, template: str, status: int = 200, **context: object) -> HTMLResponse:
     console = console_of(request)
     user = user_of(request)
     html = console.env.get_template(template).render(
@@ -47,11 +49,19 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
     return render(request, "error.html", status=status, status_code=status, message=message)
 
 
+class _Overview(TypedDict):
+    queues: list[dict[str, object]]
+    total: int
+    parked: ParkedSummary
+    chart: dict[str, object]
+    check: dict[str, object]
+
+
 async def overview(request: Request) -> Response:
     console = console_of(request)
     runtime = console.runtime
 
-    def read() -> dict[str, Any]:
+    def read() -> _Overview:
         return {
             "queues": graveyard_queues(runtime),
             "total": obituaries.count(runtime),
@@ -79,7 +89,7 @@ async def group(request: Request) -> Response:
     filters = forms.group_filters(params)
     offset, limit = forms.page_bounds(params)
 
-    def read() -> tuple[Any, Any]:
+    def read() -> tuple[GroupRow | None, GroupPage]:
         info = group_info(console.runtime, cause)
         page = group_page(
             console.runtime, cause, filters, offset=offset, limit=limit, registry=console.registry
@@ -108,7 +118,7 @@ async def obituary(request: Request) -> Response:
     if not ident:
         return error_page(request, 400, "which obituary? (?id=<obituary id or message id>)")
 
-    def read() -> dict[str, Any] | None:
+    def read() -> dict[str, object] | None:
         ob = obituaries.get_obituary(console.runtime, ident)
         return None if ob is None else obituary_view(ob, console.registry)
 
@@ -128,7 +138,7 @@ async def parked(request: Request) -> Response:
     console = console_of(request)
     limit = forms.integer(request.query_params, "limit", 50, low=1, high=500)
 
-    def read() -> tuple[dict[str, Any], dict[str, Any]]:
+    def read() -> tuple[ParkedSummary, ParkedData]:
         return parked_summary(console.runtime), parked_data(console.runtime, limit=limit)
 
     summary, data = await run_in_threadpool(read)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from typing import TypedDict
 
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.codecs.wire import dump, scan
@@ -55,12 +55,13 @@ def wire_view(data: bytes, layers: list[str]) -> str | None:
     return dumps(fields) + ("\n(cut: more fields)" if cut or found.capped else "")
 
 
-def obituary_view(ob: Obituary, registry: ProtobufRegistry | None) -> dict[str, Any]:
+def obituary_view(ob: Obituary, registry: ProtobufRegistry | None) -> dict[str, object]:
     """``show`` data plus ``views`` (pretty texts) and a ``timeline`` of attempts and replays."""
     data = show_data(ob, registry)
-    decoded = data["payload"]["decoded"]
+    shown = data["payload"]
+    decoded = shown.get("decoded") if isinstance(shown, dict) else None
     payload = ob.payload or b""
-    views: dict[str, Any] = {"decoded": None, "args": None, "kwargs": None, "embedded": None}
+    views: dict[str, str | None] = {"decoded": None, "args": None, "kwargs": None, "embedded": None}
     if decoded is not None:
         views["decoded"] = dumps(decoded["data"])
         inner = decoded["data"]
@@ -72,13 +73,9 @@ def obituary_view(ob: Obituary, registry: ProtobufRegistry | None) -> dict[str, 
     opaque = decoded is not None and decoded["kind"] == "opaque-unsafe"
     views["wire"] = None if opaque else wire_view(payload, decoded["layers"] if decoded else [])
     views["hex"] = hexdump(payload)
-    timeline = [
-        {"at_ms": a["at_ms"], "at": a["at"], "fate": a["fate"], "cause": a["cause"]}
-        for a in data["attempts"]
-    ]
-    timeline += [
-        {"at_ms": r["at_ms"], "at": r["at"], "fate": "replayed", "cause": ""}
-        for r in data["replays"]
+    # show_data's attempts and replays, as one list in time order
+    timeline = [_moment(a.at_ms, a.fate, a.cause) for a in ob.attempts] + [
+        _moment(at, "replayed", "") for at in ob.replays
     ]
     timeline.sort(key=lambda e: e["at_ms"])
     data["views"] = views
@@ -86,3 +83,14 @@ def obituary_view(ob: Obituary, registry: ProtobufRegistry | None) -> dict[str, 
     data["opaque"] = opaque
     data["first_failure_at"] = data.get("first_failure_at") or iso(ob.first_failure_ms)
     return data
+
+
+class _Moment(TypedDict):
+    at_ms: int
+    at: str | None
+    fate: str
+    cause: str
+
+
+def _moment(at_ms: int, fate: str, cause: str) -> _Moment:
+    return {"at_ms": at_ms, "at": iso(at_ms), "fate": fate, "cause": cause}

@@ -8,12 +8,12 @@ graveyard); rows have the shapes of :mod:`celery_dlx.ops.inspection` (the CLI's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.fates import now_ms
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.ops.inspection import group_row, obituary_row
+from celery_dlx.ops.inspection import GroupRow, ObituaryRow, group_row, obituary_row
 from celery_dlx.ops.render import iso
 from celery_dlx.store.graveyard import Graveyard, text
 from celery_dlx.wiring.runtime import Runtime
@@ -30,7 +30,7 @@ def yard_of(runtime: Runtime) -> Graveyard:
     return runtime.graveyard
 
 
-def causes_page(runtime: Runtime, *, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+def causes_page(runtime: Runtime, *, offset: int = 0, limit: int = 50) -> dict[str, object]:
     """One page of cause groups, most recently seen first (rows of ``dlx groups --json``, plus
     ``importance`` of the latest obituary)."""
     yard = yard_of(runtime)
@@ -42,9 +42,9 @@ def causes_page(runtime: Runtime, *, offset: int = 0, limit: int = 50) -> dict[s
     causes_total, total, raw = pipe.execute()
     groups = yard.groups_of([text(c) for c in raw])
     examples = yard.load([g.example_id for g in groups])
-    rows = []
+    rows: list[dict[str, object]] = []
     for group, example in zip(groups, examples, strict=True):
-        row = group_row(group)
+        row: dict[str, object] = {**group_row(group)}
         row["importance"] = example.importance if example is not None else None
         rows.append(row)
     return {
@@ -57,7 +57,7 @@ def causes_page(runtime: Runtime, *, offset: int = 0, limit: int = 50) -> dict[s
     }
 
 
-def group_info(runtime: Runtime, cause: str) -> dict[str, Any] | None:
+def group_info(runtime: Runtime, cause: str) -> GroupRow | None:
     """One cause group as ``dlx groups --json`` shows it, or None when it is empty."""
     found = yard_of(runtime).groups_of([cause])
     return group_row(found[0]) if found else None
@@ -76,7 +76,7 @@ class GroupFilters:
 
 @dataclass
 class GroupPage:
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[ObituaryRow] = field(default_factory=list)
     offset: int = 0
     next_offset: int | None = None
     matching: int | None = None
@@ -164,7 +164,31 @@ def _scan_members(
     return chosen, position, scanned
 
 
-def _tally(per: dict[str, dict[str, Any]], message: ParkedMessage, now: int) -> None:
+class QueueParked(TypedDict):
+    """One queue's parked retries in :func:`parked_summary`."""
+
+    queue: str
+    count: int
+    due_now: int
+    next_due_ms: int | None
+    oldest_due_ms: int | None
+    lateness_s: float | None
+    next_due_at: str | None
+    oldest_due_at: str | None
+
+
+class ParkedSummary(TypedDict):
+    """What :func:`parked_summary` returns."""
+
+    count: int
+    due_now: int
+    sampled: int
+    complete: bool
+    oldest_lateness_s: float | None
+    queues: list[QueueParked]
+
+
+def _tally(per: dict[str, QueueParked], message: ParkedMessage, now: int) -> None:
     """Count one parked retry into its queue's row."""
     q = per.setdefault(
         message.queue,
@@ -174,6 +198,10 @@ def _tally(per: dict[str, dict[str, Any]], message: ParkedMessage, now: int) -> 
             "due_now": 0,
             "next_due_ms": None,
             "oldest_due_ms": None,
+            # set by parked_summary once every retry is counted
+            "lateness_s": None,
+            "next_due_at": None,
+            "oldest_due_at": None,
         },
     )
     q["count"] += 1
@@ -186,9 +214,9 @@ def _tally(per: dict[str, dict[str, Any]], message: ParkedMessage, now: int) -> 
         q["next_due_ms"] = due
 
 
-def _scan_parked(runtime: Runtime, now: int) -> tuple[dict[str, dict[str, Any]], int]:
+def _scan_parked(runtime: Runtime, now: int) -> tuple[dict[str, QueueParked], int]:
     """Per-queue rows of the :data:`PARKED_SCAN` soonest-due retries, and how many were read."""
-    per: dict[str, dict[str, Any]] = {}
+    per: dict[str, QueueParked] = {}
     read = 0
     for message in runtime.parking.soonest(PARKED_SCAN):
         _tally(per, message, now)
@@ -196,7 +224,7 @@ def _scan_parked(runtime: Runtime, now: int) -> tuple[dict[str, dict[str, Any]],
     return per, read
 
 
-def parked_summary(runtime: Runtime, *, at_ms: int | None = None) -> dict[str, Any]:
+def parked_summary(runtime: Runtime, *, at_ms: int | None = None) -> ParkedSummary:
     """Parked retries per queue: count, due now, next due, oldest lateness (seconds past due).
 
     The store has one index by due time, so per-queue numbers come from reading the
@@ -236,7 +264,7 @@ def fate_chart(
     at_ms: int | None = None,
     width: int = 720,
     height: int = 160,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Per-minute fate counts over the window as SVG polyline points (numbers only), with totals
     per queue and fate."""
     counts = runtime.history.counts(window_s, at_ms=at_ms)
@@ -274,7 +302,7 @@ def fate_chart(
     }
 
 
-def graveyard_queues(runtime: Runtime) -> list[dict[str, Any]]:
+def graveyard_queues(runtime: Runtime) -> list[dict[str, object]]:
     """``{queue, count, last_at}`` for every queue with obituaries."""
     return [
         {"queue": q, "count": n, "last_ms": last, "last_at": iso(last)}
