@@ -19,7 +19,7 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else str(value)
 
 
-def header_task(headers: Mapping[Any, Any] | None) -> str | None:
+def header_task(headers: Mapping[str, object] | None) -> str | None:
     """The task name of a protocol 2 message, from its ``task`` header, if there is one."""
     if not headers:
         return None
@@ -28,8 +28,8 @@ def header_task(headers: Mapping[Any, Any] | None) -> str | None:
 
 
 def celery_view(
-    value: Any, headers: Mapping[Any, Any] | None
-) -> tuple[dict[str, Any] | None, str | None]:
+    value: object, headers: Mapping[str, object] | None
+) -> tuple[dict[str, object] | None, str | None]:
     """``value`` (a decoded body) as a Celery message, or None and why it is not one.
 
     Returns ``(view, None)`` for a Celery message, ``(None, note)`` when the headers name a task
@@ -48,21 +48,20 @@ def celery_view(
 
 
 def _protocol2(
-    task: str, value: Any, headers: Mapping[Any, Any]
-) -> tuple[dict[str, Any] | None, str | None]:
-    shaped = (
+    task: str, value: object, headers: Mapping[str, object]
+) -> tuple[dict[str, object] | None, str | None]:
+    if not (
         isinstance(value, list)
         and len(value) == 3
         and isinstance(value[0], list)
         and isinstance(value[1], Mapping)
         and (value[2] is None or isinstance(value[2], Mapping))
-    )
-    if not shaped:
+    ):
         return None, (
             f"header task={task!r} says Celery protocol 2, but the body is not "
             "[args, kwargs, embed]: shown as it is"
         )
-    view = {
+    view: dict[str, object] = {
         "task": task,
         "id": _text(header(headers, "id")),
         "args": value[0],
@@ -73,7 +72,7 @@ def _protocol2(
     return view, None
 
 
-def _protocol1(value: Mapping[str, Any]) -> dict[str, Any]:
+def _protocol1(value: Mapping[str, Any]) -> dict[str, object]:
     return {
         "task": value["task"],
         "id": _text(value.get("id")),

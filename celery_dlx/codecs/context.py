@@ -32,7 +32,7 @@ TYPE_PARAMETERS = ("messagetype", "message_type", "proto", "type", "schema", "me
 _PLAIN_ENCODINGS = frozenset({"", "binary", "utf-8", "utf8", "8bit", "7bit", "identity", "none"})
 
 
-def media_type(content_type: Any) -> tuple[str | None, dict[str, str]]:
+def media_type(content_type: object) -> tuple[str | None, dict[str, str]]:
     """The lower-cased media type of a content type and its parameters (lower-cased names)."""
     if isinstance(content_type, bytes):
         content_type = content_type.decode("latin-1")
@@ -47,7 +47,7 @@ def media_type(content_type: Any) -> tuple[str | None, dict[str, str]]:
     return head.strip().lower(), params
 
 
-def header(headers: Mapping[Any, Any] | None, name: str) -> Any:
+def header(headers: Mapping[str, object] | None, name: str) -> object:
     """``headers[name]``, or None when absent or when a foreign mapping fails on the lookup."""
     if not headers:
         return None
@@ -76,7 +76,7 @@ class Context:
 
     media: str | None
     params: dict[str, str]
-    headers: Mapping[Any, Any] | None
+    headers: Mapping[str, object] | None
     registry: ProtobufRegistry | None
     limit: int
     charset: str | None = None

@@ -45,7 +45,7 @@ def decode_payload(
     *,
     content_type: str | None = None,
     content_encoding: str | None = None,
-    headers: Mapping[Any, Any] | None = None,
+    headers: Mapping[str, object] | None = None,
     registry: ProtobufRegistry | None = None,
     limit: int = DEFAULT_LIMIT,
 ) -> Decoded:
@@ -93,7 +93,7 @@ def _decode(
     raw: bytes,
     content_type: Any,
     content_encoding: Any,
-    headers: Mapping[Any, Any] | None,
+    headers: Mapping[str, object] | None,
     registry: ProtobufRegistry | None,
     limit: int,
 ) -> Decoded:
@@ -217,7 +217,7 @@ def _interpret(data: bytes, ctx: Context, depth: int) -> Reading:
     return _from_binary(data, ctx)
 
 
-def _opaque(data: bytes, ctx: Context) -> dict[str, Any]:
+def _opaque(data: bytes, ctx: Context) -> dict[str, object]:
     view = opaque_view(data)
     if pickle_protocol(data) is not None:
         view["pickle_globals"] = pickle_globals(data)

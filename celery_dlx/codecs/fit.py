@@ -164,6 +164,9 @@ def _measure(
 
 def _parse(fit: Fit, registry: ProtobufRegistry, data: bytes) -> Fit | None:
     cls = registry.message_class(fit.type_name)
+    if cls is None:  # not a registered type: does not fit
+        return None
+    message: Any  # FindInitializationErrors is missing from protobuf's stubs
     try:
         message = cls.FromString(data)
         missing = tuple(message.FindInitializationErrors())

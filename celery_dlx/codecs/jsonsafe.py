@@ -27,7 +27,7 @@ class _Budget:
         self.remaining -= size
 
 
-def prune(value: Any, limit: int) -> tuple[Any, bool]:
+def prune(value: object, limit: int) -> tuple[object, bool]:
     """``value`` as JSON-safe data of roughly ``limit`` characters at most.
 
     Strings are cut, lists and dicts lose their tail, nesting deeper than
@@ -122,7 +122,7 @@ def ascii_preview(data: bytes, limit: int = PREVIEW_BYTES) -> str:
     return "".join(chr(b) if 0x20 <= b < 0x7F else "." for b in data[:limit])
 
 
-def opaque_view(data: bytes) -> dict[str, Any]:
+def opaque_view(data: bytes) -> dict[str, object]:
     """Length, sha256 and a short preview of bytes nobody should or could decode."""
     return {
         "length": len(data),

@@ -7,20 +7,23 @@ show as text when they are printable (else ``0x`` and hex), and only fields that
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery_dlx.codecs.jsonsafe import hex_preview, printable_text
 from celery_dlx.codecs.limits import MAX_TYPED_DEPTH, PREVIEW_BYTES
 from celery_dlx.codecs.shapes import TYPE_BYTES, TYPE_ENUM, is_repeated
+
+if TYPE_CHECKING:  # protobuf is an extra
+    from google.protobuf.message import Message
 
 # Values of bytes fields longer than this are shown as a hex preview only.
 _BYTES_SHOWN = PREVIEW_BYTES * 16
 _NOT_WELL_KNOWN = object()
 
 
-def message_data(message: Any, depth: int = 0) -> dict[str, Any]:
+def message_data(message: Message, depth: int = 0) -> dict[str, object]:
     """The fields set in ``message`` (a parsed protobuf message), keyed by field name."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for fd, value in message.ListFields():
         name = f"[{fd.full_name}]" if fd.is_extension else fd.name
         out[name] = _field_value(fd, value, depth)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_dlx.codecs.shapes import Shape
 from celery_dlx.errors import ConfigurationError
+
+if TYPE_CHECKING:  # protobuf is an extra: imported when a registry is filled
+    from google.protobuf.message import Message
 
 #: Where to get protobuf support.
 INSTALL_HINT = "protobuf support needs `pip install celery-dlx[protobuf]`"
@@ -51,7 +54,7 @@ class ProtobufRegistry:
 
     def __init__(self) -> None:
         self._pool: Any = None
-        self._classes: dict[str, Any] = {}
+        self._classes: dict[str, type[Message]] = {}
         self._sources: list[str] = []
         #: Per-type data the decoder derives from descriptors, built once per registry.
         self.shapes: dict[str, Shape] = {}
@@ -72,11 +75,11 @@ class ProtobufRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._classes
 
-    def message_class(self, name: str) -> Any:
+    def message_class(self, name: str) -> type[Message] | None:
         """The message class of type ``name``, or None when it is not registered."""
         return self._classes.get(name)
 
-    def candidates(self) -> Iterator[tuple[str, Any]]:
+    def candidates(self) -> Iterator[tuple[str, type[Message]]]:
         """``(full name, message class)`` of every candidate type, sorted by name."""
         for name in sorted(self._classes):
             yield name, self._classes[name]
@@ -174,11 +177,11 @@ class ProtobufRegistry:
         self._sources.append(name)
         return added
 
-    def add_message_class(self, cls: Any) -> bool:
+    def add_message_class(self, cls: type[Message]) -> bool:
         """Register one generated message class; False when its type was already registered."""
         return self._register(cls.DESCRIPTOR.full_name, cls)
 
-    def _register(self, name: str, cls: Any) -> bool:
+    def _register(self, name: str, cls: type[Message]) -> bool:
         if name in self._classes or name.startswith(_NOT_CANDIDATES):
             return False
         if cls.DESCRIPTOR.GetOptions().map_entry:
@@ -220,7 +223,20 @@ def _module_descriptors(module: Any) -> Iterator[Any]:
             stack.extend(descriptor.nested_types)
 
 
-def registry_from_config(config: Any) -> ProtobufRegistry:
+class ProtobufSettings(Protocol):
+    """The two settings :func:`registry_from_config` reads, as a
+    :class:`~celery_dlx.policy.config.DLXConfig` has them."""
+
+    @property
+    def protobuf_descriptor_sets(self) -> Sequence[str]: ...
+
+    @property
+    def protobuf_modules(self) -> Sequence[str]: ...
+
+
+def registry_from_config(
+    config: ProtobufSettings | Mapping[str, Iterable[str] | None],
+) -> ProtobufRegistry:
     """The registry described by ``dlx_protobuf_descriptor_sets`` and ``dlx_protobuf_modules``.
 
     Args:
@@ -234,8 +250,8 @@ def registry_from_config(config: Any) -> ProtobufRegistry:
         sets = config.get(SETS_SETTING) or []
         modules = config.get(MODULES_SETTING) or []
     else:
-        sets = config[SETS_SETTING] or []
-        modules = config[MODULES_SETTING] or []
+        sets = config.protobuf_descriptor_sets
+        modules = config.protobuf_modules
     registry = ProtobufRegistry()
     for path in sets:
         registry.add_descriptor_set(path)

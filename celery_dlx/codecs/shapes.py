@@ -6,8 +6,9 @@ built, so fitting a body against hundreds of types stays cheap.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from celery_dlx.codecs.wire import FIXED32, FIXED64, LEN, START_GROUP, VARINT
 
@@ -39,16 +40,51 @@ SIGNED_32 = frozenset({5, 14})
 UNSIGNED_32 = frozenset({13, 17})
 
 
-def is_repeated(fd: Any) -> bool:
+class FieldDescriptorLike(Protocol):
+    """What is read of a protobuf field descriptor (of the Python or the upb implementation)."""
+
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def type(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def message_type(self) -> DescriptorLike | None: ...
+
+
+class DescriptorLike(Protocol):
+    """What is read of a protobuf message descriptor (of the Python or the upb implementation)."""
+
+    @property
+    def full_name(self) -> str: ...
+
+    @property
+    def fields(self) -> Sequence[FieldDescriptorLike]: ...
+
+    @property
+    def containing_type(self) -> object: ...
+
+
+def is_repeated(fd: FieldDescriptorLike) -> bool:
     """Whether a field descriptor is repeated (works across protobuf versions)."""
     flag = getattr(fd, "is_repeated", None)
-    return bool(flag) if flag is not None else bool(fd.label == fd.LABEL_REPEATED)
+    if flag is not None:
+        return bool(flag)
+    legacy: Any = fd  # protobuf before is_repeated: only its label says
+    return bool(legacy.label == legacy.LABEL_REPEATED)
 
 
-def is_required(fd: Any) -> bool:
+def is_required(fd: FieldDescriptorLike) -> bool:
     """Whether a field descriptor is a proto2 required field (works across protobuf versions)."""
     flag = getattr(fd, "is_required", None)
-    return bool(flag) if flag is not None else bool(fd.label == fd.LABEL_REQUIRED)
+    if flag is not None:
+        return bool(flag)
+    legacy: Any = fd  # protobuf before is_required: only its label says
+    return bool(legacy.label == legacy.LABEL_REQUIRED)
 
 
 @dataclass(frozen=True)
@@ -58,7 +94,7 @@ class FieldShape:
     wire: int | None
     type: int
     repeated: bool
-    message: Any = None
+    message: DescriptorLike | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +109,7 @@ class Shape:
     signature: tuple[Any, ...] = ()
 
 
-def shape_of(descriptor: Any, cache: dict[str, Shape]) -> Shape:
+def shape_of(descriptor: DescriptorLike, cache: dict[str, Shape]) -> Shape:
     """The shape of a message descriptor, built once per ``cache``."""
     name = descriptor.full_name
     found = cache.get(name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Union
 
 from celery_dlx.codecs.jsonsafe import hex_preview, printable_text
 from celery_dlx.codecs.limits import MAX_DUMP_FIELDS, MAX_SCAN_FIELDS, MAX_WIRE_DEPTH, PREVIEW_BYTES
@@ -156,7 +156,7 @@ def _group(data: bytes, pos: int, number: int, start: int, depth: int) -> tuple[
 
 def dump(
     fields: list[Field], max_depth: int = MAX_WIRE_DEPTH, max_fields: int = MAX_DUMP_FIELDS
-) -> tuple[list[dict[str, Any]], bool]:
+) -> tuple[list[dict[str, object]], bool]:
     """JSON-safe view of ``fields``; returns it and whether fields were left out (limits)."""
     budget = [max_fields]
     out = _dump(fields, 0, max_depth, budget)
@@ -165,8 +165,8 @@ def dump(
 
 def _dump(
     fields: list[Field] | tuple[Field, ...], depth: int, max_depth: int, budget: list[int]
-) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
     for done, item in enumerate(fields):
         if budget[0] <= 0:
             budget[0] = -1
@@ -177,8 +177,11 @@ def _dump(
     return out
 
 
-def _entry(item: Field, depth: int, max_depth: int, budget: list[int]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"field": item.number, "wire_type": WIRE_NAMES.get(item.wire_type, "?")}
+def _entry(item: Field, depth: int, max_depth: int, budget: list[int]) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "field": item.number,
+        "wire_type": WIRE_NAMES.get(item.wire_type, "?"),
+    }
     value = item.value
     if isinstance(value, tuple):
         entry["group"] = _dump(value, depth + 1, max_depth, budget)
@@ -198,7 +201,7 @@ def _entry(item: Field, depth: int, max_depth: int, budget: list[int]) -> dict[s
     return entry
 
 
-def _len_value(value: bytes, depth: int, max_depth: int, budget: list[int]) -> dict[str, Any]:
+def _len_value(value: bytes, depth: int, max_depth: int, budget: list[int]) -> dict[str, object]:
     # Text first: short strings often also happen to parse as a message, the reverse is rare.
     text = printable_text(value)
     if text is not None:
