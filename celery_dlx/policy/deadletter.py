@@ -91,7 +91,7 @@ class DeadLetter:
     provable: bool = True
     burial_key: str = ""
 
-    def copy_headers(self, state: DLXState) -> dict[str, Any]:
+    def copy_headers(self, state: DLXState) -> dict[str, object]:
         """The headers of a requeued or parked copy: cleaned, ``state`` written, identity stamped
         when the message had no provable one."""
         headers = clean_headers(self.headers, state)
@@ -105,7 +105,7 @@ class DeadLetter:
         return self.task or self.queue
 
 
-def text_or_none(value: Any) -> str | None:
+def text_or_none(value: object) -> str | None:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     if isinstance(value, str):
@@ -194,8 +194,8 @@ def _origin_queue(
 
 def read_dead_letter(
     body: bytes,
-    headers: Mapping[str, Any] | None,
-    properties: Mapping[str, Any] | None,
+    headers: Mapping[str, object] | None,
+    properties: Mapping[str, object] | None,
     *,
     exchange: str = "",
     routing_key: str = "",

@@ -13,7 +13,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, Bury, FateRequest, Park, Requeue
@@ -106,13 +105,13 @@ class CallableBackoff(Backoff):
             ) from None
 
 
-def _number(value: Any, name: str) -> float:
+def _number(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
-def parse_backoff(value: Any, name: str = "dlx_backoff") -> Backoff:
+def parse_backoff(value: object, name: str = "dlx_backoff") -> Backoff:
     """Build a :class:`Backoff` from a setting.
 
     Accepts a list of seconds (or timedeltas), a mapping ``{"base", "factor", "max", "jitter"}``,
@@ -153,7 +152,7 @@ def parse_backoff(value: Any, name: str = "dlx_backoff") -> Backoff:
     )
 
 
-def parse_matchers(value: Any, name: str) -> tuple[Matcher, ...]:
+def parse_matchers(value: object, name: str) -> tuple[Matcher, ...]:
     """Validate a classification option (exception classes or predicates)."""
     if value is None:
         return ()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
 
 from celery_dlx.errors import ConfigurationError
 
@@ -41,7 +40,7 @@ EXPIRES_MARGIN_MS = 3_600_000
 MAX_STEP_MS = MAX_TTL_MS - EXPIRES_MARGIN_MS
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -49,7 +48,7 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def delay(value: Any, name: str) -> float:
+def delay(value: object, name: str) -> float:
     """``value`` as a delay before a retry: finite seconds, ``0 <= s <= MAX_SECONDS``.
 
     Raises:
@@ -62,7 +61,7 @@ def delay(value: Any, name: str) -> float:
     return seconds
 
 
-def duration(value: Any, name: str) -> float:
+def duration(value: object, name: str) -> float:
     """``value`` as a duration setting: finite seconds, ``0.001 <= s <= MAX_SECONDS``.
 
     Raises:
@@ -80,7 +79,7 @@ def duration(value: Any, name: str) -> float:
     return seconds
 
 
-def _finite_and_bounded(seconds: float, value: Any, name: str) -> None:
+def _finite_and_bounded(seconds: float, value: object, name: str) -> None:
     if not math.isfinite(seconds):
         raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
     if seconds > MAX_SECONDS:
@@ -92,7 +91,7 @@ def step_ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def ladder(value: Any, name: str = "dlx_ttl_ladder") -> tuple[float, ...]:
+def ladder(value: object, name: str = "dlx_ttl_ladder") -> tuple[float, ...]:
     """``value`` as the steps of a TTL ladder, in seconds; :func:`ladder_ms` accepts the result.
 
     Raises:
@@ -107,7 +106,7 @@ def ladder(value: Any, name: str = "dlx_ttl_ladder") -> tuple[float, ...]:
     return steps
 
 
-def _step(value: Any, name: str) -> float:
+def _step(value: object, name: str) -> float:
     seconds = _number(value)
     if seconds is None or seconds <= 0:
         raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
