@@ -38,14 +38,16 @@ if TYPE_CHECKING:
     from sentry_sdk.types import Event, Hint
 
 
-#: ``(name, type)`` pairs of kombu ``Object.attrs``: the attributes a copy keeps.
+#: ``(name, type)`` pairs of kombu ``Object.attrs``: the attributes a copy keeps (kombu's type).
 QueueAttrs = tuple[tuple[str, Any], ...]
+#: The type of one such attribute: a converter its value goes through, or None to keep it as is.
+AttrType = Callable[[object], object] | None
 
 
 # -- kombu -----------------------------------------------------------------------------------------
 
 
-def queue_attrs(*extra: tuple[str, Any]) -> QueueAttrs:
+def queue_attrs(*extra: tuple[str, AttrType]) -> QueueAttrs:
     """kombu ``Queue.attrs`` followed by ``extra``, for a ``Queue`` subclass with more fields.
 
     Internal: kombu copies a queue on every bind (``Object.__copy__`` rebuilds it from

@@ -42,7 +42,7 @@ class QueueConsumer:
         self,
         app: Celery,
         queue: str,
-        declare: Callable[[Any], object],
+        declare: Callable[[AMQPChannel], object],
         prefetch: int,
         inbox: list[Delivery],
         *,

@@ -11,9 +11,8 @@ accepts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery.app.task import Context
 from kombu import serialization
 from kombu.compression import compress
 
@@ -21,6 +20,9 @@ from celery_dlx.compat import serializer_name
 from celery_dlx.message.copies import _body_v1, delivery_headers, task_protocol
 from celery_dlx.message.headers import DLXState, clean_headers
 from celery_dlx.message.outgoing import Outgoing, copy_properties
+
+if TYPE_CHECKING:
+    from celery.app.task import Context
 
 
 def celery_copy(

@@ -42,7 +42,7 @@ Frame = tuple[int, int, Any]
 Callback = Callable[[int, tuple[int, int], Any, Any], Any]
 
 
-def decode_content_header(buf: Any) -> tuple[int, int, dict[str, Any]]:
+def decode_content_header(buf: bytes) -> tuple[int, int, dict[str, object]]:
     """``(class id, body size, properties)`` of a content header frame's payload; never raises
     for a well-framed header, whatever its property list holds."""
     class_id, body_size = unpack_from(">HxxQ", buf, 0)

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import amqp
 from amqp.exceptions import PreconditionFailed
@@ -30,6 +30,10 @@ from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.errors import PublishError, TopologyError
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.durations import EXPIRES_MARGIN_MS, ladder_ms
+
+if TYPE_CHECKING:
+    from celery_dlx.fates import FateEvent
+    from celery_dlx.roles import Parking
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +107,7 @@ def expires_ms(ms: int) -> int:
     return ms + EXPIRES_MARGIN_MS
 
 
-def delay_queue_arguments(queue: str, ms: int, *, quorum: bool = False) -> dict[str, Any]:
+def delay_queue_arguments(queue: str, ms: int, *, quorum: bool = False) -> dict[str, str | int]:
     """Arguments of the delay queue returning messages to ``queue`` after ``ms`` milliseconds.
 
     The TTL is queue-wide, dead letters go to the default exchange (``""``) with routing key
@@ -117,7 +121,7 @@ def delay_queue_arguments(queue: str, ms: int, *, quorum: bool = False) -> dict[
     if not queue:
         raise ValueError("a delay queue needs the name of its work queue")
     format_seconds(ms)  # validates ms
-    args: dict[str, Any] = {
+    args: dict[str, str | int] = {
         "x-message-ttl": ms,
         "x-dead-letter-exchange": "",
         "x-dead-letter-routing-key": queue,
@@ -312,7 +316,7 @@ class LadderParking:
         self,
         ladder: Ladder,
         publisher: Callable[[], ConfirmingPublisher],
-        stored: Callable[[], Any],
+        stored: Callable[[], Parking],
     ) -> None:
         self.ladder = ladder
         self.publisher = publisher
@@ -327,7 +331,7 @@ class LadderParking:
         self.ladder.park_many(self.publisher(), messages)
         return [True] * len(messages)
 
-    def park_recorded(self, message: ParkedMessage, events: Sequence[Any]) -> bool:
+    def park_recorded(self, message: ParkedMessage, events: Sequence[FateEvent]) -> bool:
         """Park in the broker; the caller records ``events`` (returns False)."""
         self.park(message)
         return False

@@ -12,8 +12,8 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kombu import Connection
 
@@ -53,7 +53,7 @@ class Management:
     def _path(self, *parts: str) -> str:
         return "/api/" + "/".join(urllib.parse.quote(p, safe="") for p in parts)
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def request(self, method: str, path: str, body: object = None) -> object:
         """Send one request; the decoded JSON answer (None for an empty one).
 
         Raises:
@@ -82,14 +82,14 @@ class Management:
             ) from exc
         return json.loads(raw) if raw.strip() else None
 
-    def get(self, *parts: str) -> Any:
+    def get(self, *parts: str) -> object:
         return self.request("GET", self._path(*parts))
 
-    def queues(self) -> list[dict[str, Any]]:
+    def queues(self) -> list[dict[str, object]]:
         """Every queue of the virtual host, with consumers, messages, arguments and policy."""
-        return list(self.get("queues", self.vhost) or [])
+        return _objects(self.get("queues", self.vhost))
 
-    def queue(self, name: str) -> dict[str, Any] | None:
+    def queue(self, name: str) -> dict[str, object] | None:
         """One queue, or None when it does not exist."""
         try:
             found = self.get("queues", self.vhost, name)
@@ -97,30 +97,35 @@ class Management:
             if exc.status == 404:
                 return None
             raise
-        return dict(found)
+        return _object(found)
 
-    def queue_bindings(self, name: str) -> list[dict[str, Any]]:
+    def queue_bindings(self, name: str) -> list[dict[str, object]]:
         """The bindings of queue ``name`` (the default exchange's included)."""
-        return list(self.get("queues", self.vhost, name, "bindings") or [])
+        return _objects(self.get("queues", self.vhost, name, "bindings"))
 
-    def bindings_between(self, exchange: str, queue: str) -> list[dict[str, Any]]:
-        return list(self.get("bindings", self.vhost, "e", exchange, "q", queue) or [])
+    def bindings_between(self, exchange: str, queue: str) -> list[dict[str, object]]:
+        return _objects(self.get("bindings", self.vhost, "e", exchange, "q", queue))
 
-    def policies(self) -> list[dict[str, Any]]:
+    def policies(self) -> list[dict[str, object]]:
         """Every (user) policy of the virtual host."""
-        return list(self.get("policies", self.vhost) or [])
+        return _objects(self.get("policies", self.vhost))
 
-    def policy(self, name: str) -> dict[str, Any] | None:
+    def policy(self, name: str) -> dict[str, object] | None:
         try:
             found = self.get("policies", self.vhost, name)
         except ManagementError as exc:
             if exc.status == 404:
                 return None
             raise
-        return dict(found)
+        return _object(found)
 
     def put_policy(
-        self, name: str, pattern: str, definition: dict[str, Any], priority: int, apply_to: str
+        self,
+        name: str,
+        pattern: str,
+        definition: Mapping[str, object],
+        priority: int,
+        apply_to: str,
     ) -> None:
         """Create or replace policy ``name``."""
         body = {
@@ -140,6 +145,30 @@ class Management:
                 return False
             raise
         return True
+
+
+def _object(found: object) -> dict[str, object]:
+    """A JSON object the API answered.
+
+    Raises:
+        ManagementError: the answer is not a JSON object.
+    """
+    if not isinstance(found, dict):
+        raise ManagementError(f"management API answered {type(found).__name__}, not an object")
+    return dict(found)
+
+
+def _objects(found: object) -> list[dict[str, object]]:
+    """A JSON array of objects the API answered (none for an empty answer).
+
+    Raises:
+        ManagementError: the answer is not a JSON array of objects.
+    """
+    if not found:
+        return []
+    if not isinstance(found, list) or not all(isinstance(item, dict) for item in found):
+        raise ManagementError("management API answered something else than a list of objects")
+    return list(found)
 
 
 def management_for(
@@ -174,14 +203,14 @@ def management_for(
     )
 
 
-def dead_letter_exchange_of(queue: dict[str, Any]) -> tuple[str | None, str]:
+def dead_letter_exchange_of(queue: Mapping[str, object]) -> tuple[str | None, str]:
     """The dead-letter exchange a queue (as the API shows it) routes to, and where it is set.
 
     Queue arguments win over policies, as in RabbitMQ; where is ``argument``, ``policy``,
     ``operator-policy`` or ``none``.
     """
     args = queue.get("arguments") or {}
-    if args.get("x-dead-letter-exchange"):
+    if isinstance(args, Mapping) and args.get("x-dead-letter-exchange"):
         return str(args["x-dead-letter-exchange"]), "argument"
     effective = queue.get("effective_policy_definition") or {}
     if isinstance(effective, dict) and effective.get("dead-letter-exchange"):

@@ -30,7 +30,7 @@ class EncodedMessage(amqp.Message):
     (:func:`~celery_dlx.message.fieldtable.write_properties`): py-amqp sends those bytes as they
     are. ``properties`` still holds the decoded view (headers included) for readers."""
 
-    def __init__(self, body: bytes, encoded_properties: bytes, **properties: Any) -> None:
+    def __init__(self, body: bytes, encoded_properties: bytes, **properties: object) -> None:
         super().__init__(body, **properties)
         self.encoded_properties = encoded_properties
 
@@ -193,7 +193,8 @@ class ConfirmingPublisher:
 
 
 def outgoing_copies(
-    items: Iterable[tuple[bytes, Mapping[str, Any], Mapping[str, Any], str]], exchange: str = ""
+    items: Iterable[tuple[bytes, Mapping[str, object], Mapping[str, object], str]],
+    exchange: str = "",
 ) -> list[Outgoing]:
     """Build :class:`Outgoing` copies from ``(body, headers, properties, routing_key)`` tuples."""
     return [

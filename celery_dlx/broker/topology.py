@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amqp.channel import Channel as AMQPChannel
 from amqp.exceptions import PreconditionFailed
@@ -27,6 +27,10 @@ from celery_dlx.broker.management import (
 from celery_dlx.compat import queue_attrs
 from celery_dlx.errors import ConfigurationError, TopologyError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_SERVICE_QUEUE
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from kombu.transport.base import StdChannel
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ def dead_letter_arguments(
     *,
     quorum: bool = False,
     delivery_limit: int | None = None,
-) -> dict[str, Any]:
+) -> dict[str, str | int]:
     """Queue arguments routing ``queue_name``'s dead letters to ``exchange`` with key ``queue_name``.
 
     With ``quorum``, the queue is a quorum queue dead-lettering at-least-once (which RabbitMQ
@@ -63,7 +67,7 @@ def dead_letter_arguments(
         raise ValueError(
             "dead-letter exchange name must not be empty (the default exchange cannot be a DLX here)"
         )
-    args: dict[str, Any] = {
+    args: dict[str, str | int] = {
         "x-dead-letter-exchange": exchange,
         "x-dead-letter-routing-key": queue_name,
     }
@@ -131,7 +135,7 @@ def app_reference(main: str | None, argv: Sequence[str] | None = None) -> str:
     return main if main and main != "__main__" else "proj"
 
 
-def management_of_app(app: Any) -> Management:
+def management_of_app(app: Celery) -> Management:
     """The management API of ``app``'s broker: ``http://<broker host>:15672`` with the broker's
     credentials, or ``$CELERY_DLX_MANAGEMENT_URL``/``_USER``/``_PASSWORD``."""
     url, user, password = (os.environ.get(name) or None for name in MANAGEMENT_ENV)
@@ -185,7 +189,7 @@ def _is_amqp(channel: Any) -> bool:
     return isinstance(channel, AMQPChannel)
 
 
-def without_policy_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+def without_policy_arguments(arguments: Mapping[str, object]) -> dict[str, object]:
     """``arguments`` less those a dead-letter policy provides."""
     return {k: v for k, v in arguments.items() if k not in POLICY_DLX_ARGUMENTS}
 
@@ -213,17 +217,17 @@ class DLXQueue(Queue):
     #: The management API asked whether a policy gives the queue its dead-letter exchange.
     dlx_management: Management | None = None
 
-    def as_dict(self, recurse: bool = False) -> dict[str, Any]:
+    def as_dict(self, recurse: bool = False) -> dict[str, object]:
         """kombu's fields of the queue. A report of it (``recurse=True``: ``celery inspect
         active_queues``, sent as JSON) has kombu's fields only; celery_dlx's (an app name, a
         management API client) are for the copies kombu makes of the queue (``recurse=False``)."""
-        data: dict[str, Any] = super().as_dict(recurse)
+        data: dict[str, object] = super().as_dict(recurse)
         if recurse:
             for name in _DLX_ATTRS:
                 data.pop(name, None)
         return data
 
-    def declare(self, nowait: bool = False, channel: Any = None) -> str:
+    def declare(self, nowait: bool = False, channel: StdChannel | None = None) -> str:
         """Declare the dead-letter target, then the queue, its exchange and bindings.
 
         On a RabbitMQ channel the queue is first declared on a throwaway channel. When RabbitMQ
@@ -305,7 +309,7 @@ def dlx_queue(
     service: str = DEFAULT_SERVICE_QUEUE,
     quorum: bool = False,
     delivery_limit: int | None = None,
-    queue_arguments: Mapping[str, Any] | None = None,
+    queue_arguments: Mapping[str, object] | None = None,
     **options: Any,
 ) -> DLXQueue:
     """A durable work queue whose dead letters go to ``dlx`` (routing key = ``name``).
@@ -389,7 +393,7 @@ def as_dlx_queue(
 
 
 def declare_topology(
-    channel: Any,
+    channel: StdChannel,
     queues: Iterable[Queue],
     *,
     exchange: str = DEFAULT_DLX_EXCHANGE,

@@ -219,7 +219,8 @@ def _rename(
 
 def _ready(api: Management, queue: str) -> int:
     info = api.queue(queue) or {}
-    return int(info.get("messages_ready") or 0)
+    ready = info.get("messages_ready")
+    return ready if isinstance(ready, int) else 0  # absent until the broker's first stats
 
 
 def _migrate_text(data: dict[str, Any]) -> str:
