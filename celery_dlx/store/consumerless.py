@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient
@@ -21,7 +20,7 @@ class Consumerless:
         self.client = client
         self.key = consumerless_key(keys)
 
-    def remember(self, queues: Iterable[Mapping[str, Any]], now: int) -> dict[str, int]:
+    def remember(self, queues: Iterable[Mapping[str, object]], now: int) -> dict[str, int]:
         """Record which queues have messages and no consumer now; returns the first-seen times."""
         waiting = [
             str(q["name"]) for q in queues if not q.get("consumers") and q.get("messages_ready")

@@ -13,12 +13,16 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import FATE_CHANGES, FateEvent, now_ms
 from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
+    from redis.cluster import ClusterPipeline
 
 #: The field separator between queue and fate.
 SEPARATOR = "|"
@@ -33,7 +37,7 @@ def field_name(queue: str, fate: str) -> str:
     return f"{queue}{SEPARATOR}{fate}"
 
 
-def add_counts(pipe: Any, keys: Keys, events: Iterable[FateEvent]) -> None:
+def add_counts(pipe: Pipeline | ClusterPipeline, keys: Keys, events: Iterable[FateEvent]) -> None:
     """Queue in ``pipe`` the increments of ``events`` (one ``HINCRBY`` per minute and field, one
     ``EXPIRE`` per minute); the caller executes it."""
     counts: Counter[tuple[str, str]] = Counter()

@@ -100,7 +100,7 @@ return 1
 """
 
 
-def text(value: Any) -> str:
+def text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 

@@ -29,12 +29,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient
 from celery_dlx.store.counters import Counts, add_counts, read_window
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
+    from redis.cluster import ClusterPipeline
+    from redis.typing import EncodableT, FieldT
 
 #: Fields every history entry has, in order.
 HISTORY_FIELDS = (
@@ -91,21 +96,23 @@ class History:
         self.client = client
         self.keys = keys
 
-    def append_many(self, events: Iterable[FateEvent], pipe: Any = None) -> int:
+    def append_many(
+        self, events: Iterable[FateEvent], pipe: Pipeline | ClusterPipeline | None = None
+    ) -> int:
         """Append ``events``, in order, in ``pipe`` (not executed) or in one round trip now.
 
         Returns:
             How many ``XADD`` commands were queued (their results come first in ``pipe``'s).
         """
-        own = pipe is None
-        if own:
-            pipe = self.client.pipeline(transaction=False)
+        target = self.client.pipeline(transaction=False) if pipe is None else pipe
         queued = 0
         for event in events:
-            pipe.xadd(self.keys.history, history_fields(event))
+            # redis-py types xadd's fields as a dict of every key and value type (invariant)
+            fields = cast("dict[FieldT, EncodableT]", history_fields(event))
+            target.xadd(self.keys.history, fields)
             queued += 1
-        if own:
-            pipe.execute()
+        if pipe is None:
+            target.execute()
         return queued
 
     def append_audit(self, fields: Mapping[str, str], event: FateEvent, *, maxlen: int) -> str:
