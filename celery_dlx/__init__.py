@@ -12,7 +12,7 @@ celery_dlx in a worker costs only the task path.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from celery_dlx.broker.topology import (
     dead_letter_arguments,
@@ -79,7 +79,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     try:
         module, attribute = _LAZY[name]
     except KeyError:

@@ -62,7 +62,9 @@ class DLXQueues(Queues):
 class DLXAMQP(AMQP):
     """Celery's AMQP helper whose queue map adds dead-letter arguments when ``dlx_enabled``."""
 
-    def Queues(self, queues: Any, *args: Any, **kwargs: Any) -> Queues:
+    def Queues(  # Celery's other arguments pass through
+        self, queues: list[Queue] | dict[str, Queue], *args: Any, **kwargs: Any
+    ) -> Queues:
         config = get_runtime(self.app).config
         options: dict[str, Any] = {}
         if config.enabled:

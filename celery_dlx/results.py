@@ -19,7 +19,6 @@ store, and ``dlx_details`` returns None there.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from celery.backends.base import BaseKeyValueStoreBackend
 from celery.result import AsyncResult
@@ -32,7 +31,7 @@ def _details_key(backend: BaseKeyValueStoreBackend, task_id: str) -> str:
     return backend.get_key_for_task(task_id, DETAILS_KEY_SUFFIX)
 
 
-def store_details(backend: object, task_id: str, details: Mapping[str, Any]) -> bool:
+def store_details(backend: object, task_id: str, details: Mapping[str, object]) -> bool:
     """Store ``details`` of task ``task_id``'s run with ``backend`` (the task's result backend).
 
     Returns False, storing nothing, for a backend that is not a key-value store. Raises what the
@@ -44,7 +43,7 @@ def store_details(backend: object, task_id: str, details: Mapping[str, Any]) -> 
     return True
 
 
-def dlx_details(result: AsyncResult[Any]) -> dict[str, Any] | None:
+def dlx_details(result: AsyncResult[object]) -> dict[str, object] | None:
     """celery_dlx's details of ``result``'s last requeue, park, burial or recovery, or None."""
     backend = result.backend
     if not isinstance(backend, BaseKeyValueStoreBackend):

@@ -20,7 +20,7 @@ import threading
 import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from celery import Celery
 
@@ -33,6 +33,9 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.store.errors import STORE_ERRORS
 from celery_dlx.wiring.runtime import Runtime, get_runtime
+
+if TYPE_CHECKING:
+    from celery import Task
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +297,7 @@ def _record(runtime: Runtime, published: _Published) -> None:
         logger.warning("drain could not record %d drained retries in history: %s", len(events), exc)
 
 
-def register_drain_task(app: Celery) -> Any:
+def register_drain_task(app: Celery) -> Task[[], None]:
     """Register the drain task (named :data:`DRAIN_TASK_NAME`) on ``app``; harmless twice.
 
     The task ignores its result, never retries, and acks early (the store, not the tick message,
@@ -304,7 +307,7 @@ def register_drain_task(app: Celery) -> Any:
     Returns:
         The task (a lazy proxy until the app is finalized); the same one on every call.
     """
-    existing = app.__dict__.get("_celery_dlx_drain_task")
+    existing: Task[[], None] | None = app.__dict__.get("_celery_dlx_drain_task")
     if existing is not None:
         return existing
     lock = threading.Lock()
@@ -331,7 +334,7 @@ def register_drain_task(app: Celery) -> Any:
     return task
 
 
-def beat_entry(config: DLXConfig) -> dict[str, dict[str, Any]]:
+def beat_entry(config: DLXConfig) -> dict[str, dict[str, str | float]]:
     """A ``beat_schedule`` entry running the drain task every ``dlx_drain_interval`` seconds.
 
     Not installed by default (the drainer bootstep drains in the workers, with no tick messages):

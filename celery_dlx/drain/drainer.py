@@ -24,11 +24,14 @@ import os
 import socket
 import threading
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING
 
 from celery_dlx.drain.core import BUDGET_SHARE, run_drain
 from celery_dlx.store.errors import STORE_ERRORS
 from celery_dlx.wiring.runtime import Runtime, get_runtime
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ class Drainer:
     shares a channel with the tasks of a thread pool), with the app's fate listeners.
     """
 
-    def __init__(self, app: Any, *, name: str | None = None) -> None:
+    def __init__(self, app: Celery, *, name: str | None = None) -> None:
         shared = get_runtime(app)
         self.runtime = Runtime(app, shared.config)
         self.runtime.listeners = shared.listeners
@@ -115,7 +118,7 @@ class DrainerThread:
         name: the process's name in the lease token (default: the host name).
     """
 
-    def __init__(self, app: Any, *, name: str | None = None) -> None:
+    def __init__(self, app: Celery, *, name: str | None = None) -> None:
         self.drainer = Drainer(app, name=name)
         self.thread = threading.Thread(target=self._run, name="celery_dlx-drainer", daemon=True)
 
