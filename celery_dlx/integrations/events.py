@@ -63,9 +63,9 @@ def summary(event: FateEvent) -> str:
     return " ".join(parts)
 
 
-def event_fields(event: FateEvent) -> dict[str, Any]:
+def event_fields(event: FateEvent) -> dict[str, object]:
     """The JSON-safe fields of the Celery event for ``event`` (without ``type`` and ``uuid``)."""
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {
         "queue": event.queue,
         "attempt": event.attempt,
         "cause": event.cause,

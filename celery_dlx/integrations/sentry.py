@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from celery_dlx.compat import add_sentry_event_processor_once
 from celery_dlx.errors import ConfigurationError
@@ -37,10 +38,14 @@ from celery_dlx.wiring.runtime import Runtime
 if TYPE_CHECKING:
     from sentry_sdk.types import Event, Hint
 
+    from celery_dlx.codecs import ProtobufRegistry
+
 logger = logging.getLogger(__name__)
 
 #: Sentry level per importance; ``ignore`` sends nothing.
-LEVELS = {"page": "fatal", "notify": "warning"}
+#: Sentry's event levels.
+Level = Literal["fatal", "critical", "error", "warning", "info", "debug"]
+LEVELS: dict[str, Level] = {"page": "fatal", "notify": "warning"}
 #: Breadcrumb level per fate (anything not listed is ``info``).
 BREADCRUMB_LEVELS = {"parked": "warning", "requeued": "info", "buried": "error"}
 #: The logger :meth:`celery_dlx.wiring.runtime.Runtime.record` writes fate lines to.
@@ -132,7 +137,7 @@ def _entry(entry: Any) -> tuple[Any, str, str] | None:
     return entry[0], str(entry[1]), str(cause)
 
 
-def event_history(event: FateEvent) -> list[Any] | None:
+def event_history(event: FateEvent) -> list[object] | None:
     """The attempt history a fate event carries (``extra`` history or obituary), if any."""
     history = event.extra.get("history")
     obituary = event.extra.get("obituary")
@@ -141,7 +146,9 @@ def event_history(event: FateEvent) -> list[Any] | None:
     return history if isinstance(history, list) else None
 
 
-def history_breadcrumbs(event: FateEvent, history: list[Any] | None = None) -> list[dict[str, Any]]:
+def history_breadcrumbs(
+    event: FateEvent, history: Sequence[object] | None = None
+) -> list[dict[str, object]]:
     """Breadcrumbs from the message's attempt history, oldest first.
 
     Args:
@@ -156,7 +163,7 @@ def history_breadcrumbs(event: FateEvent, history: list[Any] | None = None) -> l
         if entry is None:
             continue
         ms, fate, cause = entry
-        crumb: dict[str, Any] = {
+        crumb: dict[str, object] = {
             "type": "default",
             "category": "celery_dlx",
             "level": BREADCRUMB_LEVELS.get(fate, "info"),
@@ -169,9 +176,9 @@ def history_breadcrumbs(event: FateEvent, history: list[Any] | None = None) -> l
     return crumbs
 
 
-def fate_breadcrumb(event: FateEvent) -> dict[str, Any]:
+def fate_breadcrumb(event: FateEvent) -> dict[str, object]:
     """The breadcrumb of one fate change that is not a burial."""
-    data: dict[str, Any] = {
+    data: dict[str, object] = {
         "fate": event.fate,
         "queue": event.queue,
         "message_id": event.message_id,
@@ -194,13 +201,13 @@ def fate_breadcrumb(event: FateEvent) -> dict[str, Any]:
     }
 
 
-def burial_event(event: FateEvent, level: str) -> dict[str, Any]:
+def burial_event(event: FateEvent, level: Level) -> Event:
     """The Sentry event of one burial, without payload or breadcrumbs."""
     fingerprint = event.cause or f"{event.task or event.queue}:{event.exc_type or event.reason}"
     message = event.exc_message[:MESSAGE_LIMIT] or event.reason[:MESSAGE_LIMIT]
     values = exception_values(event.exc_type or "Buried", message, event.traceback)
     values[-1]["mechanism"] = {"type": "celery_dlx", "handled": True}
-    context = {
+    context: dict[str, object] = {
         "message_id": event.message_id,
         "queue": event.queue,
         "task": event.task,
@@ -243,15 +250,15 @@ def payload_view(
     content_type: str | None,
     content_encoding: str | None,
     limit: int,
-    registry: Any = None,
-) -> dict[str, Any]:
+    registry: ProtobufRegistry | None = None,
+) -> dict[str, object]:
     """The payload as Sentry ``extra``: decoded by the codecs, shown in at most ``limit`` bytes.
 
     Returns:
         ``payload`` (text), ``payload_kind``, ``payload_bytes``, ``payload_truncated`` and, when
         the codecs had something to say, ``payload_notes`` and ``payload_type``.
     """
-    view: dict[str, Any] = {"payload_bytes": len(body), "payload_content_type": content_type}
+    view: dict[str, object] = {"payload_bytes": len(body), "payload_content_type": content_type}
     try:
         from celery_dlx.codecs import decode_payload
 

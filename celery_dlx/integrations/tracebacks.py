@@ -84,7 +84,7 @@ def _parse_block(lines: list[str]) -> dict[str, Any] | None:
     return exc
 
 
-def parse_traceback(text: str) -> list[dict[str, Any]]:
+def parse_traceback(text: str) -> list[dict[str, object]]:
     """Sentry ``exception.values`` from a formatted traceback, oldest (root cause) first.
 
     Chained exceptions ("The above exception was the direct cause...") become separate values,
@@ -101,7 +101,7 @@ def parse_traceback(text: str) -> list[dict[str, Any]]:
     return values if any("stacktrace" in v for v in values) else []
 
 
-def exception_values(exc_type: str, exc_message: str, traceback: str) -> list[dict[str, Any]]:
+def exception_values(exc_type: str, exc_message: str, traceback: str) -> list[dict[str, object]]:
     """Sentry ``exception.values`` for a failure known by type, message and traceback text.
 
     The last value (the one Sentry titles the issue with) always carries ``exc_type`` and
@@ -109,7 +109,7 @@ def exception_values(exc_type: str, exc_message: str, traceback: str) -> list[di
     """
     values = parse_traceback(traceback) if traceback else []
     module, short = split_type(exc_type or "Exception")
-    last: dict[str, Any] = values[-1] if values else {}
+    last: dict[str, object] = values[-1] if values else {}
     last = {**last, "type": short, "value": exc_message}
     if module:
         last["module"] = module
