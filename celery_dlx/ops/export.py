@@ -34,13 +34,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, TypedDict, Unpack
 
 from celery import Celery
 
 from celery_dlx.errors import DLXError
 from celery_dlx.message.names import Keys
 from celery_dlx.store.history import History
+
+if TYPE_CHECKING:
+    from celery_dlx.store.client import RedisClient
 
 #: Environment variable naming an entry file to run instead of the generated one.
 JOB_ENV = "CELERY_DLX_SPARK_JOB"
@@ -52,6 +55,53 @@ OUTPUT_TAIL = 40
 
 class ExportError(DLXError):
     """The export could not be started or did not finish; the message says why."""
+
+
+class JobSummary(TypedDict, total=False):
+    """The aggregates part of the job's result (when they were recomputed)."""
+
+    chart: str | None
+    totals: dict[str, object]
+    rows: list[dict[str, object]]
+
+
+class JobResult(TypedDict, total=False):
+    """The job's JSON result (its ``result_json`` file), as :meth:`ExportResult.from_dict`
+    reads it."""
+
+    status: str
+    error: str
+    records: int
+    malformed: int
+    malformed_by_reason: dict[str, int]
+    batch: str | None
+    end_id: str | None
+    trimmed: int | None
+    out: str
+    summary: JobSummary
+    checkpoint: dict[str, object]
+    seconds: dict[str, float]
+    records_per_s: float
+    cores: int
+    master: str
+    app_id: str
+
+
+class SparkOptions(TypedDict, total=False):
+    """The options of :func:`run_export` passed on to :func:`build_spark_submit_command`."""
+
+    ranges: int | None
+    page_size: int | None
+    aggregates: bool
+    mirror: bool
+    top_causes: int | None
+    summary_rows: int | None
+    chart_days: float | None
+    quiet: bool
+    conf: Mapping[str, str] | None
+    spark_submit: str | None
+    job: str | os.PathLike[str] | None
+    workdir: str | os.PathLike[str] | None
 
 
 @dataclass(frozen=True)
@@ -106,9 +156,9 @@ class ExportResult:
         return self.status == "exported"
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], command: Sequence[str] = ()) -> ExportResult:
+    def from_dict(cls, data: JobResult, command: Sequence[str] = ()) -> ExportResult:
         """Build a result from the job's JSON result."""
-        summary = data.get("summary") or {}
+        summary: JobSummary = data.get("summary") or {}
         trimmed = data.get("trimmed")
         return cls(
             status=str(data["status"]),
@@ -377,7 +427,7 @@ def run_export(
     echo: bool = True,
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
-    **options: Any,
+    **options: Unpack[SparkOptions],
 ) -> ExportResult:
     """Run one export with spark-submit and return what it did.
 
@@ -405,6 +455,7 @@ def run_export(
         key_prefix = export_settings(app)[1]
     with tempfile.TemporaryDirectory(prefix="dlx-export-") as scratch:
         result_path = Path(scratch) / "result.json"
+        job_options: SparkOptions = {**options, "workdir": options.get("workdir") or scratch}
         command = build_spark_submit_command(
             out=out,
             redis_url=redis_url,
@@ -413,8 +464,7 @@ def run_export(
             master=master,
             trim=trim,
             result_json=result_path,
-            workdir=options.pop("workdir", None) or scratch,
-            **options,
+            **job_options,
         )
         job_env = dict(os.environ if env is None else env)
         job_env.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -432,7 +482,7 @@ def run_export(
 
 
 def dump_snapshot(
-    client: Any,
+    client: RedisClient,
     keys: Keys,
     path: str | os.PathLike[str],
     *,
