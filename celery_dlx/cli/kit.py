@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -28,6 +28,8 @@ from celery_dlx.errors import DLXError
 from celery_dlx.ops.render import dumps, parse_duration, parse_when
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from celery_dlx.wiring.runtime import Runtime
 
 EXIT_OK = 0
@@ -76,7 +78,7 @@ def handle_errors(func: F) -> F:
     return cast(F, wrapper)
 
 
-def require_targets(what: str, ids: Any, everything: bool, *filters: Any) -> None:
+def require_targets(what: str, ids: Sequence[str], everything: bool, *filters: object) -> None:
     """Refuse (usage error, exit 2) a ``replay``/``purge`` that names no target at all.
 
     Raises:
@@ -89,15 +91,15 @@ def require_targets(what: str, ids: Any, everything: bool, *filters: Any) -> Non
         )
 
 
-def echo_json(data: Any) -> None:
+def echo_json(data: object) -> None:
     """Print ``data`` as JSON on stdout."""
     click.echo(dumps(data))
 
 
-def duration(option: str) -> Callable[[click.Context, click.Parameter, Any], float | None]:
+def duration(option: str) -> Callable[[click.Context, click.Parameter, object], float | None]:
     """A click callback parsing a duration option (``90s``, ``15m``, ``2h``)."""
 
-    def parse(ctx: click.Context, param: click.Parameter, value: Any) -> float | None:
+    def parse(ctx: click.Context, param: click.Parameter, value: object) -> float | None:
         if value is None:
             return None
         try:
@@ -108,7 +110,7 @@ def duration(option: str) -> Callable[[click.Context, click.Parameter, Any], flo
     return parse
 
 
-def when(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+def when(ctx: click.Context, param: click.Parameter, value: object) -> datetime | None:
     """A click callback parsing ``--since``/``--until`` (duration ago, ISO time, ``@epoch``)."""
     if value is None:
         return None

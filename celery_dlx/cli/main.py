@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import click
 from celery import Celery
@@ -56,7 +55,7 @@ def load_app(name: str) -> Celery:
     help="Celery app, as for `celery -A` (needed when run as `celery-dlx`).",
 )
 @click.pass_context
-def dlx(ctx: click.Context, /, app_name: str | None, **_: Any) -> None:
+def dlx(ctx: click.Context, /, app_name: str | None, **_: object) -> None:
     """celery_dlx: DLX service, graveyard and parked retries."""
     if app_name:
         from celery.bin.base import CLIContext
