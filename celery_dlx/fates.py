@@ -62,7 +62,7 @@ class Park(FateRequest):
     #: False for a park whose budget is checked elsewhere (``self.retry()``: Celery's max_retries).
     budgeted = True
 
-    def __reduce__(self) -> tuple[type[Park], tuple[float | None, str]]:
+    def __reduce__(self) -> tuple[type[Park], tuple[object, ...]]:
         # Exception pickles its args (the message) only; the worker's main process unpickles it.
         return (type(self), (self.countdown, str(self)))
 

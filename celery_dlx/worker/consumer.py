@@ -9,7 +9,8 @@ copy, with the reason, to the dead-letter exchange; then the original is acked.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery.utils.objects import Bunch
 from celery.worker.consumer import Consumer
@@ -31,11 +32,34 @@ from celery_dlx.worker.strategy import _queue_of
 
 logger = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    from celery import Celery
+
 #: kombu's ``Message`` as Celery's consumer hands it over.
 Message = Any
 
 
-def bury_raw(app: Any, message: Any, queue: str, reason: str) -> bool:
+class RawMessage(Protocol):
+    """What :func:`bury_raw` reads of a delivery (kombu's ``Message``, which worker code does
+    not name)."""
+
+    @property
+    def body(self) -> bytes | str | None: ...
+
+    @property
+    def headers(self) -> Mapping[str, object] | None: ...
+
+    @property
+    def properties(self) -> Mapping[str, object] | None: ...
+
+    @property
+    def content_type(self) -> str | None: ...
+
+    @property
+    def content_encoding(self) -> str | None: ...
+
+
+def bury_raw(app: Celery, message: RawMessage, queue: str, reason: str) -> bool:
     """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
     runtime = get_runtime(app)
     headers = dict(message.headers or {})
@@ -82,7 +106,7 @@ class DLXConsumer(Consumer):
         # unrecoverable; and copies keep each header's field type.
         return self.ensure_connected(tolerant(self.app.connection_for_read(heartbeat=heartbeat)))
 
-    def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
+    def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[..., object]:
         handler = super().create_task_handler(*args, **kwargs)
 
         def on_task_received(message: Message) -> Any:
@@ -143,7 +167,7 @@ class DLXConsumer(Consumer):
         else:
             message.reject(requeue=False)
 
-    def on_unknown_message(self, body: Any, message: Message) -> None:
+    def on_unknown_message(self, body: object, message: Message) -> None:
         # Buried: acked here, without Celery's "Received and deleted unknown message" warning
         # (the message was not deleted, and the quarantine line already said where it went).
         if self._bury_raw(message, "undecodable: not a Celery task message (no task header)"):
@@ -153,11 +177,11 @@ class DLXConsumer(Consumer):
             divert_reject(message, lambda log, errors, requeue=False: message.requeue())
         super().on_unknown_message(body, message)
 
-    def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
+    def on_unknown_task(self, body: object, message: Message, exc: Exception) -> None:
         self._divert(message, f"unknown task: {exc}")
         super().on_unknown_task(body, message, exc)
 
-    def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
+    def on_invalid_task(self, body: object, message: Message, exc: Exception) -> None:
         self._divert(message, f"undecodable: invalid task message: {exc}")
         self._mark_failed(message, exc)
         super().on_invalid_task(body, message, exc)

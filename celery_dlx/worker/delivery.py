@@ -27,7 +27,7 @@ class Delivery:
     x_death_problem: str | None
 
 
-def read_delivery(task: Task[Any, Any]) -> Delivery:
+def read_delivery(task: Task[..., object]) -> Delivery:
     """What the task's current request says about its message (never raises: a malformed header
     becomes ``Delivery.problem``)."""
     req = task.request

@@ -3,12 +3,16 @@ worker's lifetime, started once the pool has forked its children."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 
 from celery_dlx.drain.drainer import DrainerThread
 from celery_dlx.wiring.runtime import get_runtime
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.worker import WorkController
 
 
 class DrainerStep(bootsteps.StartStopStep):
@@ -18,31 +22,31 @@ class DrainerStep(bootsteps.StartStopStep):
     # started once the pool has forked its children (they never see the thread)
     requires = ("celery.worker.components:Pool",)
 
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
+    def __init__(self, parent: WorkController, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.running: DrainerThread | None = None
 
-    def include_if(self, parent: Any) -> bool:
+    def include_if(self, parent: WorkController) -> bool:
         config = get_runtime(parent.app).config
         return bool(config.enabled or config.service_in_worker)
 
-    def start(self, parent: Any) -> None:
+    def start(self, parent: WorkController) -> None:
         if self.running is not None and self.running.is_alive():
             return
         self.running = DrainerThread(parent.app, name=getattr(parent, "hostname", None))
         self.running.start()
 
-    def stop(self, parent: Any) -> None:
+    def stop(self, parent: WorkController) -> None:
         if self.running is None:
             return
         self.running.stop()
         self.running = None
 
-    def terminate(self, parent: Any) -> None:
+    def terminate(self, parent: WorkController) -> None:
         self.stop(parent)
 
 
-def install_drainer_step(app: Any) -> None:
+def install_drainer_step(app: Celery) -> None:
     """Add the drainer bootstep to ``app``'s worker (once)."""
     steps = app.steps["worker"]
     if DrainerStep not in steps:

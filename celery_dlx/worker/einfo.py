@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from billiard.einfo import ExceptionInfo
 
@@ -20,14 +19,14 @@ class LazyExceptionInfo(ExceptionInfo):
     def __init__(self) -> None:  # billiard's __init__ runs on first read
         self._exc_info = sys.exc_info()
 
-    def __getattribute__(self, name: str) -> Any:
+    def __getattribute__(self, name: str) -> object:
         if name in _EINFO_ATTRS:
             pending = object.__getattribute__(self, "__dict__").pop("_exc_info", None)
             if pending is not None:
                 ExceptionInfo.__init__(self, pending)
         return object.__getattribute__(self, name)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         _ = self.traceback  # built before it leaves the process
         return self.__dict__
 

@@ -4,9 +4,13 @@ argument rules; and the one failure no retry can fix, a call its signature refus
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from celery_dlx.fates import Park
+
+if TYPE_CHECKING:
+    from celery import Task
 
 
 class RetryPark(Park):
@@ -26,18 +30,23 @@ class RetryPark(Park):
         self,
         countdown: float | None = None,
         message: str = "",
-        call_args: Any = None,
-        call_kwargs: Any = None,
+        call_args: Sequence[object] | None = None,
+        call_kwargs: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__(countdown=countdown, message=message)
         self.call_args = call_args
         self.call_kwargs = call_kwargs
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[type[RetryPark], tuple[object, ...]]:
         return (type(self), (self.countdown, str(self), self.call_args, self.call_kwargs))
 
 
-def signature_error(task: Any, exc: BaseException, args: Any, kwargs: Any) -> bool:
+def signature_error(
+    task: Task[..., object],
+    exc: BaseException,
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+) -> bool:
     """True when ``exc`` is the TypeError of calling the task with arguments its signature
     refuses: no retry can ever succeed."""
     if not isinstance(exc, TypeError):
@@ -52,8 +61,12 @@ def signature_error(task: Any, exc: BaseException, args: Any, kwargs: Any) -> bo
 
 
 def retry_arguments(
-    run: Any, request_args: Any, request_kwargs: Any, args: Any, kwargs: Any
-) -> tuple[Any, Any]:
+    run: Callable[..., object],
+    request_args: Sequence[object] | None,
+    request_kwargs: Mapping[str, object] | None,
+    args: Sequence[object] | None,
+    kwargs: Mapping[str, object] | None,
+) -> tuple[Sequence[object] | None, Mapping[str, object] | None]:
     """The arguments of a retried run, as Celery's ``Task.retry`` computes them.
 
     None keeps the request's; an explicit ``args`` (or ``kwargs``) alone keeps the inherited
@@ -73,21 +86,22 @@ def retry_arguments(
                 if p.kind
                 in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
             ]
-            kwargs = dict(request_kwargs)
+            inherited = dict(request_kwargs or {})  # set: the condition above says so
             for p in positional[: len(args)]:
                 if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
-                    kwargs.pop(p.name, None)
+                    inherited.pop(p.name, None)
+            kwargs = inherited
         else:
             try:
-                bound = signature.bind_partial(*request_args)
+                bound = signature.bind_partial(*(request_args or ()))  # set, as above
             except TypeError:
                 return args, kwargs
-            kwargs = dict(kwargs or {})
-            for name in list(kwargs):
+            given = dict(kwargs or {})
+            for name in list(given):
                 if (
                     name in bound.arguments
                     and signature.parameters[name].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
                 ):
-                    bound.arguments[name] = kwargs.pop(name)
-            args, kwargs = bound.args, {**bound.kwargs, **kwargs}
+                    bound.arguments[name] = given.pop(name)
+            args, kwargs = bound.args, {**bound.kwargs, **given}
     return args, kwargs

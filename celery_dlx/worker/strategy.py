@@ -34,8 +34,8 @@ def _queue_of(consumer: Consumer, message: Message) -> str | None:
 
 
 def dlx_strategy(
-    task: Task[Any, Any], app: Celery, consumer: Consumer, **kwargs: Any
-) -> Callable[..., Any]:
+    task: Task[..., object], app: Celery, consumer: Consumer, **kwargs: Any
+) -> Callable[..., object]:
     """Celery's default strategy, with the delivery's queue name added to its headers."""
     handler = default(task, app, consumer, **kwargs)
 

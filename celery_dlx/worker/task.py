@@ -17,7 +17,7 @@ import contextlib
 import logging
 import socket
 import traceback as tb
-from typing import Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from billiard.einfo import ExceptionInfo
 from celery import Celery, Task, signals
@@ -48,6 +48,9 @@ from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.delivery import Delivery, read_delivery
 from celery_dlx.worker.einfo import LazyExceptionInfo
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 logger = logging.getLogger(__name__)
 
@@ -207,15 +210,15 @@ class DLXTask(Task[Any, Any]):
 
     def retry(
         self,
-        args: Any = None,
-        kwargs: Any = None,
-        exc: Any = None,
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        exc: Exception | None = None,
         throw: bool = True,
-        eta: Any = None,
-        countdown: Any = None,
-        max_retries: Any = None,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
         **options: Any,
-    ) -> Any:
+    ) -> Retry:
         """Park the message instead of holding an ETA retry in worker memory.
 
         ``countdown`` (or ``eta``) becomes the park delay (None: the task's backoff schedule);
@@ -239,15 +242,15 @@ class DLXTask(Task[Any, Any]):
                 )
             )
             raise _permanent(final, f"max_retries exceeded: {limit}")
-        args, kwargs = retry_arguments(self.run, req.args, req.kwargs, args, kwargs)
+        call_args, call_kwargs = retry_arguments(self.run, req.args, req.kwargs, args, kwargs)
         delay = countdown
         if delay is None and eta is not None:
             delay = max(0.0, (eta - self.app.now()).total_seconds())
         park = RetryPark(
             countdown=delay,
             message=str(exc) if exc else "retry requested",
-            call_args=args,
-            call_kwargs=kwargs,
+            call_args=call_args,
+            call_kwargs=call_kwargs,
         )
         if isinstance(exc, BaseException):
             raise park from exc
