@@ -72,6 +72,10 @@ class DLXConfig:
 
     enabled: bool
     redis_url: str
+    #: ``dlx_redis_min_replicas`` as set (None: the default of the URL, see
+    #: :meth:`celery_dlx.store.client.Replicas.for_url`).
+    redis_min_replicas: int | None
+    redis_replica_timeout: float
     key_prefix: str
     max_requeues: int
     max_parks: int

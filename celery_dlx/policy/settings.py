@@ -203,6 +203,20 @@ SETTINGS: dict[str, Setting] = {
             "Redis for parked retries, graveyard and history (redis://, rediss://, sentinel://, or a cluster URL with ?cluster=true).",
         ),
         Setting(
+            "dlx_redis_min_replicas",
+            None,  # the URL's default; not validated unless set
+            _count,
+            "Redis replicas that must confirm a park (`WAIT`) before its message is acked; fewer "
+            "fail the park and the message stays in RabbitMQ. Unset (None): 1 behind Sentinel "
+            "(sentinel://), 1 on a Redis Cluster master that has replicas, 0 on one node.",
+        ),
+        Setting(
+            "dlx_redis_replica_timeout",
+            1.0,
+            _seconds,
+            "Seconds a park waits for dlx_redis_min_replicas replicas to confirm it.",
+        ),
+        Setting(
             "dlx_key_prefix",
             DEFAULT_KEY_PREFIX,
             _key_prefix,

@@ -1,13 +1,29 @@
-"""The Redis client of ``dlx_redis_url`` (plain, Sentinel or Cluster) and the round-trip helpers
-that work on all three."""
+"""The Redis client of ``dlx_redis_url`` (plain, Sentinel or Cluster), the round-trip helpers
+that work on all three, and writes that count only once replicas have them (``WAIT``).
+
+Redis replicates asynchronously: a write the master acknowledged is lost if the master fails
+over to a replica that had not received it yet. :func:`execute_replicated` sends a pipeline and
+then ``WAIT numreplicas timeout`` on the same connection (:class:`OneConnection`: ``WAIT`` counts
+the replicas holding the writes of its own connection, and redis-py lends each command a pooled
+connection of its own), and raises :class:`NotReplicated` when fewer replicas than
+``dlx_redis_min_replicas`` confirmed them, so the caller does not count the write as done.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import parse_qs, urlparse
 
 from redis import Redis
+from redis.client import Pipeline
 from redis.cluster import RedisCluster
+from redis.connection import ConnectionPool
+from redis.crc import key_slot
+from redis.exceptions import AskError, RedisError
+
+from celery_dlx.errors import StoreError
 
 #: A client of ``dlx_redis_url`` (a sentinel URL gives a plain ``Redis`` of the master); bytes
 #: responses (``decode_responses`` is off).
@@ -50,14 +66,189 @@ def mget_many(client: RedisClient, *key_lists: Sequence[str]) -> list[list[Any]]
     return [list(r) for r in pipe.execute()]
 
 
+#: URL schemes of a master found through Sentinel.
+SENTINEL_SCHEMES = ("sentinel", "sentinels")
+
+#: Seconds a ``WAIT`` reply may take beyond its own timeout (a busy server) before the read fails.
+WAIT_READ_MARGIN = 5.0
+
+
+def is_cluster_url(url: str) -> bool:
+    """True for a Redis Cluster URL (``...?cluster=true``)."""
+    query = parse_qs(urlparse(url).query)
+    return query.get("cluster", ["false"])[0].lower() in ("1", "true", "yes")
+
+
+def is_sentinel_url(url: str) -> bool:
+    """True for a ``sentinel://`` or ``sentinels://`` URL."""
+    return urlparse(url).scheme in SENTINEL_SCHEMES
+
+
+class NotReplicated(StoreError, RedisError):
+    """Fewer replicas than ``dlx_redis_min_replicas`` confirmed a write within
+    ``dlx_redis_replica_timeout``: a failover now could lose it, so it does not count as done.
+
+    A ``RedisError`` too, so every caller that treats a Redis outage as "not now" (the worker's
+    fallback to the dead-letter path, the DLX service's batch retry) treats this one alike.
+    """
+
+    def __init__(self, what: str, wanted: int, confirmed: int, timeout: float) -> None:
+        super().__init__(
+            f"{what} reached {confirmed} of the {wanted} Redis replica(s) dlx_redis_min_replicas "
+            f"asks for within {timeout:g}s (dlx_redis_replica_timeout); not counted as done, so "
+            "the message stays in RabbitMQ. A replica is lagging or down; set "
+            "dlx_redis_min_replicas = 0 only where Redis has no replica to fail over to"
+        )
+        self.wanted = wanted
+        self.confirmed = confirmed
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """How many replicas must hold a write before it counts as done, and how long to wait.
+
+    Args:
+        count: ``dlx_redis_min_replicas``: that many (0: none, no ``WAIT``); None: one where the
+            key's master has a replica in the Redis Cluster slot map, none where it has none
+            (there is no replica to fail over to: a cluster built with ``--cluster-replicas 0``).
+        timeout: ``dlx_redis_replica_timeout``, seconds.
+    """
+
+    count: int | None = 0
+    timeout: float = 1.0
+
+    @classmethod
+    def for_url(cls, url: str, count: int | None, timeout: float) -> Replicas:
+        """The replicas ``dlx_redis_min_replicas`` (``count``) asks for on ``url``; None means
+        the default: 1 behind Sentinel, one per replicated master on a Cluster, 0 on one node."""
+        if count is None and not is_cluster_url(url):
+            count = 1 if is_sentinel_url(url) else 0
+        return cls(count, timeout)
+
+    def wanted(self, client: RedisClient, key: str) -> int:
+        """How many replicas must confirm a write of ``key`` on ``client``."""
+        if self.count is not None:
+            return self.count
+        if not is_cluster(client):
+            return 0
+        assert isinstance(client, RedisCluster)
+        nodes = client.nodes_manager.slots_cache.get(key_slot(key.encode())) or []
+        return 1 if len(nodes) > 1 else 0
+
+
+class _HeldConnection:
+    """A connection pool that lends one connection it holds, again and again, to one thread."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+        self.connection: Any = pool.get_connection()
+
+    def get_connection(self, *_args: Any, **_kwargs: Any) -> Any:
+        return self.connection
+
+    def release(self, _connection: Any) -> None:
+        """Kept until :meth:`close`."""
+
+    def close(self, *, broken: bool) -> None:
+        if broken:  # replies may be left unread, or the master it reached may be a stale one
+            self.connection.disconnect()
+        self.pool.release(self.connection)
+
+    def __getattr__(self, name: str) -> Any:  # encoder, connection kwargs...: the pool's
+        return getattr(self.pool, name)
+
+
+def master_of(client: RedisClient, key: str) -> Redis:
+    """The plain client of the master holding ``key``: ``client`` itself, or on a Redis
+    Cluster the node owning the key's slot (``WAIT`` must reach that very node; redis-py's
+    cluster client sends ``WAIT`` to every primary and sums the replies)."""
+    if not is_cluster(client):
+        assert isinstance(client, Redis)
+        return client
+    assert isinstance(client, RedisCluster)
+    cluster: Any = client  # redis-py leaves get_node_from_key unannotated
+    node = cluster.get_node_from_key(key)
+    if node.redis_connection is None:
+        client.nodes_manager.initialize()
+        node = cluster.get_node_from_key(key)
+    return cast(Redis, node.redis_connection)
+
+
+class OneConnection:
+    """One connection to the master holding ``key``, lent to a plain client until the ``with``
+    block ends, so that :meth:`wait` counts the replicas holding everything the block wrote.
+
+    ``WAIT`` counts the replicas that have the writes of its own connection, and redis-py lends
+    each command a pooled connection of its own: the writes and the ``WAIT`` must share one.
+    On a Redis Cluster the connection goes to the node owning ``key``'s slot, so every key the
+    block touches must share that slot (celery_dlx's keys share one hash tag). The connection is
+    given back to the pool when the block ends, and closed first when it ended with an error
+    (the next one asks Sentinel for the master again).
+
+    Args:
+        client: the client of ``dlx_redis_url``.
+        key: a key of the slot the block writes.
+    """
+
+    def __init__(self, client: RedisClient, key: str) -> None:
+        self._origin = client
+        self._held = _HeldConnection(master_of(client, key).connection_pool)
+        #: A plain client whose every command goes over the held connection.
+        self.client = Redis(connection_pool=cast(ConnectionPool, self._held))
+
+    def __enter__(self) -> OneConnection:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, AskError) and isinstance(self._origin, RedisCluster):
+            self._origin.nodes_manager.initialize()  # MOVED or ASK: the slot map is stale
+        self._held.close(broken=exc is not None)
+
+    def wait(self, wanted: int, timeout: float, what: str) -> None:
+        """``WAIT wanted timeout`` on the held connection.
+
+        Raises:
+            NotReplicated: fewer than ``wanted`` replicas confirmed the writes within
+                ``timeout`` seconds (``what`` names them in the message).
+        """
+        connection = self._held.connection
+        connection.send_command("WAIT", wanted, max(1, round(timeout * 1000)))
+        confirmed = int(connection.read_response(timeout=timeout + WAIT_READ_MARGIN))
+        if confirmed < wanted:
+            raise NotReplicated(what, wanted, confirmed, timeout)
+
+
+def execute_replicated(
+    client: RedisClient,
+    key: str,
+    queue: Callable[[Pipeline], None],
+    wanted: int,
+    timeout: float,
+    *,
+    what: str,
+    transaction: bool = False,
+    raise_on_error: bool = True,
+) -> list[Any]:
+    """Run the commands ``queue`` adds to a pipeline, then ``WAIT`` for ``wanted`` replicas
+    (at least one) for up to ``timeout`` seconds, on the same connection (:class:`OneConnection`).
+
+    Raises:
+        NotReplicated: the writes went to the master but fewer replicas confirmed them.
+        redis.RedisError: the pipeline or the ``WAIT`` failed (the caller retries).
+    """
+    with OneConnection(client, key) as one:
+        pipe = one.client.pipeline(transaction=transaction)
+        queue(pipe)
+        results = list(pipe.execute(raise_on_error=raise_on_error))
+        one.wait(wanted, timeout, what)
+    return results
+
+
 def redis_client(url: str) -> RedisClient:
     """A Redis client for ``url``: ``redis://``/``rediss://``/``unix://``, ``sentinel://host:port/
     service[/db]`` (several hosts separated by commas), or ``redis://...?cluster=true``."""
-    from urllib.parse import parse_qs, urlparse
-
     parsed = urlparse(url)
-    query = parse_qs(parsed.query)
-    if parsed.scheme in ("sentinel", "sentinels"):
+    if parsed.scheme in SENTINEL_SCHEMES:
         from redis.sentinel import Sentinel
 
         hosts = []
@@ -78,9 +269,7 @@ def redis_client(url: str) -> RedisClient:
         )
         master = sentinel.master_for(path[0], db=db, socket_timeout=5.0)  # type: ignore[no-untyped-call]
         return cast(Redis, master)
-    if query.get("cluster", ["false"])[0].lower() in ("1", "true", "yes"):
-        from redis.cluster import RedisCluster
-
+    if is_cluster_url(url):
         clean = url.split("?", 1)[0]
         return RedisCluster.from_url(clean)
     return Redis.from_url(

@@ -5,6 +5,11 @@ Layout (see :class:`celery_dlx.message.names.Keys`): ``parked:due`` (zset id -> 
 are re-scored to ``now + lease`` and returned, so a drain that dies after claiming leaves them to be
 claimed again when the lease runs out. An entry is deleted only after its publish is confirmed.
 Parking is idempotent per message id and attempt.
+
+A park counts as done (the caller may ack the original) only once the replicas
+``dlx_redis_min_replicas`` asks for hold it: each park's write is followed by ``WAIT`` on the same
+connection (:func:`~celery_dlx.store.client.execute_replicated`), and raises
+:class:`~celery_dlx.store.client.NotReplicated` when fewer replicas confirmed it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,13 @@ from redis.exceptions import NoScriptError
 from celery_dlx.fates import FateEvent, now_ms
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.store.client import RedisClient, is_cluster, run_script_many
+from celery_dlx.store.client import (
+    RedisClient,
+    Replicas,
+    execute_replicated,
+    is_cluster,
+    run_script_many,
+)
 from celery_dlx.store.counters import add_counts
 
 logger = logging.getLogger(__name__)
@@ -42,10 +53,16 @@ end
 return out
 """
 
-# Park one entry unless it exists: ZADD NX + HSETNX, so a second park of the same id and attempt
-# changes nothing. Returns 1 if stored, 0 if it was already there.
+# Park one entry unless it exists, so a second park of the same id and attempt changes nothing.
+# Returns 1 if stored, 0 if it was already there. An entry already there is written back as it is:
+# that write is replicated, so the caller's WAIT also covers an entry another client parked and
+# had not seen replicated (a worker whose WAIT failed, then the DLX service parking its letter).
 _PARK = """
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+local held = redis.call('HGET', KEYS[2], ARGV[1])
+if held then
+  redis.call('HSET', KEYS[2], ARGV[1], held)
+  return 0
+end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
@@ -75,11 +92,15 @@ class ParkingStore:
     Args:
         client: a ``redis.Redis`` (or ``RedisCluster``) client; bytes responses.
         keys: the key layout (prefix).
+        replicas: the replicas a park must reach before it counts (default none).
     """
 
-    def __init__(self, client: RedisClient, keys: Keys | None = None) -> None:
+    def __init__(
+        self, client: RedisClient, keys: Keys | None = None, replicas: Replicas | None = None
+    ) -> None:
         self.client = client
         self.keys = keys or Keys()
+        self.replicas = replicas or Replicas()
         self._claim = client.register_script(_CLAIM)
         self._park = client.register_script(_PARK)
         self._ack = client.register_script(_ACK)
@@ -93,14 +114,42 @@ class ParkingStore:
     def _kk(self) -> list[str]:
         return [self.keys.parked_due, self.keys.parked_meta, self.keys.parked_body]
 
-    def park(self, message: ParkedMessage) -> bool:
-        """Store ``message`` until ``message.due_ms``. Returns False if that id+attempt is parked."""
-        return bool(
-            self._park(
-                keys=self._kk,
-                args=[message.entry_id, message.due_ms, message.meta_json(), message.body],
-            )
+    def _wanted(self) -> int:
+        """How many replicas a park must reach (``dlx_redis_min_replicas``, resolved)."""
+        return self.replicas.wanted(self.client, self.keys.parked_due)
+
+    def _replicated(
+        self, queue: Any, wanted: int, what: str, *, transaction: bool = False
+    ) -> list[Any]:
+        return execute_replicated(
+            self.client,
+            self.keys.parked_due,
+            queue,
+            wanted,
+            self.replicas.timeout,
+            what=what,
+            transaction=transaction,
+            raise_on_error=not transaction,
         )
+
+    def park(self, message: ParkedMessage) -> bool:
+        """Store ``message`` until ``message.due_ms``. Returns False if that id+attempt is parked.
+
+        Raises:
+            NotReplicated: stored on the master, but fewer replicas than
+                ``dlx_redis_min_replicas`` confirmed it: not a park to ack on.
+            redis.RedisError: not stored (or not known to be).
+        """
+        args: list[Any] = [message.entry_id, message.due_ms, message.meta_json(), message.body]
+        wanted = self._wanted()
+        if not wanted:
+            return bool(self._park(keys=self._kk, args=args))
+        (stored,) = self._replicated(
+            lambda pipe: self._park(keys=self._kk, args=args, client=pipe),
+            wanted,
+            f"the park of {message.entry_id}",
+        )
+        return bool(stored)
 
     def park_in(self, pipe: Any, message: ParkedMessage) -> None:
         """Queue the park of ``message`` in ``pipe`` (not executed), as a bare ``EVALSHA``.
@@ -113,11 +162,29 @@ class ParkingStore:
         pipe.evalsha(self._park.sha, len(self._kk), *self._kk, *args)
 
     def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
-        """Park a batch in one Redis round trip; per message, False if already parked."""
+        """Park a batch in one Redis round trip; per message, False if already parked.
+
+        Raises:
+            NotReplicated: stored on the master, but fewer replicas than
+                ``dlx_redis_min_replicas`` confirmed the batch: none of it counts as parked.
+            redis.RedisError: not stored (or not known to be).
+        """
         if not messages:
             return []
-        calls = [(self._kk, [m.entry_id, m.due_ms, m.meta_json(), m.body]) for m in messages]
-        return [bool(r) for r in run_script_many(self.client, self._park, calls)]
+        calls: list[tuple[list[str], list[Any]]] = [
+            (self._kk, [m.entry_id, m.due_ms, m.meta_json(), m.body]) for m in messages
+        ]
+        wanted = self._wanted()
+        if not wanted:
+            return [bool(r) for r in run_script_many(self.client, self._park, calls)]
+
+        def queue(pipe: Any) -> None:
+            # One pipeline to the master of the keys' slot, on a Redis Cluster too.
+            for keys, args in calls:
+                self._park(keys=keys, args=args, client=pipe)
+
+        what = f"a batch of {len(messages)} park(s)"
+        return [bool(r) for r in self._replicated(queue, wanted, what)]
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims."""
@@ -236,6 +303,9 @@ class ParkingStore:
             the caller records the events itself).
 
         Raises:
+            NotReplicated: the park and its record went to the master, but fewer replicas than
+                ``dlx_redis_min_replicas`` confirmed them: not a park to ack on (the history
+                holds the entry; the dead-letter path that follows records the fate again).
             redis.RedisError, ...: the message is not parked (and nothing was recorded).
         """
         if is_cluster(self.client):
@@ -243,11 +313,19 @@ class ParkingStore:
             return False
         from celery_dlx.store.history import History
 
-        pipe = self.client.pipeline(transaction=True)
-        self.park_in(pipe, message)
-        History(self.client, self.keys).append_many(events, pipe)
-        add_counts(pipe, self.keys, events)
-        results = pipe.execute(raise_on_error=False)
+        def queue(pipe: Any) -> None:
+            self.park_in(pipe, message)
+            History(self.client, self.keys).append_many(events, pipe)
+            add_counts(pipe, self.keys, events)
+
+        wanted = self._wanted()
+        if wanted:
+            what = f"the park of {message.entry_id}"
+            results = self._replicated(queue, wanted, what, transaction=True)
+        else:
+            pipe = self.client.pipeline(transaction=True)
+            queue(pipe)
+            results = pipe.execute(raise_on_error=False)
         if isinstance(results[0], NoScriptError):  # Redis restarted: the rest went in
             self.park(message)
         elif isinstance(results[0], Exception):

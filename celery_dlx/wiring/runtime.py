@@ -16,9 +16,11 @@ tools.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 from celery import Celery
 from kombu import Connection
@@ -32,7 +34,7 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig, load_config
 from celery_dlx.roles import Parking
 from celery_dlx.store.causes import Causes
-from celery_dlx.store.client import RedisClient, redis_client
+from celery_dlx.store.client import OneConnection, RedisClient, Replicas, redis_client
 from celery_dlx.store.consumerless import Consumerless
 from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.store.history import History
@@ -63,6 +65,8 @@ class Runtime:
         self._connection: Connection | None = None
         self._ladder: Ladder | None = None
         self._history_failing = False
+        # Per thread: the client of a replicated() block (one held connection), if any.
+        self._local = threading.local()
 
     def _check_fork(self) -> None:
         pid = os.getpid()
@@ -72,19 +76,68 @@ class Runtime:
             self._publisher = None
             self._connection = None
             self._ladder = None
+            self._local = threading.local()
 
     @property
     def redis(self) -> RedisClient:
-        """This process's Redis client for ``dlx_redis_url``."""
+        """This process's Redis client for ``dlx_redis_url`` (inside :meth:`replicated`, this
+        thread's client of the block's one connection)."""
         self._check_fork()
+        pinned: RedisClient | None = getattr(self._local, "redis", None)
+        if pinned is not None:
+            return pinned
         if self._redis is None:
             self._redis = redis_client(self.config.redis_url)
         return self._redis
 
+    @contextlib.contextmanager
+    def replicated(self, what: str) -> Iterator[None]:
+        """A block whose Redis writes count only once ``dlx_redis_min_replicas`` replicas hold
+        them: every Redis command this thread sends inside goes over one connection to the master
+        (:attr:`redis` is its client), and the block ends with ``WAIT`` on it.
+
+        A block without replicas to wait for (one Redis node, ``dlx_redis_min_replicas = 0``) or
+        inside another block changes nothing. Parks inside do not wait each: the block's ``WAIT``
+        covers them. The block's last write must be its caller's (``WAIT`` covers what the
+        master received before its connection's last write, from any client).
+
+        Raises:
+            NotReplicated: ``what`` went to the master, but fewer replicas confirmed it.
+        """
+        self._check_fork()
+        if getattr(self._local, "redis", None) is not None:
+            yield
+            return
+        client = self.redis
+        wanted = self.replicas.wanted(client, self.keys.parked_due)
+        if not wanted:
+            yield
+            return
+        with OneConnection(client, self.keys.parked_due) as one:
+            self._local.redis = one.client
+            try:
+                yield
+            finally:
+                self._local.redis = None
+            one.wait(wanted, self.replicas.timeout, what)
+
+    @property
+    def replicas(self) -> Replicas:
+        """The Redis replicas a park must reach before it counts (``dlx_redis_min_replicas``,
+        its default resolved for ``dlx_redis_url``; ``dlx_redis_replica_timeout``)."""
+        config = self.config
+        return Replicas.for_url(
+            config.redis_url, config.redis_min_replicas, config.redis_replica_timeout
+        )
+
     @property
     def store(self) -> ParkingStore:
-        """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend)."""
-        return ParkingStore(self.redis, self.keys)
+        """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend).
+
+        Its parks count once ``dlx_redis_min_replicas`` replicas hold them (``WAIT``; inside
+        :meth:`replicated`, the block's)."""
+        inside = getattr(self._local, "redis", None) is not None
+        return ParkingStore(self.redis, self.keys, Replicas(0) if inside else self.replicas)
 
     @property
     def parking(self) -> Parking:
@@ -147,6 +200,9 @@ class Runtime:
         (the ``ttl`` delay backend, Redis Cluster), :meth:`park` then :meth:`record`.
 
         Raises:
+            NotReplicated: the park went to the master, but fewer replicas than
+                ``dlx_redis_min_replicas`` confirmed it: it does not count (the caller hands the
+                message to the dead-letter path, as for any failed park).
             redis.RedisError, ...: the message is not parked (nothing was recorded, unless Redis
             refused the park itself inside the transaction: then the history may hold it).
         """

@@ -23,6 +23,8 @@ def test_defaults() -> None:
     assert dict(config.values) == {
         "dlx_enabled": False,
         "dlx_redis_url": "redis://127.0.0.1:6379/0",
+        "dlx_redis_min_replicas": None,
+        "dlx_redis_replica_timeout": 1.0,
         "dlx_key_prefix": "dlx",
         "dlx_max_requeues": 2,
         "dlx_max_parks": 5,
@@ -73,6 +75,8 @@ def test_every_setting_is_documented() -> None:
 BAD_VALUES: dict[str, list[Any]] = {
     "dlx_enabled": ["maybe", 1, None, [True]],
     "dlx_redis_url": ["", 6379, None],
+    "dlx_redis_min_replicas": [-1, True, "1", 1.0, None],
+    "dlx_redis_replica_timeout": [0, -1, "1s", None],
     "dlx_key_prefix": ["", None, b"dlx"],
     "dlx_max_requeues": [-1, True, "2", 1.5, None],
     "dlx_max_parks": [-3, False, "5", None],
