@@ -7,6 +7,23 @@ A redelivered dead letter is recognised by its key (queue, message id, attempt, 
 given no second fate, but only when its message id is provable (``message_id``, Celery's task
 id, or the ``x-dlx-id`` celery_dlx stamps on copies): look-alike messages without one are never
 merged.
+
+A batch counts as settled (and is acked) only once ``dlx_redis_min_replicas`` Redis replicas
+hold what it wrote: the whole settle runs in :meth:`Runtime.replicated
+<celery_dlx.wiring.runtime.Runtime.replicated>` (one connection, ``WAIT`` at the end), so a
+failover cannot take back an obituary or a park whose dead letter was acked.
+
+A batch that fails after its requeued copies were published (Redis refuses writes, or fewer
+replicas confirm them) is settled again, and must not publish them again: each retry would
+otherwise run the task once more. The settler remembers, in memory and by letter key until the
+batch is settled, each copy the broker confirmed and each letter whose fate a try wrote; a retry
+gives such a letter the same verdict, publishes no copy again, and counts a letter whose writes
+it finds as its own, not as a redelivery. Memory, not Redis, because Redis is what is failing: a
+marker written before the publish cannot tell a retry whether the publish happened (skipping it
+could lose the requeue), and one written after it is a write that fails in the very outage. A
+copy whose publish was not confirmed is not remembered, so a retry publishes it (at-least-once);
+a crash forgets everything, and the broker's redelivery publishes once more (a duplicate, counted
+like any other).
 """
 
 from __future__ import annotations
@@ -16,7 +33,7 @@ import socket
 import threading
 import uuid
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +65,11 @@ from celery_dlx.service.stats import ServiceStats
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
+
+#: Most letters a settler remembers from the tries of batches not settled yet (a batch the
+#: service gave up, at a stop, leaves its entries; the oldest are forgotten first, at worst
+#: costing a duplicate copy).
+TRIED_MEMORY = 100_000
 
 
 @dataclass
@@ -145,6 +167,10 @@ class BatchSettler:
         self._publishers_lock = threading.Lock()
         # One random name per channel: with a delivery tag it names one delivery for good.
         self._channel_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        # By letter key, until its batch is settled: the verdict of a letter whose requeued copy
+        # the broker confirmed, or whose fate a try wrote (then failed, and is being retried).
+        self._tried: OrderedDict[str, Verdict] = OrderedDict()
+        self._tried_lock = threading.Lock()
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -160,34 +186,47 @@ class BatchSettler:
     def settle(self, messages: Sequence[Delivery]) -> None:
         """Give every dead letter of ``messages`` its fate (everything but the ack).
 
-        Idempotent: run again on the same messages after a failure, it gives no second fate.
-        Touches no broker channel of the messages, so it may run on another thread.
+        Idempotent: run again on the same messages after a failure, it gives no second fate
+        and publishes no second requeued copy. Touches no broker channel of the messages, so it
+        may run on another thread.
 
         Raises:
+            NotReplicated: written, but fewer Redis replicas than ``dlx_redis_min_replicas``
+                confirmed it: ack none of them (a retry publishes no copy twice).
             redis.RedisError, PublishError, OSError...: a write failed; ack none of them.
         """
-        now = now_ms()
-        works = [_Work(m, self._read(m)) for m in messages]
-        self._lookup(works)
-        live = [w for w in works if not w.duplicate]
-        for w in live:
-            w.verdict = self._decide(w, now)
-        requeues = [w for w in live if isinstance(w.verdict, RequeueVerdict)]
-        self._requeue(requeues, now)
-        if requeues:
-            faults.point("service.published")
-        self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
-        retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
-        self.runtime.record_many(retried)
-        burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
-        if burials:
-            faults.point("service.buried")
-        # The buried entries went to the history with the obituaries, atomically.
-        self.runtime.record_many([event for _, event in burials], history=False)
-        for ob, _ in burials:
-            send_to_hook(self.app, self.config.obituary_task, ob)
-        self._mark_seen(live)
-        self._count(live, len(works) - len(live))
+        what = f"a batch of {len(messages)} dead letter(s)"
+        with self.runtime.replicated(what):
+            now = now_ms()
+            works = [_Work(m, self._read(m)) for m in messages]
+            self._lookup(works)
+            tried = self._tried_verdicts(works)
+            # Settled by an earlier try of this batch whose replication wait failed: ours.
+            ours = [w for w in works if w.duplicate and w.letter.key in tried]
+            live = [w for w in works if not w.duplicate]
+            for w in [*ours, *live]:
+                verdict = tried.get(w.letter.key)
+                w.verdict = self._decide(w, now) if verdict is None else verdict
+            requeues = [w for w in live if isinstance(w.verdict, RequeueVerdict)]
+            self._requeue(requeues, now)
+            if requeues:
+                faults.point("service.published")
+            self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
+            retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
+            self.runtime.record_many(retried)
+            burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
+            if burials:
+                faults.point("service.buried")
+            # The buried entries went to the history with the obituaries, atomically.
+            self.runtime.record_many([event for _, event in burials], history=False)
+            for ob, _ in burials:
+                send_to_hook(self.app, self.config.obituary_task, ob)
+            # Every letter's marker, a redelivery's too: the batch's last write, so the replicas'
+            # confirmation covers it and every write before it (an earlier try's included).
+            self._mark_seen(works)
+            self._remember(live)
+        self._forget(works)
+        self._count([*ours, *live], len(works) - len(live) - len(ours))
 
     def _count(self, live: list[_Work], duplicates: int) -> None:
         kinds = Counter(type(w.verdict) for w in live)
@@ -280,7 +319,31 @@ class BatchSettler:
         for publisher in closing:
             publisher.close()  # and its connection
 
+    def _tried_verdicts(self, works: list[_Work]) -> dict[str, Verdict]:
+        """The verdicts earlier tries gave these letters (copy published, or fate written)."""
+        with self._tried_lock:
+            return {
+                w.letter.key: self._tried[w.letter.key]
+                for w in works
+                if w.letter.key in self._tried
+            }
+
+    def _remember(self, works: list[_Work]) -> None:
+        with self._tried_lock:
+            for w in works:
+                assert w.verdict is not None
+                self._tried[w.letter.key] = w.verdict
+            while len(self._tried) > TRIED_MEMORY:
+                self._tried.popitem(last=False)
+
+    def _forget(self, works: list[_Work]) -> None:
+        with self._tried_lock:
+            for w in works:
+                self._tried.pop(w.letter.key, None)
+
     def _requeue(self, works: list[_Work], now: int) -> None:
+        with self._tried_lock:  # a copy confirmed in an earlier try is not published again
+            works = [w for w in works if w.letter.key not in self._tried]
         if not works:
             return
         copies = []
@@ -299,6 +362,7 @@ class BatchSettler:
             if not ok:
                 why = f"requeue to {w.letter.queue!r} refused by the broker (queue missing?)"
                 w.verdict = bury_verdict(w.letter, self.config, why, now, failed=True)
+        self._remember([w for w in works if isinstance(w.verdict, RequeueVerdict)])
 
     def _park(self, works: list[_Work], now: int) -> None:
         if not works:
