@@ -241,21 +241,25 @@ class Ladder:
         """
         if not messages:
             return
-        targets = [self.plan(m.queue, max(0, m.due_ms - m.parked_ms)) for m in messages]
-        self._declare(publisher, targets, force=False)
-        copies = [m.outgoing(t.name) for m, t in zip(messages, targets, strict=True)]
-        flags = publisher.publish_many(copies)
-        missed = [i for i, ok in enumerate(flags) if not ok]
-        if not missed:
-            return
-        self._declare(publisher, [targets[i] for i in missed], force=True)
-        again = publisher.publish_many([copies[i] for i in missed])
-        if not all(again):
-            names = sorted({targets[i].name for i, ok in zip(missed, again, strict=True) if not ok})
-            raise PublishError(
-                f"broker did not accept {again.count(False)} parked retries for delay queue(s) "
-                f"{', '.join(names)} (nacked or unroutable)"
-            )
+        # The declares use the publisher's connection: no other thread's batch in between.
+        with publisher.exclusive():
+            targets = [self.plan(m.queue, max(0, m.due_ms - m.parked_ms)) for m in messages]
+            self._declare(publisher, targets, force=False)
+            copies = [m.outgoing(t.name) for m, t in zip(messages, targets, strict=True)]
+            flags = publisher.publish_many(copies)
+            missed = [i for i, ok in enumerate(flags) if not ok]
+            if not missed:
+                return
+            self._declare(publisher, [targets[i] for i in missed], force=True)
+            again = publisher.publish_many([copies[i] for i in missed])
+            if not all(again):
+                names = sorted(
+                    {targets[i].name for i, ok in zip(missed, again, strict=True) if not ok}
+                )
+                raise PublishError(
+                    f"broker did not accept {again.count(False)} parked retries for delay queue(s) "
+                    f"{', '.join(names)} (nacked or unroutable)"
+                )
 
     def _declare(
         self, publisher: ConfirmingPublisher, targets: Sequence[DelayQueue], *, force: bool

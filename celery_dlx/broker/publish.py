@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import amqp
@@ -69,7 +70,13 @@ class ConfirmingPublisher:
         self._returned_unsequenced = False
         # One batch at a time: the threads of a thread pool share the runtime's publisher, and
         # interleaved batches would take each other's confirms (lost, then "not confirmed").
-        self._lock = threading.Lock()
+        # Reentrant: a caller that also declares on the connection holds it (exclusive()).
+        self._lock = threading.RLock()
+
+    def exclusive(self) -> AbstractContextManager[Any]:
+        """Hold the publisher (and its connection) for a sequence of calls: what else a caller
+        does on ``connection`` (a declare) must not interleave with another thread's batch."""
+        return self._lock
 
     def connect(self) -> None:
         """Open the connection and the confirm-mode channel now."""
