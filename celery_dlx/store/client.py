@@ -11,8 +11,10 @@ connection of its own), and raises :class:`NotReplicated` when fewer replicas th
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qs, urlparse
 
@@ -20,7 +22,6 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.cluster import RedisCluster
 from redis.connection import ConnectionPool
-from redis.crc import key_slot
 from redis.exceptions import AskError, RedisError
 
 from celery_dlx.errors import StoreError
@@ -71,6 +72,9 @@ SENTINEL_SCHEMES = ("sentinel", "sentinels")
 
 #: Seconds a ``WAIT`` reply may take beyond its own timeout (a busy server) before the read fails.
 WAIT_READ_MARGIN = 5.0
+#: Seconds a Redis Cluster master's count of replicas (``CLUSTER NODES``) is used before it is
+#: read again.
+TOPOLOGY_TTL = 60.0
 
 
 def is_cluster_url(url: str) -> bool:
@@ -103,37 +107,88 @@ class NotReplicated(StoreError, RedisError):
         self.confirmed = confirmed
 
 
+class ClusterReplicas:
+    """How many replicas each Redis Cluster master has, as the cluster's node table says
+    (``CLUSTER NODES`` on the master, read again after :data:`TOPOLOGY_TTL` seconds).
+
+    The table lists a master's replicas whatever their state (a stopped or failed one too), so a
+    lagging replica still counts; ``CLUSTER SLOTS`` (redis-py's slot map) leaves out replicas the
+    cluster has not yet seen replicate, and failed ones.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[int, tuple[float, int]] = {}
+
+    def count(self, master: Redis) -> int:
+        """Replicas of the cluster master ``master`` (a client of that node)."""
+        pool_id = id(master.connection_pool)
+        now = time.monotonic()
+        with self._lock:
+            known = self._known.get(pool_id)
+        if known is not None and now - known[0] < TOPOLOGY_TTL:
+            return known[1]
+        node: Any = master  # redis-py leaves execute_command unannotated
+        found = _replicas_in_table(node.execute_command("CLUSTER NODES"))
+        with self._lock:
+            self._known[pool_id] = (now, found)
+        return found
+
+
+def _replicas_in_table(table: Any) -> int:
+    """Nodes of a ``CLUSTER NODES`` reply (text, or redis-py's dict of it) whose master is the
+    node that answered (``myself``)."""
+    if isinstance(table, dict):
+        rows = [(str(n["node_id"]), str(n["flags"]), str(n["master_id"])) for n in table.values()]
+    else:
+        text = table.decode() if isinstance(table, bytes) else str(table)
+        rows = [
+            (parts[0], parts[2], parts[3])
+            for parts in (line.split(" ") for line in text.splitlines())
+            if len(parts) >= 4
+        ]
+    mine = next((node_id for node_id, flags, _ in rows if "myself" in flags.split(",")), None)
+    return sum(1 for _, _, master_id in rows if mine is not None and master_id == mine)
+
+
 @dataclass(frozen=True)
 class Replicas:
     """How many replicas must hold a write before it counts as done, and how long to wait.
 
     Args:
-        count: ``dlx_redis_min_replicas``: that many (0: none, no ``WAIT``); None: one where the
-            key's master has a replica in the Redis Cluster slot map, none where it has none
-            (there is no replica to fail over to: a cluster built with ``--cluster-replicas 0``).
+        count: ``dlx_redis_min_replicas``: that many (0: none, no ``WAIT``); None: on a Redis
+            Cluster, one where the master holding the key has a replica in the cluster's node
+            table, none where it has none (no replica to fail over to: a cluster built with
+            ``--cluster-replicas 0``).
         timeout: ``dlx_redis_replica_timeout``, seconds.
+        topology: where the replicas of cluster masters are looked up (one per client).
     """
 
     count: int | None = 0
     timeout: float = 1.0
+    topology: ClusterReplicas = field(default_factory=ClusterReplicas, compare=False)
 
     @classmethod
-    def for_url(cls, url: str, count: int | None, timeout: float) -> Replicas:
+    def for_url(
+        cls, url: str, count: int | None, timeout: float, topology: ClusterReplicas | None = None
+    ) -> Replicas:
         """The replicas ``dlx_redis_min_replicas`` (``count``) asks for on ``url``; None means
         the default: 1 behind Sentinel, one per replicated master on a Cluster, 0 on one node."""
         if count is None and not is_cluster_url(url):
             count = 1 if is_sentinel_url(url) else 0
-        return cls(count, timeout)
+        return cls(count, timeout, topology or ClusterReplicas())
 
     def wanted(self, client: RedisClient, key: str) -> int:
-        """How many replicas must confirm a write of ``key`` on ``client``."""
+        """How many replicas must confirm a write of ``key`` on ``client``.
+
+        Raises:
+            redis.RedisError: a Redis Cluster's node table could not be read.
+        """
         if self.count is not None:
             return self.count
         if not is_cluster(client):
             return 0
-        assert isinstance(client, RedisCluster)
-        nodes = client.nodes_manager.slots_cache.get(key_slot(key.encode())) or []
-        return 1 if len(nodes) > 1 else 0
+        return min(1, self.topology.count(master_of(client, key)))
 
 
 class _HeldConnection:
@@ -160,8 +215,9 @@ class _HeldConnection:
 
 def master_of(client: RedisClient, key: str) -> Redis:
     """The plain client of the master holding ``key``: ``client`` itself, or on a Redis
-    Cluster the node owning the key's slot (``WAIT`` must reach that very node; redis-py's
-    cluster client sends ``WAIT`` to every primary and sums the replies)."""
+    Cluster the node owning the key's slot (``WAIT`` must reach that very node, on the write's
+    connection; redis-py's cluster client sends ``WAIT`` to its default node, one primary picked
+    when it connects, whichever master holds the key)."""
     if not is_cluster(client):
         assert isinstance(client, Redis)
         return client

@@ -34,7 +34,13 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig, load_config
 from celery_dlx.roles import Parking
 from celery_dlx.store.causes import Causes
-from celery_dlx.store.client import OneConnection, RedisClient, Replicas, redis_client
+from celery_dlx.store.client import (
+    ClusterReplicas,
+    OneConnection,
+    RedisClient,
+    Replicas,
+    redis_client,
+)
 from celery_dlx.store.consumerless import Consumerless
 from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.store.history import History
@@ -67,6 +73,7 @@ class Runtime:
         self._history_failing = False
         # Per thread: the client of a replicated() block (one held connection), if any.
         self._local = threading.local()
+        self._cluster_replicas = ClusterReplicas()
 
     def _check_fork(self) -> None:
         pid = os.getpid()
@@ -127,7 +134,10 @@ class Runtime:
         its default resolved for ``dlx_redis_url``; ``dlx_redis_replica_timeout``)."""
         config = self.config
         return Replicas.for_url(
-            config.redis_url, config.redis_min_replicas, config.redis_replica_timeout
+            config.redis_url,
+            config.redis_min_replicas,
+            config.redis_replica_timeout,
+            self._cluster_replicas,
         )
 
     @property

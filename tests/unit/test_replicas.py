@@ -7,7 +7,13 @@ from redis.exceptions import RedisError
 
 from celery_dlx.errors import ConfigurationError, DLXError
 from celery_dlx.policy.config import load_config
-from celery_dlx.store.client import NotReplicated, Replicas, is_cluster_url, is_sentinel_url
+from celery_dlx.store.client import (
+    NotReplicated,
+    Replicas,
+    _replicas_in_table,
+    is_cluster_url,
+    is_sentinel_url,
+)
 from celery_dlx.store.errors import STORE_ERRORS
 
 
@@ -60,3 +66,36 @@ def test_not_replicated_is_a_store_outage_naming_the_setting() -> None:
     assert isinstance(err, STORE_ERRORS)  # the worker falls back, the DLX service retries
     assert "dlx_redis_min_replicas" in str(err) and "0 of the 1" in str(err)
     assert err.wanted == 1 and err.confirmed == 0
+
+
+NODES = """\
+07c3 127.0.0.1:30004@40004 slave e7d1 0 1426238317239 4 connected
+67ed 127.0.0.1:30002@40002 master - 0 1426238316232 2 connected 5461-10922
+292f 127.0.0.1:30003@40003 master - 0 1426238318243 3 connected 10923-16383
+6ec2 127.0.0.1:30005@40005 slave,fail 67ed 0 1426238316232 5 disconnected
+824f 127.0.0.1:30006@40006 slave 292f 0 1426238317741 6 connected
+e7d1 127.0.0.1:30001@40001 myself,master - 0 0 1 connected 0-5460
+"""
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        (NODES, 1),
+        (NODES.encode(), 1),
+        (NODES.replace("slave e7d1", "slave 67ed"), 0),  # a master without replicas
+        (NODES.replace("myself,master", "master"), 0),  # no node said it answered
+    ],
+)
+def test_replicas_of_the_answering_master(table: object, expected: int) -> None:
+    assert _replicas_in_table(table) == expected
+
+
+def test_replicas_of_the_answering_master_from_redis_pys_parsed_table() -> None:
+    from redis._parsers.helpers import parse_cluster_nodes
+
+    assert _replicas_in_table(parse_cluster_nodes(NODES)) == 1
+    mine = NODES.replace("myself,master - 0 0 1", "master - 0 0 1").replace(
+        "67ed 127.0.0.1:30002@40002 master", "67ed 127.0.0.1:30002@40002 myself,master"
+    )
+    assert _replicas_in_table(parse_cluster_nodes(mine)) == 1  # the failed replica counts too
