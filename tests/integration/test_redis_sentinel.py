@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from kombu import Exchange, Producer, Queue
 
@@ -136,6 +137,16 @@ def test_service_and_drain_lose_nothing_across_a_sentinel_failover(
         thread.join(30)
     assert not thread.is_alive()
     assert new_port == sentinel.replica.port
+    # Read on the new master itself: a connection celery_dlx opened before the failover may
+    # still reach the old master, which Sentinel turns into a replica only seconds later (and
+    # whose writes meanwhile are lost then). The DLX service waited for a replica of the new
+    # master (dlx_redis_min_replicas defaults to 1 behind Sentinel) before it acked.
+    direct = redis.Redis(host="127.0.0.1", port=new_port)
+    try:
+        assert direct.zcard(runtime.keys.parked_due) == 2 * n
+        assert direct.hlen(runtime.keys.graveyard("records")) == 2 * n
+    finally:
+        direct.close()
     assert obituaries.count(runtime) == 2 * n and runtime.store.count() == 2 * n
     buried = {ob.message_id for ob in obituaries.list_obituaries(runtime, limit=None)}
     assert buried == {f"{names['bury']}-{i}" for i in range(2 * n)}
