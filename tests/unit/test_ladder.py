@@ -233,6 +233,11 @@ class FakeBroker:
     def connect(self) -> None:
         return None
 
+    def exclusive(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def publish_many(self, messages: list[Any]) -> list[bool]:
         self.published.extend(messages)
         return [not self.nack and m.routing_key in self.queues for m in messages]
