@@ -48,7 +48,9 @@ def test_the_shortest_and_longest_duration_are_redis_expiries(
     ttl = durations.duration(seconds, "dlx_cause_ttl")
     stash_cause(redis_client, keys, "m-1", CauseRecord(exc_type="E"), ttl)
     left = redis_client.pttl(keys.cause("m-1"))
-    assert left == -2 or 0 < left <= int(seconds * 1000)  # -2: the 1 ms one is already gone
+    # -2: the 1 ms one is already gone; 0: under a millisecond left (PTTL rounds down), seen
+    # on a loaded machine
+    assert left == -2 or 0 <= left <= int(seconds * 1000)
 
 
 def test_an_expiry_below_a_millisecond_is_refused_by_redis_and_the_validator(
