@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import urllib.request
@@ -84,15 +85,27 @@ class SparkStandalone:
         )
 
     def _answers(self) -> bool:
+        """True once the master's UI serves its JSON status, and it is this master's (another
+        suite's Spark on a port just freed, or a UI still starting, serves other text)."""
+        self._follow_ui_port()
         try:
-            return bool(self.status().get("status") == "ALIVE")
-        except OSError:
+            status = self.status()
+        except (OSError, ValueError):  # not listening yet, or not JSON yet
             return False
+        return bool(status.get("status") == "ALIVE" and status.get("url") == self.url)
+
+    def _follow_ui_port(self) -> None:
+        """The UI port the master bound: Spark takes the next one when ``--webui-port`` is taken."""
+        log = self.workdir / "master.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found = re.findall(r"MasterWebUI.*started at http://[^:]+:(\d+)", text)
+        if found:
+            self.webui_port = int(found[-1])
 
     def alive_workers(self) -> list[dict[str, Any]]:
         try:
             workers = self.status()["workers"]
-        except OSError:
+        except (OSError, ValueError):
             return []
         return [worker for worker in workers if worker["state"] == "ALIVE"]
 
