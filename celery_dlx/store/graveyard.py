@@ -22,7 +22,8 @@ key                         content
 An obituary and its ``buried`` history entry are written by one Lua script, idempotently by id;
 an obituary leaves (purge, retention) by one Lua script that appends its whole JSON to the failure
 history first, so nothing is evicted silently. The replay ledger (``keys.replay_ledger``) maps an
-obituary id to the times it was replayed.
+obituary id to the times it was replayed (and, under ``to``, the queue of each replay that went
+elsewhere than the queue it died in).
 
 The plain functions at the bottom (``list_obituaries``, ``get_obituary``, ``groups``, ``replay``,
 ``purge``, ``sweep_retention``) take a :class:`~celery_dlx.wiring.runtime.Runtime` and return data; the
@@ -353,16 +354,36 @@ class Graveyard:
         counts = pipe.execute() if rows else []
         return [(n, int(c), s) for (n, s), c in zip(rows, counts, strict=True) if c]
 
-    def add_replays(self, replayed: Sequence[tuple[str, int]]) -> None:
-        """Add replay times to the ledger (read-modify-write: an operator's record, not a lock)."""
+    def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
+        """Add replay times to the ledger (read-modify-write: an operator's record, not a lock);
+        ``to_queue``: the queue these replays were redirected to (kept per time, under ``to``)."""
         if not replayed:
             return
         ids = [oid for oid, _ in replayed]
         current = self.client.hmget(self.keys.replay_ledger, ids)
         mapping: dict[Any, Any] = {}
         for (oid, at), raw in zip(replayed, current, strict=True):
-            mapping[oid] = json.dumps({"replays": [*_ledger_times(raw), at]})
+            entry: dict[str, Any] = {"replays": [*_ledger_times(raw), at]}
+            to = {**_ledger_redirects(raw), **({str(at): to_queue} if to_queue else {})}
+            if to:
+                entry["to"] = to
+            mapping[oid] = json.dumps(entry)
         self.client.hset(self.keys.replay_ledger, mapping=mapping)
+
+    def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
+        """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
+        if not ids:
+            return []
+        raws = self.client.hmget(self.keys.replay_ledger, list(ids))
+        return [{int(at): q for at, q in _ledger_redirects(raw).items()} for raw in raws]
+
+
+def _ledger_redirects(raw: Any) -> dict[str, str]:
+    try:
+        to = json.loads(raw).get("to", {}) if raw is not None else {}
+        return {str(int(at)): text(q) for at, q in to.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
 
 
 def _ledger_times(raw: Any) -> list[int]:
