@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from celery_dlx.message.failure import Failure, MaybeAttempt
 from celery_dlx.message.headers import HistoryEntry
 
 #: Longest exception message kept in a cause record.
@@ -22,42 +23,30 @@ EXC_MESSAGE_LIMIT = 2000
 
 
 @dataclass(frozen=True)
-class CauseRecord:
-    """The worker's account of one burial.
+class CauseRecord(MaybeAttempt):
+    """The worker's account of one burial: its :class:`Failure` and the message's history.
+
+    The failure's fields read as before (``record.cause``, ``record.attempt``...). Unknown ones
+    keep the failure's unknown defaults: ``attempt`` and ``at_ms`` None, ``cause`` "" (the reader
+    computes one), ``importance`` "" (the queue's). Its ``at_ms`` is the burial decision's time,
+    its ``hostname`` the worker that decided it.
 
     Attributes:
-        task: the Celery task name.
-        queue: the queue the message failed in.
-        message_id: the message's stable id (the Redis key's suffix).
-        attempt: failed runs, this one included; None when unknown.
-        cause: the cause fingerprint ("" when unknown: the reader computes one).
-        exc_type, exc_message, traceback: the failure.
-        reason: why the worker buried it.
-        importance: page, notify or ignore ("" when unknown: the queue's).
+        failure: the failure the worker buried the message for.
         history: every failed run with its fate, ending with the burial.
-        first_failure_ms: epoch ms of the first failure; None when unknown.
-        at_ms: epoch ms of the burial decision; None when unknown.
-        hostname: the worker that decided the burial.
     """
 
-    task: str | None = None
-    queue: str = ""
-    message_id: str = ""
-    attempt: int | None = None
-    cause: str = ""
-    exc_type: str = ""
-    exc_message: str = ""
-    reason: str = ""
-    importance: str = ""
-    traceback: str = ""
+    failure: Failure = field(default_factory=Failure)
     history: tuple[HistoryEntry, ...] = ()
-    first_failure_ms: int | None = None
-    at_ms: int | None = None
-    hostname: str | None = None
+
+    @classmethod
+    def from_fields(cls, *, history: tuple[HistoryEntry, ...] = (), **facts: Any) -> CauseRecord:
+        """The record of the :class:`Failure` fields ``facts`` and ``history``."""
+        return cls(Failure(**facts), history)
 
     def to_json(self) -> str:
         """The stored JSON text (compact; ``exc_message`` cut at :data:`EXC_MESSAGE_LIMIT`)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data: dict[str, object] = {name: getattr(self, name) for name in _JSON_FIELDS}
         data["exc_message"] = self.exc_message[:EXC_MESSAGE_LIMIT]
         data["history"] = [e.to_json() for e in self.history]
         return json.dumps(data, separators=(",", ":"), default=str)
@@ -80,7 +69,28 @@ class CauseRecord:
     @classmethod
     def from_mapping(cls, data: Mapping[str, object]) -> CauseRecord:
         """The record of a parsed JSON object (see :meth:`from_json`)."""
-        return cls(**{name: read(data.get(name)) for name, read in _READERS.items()})
+        facts = {name: _READERS[name](data.get(name)) for name in _JSON_FIELDS if name != "history"}
+        return cls(Failure(**facts), _history(data.get("history")))
+
+
+#: The stored JSON's keys, in their order (``history`` is the record's own; ``code_version`` is
+#: not stored: the DLX service stamps its own).
+_JSON_FIELDS = (
+    "task",
+    "queue",
+    "message_id",
+    "attempt",
+    "cause",
+    "exc_type",
+    "exc_message",
+    "reason",
+    "importance",
+    "traceback",
+    "history",
+    "first_failure_ms",
+    "at_ms",
+    "hostname",
+)
 
 
 def _int(value: Any) -> int | None:
@@ -114,13 +124,12 @@ def _optional_str(value: Any) -> str | None:
     return _str(value) or None
 
 
-#: How each field is read from a stored object, by the field's declared type.
+#: How each failure field is read from a stored object, by the field's declared type.
 _READERS: dict[str, Callable[[Any], Any]] = {
     f.name: {
         "str": _str,
         "str | None": _optional_str,
         "int | None": _int,
-        "tuple[HistoryEntry, ...]": _history,
     }[str(f.type)]
-    for f in fields(CauseRecord)
+    for f in fields(Failure)
 }

@@ -12,11 +12,12 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from celery_dlx.fates import FateEvent
 from celery_dlx.message import jsoncodec
+from celery_dlx.message.failure import Failure, KnownAttempt, split_facts
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Attempt:
 
 
 @dataclass
-class Obituary:
+class Obituary(KnownAttempt):
     """The record of one buried message.
 
     Attributes:
@@ -71,21 +72,10 @@ class Obituary:
     """
 
     id: str
-    message_id: str
-    queue: str
-    reason: str
     buried_ms: int
-    task: str | None = None
+    failure: Failure
     origin: str = ORIGIN_FOREIGN
-    cause: str = ""
-    exc_type: str = ""
-    exc_message: str = ""
-    traceback: str = ""
-    importance: str = "notify"
-    attempt: int = 0
     attempts: list[Attempt] = field(default_factory=list)
-    first_failure_ms: int | None = None
-    last_failure_ms: int | None = None
     death_reason: str = ""
     x_death: list[Any] = field(default_factory=list)
     headers: dict[str, Any] = field(default_factory=dict)
@@ -94,10 +84,31 @@ class Obituary:
     routing_key: str = ""
     payload: bytes | None = None
     payload_size: int = 0
-    code_version: str | None = None
-    hostname: str | None = None
     replayed_from: str | None = None
     replays: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_fields(cls, **values: Any) -> Obituary:
+        """An obituary of its flat fields (those of :meth:`record`, ``payload``, ``replays``).
+
+        The failure's fields (``cause``, ``traceback``, ``last_failure_ms``...) go into its
+        :class:`Failure`; ``importance`` defaults to ``notify`` and ``attempt`` to 0.
+        """
+        values = dict(values)
+        if "last_failure_ms" in values:
+            values["at_ms"] = values.pop("last_failure_ms")
+        facts, own = split_facts(values)
+        failure = Failure(**{"importance": "notify", "attempt": 0, **facts})
+        return cls(failure=failure, **own)
+
+    @property
+    def last_failure_ms(self) -> int | None:
+        """The last failure's time: the failure's ``at_ms``."""
+        return self.failure.at_ms
+
+    @last_failure_ms.setter
+    def last_failure_ms(self, value: int | None) -> None:
+        self._set(at_ms=value)
 
     @property
     def content_type(self) -> str | None:
@@ -151,14 +162,13 @@ class Obituary:
         missing = [k for k in ("id", "message_id", "queue", "reason", "buried_ms") if k not in data]
         if missing:
             raise ValueError(f"obituary record lacks {', '.join(missing)}")
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs = {k: v for k, v in data.items() if k in _KNOWN}
         kwargs["attempts"] = [Attempt(**a) for a in data.get("attempts") or []]
         kwargs["headers"] = tables(data.get("headers") or {})
         kwargs["properties"] = tables(data.get("properties") or {})
         kwargs["x_death"] = tables(data.get("x_death") or [])
         kwargs["payload"] = payload
-        return cls(**kwargs)
+        return cls.from_fields(**kwargs)
 
     def fate_event(
         self,
@@ -171,22 +181,13 @@ class Obituary:
     ) -> FateEvent:
         """A fate change of the buried message (``buried``, ``purged``, ``archived``...) with the
         facts of this obituary; ``reason`` defaults to the burial's."""
-        return FateEvent(
-            fate=fate,
-            queue=self.queue,
-            message_id=self.message_id,
-            attempt=self.attempt,
-            task=self.task,
-            cause=self.cause,
-            exc_type=self.exc_type,
-            exc_message=self.exc_message,
+        failure = replace(
+            self.failure,
             reason=self.reason if reason is None else reason,
-            importance=self.importance,
             traceback=traceback,
-            first_failure_ms=self.first_failure_ms,
             at_ms=at_ms,
-            extra={} if extra is None else extra,
         )
+        return FateEvent.of(fate, failure, extra=extra)
 
     def summary(self) -> dict[str, object]:
         """A small JSON-safe view for logs, events and integrations (no payload, no headers)."""
@@ -237,11 +238,36 @@ def _as_decoded(value: object) -> object:
     return value
 
 
-#: Obituary fields stored as they are (the others are converted or kept out of the record).
-_PLAIN_FIELDS = tuple(
-    f.name
-    for f in fields(Obituary)
-    if f.name not in {"attempts", "headers", "properties", "x_death", "payload", "replays"}
+#: Obituary fields stored as they are, in their stored order (``attempts``, ``headers``,
+#: ``properties`` and ``x_death`` follow, converted; the payload and replays are kept out).
+_PLAIN_FIELDS = (
+    "id",
+    "message_id",
+    "queue",
+    "reason",
+    "buried_ms",
+    "task",
+    "origin",
+    "cause",
+    "exc_type",
+    "exc_message",
+    "traceback",
+    "importance",
+    "attempt",
+    "first_failure_ms",
+    "last_failure_ms",
+    "death_reason",
+    "exchange",
+    "routing_key",
+    "payload_size",
+    "code_version",
+    "hostname",
+    "replayed_from",
+)
+
+#: The keys :meth:`Obituary.from_record` reads (any other key of a stored record is ignored).
+_KNOWN = frozenset(
+    {*_PLAIN_FIELDS, "attempts", "headers", "properties", "x_death", "payload", "replays"}
 )
 
 

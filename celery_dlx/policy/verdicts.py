@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from celery_dlx.fates import PARKED, REQUEUED, Park
 from celery_dlx.message.cause import CauseRecord
+from celery_dlx.message.failure import Failure, MaybeAttempt
 from celery_dlx.message.headers import (
     DLXState,
     HistoryEntry,
@@ -34,52 +35,42 @@ from celery_dlx.policy.decide import ToBury, ToPark, ToRequeue, decide
 
 
 @dataclass(frozen=True)
-class BuryVerdict:
-    """Bury: write an obituary with these facts."""
+class BuryVerdict(MaybeAttempt):
+    """Bury: write an obituary with these facts.
 
-    reason: str
-    cause: str
-    exc_type: str
-    exc_message: str
-    importance: str
-    attempt: int
+    ``failure.at_ms`` is the last failure's time (the obituary's ``last_failure_ms``);
+    ``history`` every failed run, ending with the burial; ``from_worker``: a worker decided it.
+    """
+
+    failure: Failure
     history: tuple[HistoryEntry, ...]
-    traceback: str = ""
-    first_failure_ms: int | None = None
-    last_failure_ms: int | None = None
-    task: str | None = None
-    queue: str | None = None
-    hostname: str | None = None
     from_worker: bool = False
+
+    @property
+    def last_failure_ms(self) -> int | None:
+        return self.failure.at_ms
 
 
 @dataclass(frozen=True)
-class ParkVerdict:
+class ParkVerdict(MaybeAttempt):
     """Park for ``delay`` seconds with ``state`` written into the copy's headers.
 
     ``counted`` is False for a TTL expiry: the park budget and attempt count are left alone.
+    ``failure`` holds the facts of the ``parked`` fate event.
     """
 
     delay: float
     state: DLXState
-    cause: str
-    exc_type: str
-    exc_message: str
-    reason: str
-    importance: str
+    failure: Failure
     counted: bool = True
 
 
 @dataclass(frozen=True)
-class RequeueVerdict:
-    """Publish a copy with ``state`` at the tail of the queue."""
+class RequeueVerdict(MaybeAttempt):
+    """Publish a copy with ``state`` at the tail of the queue (``failure``: the event's facts)."""
 
     state: DLXState
-    cause: str
-    exc_type: str
-    exc_message: str
-    reason: str
-    importance: str
+    failure: Failure
 
 
 Verdict = BuryVerdict | ParkVerdict | RequeueVerdict
@@ -91,26 +82,24 @@ def bury_from_record(
     """The burial a worker decided, with the cause it stashed (unknown fields from the letter)."""
     queue = record.queue or letter.queue
     task = record.task or letter.task
-    return BuryVerdict(
+    failure = replace(
+        record.failure,
+        task=task,
+        queue=queue,
+        message_id=record.message_id or letter.identity,
         reason=record.reason or "buried by the worker",
         cause=record.cause or fingerprint(task or queue, record.exc_type, record.exc_message),
-        exc_type=record.exc_type,
-        exc_message=record.exc_message,
-        traceback=record.traceback,
         importance=record.importance or config.importance(queue),
         attempt=letter.state.attempt + 1 if record.attempt is None else record.attempt,
-        history=record.history or (*letter.state.history, HistoryEntry(now, "buried", "")),
         first_failure_ms=(
             letter.state.first_failure_ms
             if record.first_failure_ms is None
             else record.first_failure_ms
         ),
-        last_failure_ms=now if record.at_ms is None else record.at_ms,
-        task=task,
-        queue=queue,
-        hostname=record.hostname,
-        from_worker=True,
+        at_ms=now if record.at_ms is None else record.at_ms,
     )
+    history = record.history or (*letter.state.history, HistoryEntry(now, "buried", ""))
+    return BuryVerdict(failure, history, from_worker=True)
 
 
 def _failure(letter: DeadLetter) -> tuple[str, str]:
@@ -129,19 +118,20 @@ def bury_verdict(
     cause = fingerprint(letter.scope, exc_type, exc_message)
     state = letter.state
     history = (*state.history, HistoryEntry(now, "buried", cause))[-HISTORY_LIMIT:]
-    return BuryVerdict(
-        reason=reason,
+    failure = Failure(
+        task=letter.task,
+        queue=letter.queue,
+        message_id=letter.identity,
+        attempt=state.attempt + (1 if failed else 0),
         cause=cause,
         exc_type=exc_type,
         exc_message=exc_message,
+        reason=reason,
         importance=config.importance(letter.queue),
-        attempt=state.attempt + (1 if failed else 0),
-        history=history,
         first_failure_ms=state.first_failure_ms if state.first_failure_ms is not None else now,
-        last_failure_ms=letter.death_ms or now,
-        task=letter.task,
-        queue=letter.queue,
+        at_ms=letter.death_ms or now,
     )
+    return BuryVerdict(failure, history)
 
 
 def _expired_park(letter: DeadLetter, config: DLXConfig, now: int) -> ParkVerdict:
@@ -154,15 +144,40 @@ def _expired_park(letter: DeadLetter, config: DLXConfig, now: int) -> ParkVerdic
         history=(*state.history, HistoryEntry(now, PARKED, EXPIRED_CAUSE))[-HISTORY_LIMIT:],
         queue=letter.queue,
     )
-    return ParkVerdict(
-        delay=delay,
-        state=new_state,
+    failure = _retry_failure(
+        letter,
+        new_state,
+        config,
         cause=EXPIRED_CAUSE,
         exc_type="expired",
         exc_message="",
         reason=f"expired in {letter.queue}: returned later (dlx_expired=park)",
+    )
+    return ParkVerdict(delay, new_state, failure, counted=False)
+
+
+def _retry_failure(
+    letter: DeadLetter,
+    state: DLXState,
+    config: DLXConfig,
+    *,
+    cause: str,
+    exc_type: str,
+    exc_message: str,
+    reason: str,
+) -> Failure:
+    """The facts of a park or requeue of ``letter``, its headers to become ``state``."""
+    return Failure(
+        task=letter.task,
+        queue=letter.queue,
+        message_id=letter.identity,
+        attempt=state.attempt,
+        cause=cause,
+        exc_type=exc_type,
+        exc_message=exc_message,
+        reason=reason,
         importance=config.importance(letter.queue),
-        counted=False,
+        first_failure_ms=state.first_failure_ms,
     )
 
 
@@ -182,13 +197,18 @@ def _from_policy(letter: DeadLetter, config: DLXConfig, exc: BaseException, now:
         exc_type=exc_type,
         exc_message=exc_message or None,
     )
-    importance = config.importance(letter.queue)
-    reason = f"{letter.death_reason} in {letter.queue}"
+    failure = _retry_failure(
+        letter,
+        new_state,
+        config,
+        cause=cause,
+        exc_type=exc_type,
+        exc_message=exc_message,
+        reason=f"{letter.death_reason} in {letter.queue}",
+    )
     if isinstance(decision, ToPark):
-        return ParkVerdict(
-            decision.delay, new_state, cause, exc_type, exc_message, reason, importance
-        )
-    return RequeueVerdict(new_state, cause, exc_type, exc_message, reason, importance)
+        return ParkVerdict(decision.delay, new_state, failure)
+    return RequeueVerdict(new_state, failure)
 
 
 def decide_letter(
@@ -241,23 +261,22 @@ def build_obituary(
     first = verdict.first_failure_ms
     if first is None:
         first = failures[0] if failures else verdict.last_failure_ms
-    return Obituary(
-        id=letter.burial_key or letter.key,
+    failure = replace(
+        verdict.failure,
+        # The letter's identity names the obituary and its replays, whatever a record said.
         message_id=letter.identity,
         queue=verdict.queue or letter.queue,
-        reason=verdict.reason,
-        buried_ms=buried_ms,
-        task=verdict.task,
-        origin=ORIGIN_CELERY if (verdict.task or verdict.from_worker) else ORIGIN_FOREIGN,
-        cause=verdict.cause,
-        exc_type=verdict.exc_type,
-        exc_message=verdict.exc_message,
-        traceback=verdict.traceback,
-        importance=verdict.importance,
-        attempt=verdict.attempt,
-        attempts=attempts,
+        attempt=verdict.attempt or 0,
         first_failure_ms=first,
-        last_failure_ms=verdict.last_failure_ms,
+        code_version=code_version,
+        hostname=verdict.hostname or hostname,
+    )
+    return Obituary(
+        id=letter.burial_key or letter.key,
+        buried_ms=buried_ms,
+        failure=failure,
+        origin=ORIGIN_CELERY if (verdict.task or verdict.from_worker) else ORIGIN_FOREIGN,
+        attempts=attempts,
         death_reason=letter.death_reason,
         x_death=list(letter.x_death),
         # x-death is kept once, in x_death.
@@ -267,7 +286,5 @@ def build_obituary(
         routing_key=letter.routing_key,
         payload=letter.body,
         payload_size=len(letter.body),
-        code_version=code_version,
-        hostname=verdict.hostname or hostname,
         replayed_from=letter.replayed_from,
     )
