@@ -30,6 +30,7 @@ from celery_dlx.compat import RunSettled, Tracer, settles, settling_tracer
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
+from celery_dlx.message.failure import Failure
 from celery_dlx.message.headers import (
     DLXState,
     HistoryEntry,
@@ -421,21 +422,20 @@ class DLXTask(Task[Any, Any]):
         runtime.record_settled(event)
 
     def _fate_event(self, delivery: Delivery, options: TaskOptions, plan: FailurePlan) -> FateEvent:
-        return FateEvent(
-            fate=plan.fate,
+        failure = Failure(
+            task=self.name,
             queue=delivery.queue,
             message_id=delivery.message_id,
             attempt=plan.state.attempt,
-            task=self.name,
             cause=plan.cause,
             exc_type=plan.exc_type,
             exc_message=plan.exc_message[:500],
             reason=plan.decision.reason,
-            delay=plan.delay,
             importance=options.importance,
             first_failure_ms=plan.state.first_failure_ms,
             at_ms=plan.at_ms,
         )
+        return FateEvent.of(plan.fate, failure, delay=plan.delay)
 
     def _fallback(self, runtime: Runtime, delivery: Delivery, fate: str, err: Exception) -> None:
         """The copy could not be stored or published: hand the original to the dead-letter path.
@@ -469,7 +469,7 @@ class DLXTask(Task[Any, Any]):
         at: int,
         root: BaseException,
     ) -> None:
-        record = CauseRecord(
+        failure = Failure(
             task=self.name,
             queue=delivery.queue,
             message_id=delivery.message_id,
@@ -482,11 +482,12 @@ class DLXTask(Task[Any, Any]):
             traceback=(einfo.traceback or "")
             if einfo is not None
             else "".join(tb.format_exception_only(type(root), root)),
-            history=(*delivery.state.history, HistoryEntry(at, fates.BURIED, cause)),
             first_failure_ms=delivery.state.first_failure_ms or at,
             at_ms=at,
             hostname=self.request.hostname or socket.gethostname(),
         )
+        history = (*delivery.state.history, HistoryEntry(at, fates.BURIED, cause))
+        record = CauseRecord(failure, history)
         try:
             runtime.causes.stash(delivery.message_id, record, runtime.config.cause_ttl)
         except Exception as err:  # the DLX service still buries it, with the x-death reason only
@@ -499,7 +500,7 @@ class DLXTask(Task[Any, Any]):
     def _quarantine(self, runtime: Runtime, delivery: Delivery, reason: str) -> None:
         """Bury a message whose headers cannot be trusted, by publishing a clean copy."""
         at = now_ms()
-        record = CauseRecord(
+        failure = Failure(
             task=self.name,
             queue=delivery.queue,
             message_id=delivery.message_id,
@@ -510,11 +511,11 @@ class DLXTask(Task[Any, Any]):
             reason=f"undecodable: {reason}",
             importance=_options(self, runtime, delivery.queue).importance,
             traceback="",
-            history=(HistoryEntry(at, fates.BURIED, "quarantined"),),
             first_failure_ms=at,
             at_ms=at,
             hostname=self.request.hostname or socket.gethostname(),
         )
+        record = CauseRecord(failure, (HistoryEntry(at, fates.BURIED, "quarantined"),))
         self._set_details(
             fate=fates.BURIED,
             attempt=record.attempt,
@@ -610,19 +611,17 @@ class DLXTask(Task[Any, Any]):
 
     def _record_recovery(self, runtime: Runtime, delivery: Delivery) -> None:
         try:
-            runtime.record(
-                FateEvent(
-                    fate=fates.RECOVERED,
-                    queue=delivery.queue,
-                    message_id=delivery.message_id,
-                    attempt=delivery.state.attempt,
-                    task=self.name,
-                    cause=delivery.state.cause or "",
-                    exc_type=delivery.state.exc_type or "",
-                    importance=_options(self, runtime, delivery.queue).importance,
-                    first_failure_ms=delivery.state.first_failure_ms,
-                )
+            failure = Failure(
+                task=self.name,
+                queue=delivery.queue,
+                message_id=delivery.message_id,
+                attempt=delivery.state.attempt,
+                cause=delivery.state.cause or "",
+                exc_type=delivery.state.exc_type or "",
+                importance=_options(self, runtime, delivery.queue).importance,
+                first_failure_ms=delivery.state.first_failure_ms,
             )
+            runtime.record(FateEvent.of(fates.RECOVERED, failure))
         except Exception:  # the task succeeded; a history outage must not fail it
             logger.warning(
                 "could not record recovery of %s[%s]", self.name, delivery.message_id, exc_info=True
