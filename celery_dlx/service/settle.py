@@ -35,7 +35,7 @@ import uuid
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery import Celery
@@ -112,20 +112,10 @@ def _retry_event(work: _Work, now: int) -> FateEvent:
     assert isinstance(verdict, (ParkVerdict, RequeueVerdict))
     letter = work.letter
     parked = isinstance(verdict, ParkVerdict)
-    return FateEvent(
-        fate=PARKED if parked else REQUEUED,
-        queue=letter.queue,
-        message_id=letter.identity,
-        attempt=verdict.state.attempt,
-        task=letter.task,
-        cause=verdict.cause,
-        exc_type=verdict.exc_type,
-        exc_message=verdict.exc_message,
-        reason=verdict.reason,
+    return FateEvent.of(
+        PARKED if parked else REQUEUED,
+        replace(verdict.failure, at_ms=now),
         delay=verdict.delay if isinstance(verdict, ParkVerdict) else None,
-        importance=verdict.importance,
-        first_failure_ms=verdict.state.first_failure_ms,
-        at_ms=now,
         extra={
             "source": "dlx-service",
             "death_reason": letter.death_reason,
