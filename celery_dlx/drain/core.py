@@ -28,6 +28,7 @@ from celery_dlx import faults
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.fates import DRAINED, FateEvent
 from celery_dlx.fates import now_ms as wall_ms
+from celery_dlx.message.failure import Failure
 from celery_dlx.message.names import FIRST_FAILURE_HEADER
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig
@@ -87,16 +88,19 @@ class DrainResult:
 def drained_event(runtime: Runtime, message: ParkedMessage, published_ms: int) -> FateEvent:
     """The ``drained`` fate event of a republished retry, its lateness in ``extra``."""
     first = message.headers.get(FIRST_FAILURE_HEADER)
-    return FateEvent(
-        fate=DRAINED,
+    failure = Failure(
+        task=message.task,
         queue=message.queue,
         message_id=message.message_id,
         attempt=message.attempt,
-        task=message.task,
         cause=message.cause,
         importance=runtime.config.importance(message.queue),
         first_failure_ms=first if isinstance(first, int) and not isinstance(first, bool) else None,
         at_ms=published_ms,
+    )
+    return FateEvent.of(
+        DRAINED,
+        failure,
         extra={"lateness_ms": published_ms - message.due_ms},
     )
 
