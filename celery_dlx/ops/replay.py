@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import REPLAYED, FateEvent, now_ms
+from celery_dlx.message.failure import Failure
 from celery_dlx.message.headers import clean_headers
 from celery_dlx.message.names import OWN_HEADERS, REPLAYED_HEADER
 from celery_dlx.message.obituary import Obituary
@@ -57,18 +58,21 @@ def replay_copy(ob: Obituary, *, keep_attempts: bool = False) -> Outgoing:
 
 
 def _replayed_event(ob: Obituary, keep_attempts: bool, force: bool, at: int) -> FateEvent:
-    return FateEvent(
-        fate=REPLAYED,
+    failure = Failure(
+        task=ob.task,
         queue=ob.queue,
         message_id=ob.message_id,
         attempt=ob.attempt if keep_attempts else 0,
-        task=ob.task,
         cause=ob.cause,
         exc_type=ob.exc_type,
         reason=f"replayed from obituary {ob.id}",
         importance=ob.importance,
         first_failure_ms=ob.first_failure_ms,
         at_ms=at,
+    )
+    return FateEvent.of(
+        REPLAYED,
+        failure,
         extra={"obituary_id": ob.id, "keep_attempts": keep_attempts, "forced": force},
     )
 
