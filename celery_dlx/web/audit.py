@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_dlx.fates import AUDIT, FateEvent, now_ms
+from celery_dlx.message.failure import Failure
 from celery_dlx.ops.render import iso
 from celery_dlx.wiring.runtime import Runtime
 
@@ -75,15 +76,16 @@ def _json_object(raw: str | None) -> dict[str, Any]:
 def record_action(runtime: Runtime, entry: AuditEntry) -> str:
     """Append ``entry`` to the audit stream and an ``audit`` entry to the failure history."""
     entry.at_ms = entry.at_ms or now_ms()
-    event = FateEvent(
-        fate=AUDIT,
+    failure = Failure(
         queue=entry.params.get("queue") or "*",
         message_id=f"audit:{entry.job}",
         attempt=0,
         cause=entry.params.get("cause") or "",
         reason=f"{entry.user} ({entry.role}) {entry.action} {entry.target}: {entry.summary}",
+        importance="notify",
         at_ms=entry.at_ms,
     )
+    event = FateEvent.of(AUDIT, failure)
     return runtime.history.append_audit(entry.fields(), event, maxlen=AUDIT_MAXLEN)
 
 
