@@ -376,6 +376,7 @@ def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> PurgeReport:
     import base64
 
     from celery_dlx.fates import PURGED, FateEvent
+    from celery_dlx.message.failure import Failure
 
     parking = runtime.parking
     purged: list[str] = []
@@ -387,19 +388,16 @@ def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> PurgeReport:
             continue
         record = json_safe_parked(message)
         record["body_b64"] = base64.b64encode(message.body).decode("ascii")
-        runtime.record(
-            FateEvent(
-                fate=PURGED,
-                queue=message.queue,
-                message_id=message.message_id,
-                attempt=message.attempt,
-                task=message.task,
-                cause=message.cause,
-                reason="parked retry purged by an operator",
-                importance=runtime.config.importance(message.queue),
-                extra={"obituary": record},
-            )
+        failure = Failure(
+            task=message.task,
+            queue=message.queue,
+            message_id=message.message_id,
+            attempt=message.attempt,
+            cause=message.cause,
+            reason="parked retry purged by an operator",
+            importance=runtime.config.importance(message.queue),
         )
+        runtime.record(FateEvent.of(PURGED, failure, extra={"obituary": record}))
         purged.append(entry_id)
     return {"purged": purged, "missing": missing}
 
