@@ -10,7 +10,15 @@ with these rows, the command, the date and the machine's load before and after.
 are labelled as such. ``--only P1,P10`` runs some benchmarks (the table then keeps the other
 rows of the previous run). chaos.py is not run: it restarts RabbitMQ and Redis.
 
-Run: .venv/bin/python benchmarks/run_all.py [--quick] [--only P1,P10] [--no-docs]
+Benchmarks run in pieces (issue 23 item 7): each of P1, P2, P3, P6, P7 and P10 runs alone in at
+most 20 minutes in full mode, its baseline and peer in the same run (``--only P10 --log
+FILE``), and ``--from-log A.log B.log ...`` assembles the table from several such runs, each row
+saying which run it came from (command, start time, commit, load). A row of a benchmark that
+several logs ran comes from the last of them on the command line. Every log starts with a
+``RUN {json}`` line (command, mode, start, commit, load) and ends with an ``END {json}`` line.
+
+Run: .venv/bin/python benchmarks/run_all.py [--quick] [--only P1,P10] [--no-docs] [--log FILE]
+     .venv/bin/python benchmarks/run_all.py --from-log P10.log P1.log ...
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ BENCHMARKS: list[tuple[str, str, list[str], list[str]]] = [
     (
         "P10",
         "p10_intake.py",
-        ["--tasks", "20000", "--rounds", "3", "--pools", "prefork,solo,threads"],
+        ["--tasks", "10000", "--rounds", "3", "--pools", "prefork,solo,threads"],
         ["--tasks", "2000", "--rounds", "3", "--pools", "prefork,solo,threads"],
     ),
     (
@@ -93,9 +101,26 @@ BENCHMARKS: list[tuple[str, str, list[str], list[str]]] = [
 ]
 
 
+#: Seconds a benchmark may take in full mode: each runs alone, on its own, in a 20-minute window.
+BUDGET = 20 * 60
+
+
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f}/{five:.2f}/{fifteen:.2f}"
+
+
+def commit() -> str:
+    """The checkout's commit, ``+changes`` when the package or the benchmarks differ from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    head = git("rev-parse", "--short=10", "HEAD") or "unknown"
+    changed = git("status", "--porcelain", "--", "celery_dlx", "celery_dlx_spark", "benchmarks")
+    return head + ("+changes" if changed else "")
 
 
 def run(script: str, args: list[str], log: object) -> tuple[int, list[dict[str, str]], float]:
@@ -142,17 +167,31 @@ def cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+#: The table's columns: a row's keys, in order.
+COLUMNS = ("bench", "metric", "target", "measured", "verdict", "load", "run")
+
+
+def run_label(meta: dict[str, str]) -> str:
+    """Which run a row is from: command, start, commit, load at its start and end."""
+    return (
+        f"`{meta.get('command', '?')}`, {meta.get('started', '?')}, commit "
+        f"{meta.get('commit', '?')}, load {meta.get('load_before', '?')} -> "
+        f"{meta.get('load_after', '?')}"
+    )
+
+
 def table(rows: list[dict[str, str]], quick: bool = False) -> list[str]:
     out = [
-        "| | metric | target | median (rounds) | verdict | load 1/5/15 min |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| | metric | target | median (rounds) | verdict | load 1/5/15 min | run |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
+        mode_quick = quick or row.get("mode") == "quick"
         out.append(
             "| "
             + " | ".join(
-                cell(verdict(row, quick) if k == "verdict" else row.get(k, ""))
-                for k in ("bench", "metric", "target", "measured", "verdict", "load")
+                cell(verdict(row, mode_quick) if k == "verdict" else row.get(k, ""))
+                for k in COLUMNS
             )
             + " |"
         )
@@ -175,53 +214,96 @@ def previous_rows() -> list[dict[str, str]]:
     if START not in text:
         return []
     block = text.split(START, 1)[1].split(END, 1)[0]
-    names = ("bench", "metric", "target", "measured", "verdict", "load")
     rows = []
     for line in block.splitlines():
         if not line.startswith("| ") or line.startswith(("| |", "| ---")):
             continue
         parts = [p.strip().replace("\\|", "|") for p in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
-        if len(parts) == len(names):
-            rows.append(dict(zip(names, parts, strict=True)))
+        if len(parts) in (len(COLUMNS) - 1, len(COLUMNS)):  # tables before the run column too
+            row = dict(zip(COLUMNS, parts, strict=False))
+            # A verdict cell already carries its noisy note: keep it as it is.
+            rows.append(row)
     return rows
 
 
-def from_log(path: Path) -> None:
-    """Rewrite the doc's table from a finished run's log (its header line says how it ran)."""
+def read_log(path: Path) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """A run's metadata (``RUN`` and ``END`` lines) and its rows, each tagged with the run."""
     lines = path.read_text().splitlines()
     meta = json.loads(lines[0][len("RUN ") :]) if lines and lines[0].startswith("RUN ") else {}
-    if not meta.get("finished"):
-        meta = {
-            **meta,
-            **next((json.loads(x[4:]) for x in reversed(lines) if x.startswith("END ")), {}),
-        }
+    meta = {
+        **meta,
+        **next((json.loads(x[4:]) for x in reversed(lines) if x.startswith("END ")), {}),
+    }
     rows = [json.loads(x[len("SUMMARY ") :]) for x in lines if x.startswith("SUMMARY ")]
     if not rows or "command" not in meta:
         raise SystemExit(f"{path}: no RUN header or no SUMMARY lines")
-    write(rows, meta)
+    if not meta.get("finished"):
+        print(f"warning: {path} has no END line (the run did not finish)")
+    for row in rows:
+        row.setdefault("mode", meta.get("mode", "full"))
+        row["run"] = run_label(meta)
+    return meta, rows
 
 
-def write(rows: list[dict[str, str]], meta: dict[str, str]) -> None:
-    ran = {r["bench"] for r in rows}
-    # A script's extra ids (P3b of p3_memory.py) go with its own: kept only if it did not run.
-    kept = [r for r in previous_rows() if re.sub(r"[a-z]+$", "", r["bench"]) not in ran]
-    quick = meta["mode"] == "quick"
+def from_logs(paths: list[Path]) -> None:
+    """Rewrite the doc's table from finished runs' logs: per benchmark, the last log that ran it."""
+    runs: list[dict[str, str]] = []
+    by_bench: dict[str, list[dict[str, str]]] = {}
+    for path in paths:
+        meta, rows = read_log(path)
+        runs.append(meta)
+        ran: dict[str, list[dict[str, str]]] = {}
+        for row in rows:
+            ran.setdefault(base_id(row["bench"]), []).append(row)
+        by_bench.update(ran)  # a later log's rows of a benchmark replace an earlier one's
+    write([row for bench_rows in by_bench.values() for row in bench_rows], runs)
+
+
+def base_id(bench: str) -> str:
+    """A script's extra ids (P3b of p3_memory.py) go with its own."""
+    return re.sub(r"[a-z]+$", "", bench)
+
+
+def write(rows: list[dict[str, str]], runs: list[dict[str, str]]) -> None:
+    ran = {base_id(r["bench"]) for r in rows}
+    kept = [r for r in previous_rows() if base_id(r["bench"]) not in ran]
+    commits = sorted({meta.get("commit", "?") for meta in runs})
+    lines = []
+    for meta in runs:
+        took = meta.get("seconds")
+        lines.append(
+            f"- {run_label(meta)}, {meta.get('mode', '?')} mode"
+            + (f", took {float(took) / 60:.0f} min" if took else "")
+        )
     header = [
-        f"Generated by `{meta['command']}` on {meta['started']} on a 2-core machine "
-        f"({meta['mode']} mode{': small counts, a smoke run' if quick else ''}); machine load "
-        f"average (1/5/15 min) {meta['load_before']} at the start and {meta.get('load_after', '?')} "
-        "at the end, and per row when it was measured. The machine was shared with other work "
-        "during the run: wall-clock figures are noisy, and a verdict on a loaded machine is not a "
-        "measurement on an idle one. Timing verdicts measured in a quick run or at a load above 1 "
-        "are marked `noisy`: they say how this run went, not whether the target is met; the rows "
-        "of P3 (memory), P8 (log lines, events) and P9 (bytes) do not depend on the load.",
+        f"Assembled by `run_all.py` from {len(runs)} run(s) on a 2-core machine, on commit"
+        f"{'s' if len(commits) > 1 else ''} {', '.join(commits)}"
+        + (" (NOT one commit: compare with care)" if len(commits) > 1 else "")
+        + ". Each row's last column says which run it is from (command, start, commit, load "
+        "average 1/5/15 min at the start and the end); the load column is the load when the row "
+        "was measured. Wall-clock figures on a shared machine are noisy: timing verdicts measured "
+        "in a quick run or at a load above 1 are marked `noisy`: they say how this run went, not "
+        "whether the target is met; the rows of P3 (memory), P8 (log lines, events) and P9 "
+        "(bytes) do not depend on the load.",
+        "",
+        "Runs:",
+        "",
+        *lines,
     ]
     if kept:
         header.append(
-            "\nRows of " + ", ".join(sorted({r["bench"] for r in kept})) + " are from an earlier "
-            "`run_all.py` run (this one did not run them)."
+            "\nRows of " + ", ".join(sorted({r["bench"] for r in kept})) + " are from earlier "
+            "runs (these did not run them); their run column says which, when it is known."
         )
-    rewrite_doc(rows + kept, header, quick)
+    for row in kept:
+        row["run"] = row.get("run") or "an earlier run (not recorded)"
+    order = [b[0] for b in BENCHMARKS]
+    merged = sorted(
+        rows + kept,
+        key=lambda r: order.index(base_id(r["bench"])) if base_id(r["bench"]) in order else 99,
+    )
+    # Each row's own mode says whether it is from a quick run (kept rows carry their verdict).
+    rewrite_doc(merged, header, quick=False)
     print(f"rewrote the summary table of {DOC}")
 
 
@@ -233,14 +315,20 @@ def main() -> None:
     parser.add_argument("--log", default=None, help="keep the full output here")
     parser.add_argument(
         "--from-log",
+        nargs="+",
         default=None,
-        help="run nothing: rewrite the doc from the SUMMARY lines of an earlier run's --log",
+        metavar="LOG",
+        help="run nothing: rewrite the doc's table from the SUMMARY lines of earlier runs' "
+        "--log files (per benchmark, the last log on the command line that ran it)",
     )
     args = parser.parse_args()
     if args.from_log:
-        from_log(Path(args.from_log))
+        from_logs([Path(p) for p in args.from_log])
         return
     only = {b.strip().upper() for b in args.only.split(",") if b.strip()}
+    unknown = only - {b[0] for b in BENCHMARKS}
+    if unknown:
+        raise SystemExit(f"unknown benchmark id(s): {', '.join(sorted(unknown))}")
     chosen = [b for b in BENCHMARKS if not only or b[0] in only]
     mode = "quick" if args.quick else "full"
     log_path = Path(args.log or f"/tmp/run_all-{mode}-{int(time.time())}.log")
@@ -253,7 +341,15 @@ def main() -> None:
         + (" --quick" if args.quick else "")
         + (f" --only {args.only}" if args.only else "")
     )
-    meta = {"command": command, "mode": mode, "started": started_at, "load_before": load_before}
+    meta = {
+        "command": command,
+        "mode": mode,
+        "started": started_at,
+        "load_before": load_before,
+        "commit": commit(),
+    }
+    print(f"run {command} on commit {meta['commit']}, load {load_before}; log {log_path}")
+    run_started = time.monotonic()
     with open(log_path, "w") as log:
         print("RUN " + json.dumps(meta), file=log, flush=True)
         for bench, script, full, quick in chosen:
@@ -273,19 +369,28 @@ def main() -> None:
                 }
                 rows.append(row)
                 print("SUMMARY " + json.dumps(row), file=log, flush=True)
-            print(f"[{bench} took {seconds:.0f}s]", flush=True)
+            over = not args.quick and seconds > BUDGET
+            took = f"[{bench} took {seconds:.0f}s" + (
+                f", OVER its {BUDGET // 60}-minute budget]" if over else "]"
+            )
+            print(took, flush=True)
+            print("TOOK " + json.dumps({"bench": bench, "seconds": round(seconds)}), file=log)
     load_after = load()
+    seconds = round(time.monotonic() - run_started)
     with open(log_path, "a") as log:
-        print("END " + json.dumps({"load_after": load_after, "finished": True}), file=log)
+        end = {"load_after": load_after, "finished": True, "seconds": seconds}
+        print("END " + json.dumps(end), file=log)
     print("\n== summary")
+    for row in rows:
+        row["run"] = run_label({**meta, "load_after": load_after})
     for line in table(rows, args.quick):
         print(line)
     if failed:
         print("did not finish: " + ", ".join(failed))
-    print(f"load before {load_before}, after {load_after}; full output in {log_path}")
+    print(f"load before {load_before}, after {load_after}; took {seconds}s; log {log_path}")
     if args.no_docs:
         return
-    write(rows, {**meta, "load_after": load_after})
+    from_logs([log_path])
 
 
 if __name__ == "__main__":
