@@ -241,6 +241,13 @@ def groups_command(ctx: click.Context, as_json: bool) -> None:
 @click.option(
     "--force", is_flag=True, help="Replay obituaries the ledger says were replayed already."
 )
+@click.option(
+    "--to-queue",
+    "to_queue",
+    metavar="QUEUE",
+    default=None,
+    help="Publish to this existing queue instead of the one each message died in.",
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be replayed; publish nothing.")
 @json_option
 @click.pass_context
@@ -260,13 +267,14 @@ def replay_command(
     canary_settle: float,
     keep_attempts: bool,
     force: bool,
+    to_queue: str | None,
     dry_run: bool,
     as_json: bool,
 ) -> None:
     """Put buried messages back on their queues (default exchange, attempts reset).
 
     IDS are obituary ids; otherwise the filters (or --all) choose. Each obituary is replayed once
-    (the replay ledger) unless --force.
+    (the replay ledger) unless --force. --to-queue sends them to another queue (it must exist).
     """
     from celery_dlx.ops.canary import replay_run
     from celery_dlx.ops.replay import resolve_targets
@@ -295,6 +303,7 @@ def replay_command(
             canary_timeout=canary_timeout,
             canary_settle=canary_settle,
             progress=advance,
+            to_queue=to_queue,
         )
     if as_json:
         echo_json(run.to_json())
@@ -310,6 +319,9 @@ def _replay_text(run: Any) -> str:
     r = run.report
     verb = "would replay" if r.dry_run else "replayed"
     lines = [f"{verb} {len(r.replayed)} of {run.targets}"]
+    if r.to_queue:
+        died = ", ".join(f"{n} from {q}" for q, n in sorted(r.from_queues.items()))
+        lines[0] += f" to queue {r.to_queue}" + (f" ({died})" if died else "")
     if run.canary is not None:
         c = run.canary
         lines.append(

@@ -1,8 +1,9 @@
 """Replays for people on call: targets resolved first, a canary that must succeed, then the rest.
 
-:func:`celery_dlx.ops.replay.replay` does the publishing, the ledger and the rate. This module adds
-what the command line needs around it: the list of targets up front (so progress has a total),
-and the canary: replay one obituary, wait for its fate, go on only if it succeeded.
+:func:`celery_dlx.ops.replay.replay_targets` does the publishing, the ledger, the rate and the
+redirect to another queue. This module adds what the command line needs around it: the list of
+targets up front (so progress has a total), and the canary: replay one obituary, wait for its
+fate, go on only if it succeeded.
 
 How the canary's fate is known (watching the failure history for the message id, after the
 history's last entry before the replay):
@@ -28,7 +29,7 @@ from celery_dlx.broker import probe
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import BURIED, PARKED, RECOVERED, REQUEUED
 from celery_dlx.message.obituary import ORIGIN_FOREIGN, Obituary
-from celery_dlx.ops.replay import ReplayReport, replay
+from celery_dlx.ops.replay import ReplayReport, check_target_queue, replay_targets
 from celery_dlx.wiring.runtime import Runtime
 
 #: Fates that mean the canary failed again.
@@ -93,7 +94,16 @@ class ReplayRun:
             "canary": self.canary.to_json() if self.canary else None,
             "stopped": self.stopped,
             "not_replayed": list(self.not_replayed),
+            **redirect_json(r),
         }
+
+
+def redirect_json(report: ReplayReport) -> dict[str, Any]:
+    """A redirected replay's ``to_queue`` and ``from_queues`` (queue it died in -> replays), for
+    ``--json``; nothing for a replay to the queues the messages died in."""
+    if not report.to_queue:
+        return {}
+    return {"to_queue": report.to_queue, "from_queues": dict(report.from_queues)}
 
 
 def history_tail(runtime: Runtime) -> str:
@@ -131,14 +141,17 @@ def watch_canary(
     timeout: float = 120.0,
     settle: float = 5.0,
     clock: Callable[[], float] = time.monotonic,
+    queue: str | None = None,
 ) -> CanaryResult:
-    """Wait for the fate of ``ob``'s replayed message (see the module's docstring)."""
+    """Wait for the fate of ``ob``'s replayed message (see the module's docstring); ``queue``:
+    where it was replayed to, when not the queue it died in."""
     watch = FateWatch(runtime, ob.message_id, after)
     start = clock()
     empty_since: float | None = None
+    where = queue or ob.queue
 
     def result(outcome: str, fate: str | None, detail: str) -> CanaryResult:
-        return CanaryResult(ob.id, ob.message_id, ob.queue, outcome, fate, detail, clock() - start)
+        return CanaryResult(ob.id, ob.message_id, where, outcome, fate, detail, clock() - start)
 
     while True:
         elapsed = clock() - start
@@ -155,10 +168,10 @@ def watch_canary(
             continue
         # a foreign consumer records no success: an empty queue and no failure for ``settle``
         if empty_since is None:
-            if ready_messages(runtime, ob.queue) == 0:
+            if ready_messages(runtime, where) == 0:
                 empty_since = clock()
         elif clock() - empty_since >= settle:
-            why = f"taken from {ob.queue!r} with no failure within {settle:g}s (--canary-settle)"
+            why = f"taken from {where!r} with no failure within {settle:g}s (--canary-settle)"
             return result("consumed", None, why)
 
 
@@ -174,29 +187,39 @@ def replay_run(
     canary_timeout: float = 120.0,
     canary_settle: float = 5.0,
     progress: Callable[[int], None] | None = None,
+    to_queue: str | None = None,
 ) -> ReplayRun:
     """Replay ``targets`` (obituary ids), through a canary first when ``canary``.
 
     The canary is the first target the ledger allows (a replayed one is skipped unless
     ``force``). When it does not succeed, nothing else is replayed: ``stopped`` is True and
     ``not_replayed`` lists the rest. On a dry run the canary is chosen but not replayed.
+    ``to_queue`` sends every replay (the canary's too) to that queue instead of the one each
+    message died in (see :func:`~celery_dlx.ops.replay.replay`).
 
     Raises:
-        DLXError: a bad ``rate``.
+        DLXError: a bad ``rate``; ``to_queue`` does not exist (nothing is replayed).
     """
     if rate is not None and rate <= 0:
         raise DLXError(f"--rate must be a positive number per second, got {rate}")
     run = ReplayRun(targets=len(targets), report=ReplayReport(dry_run=dry_run))
     rest = list(targets)
+    if to_queue is not None:
+        run.report.to_queue = check_target_queue(runtime, to_queue)
+        to_queue = run.report.to_queue
     if canary and not dry_run:
         rest = _canary_first(
-            runtime, run, rest, keep_attempts, force, canary_timeout, canary_settle, progress
+            runtime,
+            run,
+            rest,
+            Canary(keep_attempts, force, canary_timeout, canary_settle, to_queue),
+            progress,
         )
         if run.stopped:
             run.not_replayed = rest
             return run
     if rest:
-        report = replay(
+        report = replay_targets(
             runtime,
             rest,
             rate=rate,
@@ -204,26 +227,37 @@ def replay_run(
             force=force,
             dry_run=dry_run,
             progress=progress,
+            to_queue=to_queue,
         )
         _merge(run.report, report)
     return run
+
+
+@dataclass(frozen=True)
+class Canary:
+    """How the canary is replayed and watched."""
+
+    keep_attempts: bool
+    force: bool
+    timeout: float
+    settle: float
+    to_queue: str | None
 
 
 def _canary_first(
     runtime: Runtime,
     run: ReplayRun,
     targets: list[str],
-    keep_attempts: bool,
-    force: bool,
-    timeout: float,
-    settle: float,
+    how: Canary,
     progress: Callable[[int], None] | None,
 ) -> list[str]:
     """Replay targets one by one until one is actually published, then watch it; the rest."""
     yard = runtime.graveyard
     for i, oid in enumerate(targets):
         after = history_tail(runtime)
-        report = replay(runtime, [oid], keep_attempts=keep_attempts, force=force)
+        report = replay_targets(
+            runtime, [oid], keep_attempts=how.keep_attempts, force=how.force, to_queue=how.to_queue
+        )
         _merge(run.report, report)
         if progress is not None:
             progress(1)
@@ -234,7 +268,9 @@ def _canary_first(
             run.canary = CanaryResult(oid, "", "", "timeout", detail="obituary vanished")
             run.stopped = True
             return targets[i + 1 :]
-        run.canary = watch_canary(runtime, ob, after, timeout=timeout, settle=settle)
+        run.canary = watch_canary(
+            runtime, ob, after, timeout=how.timeout, settle=how.settle, queue=how.to_queue
+        )
         run.stopped = not run.canary.succeeded
         return targets[i + 1 :]
     return []
@@ -245,3 +281,5 @@ def _merge(into: ReplayReport, report: ReplayReport) -> None:
     into.skipped.extend(report.skipped)
     into.failed.extend(report.failed)
     into.missing.extend(report.missing)
+    for queue, n in report.from_queues.items():
+        into.from_queues[queue] = into.from_queues.get(queue, 0) + n

@@ -4,6 +4,12 @@
 ``keep_attempts``) and records a ``replayed`` fate; the obituary stays in the graveyard. The
 canary and the run around it (targets first, a canary that must succeed) are in
 :mod:`celery_dlx.ops.canary`.
+
+A replay may be redirected (``to_queue``) to another queue that exists: the copy goes there
+through the default exchange, and its ``x-dlx-queue`` header names that queue, so a consumer
+that fails it there requeues, parks and buries it there, never back in the queue it first died
+in. The ledger keeps the queue of each redirected replay; the ``replayed`` history entry keeps
+the queue it died in and says where it went.
 """
 
 from __future__ import annotations
@@ -12,12 +18,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from celery_dlx.broker import probe
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import REPLAYED, FateEvent, now_ms
 from celery_dlx.message.failure import Failure
 from celery_dlx.message.headers import clean_headers
-from celery_dlx.message.names import OWN_HEADERS, REPLAYED_HEADER
+from celery_dlx.message.names import OWN_HEADERS, QUEUE_HEADER, REPLAYED_HEADER
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.ops import obituaries
@@ -36,28 +43,76 @@ class ReplayReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     dry_run: bool = False
+    #: The queue every replay went to instead of the one it died in (None: not redirected).
+    to_queue: str | None = None
+    #: With ``to_queue``: the queues the replayed messages died in, and how many from each.
+    from_queues: dict[str, int] = field(default_factory=dict)
 
 
-def replay_copy(ob: Obituary, *, keep_attempts: bool = False) -> Outgoing:
-    """The message to publish for a replay of ``ob``: its payload to its queue, default exchange.
+#: Longest queue name AMQP allows (a short string), in UTF-8 bytes.
+QUEUE_NAME_LIMIT = 255
+
+
+def check_target_queue(runtime: Runtime, name: str) -> str:
+    """``name``, once the broker says the queue exists (a passive declare: nothing is created).
+
+    Raises:
+        DLXError: an empty or too long name, no such queue (the broker's answer quoted), or a
+            broker that cannot be reached.
+    """
+    if not name or not name.strip():
+        raise DLXError("--to-queue needs a queue name")
+    if len(name.encode("utf-8")) > QUEUE_NAME_LIMIT:
+        raise DLXError(f"--to-queue: a queue name has at most {QUEUE_NAME_LIMIT} bytes")
+    try:
+        missing = probe.missing_entities(runtime.app, queues=[name]).queues
+    except BROKER_ERRORS as exc:
+        raise DLXError(f"cannot check that queue {name!r} exists: {exc}") from exc
+    if name in missing:
+        raise DLXError(
+            f"not replayed: queue {name!r} does not exist ({missing[name]}); declare it first "
+            "(celery_dlx never creates a queue for a replay), or correct --to-queue"
+        )
+    return name
+
+
+def replay_copy(
+    ob: Obituary, *, keep_attempts: bool = False, to_queue: str | None = None
+) -> Outgoing:
+    """The message to publish for a replay of ``ob``: its payload to its queue (``to_queue`` when
+    given), default exchange.
 
     celery_dlx's attempt headers are dropped (a fresh budget) unless ``keep_attempts``; broker
-    ``x-death*`` headers always are. ``x-dlx-replayed`` names the obituary.
+    ``x-death*`` headers always are. ``x-dlx-replayed`` names the obituary. A redirected copy's
+    ``x-dlx-queue`` names ``to_queue``; every other header is kept as its producer wrote it.
     """
     headers = clean_headers(ob.headers)
     if not keep_attempts:
         headers = {k: v for k, v in headers.items() if k not in OWN_HEADERS}
     headers[REPLAYED_HEADER] = ob.id
+    if to_queue:
+        headers[QUEUE_HEADER] = to_queue
     return Outgoing(
         body=ob.payload or b"",
-        routing_key=ob.queue,
+        routing_key=to_queue or ob.queue,
         exchange="",
         headers=headers,
         properties=copy_properties(ob.properties),
     )
 
 
-def _replayed_event(ob: Obituary, keep_attempts: bool, force: bool, at: int) -> FateEvent:
+def _replayed_event(
+    ob: Obituary, keep_attempts: bool, force: bool, at: int, to_queue: str | None = None
+) -> FateEvent:
+    reason = f"replayed from obituary {ob.id}"
+    extra: dict[str, object] = {
+        "obituary_id": ob.id,
+        "keep_attempts": keep_attempts,
+        "forced": force,
+    }
+    if to_queue:
+        reason += f" to queue {to_queue} (died in {ob.queue})"
+        extra.update(from_queue=ob.queue, to_queue=to_queue)
     failure = Failure(
         task=ob.task,
         queue=ob.queue,
@@ -65,7 +120,7 @@ def _replayed_event(ob: Obituary, keep_attempts: bool, force: bool, at: int) -> 
         attempt=ob.attempt if keep_attempts else 0,
         cause=ob.cause,
         exc_type=ob.exc_type,
-        reason=f"replayed from obituary {ob.id}",
+        reason=reason,
         importance=ob.importance,
         first_failure_ms=ob.first_failure_ms,
         at_ms=at,
@@ -73,7 +128,7 @@ def _replayed_event(ob: Obituary, keep_attempts: bool, force: bool, at: int) -> 
     return FateEvent.of(
         REPLAYED,
         failure,
-        extra={"obituary_id": ob.id, "keep_attempts": keep_attempts, "forced": force},
+        extra=extra,
     )
 
 
@@ -114,6 +169,7 @@ def replay(
     force: bool = False,
     dry_run: bool = False,
     progress: Callable[[int], None] | None = None,
+    to_queue: str | None = None,
 ) -> ReplayReport:
     """Put buried messages back on their queues (default exchange, publisher confirms).
 
@@ -129,16 +185,47 @@ def replay(
         force: replay obituaries already replayed.
         dry_run: report what would be replayed, publish and record nothing.
         progress: called with the number of obituaries handled after each chunk.
+        to_queue: publish to this queue instead of the one each message died in; it must exist
+            (checked first, by a passive declare, on dry runs too).
 
     Raises:
-        DLXError: neither ids nor a filter (without ``everything``), or a bad ``rate``.
+        DLXError: neither ids nor a filter (without ``everything``), a bad ``rate``, or
+            ``to_queue`` does not exist (then nothing is replayed).
     """
+    _Pacer(rate)  # a bad rate is refused before anything else
+    if to_queue is not None:
+        to_queue = check_target_queue(runtime, to_queue)
     filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
     targets = obituaries.targets(runtime, ids, filters, everything, "replay")
+    return replay_targets(
+        runtime,
+        targets,
+        rate=rate,
+        keep_attempts=keep_attempts,
+        force=force,
+        dry_run=dry_run,
+        progress=progress,
+        to_queue=to_queue,
+    )
+
+
+def replay_targets(
+    runtime: Runtime,
+    targets: Sequence[str],
+    *,
+    rate: float | None = None,
+    keep_attempts: bool = False,
+    force: bool = False,
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+    to_queue: str | None = None,
+) -> ReplayReport:
+    """:func:`replay` of obituary ids already chosen, ``to_queue`` (if any) already checked
+    (:func:`check_target_queue`)."""
     yard = runtime.graveyard
     pacer = _Pacer(rate)
-    report = ReplayReport(dry_run=dry_run)
-    for chunk in chunks(targets, pacer.chunk()):
+    report = ReplayReport(dry_run=dry_run, to_queue=to_queue or None)
+    for chunk in chunks(list(dict.fromkeys(targets)), pacer.chunk()):
         todo: list[Obituary] = []
         for oid, ob in zip(chunk, yard.load(chunk, with_payload=True), strict=True):
             if ob is None:
@@ -151,6 +238,7 @@ def replay(
                 todo.append(ob)
         if dry_run:
             report.replayed.extend(ob.id for ob in todo)
+            _count_from(report, todo)
         elif todo:
             pacer.wait(len(todo))
             _replay_chunk(runtime, yard, todo, keep_attempts, force, report)
@@ -167,7 +255,8 @@ def _replay_chunk(
     force: bool,
     report: ReplayReport,
 ) -> None:
-    copies = [replay_copy(ob, keep_attempts=keep_attempts) for ob in todo]
+    to = report.to_queue
+    copies = [replay_copy(ob, keep_attempts=keep_attempts, to_queue=to) for ob in todo]
     try:
         results = runtime.publisher.publish_many(copies)
     except BROKER_ERRORS as exc:
@@ -177,14 +266,22 @@ def _replay_chunk(
     at = now_ms()
     done = [ob for ob, ok in zip(todo, results, strict=True) if ok]
     report.failed.extend(
-        (ob.id, f"broker refused it: queue {ob.queue!r} missing?")
+        (ob.id, f"broker refused it: queue {(to or ob.queue)!r} missing?")
         for ob, ok in zip(todo, results, strict=True)
         if not ok
     )
-    yard.add_replays([(ob.id, at) for ob in done])
+    yard.add_replays([(ob.id, at) for ob in done], to_queue=to or "")
     for ob in done:
-        runtime.record(_replayed_event(ob, keep_attempts, force, at))
+        runtime.record(_replayed_event(ob, keep_attempts, force, at, to))
         report.replayed.append(ob.id)
+    _count_from(report, done)
+
+
+def _count_from(report: ReplayReport, replayed: Sequence[Obituary]) -> None:
+    """Count, for a redirected replay, the queues the replayed messages died in."""
+    if report.to_queue:
+        for ob in replayed:
+            report.from_queues[ob.queue] = report.from_queues.get(ob.queue, 0) + 1
 
 
 def resolve_targets(

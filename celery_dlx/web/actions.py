@@ -77,6 +77,8 @@ def replay_summary(result: dict[str, Any]) -> tuple[str, str]:
         line += f"; skipped {len(result['skipped'])}"
     if result["failed"] or result["missing"]:
         line += f"; failed {len(result['failed'])}, missing {len(result['missing'])}"
+    if result.get("to_queue"):
+        line += f"; to queue {result['to_queue']}"
     if result["stopped"]:
         return "stopped", line + f"; stopped, {len(result['not_replayed'])} not replayed"
     incomplete = result["failed"] or result["missing"]
@@ -111,13 +113,15 @@ class Actions:
         force: bool = False,
         canary_timeout: float = 120.0,
         cause: str | None = None,
+        to_queue: str | None = None,
     ) -> Job:
-        """Start :func:`~celery_dlx.ops.canary.replay_run` of ``targets`` at ``rate`` per second.
+        """Start :func:`~celery_dlx.ops.canary.replay_run` of ``targets`` at ``rate`` per second
+        (to ``to_queue`` instead of the queues they died in, when given).
 
         Raises:
             Busy: another action is running.
         """
-        params = {
+        params: dict[str, Any] = {
             "targets": len(targets),
             "rate": rate,
             "canary": canary,
@@ -125,6 +129,8 @@ class Actions:
             "canary_timeout": canary_timeout,
             "cause": cause,
         }
+        if to_queue:
+            params["to_queue"] = to_queue
 
         def run() -> tuple[str, str, dict[str, Any]]:
             result = replay_run(
@@ -134,6 +140,7 @@ class Actions:
                 canary=canary,
                 force=force,
                 canary_timeout=canary_timeout,
+                to_queue=to_queue,
             ).to_json()
             status, line = replay_summary(result)
             return status, line, result

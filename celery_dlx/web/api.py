@@ -141,6 +141,7 @@ async def replay(request: Request) -> Response:
     console, user = console_of(request), user_of(request)
     rate = forms.replay_rate(got.get("rate"), console.settings.max_replay_rate)
     timeout = forms.number(got.get("canary_timeout") or 120, "canary_timeout")
+    to_queue = await run_in_threadpool(forms.to_queue, console.runtime, got.get("to_queue"))
     chosen = await run_in_threadpool(
         forms.targets, console.runtime, list(got.get("ids") or []), got.get("cause")
     )
@@ -154,6 +155,7 @@ async def replay(request: Request) -> Response:
             force=forms.flag(got.get("force")),
             canary_timeout=max(1.0, min(timeout, 600.0)),
             cause=chosen.cause,
+            to_queue=to_queue,
         )
     except Busy as exc:
         return _json({"error": str(exc)}, 409)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from celery_dlx.errors import DLXError
 from celery_dlx.ops.obituaries import to_ms
 from celery_dlx.ops.render import parse_when
-from celery_dlx.ops.replay import resolve_targets
+from celery_dlx.ops.replay import check_target_queue, resolve_targets
 from celery_dlx.web.actions import MAX_IDS as MAX_IDS
 from celery_dlx.web.reads import MAX_PAGE, GroupFilters
 from celery_dlx.wiring.runtime import Runtime
@@ -113,6 +113,22 @@ def replay_rate(raw: object, maximum: float) -> float:
             f"rate {rate:g}/s is over the console's limit of {maximum:g}/s (dlx_web_max_replay_rate)"
         )
     return rate
+
+
+def to_queue(runtime: Runtime, raw: object) -> str | None:
+    """The queue a replay is redirected to (None: the queues the messages died in), once the
+    broker says it exists.
+
+    Raises:
+        BadRequest: a malformed name, or no such queue (the broker's answer is in the message).
+    """
+    name = str(raw).strip() if raw is not None else ""
+    if not name:
+        return None
+    try:
+        return check_target_queue(runtime, name)
+    except DLXError as exc:
+        raise BadRequest(str(exc)) from exc
 
 
 def flag(raw: object) -> bool:

@@ -120,7 +120,10 @@ async def obituary(request: Request) -> Response:
 
     def read() -> dict[str, object] | None:
         ob = obituaries.get_obituary(console.runtime, ident)
-        return None if ob is None else obituary_view(ob, console.registry)
+        if ob is None:
+            return None
+        redirects = console.runtime.graveyard.redirects([ob.id])[0]
+        return obituary_view(ob, console.registry, redirects)
 
     data = await run_in_threadpool(read)
     if data is None:
@@ -179,6 +182,7 @@ async def replay_action(request: Request) -> Response:
     form, console, user = got
     rate = forms.replay_rate(form.get("rate"), console.settings.max_replay_rate)
     timeout = forms.number(form.get("canary_timeout") or 120, "canary_timeout")
+    to_queue = await run_in_threadpool(forms.to_queue, console.runtime, form.get("to_queue"))
     chosen = await run_in_threadpool(
         forms.targets, console.runtime, form.getlist("ids"), form.get("cause")
     )
@@ -194,6 +198,7 @@ async def replay_action(request: Request) -> Response:
             force=forms.flag(form.get("force")),
             canary_timeout=max(1.0, min(timeout, 600.0)),
             cause=chosen.cause,
+            to_queue=to_queue,
         )
     except Busy as exc:
         return error_page(request, 409, str(exc))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
 from typing import TypedDict
 
 from celery_dlx.codecs import ProtobufRegistry
@@ -55,9 +56,17 @@ def wire_view(data: bytes, layers: list[str]) -> str | None:
     return dumps(fields) + ("\n(cut: more fields)" if cut or found.capped else "")
 
 
-def obituary_view(ob: Obituary, registry: ProtobufRegistry | None) -> dict[str, object]:
-    """``show`` data plus ``views`` (pretty texts) and a ``timeline`` of attempts and replays."""
+def obituary_view(
+    ob: Obituary, registry: ProtobufRegistry | None, redirects: Mapping[int, str] | None = None
+) -> dict[str, object]:
+    """``show`` data plus ``views`` (pretty texts) and a ``timeline`` of attempts and replays;
+    each replay has ``to_queue``: the queue it was redirected to (``redirects``, from the replay
+    ledger), or None when it went back to the queue the message died in."""
     data = show_data(ob, registry)
+    replays = data.get("replays")
+    if isinstance(replays, list):
+        for replay in replays:
+            replay["to_queue"] = (redirects or {}).get(replay["at_ms"])
     shown = data["payload"]
     decoded = shown.get("decoded") if isinstance(shown, dict) else None
     payload = ob.payload or b""
@@ -75,7 +84,8 @@ def obituary_view(ob: Obituary, registry: ProtobufRegistry | None) -> dict[str, 
     views["hex"] = hexdump(payload)
     # show_data's attempts and replays, as one list in time order
     timeline = [_moment(a.at_ms, a.fate, a.cause) for a in ob.attempts] + [
-        _moment(at, "replayed", "") for at in ob.replays
+        _moment(at, "replayed", f"to {redirects[at]}" if redirects and at in redirects else "")
+        for at in ob.replays
     ]
     timeline.sort(key=lambda e: e["at_ms"])
     data["views"] = views
