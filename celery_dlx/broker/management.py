@@ -2,22 +2,28 @@
 
 ``celery dlx check`` reads queues, bindings and policies through it; ``celery dlx migrate --policy``
 writes one policy. Only the standard library is used (``urllib``). The URL, user and password
-default to the broker's host with port 15672 (15671 for ``amqps``) and the broker's credentials.
+default to the broker's host with port 15672 (15671 for ``amqps``) and the broker's credentials;
+for a failover list of broker URLs (a cluster), one candidate per URL, and the first that answers
+is used (:func:`management_candidates`, :func:`first_answering`).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kombu import Connection
 
 from celery_dlx.errors import DLXError
+
+logger = logging.getLogger(__name__)
 
 #: Default management port for plain and TLS brokers.
 HTTP_PORT = 15672
@@ -200,6 +206,119 @@ def management_for(
         password=password if password is not None else (connection.password or "guest"),
         vhost=vhost,
         timeout=timeout,
+    )
+
+
+def broker_urls(connection: Connection) -> list[str]:
+    """Every URL of a kombu connection's failover list (``amqp://a;amqp://b``), first one first."""
+    alternates = [str(url) for url in (connection.alt or []) if url]
+    return alternates or [connection.as_uri(include_password=True)]
+
+
+def management_url_of(broker_url: str, *, ssl: bool = False) -> str:
+    """The default management base URL of one broker URL: its host on port 15672
+    (``https`` and 15671 for ``amqps`` or an SSL connection)."""
+    conn = Connection(broker_url)
+    host = conn.hostname or "127.0.0.1"
+    tls = ssl or broker_url.split("://", 1)[0].lower() in ("amqps", "pyamqps")
+    scheme, port = ("https", HTTPS_PORT) if tls else ("http", HTTP_PORT)
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}"
+
+
+def split_urls(values: Iterable[str] | str | None) -> list[str]:
+    """Management URLs given as repeated values, each possibly comma-separated; blanks dropped,
+    the first of duplicates kept."""
+    if values is None:
+        return []
+    items = [values] if isinstance(values, str) else list(values)
+    out: list[str] = []
+    for item in items:
+        for url in item.split(","):
+            url = url.strip()
+            if url and url not in out:
+                out.append(url)
+    return out
+
+
+def management_candidates(
+    connection: Connection,
+    *,
+    urls: Iterable[str] | str | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    timeout: float = 10.0,
+) -> list[Management]:
+    """The management APIs to try, in order, for a (possibly clustered) broker.
+
+    Args:
+        connection: a ``kombu.Connection``; its failover list (``broker_url`` of several URLs
+            separated by ``;``) gives one candidate per URL, each with that URL's host,
+            credentials and virtual host.
+        urls: management base URLs given by the user (repeated or comma-separated): these, in
+            order, instead of the derived ones; credentials and virtual host then come from the
+            broker's first URL.
+        user, password: override every candidate's credentials.
+    """
+    given = split_urls(urls)
+    if given:
+        return [
+            management_for(connection, url=url, user=user, password=password, timeout=timeout)
+            for url in given
+        ]
+    ssl = bool(getattr(connection, "ssl", False))
+    out: list[Management] = []
+    for broker_url in broker_urls(connection):
+        one = Connection(broker_url)
+        api = management_for(
+            one,
+            url=management_url_of(broker_url, ssl=ssl),
+            user=user,
+            password=password,
+            timeout=timeout,
+        )
+        if all(api.url != seen.url or api.vhost != seen.vhost for seen in out):
+            out.append(api)
+    return out
+
+
+#: Seconds a candidate management API has to answer :func:`first_answering`'s probe.
+PROBE_TIMEOUT = 5.0
+
+
+def first_answering(candidates: Sequence[Management]) -> Management:
+    """The first of ``candidates`` whose API answers (``GET /api/whoami`` succeeds).
+
+    Each is probed with a timeout of at most :data:`PROBE_TIMEOUT` seconds, so a dead node of a
+    cluster costs a refused connection (or that timeout), not the whole command. A single
+    candidate is returned unprobed: there is nothing to choose, and its first real request
+    reports what is wrong.
+
+    Raises:
+        ManagementError: none answered; the message names each URL tried and why it failed.
+        ValueError: no candidates.
+    """
+    if not candidates:
+        raise ValueError("no management API to try")
+    if len(candidates) == 1:
+        return candidates[0]
+    failures: list[str] = []
+    status: int | None = None
+    for api in candidates:
+        probe = dataclasses.replace(api, timeout=min(api.timeout, PROBE_TIMEOUT))
+        try:
+            probe.get("whoami")
+        except ManagementError as exc:
+            failures.append(f"{api.url}: {exc}")
+            status = exc.status
+            continue
+        if failures:
+            logger.info("management API %s answers; tried before: %s", api.url, "; ".join(failures))
+        return api
+    raise ManagementError(
+        f"none of {len(candidates)} management APIs answered (set --management-url, or enable "
+        "rabbitmq_management on the nodes): " + "; ".join(failures),
+        status,
     )
 
 

@@ -33,9 +33,14 @@ def management_options(func: F) -> F:
         (
             click.option(
                 "--management-url",
+                "management_url",
                 envvar="CELERY_DLX_MANAGEMENT_URL",
-                default=None,
-                help="RabbitMQ management API (default: http://<broker host>:15672).",
+                multiple=True,
+                help=(
+                    "RabbitMQ management API; repeatable or comma-separated (the nodes of a "
+                    "cluster: the first that answers is used). Default: "
+                    "http://<host>:15672 of each URL of broker_url, in order."
+                ),
             ),
             click.option(
                 "--management-user",
@@ -55,16 +60,36 @@ def management_options(func: F) -> F:
     return func
 
 
-def management_api(
-    app: Celery, url: str | None, user: str | None, password: str | None
-) -> Management:
-    from celery_dlx.broker.management import management_for
+def management_apis(
+    app: Celery, urls: tuple[str, ...], user: str | None, password: str | None
+) -> list[Management]:
+    """The management APIs to try in order: ``--management-url`` values, else one per broker
+    URL of the app's failover list."""
+    from celery_dlx.broker.management import management_candidates
 
     conn = app.connection_for_write()
     try:
-        return management_for(conn, url=url, user=user, password=password)
+        return management_candidates(conn, urls=urls, user=user, password=password)
     finally:
         conn.release()
+
+
+def management_api(
+    app: Celery, urls: tuple[str, ...], user: str | None, password: str | None
+) -> Management:
+    """The first management API of :func:`management_apis` that answers (said on stderr when
+    there was a choice).
+
+    Raises:
+        ManagementError: none answered (each URL and its error named).
+    """
+    from celery_dlx.broker.management import first_answering
+
+    candidates = management_apis(app, urls, user, password)
+    api = first_answering(candidates)
+    if len(candidates) > 1:
+        click.echo(f"management API: {api.url} ({len(candidates)} tried in order)", err=True)
+    return api
 
 
 @click.command("check")
@@ -91,7 +116,7 @@ def check_command(
     for_seconds: float,
     all_queues: bool,
     no_management: bool,
-    management_url: str | None,
+    management_url: tuple[str, ...],
     management_user: str | None,
     management_password: str | None,
     as_json: bool,
@@ -103,7 +128,7 @@ def check_command(
     api = (
         None
         if no_management
-        else management_api(runtime.app, management_url, management_user, management_password)
+        else management_apis(runtime.app, management_url, management_user, management_password)
     )
     report = run_check(runtime, api, for_seconds=for_seconds, all_queues=all_queues)
     if as_json:
@@ -118,6 +143,11 @@ def check_command(
             click.echo(table(("QUEUE", "DLX", "SET BY", "WHY"), rows, shrink=("WHY",)))
         if not report.management:
             click.echo("management API not used: queue arguments, bindings and orphans not checked")
+        elif report.management_url and len(report.management_tried) > 1:
+            click.echo(
+                f"management API {report.management_url} "
+                f"(of {len(report.management_tried)}: {', '.join(report.management_tried)})"
+            )
         for p in report.problems:
             click.echo(f"PROBLEM {p.kind} {p.subject}: {p.detail}")
         click.echo("ok" if report.ok else f"{len(report.problems)} problem(s)")
@@ -156,7 +186,7 @@ def migrate_command(
     no_bindings: bool,
     keep_old_bindings: bool,
     dry_run: bool,
-    management_url: str | None,
+    management_url: tuple[str, ...],
     management_user: str | None,
     management_password: str | None,
     as_json: bool,

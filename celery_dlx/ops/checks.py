@@ -16,14 +16,19 @@ Checked, each failure a :class:`Problem` (the command exits non-zero when there 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from celery import Celery
 
-from celery_dlx.broker.management import Management, ManagementError, dead_letter_exchange_of
+from celery_dlx.broker.management import (
+    Management,
+    ManagementError,
+    dead_letter_exchange_of,
+    first_answering,
+)
 from celery_dlx.broker.probe import missing_entities
 from celery_dlx.fates import now_ms
 from celery_dlx.policy.config import DLXConfig
@@ -63,6 +68,10 @@ class CheckReport:
     orphan_scope: int = 0
     problems: list[Problem] = field(default_factory=list)
     management: bool = True
+    #: The management API used (the first that answered among those tried).
+    management_url: str | None = None
+    #: The management APIs tried, in order (one per node of a failover list by default).
+    management_tried: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -76,6 +85,8 @@ class CheckReport:
             "queues": self.queues,
             "orphan_scope": self.orphan_scope,
             "management": self.management,
+            "management_url": self.management_url,
+            "management_tried": self.management_tried,
             "problems": [p.to_json() for p in self.problems],
         }
 
@@ -219,7 +230,7 @@ def _binding_problem(api: Management, exchange: str, service: str) -> list[Probl
 
 def run_check(
     runtime: Runtime,
-    api: Management | None,
+    api: Management | Sequence[Management] | None,
     *,
     for_seconds: float = 900.0,
     all_queues: bool = False,
@@ -229,8 +240,9 @@ def run_check(
 
     Args:
         runtime: the app's runtime (its app, settings and Redis).
-        api: the management API, or None to check over AMQP only (no arguments, bindings or
-            orphans: said in the report).
+        api: the management API, or several to try in order (the nodes of a cluster: the
+            first that answers is used, named in the report), or None to check over AMQP only
+            (no arguments, bindings or orphans: said in the report).
         for_seconds: how long a queue may have ready messages and no consumer.
         all_queues: look for orphans among every queue of the virtual host, not only the app's
             queues, ``dlx_queues`` and queues dead-lettering to ``dlx_exchange``.
@@ -245,6 +257,14 @@ def run_check(
             {"name": n, "why": w, "dead_letter_exchange": None} for n, w in expected.items()
         ]
         return report
+    candidates = [api] if isinstance(api, Management) else list(api)
+    report.management_tried = [c.url for c in candidates]
+    try:
+        api = first_answering(candidates)
+    except ManagementError as exc:
+        report.problems.append(Problem(UNREACHABLE, ", ".join(report.management_tried), str(exc)))
+        return report
+    report.management_url = api.url
     try:
         listed = [q for q in api.queues() if not q.get("exclusive") and not q.get("auto_delete")]
         if not any(
