@@ -8,6 +8,7 @@ here touches the shared Redis.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -327,3 +328,234 @@ def redis_sentinel(workdir: str | Path) -> Iterator[SentinelServers]:
         yield servers
     finally:
         servers.kill()
+
+
+#: The RabbitMQ 3.10 server and its control tool (Debian's package).
+RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+RABBITMQCTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
+#: Seconds a RabbitMQ node may take to boot (a clustered node waits for its peers' tables).
+RABBIT_START_TIMEOUT = 120.0
+
+
+class RabbitNode:
+    """One private RabbitMQ node (``NAME@localhost``) on free loopback ports, in its own folder.
+
+    The recipe of ``../shared/SERVICES.md``: its own Erlang cookie (``cookie``; nodes that will
+    form a cluster share one), AMQP, distribution and (with ``management``) management ports
+    chosen at construction, kept across restarts. :meth:`kill` is a ``kill -9`` of the node's
+    Erlang VM (its PID file), :meth:`stop` a ``rabbitmqctl stop`` by node name; nothing here
+    looks a process up by pattern or touches the shared node.
+
+    Args:
+        workdir: the node's folder (database, logs, configuration); kept across restarts.
+        name: the node name's first part (``NAME@localhost``), unique on the machine.
+        cookie: the Erlang cookie.
+        management: enable ``rabbitmq_management`` on a port of its own.
+    """
+
+    def __init__(
+        self, workdir: str | Path, name: str, cookie: str, *, management: bool = False
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.name = name
+        self.node = f"{name}@localhost"
+        self.cookie = cookie
+        self.management = management
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.management_port = free_port() if management else None
+        self.pid: int | None = None
+        self.restarts = 0
+        self._write_files()
+
+    @property
+    def url(self) -> str:
+        """The AMQP URL of the node (guest, default virtual host)."""
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    @property
+    def management_url(self) -> str:
+        if self.management_port is None:
+            raise ValueError(f"node {self.node} was made without management")
+        return f"http://127.0.0.1:{self.management_port}"
+
+    def _write_files(self) -> None:
+        home = self.workdir / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        cookie = home / ".erlang.cookie"
+        if not cookie.exists():
+            cookie.write_text(self.cookie)
+            cookie.chmod(0o400)
+        conf = [
+            f"listeners.tcp.local = 127.0.0.1:{self.port}",
+            "disk_free_limit.absolute = 50MB",
+            "loopback_users.guest = true",
+        ]
+        if self.management_port is not None:
+            conf += [
+                f"management.tcp.port = {self.management_port}",
+                "management.tcp.ip = 127.0.0.1",
+            ]
+        (self.workdir / "rabbitmq.conf").write_text("\n".join(conf) + "\n")
+        plugins = "[rabbitmq_management]." if self.management else "[]."
+        (self.workdir / "enabled_plugins").write_text(plugins + "\n")
+        (self.workdir / "rabbitmq-env.conf").write_text("")
+
+    def env(self) -> dict[str, str]:
+        """The environment of this node's server and of ``rabbitmqctl`` talking to it."""
+        d = self.workdir
+        return {
+            **os.environ,
+            "HOME": str(d / "home"),
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(d / "log"),
+            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+            "RABBITMQ_PID_FILE": str(d / "rabbitmq.pid"),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+        }
+
+    def ctl(self, *args: str, timeout: float = 120.0, check: bool = True) -> int:
+        """Run ``rabbitmqctl -n NODE ARGS``; its exit status (raises on failure with ``check``)."""
+        done = subprocess.run(
+            [RABBITMQCTL, "-n", self.node, *args],
+            env=self.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=timeout,
+        )
+        if check and done.returncode != 0:
+            err = done.stderr.decode("utf-8", "replace")[-1000:]
+            raise RuntimeError(f"rabbitmqctl -n {self.node} {' '.join(args)}: {err}")
+        return done.returncode
+
+    def start(self, timeout: float = RABBIT_START_TIMEOUT) -> None:
+        """Start the node (again) and wait until it has booted (``await_startup``)."""
+        self.launch()
+        self.await_startup(timeout)
+
+    def launch(self) -> None:
+        """Start the node's server in the background (:meth:`await_startup` waits for it)."""
+        (self.workdir / "rabbitmq.pid").unlink(missing_ok=True)
+        subprocess.run(
+            [RABBITMQ_SERVER, "-detached"],
+            env=self.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+            timeout=60,
+            start_new_session=True,
+        )
+
+    def await_startup(self, timeout: float = RABBIT_START_TIMEOUT) -> None:
+        """Wait until the launched node has booted; its PID is then known."""
+        pid_file = self.workdir / "rabbitmq.pid"
+        deadline = time.monotonic() + timeout
+        while self.ctl("await_startup", "-t", "5", check=False, timeout=30) != 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"RabbitMQ node {self.node} did not start within {timeout}s")
+            time.sleep(0.5)
+        self.pid = int(pid_file.read_text().strip())
+
+    def kill(self) -> None:
+        """``kill -9`` the node's Erlang VM (as a crash would) and wait until it is gone."""
+        if self.pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        wait_for(lambda: not _alive(self.pid), f"node {self.node} (pid {self.pid}) to die", 30)
+        self.pid = None
+
+    def restart(self) -> None:
+        """Start it again after :meth:`kill` (same ports, folder and cluster membership)."""
+        self.start()
+        self.restarts += 1
+
+    def stop(self) -> None:
+        """Stop the node by name (``rabbitmqctl stop``); by PID (``kill -9``) if that fails."""
+        if self.pid is None:
+            return
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            self.ctl("stop", timeout=60)
+        if self.pid is not None and _alive(self.pid):
+            self.kill()
+        self.pid = None
+
+    def join(self, first: RabbitNode) -> None:
+        """Join ``first``'s cluster (``stop_app``, ``join_cluster``, ``start_app``)."""
+        self.ctl("stop_app")
+        self.ctl("join_cluster", first.node)
+        self.ctl("start_app")
+        self.ctl("await_startup", "-t", "60")
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:  # gone (psutil.NoSuchProcess)
+        return False
+
+
+class RabbitCluster:
+    """``size`` private :class:`RabbitNode` s sharing one cookie, joined into one cluster.
+
+    The nodes are named ``<prefix>N@localhost``; each has the management plugin on its own port.
+    """
+
+    def __init__(self, workdir: str | Path, size: int = 3, prefix: str | None = None) -> None:
+        import secrets
+
+        self.workdir = Path(workdir)
+        prefix = prefix or f"dlxc{secrets.token_hex(3)}"
+        cookie = secrets.token_hex(16)
+        self.nodes = [
+            RabbitNode(self.workdir / f"n{i}", f"{prefix}n{i}", cookie, management=True)
+            for i in range(size)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def broker_url(self, order: Sequence[int] | None = None) -> str:
+        """The failover URL list (``amqp://a;amqp://b;...``), nodes in ``order``."""
+        picked = order if order is not None else range(len(self.nodes))
+        return ";".join(self.nodes[i].url for i in picked)
+
+    def node_of_port(self, port: int) -> RabbitNode | None:
+        return next((n for n in self.nodes if port in (n.port, n.management_port)), None)
+
+    def start(self) -> None:
+        """Start every node, then join the others to the first one's cluster."""
+        for node in self.nodes:
+            node.launch()
+        for node in self.nodes:
+            node.await_startup()
+        for node in self.nodes[1:]:
+            node.join(self.nodes[0])
+
+    def stop(self) -> None:
+        """Stop every node by name (by PID where that fails); never raises."""
+        for node in reversed(self.nodes):
+            with contextlib.suppress(Exception):
+                node.stop()
+
+
+@contextlib.contextmanager
+def rabbit_cluster(workdir: str | Path, size: int = 3) -> Iterator[RabbitCluster]:
+    """A started cluster of ``size`` private RabbitMQ nodes in ``workdir``; stopped after (also
+    when the start fails half-way)."""
+    cluster = RabbitCluster(workdir, size)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
