@@ -48,7 +48,7 @@ def test_operator_redirects_one_and_a_group_and_they_run_there(
             form = page.locator("#replay-one")
             assert form.locator("input[name=to_queue]").get_attribute("placeholder") == old
             form.locator("input[name=to_queue]").fill(new)
-            page.screenshot(path=str(shots / "replay-redirect-form.png"), full_page=True)
+            page.screenshot(path=str(shots / "replay-redirect-form.png"))
             form.locator("button[type=submit]").click()
             page.wait_for_url(re.compile(r"/jobs/\w+"))
             page.wait_for_selector("#job-status.status-done", timeout=120_000)
