@@ -109,7 +109,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def celery_obituary(i: int) -> Obituary:
     at = now_ms() - 60_000 + i
     body = json.dumps([[f"o-{i}"], {"amount": 10 + i}, {"callbacks": None}]).encode()
-    return Obituary(
+    return Obituary.from_fields(
         id=f"celery-ob-{i}",
         message_id=f"task-{i}",
         queue="orders",
@@ -370,7 +370,9 @@ def test_stats_json(uid: str, key_prefix: str) -> None:
     # As the DLX service does: the graveyard script appended the history, record() counts.
     runtime.record_many([buried_event(old), buried_event(new)], history=False)
     for _ in range(3):
-        runtime.record(FateEvent(fate=REQUEUED, queue="orders", message_id="x", attempt=1))
+        runtime.record(
+            FateEvent.from_fields(fate=REQUEUED, queue="orders", message_id="x", attempt=1)
+        )
     runtime.park(
         ParkedMessage(message_id="p", attempt=1, queue="orders", body=b"", due_ms=now_ms() + 9000)
     )

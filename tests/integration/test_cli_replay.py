@@ -56,7 +56,7 @@ def task_obituary(app: Celery, task_name: str, order: int, *, queue: str | None 
     message = app.amqp.as_task_v2(task_id, task_name, args=(order,))
     content_type, encoding, body = dumps(message.body, serializer="json")
     at = now_ms() - 10_000 + order
-    return Obituary(
+    return Obituary.from_fields(
         id=f"ob-{order}-{task_id[:8]}",
         message_id=task_id,
         queue=queue or app.conf.task_default_queue,

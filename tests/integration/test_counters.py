@@ -28,7 +28,7 @@ def _runtime(key_prefix: str) -> Any:
 def _record(runtime: Any, fate: str, queue: str, at_ms: int, n: int = 1) -> None:
     for i in range(n):
         runtime.record(
-            FateEvent(
+            FateEvent.from_fields(
                 fate=fate,
                 queue=queue,
                 message_id=f"{queue}-{fate}-{at_ms}-{i}",

@@ -46,7 +46,7 @@ def test_the_shortest_and_longest_duration_are_redis_expiries(
     redis_client: Any, keys: Any, seconds: float
 ) -> None:
     ttl = durations.duration(seconds, "dlx_cause_ttl")
-    stash_cause(redis_client, keys, "m-1", CauseRecord(exc_type="E"), ttl)
+    stash_cause(redis_client, keys, "m-1", CauseRecord.from_fields(exc_type="E"), ttl)
     left = redis_client.pttl(keys.cause("m-1"))
     # -2: the 1 ms one is already gone; 0: under a millisecond left (PTTL rounds down), seen
     # on a loaded machine
@@ -59,6 +59,6 @@ def test_an_expiry_below_a_millisecond_is_refused_by_redis_and_the_validator(
     import redis
 
     with pytest.raises(redis.ResponseError, match="invalid expire time"):
-        stash_cause(redis_client, keys, "m-2", CauseRecord(), 0.0004)
+        stash_cause(redis_client, keys, "m-2", CauseRecord.from_fields(), 0.0004)
     with pytest.raises(ConfigurationError, match=r"at least 0\.001 s"):
         durations.duration(0.0004, "dlx_cause_ttl")

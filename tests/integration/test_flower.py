@@ -122,7 +122,7 @@ def flower(tmp_path: Path) -> Iterator[Flower]:
 
 
 def _event(fate: str, message_id: str, **kw: Any) -> FateEvent:
-    return FateEvent(
+    return FateEvent.from_fields(
         fate=fate,
         queue=kw.pop("queue", "orders"),
         message_id=message_id,

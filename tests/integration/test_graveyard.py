@@ -48,7 +48,7 @@ def make(
     **extra: Any,
 ) -> Obituary:
     at = buried_ms if buried_ms is not None else 1_700_000_000_000 + n
-    return Obituary(
+    return Obituary.from_fields(
         id=f"ob-{n}",
         message_id=f"m-{n}",
         queue=queue,

@@ -113,7 +113,7 @@ def parked(message_id: str, queue: str) -> ParkedMessage:
 
 
 def parked_event(message: ParkedMessage) -> FateEvent:
-    return FateEvent(
+    return FateEvent.from_fields(
         fate=PARKED,
         queue=message.queue,
         message_id=message.message_id,

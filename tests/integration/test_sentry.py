@@ -51,7 +51,7 @@ def _app(uid: str, key_prefix: str, **conf: Any) -> Celery:
 
 
 def _burial(cause: str, i: int, importance: str = "page", **kw: Any) -> FateEvent:
-    return FateEvent(
+    return FateEvent.from_fields(
         fate=BURIED,
         queue="orders",
         message_id=f"{cause}-{i}",

@@ -609,7 +609,10 @@ def test_record_many_without_history_counts_and_notifies_only(uid: str, key_pref
     runtime = get_runtime(make_app(uid))
     heard: list[str] = []
     runtime.listeners.append(lambda event: heard.append(event.message_id))
-    events = [FateEvent(fate=BURIED, queue="q", message_id=f"m{i}", attempt=1) for i in range(3)]
+    events = [
+        FateEvent.from_fields(fate=BURIED, queue="q", message_id=f"m{i}", attempt=1)
+        for i in range(3)
+    ]
     runtime.record_many(events, history=False)
     assert runtime.history.length() == 0
     assert heard == ["m0", "m1", "m2"]
@@ -667,7 +670,9 @@ def test_the_service_moves_obituaries_past_retention_to_the_history(
 
     app = make_app(uid, dlx_graveyard_retention=3600)
     runtime = get_runtime(app)
-    old = Obituary(id="old", message_id="m", queue="q", reason="r", buried_ms=1_000, payload=b"x")
+    old = Obituary.from_fields(
+        id="old", message_id="m", queue="q", reason="r", buried_ms=1_000, payload=b"x"
+    )
     Graveyard(runtime.redis, runtime.keys).write_many([(old, buried_event(old))])
     with service(app):
         wait_until(lambda: obituaries.count(runtime) == 0, "the retention sweep")

@@ -176,7 +176,7 @@ def _runtime(key_prefix: str, redis_url: str = "redis://127.0.0.1:6379/0") -> An
 def _parked_event(message: ParkedMessage) -> Any:
     from celery_dlx.fates import PARKED, FateEvent
 
-    return FateEvent(
+    return FateEvent.from_fields(
         fate=PARKED,
         queue=message.queue,
         message_id=message.message_id,

@@ -84,7 +84,7 @@ def _fate_events() -> list[FateEvent]:
             continue
         obituary = fields.get("obituary")
         events.append(
-            FateEvent(
+            FateEvent.from_fields(
                 fate=fields["fate"],
                 queue=fields["queue"],
                 message_id=fields["message_id"],

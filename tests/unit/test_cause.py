@@ -16,7 +16,7 @@ from celery_dlx.message.headers import HistoryEntry, dead_letter_refusal
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_dlx"
 
-FULL = CauseRecord(
+FULL = CauseRecord.from_fields(
     task="proj.tasks.charge",
     queue="celery",
     message_id="t-1",
@@ -66,7 +66,7 @@ def test_the_stored_form_is_what_workers_stashed_before() -> None:
 
 
 def test_a_long_exception_message_is_cut() -> None:
-    record = CauseRecord(exc_message="x" * (EXC_MESSAGE_LIMIT + 10))
+    record = CauseRecord.from_fields(exc_message="x" * (EXC_MESSAGE_LIMIT + 10))
     back = CauseRecord.from_json(record.to_json())
     assert back is not None and back.exc_message == "x" * EXC_MESSAGE_LIMIT
 
@@ -79,14 +79,17 @@ def test_what_is_not_a_stored_object_reads_as_none(raw: Any) -> None:
 @pytest.mark.parametrize(
     ("stored", "expected"),
     [
-        ({}, CauseRecord()),
-        ({"attempt": "x", "reason": 5, "cause": None}, CauseRecord()),
-        ({"attempt": True, "at_ms": False}, CauseRecord()),
-        ({"attempt": 2.0, "first_failure_ms": 7}, CauseRecord(attempt=2, first_failure_ms=7)),
-        ({"at_ms": float("inf")}, CauseRecord()),
-        ({"task": "", "hostname": ""}, CauseRecord(task=None, hostname=None)),
-        ({"task": 5, "queue": ["q"]}, CauseRecord()),
-        ({"history": "nope"}, CauseRecord()),
+        ({}, CauseRecord.from_fields()),
+        ({"attempt": "x", "reason": 5, "cause": None}, CauseRecord.from_fields()),
+        ({"attempt": True, "at_ms": False}, CauseRecord.from_fields()),
+        (
+            {"attempt": 2.0, "first_failure_ms": 7},
+            CauseRecord.from_fields(attempt=2, first_failure_ms=7),
+        ),
+        ({"at_ms": float("inf")}, CauseRecord.from_fields()),
+        ({"task": "", "hostname": ""}, CauseRecord.from_fields(task=None, hostname=None)),
+        ({"task": 5, "queue": ["q"]}, CauseRecord.from_fields()),
+        ({"history": "nope"}, CauseRecord.from_fields()),
         (
             {
                 "history": [
@@ -97,9 +100,11 @@ def test_what_is_not_a_stored_object_reads_as_none(raw: Any) -> None:
                     [2, 3, 4],
                 ]
             },
-            CauseRecord(history=(HistoryEntry(1, "parked", "c"), HistoryEntry(2, "?", ""))),
+            CauseRecord.from_fields(
+                history=(HistoryEntry(1, "parked", "c"), HistoryEntry(2, "?", ""))
+            ),
         ),
-        ({"added_later": 1, "exc_type": "E"}, CauseRecord(exc_type="E")),
+        ({"added_later": 1, "exc_type": "E"}, CauseRecord.from_fields(exc_type="E")),
     ],
     ids=repr,
 )

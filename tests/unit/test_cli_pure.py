@@ -264,7 +264,9 @@ def entry(i: int, message_id: str, fate: str) -> tuple[bytes, dict[bytes, bytes]
 
 
 def obituary(origin: str = "celery") -> Obituary:
-    return Obituary(id="ob", message_id="m", queue="q", reason="r", buried_ms=0, origin=origin)
+    return Obituary.from_fields(
+        id="ob", message_id="m", queue="q", reason="r", buried_ms=0, origin=origin
+    )
 
 
 @pytest.mark.parametrize(

@@ -71,10 +71,14 @@ def test_what_add_counts_writes_read_minutes_reads() -> None:
     keys = Keys("t")
     pipe = FakeRedisPipe()
     events = [
-        FateEvent("parked", "orders", "m1", 1, at_ms=at(100, 5)),
-        FateEvent("parked", "orders", "m2", 1, at_ms=at(100, 59)),
-        FateEvent("buried", "a|b", "m3", 6, at_ms=at(100, 1)),
-        FateEvent("parked", "orders", "m4", 2, at_ms=at(101)),
+        FateEvent.from_fields(
+            "parked", queue="orders", message_id="m1", attempt=1, at_ms=at(100, 5)
+        ),
+        FateEvent.from_fields(
+            "parked", queue="orders", message_id="m2", attempt=1, at_ms=at(100, 59)
+        ),
+        FateEvent.from_fields("buried", queue="a|b", message_id="m3", attempt=6, at_ms=at(100, 1)),
+        FateEvent.from_fields("parked", queue="orders", message_id="m4", attempt=2, at_ms=at(101)),
     ]
     counters.add_counts(pipe, keys, events)
     assert set(pipe.hashes) == {keys.counter(100), keys.counter(101)}

@@ -24,7 +24,7 @@ def event(**overrides: Any) -> FateEvent:
         "at_ms": 1_700_000_000_123,
     }
     data.update(overrides)
-    return FateEvent(**data)
+    return FateEvent.from_fields(**data)
 
 
 @pytest.mark.parametrize(

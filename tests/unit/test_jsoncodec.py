@@ -181,7 +181,9 @@ def test_an_obituary_written_by_the_old_graveyard_codec_reads_back(as_text: bool
 def test_parked_and_obituary_records_tag_alike() -> None:
     headers = {"b": b"\x01", "t": WHEN, "d": Decimal("3"), "day": date(2020, 1, 2)}
     parked = ParkedMessage("m", 1, "q", b"", headers=headers, due_ms=1)
-    ob = Obituary(id="o", message_id="m", queue="q", reason="r", buried_ms=1, headers=headers)
+    ob = Obituary.from_fields(
+        id="o", message_id="m", queue="q", reason="r", buried_ms=1, headers=headers
+    )
     assert json.loads(parked.meta_json())["headers"] == json.loads(ob.record_json())["headers"]
     assert ParkedMessage.from_stored(parked.meta_json(), b"").headers == headers
     assert Obituary.from_record(ob.record_json()).headers == headers

@@ -372,7 +372,9 @@ def runtime_with(backend: str) -> Runtime:
 
 
 def event() -> FateEvent:
-    return FateEvent(fate=PARKED, queue="orders", message_id="m-1", attempt=1, delay=0.5)
+    return FateEvent.from_fields(
+        fate=PARKED, queue="orders", message_id="m-1", attempt=1, delay=0.5
+    )
 
 
 def test_with_ttl_a_history_outage_does_not_fail_the_fate_and_is_logged_once(

@@ -44,7 +44,7 @@ def obituary(**overrides: Any) -> Obituary:
         "payload_size": 3,
     }
     data.update(overrides)
-    return Obituary(**data)
+    return Obituary.from_fields(**data)
 
 
 def test_jsonable_round_trips_amqp_values() -> None:

@@ -116,7 +116,7 @@ def test_obituary_records_keep_any_header_table(
 ) -> None:
     """The graveyard's record codec: an obituary comes back with the tables it was written with
     (a table shaped like a codec tag once made the obituary unreadable, hence invisible)."""
-    ob = Obituary(
+    ob = Obituary.from_fields(
         id="o",
         message_id="m",
         queue="q",

@@ -42,7 +42,7 @@ def _buried(**kw: object) -> FateEvent:
         "at_ms": 1_700_000_060_000,
     }
     base.update(kw)
-    return FateEvent(**base)  # type: ignore[arg-type]
+    return FateEvent.from_fields(**base)  # type: ignore[arg-type]
 
 
 def test_burial_event_groups_by_cause_and_tags_the_fate() -> None:
@@ -91,7 +91,7 @@ def test_obituary_id_from_extra() -> None:
 
 def test_fate_breadcrumb_carries_queue_attempt_cause_and_delay() -> None:
     crumb = fate_breadcrumb(
-        FateEvent(
+        FateEvent.from_fields(
             fate=PARKED, queue="q", message_id="m", attempt=3, task="t", cause="c", delay=12.5
         )
     )

@@ -73,7 +73,9 @@ def _log_like_celery(logger: logging.Logger, level: int, description: str, name:
 
 
 def _event(fate: str, message_id: str) -> FateEvent:
-    return FateEvent(fate=fate, queue="q", message_id=message_id, attempt=1, task="dlx.charge")
+    return FateEvent.from_fields(
+        fate=fate, queue="q", message_id=message_id, attempt=1, task="dlx.charge"
+    )
 
 
 def test_ignored_line_of_a_requeue_or_park_recorded_here_is_dropped(

@@ -72,7 +72,7 @@ def _reporter(limit: int = 10, **settings: Any) -> tuple[SentryReporter, FakeBud
 def _event(
     fate: str = BURIED, cause: str = "cause-a", importance: str = "page", **kw: Any
 ) -> FateEvent:
-    return FateEvent(
+    return FateEvent.from_fields(
         fate=fate,
         queue="orders",
         message_id=kw.pop("message_id", "m-1"),

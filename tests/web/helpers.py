@@ -51,7 +51,7 @@ def task_obituary(
     content_type, encoding, body = dumps(message.body, serializer="json")
     at = at if at is not None else now_ms() - 10_000 + order
     raw = body if isinstance(body, bytes) else body.encode()
-    return Obituary(
+    return Obituary.from_fields(
         id=f"ob-{order}-{task_id[:8]}",
         message_id=task_id,
         queue=app.conf.task_default_queue,
@@ -90,7 +90,7 @@ def foreign_obituary(
 ) -> Obituary:
     mid = f"m-{uuid.uuid4().hex[:12]}"
     at = now_ms() - 5_000 + order
-    return Obituary(
+    return Obituary.from_fields(
         id=f"fob-{order}-{mid}",
         message_id=mid,
         queue=queue,

@@ -155,7 +155,10 @@ def populate(console: dict[str, Any]) -> dict[str, Any]:
             ("buried", minute % 3),
         ):
             events_.extend(
-                FateEvent(fate, queue, f"c-{minute}-{fate}-{k}", 1, at_ms=at) for k in range(n)
+                FateEvent.from_fields(
+                    fate, queue=queue, message_id=f"c-{minute}-{fate}-{k}", attempt=1, at_ms=at
+                )
+                for k in range(n)
             )
     runtime.record_many(events_)
     return {"celery": celery, "proto": proto, "orders": orders, "legacy": legacy}

@@ -213,7 +213,12 @@ def test_parked_page_and_overview(console: dict[str, Any]) -> None:
     ):
         runtime.store.park(ParkedMessage(f"p{i}", 1, queue, b"{}", due_ms=due, cause="c"))
     bury(runtime, [task_obituary(console["app"], console["task"].name, 1)])
-    runtime.record_many([FateEvent("requeued", "alpha", f"r{i}", 1) for i in range(3)])
+    runtime.record_many(
+        [
+            FateEvent.from_fields("requeued", queue="alpha", message_id=f"r{i}", attempt=1)
+            for i in range(3)
+        ]
+    )
     page = console["viewer"].get("/parked").text
     assert '<span id="parked-count">4</span> parked, <span id="parked-due">2</span> due now' in page
     rows = re.findall(
@@ -237,7 +242,12 @@ def test_metrics_read_redis_at_scrape_time(console: dict[str, Any]) -> None:
     app, runtime = console["app"], console["runtime"]
     queue = app.conf.task_default_queue
     bury(runtime, [task_obituary(app, console["task"].name, i) for i in range(3)])
-    runtime.record_many([FateEvent("buried", queue, f"b{i}", 5) for i in range(3)])
+    runtime.record_many(
+        [
+            FateEvent.from_fields("buried", queue=queue, message_id=f"b{i}", attempt=5)
+            for i in range(3)
+        ]
+    )
     runtime.store.park(ParkedMessage("p1", 1, queue, b"{}", due_ms=now_ms() - 10_000))
     reply = console["viewer"].get("/metrics")
     assert reply.status == 200 and reply.headers["content-type"].startswith("text/plain")
