@@ -43,21 +43,30 @@ class Attempt:
 class Obituary(KnownAttempt):
     """The record of one buried message.
 
+    Its :class:`Failure` (``failure``) holds the facts of the burial, read as attributes of the
+    obituary as before (``ob.cause``, ``ob.traceback = ...`` replaces the failure); the failure's
+    ``at_ms`` is the obituary's ``last_failure_ms``. Build one from flat fields with
+    :meth:`from_fields`.
+
     Attributes:
         id: the obituary id, derived from queue, message id, attempt and replay (stable, so a
             redelivered dead letter writes the same obituary).
-        message_id: the message's stable id (``headers.message_identity``).
-        queue: the queue the message died in (its retries and replays return there).
-        reason: why it was buried (burial reason, ``undecodable: ...``, x-death reason...).
         buried_ms: when the graveyard received it (epoch ms).
-        task: the Celery task name, None for foreign messages.
+        failure: the burial's facts:
+
+            - message_id: the message's stable id (``headers.message_identity``).
+            - queue: the queue the message died in (its retries and replays return there).
+            - reason: why it was buried (burial reason, ``undecodable: ...``, x-death reason...).
+            - task: the Celery task name, None for foreign messages.
+            - cause: cause fingerprint (task or queue + exception type + normalized message).
+            - exc_type, exc_message, traceback: the last failure, as far as it is known.
+            - importance: page, notify or ignore.
+            - attempt: failed runs, the last one included.
+            - first_failure_ms, last_failure_ms (``at_ms``): first and last failure times.
+            - code_version: ``dlx_code_version`` or the environment's, at burial.
+            - hostname: the worker that decided the burial, or the DLX service's host.
         origin: ``celery`` or ``foreign``.
-        cause: cause fingerprint (task or queue + exception type + normalized message).
-        exc_type, exc_message, traceback: the last failure, as far as it is known.
-        importance: page, notify or ignore.
-        attempt: failed runs, the last one included.
         attempts: every failed run with its time and fate, ending with the burial.
-        first_failure_ms, last_failure_ms: first and last failure times (epoch ms).
         death_reason: the broker's x-death reason (rejected, expired, maxlen, delivery_limit), or
             ``published`` when a worker buried the message by publishing a clean copy.
         x_death: the broker's x-death tables, JSON-safe.
@@ -65,8 +74,6 @@ class Obituary(KnownAttempt):
         exchange, routing_key: where the dead letter was published (the DLX and the queue name).
         payload: the raw body; None when the obituary was listed without it.
         payload_size: body length in bytes.
-        code_version: ``dlx_code_version`` or the environment's, at burial.
-        hostname: the worker that decided the burial, or the DLX service's host.
         replayed_from: the obituary this message was replayed from, if any.
         replays: epoch ms of every replay of this obituary (from the replay ledger).
     """
