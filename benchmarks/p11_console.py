@@ -54,7 +54,7 @@ def make_obituaries(app: Any, n: int, causes: int, start: int) -> Any:
         message = app.amqp.as_task_v2(task_id, task, args=(i,), kwargs={"order_id": f"o-{i}"})
         body = json.dumps(message.body, separators=(",", ":")).encode()
         at = now - (n - i) * 20 - start
-        yield Obituary(
+        yield Obituary.from_fields(
             id=f"ob-{i}-{task_id[:8]}",
             message_id=task_id,
             queue=f"work-{c % 6}",

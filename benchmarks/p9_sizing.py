@@ -124,7 +124,7 @@ def measure_graveyard(client: Any, n: int, body_bytes: int) -> dict[str, float]:
     for start in range(0, n, BATCH):
         items = []
         for i in range(start, min(n, start + BATCH)):
-            ob = Obituary(
+            ob = Obituary.from_fields(
                 id=uuid.uuid4().hex[:20],
                 message_id=str(uuid.uuid4()),
                 queue="shop.charge",
@@ -163,7 +163,7 @@ def measure_history(client: Any, n: int) -> dict[str, float]:
     before = used(client)
     for start in range(0, n, BATCH):
         history.append_many(
-            FateEvent(
+            FateEvent.from_fields(
                 fate=PARKED,
                 queue="shop.charge",
                 message_id=str(uuid.uuid4()),
