@@ -106,7 +106,7 @@ BENCHMARKS: list[tuple[str, str, list[str], list[str]]] = [
         # --warmup 2000 --parked 20000 --parked-high 120000.
         [
             *("--warmup", "1000", "--parked", "5000", "--parked-high", "15000"),
-            *("--plain", "2000", "--rounds", "3"),
+            *("--plain", "1000", "--rounds", "3"),
         ],
         ["--warmup", "1000", "--parked", "1000", "--parked-high", "4000", "--rounds", "3"],
     ),
