@@ -221,9 +221,12 @@ def classify(frames: list[str]) -> str | None:
         if "get_payload (billiard/queues.py" in stack and "_recv (billiard/connection.py" in stack:
             return IDLE
     else:
-        if "asynloop (celery/worker/loops.py" not in stack and "synloop (" not in stack:
+        pool_thread = "(concurrent/futures/thread.py" in stack  # the threads pool's workers
+        if "synloop (celery/worker/loops.py" not in stack and not pool_thread:
             return None  # start-up, shutdown, helper threads
         leaf = frames[-1]
+        if pool_thread and "(celery/app/trace.py" not in stack and "wait (threading.py" in stack:
+            return IDLE
         if "poll (" in leaf and "Hub.create_loop" in stack:
             return IDLE
         waiting = "poll (" in leaf or "select (" in leaf
