@@ -225,8 +225,9 @@ def classify(frames: list[str]) -> str | None:
         if "synloop (celery/worker/loops.py" not in stack and not pool_thread:
             return None  # start-up, shutdown, helper threads
         leaf = frames[-1]
-        if pool_thread and "(celery/app/trace.py" not in stack and "wait (threading.py" in stack:
-            return IDLE
+        thread_waits = "wait (threading.py" in stack or leaf.startswith("_worker (concurrent/")
+        if pool_thread and thread_waits and "(celery/app/trace.py" not in stack:
+            return IDLE  # a pool thread waiting for its next task
         if "poll (" in leaf and "Hub.create_loop" in stack:
             return IDLE
         waiting = "poll (" in leaf or "select (" in leaf
