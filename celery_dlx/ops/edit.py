@@ -1,0 +1,469 @@
+"""Edit and replay: change a buried message's payload or headers, see the diff, replay the copy.
+
+:func:`plan_edit` builds the edited copy of one obituary without any I/O beyond reading it: the
+payload decoded exactly (JSON, a Celery JSON message, protobuf of its best-fitting registered
+type; pickle and anything else refused), the paths set, the body encoded back, the headers
+changed, and a new message id. :func:`edit` prints nothing: it plans, and with ``replay``
+publishes the copy as :func:`celery_dlx.ops.replay.replay_copy` builds a replay (default
+exchange, fresh attempt budget, ``to_queue`` checked the same way), then records it: the replay
+ledger of the original obituary, a ``replayed`` history entry naming the edit, and an ``edit``
+entry of the audit log (who, when, which paths and headers, the new message id). The original
+obituary stays in the graveyard.
+
+The edited copy is a new message: a new message id and, for a Celery task, a new task id (the
+``id`` header, ``correlation_id``, and ``root_id`` when the task was its own root), so its result,
+its events and its own failures are a new task's, never mixed with the run that died. It carries
+``x-dlx-edited-from`` = the obituary id (and ``x-dlx-replayed``, as every replay).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery_dlx.broker.errors import BROKER_ERRORS
+from celery_dlx.codecs import ProtobufRegistry, decode_payload
+from celery_dlx.codecs.editing import (
+    ABSENT,
+    Change,
+    EditedBody,
+    EditError,
+    diff_lines,
+    edit_json,
+    edit_protobuf,
+    parse_protobuf,
+    readable,
+    refuse_unsafe,
+)
+from celery_dlx.codecs.result import KIND_CELERY, KIND_PROTOBUF, Decoded
+from celery_dlx.fates import AUDIT, REPLAYED, FateEvent, now_ms
+from celery_dlx.message.failure import Failure
+from celery_dlx.message.names import BROKER_HEADER_PREFIXES, BROKER_HEADERS
+from celery_dlx.message.obituary import Obituary
+from celery_dlx.message.outgoing import Outgoing
+from celery_dlx.ops import obituaries
+from celery_dlx.ops.replay import check_target_queue, replay_copy
+from celery_dlx.wiring.runtime import Runtime
+
+#: Header an edited copy carries: the id of the obituary it was edited from.
+EDITED_FROM_HEADER = "x-dlx-edited-from"
+#: The audit log's action name of an edit.
+EDIT_ACTION = "edit"
+#: Entries kept in the audit stream (the console's limit too).
+AUDIT_MAXLEN = 10000
+#: Headers of a Celery task message an edit may not set: the edit gives them new values.
+CELERY_ID_HEADERS = ("id", "root_id")
+
+
+@dataclass
+class EditPlan:
+    """The edited copy of one obituary and what changed (nothing published yet)."""
+
+    obituary_id: str
+    queue: str
+    kind: str
+    type_name: str | None
+    outgoing: Outgoing
+    changes: list[Change]
+    header_changes: list[Change]
+    old_message_id: str
+    new_message_id: str
+    task_id: str | None = None
+    replaced_payload: bool = False
+
+    @property
+    def paths(self) -> list[str]:
+        return [c.path for c in self.changes]
+
+    @property
+    def header_names(self) -> list[str]:
+        return [c.path for c in self.header_changes]
+
+    def diff(self) -> list[str]:
+        """The diff as text: one before/after pair per changed path and header."""
+        lines = ["payload replaced from a file"] if self.replaced_payload else []
+        return lines + diff_lines(self.changes, self.header_changes)
+
+
+@dataclass
+class EditReport:
+    """What :func:`edit` did (or, without ``replay`` or on a dry run, would do)."""
+
+    plan: EditPlan
+    replayed: bool = False
+    dry_run: bool = False
+    to_queue: str | None = None
+    at_ms: int = 0
+    audit_id: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.plan
+        return {
+            "obituary_id": p.obituary_id,
+            "queue": p.queue,
+            "to_queue": self.to_queue,
+            "kind": p.kind,
+            "type_name": p.type_name,
+            "old_message_id": p.old_message_id,
+            "new_message_id": p.new_message_id,
+            "task_id": p.task_id,
+            "payload_replaced": p.replaced_payload,
+            "changes": [_json_change(c) for c in p.changes],
+            "headers": [_json_change(c) for c in p.header_changes],
+            "dry_run": self.dry_run,
+            "replayed": self.replayed,
+            "at_ms": self.at_ms or None,
+            "audit_id": self.audit_id,
+        }
+
+
+def _json_change(change: Change) -> dict[str, Any]:
+    return change.to_json()
+
+
+def check_header_name(name: str) -> str:
+    """``name``, unless an edit may not set it.
+
+    Raises:
+        EditError: an empty name, or one of celery_dlx's ``x-dlx-*`` or the broker's
+            ``x-death*`` headers.
+    """
+    clean = name.strip()
+    if not clean:
+        raise EditError("--header takes NAME=JSON with a non-empty NAME")
+    lowered = clean.lower()
+    if lowered.startswith("x-dlx-") or lowered.startswith(
+        (*BROKER_HEADER_PREFIXES, *BROKER_HEADERS)
+    ):
+        raise EditError(
+            f"header {clean!r} cannot be edited: x-dlx-* headers are celery_dlx's and x-death* "
+            "the broker's (a replay sets them itself)"
+        )
+    return clean
+
+
+def plan_edit(
+    ob: Obituary,
+    *,
+    sets: Sequence[tuple[str, Any]] = (),
+    headers: Sequence[tuple[str, Any]] = (),
+    payload: bytes | None = None,
+    registry: ProtobufRegistry | None = None,
+    to_queue: str | None = None,
+    new_id: str | None = None,
+) -> EditPlan:
+    """The edited copy of ``ob`` (pure: nothing read but ``ob``, nothing published).
+
+    Args:
+        ob: the obituary, with its payload.
+        sets: ``(path, value)`` pairs applied to the decoded payload, in order.
+        headers: ``(name, value)`` pairs; a value of None removes the header.
+        payload: a whole new body (checked to decode as the original's content); ``sets`` are
+            then applied to it.
+        registry: protobuf types (the best-fitting one is used to encode back).
+        to_queue: the queue the copy goes to (already checked), else the one it died in.
+        new_id: the new message (and task) id; a random UUID when None.
+
+    Raises:
+        EditError: nothing to edit, an unsafe or undecodable body, a path or value that does not
+            fit, a header an edit may not set.
+    """
+    if not sets and not headers and payload is None:
+        raise EditError("nothing to edit: give --set PATH=JSON, --header NAME=JSON or --payload")
+    original = ob.payload or b""
+    refuse_unsafe(original, ob.content_type)
+    decoded = _decode(ob, original, registry)
+    why = readable(decoded.kind, decoded)
+    if why is not None:
+        raise EditError(f"obituary {ob.id}: {why}")
+    body = original if payload is None else _checked_payload(ob, payload, decoded, registry)
+    is_celery = decoded.kind == KIND_CELERY
+    protocol = (
+        decoded.data.get("protocol") if is_celery and isinstance(decoded.data, dict) else None
+    )
+    new_id = new_id or str(uuid.uuid4())
+    edited = _edit_body(ob, body, decoded, sets, registry, new_id if protocol == 1 else None)
+    out = replay_copy(ob, to_queue=to_queue)
+    out.body = edited.body
+    header_changes = _edit_headers(out.headers, headers, is_celery)
+    out.headers[EDITED_FROM_HEADER] = ob.id
+    old_id = ob.message_id
+    task_id = None
+    if is_celery:
+        task_id = new_id
+        old_task = _text(ob.headers.get("id")) if protocol == 2 else _body_id(original)
+        if protocol == 2:
+            out.headers["id"] = new_id
+            if _text(ob.headers.get("root_id")) in (None, old_task):
+                out.headers["root_id"] = new_id
+        if out.properties.get("correlation_id") in (None, old_task):
+            out.properties["correlation_id"] = new_id
+        old_id = old_task or old_id
+    if "message_id" in out.properties or not is_celery:
+        out.properties["message_id"] = new_id
+    return EditPlan(
+        obituary_id=ob.id,
+        queue=to_queue or ob.queue,
+        kind=decoded.kind,
+        type_name=edited.type_name,
+        outgoing=out,
+        changes=edited.changes,
+        header_changes=header_changes,
+        old_message_id=old_id,
+        new_message_id=new_id,
+        task_id=task_id,
+        replaced_payload=payload is not None,
+    )
+
+
+def _decode(ob: Obituary, body: bytes, registry: ProtobufRegistry | None) -> Decoded:
+    return decode_payload(
+        body,
+        content_type=ob.content_type,
+        content_encoding=ob.content_encoding,
+        headers=ob.headers,
+        registry=registry,
+    )
+
+
+def _checked_payload(
+    ob: Obituary, payload: bytes, original: Decoded, registry: ProtobufRegistry | None
+) -> bytes:
+    refuse_unsafe(payload, ob.content_type)
+    found = _decode(ob, payload, registry)
+    why = readable(found.kind, found)
+    if why is not None:
+        raise EditError(f"--payload: {why}")
+    if original.kind == KIND_PROTOBUF and original.type_name and registry is not None:
+        parse_protobuf(payload, original.type_name, registry)
+    elif found.kind != original.kind:
+        raise EditError(
+            f"--payload: the new body reads as {found.kind} but the message is {original.kind} "
+            f"(content type {ob.content_type or 'none'})"
+            + (": " + "; ".join(found.notes) if found.notes else "")
+        )
+    return payload
+
+
+def _edit_body(
+    ob: Obituary,
+    body: bytes,
+    decoded: Decoded,
+    sets: Sequence[tuple[str, Any]],
+    registry: ProtobufRegistry | None,
+    p1_task_id: str | None,
+) -> EditedBody:
+    if decoded.kind == KIND_PROTOBUF:
+        if registry is None or not decoded.type_name:
+            raise EditError("a protobuf body is edited with its registered type: none is known")
+        if not sets:
+            return EditedBody(KIND_PROTOBUF, body, [], decoded.type_name)
+        return edit_protobuf(body, decoded.type_name, registry, sets)
+    if not sets and p1_task_id is None:
+        return EditedBody(decoded.kind, body, [])
+    return edit_json(body, decoded.kind, sets, ob.headers, task_id=p1_task_id)
+
+
+def _edit_headers(
+    current: dict[str, Any], edits: Sequence[tuple[str, Any]], is_celery: bool
+) -> list[Change]:
+    changes = []
+    for raw_name, value in edits:
+        name = check_header_name(raw_name)
+        if is_celery and name in CELERY_ID_HEADERS:
+            raise EditError(
+                f"header {name!r} cannot be edited: an edited Celery task gets a new task id"
+            )
+        before = current.get(name, ABSENT)
+        if value is None:
+            current.pop(name, None)
+            changes.append(Change(name, _safe(before), ABSENT))
+        else:
+            current[name] = value
+            changes.append(Change(name, _safe(before), value))
+    return changes
+
+
+def _safe(value: Any) -> Any:
+    if value is ABSENT:
+        return ABSENT
+    return json.loads(json.dumps(value, default=_text))
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return None if value is None else str(value)
+
+
+def _body_id(body: bytes) -> str | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return _text(value.get("id")) if isinstance(value, Mapping) else None
+
+
+def edit(
+    runtime: Runtime,
+    ident: str,
+    *,
+    sets: Sequence[tuple[str, Any]] = (),
+    headers: Sequence[tuple[str, Any]] = (),
+    payload: bytes | None = None,
+    registry: ProtobufRegistry | None = None,
+    replay: bool = False,
+    dry_run: bool = False,
+    to_queue: str | None = None,
+    user: str = "",
+    role: str = "cli",
+) -> EditReport:
+    """Edit obituary ``ident`` (an obituary id or message id) and, with ``replay``, publish the
+    edited copy and record the edit.
+
+    Without ``replay``, or with ``dry_run``, only the plan (the diff) is returned: nothing is
+    published or recorded.
+
+    Raises:
+        DLXError: no such obituary, ``to_queue`` does not exist (checked on dry runs too), or an
+            :class:`EditError` of :func:`plan_edit`. A copy the broker did not confirm raises
+            too (nothing recorded).
+    """
+    ob = obituaries.get_obituary(runtime, ident)
+    if ob is None:
+        raise EditError(f"no obituary with id or message id {ident!r}")
+    if to_queue is not None:
+        to_queue = check_target_queue(runtime, to_queue)
+    plan = plan_edit(
+        ob, sets=sets, headers=headers, payload=payload, registry=registry, to_queue=to_queue
+    )
+    report = EditReport(plan, dry_run=dry_run, to_queue=to_queue)
+    if not replay or dry_run:
+        return report
+    try:
+        confirmed = runtime.publisher.publish_many([plan.outgoing])
+    except BROKER_ERRORS as exc:
+        runtime.reset_publisher()
+        raise EditError(f"edited copy of {ob.id} not replayed: not confirmed ({exc})") from exc
+    if not all(confirmed):
+        raise EditError(
+            f"edited copy of {ob.id} not replayed: the broker refused it (queue {plan.queue!r} "
+            "missing?)"
+        )
+    at = now_ms()
+    runtime.graveyard.add_replays([(ob.id, at)], to_queue=to_queue or "")
+    runtime.record(_replayed_event(ob, plan, at, user or "?"))
+    report.replayed = True
+    report.at_ms = at
+    report.audit_id = _audit(runtime, ob, plan, at, user or "?", role)
+    return report
+
+
+def _replayed_event(ob: Obituary, plan: EditPlan, at: int, user: str) -> FateEvent:
+    reason = f"edited and replayed from obituary {ob.id} by {user} as message {plan.new_message_id}"
+    extra: dict[str, object] = {
+        "obituary_id": ob.id,
+        "keep_attempts": False,
+        "forced": True,
+        "edited": True,
+        "edited_by": user,
+        "edited_paths": plan.paths,
+        "edited_headers": plan.header_names,
+        "payload_replaced": plan.replaced_payload,
+        "new_message_id": plan.new_message_id,
+    }
+    if plan.queue != ob.queue:
+        reason += f" to queue {plan.queue} (died in {ob.queue})"
+        extra.update(from_queue=ob.queue, to_queue=plan.queue)
+    failure = Failure(
+        task=ob.task,
+        queue=ob.queue,
+        message_id=ob.message_id,
+        attempt=0,
+        cause=ob.cause,
+        exc_type=ob.exc_type,
+        reason=reason,
+        importance=ob.importance,
+        first_failure_ms=ob.first_failure_ms,
+        at_ms=at,
+    )
+    return FateEvent.of(REPLAYED, failure, extra=extra)
+
+
+def _audit(runtime: Runtime, ob: Obituary, plan: EditPlan, at: int, user: str, role: str) -> str:
+    """The ``edit`` entry of the audit log (the console's audit page shows CLI edits too)."""
+    params = {
+        "queue": ob.queue,
+        "cause": ob.cause,
+        "paths": plan.paths,
+        "headers": plan.header_names,
+        "payload_replaced": plan.replaced_payload,
+        "to_queue": plan.queue if plan.queue != ob.queue else None,
+    }
+    result = {
+        "new_message_id": plan.new_message_id,
+        "task_id": plan.task_id,
+        "changes": [_json_change(c) for c in plan.changes],
+        "headers": [_json_change(c) for c in plan.header_changes],
+    }
+    what = ", ".join(plan.paths + [f"header {h}" for h in plan.header_names]) or "payload"
+    summary = f"edited {what}; replayed as message {plan.new_message_id}"
+    fields = {
+        "at_ms": str(at),
+        "user": user,
+        "role": role,
+        "action": EDIT_ACTION,
+        "target": ob.id,
+        "params": json.dumps(params, sort_keys=True, default=str),
+        "status": "done",
+        "summary": summary,
+        "result": json.dumps(result, sort_keys=True, default=str)[:100_000],
+        "job": "",
+    }
+    failure = Failure(
+        queue=ob.queue,
+        message_id=f"audit:edit:{ob.id}",
+        attempt=0,
+        cause=ob.cause,
+        reason=f"{user} ({role}) {EDIT_ACTION} {ob.id}: {summary}",
+        importance="notify",
+        at_ms=at,
+    )
+    return runtime.history.append_audit(fields, FateEvent.of(AUDIT, failure), maxlen=AUDIT_MAXLEN)
+
+
+def edits_of(runtime: Runtime, obituary_id: str, *, scan: int = 1000) -> list[dict[str, Any]]:
+    """The edits recorded for ``obituary_id`` among the latest ``scan`` audit entries, newest
+    first: when, who, which paths and headers, the new message id."""
+    out = []
+    for entry_id, fields in runtime.history.audit(scan):
+        if fields.get("action") != EDIT_ACTION or fields.get("target") != obituary_id:
+            continue
+        params = _loads(fields.get("params"))
+        result = _loads(fields.get("result"))
+        out.append(
+            {
+                "id": entry_id,
+                "at_ms": int(fields.get("at_ms") or 0),
+                "user": fields.get("user", ""),
+                "role": fields.get("role", ""),
+                "paths": params.get("paths", []),
+                "headers": params.get("headers", []),
+                "payload_replaced": bool(params.get("payload_replaced")),
+                "to_queue": params.get("to_queue"),
+                "new_message_id": result.get("new_message_id"),
+            }
+        )
+    return out
+
+
+def _loads(raw: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
