@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from celery_dlx.message.failure import Failure, KnownAttempt
@@ -101,8 +101,7 @@ class FateEvent(KnownAttempt):
 
     def __post_init__(self) -> None:
         if self.failure.at_ms is None or self.failure.attempt is None:
-            self.failure = replace(
-                self.failure,
+            self.failure = self.failure.but(
                 at_ms=now_ms() if self.failure.at_ms is None else self.failure.at_ms,
                 attempt=self.failure.attempt or 0,
             )

@@ -17,7 +17,7 @@ the DLX service fill it in).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 
@@ -56,6 +56,20 @@ class Failure:
     hostname: str | None = None
     code_version: str | None = None
 
+    def but(self, **change: Any) -> Failure:
+        """A copy with ``change`` (as :func:`dataclasses.replace`, without its cost: a burial's
+        event and every assignment to a holder's field make one).
+
+        Raises:
+            TypeError: ``change`` names something that is not a field.
+        """
+        unknown = change.keys() - FAILURE_FIELDS
+        if unknown:
+            raise TypeError(f"Failure has no field {', '.join(sorted(unknown))}")
+        copy = object.__new__(Failure)
+        copy.__dict__.update(self.__dict__, **change)
+        return copy
+
 
 #: The names of a :class:`Failure`'s fields.
 FAILURE_FIELDS = frozenset(f.name for f in fields(Failure))
@@ -78,7 +92,7 @@ class FailureFacts:
     failure: Failure
 
     def _set(self, **change: Any) -> None:
-        self.failure = replace(self.failure, **change)
+        self.failure = self.failure.but(**change)
 
     @property
     def task(self) -> str | None:

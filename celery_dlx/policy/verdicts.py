@@ -82,8 +82,7 @@ def bury_from_record(
     """The burial a worker decided, with the cause it stashed (unknown fields from the letter)."""
     queue = record.queue or letter.queue
     task = record.task or letter.task
-    failure = replace(
-        record.failure,
+    failure = record.failure.but(
         task=task,
         queue=queue,
         message_id=record.message_id or letter.identity,
@@ -261,8 +260,7 @@ def build_obituary(
     first = verdict.first_failure_ms
     if first is None:
         first = failures[0] if failures else verdict.last_failure_ms
-    failure = replace(
-        verdict.failure,
+    failure = verdict.failure.but(
         # The letter's identity names the obituary and its replays, whatever a record said.
         message_id=letter.identity,
         queue=verdict.queue or letter.queue,

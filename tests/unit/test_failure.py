@@ -329,3 +329,15 @@ def test_a_failures_fields_are_declared_once(holder: type) -> None:
     assert declared & FAILURE_FIELDS == set()
     # ...and read through the failure, as before.
     assert {"cause", "exc_type", "reason", "importance", "attempt"} <= set(dir(holder))
+
+
+def test_but_copies_a_failure_with_changes() -> None:
+    failure = Failure(cause="c", attempt=1)
+    changed = failure.but(reason="r", attempt=2)
+    assert (failure.reason, failure.attempt) == ("", 1)
+    assert changed == Failure(cause="c", reason="r", attempt=2)
+    assert hash(changed) == hash(Failure(cause="c", reason="r", attempt=2))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        changed.reason = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="nope"):
+        failure.but(nope=1)
