@@ -48,6 +48,7 @@ CHOICES = {
     "dlx_importance": config.IMPORTANCES,
     "dlx_expired": config.EXPIRED_ACTIONS,
     "dlx_delay_backend": config.DELAY_BACKENDS,
+    "dlx_redis_shards": config.REDIS_SHARDS,
 }
 #: The keys of one ``dlx_queues`` entry; each refines the setting of the same name for a queue.
 QUEUE_KEYS = {

@@ -222,5 +222,33 @@ def export_command(
     )
 
 
+@click.command("migrate-keys")
+@click.option("--dry-run", is_flag=True, help="Count what would move, per queue; change nothing.")
+@json_option
+@click.pass_context
+@handle_errors
+def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+    """Move parked retries from the single-tag Redis layout to keys per queue.
+
+    For dlx_redis_shards = "queue" (the default on a ?cluster=true URL): copies each retry
+    parked under {prefix}:parked:* to its queue's keys, then deletes the original. Safe to run
+    while workers run and to run again after an interruption (nothing is lost). Obituaries and
+    the failure history keep their single-tag keys and are not moved.
+    """
+    done = runtime_of(ctx).migrate_parked_keys(dry_run=dry_run)
+    if as_json:
+        echo_json({"dry_run": dry_run, **done.__dict__})
+        return
+    for queue, n in sorted((done.queues or {}).items()):
+        click.echo(f"{queue}: {n}")
+    if dry_run:
+        click.echo(f"{done.found} parked retries would move ({done.left} unreadable, left)")
+    else:
+        click.echo(
+            f"{done.moved} of {done.found} parked retries moved ({done.copied} copied now, "
+            f"{done.present} copied by an earlier run); {done.left} left in place"
+        )
+
+
 #: The commands this module adds to the ``dlx`` group.
-COMMANDS = (parked_command, stats_command, export_command)
+COMMANDS = (parked_command, stats_command, export_command, migrate_keys_command)

@@ -63,6 +63,12 @@ DEFAULT_SERVICE_QUEUE = "celery_dlx.dead"
 DEFAULT_KEY_PREFIX = "dlx"
 
 
+#: Buckets of one queue's parked retries with ``dlx_redis_shards = "queue"``: an entry's bucket
+#: is the CRC-32 of its entry id modulo this, so the keys of one queue spread over as many hash
+#: slots. Fixed: changing it would strand entries in buckets nothing reads.
+PARKED_BUCKETS = 8
+
+
 class Keys:
     """Redis key names for one prefix.
 
@@ -111,6 +117,21 @@ class Keys:
         self.web_audit = f"{base}:web:audit"
         #: String: the token of the worker whose drainer holds the drain lease (with a TTL).
         self.drain_lease = f"{base}:drain:lease"
+        #: Set: the queues whose parked retries have keys of their own (``dlx_redis_shards =
+        #: "queue"``, see :meth:`parked_shard`); cross-queue reads and the drain read it.
+        self.parked_queues = f"{base}:parked:queues"
+
+    def parked_shard(self, queue: str, bucket: int) -> ParkedKeys:
+        """The parked-retry keys of one bucket of ``queue`` (``0 <= bucket <``
+        :data:`PARKED_BUCKETS`), under a hash tag of their own (``{prefix:q:QUEUE:BUCKET}``), so a
+        Redis Cluster spreads retries over its masters, those of one busy queue too
+        (``dlx_redis_shards = "queue"``)."""
+        return ParkedKeys("{" + f"{self.prefix}:q:{queue}:{bucket}" + "}")
+
+    @property
+    def parked_legacy(self) -> ParkedKeys:
+        """The parked-retry keys of the single-tag layout (every queue under ``{prefix}``)."""
+        return ParkedKeys("{" + self.prefix + "}")
 
     def cause(self, message_id: str) -> str:
         return f"{self.cause_prefix}{message_id}"
@@ -133,6 +154,21 @@ class Keys:
     def budget(self, name: str) -> str:
         """The prefix of one rate-limit budget's keys (``budget(name) + what``)."""
         return f"{self.budget_prefix}{name}:"
+
+
+class ParkedKeys:
+    """The three keys of one set of parked retries: all of an app's (``Keys.parked_legacy``)
+    or one queue's (:meth:`Keys.parked_shard`). They share one hash tag (one Cluster slot), so
+    the parking store's Lua scripts touch one slot."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        #: Sorted set: entry id -> due time (ms); a claimed entry is re-scored to its lease end.
+        self.due = f"{base}:parked:due"
+        #: Hash: entry id -> JSON metadata.
+        self.meta = f"{base}:parked:meta"
+        #: Hash: entry id -> raw body bytes.
+        self.body = f"{base}:parked:body"
 
 
 #: Header the worker's main process adds to a delivery, naming the queue it was consumed from

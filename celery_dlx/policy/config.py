@@ -76,6 +76,8 @@ class DLXConfig:
     #: :meth:`celery_dlx.store.client.Replicas.for_url`).
     redis_min_replicas: int | None
     redis_replica_timeout: float
+    #: ``dlx_redis_shards``: auto, queue or none (the composition root resolves auto).
+    redis_shards: str
     key_prefix: str
     max_requeues: int
     max_parks: int

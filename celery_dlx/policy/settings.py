@@ -20,6 +20,8 @@ from celery_dlx.policy.decide import Backoff, parse_backoff
 IMPORTANCES = ("page", "notify", "ignore")
 #: Ways to delay a parked retry.
 DELAY_BACKENDS = ("redis", "ttl")
+#: Values of ``dlx_redis_shards``: auto (queue on a Redis Cluster URL, none elsewhere), queue, none.
+REDIS_SHARDS = ("auto", "queue", "none")
 #: What to do with a message that died of TTL expiry.
 EXPIRED_ACTIONS = ("park", "bury")
 
@@ -215,6 +217,14 @@ SETTINGS: dict[str, Setting] = {
             1.0,
             _seconds,
             "Seconds a park waits for dlx_redis_min_replicas replicas to confirm it.",
+        ),
+        Setting(
+            "dlx_redis_shards",
+            "auto",
+            _choice(REDIS_SHARDS),
+            "How parked retries are spread over Redis Cluster slots: queue (one hash tag per "
+            "queue, {prefix:q:QUEUE}), none (every key under {prefix}), or auto (queue on a "
+            "cluster URL, none elsewhere). See `dlx migrate-keys` in operations.md.",
         ),
         Setting(
             "dlx_key_prefix",

@@ -21,7 +21,7 @@ from typing import Any, cast
 from redis.exceptions import NoScriptError
 
 from celery_dlx.fates import FateEvent, now_ms
-from celery_dlx.message.names import Keys
+from celery_dlx.message.names import Keys, ParkedKeys
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.store.client import (
     RedisClient,
@@ -96,11 +96,19 @@ class ParkingStore:
     """
 
     def __init__(
-        self, client: RedisClient, keys: Keys | None = None, replicas: Replicas | None = None
+        self,
+        client: RedisClient,
+        keys: Keys | None = None,
+        replicas: Replicas | None = None,
+        *,
+        parked: ParkedKeys | None = None,
     ) -> None:
         self.client = client
         self.keys = keys or Keys()
         self.replicas = replicas or Replicas()
+        #: The three keys this store reads and writes: the app's single-tag ones by default, or
+        #: one queue's (:class:`~celery_dlx.store.sharded.ShardedParking`).
+        self.parked = parked or self.keys.parked_legacy
         self._claim = client.register_script(_CLAIM)
         self._park = client.register_script(_PARK)
         self._ack = client.register_script(_ACK)
@@ -112,18 +120,18 @@ class ParkingStore:
 
     @property
     def _kk(self) -> list[str]:
-        return [self.keys.parked_due, self.keys.parked_meta, self.keys.parked_body]
+        return [self.parked.due, self.parked.meta, self.parked.body]
 
     def _wanted(self) -> int:
         """How many replicas a park must reach (``dlx_redis_min_replicas``, resolved)."""
-        return self.replicas.wanted(self.client, self.keys.parked_due)
+        return self.replicas.wanted(self.client, self.parked.due)
 
     def _replicated(
         self, queue: Any, wanted: int, what: str, *, transaction: bool = False
     ) -> list[Any]:
         return execute_replicated(
             self.client,
-            self.keys.parked_due,
+            self.parked.due,
             queue,
             wanted,
             self.replicas.timeout,
@@ -214,27 +222,25 @@ class ParkingStore:
         when = now_ms() if due_ms is None else due_ms
         pipe = self.client.pipeline(transaction=False)
         for m in messages:
-            pipe.zadd(self.keys.parked_due, {m.entry_id: when}, xx=True)
+            pipe.zadd(self.parked.due, {m.entry_id: when}, xx=True)
         pipe.execute()
 
     def count(self) -> int:
         """How many retries are parked (claimed ones included)."""
-        return int(self.client.zcard(self.keys.parked_due))
+        return int(self.client.zcard(self.parked.due))
 
     def due_count(self, now: int | None = None) -> int:
-        return int(
-            self.client.zcount(self.keys.parked_due, "-inf", now_ms() if now is None else now)
-        )
+        return int(self.client.zcount(self.parked.due, "-inf", now_ms() if now is None else now))
 
     def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
         """Parked retries by due time, without claiming them."""
         ids = cast(
             "list[tuple[bytes, float]]",
-            self.client.zrange(self.keys.parked_due, offset, offset + limit - 1, withscores=True),
+            self.client.zrange(self.parked.due, offset, offset + limit - 1, withscores=True),
         )
         if not ids:
             return []
-        metas = self.client.hmget(self.keys.parked_meta, [i for i, _ in ids])
+        metas = self.client.hmget(self.parked.meta, [i for i, _ in ids])
         out = []
         for (_, score), meta in zip(ids, metas, strict=True):
             if meta is None:
@@ -248,16 +254,16 @@ class ParkingStore:
         if not entry_ids:
             return 0
         pipe = self.client.pipeline(transaction=False)
-        pipe.zrem(self.keys.parked_due, *entry_ids)
-        pipe.hdel(self.keys.parked_meta, *entry_ids)
-        pipe.hdel(self.keys.parked_body, *entry_ids)
+        pipe.zrem(self.parked.due, *entry_ids)
+        pipe.hdel(self.parked.meta, *entry_ids)
+        pipe.hdel(self.parked.body, *entry_ids)
         return int(pipe.execute()[0])
 
     def entry(self, entry_id: str) -> ParkedMessage | None:
         """The parked retry ``entry_id`` with its body, or None (gone, or unreadable)."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.hget(self.keys.parked_meta, entry_id)
-        pipe.hget(self.keys.parked_body, entry_id)
+        pipe.hget(self.parked.meta, entry_id)
+        pipe.hget(self.parked.body, entry_id)
         meta, body = pipe.execute()
         if meta is None:
             return None
@@ -274,12 +280,12 @@ class ParkingStore:
             rows = cast(
                 "list[tuple[bytes, float]]",
                 self.client.zrange(
-                    self.keys.parked_due, read, min(limit, read + batch) - 1, withscores=True
+                    self.parked.due, read, min(limit, read + batch) - 1, withscores=True
                 ),
             )
             if not rows:
                 return
-            metas = self.client.hmget(self.keys.parked_meta, [r for r, _ in rows])
+            metas = self.client.hmget(self.parked.meta, [r for r, _ in rows])
             for (_, score), meta in zip(rows, metas, strict=True):
                 if meta is None:
                     continue

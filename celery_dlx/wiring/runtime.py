@@ -28,6 +28,7 @@ from kombu import Connection
 from celery_dlx.broker.frames import connection_for
 from celery_dlx.broker.ladder import Ladder, LadderParking
 from celery_dlx.broker.publish import ConfirmingPublisher
+from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import BURIED, DRAINED, FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
@@ -39,6 +40,7 @@ from celery_dlx.store.client import (
     OneConnection,
     RedisClient,
     Replicas,
+    is_cluster_url,
     redis_client,
 )
 from celery_dlx.store.consumerless import Consumerless
@@ -48,6 +50,7 @@ from celery_dlx.store.lease import DrainLease
 from celery_dlx.store.parking import ParkingStore
 from celery_dlx.store.ratelimit import WindowBudget
 from celery_dlx.store.seen import Letters
+from celery_dlx.store.sharded import Migration, ShardedParking
 
 logger = logging.getLogger("celery_dlx")
 
@@ -74,6 +77,7 @@ class Runtime:
         # Per thread: the client of a replicated() block (one held connection), if any.
         self._local = threading.local()
         self._cluster_replicas = ClusterReplicas()
+        self._sharded: ShardedParking | None = None
 
     def _check_fork(self) -> None:
         pid = os.getpid()
@@ -83,6 +87,7 @@ class Runtime:
             self._publisher = None
             self._connection = None
             self._ladder = None
+            self._sharded = None
             self._local = threading.local()
 
     @property
@@ -141,13 +146,47 @@ class Runtime:
         )
 
     @property
-    def store(self) -> ParkingStore:
-        """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend).
+    def sharded(self) -> bool:
+        """True when parked retries have keys per queue (``dlx_redis_shards``: ``queue``, or
+        ``auto`` on a Redis Cluster URL)."""
+        shards = self.config.redis_shards
+        return shards == "queue" or (shards == "auto" and is_cluster_url(self.config.redis_url))
+
+    @property
+    def store(self) -> ParkingStore | ShardedParking:
+        """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend):
+        one sorted set under the app's tag, or with :attr:`sharded` one per queue
+        (:class:`~celery_dlx.store.sharded.ShardedParking`, one per process).
 
         Its parks count once ``dlx_redis_min_replicas`` replicas hold them (``WAIT``; inside
-        :meth:`replicated`, the block's)."""
+        :meth:`replicated`, the block's; sharded, each queue's own master's, since a queue's
+        keys need not be on the block's master)."""
+        if self.sharded:
+            self._check_fork()
+            if self._sharded is None:
+                if self._redis is None:
+                    self._redis = redis_client(self.config.redis_url)
+                self._sharded = ShardedParking(self._redis, self.keys, self.replicas)
+            return self._sharded
         inside = getattr(self._local, "redis", None) is not None
         return ParkingStore(self.redis, self.keys, Replicas(0) if inside else self.replicas)
+
+    def migrate_parked_keys(self, *, dry_run: bool = False) -> Migration:
+        """Move parked retries from the single-tag layout (``{prefix}:parked:...``) to the keys
+        of their queue (``dlx migrate-keys``): copy, then delete, per entry; run again after an
+        interruption to finish (nothing is lost, nothing is parked twice).
+
+        Raises:
+            ConfigurationError: ``dlx_redis_shards`` resolves to ``none`` (no other layout).
+        """
+        store = self.store
+        if not isinstance(store, ShardedParking):
+            raise ConfigurationError(
+                "dlx migrate-keys moves parked retries to keys per queue, and dlx_redis_shards "
+                f"is {self.config.redis_shards!r} on {self.config.redis_url.split('@')[-1]}: "
+                'set dlx_redis_shards = "queue" (or use a ?cluster=true URL with "auto") first'
+            )
+        return store.migrate_legacy(dry_run=dry_run)
 
     @property
     def parking(self) -> Parking:
