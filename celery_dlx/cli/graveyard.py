@@ -1,4 +1,4 @@
-"""``celery dlx list/show/groups/replay/purge``: the graveyard from the command line.
+"""``celery dlx list/show/groups/replay/edit/purge``: the graveyard from the command line.
 
 Thin: :mod:`celery_dlx.ops.inspection`, :mod:`celery_dlx.ops.replay` and :mod:`celery_dlx.store.graveyard` do
 the work and return data; these commands print it (tables, or JSON with ``--json``).
@@ -336,6 +336,114 @@ def _replay_text(run: Any) -> str:
     return "\n".join(lines)
 
 
+@click.command("edit")
+@click.argument("ident")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="PATH=JSON",
+    help="Set a value of the decoded payload: args.0, kwargs.order_id (a Celery task), a.b.0 or "
+    "/a/b (JSON), field.sub (protobuf); the value is JSON (repeatable).",
+)
+@click.option(
+    "--header",
+    "header_edits",
+    multiple=True,
+    metavar="NAME=JSON",
+    help="Set a header (JSON null removes it); x-dlx-* and x-death* cannot be set (repeatable).",
+)
+@click.option(
+    "--payload",
+    "payload_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Replace the whole body with this file's bytes (it must decode as the message does).",
+)
+@click.option("--replay", is_flag=True, help="Publish the edited copy (a new message id).")
+@click.option("--dry-run", is_flag=True, help="Show the diff only; publish and record nothing.")
+@click.option(
+    "--to-queue",
+    "to_queue",
+    metavar="QUEUE",
+    default=None,
+    help="Replay the edited copy to this existing queue instead of the one it died in.",
+)
+@_PROTO
+@json_option
+@click.pass_context
+@handle_errors
+def edit_command(
+    ctx: click.Context,
+    ident: str,
+    sets: tuple[str, ...],
+    header_edits: tuple[str, ...],
+    payload_file: str | None,
+    replay: bool,
+    dry_run: bool,
+    to_queue: str | None,
+    protos: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Edit a buried message (obituary id or message id) and show the diff; --replay publishes
+    the edited copy as a new message (a new task id for a Celery task) with header
+    x-dlx-edited-from. The obituary stays; the edit is recorded in its ledger, the history and
+    the audit log. Pickle and bodies that do not decode exactly cannot be edited."""
+    import getpass
+    from pathlib import Path
+
+    from celery_dlx.codecs.editing import parse_assignment
+    from celery_dlx.ops.edit import edit
+    from celery_dlx.ops.inspection import registry_for
+
+    assignments = [parse_assignment(s, "--set") for s in sets]
+    header_values = [parse_assignment(h, "--header") for h in header_edits]
+    payload = Path(payload_file).read_bytes() if payload_file else None
+    runtime = runtime_of(ctx)
+    if obituaries.get_obituary(runtime, ident, with_payload=False) is None:
+        if as_json:
+            echo_json({"error": "not found", "id": ident})
+        else:
+            click.echo(f"no obituary with id or message id {ident!r}", err=True)
+        ctx.exit(EXIT_NOT_FOUND)
+        return
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "?"
+    report = edit(
+        runtime,
+        ident,
+        sets=assignments,
+        headers=header_values,
+        payload=payload,
+        registry=registry_for(runtime, protos),
+        replay=replay,
+        dry_run=dry_run,
+        to_queue=to_queue,
+        user=user,
+        role="cli",
+    )
+    if as_json:
+        echo_json(report.to_json())
+        return
+    plan = report.plan
+    what = plan.kind + (f" {plan.type_name}" if plan.type_name else "")
+    click.echo(f"edit of obituary {plan.obituary_id} ({what}):")
+    for line in plan.diff():
+        click.echo(f"  {line}")
+    if report.replayed:
+        click.echo(
+            f"replayed to queue {plan.queue} as message {plan.new_message_id}"
+            + (f" (task id {plan.task_id})" if plan.task_id else "")
+        )
+    else:
+        verb = "dry run" if dry_run else "not replayed (add --replay)"
+        click.echo(
+            f"{verb}: nothing published (a replay goes to queue {plan.queue} as a new message)"
+        )
+
+
 @click.command("purge")
 @click.argument("ids", nargs=-1)
 @filter_options
@@ -402,4 +510,11 @@ def purge_command(
 
 
 #: The commands this module adds to the ``dlx`` group.
-COMMANDS = (list_command, show_command, groups_command, replay_command, purge_command)
+COMMANDS = (
+    list_command,
+    show_command,
+    groups_command,
+    replay_command,
+    edit_command,
+    purge_command,
+)

@@ -16,6 +16,7 @@ A path names one value:
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ from celery_dlx.codecs.messages import message_data
 from celery_dlx.codecs.registry import ProtobufRegistry
 from celery_dlx.codecs.result import KIND_CELERY, KIND_JSON, KIND_PROTOBUF, Decoded
 from celery_dlx.codecs.shapes import TYPE_BYTES, TYPE_ENUM, is_repeated
+from celery_dlx.codecs.textual import unbase64
 from celery_dlx.codecs.unsafe import unsafe_reason
 from celery_dlx.errors import DLXError
 
@@ -181,12 +183,47 @@ def set_json(root: Any, parts: Sequence[str], value: Any, path: str) -> Any:
     raise EditError(f"path {path!r} names nothing")  # pragma: no cover - parts is never empty
 
 
+#: Wrappings an edit undoes and puts back (compression is not: it is refused).
+BASE64_LAYERS = ("base64", "base64url")
+
+
+@dataclass(frozen=True)
+class Wrapping:
+    """How a body is wrapped around what an edit changes: nothing, or base64 text."""
+
+    alphabet: str | None = None
+    padded: bool = True
+
+    def wrap(self, inner: bytes) -> bytes:
+        if self.alphabet is None:
+            return inner
+        out = base64.b64encode(inner, altchars=b"-_" if self.alphabet == "urlsafe" else None)
+        return out if self.padded else out.rstrip(b"=")
+
+
+def unwrap(body: bytes, decoded: Decoded) -> tuple[bytes, Wrapping]:
+    """What an edit changes inside ``body`` (the bytes inside one base64 layer, or the body),
+    and how to wrap the edited bytes back.
+
+    Raises:
+        EditError: any other wrapping (compression, base64 inside JSON text, several layers).
+    """
+    if not decoded.layers:
+        return body, Wrapping()
+    if len(decoded.layers) == 1 and decoded.layers[0] in BASE64_LAYERS:
+        text = body.decode("latin-1")
+        found = unbase64(text)
+        if found is not None and not text.lstrip().startswith('"'):
+            return found.data, Wrapping(found.alphabet, text.rstrip().endswith("="))
+    return body, Wrapping()  # readable() refuses it
+
+
 def readable(kind: str, decoded: Decoded) -> str | None:
     """Why a body of this decoding cannot be edited, or None when it can."""
-    if decoded.layers:
+    if decoded.layers and not (len(decoded.layers) == 1 and decoded.layers[0] in BASE64_LAYERS):
         return (
-            f"the body is wrapped ({' + '.join(decoded.layers)}): only plain JSON, Celery JSON "
-            "messages and protobuf bodies can be edited"
+            f"the body is wrapped ({' + '.join(decoded.layers)}): only JSON, Celery JSON "
+            "messages and protobuf bodies, plain or in base64, can be edited"
         )
     if decoded.truncated:
         return "the body is larger than the decode limit: it cannot be edited safely"

@@ -37,6 +37,7 @@ from celery_dlx.codecs.editing import (
     parse_protobuf,
     readable,
     refuse_unsafe,
+    unwrap,
 )
 from celery_dlx.codecs.result import KIND_CELERY, KIND_PROTOBUF, Decoded
 from celery_dlx.fates import AUDIT, REPLAYED, FateEvent, now_ms
@@ -181,6 +182,7 @@ def plan_edit(
     if why is not None:
         raise EditError(f"obituary {ob.id}: {why}")
     body = original if payload is None else _checked_payload(ob, payload, decoded, registry)
+    body, wrapping = unwrap(body, decoded if payload is None else _decode(ob, body, registry))
     is_celery = decoded.kind == KIND_CELERY
     protocol = (
         decoded.data.get("protocol") if is_celery and isinstance(decoded.data, dict) else None
@@ -188,7 +190,7 @@ def plan_edit(
     new_id = new_id or str(uuid.uuid4())
     edited = _edit_body(ob, body, decoded, sets, registry, new_id if protocol == 1 else None)
     out = replay_copy(ob, to_queue=to_queue)
-    out.body = edited.body
+    out.body = wrapping.wrap(edited.body)
     header_changes = _edit_headers(out.headers, headers, is_celery)
     out.headers[EDITED_FROM_HEADER] = ob.id
     old_id = ob.message_id
@@ -239,7 +241,7 @@ def _checked_payload(
     if why is not None:
         raise EditError(f"--payload: {why}")
     if original.kind == KIND_PROTOBUF and original.type_name and registry is not None:
-        parse_protobuf(payload, original.type_name, registry)
+        parse_protobuf(unwrap(payload, found)[0], original.type_name, registry)
     elif found.kind != original.kind:
         raise EditError(
             f"--payload: the new body reads as {found.kind} but the message is {original.kind} "

@@ -377,3 +377,22 @@ def test_protobuf_without_a_registered_type_is_refused(shop: tuple[ProtobufRegis
     )
     with pytest.raises(EditError, match="protobuf-wire body cannot be edited"):
         plan_edit(ob, sets=[("order_id", "p")], registry=None)
+
+
+def test_base64_protobuf_is_edited_inside_and_wrapped_back(
+    shop: tuple[ProtobufRegistry, Any],
+) -> None:
+    import base64
+
+    registry, pb = shop
+    raw = pb.PaymentFailed(order_id="o-1", reason="card declined", code=51).SerializeToString()
+    ob = plain_ob(base64.b64encode(raw), "application/octet-stream")
+    plan = plan_edit(ob, sets=[("code", 0), ("reason", "retry me")], registry=registry)
+    assert plan.type_name == "shop.events.v1.PaymentFailed"
+    got = pb.PaymentFailed.FromString(base64.b64decode(plan.outgoing.body))
+    assert (got.order_id, got.reason, got.code) == ("o-1", "retry me", 0)
+    unpadded = base64.urlsafe_b64encode(raw).rstrip(b"=")
+    plan = plan_edit(plain_ob(unpadded, "text/plain"), sets=[("code", 7)], registry=registry)
+    assert b"=" not in plan.outgoing.body
+    padded = plan.outgoing.body + b"=" * (-len(plan.outgoing.body) % 4)
+    assert pb.PaymentFailed.FromString(base64.urlsafe_b64decode(padded)).code == 7
