@@ -12,6 +12,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -98,9 +99,15 @@ class ConfirmingPublisher:
 
     def _settle(self, tag: int, multiple: bool, ok: bool) -> None:
         if multiple:
-            for pending in [t for t in self._pending if t <= tag]:
-                self._acked[pending] = ok
-                self._pending.discard(pending)
+            # The batch's tags in publish order (ascending): a confirm of many settles them from
+            # the front, each tag looked at once per batch (a scan of every pending tag per
+            # confirm made a batch's confirms cost its size squared).
+            order = self._order
+            while order and order[0] <= tag:
+                pending = order.popleft()
+                if pending in self._pending:
+                    self._acked[pending] = ok
+                    self._pending.discard(pending)
         elif tag in self._pending:
             self._acked[tag] = ok
             self._pending.discard(tag)
@@ -122,6 +129,7 @@ class ConfirmingPublisher:
         )
 
     _pending: set[int]
+    _order: deque[int]
 
     def publish_many(self, messages: Sequence[Outgoing]) -> list[bool]:
         """Publish ``messages`` and wait for their confirms.
@@ -141,6 +149,7 @@ class ConfirmingPublisher:
     def _publish_many(self, messages: Sequence[Outgoing]) -> list[bool]:
         channel = self._ensure_channel()
         self._pending = set()
+        self._order = deque()
         self._returned_unsequenced = False
         tags: list[tuple[int, int]] = []
         for msg in messages:
@@ -148,6 +157,7 @@ class ConfirmingPublisher:
             tag = self._next_tag
             self._next_tag += 1
             self._pending.add(tag)
+            self._order.append(tag)
             channel.basic_publish(
                 amqp_message(msg, seq),
                 exchange=msg.exchange,
