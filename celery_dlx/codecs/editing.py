@@ -245,7 +245,10 @@ def refuse_unsafe(body: bytes, content_type: str | None) -> None:
     media, _ = media_type(content_type)
     reason = unsafe_reason(body, media)
     if reason is not None:
-        raise EditError(f"not editable: {reason}. Replay it unchanged or fix the producer")
+        raise EditError(
+            f"not editable: pickle and other unsafe serializations are never loaded, so never "
+            f"edited ({reason}); replay it unchanged, or fix the producer"
+        )
 
 
 def edit_json(

@@ -366,7 +366,13 @@ def edit(
 
 
 def _replayed_event(ob: Obituary, plan: EditPlan, at: int, user: str) -> FateEvent:
-    reason = f"edited and replayed from obituary {ob.id} by {user} as message {plan.new_message_id}"
+    what = ", ".join(plan.paths + [f"header {h}" for h in plan.header_names])
+    if plan.replaced_payload:
+        what = "payload replaced" + (f", {what}" if what else "")
+    reason = (
+        f"edited ({what}) by {user} and replayed from obituary {ob.id} as message "
+        f"{plan.new_message_id}"
+    )
     extra: dict[str, object] = {
         "obituary_id": ob.id,
         "keep_attempts": False,
