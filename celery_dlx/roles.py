@@ -10,6 +10,9 @@ role              what it keeps                               implementations
 ================  ==========================================  ====================================
 :class:`Parking`  retries waiting for their due time          ``store.parking.ParkingStore``
                                                               (Redis sorted set),
+                                                              ``store.sharded.ShardedParking``
+                                                              (one per queue bucket, for a
+                                                              Redis Cluster),
                                                               ``broker.ladder.LadderParking``
                                                               (the broker's TTL delay queues)
 ``Graveyard``     obituaries, their indexes and cause groups  ``store.graveyard.Graveyard``

@@ -171,9 +171,11 @@ class ShardedParking:
     # -- writes ---------------------------------------------------------------------------------
 
     def load_scripts(self) -> None:
-        """Load the Lua scripts into the masters of every known queue now."""
-        for store in self.stores():
-            store.load_scripts()
+        """Load the Lua scripts now. Every bucket runs the same scripts, and ``SCRIPT LOAD`` goes
+        to every master of a cluster, so one store's load serves them all."""
+        self.legacy.load_scripts()
+        for script in (self._copy, self._drop):
+            self.client.script_load(script.script)
 
     def park(self, message: ParkedMessage) -> bool:
         """Park ``message`` under its queue's keys; False if that id and attempt are there.
