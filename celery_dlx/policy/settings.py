@@ -230,7 +230,8 @@ SETTINGS: dict[str, Setting] = {
             "dlx_key_prefix",
             DEFAULT_KEY_PREFIX,
             _key_prefix,
-            "Prefix of every Redis key; wrapped in {} so the keys share one Redis Cluster slot.",
+            "Prefix of every Redis key, wrapped in {} (a hash tag: one Redis Cluster slot), but "
+            "parked retries sharded by queue (dlx_redis_shards) under {prefix:q:QUEUE:BUCKET}.",
         ),
         Setting(
             "dlx_max_requeues",
