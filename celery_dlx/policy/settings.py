@@ -222,9 +222,9 @@ SETTINGS: dict[str, Setting] = {
             "dlx_redis_shards",
             "auto",
             _choice(REDIS_SHARDS),
-            "How parked retries are spread over Redis Cluster slots: queue (one hash tag per "
-            "queue, {prefix:q:QUEUE}), none (every key under {prefix}), or auto (queue on a "
-            "cluster URL, none elsewhere). See `dlx migrate-keys` in operations.md.",
+            "How parked retries are spread over Redis Cluster slots: queue (8 hash tags per "
+            "queue, {prefix:q:QUEUE:BUCKET}), none (every key under {prefix}), or auto (queue on "
+            "a cluster URL, none elsewhere). See `dlx migrate-keys` in operations.md.",
         ),
         Setting(
             "dlx_key_prefix",
