@@ -222,6 +222,17 @@ def plan_edit(
     )
 
 
+def editable(ob: Obituary, registry: ProtobufRegistry | None) -> str | None:
+    """Why ``ob``'s message cannot be edited (pickle, wrapped, undecodable...), or None."""
+    body = ob.payload or b""
+    try:
+        refuse_unsafe(body, ob.content_type)
+    except EditError as exc:
+        return str(exc)
+    decoded = _decode(ob, body, registry)
+    return readable(decoded.kind, decoded)
+
+
 def _decode(ob: Obituary, body: bytes, registry: ProtobufRegistry | None) -> Decoded:
     return decode_payload(
         body,

@@ -115,6 +115,7 @@ class DLXConfig:
     web_allowed_hosts: tuple[str, ...]
     web_basic_auth: tuple[str, ...]
     web_viewer_auth: tuple[str, ...]
+    web_editors: tuple[str, ...]
     web_max_replay_rate: int
     #: Names of the settings set in the app's configuration (the rest are defaults).
     explicit: frozenset[str] = frozenset()

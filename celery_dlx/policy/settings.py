@@ -426,6 +426,13 @@ SETTINGS: dict[str, Setting] = {
             "Console viewers (read only) as USER:PASSWORD strings (HTTP Basic).",
         ),
         Setting(
+            "dlx_web_editors",
+            [],
+            _str_list,
+            "Console editors (what operators may, and edit a buried message's payload and "
+            "headers before replaying it) as USER:PASSWORD strings (HTTP Basic).",
+        ),
+        Setting(
             "dlx_web_max_replay_rate",
             50,
             _positive_count,

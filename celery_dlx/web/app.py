@@ -15,7 +15,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from celery_dlx.errors import DLXError
-from celery_dlx.web import api, pages
+from celery_dlx.web import api, editing, pages
 from celery_dlx.web.console import Console, WebSettings
 from celery_dlx.web.guard import Guard, SameOrigin, TrustedHosts
 from celery_dlx.web.hosts import HostRule
@@ -70,6 +70,8 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
         Route("/parked", pages.parked),
         Route("/audit", pages.audit),
         Route("/jobs/{job_id}", pages.job),
+        Route("/edit", editing.edit_page),
+        Route("/actions/edit", editing.edit_action, methods=["POST"]),
         Route("/actions/replay", pages.replay_action, methods=["POST"]),
         Route("/actions/purge", pages.purge_action, methods=["POST"]),
         Route("/api/groups", api.groups),

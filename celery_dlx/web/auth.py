@@ -1,8 +1,10 @@
-"""Who may use the console: HTTP Basic accounts with two roles, CSRF tokens, where it may listen.
+"""Who may use the console: HTTP Basic accounts with three roles, CSRF tokens, where it may listen.
 
-Operators (``--basic-auth``/``dlx_web_basic_auth``) read, replay and purge; viewers
-(``--viewer-auth``/``dlx_web_viewer_auth``) only read. Without any account the console is open,
-which is allowed on a loopback address only.
+Operators (``--basic-auth``/``dlx_web_basic_auth``) read, replay and purge; editors
+(``--editor-auth``/``dlx_web_editors``) may do all that and also edit a buried message before
+replaying it; viewers (``--viewer-auth``/``dlx_web_viewer_auth``) only read. Without any account
+the console is open (everyone an operator, nobody an editor), which is allowed on a loopback
+address only.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from celery_dlx.errors import ConfigurationError
 OPERATOR = "operator"
 #: May only read.
 VIEWER = "viewer"
+#: May do what an operator may, and edit a message's payload and headers before replaying it.
+EDITOR = "editor"
 #: The user of a console without accounts (loopback only).
 ANONYMOUS = "anonymous"
 
@@ -35,7 +39,13 @@ class User:
 
     @property
     def can_write(self) -> bool:
-        return self.role == OPERATOR
+        """May replay and purge (operators and editors)."""
+        return self.role in (OPERATOR, EDITOR)
+
+    @property
+    def can_edit(self) -> bool:
+        """May edit a message before replaying it (editors only)."""
+        return self.role == EDITOR
 
 
 def parse_credential(text: str, option: str) -> tuple[str, str]:
@@ -61,7 +71,9 @@ class Accounts:
     users: dict[str, tuple[bytes, str]] = field(default_factory=dict)
 
     @classmethod
-    def from_lists(cls, operators: Iterable[str], viewers: Iterable[str]) -> Accounts:
+    def from_lists(
+        cls, operators: Iterable[str], viewers: Iterable[str], editors: Iterable[str] = ()
+    ) -> Accounts:
         """Accounts of ``USER:PASSWORD`` strings.
 
         Raises:
@@ -71,12 +83,14 @@ class Accounts:
         for entries, role, option in (
             (operators, OPERATOR, "--basic-auth/dlx_web_basic_auth"),
             (viewers, VIEWER, "--viewer-auth/dlx_web_viewer_auth"),
+            (editors, EDITOR, "--editor-auth/dlx_web_editors"),
         ):
             for entry in entries:
                 user, password = parse_credential(entry, option)
                 if user in accounts.users:
                     raise ConfigurationError(
-                        f"console user {user!r} is given twice (operators and viewers need distinct names)"
+                        f"console user {user!r} is given twice (operators, editors and viewers need "
+                        "distinct names)"
                     )
                 accounts.users[user] = (_digest(password), role)
         return accounts
@@ -129,8 +143,9 @@ def check_listen(host: str, accounts: Accounts) -> None:
     if accounts.open and not is_loopback(host):
         raise ConfigurationError(
             f"refusing to listen on {host!r} without credentials: the console can replay and "
-            "purge messages. Give --basic-auth USER:PASSWORD (operators) and/or --viewer-auth "
-            "USER:PASSWORD (dlx_web_basic_auth / dlx_web_viewer_auth), or listen on 127.0.0.1"
+            "purge messages. Give --basic-auth USER:PASSWORD (operators), --editor-auth "
+            "USER:PASSWORD (editors) and/or --viewer-auth USER:PASSWORD (dlx_web_basic_auth / "
+            "dlx_web_editors / dlx_web_viewer_auth), or listen on 127.0.0.1"
         )
 
 

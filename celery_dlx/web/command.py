@@ -44,6 +44,14 @@ from celery_dlx.errors import DLXError
     help="A viewer (read only); repeatable (default: dlx_web_viewer_auth).",
 )
 @click.option(
+    "--editor-auth",
+    "editors",
+    multiple=True,
+    metavar="USER:PASSWORD",
+    help="An editor (an operator who may also edit a message before replaying it); "
+    "repeatable (default: dlx_web_editors).",
+)
+@click.option(
     "--proto",
     "protos",
     multiple=True,
@@ -59,6 +67,7 @@ def web_command(
     allowed_hosts: tuple[str, ...],
     operators: tuple[str, ...],
     viewers: tuple[str, ...],
+    editors: tuple[str, ...],
     protos: tuple[str, ...],
     loglevel: str,
 ) -> None:
@@ -86,18 +95,25 @@ def web_command(
             operators=operators,
             viewers=viewers,
             protos=protos,
+            editors=editors,
         )
         logging.basicConfig(
             level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
         )
         who = (
             "open (loopback only)"
-            if not (settings.operators or settings.viewers)
-            else (f"{len(settings.operators)} operator(s), {len(settings.viewers)} viewer(s)")
+            if not (settings.operators or settings.viewers or settings.editors)
+            else (
+                f"{len(settings.operators)} operator(s), {len(settings.editors)} editor(s), "
+                f"{len(settings.viewers)} viewer(s)"
+            )
         )
         from celery_dlx.web.auth import Accounts, check_listen
 
-        check_listen(settings.host, Accounts.from_lists(settings.operators, settings.viewers))
+        check_listen(
+            settings.host,
+            Accounts.from_lists(settings.operators, settings.viewers, settings.editors),
+        )
         shown = f"[{settings.host}]" if ":" in settings.host else settings.host
         click.echo(f"celery_dlx console on http://{shown}:{settings.port}/ ({who})", err=True)
         serve(runtime, settings, log_level=loglevel)

@@ -41,6 +41,7 @@ class WebSettings:
     allowed_hosts: tuple[str, ...] = ()
     operators: tuple[str, ...] = ()
     viewers: tuple[str, ...] = ()
+    editors: tuple[str, ...] = ()
     max_replay_rate: float = 50.0
     max_body: int = MAX_BODY
     protos: tuple[str, ...] = ()
@@ -61,6 +62,7 @@ class WebSettings:
         operators: Sequence[str] = (),
         viewers: Sequence[str] = (),
         protos: Sequence[str] = (),
+        editors: Sequence[str] = (),
     ) -> WebSettings:
         """The ``dlx_web_*`` settings of ``config``, each replaced by an option given."""
         return cls(
@@ -69,6 +71,7 @@ class WebSettings:
             allowed_hosts=tuple(allowed_hosts) or tuple(config.web_allowed_hosts),
             operators=tuple(operators) or tuple(config.web_basic_auth),
             viewers=tuple(viewers) or tuple(config.web_viewer_auth),
+            editors=tuple(editors) or tuple(config.web_editors),
             max_replay_rate=float(config.web_max_replay_rate),
             protos=tuple(protos),
         )
@@ -90,7 +93,7 @@ class Console:
     def __init__(self, runtime: Runtime, settings: WebSettings) -> None:
         self.runtime = runtime
         self.settings = settings
-        self.accounts = Accounts.from_lists(settings.operators, settings.viewers)
+        self.accounts = Accounts.from_lists(settings.operators, settings.viewers, settings.editors)
         self.csrf = Csrf()
         self.actions = Actions(runtime)
         self.metrics = CollectorRegistry(auto_describe=False)

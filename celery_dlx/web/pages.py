@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from celery_dlx.ops import obituaries
+from celery_dlx.ops.edit import edits_of
 from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
 from celery_dlx.web import forms
 from celery_dlx.web.actions import Busy
@@ -123,7 +124,9 @@ async def obituary(request: Request) -> Response:
         if ob is None:
             return None
         redirects = console.runtime.graveyard.redirects([ob.id])[0]
-        return obituary_view(ob, console.registry, redirects)
+        view = obituary_view(ob, console.registry, redirects)
+        view["edits"] = edits_of(console.runtime, ob.id)
+        return view
 
     data = await run_in_threadpool(read)
     if data is None:

@@ -18,7 +18,9 @@ def _server(runtime: Runtime, settings: WebSettings, log_level: str) -> Any:
 
     from celery_dlx.web.app import create_app
 
-    check_listen(settings.host, Accounts.from_lists(settings.operators, settings.viewers))
+    check_listen(
+        settings.host, Accounts.from_lists(settings.operators, settings.viewers, settings.editors)
+    )
     app = create_app(runtime, settings)
     config = uvicorn.Config(
         app,

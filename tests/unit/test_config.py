@@ -60,6 +60,7 @@ def test_defaults() -> None:
         "dlx_web_allowed_hosts": (),
         "dlx_web_basic_auth": (),
         "dlx_web_viewer_auth": (),
+        "dlx_web_editors": (),
         "dlx_web_max_replay_rate": 50,
     }
     assert config.policy() == Policy()
@@ -122,6 +123,7 @@ BAD_VALUES: dict[str, list[Any]] = {
     ],
     "dlx_web_basic_auth": ["admin:secret", [1]],
     "dlx_web_viewer_auth": ["viewer:secret", [None]],
+    "dlx_web_editors": ["editor:secret", [2]],
     "dlx_web_max_replay_rate": [0, -5, "50"],
 }
 

@@ -1,0 +1,183 @@
+"""The edit page: an editor changes a buried message's payload and headers, sees the diff, then
+confirms to replay the edited copy (:mod:`celery_dlx.ops.edit` does the work and the recording).
+
+Only editors (``--editor-auth``/``dlx_web_editors``) see the page and may post to it; operators
+and viewers get 403. Posts carry the CSRF token and pass the same-origin check as every form.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from celery_dlx.codecs.editing import ABSENT, Change, EditError, parse_assignment
+from celery_dlx.errors import DLXError
+from celery_dlx.ops import obituaries
+from celery_dlx.ops.edit import EditReport, edit, editable, edits_of
+from celery_dlx.web import forms
+from celery_dlx.web.guard import user_of
+from celery_dlx.web.pages import console_of, error_page, render
+from celery_dlx.web.payload import obituary_view
+
+#: Empty rows the form offers for payload paths and for headers.
+PATH_ROWS = 4
+HEADER_ROWS = 2
+#: Most rows a posted form may carry.
+MAX_ROWS = 50
+
+
+@dataclass
+class EditForm:
+    """What the form holds: payload rows, header rows (name, JSON text), the target queue."""
+
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    to_queue: str = ""
+
+    def padded(self) -> dict[str, Any]:
+        rows = self.rows + [("", "")] * max(1, PATH_ROWS - len(self.rows))
+        headers = self.headers + [("", "")] * max(1, HEADER_ROWS - len(self.headers))
+        return {"rows": rows, "headers": headers, "to_queue": self.to_queue}
+
+
+def _pairs(names: Sequence[object], values: Sequence[object]) -> list[tuple[str, str]]:
+    out = []
+    for name, value in zip(names, values, strict=False):
+        n, v = str(name).strip(), str(value).strip()
+        if n:
+            out.append((n, v))
+    if len(out) > MAX_ROWS:
+        raise forms.BadRequest(f"at most {MAX_ROWS} rows in one edit")
+    return out
+
+
+def _parsed(pairs: list[tuple[str, str]], option: str) -> list[tuple[str, Any]]:
+    return [parse_assignment(f"{name}={value}", option) for name, value in pairs]
+
+
+def shown(value: Any) -> str:
+    """A diff value as text (JSON; the template escapes it)."""
+    if value is ABSENT:
+        return "(absent)"
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _diff_rows(changes: Sequence[Change], kind: str) -> list[dict[str, str]]:
+    return [
+        {"kind": kind, "path": c.path, "before": shown(c.before), "after": shown(c.after)}
+        for c in changes
+    ]
+
+
+def _refuse(request: Request) -> Response | None:
+    user = user_of(request)
+    if not user.can_edit:
+        return error_page(
+            request,
+            403,
+            f"{user.name} is {'an' if user.role[0] in 'aeiou' else 'a'} {user.role}: only "
+            "editors (--editor-auth, dlx_web_editors) may edit a message",
+        )
+    return None
+
+
+async def edit_page(request: Request) -> Response:
+    refused = _refuse(request)
+    if refused is not None:
+        return refused
+    ident = forms.text(request.query_params, "id")
+    if not ident:
+        return error_page(request, 400, "which obituary? (?id=<obituary id or message id>)")
+    return await _page(request, ident, EditForm())
+
+
+async def _page(
+    request: Request,
+    ident: str,
+    form: EditForm,
+    *,
+    status: int = 200,
+    error: str | None = None,
+    preview: EditReport | None = None,
+    done: EditReport | None = None,
+) -> Response:
+    console = console_of(request)
+
+    def read() -> tuple[dict[str, object], str | None, list[dict[str, Any]]] | None:
+        ob = obituaries.get_obituary(console.runtime, ident)
+        if ob is None:
+            return None
+        view = obituary_view(ob, console.registry)
+        return view, editable(ob, console.registry), edits_of(console.runtime, ob.id)
+
+    found = await run_in_threadpool(read)
+    if found is None:
+        return error_page(request, 404, f"no obituary with id or message id {ident!r}")
+    view, refusal, past = found
+    report = done or preview
+    return render(
+        request,
+        "edit.html",
+        status=status,
+        ob=view,
+        refusal=refusal,
+        form=form.padded(),
+        error=error,
+        preview=preview,
+        done=done,
+        diff=(
+            _diff_rows(report.plan.changes, "payload")
+            + _diff_rows(report.plan.header_changes, "header")
+            if report
+            else []
+        ),
+        past=past,
+    )
+
+
+async def edit_action(request: Request) -> Response:
+    refused = _refuse(request)
+    if refused is not None:
+        return refused
+    console = console_of(request)
+    user = user_of(request)
+    posted = await request.form(max_files=0, max_fields=4 * MAX_ROWS + 20)
+    if not console.csrf.valid(user, posted.get("csrf")):  # type: ignore[arg-type]
+        return error_page(request, 403, "missing or wrong CSRF token: reload the page and retry")
+    ident = str(posted.get("id") or "").strip()
+    if not ident:
+        return error_page(request, 400, "which obituary? (the form has no id)")
+    form = EditForm(
+        rows=_pairs(posted.getlist("path"), posted.getlist("value")),
+        headers=_pairs(posted.getlist("header"), posted.getlist("header_value")),
+        to_queue=str(posted.get("to_queue") or "").strip(),
+    )
+    confirm = posted.get("step") == "replay"
+    try:
+        sets = _parsed(form.rows, "path")
+        headers = _parsed(form.headers, "header")
+        report = await run_in_threadpool(
+            lambda: edit(
+                console.runtime,
+                ident,
+                sets=sets,
+                headers=headers,
+                registry=console.registry,
+                replay=confirm,
+                to_queue=form.to_queue or None,
+                user=user.name,
+                role=user.role,
+            )
+        )
+    except DLXError as exc:
+        status = 404 if isinstance(exc, EditError) and "no obituary" in str(exc) else 400
+        return await _page(request, ident, form, status=status, error=str(exc))
+    if confirm:
+        return await _page(request, ident, EditForm(), done=report)
+    return await _page(request, ident, form, preview=report)
