@@ -7,6 +7,7 @@ ack a batch.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, cast
@@ -125,7 +126,10 @@ class QueueConsumer:
         except TimeoutError:
             pass
         finally:
-            sock.settimeout(previous)
+            # A connection that failed meanwhile has closed its socket: its error is the one
+            # to raise, not this restore's.
+            with contextlib.suppress(OSError):
+                sock.settimeout(previous)
 
 
 def ack_all(messages: Sequence[Delivery]) -> None:
