@@ -192,6 +192,8 @@ def plan_edit(
     out = replay_copy(ob, to_queue=to_queue)
     out.body = wrapping.wrap(edited.body)
     header_changes = _edit_headers(out.headers, headers, is_celery)
+    if protocol == 2 and out.body != original:
+        header_changes += _argument_reprs(out.headers, edited.body)
     out.headers[EDITED_FROM_HEADER] = ob.id
     old_id = ob.message_id
     task_id = None
@@ -298,6 +300,28 @@ def _edit_headers(
         else:
             current[name] = value
             changes.append(Change(name, _safe(before), value))
+    return changes
+
+
+#: Longest ``argsrepr``/``kwargsrepr`` written (Celery's default ``argsrepr_maxsize``).
+REPR_LIMIT = 1024
+
+
+def _argument_reprs(current: dict[str, Any], body: bytes) -> list[Change]:
+    """Celery's display headers ``argsrepr``/``kwargsrepr`` (what Flower and the worker log
+    show) rewritten from the edited arguments, where the message had them."""
+    try:
+        args, kwargs, _embed = json.loads(body)
+    except ValueError:
+        return []
+    changes = []
+    for name, value in (("argsrepr", repr(tuple(args))), ("kwargsrepr", repr(kwargs))):
+        value = value[:REPR_LIMIT]
+        before = current.get(name, ABSENT)
+        if before is ABSENT or _text(before) == value:
+            continue
+        current[name] = value
+        changes.append(Change(name, _safe(before), value))
     return changes
 
 

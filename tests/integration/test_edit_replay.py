@@ -163,11 +163,13 @@ def test_an_edited_celery_task_runs_with_the_new_value_as_a_new_task(
     assert again is not None and len(again.replays) == 1 and obituaries.count(runtime) == 1
     entries = replayed_entries(runtime)
     assert len(entries) == 1 and entries[0]["message_id"] == old_id
-    assert entries[0]["reason"].startswith("edited (kwargs.x, header go-int8) by ")
+    assert entries[0]["reason"].startswith(
+        "edited (kwargs.x, header go-int8, header kwargsrepr) by "
+    )
     assert entries[0]["reason"].endswith(f"replayed from obituary {ob.id} as message {new_id}")
     edits = edits_of(runtime, ob.id)
     assert len(edits) == 1 and edits[0]["paths"] == ["kwargs.x"]
-    assert edits[0]["headers"] == ["go-int8"] and edits[0]["new_message_id"] == new_id
+    assert edits[0]["headers"] == ["go-int8", "kwargsrepr"] and edits[0]["new_message_id"] == new_id
     assert edits[0]["role"] == "cli" and edits[0]["user"]
 
 

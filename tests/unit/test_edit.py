@@ -396,3 +396,18 @@ def test_base64_protobuf_is_edited_inside_and_wrapped_back(
     assert b"=" not in plan.outgoing.body
     padded = plan.outgoing.body + b"=" * (-len(plan.outgoing.body) % 4)
     assert pb.PaymentFailed.FromString(base64.urlsafe_b64decode(padded)).code == 7
+
+
+def test_celery_display_headers_follow_the_edited_arguments() -> None:
+    ob = celery_ob(
+        [[1], {"x": "bad"}, {}], headers={"argsrepr": "(1,)", "kwargsrepr": "{'x': 'bad'}"}
+    )
+    plan = plan_edit(ob, sets=[("kwargs.x", 5)])
+    assert plan.outgoing.headers["argsrepr"] == "(1,)"
+    assert plan.outgoing.headers["kwargsrepr"] == "{'x': 5}"
+    assert [(c.path, c.before, c.after) for c in plan.header_changes] == [
+        ("kwargsrepr", "{'x': 'bad'}", "{'x': 5}")
+    ]
+    # a header-only edit leaves them alone
+    plan = plan_edit(ob, headers=[("x-note", "n")])
+    assert plan.outgoing.headers["kwargsrepr"] == "{'x': 'bad'}"

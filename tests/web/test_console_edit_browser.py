@@ -89,9 +89,16 @@ def test_editor_edits_previews_and_replays_and_it_runs(
         form.locator("button[type=submit]").click()
         page.wait_for_selector("#edit-confirm")
         rows = page.locator("#diff tbody tr")
-        assert rows.count() == 2
+        assert rows.count() == 3
         assert rows.nth(0).inner_text().split("\t") == ["payload", "kwargs.x", '"bad"', "5"]
         assert rows.nth(1).inner_text().split("\t") == ["header", "x-tenant", '"acme"', '"globex"']
+        # Celery's display header follows the arguments
+        assert rows.nth(2).inner_text().split("\t") == [
+            "header",
+            "kwargsrepr",
+            json.dumps("{'order_id': 1, 'x': 'bad'}"),
+            json.dumps("{'order_id': 1, 'x': 5}"),
+        ]
         page.screenshot(path=str(shots / "edit-preview.png"), full_page=True)
         # the preview published nothing
         assert queue_depth(edit_shop["channel"], app.conf.task_default_queue) == 0
@@ -113,13 +120,14 @@ def test_editor_edits_previews_and_replays_and_it_runs(
 
         edits = edits_of(runtime, ob.id)
         assert [(e["user"], e["role"], e["paths"], e["headers"]) for e in edits] == [
-            ("ed", "editor", ["kwargs.x"], ["x-tenant"])
+            ("ed", "editor", ["kwargs.x"], ["x-tenant", "kwargsrepr"])
         ]
         page.goto(f"/obituary?id={ob.id}")
         assert new_id in page.inner_text("#edits")
         page.goto("/audit")
-        assert f"edited kwargs.x, header x-tenant; replayed as message {new_id}" in page.inner_text(
-            "#audit"
+        assert (
+            f"edited kwargs.x, header x-tenant, header kwargsrepr; replayed as message {new_id}"
+            in page.inner_text("#audit")
         )
         assert not watch.dialogs and not watch.errors, (watch.dialogs, watch.errors)
     finally:
