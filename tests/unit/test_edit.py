@@ -411,3 +411,14 @@ def test_celery_display_headers_follow_the_edited_arguments() -> None:
     # a header-only edit leaves them alone
     plan = plan_edit(ob, headers=[("x-note", "n")])
     assert plan.outgoing.headers["kwargsrepr"] == "{'x': 'bad'}"
+
+
+def test_a_celery_protocol_1_copy_carries_its_new_task_id_in_the_body() -> None:
+    body = {"task": "shop.charge", "id": "t-1", "args": [1], "kwargs": {"x": "bad"}}
+    raw = json.dumps(body).encode()
+    ob = plain_ob(raw, "application/json")
+    ob.properties = {"content_type": "application/json", "correlation_id": "t-1"}
+    plan = plan_edit(ob, sets=[("kwargs.x", 3)], new_id="t-new")
+    assert plan.kind == "celery" and plan.old_message_id == "t-1" and plan.task_id == "t-new"
+    assert json.loads(plan.outgoing.body) == {**body, "id": "t-new", "kwargs": {"x": 3}}
+    assert plan.outgoing.properties["correlation_id"] == "t-new"
