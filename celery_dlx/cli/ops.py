@@ -230,7 +230,7 @@ def export_command(
 def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     """Move parked retries from the single-tag Redis layout to keys per queue.
 
-    For dlx_redis_shards = "queue" (the default on a ?cluster=true URL): copies each retry
+    For dlx_redis_shards = "queue" (or "auto" on a ?cluster=true URL): copies each retry
     parked under {prefix}:parked:* to its queue's keys, then deletes the original. Safe to run
     while workers run and to run again after an interruption (nothing is lost). Obituaries and
     the failure history keep their single-tag keys and are not moved.

@@ -220,11 +220,12 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "dlx_redis_shards",
-            "auto",
+            "none",
             _choice(REDIS_SHARDS),
-            "How parked retries are spread over Redis Cluster slots: queue (8 hash tags per "
-            "queue, {prefix:q:QUEUE:BUCKET}), none (every key under {prefix}), or auto (queue on "
-            "a cluster URL, none elsewhere). See `dlx migrate-keys` in operations.md.",
+            "How parked retries are spread over Redis Cluster slots: none (every key under "
+            "{prefix}: one slot, one master), queue (8 hash tags per queue, "
+            "{prefix:q:QUEUE:BUCKET}: set it on a cluster, then run `dlx migrate-keys`), or auto "
+            "(queue on a cluster URL, none elsewhere). See operations.md.",
         ),
         Setting(
             "dlx_key_prefix",

@@ -1,6 +1,6 @@
 """Parked retries sharded by queue: a few hash tags per queue, so a Redis Cluster spreads them.
 
-With ``dlx_redis_shards = "queue"`` (the default on a ``?cluster=true`` URL) each queue's parked
+With ``dlx_redis_shards = "queue"`` (or ``"auto"`` on a ``?cluster=true`` URL) each queue's parked
 retries live under keys of their own, in :data:`~celery_dlx.message.names.PARKED_BUCKETS` buckets
 (the CRC-32 of the entry id picks one): ``{prefix:q:QUEUE:BUCKET}:parked:due|meta|body``
 (:meth:`~celery_dlx.message.names.Keys.parked_shard`). A Redis Cluster puts the buckets on

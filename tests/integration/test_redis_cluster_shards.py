@@ -2,8 +2,8 @@
 
 Measured: the parks of 8 queues, by the bytes Redis reports (``MEMORY USAGE`` of every key of
 the app's prefix, found by ``SCAN`` on each master). With the single-tag layout
-(``dlx_redis_shards = "none"``) every byte sits on one master; with the default on a cluster URL
-(keys per queue and bucket) no master holds more than half. Then the drain returns every parked
+(``dlx_redis_shards = "none"``, the default) every byte sits on one master; with ``"auto"`` on a
+cluster URL (keys per queue and bucket) no master holds more than half. Then the drain returns every parked
 retry to its queue across the masters, and ``dlx parked`` lists every shard; data parked by the
 old layout is read, moved by ``dlx migrate-keys`` and drained.
 """
@@ -98,12 +98,12 @@ def test_parks_of_eight_queues_spread_over_three_masters_and_drain_from_each(
     queues = [f"sh{i}-{uid}" for i in range(QUEUES)]
     due = now_ms() - 60_000
 
-    before = get_runtime(app_on(cluster, f"one-{uid}", dlx_redis_shards="none"))
+    before = get_runtime(app_on(cluster, f"one-{uid}"))  # the default: one tag per app
     assert not before.sharded
     assert all(before.parking.park_many(retries(queues, due)))
     single = bytes_per_master(cluster, f"one-{uid}")
 
-    runtime = get_runtime(app_on(cluster, f"many-{uid}"))  # auto: sharded on a cluster URL
+    runtime = get_runtime(app_on(cluster, f"many-{uid}", dlx_redis_shards="auto"))
     assert runtime.sharded and isinstance(runtime.parking, ShardedParking)
     assert all(runtime.parking.park_many(retries(queues, due)))
     spread = bytes_per_master(cluster, f"many-{uid}")
@@ -139,7 +139,7 @@ def test_old_layout_parks_are_read_then_moved_by_migrate_keys_and_drained(
     queues = [f"mig{i}-{uid}" for i in range(3)]
     old = get_runtime(app_on(cluster, prefix, dlx_redis_shards="none"))
     assert all(old.parking.park_many(retries(queues, now_ms() - 1000, per_queue=20)))
-    runtime = get_runtime(app_on(cluster, prefix))
+    runtime = get_runtime(app_on(cluster, prefix, dlx_redis_shards="queue"))
     assert runtime.parking.count() == 60  # read-both: the old keys are read before the move
     dry = json.loads(run(runtime.app, "migrate-keys", "--dry-run", "--json").stdout)
     assert dry["found"] == 60 and dry["moved"] == 0 and dry["queues"] == dict.fromkeys(queues, 20)
