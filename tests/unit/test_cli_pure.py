@@ -343,6 +343,7 @@ def test_every_command_is_registered_with_help() -> None:
         "show",
         "groups",
         "replay",
+        "edit",
         "purge",
         "parked",
         "stats",
