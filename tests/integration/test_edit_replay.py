@@ -290,3 +290,25 @@ def test_a_pickle_is_refused_and_a_dry_run_publishes_nothing(foreign: dict[str, 
         again = obituaries.get_obituary(runtime, ob.id)
         assert again is not None and again.replays == []
     channel.close()
+
+
+def test_an_edited_copy_can_go_to_another_queue(foreign: dict[str, Any], uid: str) -> None:
+    app, runtime, pb, queue = foreign["app"], foreign["runtime"], foreign["pb"], foreign["queue"]
+    other = f"shipments-retry-{uid}"
+    channel = foreign["conn"].connection.channel()
+    channel.queue_declare(other, durable=True, auto_delete=False)
+    event = pb.PaymentFailed(order_id="o-3", reason="declined", code=51)
+    [mid] = publish_and_reject(foreign["conn"], queue, [(b64(event), "application/octet-stream")])
+    run_service(app, idle_timeout=1.0, install_signals=False)
+    ob = obituaries.get_obituary(runtime, mid)
+    assert ob is not None
+    done = run_json(app, "edit", ob.id, "--set", "code=0", "--to-queue", other, "--replay")
+    assert done["queue"] == other and done["to_queue"] == other
+    wait_until(lambda: queue_depth(channel, other) == 1, what="the redirected edited copy")
+    got = channel.basic_get(other, no_ack=True)
+    assert pb.PaymentFailed.FromString(base64.b64decode(got.body)).code == 0
+    assert got.headers["x-dlx-queue"] == other and got.headers[EDITED_FROM_HEADER] == ob.id
+    assert queue_depth(channel, queue) == 0
+    assert list(runtime.graveyard.redirects([ob.id])[0].values()) == [other]
+    assert edits_of(runtime, ob.id)[0]["to_queue"] == other
+    channel.close()
