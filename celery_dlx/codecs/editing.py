@@ -409,16 +409,28 @@ def set_field(message: Message, parts: Sequence[str], value: Any, path: str) -> 
 
 
 def _shown(node: Any, fd: Any) -> Any:
-    if not is_repeated(fd) and fd.message_type is None and hasattr(node, "HasField"):
+    """A singular field's value as :func:`message_data` shows it; :data:`ABSENT` when a field
+    with presence is unset; a proto3 scalar without presence shows its default (it is a value)."""
+    if fd.message_type is not None:
+        if not node.HasField(fd.name):
+            return ABSENT
+    else:
         try:
             if not node.HasField(fd.name):
                 return ABSENT
         except ValueError:  # proto3 scalars without presence: the default is a value
-            pass
-    elif fd.message_type is not None and not node.HasField(fd.name):
-        return ABSENT
-    data = message_data(node)
-    return data.get(fd.name, ABSENT)
+            if fd.name not in message_data(node):
+                return _default(fd, getattr(node, fd.name))
+    return message_data(node).get(fd.name, ABSENT)
+
+
+def _default(fd: Any, value: Any) -> Any:
+    if fd.type == TYPE_ENUM:
+        known = fd.enum_type.values_by_number.get(value)
+        return known.name if known is not None else value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
 
 
 def _set_repeated(node: Any, fd: Any, parts: Sequence[str], i: int, value: Any, path: str) -> Any:

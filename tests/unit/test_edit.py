@@ -422,3 +422,25 @@ def test_a_celery_protocol_1_copy_carries_its_new_task_id_in_the_body() -> None:
     assert plan.kind == "celery" and plan.old_message_id == "t-1" and plan.task_id == "t-new"
     assert json.loads(plan.outgoing.body) == {**body, "id": "t-new", "kwargs": {"x": 3}}
     assert plan.outgoing.properties["correlation_id"] == "t-new"
+
+
+def test_a_proto3_default_shows_as_its_value_and_presence_fields_as_absent(
+    shop: tuple[ProtobufRegistry, Any],
+) -> None:
+    registry, pb = shop
+    ob = plain_ob(
+        pb.PaymentFailed(order_id="o-1", reason="x").SerializeToString(), "application/x-protobuf"
+    )
+    plan = plan_edit(ob, sets=[("code", 5)], registry=registry)
+    assert [(c.path, c.before, c.after) for c in plan.changes] == [("code", 0, 5)]
+    ship = pb.Shipment(order_id="o-1", items=[pb.Shipment.Item(sku="A", quantity=1)])
+    plan = plan_edit(
+        plain_ob(ship.SerializeToString(), "application/x-protobuf"),
+        sets=[("address", {"city": "Oslo"}), ("carrier", "CARRIER_UPS")],
+        registry=registry,
+    )
+    assert [(c.path, c.before) for c in plan.changes] == [
+        ("address", ABSENT),
+        ("carrier", "CARRIER_UNSPECIFIED"),
+    ]
+    assert pb.Shipment.FromString(plan.outgoing.body).address.city == "Oslo"
