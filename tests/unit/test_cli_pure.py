@@ -349,6 +349,7 @@ def test_every_command_is_registered_with_help() -> None:
         "stats",
         "check",
         "migrate",
+        "migrate-keys",
         "export",
         "web",
     }
