@@ -85,6 +85,7 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
         Route("/api/jobs/{job_id}", api.job),
         Route("/api/replay", api.replay, methods=["POST"]),
         Route("/api/purge", api.purge, methods=["POST"]),
+        Route("/api/edit", editing.edit_api, methods=["POST"]),
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]

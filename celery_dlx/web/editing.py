@@ -1,8 +1,8 @@
 """The edit page: an editor changes a buried message's payload and headers, sees the diff, then
 confirms to replay the edited copy (:mod:`celery_dlx.ops.edit` does the work and the recording).
 
-Only editors (``--editor-auth``/``dlx_web_editors``) see the page and may post to it; operators
-and viewers get 403. Posts carry the CSRF token and pass the same-origin check as every form.
+Only editors (``--editor-auth``/``dlx_web_editors``) see the page and may post to it (and to
+``POST /api/edit``, the same edit as JSON); operators and viewers get 403. Posts carry the CSRF token and pass the same-origin check as every form.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from celery_dlx.codecs.editing import ABSENT, Change, EditError, parse_assignment
 from celery_dlx.errors import DLXError
@@ -181,3 +181,60 @@ async def edit_action(request: Request) -> Response:
     if confirm:
         return await _page(request, ident, EditForm(), done=report)
     return await _page(request, ident, form, preview=report)
+
+
+def _json_pairs(raw: object, what: str) -> list[tuple[str, Any]]:
+    """``{"path": value}`` or ``[["path", value], ...]`` as pairs, in order."""
+    if raw is None:
+        return []
+    if isinstance(raw, dict):
+        pairs = list(raw.items())
+    elif isinstance(raw, list) and all(isinstance(p, list) and len(p) == 2 for p in raw):
+        pairs = [(p[0], p[1]) for p in raw]
+    else:
+        raise forms.BadRequest(f"{what} must be an object or a list of [name, value] pairs")
+    if len(pairs) > MAX_ROWS or not all(isinstance(k, str) for k, _ in pairs):
+        raise forms.BadRequest(f"{what}: at most {MAX_ROWS} entries, each named by a string")
+    return [(str(k), v) for k, v in pairs]
+
+
+async def edit_api(request: Request) -> Response:
+    """``POST /api/edit`` (editors, ``X-CSRF-Token``): ``{"id", "set", "headers", "to_queue",
+    "replay", "dry_run"}``; answers what ``dlx edit --json`` prints."""
+    console = console_of(request)
+    user = user_of(request)
+    if not user.can_edit:
+        return JSONResponse(
+            {"error": f"{user.name} is not an editor: only editors may edit a message"}, 403
+        )
+    if not console.csrf.valid(user, request.headers.get("x-csrf-token")):
+        return JSONResponse({"error": "missing or wrong X-CSRF-Token (GET /api/csrf)"}, 403)
+    try:
+        data = json.loads(await request.body() or b"{}")
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        return JSONResponse({"error": 'the body must be a JSON object with "id"'}, 400)
+    ident = data["id"]
+    try:
+        sets = _json_pairs(data.get("set"), "set")
+        headers = _json_pairs(data.get("headers"), "headers")
+        to_queue = data.get("to_queue") or None
+        report = await run_in_threadpool(
+            lambda: edit(
+                console.runtime,
+                ident,
+                sets=sets,
+                headers=headers,
+                registry=console.registry,
+                replay=forms.flag(data.get("replay")),
+                dry_run=forms.flag(data.get("dry_run")),
+                to_queue=str(to_queue) if to_queue is not None else None,
+                user=user.name,
+                role=user.role,
+            )
+        )
+    except DLXError as exc:
+        status = 404 if "no obituary" in str(exc) else 400
+        return JSONResponse({"error": str(exc)}, status)
+    return JSONResponse(report.to_json())
