@@ -7,7 +7,6 @@ ack a batch.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, cast
@@ -18,11 +17,6 @@ from kombu.transport.pyamqp import Channel as AMQPChannel
 
 from celery_dlx.broker.frames import connection_for
 from celery_dlx.errors import TopologyError
-
-#: Most deliveries :meth:`QueueConsumer.wait` reads in one call once one arrived.
-BURST_LIMIT = 250
-#: Seconds a burst waits for the next frame before it ends.
-BURST_PAUSE = 0.001
 
 #: A delivery as py-amqp hands it over (``amqp.Message``: body, headers, properties,
 #: delivery_info, channel, delivery_tag), undecoded.
@@ -94,42 +88,13 @@ class QueueConsumer:
 
     def wait(self, timeout: float) -> bool:
         """Receive for up to ``timeout`` seconds; False when nothing came (the heartbeat is
-        checked then).
-
-        Once a delivery came, what else already arrived is read in the same call (up to
-        :data:`BURST_LIMIT` deliveries): a backlog arrives one delivery per ``drain_events``,
-        and each of those calls sets the socket's timeout twice per frame and passes through
-        kombu and the caller's loop.
-        """
+        checked then)."""
         try:
             self._conn.drain_events(timeout=timeout)
         except TimeoutError:
             self._conn.heartbeat_check()
             return False
-        self._burst()
         return True
-
-    def _burst(self) -> None:
-        """Read the frames already arriving, with the socket's timeout set once for all of them."""
-        raw = self._conn.connection  # the py-amqp connection
-        sock = getattr(getattr(raw, "transport", None), "sock", None)
-        if sock is None:
-            return
-        previous = sock.gettimeout()
-        limit = len(self.inbox) + BURST_LIMIT
-        sock.settimeout(BURST_PAUSE)
-        try:
-            while len(self.inbox) < limit:
-                # ``None``: py-amqp leaves the socket's timeout alone; a frame cut by the timeout
-                # is kept in its read buffer and read whole on the next call.
-                raw.blocking_read(None)
-        except TimeoutError:
-            pass
-        finally:
-            # A connection that failed meanwhile has closed its socket: its error is the one
-            # to raise, not this restore's.
-            with contextlib.suppress(OSError):
-                sock.settimeout(previous)
 
 
 def ack_all(messages: Sequence[Delivery]) -> None:
