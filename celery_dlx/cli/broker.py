@@ -88,7 +88,7 @@ def management_api(
     candidates = management_apis(app, urls, user, password)
     api = first_answering(candidates)
     if len(candidates) > 1:
-        click.echo(f"management API: {api.url} ({len(candidates)} tried in order)", err=True)
+        click.echo(f"management API: {api.url} (first to answer of {len(candidates)})", err=True)
     return api
 
 

@@ -70,7 +70,8 @@ class CheckReport:
     management: bool = True
     #: The management API used (the first that answered among those tried).
     management_url: str | None = None
-    #: The management APIs tried, in order (one per node of a failover list by default).
+    #: The candidate management APIs, in order (one per broker URL of a failover list by
+    #: default); those before :attr:`management_url` did not answer.
     management_tried: list[str] = field(default_factory=list)
 
     @property

@@ -48,7 +48,7 @@ def test_check_and_migrate_use_the_first_management_api_that_answers(
     queue = app.conf.task_default_queue
     plan = run(app, "migrate", queue, "--policy", "--dry-run", "--management-url", f"{DEAD},{live}")
     assert plan.exit_code == 0, (plan.output, plan.stderr)
-    assert f"management API: {live} (2 tried in order)" in plan.stderr
+    assert f"management API: {live} (first to answer of 2)" in plan.stderr
     assert "nothing to do" in plan.stdout
 
 
