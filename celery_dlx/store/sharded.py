@@ -351,9 +351,13 @@ class ShardedParking:
             yield from self._metas(rows)
             read += len(rows)
 
+    def _holders(self, entry_id: str, queues: Sequence[str]) -> list[ParkingStore]:
+        """The stores that may hold ``entry_id``: its bucket in each queue, and the old keys."""
+        return [*(self.shard(q, entry_id) for q in queues), self.legacy]
+
     def entry(self, entry_id: str) -> ParkedMessage | None:
         """The parked retry ``entry_id`` with its body, from whichever queue holds it."""
-        for store in self.stores():
+        for store in self._holders(entry_id, self.queues()):
             found = store.entry(entry_id)
             if found is not None:
                 return found
@@ -363,7 +367,12 @@ class ShardedParking:
         """Delete parked entries by id, wherever they are (an operator's purge)."""
         if not entry_ids:
             return 0
-        return sum(store.remove(entry_ids) for store in self.stores())
+        queues = self.queues()
+        groups: dict[int, tuple[ParkingStore, list[str]]] = {}
+        for entry_id in entry_ids:
+            for store in self._holders(entry_id, queues):
+                groups.setdefault(id(store), (store, []))[1].append(entry_id)
+        return sum(store.remove(ids) for store, ids in groups.values())
 
     # -- migration ------------------------------------------------------------------------------
 
