@@ -380,7 +380,8 @@ class ShardedParking:
         """Move what the single-tag layout holds to each queue's keys: per entry, copy (meta,
         body and score, unless the queue's keys hold it already) then delete the original if its
         score is unchanged. Interrupted anywhere, a run again finishes the job and loses nothing;
-        an entry a drain claims meanwhile stays where it is (moved by the next run, or drained).
+        an entry a drain claims between the copy and the delete stays where it is and is drained
+        from there, its copy later too (a duplicate: at-least-once).
 
         Args:
             dry_run: count what would move, per queue; change nothing.
