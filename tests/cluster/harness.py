@@ -253,11 +253,12 @@ class ClusterRun(ChaosRun):
         elif reason == KILL_SERVICE_NODE:
             found = self.nodes_of(self.proc(P.SERVICE))
         else:
-            used = {
-                n.node for kind in (P.WORKER, P.SERVICE) for n in self.nodes_of(self.proc(kind))
-            }
+            # A follower of the work queue; best one no process uses, else one the worker does
+            # not use (a worker's node was the first kill already).
+            worker = {n.node for n in self.nodes_of(self.proc(P.WORKER))}
+            service = {n.node for n in self.nodes_of(self.proc(P.SERVICE))}
             followers = [n for n in self.cluster.nodes if n.node != leader]
-            found = [n for n in followers if n.node not in used] + followers
+            found = sorted(followers, key=lambda n: (n.node in worker, n.node in service))
         if not found:
             raise RuntimeError(f"no node found for kill of {reason}")
         return found[0]
