@@ -1,7 +1,8 @@
 """The chaos app (:mod:`tests.chaos.chaos_app`) for the cluster run's A/B measurement: with
 ``CLUSTER_NO_DELAYED_DELIVERY=1`` the worker's consumer leaves out Celery's native delayed
 delivery step (``celery.worker.consumer.delayed_delivery:DelayedDelivery``, which Celery adds when
-the app has quorum queues), through Celery's own ``worker_consumer`` setting of this app alone.
+the app has quorum queues), through Celery's own ``worker_consumer`` setting of this app alone
+(celery_dlx's consumer class, its blueprint one step shorter).
 
 That step's set-up runs at every consumer (re)start and tries every URL of ``broker_url`` four
 times, sleeping 1, 3 and 5 s between tries: with one node of a cluster dead, about 17 s in which
@@ -14,19 +15,19 @@ from __future__ import annotations
 
 import os
 
-from celery.worker.consumer.consumer import Consumer
-
+from celery_dlx.worker.consumer import DLXConsumer
 from tests.chaos.chaos_app import app as chaos
 
 #: Celery's step left out.
 DELAYED_DELIVERY = "celery.worker.consumer.delayed_delivery:DelayedDelivery"
 
 
-class ConsumerWithoutDelayedDelivery(Consumer):
-    """Celery's consumer, its blueprint without :data:`DELAYED_DELIVERY`."""
+class ConsumerWithoutDelayedDelivery(DLXConsumer):
+    """celery_dlx's consumer (which ``dlx_enabled`` installs), its blueprint without
+    :data:`DELAYED_DELIVERY`."""
 
-    class Blueprint(Consumer.Blueprint):
-        default_steps = [s for s in Consumer.Blueprint.default_steps if s != DELAYED_DELIVERY]
+    class Blueprint(DLXConsumer.Blueprint):
+        default_steps = [s for s in DLXConsumer.Blueprint.default_steps if s != DELAYED_DELIVERY]
 
 
 app = chaos
