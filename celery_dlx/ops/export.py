@@ -34,16 +34,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import IO, TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import IO, Any, Protocol, TypedDict, Unpack
 
 from celery import Celery
 
 from celery_dlx.errors import DLXError
-from celery_dlx.message.names import Keys
-from celery_dlx.store.history import History
-
-if TYPE_CHECKING:
-    from celery_dlx.store.client import RedisClient
 
 #: Environment variable naming an entry file to run instead of the generated one.
 JOB_ENV = "CELERY_DLX_SPARK_JOB"
@@ -481,9 +476,14 @@ def run_export(
     return ExportResult.from_dict(data, command)
 
 
+class HistoryDump(Protocol):
+    """What :func:`dump_snapshot` needs of the history role (``runtime.history``)."""
+
+    def dump(self, path: str, *, after: str | None = None, page: int = 10000) -> int: ...
+
+
 def dump_snapshot(
-    client: RedisClient,
-    keys: Keys,
+    history: HistoryDump,
     path: str | os.PathLike[str],
     *,
     after: str | None = None,
@@ -492,7 +492,9 @@ def dump_snapshot(
     """Write the history stream (entries after ``after``, or all) to a JSON-lines snapshot the
     exporter reads with ``snapshot=``: one object per line, ``id`` plus the entry's fields.
 
+    ``history`` is the app's history role (``get_runtime(app).history``).
+
     Returns:
         the number of entries written.
     """
-    return History(client, keys).dump(os.fspath(path), after=after, page=page)
+    return history.dump(os.fspath(path), after=after, page=page)

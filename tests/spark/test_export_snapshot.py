@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from celery_dlx.ops.export import dump_snapshot
+from celery_dlx.store.history import History
 
 from . import checks, generated
 
@@ -26,7 +27,7 @@ def test_snapshot_export_gives_exact_aggregates_and_resumes(
     entries = generated.history()
     generated.write(redis_client, keys.history, entries)
     snapshot = tmp_path / "history.jsonl"
-    assert dump_snapshot(redis_client, keys, snapshot, page=50) == len(entries)
+    assert dump_snapshot(History(redis_client, keys), snapshot, page=50) == len(entries)
     with snapshot.open("a", encoding="utf-8") as handle:
         handle.write("\n".join(BAD_LINES) + "\n")
     out = tmp_path / "out"
