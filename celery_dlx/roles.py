@@ -19,6 +19,7 @@ role              what it keeps                               implementations
 :class:`History`  the failure history stream and counters     ``store.history.History``
 :class:`Causes`   what a worker knows of a burial             ``store.causes.Causes``
 :class:`Publisher`  confirmed copies                          ``broker.publish.ConfirmingPublisher``
+:class:`Breakers`  per-cause breakers (automatic hold)       ``store.breaker.Breakers``
 ================  ==========================================  ====================================
 """
 
@@ -31,6 +32,7 @@ from celery_dlx.fates import FateEvent
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.policy.breaker import BreakerSettings, Hold
 
 
 class Parking(Protocol):
@@ -131,3 +133,27 @@ class Publisher(Protocol):
     def connect(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Breakers(Protocol):
+    """Per-cause breakers shared by every worker (``dlx_breaker``, see
+    :mod:`celery_dlx.policy.breaker`)."""
+
+    def fail(
+        self,
+        queue: str,
+        cause: str,
+        settings: BreakerSettings,
+        now_ms: int,
+        *,
+        entry_id: str,
+        task: str = "",
+        exc_type: str = "",
+    ) -> Hold | None:
+        """Count one failure of ``cause`` on ``queue``: a :class:`Hold` while the breaker is open
+        (``entry_id`` is then remembered as held), else None."""
+        ...
+
+    def close(self, queue: str, cause: str) -> tuple[bool, list[str]]:
+        """Close the breaker: whether it was open, and the entry ids it held."""
+        ...

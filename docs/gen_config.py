@@ -42,6 +42,7 @@ KINDS = {
     "_ladder": "strictly increasing list of seconds, each 0.001 s to 315356400 s in whole ms",
     "_backoff": "backoff (list, mapping or callable)",
     "_queue_policies": "mapping of queue name to policy",
+    "_breaker": "None, or a mapping of failures, window, hold, probe, release_rate",
 }
 #: Settings validated by a choice among constants of celery_dlx.policy.settings.
 CHOICES = {
@@ -57,6 +58,7 @@ QUEUE_KEYS = {
     "max_parks": "`dlx_max_parks` for this queue",
     "importance": "`dlx_importance` for this queue (page, notify, ignore)",
     "expired": "`dlx_expired` for this queue (park, bury)",
+    "breaker": "`dlx_breaker` for this queue (None turns it off here)",
 }
 #: Task options (``@app.task(dlx_...=...)`` or class attributes): what each accepts and does.
 TASK_OPTION_DOCS = {
@@ -76,6 +78,10 @@ TASK_OPTION_DOCS = {
     "dlx_max_requeues": ("integer >= 0", "overrides `dlx_max_requeues`"),
     "dlx_max_parks": ("integer >= 0", "overrides `dlx_max_parks`"),
     "dlx_importance": ("page, notify or ignore", "overrides `dlx_importance`"),
+    "dlx_breaker": (
+        "None, or a mapping of failures, window, hold, probe, release_rate",
+        "overrides `dlx_breaker` (and the queue's) for this task",
+    ),
 }
 
 

@@ -120,6 +120,11 @@ class Keys:
         #: Set: the queues whose parked retries have keys of their own (``dlx_redis_shards =
         #: "queue"``, see :meth:`parked_shard`); cross-queue reads and the drain read it.
         self.parked_queues = f"{base}:parked:queues"
+        #: Per-cause breakers (``dlx_breaker``, ``store/breaker.py``): a hash of state and a set
+        #: of held entry ids per ``QUEUE\tCAUSE`` (see :meth:`breaker_state`), and this sorted set
+        #: of the open ones (``QUEUE\tCAUSE`` -> opened ms).
+        self.breakers_open = f"{base}:breaker:open"
+        self._breaker_prefix = f"{base}:breaker:"
 
     def parked_shard(self, queue: str, bucket: int) -> ParkedKeys:
         """The parked-retry keys of one bucket of ``queue`` (``0 <= bucket <``
@@ -132,6 +137,14 @@ class Keys:
     def parked_legacy(self) -> ParkedKeys:
         """The parked-retry keys of the single-tag layout (every queue under ``{prefix}``)."""
         return ParkedKeys("{" + self.prefix + "}")
+
+    def breaker_state(self, member: str) -> str:
+        """The state hash of one breaker (``member`` is ``QUEUE\tCAUSE``)."""
+        return f"{self._breaker_prefix}state:{member}"
+
+    def breaker_held(self, member: str) -> str:
+        """The set of parked entry ids one open breaker holds."""
+        return f"{self._breaker_prefix}held:{member}"
 
     def cause(self, message_id: str) -> str:
         return f"{self.cause_prefix}{message_id}"

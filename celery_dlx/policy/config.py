@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_dlx.errors import ConfigurationError
+from celery_dlx.policy.breaker import BreakerSettings
 from celery_dlx.policy.decide import Backoff, Policy
 from celery_dlx.policy.settings import SENTRY_SETTINGS, SETTINGS, QueuePolicy, sentry_missing
 
@@ -92,6 +93,8 @@ class DLXConfig:
     quorum: bool
     delivery_limit: int | None
     queues: Mapping[str, QueuePolicy]
+    #: ``dlx_breaker`` (None: off); :meth:`breaker_for` refines it per queue.
+    breaker: BreakerSettings | None
     expired: str
     service_in_worker: bool
     service_prefetch: int
@@ -150,6 +153,11 @@ class DLXConfig:
         """``dlx_importance``, refined by ``dlx_queues[queue]`` when present."""
         spec = self.queues.get(queue or "", {})
         return spec.get("importance", self.default_importance)
+
+    def breaker_for(self, queue: str | None = None) -> BreakerSettings | None:
+        """``dlx_breaker``, refined by ``dlx_queues[queue]['breaker']`` when present."""
+        spec = self.queues.get(queue or "", {})
+        return spec.get("breaker", self.breaker)
 
     def expired_action(self, queue: str | None = None) -> str:
         """``dlx_expired``, refined by ``dlx_queues[queue]`` when present."""

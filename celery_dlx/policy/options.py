@@ -7,6 +7,7 @@ from types import FunctionType
 from typing import Any
 
 from celery_dlx.errors import ConfigurationError
+from celery_dlx.policy.breaker import BreakerSettings, parse_breaker
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.decide import Policy, parse_backoff, parse_matchers
 from celery_dlx.policy.settings import IMPORTANCES
@@ -20,6 +21,7 @@ TASK_OPTIONS = (
     "dlx_max_requeues",
     "dlx_max_parks",
     "dlx_importance",
+    "dlx_breaker",
 )
 
 
@@ -29,6 +31,9 @@ class TaskOptions:
 
     policy: Policy
     importance: str
+    #: The task's breaker on this queue (``dlx_breaker``); None: off, the failure path pays
+    #: nothing for it.
+    breaker: BreakerSettings | None = None
 
 
 def unknown_task_options(task_cls: type) -> list[str]:
@@ -97,4 +102,7 @@ def resolve_task_options(
             bury_on=parse_matchers(get("dlx_bury_on"), f"task {name}: option dlx_bury_on"),
         ),
         importance=importance or config.importance(queue),
+        breaker=config.breaker_for(queue)
+        if get("dlx_breaker") is None
+        else parse_breaker(get("dlx_breaker"), f"task {name}: option dlx_breaker"),
     )

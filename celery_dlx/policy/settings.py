@@ -14,6 +14,7 @@ from typing import TypedDict
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_KEY_PREFIX, DEFAULT_SERVICE_QUEUE
 from celery_dlx.policy import durations
+from celery_dlx.policy.breaker import BreakerSettings, parse_breaker
 from celery_dlx.policy.decide import Backoff, parse_backoff
 
 #: Task importances: ``page`` wakes someone, ``notify`` tells them later, ``ignore`` sends nothing.
@@ -132,8 +133,12 @@ def _backoff(name: str, value: object) -> Backoff:
     return parse_backoff(value, name)
 
 
+def _breaker(name: str, value: object) -> BreakerSettings | None:
+    return parse_breaker(value, name)
+
+
 #: Keys allowed in one entry of ``dlx_queues`` (policy for a queue, also foreign queues).
-QUEUE_POLICY_KEYS = ("backoff", "max_requeues", "max_parks", "importance", "expired")
+QUEUE_POLICY_KEYS = ("backoff", "max_requeues", "max_parks", "importance", "expired", "breaker")
 
 
 class QueuePolicy(TypedDict, total=False):
@@ -144,6 +149,7 @@ class QueuePolicy(TypedDict, total=False):
     max_parks: int
     importance: str
     expired: str
+    breaker: BreakerSettings | None
 
 
 def _queue_policies(name: str, value: object) -> dict[str, QueuePolicy]:
@@ -174,6 +180,8 @@ def _queue_policies(name: str, value: object) -> dict[str, QueuePolicy]:
             )
         if "expired" in spec:
             checked["expired"] = _choice(EXPIRED_ACTIONS)(f"{where}['expired']", spec["expired"])
+        if "breaker" in spec:
+            checked["breaker"] = parse_breaker(spec["breaker"], f"{where}['breaker']")
         out[str(queue)] = checked
     return out
 
@@ -296,7 +304,17 @@ SETTINGS: dict[str, Setting] = {
             "dlx_queues",
             {},
             _queue_policies,
-            "Per-queue policies, also for foreign queues: {queue: {backoff, max_requeues, max_parks, importance, expired}}.",
+            "Per-queue policies, also for foreign queues: {queue: {backoff, max_requeues, max_parks, importance, expired, breaker}}.",
+        ),
+        Setting(
+            "dlx_breaker",
+            None,
+            _breaker,
+            "Per-cause breaker (automatic hold), off when None: "
+            '{"failures": 50, "window": 60, "hold": 300, "probe": 60, "release_rate": 50} holds '
+            "new failures of a cause that failed more than failures times in window seconds on a "
+            "queue, without spending their budget, and releases one canary every probe seconds "
+            "(docs/reliability.md).",
         ),
         Setting(
             "dlx_expired",

@@ -34,6 +34,7 @@ from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig, load_config
 from celery_dlx.roles import Parking
+from celery_dlx.store.breaker import Breakers
 from celery_dlx.store.causes import Causes
 from celery_dlx.store.client import (
     ClusterReplicas,
@@ -203,6 +204,11 @@ class Runtime:
     @property
     def causes(self) -> Causes:
         return Causes(self.redis, self.keys)
+
+    @property
+    def breakers(self) -> Breakers:
+        """The per-cause breakers (``dlx_breaker``), shared through Redis by every worker."""
+        return Breakers(self.redis, self.keys)
 
     @property
     def letters(self) -> Letters:

@@ -42,10 +42,12 @@ from celery_dlx.message.names import (
     REPLAYED_HEADER,
 )
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.policy.breaker import HELD_HEADER
 from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.results import store_details
 from celery_dlx.wiring.runtime import Runtime, get_runtime
+from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
 from celery_dlx.worker.einfo import LazyExceptionInfo
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
@@ -100,7 +102,7 @@ class DLXTask(Task[Any, Any]):
     Options (class attributes or ``@app.task(...)`` keywords; each falls back to the ``dlx_*``
     setting of the same name): ``dlx_requeue_on``, ``dlx_park_on``, ``dlx_bury_on`` (exception
     classes or predicates), ``dlx_backoff``, ``dlx_max_requeues``, ``dlx_max_parks``,
-    ``dlx_importance``. Task code may raise :class:`celery_dlx.Requeue`,
+    ``dlx_importance``, ``dlx_breaker``. Task code may raise :class:`celery_dlx.Requeue`,
     :class:`celery_dlx.Park` or :class:`celery_dlx.Bury`; ``self.retry(countdown=...)`` parks.
     """
 
@@ -127,6 +129,7 @@ class DLXTask(Task[Any, Any]):
     dlx_max_requeues: object = None
     dlx_max_parks: object = None
     dlx_importance: object = None
+    dlx_breaker: object = None
 
     @property
     def __trace__(self) -> Tracer | None:
@@ -207,6 +210,8 @@ class DLXTask(Task[Any, Any]):
             )
             self._store_details(failure=False)
             self._record_recovery(runtime, delivery)
+        if HELD_HEADER in delivery.headers:
+            self._close_breaker(runtime, delivery)
         return result
 
     def retry(
@@ -290,16 +295,47 @@ class DLXTask(Task[Any, Any]):
             retries=int(self.request.retries or 0),
             at_ms=now_ms(),
         )
+        held: Held | None = None
+        if options.breaker is not None and not isinstance(exc, Redelivered):
+            held = hold_failure(
+                runtime,
+                options.breaker,
+                delivery,
+                plan,
+                exc,
+                options.policy,
+                task=self.name,
+                retries=int(self.request.retries or 0),
+            )
+            if held is not None:
+                plan = held.plan
         self._set_plan_details(delivery, plan)
         if plan.buried:
             self._settle_burial(runtime, delivery, options, plan, einfo, exc)
-        self._send_copy(runtime, delivery, plan, exc, self._fate_event(delivery, options, plan))
+        event = self._fate_event(delivery, options, plan, held)
+        self._send_copy(runtime, delivery, plan, exc, event, held)
         self._mark_retry(plan.root, einfo)
         if settles(self.__dict__.get("_dlx_tracer")):  # the worker runs it through that tracer
             raise RunSettled() from None
         # Under another tracer: without the failure as context, since Celery's tracer formats
         # the Ignore's traceback (for a line it logs at INFO).
         raise Ignore() from None
+
+    def _close_breaker(self, runtime: Runtime, delivery: Delivery) -> None:
+        """A held message succeeded (the canary, usually): close its cause's breaker and
+        release the messages it held."""
+        options = _options(self, runtime, delivery.queue)
+        cause = delivery.headers.get(HELD_HEADER)
+        if options.breaker is None or not cause:
+            return  # breaker turned off since: held messages come back at their hold time
+        if isinstance(cause, bytes):
+            cause = cause.decode("utf-8", "replace")
+        try:
+            close_breaker(runtime, delivery.queue, str(cause), options.breaker.release_rate)
+        except Exception:  # the task succeeded; held messages still come back after their hold
+            logger.warning(
+                "could not close the breaker of %s on %s", cause, delivery.queue, exc_info=True
+            )
 
     def _set_details(self, **details: Any) -> None:
         """celery_dlx's details of this run, stored with its state (``_store_details``)."""
@@ -386,9 +422,11 @@ class DLXTask(Task[Any, Any]):
         plan: FailurePlan,
         exc: BaseException,
         event: FateEvent,
+        held: Held | None = None,
     ) -> None:
         """Publish the copy at the tail (requeue) and record the fate, or store the copy in the
-        parking store (park) and record the fate in the same Redis round trip."""
+        parking store (park, or a hold of an open breaker) and record the fate in the same Redis
+        round trip."""
         copy = celery_copy(
             self.request,
             state=plan.state,
@@ -397,12 +435,13 @@ class DLXTask(Task[Any, Any]):
             retries=plan.retries,
             args=exc.call_args if isinstance(exc, RetryPark) else None,
             kwargs=exc.call_kwargs if isinstance(exc, RetryPark) else None,
+            extra_headers=held.headers if held is not None else None,
         )
         try:
             if plan.delay is not None:
                 runtime.park_recorded(
                     ParkedMessage(
-                        message_id=delivery.message_id,
+                        message_id=delivery.message_id if held is None else held.entry_message_id,
                         attempt=plan.state.attempt,
                         queue=delivery.queue,
                         body=copy.body,
@@ -421,7 +460,9 @@ class DLXTask(Task[Any, Any]):
             self._fallback(runtime, delivery, plan.fate, err)
         runtime.record_settled(event)
 
-    def _fate_event(self, delivery: Delivery, options: TaskOptions, plan: FailurePlan) -> FateEvent:
+    def _fate_event(
+        self, delivery: Delivery, options: TaskOptions, plan: FailurePlan, held: Held | None = None
+    ) -> FateEvent:
         failure = Failure(
             task=self.name,
             queue=delivery.queue,
@@ -435,6 +476,10 @@ class DLXTask(Task[Any, Any]):
             first_failure_ms=plan.state.first_failure_ms,
             at_ms=plan.at_ms,
         )
+        if held is not None:
+            # The event (history, Flower, listeners) says the breaker opened, once, with the cause.
+            breaker = "opened" if held.opened else ("canary" if held.canary else "held")
+            return FateEvent.of(plan.fate, failure, delay=plan.delay, extra={"breaker": breaker})
         return FateEvent.of(plan.fate, failure, delay=plan.delay)
 
     def _fallback(self, runtime: Runtime, delivery: Delivery, fate: str, err: Exception) -> None:
