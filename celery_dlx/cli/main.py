@@ -144,12 +144,14 @@ def service(
 
 
 def _add_commands() -> None:
+    from celery_dlx.cli import breakers as cli_breakers
     from celery_dlx.cli import broker as cli_broker
     from celery_dlx.cli import graveyard as cli_graveyard
     from celery_dlx.cli import ops as cli_ops
     from celery_dlx.web.command import web_command
 
-    for command in (*cli_graveyard.COMMANDS, *cli_ops.COMMANDS, *cli_broker.COMMANDS, web_command):
+    commands = (*cli_graveyard.COMMANDS, *cli_ops.COMMANDS, *cli_broker.COMMANDS)
+    for command in (*commands, *cli_breakers.COMMANDS, web_command):
         dlx.add_command(command)
 
 

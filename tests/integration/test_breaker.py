@@ -137,3 +137,39 @@ def test_store_close_releases_held_ids_and_list_drops_expired_entries(
     redis_client.delete(store.state_key("q", "c3"))
     assert store.list_open() == []
     assert redis_client.zcard(store.open_index) == 0
+
+
+def test_cli_lists_open_breakers_and_close_releases_what_they_hold(
+    uid: str, key_prefix: str, cleanup_queues: list[str]
+) -> None:
+    from celery_dlx.fates import now_ms
+    from celery_dlx.message.parked import ParkedMessage
+    from tests.integration.cli_helpers import run, run_json
+
+    app = outage_app(uid, cleanup_queues, {"failures": 1, "hold": 100, "probe": 50})
+    runtime = get_runtime(app)
+    settings = runtime.config.breaker_for(f"work-{uid}")
+    assert settings is not None
+    queue, now = f"work-{uid}", now_ms()
+    assert run_json(app, "breakers") == []
+    held = [
+        ParkedMessage(
+            message_id=f"m{i}/held1", attempt=0, queue=queue, body=b"{}", due_ms=now + 100_000
+        )
+        for i in range(3)
+    ]
+    runtime.breakers.fail(queue, "cafe", settings, now, entry_id="first:0")
+    for message in held:
+        runtime.parking.park(message)
+        assert runtime.breakers.fail(queue, "cafe", settings, now, entry_id=message.entry_id)
+    [listed] = run_json(app, "breakers")
+    assert (listed["queue"], listed["cause"], listed["held"]) == (queue, "cafe", 3)
+    assert "cafe" in run(app, "breakers").stdout
+    missing = run(app, "breakers", "close", "beef")
+    assert missing.exit_code == 3 and "no open breaker" in missing.stderr
+    closed = run_json(app, "breakers", "close", "cafe")
+    assert closed == [{"queue": queue, "cause": "cafe", "released": 3}]
+    # Released: due now (release_rate 50/s), not after their 100 s hold.
+    dues = [m.lease_score for m in runtime.parking.soonest(10)]
+    assert len(dues) == 3 and max(dues) <= now_ms() + 1000
+    assert run_json(app, "breakers") == []
