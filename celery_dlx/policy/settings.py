@@ -314,7 +314,7 @@ SETTINGS: dict[str, Setting] = {
             '{"failures": 50, "window": 60, "hold": 300, "probe": 60, "release_rate": 50} holds '
             "new failures of a cause that failed more than failures times in window seconds on a "
             "queue, without spending their budget, and releases one canary every probe seconds "
-            "(docs/reliability.md).",
+            "(docs/monitoring.md).",
         ),
         Setting(
             "dlx_expired",

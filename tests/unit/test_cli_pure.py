@@ -352,6 +352,7 @@ def test_every_command_is_registered_with_help() -> None:
         "migrate-keys",
         "export",
         "web",
+        "breakers",
     }
     assert set(dlx.commands) == names
     for name in names:
