@@ -14,7 +14,10 @@ key                         content
 ``cause:<fingerprint>``     zset: ids of one cause, by burial time
 ``message:<message id>``    zset: ids of one message (it may be buried again after a replay)
 ``group:<fingerprint>``     hash: cause summary (queue, task, exc type and message, example id,
-                            first and last seen, lifetime total)
+                            first and last seen, lifetime total, first and last code version)
+``versions:<fingerprint>``  hash: code version -> obituaries of the cause still here ("" = unknown)
+``versions``                zset: code version -> when it was first seen in this graveyard (ms);
+                            kept when its obituaries leave (it orders versions for ``--new-since``)
 ``groups`` / ``queues`` /   zsets: fingerprints / queue names / task names -> last burial (ms)
 ``tasks``
 ==========================  ================================================================
@@ -35,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -51,7 +54,8 @@ logger = logging.getLogger(__name__)
 CHUNK = 100
 
 # KEYS: records payloads time queue task cause message group groups queues tasks history causerec
-# ARGV: id score record payload facts, facts = JSON [queue, task, cause, exc_type, exc_message,
+# cause-versions versions
+# ARGV: id score record payload facts version ("" = unknown), facts = JSON [queue, task, cause, exc_type, exc_message,
 # history field, value, ...] (one argument instead of thirty: packing arguments costs the client).
 # Writes nothing and returns 0 when the id is there already (a redelivered dead letter).
 _WRITE = """
@@ -70,9 +74,15 @@ if task ~= '' then
 end
 redis.call('ZADD', KEYS[6], at, id)
 redis.call('ZADD', KEYS[7], at, id)
+local version = ARGV[6]
+-- first_version only for a group this write starts: a group older than version stats has none
+if redis.call('HSETNX', KEYS[8], 'first_ms', at) == 1 then
+  redis.call('HSET', KEYS[8], 'first_version', version)
+end
 redis.call('HSET', KEYS[8], 'cause', cause, 'queue', queue, 'task', task,
-  'exc_type', f[4], 'exc_message', f[5], 'example', id, 'last_ms', at)
-redis.call('HSETNX', KEYS[8], 'first_ms', at)
+  'exc_type', f[4], 'exc_message', f[5], 'example', id, 'last_ms', at, 'last_version', version)
+redis.call('HINCRBY', KEYS[14], version, 1)
+redis.call('ZADD', KEYS[15], 'LT', at, version)
 redis.call('HINCRBY', KEYS[8], 'total', 1)
 redis.call('ZADD', KEYS[9], 'GT', at, cause)
 redis.call('XADD', KEYS[12], '*', unpack(f, 6))
@@ -80,17 +90,21 @@ return 1
 """
 
 # KEYS: records payloads time queue task cause message group groups queues tasks history ledger
-# ARGV: id queue task cause <history field pairs...>
+# cause-versions
+# ARGV: id queue task cause version <history field pairs...>
 # Appends the history entry and deletes the obituary and its index entries; 0 if already gone.
 _REMOVE = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('XADD', KEYS[12], '*', unpack(ARGV, 5))
+redis.call('XADD', KEYS[12], '*', unpack(ARGV, 6))
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[13], ARGV[1])
 for i = 3, 7 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+if redis.call('HEXISTS', KEYS[14], ARGV[5]) == 1 then
+  if redis.call('HINCRBY', KEYS[14], ARGV[5], -1) <= 0 then redis.call('HDEL', KEYS[14], ARGV[5]) end
+end
 if redis.call('ZCARD', KEYS[6]) == 0 then
-  redis.call('DEL', KEYS[8])
+  redis.call('DEL', KEYS[8], KEYS[14])
   redis.call('ZREM', KEYS[9], ARGV[4])
 end
 if redis.call('ZCARD', KEYS[4]) == 0 then redis.call('ZREM', KEYS[10], ARGV[2]) end
@@ -111,6 +125,11 @@ class Group:
 
     ``count`` is how many are there now, ``total`` how many were ever buried with this cause
     since the group was last empty; ``example_id`` is the latest obituary.
+
+    ``first_seen_ms``, ``first_version`` and ``last_version`` are the time and code versions of
+    the first and latest burial since the group was last empty (None for a group started before
+    version stats were kept); ``versions`` counts the obituaries still here per code version,
+    ``""`` for those buried without one.
     """
 
     cause: str
@@ -123,6 +142,10 @@ class Group:
     exc_message: str
     task: str | None
     queue: str
+    first_seen_ms: int | None = None
+    first_version: str | None = None
+    last_version: str | None = None
+    versions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -166,6 +189,7 @@ class Graveyard:
         self.groups_key = keys.graveyard("groups")
         self.queues_key = keys.graveyard("queues")
         self.tasks_key = keys.graveyard("tasks")
+        self.versions_key = keys.graveyard("versions")
         self._write = client.register_script(_WRITE)
         self._remove = client.register_script(_REMOVE)
 
@@ -183,6 +207,9 @@ class Graveyard:
 
     def group_key(self, cause: str) -> str:
         return self.keys.graveyard(f"group:{cause}")
+
+    def cause_versions(self, cause: str) -> str:
+        return self.keys.graveyard(f"versions:{cause}")
 
     def _index_keys(self, ob: Obituary) -> list[str]:
         return [
@@ -214,14 +241,34 @@ class Graveyard:
         for ob, event in items:
             facts = [ob.queue, ob.task or "", ob.cause, ob.exc_type, ob.exc_message[:500]]
             facts.extend(history_args(event))
-            args = [ob.id, ob.buried_ms, ob.record_json(), ob.payload or b"", json.dumps(facts)]
-            calls.append(([*self._index_keys(ob), self.keys.cause(ob.message_id)], args))
+            args = [
+                ob.id,
+                ob.buried_ms,
+                ob.record_json(),
+                ob.payload or b"",
+                json.dumps(facts),
+                ob.code_version or "",
+            ]
+            keys = [
+                *self._index_keys(ob),
+                self.keys.cause(ob.message_id),
+                self.cause_versions(ob.cause),
+                self.versions_key,
+            ]
+            calls.append((keys, args))
         return [bool(r) for r in run_script_many(self.client, self._write, calls)]
 
     def remove(self, ob: Obituary, event: FateEvent) -> bool:
         """Append ``event`` to the history and delete ``ob``, atomically; False if it was gone."""
-        keys = [*self._index_keys(ob), self.keys.replay_ledger]
-        args = [ob.id, ob.queue, ob.task or "", ob.cause, *history_args(event)]
+        keys = [*self._index_keys(ob), self.keys.replay_ledger, self.cause_versions(ob.cause)]
+        args = [
+            ob.id,
+            ob.queue,
+            ob.task or "",
+            ob.cause,
+            ob.code_version or "",
+            *history_args(event),
+        ]
         return bool(self._remove(keys=keys, args=args))
 
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
@@ -316,10 +363,11 @@ class Graveyard:
             pipe.zcard(index)
             pipe.zrange(index, 0, 0, withscores=True)
             pipe.zrevrange(index, 0, 0, withscores=True)
+            pipe.hgetall(self.cause_versions(cause))
         results = pipe.execute()
         out = []
         for i, cause in enumerate(causes):
-            info, count, first, last = results[4 * i : 4 * i + 4]
+            info, count, first, last, versions = results[5 * i : 5 * i + 5]
             if not count or not first or not last:
                 continue
             meta = {text(k): text(v) for k, v in info.items()}
@@ -335,9 +383,21 @@ class Graveyard:
                     exc_message=meta.get("exc_message", ""),
                     task=meta.get("task") or None,
                     queue=meta.get("queue", ""),
+                    first_seen_ms=int(meta["first_ms"]) if meta.get("first_ms") else None,
+                    first_version=meta.get("first_version"),
+                    last_version=meta.get("last_version"),
+                    versions={text(v): int(n) for v, n in versions.items() if int(n) > 0},
                 )
             )
         return out
+
+    def version_times(self) -> dict[str, int]:
+        """Every code version seen in this graveyard -> when it was first seen (ms)."""
+        scored = cast(
+            "list[tuple[bytes, float]]",
+            self.client.zrange(self.versions_key, 0, -1, withscores=True),
+        )
+        return {text(v): int(ms) for v, ms in scored}
 
     def names(self, kind: str) -> list[tuple[str, int, int]]:
         """``(name, obituaries, last burial ms)`` per queue (``kind="queue"``) or task."""
