@@ -181,13 +181,26 @@ def _show_text(data: dict[str, Any]) -> str:
 
 @click.command("groups")
 @json_option
+@click.option(
+    "--new-since",
+    "new_since",
+    metavar="VERSION",
+    default=None,
+    help="Only causes first seen with code version VERSION, or after VERSION was first seen "
+    "in the graveyard (versions are ordered by when each was first seen).",
+)
 @click.pass_context
 @handle_errors
-def groups_command(ctx: click.Context, as_json: bool) -> None:
-    """Obituaries grouped by cause fingerprint: count, first and last seen, an example."""
+def groups_command(ctx: click.Context, as_json: bool, new_since: str | None) -> None:
+    """Obituaries grouped by cause fingerprint: count, first and last seen, the code version it
+    was first seen with, an example."""
+    from celery_dlx.ops.deploys import UnknownVersion
     from celery_dlx.ops.inspection import groups_data
 
-    data = groups_data(runtime_of(ctx))
+    try:
+        data = groups_data(runtime_of(ctx), new_since=new_since)
+    except UnknownVersion as exc:
+        raise click.BadParameter(str(exc), param_hint="--new-since") from exc
     if as_json:
         echo_json(data)
         return
@@ -200,14 +213,20 @@ def groups_command(ctx: click.Context, as_json: bool) -> None:
             ago(g["last_ms"], now),
             g["task"] or g["queue"],
             f"{g['exc_type'].rsplit('.', 1)[-1]}: {g['exc_message']}",
+            _version_label(g["first_seen_version"]),
             g["example_id"],
         )
         for g in data["groups"]
     ]
-    headers = ("CAUSE", "COUNT", "FIRST", "LAST", "TASK/QUEUE", "EXCEPTION", "EXAMPLE")
+    headers = ("CAUSE", "COUNT", "FIRST", "LAST", "TASK/QUEUE", "EXCEPTION", "VERSION", "EXAMPLE")
     if rows:
         click.echo(table(headers, rows, shrink=("EXCEPTION", "TASK/QUEUE")))
     click.echo(f"{data['count']} causes, {data['total']} obituaries")
+
+
+def _version_label(version: str | None) -> str:
+    """A code version as the groups table shows it: git SHAs shortened, "?" when unknown."""
+    return version[:12] if version else "?"
 
 
 @click.command("replay")

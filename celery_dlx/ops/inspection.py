@@ -14,7 +14,7 @@ from celery_dlx.codecs import Decoded, ProtobufRegistry, decode_payload, registr
 from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.ops import obituaries
+from celery_dlx.ops import deploys, obituaries
 from celery_dlx.ops.render import iso, preview
 from celery_dlx.store.graveyard import Group, When
 from celery_dlx.wiring.runtime import Runtime
@@ -92,14 +92,31 @@ class GroupRow(TypedDict):
     exc_message: str
     task: str | None
     queue: str
+    first_seen_ms: int | None
+    first_seen_version: str | None
+    last_seen_version: str | None
+    versions: dict[str, int]
+
+
+class CodeVersion(TypedDict):
+    """A code version and when it was first seen in the graveyard."""
+
+    version: str
+    first_seen_ms: int
+    first_seen: str | None
 
 
 class GroupList(TypedDict):
-    """Every cause group (:func:`groups_data`), how many, and the graveyard's size."""
+    """Every cause group (:func:`groups_data`), how many, and the graveyard's size; the code
+    versions seen, oldest first (see :mod:`celery_dlx.ops.deploys`), the newest of them, and the
+    ``--new-since`` version the groups were filtered by (None: not filtered)."""
 
     groups: list[GroupRow]
     count: int
     total: int
+    code_versions: list[CodeVersion]
+    newest_version: str | None
+    new_since: str | None
 
 
 class ParkedRow(TypedDict):
@@ -324,13 +341,39 @@ def group_row(group: Group) -> GroupRow:
         "exc_message": group.exc_message,
         "task": group.task,
         "queue": group.queue,
+        "first_seen_ms": group.first_seen_ms,
+        "first_seen_version": group.first_version,
+        "last_seen_version": group.last_version,
+        "versions": dict(group.versions),
     }
 
 
-def groups_data(runtime: Runtime) -> GroupList:
-    """Every cause in the graveyard, most recently seen first, with the graveyard's size."""
-    rows = [group_row(g) for g in obituaries.groups(runtime)]
-    return {"groups": rows, "count": len(rows), "total": obituaries.count(runtime)}
+def groups_data(runtime: Runtime, *, new_since: str | None = None) -> GroupList:
+    """Every cause in the graveyard, most recently seen first, with the graveyard's size.
+
+    Args:
+        new_since: only the causes first seen with this code version or after it was first
+            seen (:func:`celery_dlx.ops.deploys.new_since`).
+
+    Raises:
+        UnknownVersion: ``new_since`` was never seen in this graveyard.
+    """
+    found = obituaries.groups(runtime)
+    first_seen = obituaries.version_times(runtime)
+    if new_since is not None:
+        found = deploys.new_since(found, first_seen, new_since)
+    rows = [group_row(g) for g in found]
+    return {
+        "groups": rows,
+        "count": len(rows),
+        "total": obituaries.count(runtime),
+        "code_versions": [
+            {"version": v, "first_seen_ms": first_seen[v], "first_seen": iso(first_seen[v])}
+            for v in deploys.version_order(first_seen)
+        ],
+        "newest_version": deploys.newest_version(first_seen),
+        "new_since": new_since,
+    }
 
 
 def parked_data(runtime: Runtime, *, limit: int = 50, at_ms: int | None = None) -> ParkedData:

@@ -118,6 +118,11 @@ def groups(runtime: Runtime) -> list[Group]:
     return _graveyard(runtime).groups()
 
 
+def version_times(runtime: Runtime) -> dict[str, int]:
+    """Every code version seen in the graveyard -> when it was first seen (ms)."""
+    return _graveyard(runtime).version_times()
+
+
 def queues(runtime: Runtime) -> list[tuple[str, int, int]]:
     """``(queue, obituaries, last burial ms)`` for every queue with obituaries."""
     return _graveyard(runtime).names("queue")
