@@ -5,6 +5,9 @@ metric                                   labels, meaning
 =======================================  ==========================================================
 ``celery_dlx_graveyard_obituaries``      ``queue``: obituaries in the graveyard
 ``celery_dlx_graveyard_cause_obituaries`` ``cause``, ``queue``, ``exc_type``: obituaries per cause
+``celery_dlx_cause_first_seen_timestamp_seconds``  ``cause``, ``queue``, ``version``: when the cause was first
+                                         seen (since its group was last empty) and the code version
+                                         it was first seen with ("" unknown)
 ``celery_dlx_graveyard_total``           obituaries in the graveyard
 ``celery_dlx_parked``                    ``queue``: parked retries (see ``parked_sampled``)
 ``celery_dlx_parked_due``                ``queue``: parked retries due now (waiting for a drain)
@@ -79,9 +82,18 @@ class DLXCollector(Collector):
             "Obituaries in the graveyard per cause fingerprint",
             labels=["cause", "queue", "exc_type"],
         )
+        first_seen = GaugeMetricFamily(
+            "celery_dlx_cause_first_seen_timestamp_seconds",
+            "When the cause was first seen (Unix time) and the code version it was first seen with",
+            labels=["cause", "queue", "version"],
+        )
         for group in yard.groups_of(causes):
             per_cause.add_metric([group.cause, group.queue, group.exc_type], group.count)
+            if group.first_seen_ms is not None:
+                labels = [group.cause, group.queue, group.first_version or ""]
+                first_seen.add_metric(labels, group.first_seen_ms / 1000)
         yield per_cause
+        yield first_seen
         parked = parked_summary(runtime)
         gauges: dict[Literal["count", "due_now", "lateness_s"], GaugeMetricFamily] = {
             "count": GaugeMetricFamily(

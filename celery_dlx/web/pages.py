@@ -25,6 +25,7 @@ from celery_dlx.web.reads import (
     graveyard_queues,
     group_info,
     group_page,
+    group_versions,
     parked_summary,
 )
 
@@ -90,20 +91,21 @@ async def group(request: Request) -> Response:
     filters = forms.group_filters(params)
     offset, limit = forms.page_bounds(params)
 
-    def read() -> tuple[GroupRow | None, GroupPage]:
+    def read() -> tuple[GroupRow | None, GroupPage, dict[str, object]]:
         info = group_info(console.runtime, cause)
         page = group_page(
             console.runtime, cause, filters, offset=offset, limit=limit, registry=console.registry
         )
-        return info, page
+        return info, page, group_versions(console.runtime, info) if info else {}
 
-    info, page = await run_in_threadpool(read)
+    info, page, versions = await run_in_threadpool(read)
     if info is None:
         return error_page(request, 404, f"no obituary of cause {cause!r} in the graveyard")
     return render(
         request,
         "group.html",
         group=info,
+        code=versions,
         page=page,
         filters=filters,
         params=dict(params),

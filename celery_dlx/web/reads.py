@@ -13,6 +13,7 @@ from typing import Any, TypedDict
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.fates import now_ms
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.ops import deploys
 from celery_dlx.ops.inspection import GroupRow, ObituaryRow, group_row, obituary_row
 from celery_dlx.ops.render import iso
 from celery_dlx.store.graveyard import Graveyard, text
@@ -42,12 +43,15 @@ def causes_page(runtime: Runtime, *, offset: int = 0, limit: int = 50) -> dict[s
     causes_total, total, raw = pipe.execute()
     groups = yard.groups_of([text(c) for c in raw])
     examples = yard.load([g.example_id for g in groups])
+    newest = deploys.newest_version(yard.version_times())
     rows: list[dict[str, object]] = []
     for group, example in zip(groups, examples, strict=True):
         row: dict[str, object] = {**group_row(group)}
         row["importance"] = example.importance if example is not None else None
+        row["new_in"] = deploys.new_in(group, newest)
         rows.append(row)
     return {
+        "newest_version": newest,
         "groups": rows,
         "count": len(rows),
         "causes": int(causes_total),
@@ -61,6 +65,17 @@ def group_info(runtime: Runtime, cause: str) -> GroupRow | None:
     """One cause group as ``dlx groups --json`` shows it, or None when it is empty."""
     found = yard_of(runtime).groups_of([cause])
     return group_row(found[0]) if found else None
+
+
+def group_versions(runtime: Runtime, group: GroupRow) -> dict[str, object]:
+    """The cause page's code versions: ``new_in`` (the newest version, when the cause was first
+    seen with it, else None) and ``versions``, ``(version, obituaries)`` oldest version first."""
+    first_seen = yard_of(runtime).version_times()
+    order = {v: i for i, v in enumerate(deploys.version_order(first_seen))}
+    newest = deploys.newest_version(first_seen)
+    counts = sorted(group["versions"].items(), key=lambda vc: (order.get(vc[0], len(order)), vc[0]))
+    new_in = newest if newest and group["first_seen_version"] == newest else None
+    return {"new_in": new_in, "versions": counts}
 
 
 @dataclass
