@@ -236,6 +236,13 @@ def burial_event(event: FateEvent, level: Level) -> Event:
     }
 
 
+def burial_release(event: FateEvent, client_release: str | None) -> str | None:
+    """The release of a burial's Sentry event: the client's own (``sentry_sdk.init(release=)``)
+    when it has one, else the code version the message was buried with (``dlx_code_version``,
+    ``$DLX_CODE_VERSION`` or ``$GIT_COMMIT``); None when neither is known."""
+    return client_release or event.failure.code_version or None
+
+
 def _payload(event: FateEvent) -> tuple[bytes | None, str | None, str | None]:
     """The raw body and its content type and encoding, as the DLX service puts them in ``extra``."""
     body = event.extra.get("payload")
@@ -352,6 +359,9 @@ class SentryReporter:
             return None
         data = burial_event(event, level)
         data["contexts"]["celery_dlx"]["events_of_cause_in_window"] = used
+        release = burial_release(event, _sentry().get_client().options.get("release"))
+        if release:
+            data["release"] = release
         if self.include_payload:
             body, ctype, cenc = _payload(event)
             if body is not None:
