@@ -7,8 +7,11 @@ logged, counted and appended to the failure history (see :meth:`celery_dlx.wirin
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from celery import Celery
 
+from celery_dlx.integrations.breakers import BreakerAlert, install_breaker_alert
 from celery_dlx.integrations.events import EventSender, install_events
 from celery_dlx.integrations.logs import CeleryEchoFilter, install_log_filter
 from celery_dlx.integrations.sentry import SentryReporter, install_sentry, mark_handled
@@ -48,7 +51,12 @@ def install_integrations(app: Celery, runtime: Runtime) -> list[Listener]:
         echo = install_log_filter(app)
         runtime.listeners.append(echo)
         added.append(echo)
-    for make, kind in ((install_sentry, SentryReporter), (install_events, EventSender)):
+    makers: tuple[tuple[Callable[[Runtime], Listener | None], type], ...] = (
+        (install_sentry, SentryReporter),
+        (install_events, EventSender),
+        (install_breaker_alert, BreakerAlert),
+    )
+    for make, kind in makers:
         if kind in present:
             continue
         listener = make(runtime)

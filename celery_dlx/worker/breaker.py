@@ -84,10 +84,14 @@ def hold_failure(
     if verdict is None:
         return None
     delay = max(0.0, (verdict.due_ms - plan.at_ms) / 1000)
-    what = "canary" if verdict.canary else "held"
+    if verdict.opened:
+        reason = f"breaker opened for cause {plan.cause}: held as the first canary"
+    else:
+        what = "canary" if verdict.canary else "held"
+        reason = f"{what}: breaker open for cause {plan.cause}"
     held_plan = replace(
         plan,
-        decision=ToPark(delay=delay, reason=f"{what}: breaker open for cause {plan.cause}"),
+        decision=ToPark(delay=delay, reason=reason),
         fate=PARKED,
         state=delivery.state,
         retries=retries,
