@@ -19,6 +19,7 @@ from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.settings import SETTINGS
 from celery_dlx.web.actions import Actions
 from celery_dlx.web.auth import Accounts, Csrf
+from celery_dlx.web.breakers import BreakerCollector
 from celery_dlx.web.metrics import DLXCollector
 from celery_dlx.wiring.runtime import Runtime
 
@@ -98,6 +99,7 @@ class Console:
         self.actions = Actions(runtime)
         self.metrics = CollectorRegistry(auto_describe=False)
         self.metrics.register(DLXCollector(runtime))
+        self.metrics.register(BreakerCollector(runtime))
         self._registry: ProtobufRegistry | None = None
         self._check: tuple[float, dict[str, object]] | None = None
         self._lock = threading.Lock()

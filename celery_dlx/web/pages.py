@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from celery_dlx.ops import obituaries
+from celery_dlx.ops.breakers import open_breakers
 from celery_dlx.ops.edit import edits_of
 from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
 from celery_dlx.web import forms
@@ -57,6 +58,7 @@ class _Overview(TypedDict):
     parked: ParkedSummary
     chart: dict[str, object]
     check: dict[str, object]
+    breakers: list[dict[str, Any]]
 
 
 async def overview(request: Request) -> Response:
@@ -70,6 +72,7 @@ async def overview(request: Request) -> Response:
             "parked": parked_summary(runtime),
             "chart": fate_chart(runtime),
             "check": console.check(),
+            "breakers": open_breakers(runtime),
         }
 
     return render(request, "overview.html", **await run_in_threadpool(read))
