@@ -105,6 +105,8 @@ def test_outage_with_and_without_the_breaker(
                 timeout=OUTAGE,
             )
             assert redis_client.scard(done) == 0
+            # Off costs nothing in Redis: not one breaker key was written.
+            assert list(redis_client.scan_iter(match="{" + key_prefix + "}:breaker:*")) == []
     if breaker:
         assert queue_depth(channel, dead) == 1, "nothing of the breaker's cause was buried"
         fates = [fates_of(redis_client, keys, r.id) for r in results]
