@@ -23,7 +23,6 @@ from celery_dlx.fates import PARKED, now_ms
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.breaker import HELD_HEADER, HOLDS_HEADER, BreakerSettings, release_schedule
 from celery_dlx.policy.decide import FailurePlan, Policy, ToPark, classify
-from celery_dlx.store.errors import STORE_ERRORS
 from celery_dlx.wiring.runtime import Runtime
 from celery_dlx.worker.delivery import Delivery
 
@@ -56,8 +55,8 @@ def hold_failure(
     retries: int,
 ) -> Held | None:
     """Count this failure against its cause's breaker; a :class:`Held` when the breaker holds it,
-    None when the failure takes its ordinary fate (breaker closed, a permanent failure, or Redis
-    unreachable: the budget is the safe side)."""
+    None when the failure takes its ordinary fate (breaker closed, a permanent failure, or the
+    breaker's store failing: the budget is the safe side)."""
     if classify(exc, policy) == "bury":
         return None
     holds = _int(delivery.headers.get(HOLDS_HEADER)) + 1
@@ -73,7 +72,7 @@ def hold_failure(
             task=task,
             exc_type=plan.exc_type,
         )
-    except STORE_ERRORS as err:
+    except Exception as err:  # Redis down or a breaker bug: never worse than no breaker
         logger.warning(
             "breaker of %s on %s unreachable (%r): the failure takes its ordinary fate",
             plan.cause,
