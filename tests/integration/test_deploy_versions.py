@@ -140,3 +140,33 @@ def test_purge_keeps_version_stats_right(deploys: dict[str, Any]) -> None:
     run(app, "purge", "--yes", "--all")
     assert run_json(app, "groups")["groups"] == []
     assert not [k for k in runtime.redis.scan_iter(match=yard.cause_versions("*"))]
+
+
+def test_a_group_started_before_version_stats_gets_no_made_up_first_version(
+    keys: Any, redis_client: Any
+) -> None:
+    """A group written by a release without version stats (simulated by deleting them) keeps
+    ``first_version`` unknown; removing its old obituaries never drives a count below zero."""
+    from celery_dlx.fates import PURGED
+    from celery_dlx.service.settle import buried_event
+    from celery_dlx.store.graveyard import Graveyard
+    from tests.integration.test_cli_read import celery_obituary
+
+    yard = Graveyard(redis_client, keys)
+    old = [celery_obituary(i) for i in range(2)]
+    for ob in old:
+        ob.code_version = "v0"
+    yard.write_many([(ob, buried_event(ob)) for ob in old])
+    cause = old[0].cause
+    redis_client.hdel(yard.group_key(cause), "first_version", "last_version")
+    redis_client.delete(yard.cause_versions(cause))
+    new = celery_obituary(5)
+    new.code_version = "v1"
+    yard.write_many([(new, buried_event(new))])
+    (group,) = yard.groups()
+    assert (group.first_version, group.last_version, group.versions) == (None, "v1", {"v1": 1})
+    assert group.first_seen_ms == old[0].buried_ms
+    for ob in old:
+        assert yard.remove(ob, ob.fate_event(PURGED, ob.buried_ms + 1))
+    (group,) = yard.groups()
+    assert group.versions == {"v1": 1} and group.count == 1
