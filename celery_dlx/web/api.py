@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from celery_dlx.ops import obituaries
+from celery_dlx.ops.deploys import UnknownVersion
 from celery_dlx.ops.inspection import (
     ObituaryFilters,
     ObituaryList,
@@ -41,7 +42,14 @@ def _json(data: Any, status: int = 200) -> JSONResponse:
 
 
 async def groups(request: Request) -> Response:
-    return _json(await run_in_threadpool(groups_data, console_of(request).runtime))
+    new_since = request.query_params.get("new_since")
+    try:
+        data = await run_in_threadpool(
+            groups_data, console_of(request).runtime, new_since=new_since
+        )
+    except UnknownVersion as exc:
+        return _json({"error": str(exc)}, 400)
+    return _json(data)
 
 
 async def obituary_list(request: Request) -> Response:

@@ -46,3 +46,17 @@ def test_causes_and_cause_pages_mark_a_cause_new_in_the_newest_version(
     # A later deploy: v2 is no longer the newest, so nothing is "new in v2" any more.
     bury(runtime, [obituary(4, "old-cause", "v3")])
     assert "new in" not in console["viewer"].get("/causes").text
+
+
+def test_api_groups_new_since(console: dict[str, Any]) -> None:
+    app, runtime, name = console["app"], console["runtime"], console["task"].name
+    old = task_obituary(app, name, 0, cause="old-cause", at=now_ms() - 5000)
+    old.code_version = "v1"
+    new = task_obituary(app, name, 1, cause="new-cause", at=now_ms() - 1000)
+    new.code_version = "v2"
+    bury(runtime, [old, new])
+    data = console["viewer"].get("/api/groups", params={"new_since": "v2"}).json()
+    assert [g["cause"] for g in data["groups"]] == ["new-cause"] and data["new_since"] == "v2"
+    assert len(console["viewer"].get("/api/groups").json()["groups"]) == 2
+    unknown = console["viewer"].get("/api/groups", params={"new_since": "v9"})
+    assert unknown.status == 400 and "'v9' was never seen" in unknown.json()["error"]
