@@ -49,6 +49,9 @@ class CauseRecord(MaybeAttempt):
         data: dict[str, object] = {name: getattr(self, name) for name in _JSON_FIELDS}
         data["exc_message"] = self.exc_message[:EXC_MESSAGE_LIMIT]
         data["history"] = [e.to_json() for e in self.history]
+        if self.code_version is not None:
+            # Only when known: a record without one is stored as older versions stored it.
+            data["code_version"] = self.code_version
         return json.dumps(data, separators=(",", ":"), default=str)
 
     @classmethod
@@ -70,11 +73,13 @@ class CauseRecord(MaybeAttempt):
     def from_mapping(cls, data: Mapping[str, object]) -> CauseRecord:
         """The record of a parsed JSON object (see :meth:`from_json`)."""
         facts = {name: _READERS[name](data.get(name)) for name in _JSON_FIELDS if name != "history"}
+        facts["code_version"] = _optional_str(data.get("code_version"))
         return cls(Failure(**facts), _history(data.get("history")))
 
 
-#: The stored JSON's keys, in their order (``history`` is the record's own; ``code_version`` is
-#: not stored: the DLX service stamps its own).
+#: The stored JSON's keys, in their order (``history`` is the record's own). ``code_version``, the
+#: worker's, follows them only when known (the DLX service prefers it to its own: the code that
+#: failed is the worker's).
 _JSON_FIELDS = (
     "task",
     "queue",

@@ -266,7 +266,8 @@ def build_obituary(
         queue=verdict.queue or letter.queue,
         attempt=verdict.attempt or 0,
         first_failure_ms=first,
-        code_version=code_version,
+        # The worker's code version when its cause record says (the code that failed), else ours.
+        code_version=verdict.failure.code_version or code_version,
         hostname=verdict.hostname or hostname,
     )
     return Obituary(

@@ -530,6 +530,7 @@ class DLXTask(Task[Any, Any]):
             first_failure_ms=delivery.state.first_failure_ms or at,
             at_ms=at,
             hostname=self.request.hostname or socket.gethostname(),
+            code_version=runtime.config.code_version,
         )
         history = (*delivery.state.history, HistoryEntry(at, fates.BURIED, cause))
         record = CauseRecord(failure, history)
@@ -559,6 +560,7 @@ class DLXTask(Task[Any, Any]):
             first_failure_ms=at,
             at_ms=at,
             hostname=self.request.hostname or socket.gethostname(),
+            code_version=runtime.config.code_version,
         )
         record = CauseRecord(failure, (HistoryEntry(at, fates.BURIED, "quarantined"),))
         self._set_details(

@@ -20,6 +20,7 @@ from celery_dlx.policy.verdicts import (
     ParkVerdict,
     RequeueVerdict,
     build_obituary,
+    bury_verdict,
     decide_letter,
 )
 
@@ -399,6 +400,32 @@ def test_cause_record_buries_with_the_workers_facts_even_with_budget_left() -> N
         "proj.tasks.charge",
         "v1",
     )
+
+
+def test_the_workers_code_version_names_the_obituary_not_the_services() -> None:
+    """The code that failed is the worker's: its cause record's version wins over the service's;
+    a record without one (an older worker) leaves the service's, and a foreign burial has the
+    service's."""
+    record = CauseRecord.from_fields(task="proj.tasks.charge", cause="c", code_version="w2")
+    stored = CauseRecord.from_json(record.to_json())
+    assert stored is not None and stored.code_version == "w2"
+    verdict = decide_letter(letter(), config(), stored, NOW)
+    assert isinstance(verdict, BuryVerdict)
+    ob = build_obituary(letter(), verdict, buried_ms=NOW, code_version="s9", hostname="h")
+    assert ob.code_version == "w2"
+    older = CauseRecord.from_json(json.dumps({"task": "proj.tasks.charge", "cause": "c"}))
+    verdict = decide_letter(letter(), config(), older, NOW)
+    assert isinstance(verdict, BuryVerdict)
+    ob = build_obituary(letter(), verdict, buried_ms=NOW, code_version="s9", hostname="h")
+    assert ob.code_version == "s9"
+    foreign = bury_verdict(letter(), config(), "rejected by a consumer", NOW, failed=True)
+    ob = build_obituary(letter(), foreign, buried_ms=NOW, code_version="s9", hostname="h")
+    assert ob.code_version == "s9"
+
+
+def test_a_record_without_a_code_version_is_stored_as_before() -> None:
+    record = CauseRecord.from_fields(task="t", cause="c")
+    assert "code_version" not in json.loads(record.to_json())
 
 
 def test_cause_record_with_junk_fields_still_buries() -> None:
