@@ -26,8 +26,15 @@ REPLAYED_HEADER = "x-dlx-replayed"
 FIRST_FAILURE_HEADER = "x-dlx-first-failure-ms"
 #: Header with the identity celery_dlx gave the copies of a message that had no ``message_id``.
 IDENTITY_HEADER = "x-dlx-id"
+#: Header on a copy held by an open per-cause breaker (``dlx_breaker``): the cause fingerprint
+#: it is held for (its success closes that breaker).
+HELD_HEADER = "x-dlx-held"
+#: Header on a held copy: how many times it has been held (makes each hold's parking entry
+#: distinct).
+HOLDS_HEADER = "x-dlx-holds"
 
-#: Every header celery_dlx owns.
+#: Every header celery_dlx owns: a replay drops them (a fresh budget, and a replayed copy of a
+#: once-held message is no canary of a breaker) unless ``--keep-attempts``.
 OWN_HEADERS = frozenset(
     {
         ATTEMPT_HEADER,
@@ -42,6 +49,8 @@ OWN_HEADERS = frozenset(
         REPLAYED_HEADER,
         FIRST_FAILURE_HEADER,
         IDENTITY_HEADER,
+        HELD_HEADER,
+        HOLDS_HEADER,
     }
 )
 

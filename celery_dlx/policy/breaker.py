@@ -30,12 +30,10 @@ from dataclasses import dataclass, replace
 
 from celery_dlx.errors import ConfigurationError
 
-#: Header on a held message's copy: the cause fingerprint it is held for (its success closes
-#: that breaker).
-HELD_HEADER = "x-dlx-held"
-#: Header on a held message's copy: how many times it has been held (makes each hold's parking
-#: entry distinct).
-HOLDS_HEADER = "x-dlx-holds"
+# Re-exported: the headers of a held copy are named with celery_dlx's other headers (in
+# OWN_HEADERS, so a replay drops them).
+from celery_dlx.message.names import HELD_HEADER as HELD_HEADER
+from celery_dlx.message.names import HOLDS_HEADER as HOLDS_HEADER
 
 #: The keys of a ``dlx_breaker`` mapping, with their defaults.
 BREAKER_DEFAULTS: Mapping[str, float] = {
