@@ -460,19 +460,41 @@ class DLXTask(Task[Any, Any]):
             self._fallback(runtime, delivery, plan.fate, err)
         runtime.record_settled(event)
 
-    def _fate_event(
-        self, delivery: Delivery, options: TaskOptions, plan: FailurePlan, held: Held | None = None
-    ) -> FateEvent:
-        failure = Failure(
+    def _failure(self, delivery: Delivery, importance: str, **facts: Any) -> Failure:
+        """The worker's failure record of ``delivery``: built here for every fate (the facts each
+        shares: task, queue, message id, importance), with the fate's own ``facts``."""
+        return Failure(
             task=self.name,
             queue=delivery.queue,
             message_id=delivery.message_id,
+            importance=importance,
+            **facts,
+        )
+
+    def _burial(
+        self, runtime: Runtime, delivery: Delivery, importance: str, **facts: Any
+    ) -> Failure:
+        """:meth:`_failure` of a burial: it also names the host that decided it and the code
+        version that failed (the obituary's, see ``policy.verdicts.build_obituary``)."""
+        return self._failure(
+            delivery,
+            importance,
+            hostname=self.request.hostname or socket.gethostname(),
+            code_version=runtime.config.code_version,
+            **facts,
+        )
+
+    def _fate_event(
+        self, delivery: Delivery, options: TaskOptions, plan: FailurePlan, held: Held | None = None
+    ) -> FateEvent:
+        failure = self._failure(
+            delivery,
+            options.importance,
             attempt=plan.state.attempt,
             cause=plan.cause,
             exc_type=plan.exc_type,
             exc_message=plan.exc_message[:500],
             reason=plan.decision.reason,
-            importance=options.importance,
             first_failure_ms=plan.state.first_failure_ms,
             at_ms=plan.at_ms,
         )
@@ -514,23 +536,20 @@ class DLXTask(Task[Any, Any]):
         at: int,
         root: BaseException,
     ) -> None:
-        failure = Failure(
-            task=self.name,
-            queue=delivery.queue,
-            message_id=delivery.message_id,
+        failure = self._burial(
+            runtime,
+            delivery,
+            options.importance,
             attempt=delivery.state.attempt + 1,
             cause=cause,
             exc_type=exc_type,
             exc_message=exc_message,
             reason=reason,
-            importance=options.importance,
             traceback=(einfo.traceback or "")
             if einfo is not None
             else "".join(tb.format_exception_only(type(root), root)),
             first_failure_ms=delivery.state.first_failure_ms or at,
             at_ms=at,
-            hostname=self.request.hostname or socket.gethostname(),
-            code_version=runtime.config.code_version,
         )
         history = (*delivery.state.history, HistoryEntry(at, fates.BURIED, cause))
         record = CauseRecord(failure, history)
@@ -546,21 +565,17 @@ class DLXTask(Task[Any, Any]):
     def _quarantine(self, runtime: Runtime, delivery: Delivery, reason: str) -> None:
         """Bury a message whose headers cannot be trusted, by publishing a clean copy."""
         at = now_ms()
-        failure = Failure(
-            task=self.name,
-            queue=delivery.queue,
-            message_id=delivery.message_id,
+        failure = self._burial(
+            runtime,
+            delivery,
+            _options(self, runtime, delivery.queue).importance,
             attempt=delivery.state.attempt,
             cause=fingerprint(self.name, "Quarantined", reason),
             exc_type="Quarantined",
             exc_message=reason,
             reason=f"undecodable: {reason}",
-            importance=_options(self, runtime, delivery.queue).importance,
-            traceback="",
             first_failure_ms=at,
             at_ms=at,
-            hostname=self.request.hostname or socket.gethostname(),
-            code_version=runtime.config.code_version,
         )
         record = CauseRecord(failure, (HistoryEntry(at, fates.BURIED, "quarantined"),))
         self._set_details(
@@ -658,14 +673,12 @@ class DLXTask(Task[Any, Any]):
 
     def _record_recovery(self, runtime: Runtime, delivery: Delivery) -> None:
         try:
-            failure = Failure(
-                task=self.name,
-                queue=delivery.queue,
-                message_id=delivery.message_id,
+            failure = self._failure(
+                delivery,
+                _options(self, runtime, delivery.queue).importance,
                 attempt=delivery.state.attempt,
                 cause=delivery.state.cause or "",
                 exc_type=delivery.state.exc_type or "",
-                importance=_options(self, runtime, delivery.queue).importance,
                 first_failure_ms=delivery.state.first_failure_ms,
             )
             runtime.record(FateEvent.of(fates.RECOVERED, failure))
