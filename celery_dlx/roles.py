@@ -5,22 +5,22 @@ that decide and report (worker, DLX service, operations, console, command line) 
 client, a key name or a channel. Each role has its implementations in ``store/`` or ``broker/``;
 which one an app gets is chosen once, by its settings, in :class:`~celery_dlx.wiring.Runtime`.
 
-================  ==========================================  ====================================
-role              what it keeps                               implementations
-================  ==========================================  ====================================
-:class:`Parking`  retries waiting for their due time          ``store.parking.ParkingStore``
-                                                              (Redis sorted set),
-                                                              ``store.sharded.ShardedParking``
-                                                              (one per queue bucket, for a
-                                                              Redis Cluster),
-                                                              ``broker.ladder.LadderParking``
-                                                              (the broker's TTL delay queues)
-``Graveyard``     obituaries, their indexes and cause groups  ``store.graveyard.Graveyard``
-:class:`History`  the failure history stream and counters     ``store.history.History``
-:class:`Causes`   what a worker knows of a burial             ``store.causes.Causes``
-:class:`Publisher`  confirmed copies                          ``broker.publish.ConfirmingPublisher``
-:class:`Breakers`  per-cause breakers (automatic hold)       ``store.breaker.Breakers``
-================  ==========================================  ====================================
+====================  ==========================================  ====================================
+role                  what it keeps                               implementations
+====================  ==========================================  ====================================
+:class:`Parking`      retries waiting for their due time          ``store.parking.ParkingStore``
+                                                                  (Redis sorted set),
+                                                                  ``store.sharded.ShardedParking``
+                                                                  (one per queue bucket, for a
+                                                                  Redis Cluster),
+                                                                  ``broker.ladder.LadderParking``
+                                                                  (the broker's TTL delay queues)
+``Graveyard``         obituaries, their indexes and cause groups  ``store.graveyard.Graveyard``
+:class:`History`      the failure history stream and counters     ``store.history.History``
+:class:`Causes`       what a worker knows of a burial             ``store.causes.Causes``
+:class:`Publisher`    confirmed copies                            ``broker.publish.ConfirmingPublisher``
+:class:`Breakers`     per-cause breakers (automatic hold)         ``store.breaker.Breakers``
+====================  ==========================================  ====================================
 """
 
 from __future__ import annotations
@@ -156,4 +156,35 @@ class Breakers(Protocol):
 
     def close(self, queue: str, cause: str) -> tuple[bool, list[str]]:
         """Close the breaker: whether it was open, and the entry ids it held."""
+        ...
+
+    def list_open(self) -> Sequence[OpenBreaker]:
+        """The open breakers, oldest first."""
+        ...
+
+
+class OpenBreaker(Protocol):
+    """One open breaker as :meth:`Breakers.list_open` lists it (times in epoch ms)."""
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def cause(self) -> str: ...
+
+    @property
+    def opened_ms(self) -> int: ...
+
+    @property
+    def probe_ms(self) -> int:
+        """When the next canary is due."""
+        ...
+
+    @property
+    def held(self) -> int:
+        """Messages held since it opened."""
+        ...
+
+    def as_dict(self) -> dict[str, object]:
+        """queue, cause, task, exc_type, opened_ms, probe_ms and held."""
         ...
