@@ -114,6 +114,14 @@ end
 return 1
 """
 
+# The same scripts for one queue's shard (:mod:`celery_dlx.store.sharded_graveyard`): the history
+# stream and the worker's cause record live under the app's tag, another slot, so these leave
+# them to the caller (KEYS[12] and KEYS[13] are then any key of the shard's slot, never touched).
+_WRITE_SHARD = _WRITE.replace("redis.call('DEL', KEYS[13])\n", "").replace(
+    "redis.call('XADD', KEYS[12], '*', unpack(f, 6))\n", ""
+)
+_REMOVE_SHARD = _REMOVE.replace("redis.call('XADD', KEYS[12], '*', unpack(ARGV, 6))\n", "")
+
 
 def text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
@@ -178,38 +186,48 @@ class Graveyard:
     Args:
         client: ``redis.Redis`` or ``RedisCluster``.
         keys: the key layout (prefix).
+        tag: the hash tag of one queue's shard (``{prefix:g:QUEUE}``,
+            :mod:`celery_dlx.store.sharded_graveyard`): the graveyard keys and the replay
+            ledger go under it, and the scripts leave the history and the worker's cause record
+            (under the app's tag) to the caller. None: the single-tag layout above.
     """
 
-    def __init__(self, client: RedisClient, keys: Keys) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, *, tag: str | None = None) -> None:
         self.client = client
         self.keys = keys
-        self.records = keys.graveyard("records")
-        self.payloads = keys.graveyard("payloads")
-        self.by_time = keys.graveyard("time")
-        self.groups_key = keys.graveyard("groups")
-        self.queues_key = keys.graveyard("queues")
-        self.tasks_key = keys.graveyard("tasks")
-        self.versions_key = keys.graveyard("versions")
-        self._write = client.register_script(_WRITE)
-        self._remove = client.register_script(_REMOVE)
+        self.tag = tag
+        self._base = keys.graveyard_prefix if tag is None else f"{tag}:graveyard:"
+        self.ledger = keys.replay_ledger if tag is None else f"{tag}:replay:ledger"
+        self.records = self._key("records")
+        self.payloads = self._key("payloads")
+        self.by_time = self._key("time")
+        self.groups_key = self._key("groups")
+        self.queues_key = self._key("queues")
+        self.tasks_key = self._key("tasks")
+        self.versions_key = self._key("versions")
+        self._write = client.register_script(_WRITE if tag is None else _WRITE_SHARD)
+        self._remove = client.register_script(_REMOVE if tag is None else _REMOVE_SHARD)
+
+    def _key(self, suffix: str) -> str:
+        return f"{self._base}{suffix}"
 
     def by_queue(self, queue: str) -> str:
-        return self.keys.graveyard(f"queue:{queue}")
+        return self._key(f"queue:{queue}")
 
     def by_task(self, task: str) -> str:
-        return self.keys.graveyard(f"task:{task}")
+        return self._key(f"task:{task}")
 
     def by_cause(self, cause: str) -> str:
-        return self.keys.graveyard(f"cause:{cause}")
+        return self._key(f"cause:{cause}")
 
     def by_message(self, message_id: str) -> str:
-        return self.keys.graveyard(f"message:{message_id}")
+        return self._key(f"message:{message_id}")
 
     def group_key(self, cause: str) -> str:
-        return self.keys.graveyard(f"group:{cause}")
+        return self._key(f"group:{cause}")
 
     def cause_versions(self, cause: str) -> str:
-        return self.keys.graveyard(f"versions:{cause}")
+        return self._key(f"versions:{cause}")
 
     def _index_keys(self, ob: Obituary) -> list[str]:
         return [
@@ -224,7 +242,7 @@ class Graveyard:
             self.groups_key,
             self.queues_key,
             self.tasks_key,
-            self.keys.history,
+            self.keys.history if self.tag is None else self.records,
         ]
 
     def write_many(self, items: Sequence[tuple[Obituary, FateEvent]]) -> list[bool]:
@@ -251,7 +269,7 @@ class Graveyard:
             ]
             keys = [
                 *self._index_keys(ob),
-                self.keys.cause(ob.message_id),
+                self.keys.cause(ob.message_id) if self.tag is None else self.records,
                 self.cause_versions(ob.cause),
                 self.versions_key,
             ]
@@ -260,7 +278,7 @@ class Graveyard:
 
     def remove(self, ob: Obituary, event: FateEvent) -> bool:
         """Append ``event`` to the history and delete ``ob``, atomically; False if it was gone."""
-        keys = [*self._index_keys(ob), self.keys.replay_ledger, self.cause_versions(ob.cause)]
+        keys = [*self._index_keys(ob), self.ledger, self.cause_versions(ob.cause)]
         args = [
             ob.id,
             ob.queue,
@@ -277,7 +295,7 @@ class Graveyard:
             return []
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(self.records, list(ids))
-        pipe.hmget(self.keys.replay_ledger, list(ids))
+        pipe.hmget(self.ledger, list(ids))
         if with_payload:
             pipe.hmget(self.payloads, list(ids))
         results = pipe.execute()
@@ -299,7 +317,7 @@ class Graveyard:
 
     def ids(self, filters: Filters, *, limit: int | None, oldest_first: bool = False) -> list[str]:
         """Obituary ids matching ``filters``, newest first unless ``oldest_first``."""
-        index = self._driving_index(filters)
+        index = self.driving_index(filters)
         low = "-inf" if filters.since_ms is None else filters.since_ms
         high = "+inf" if filters.until_ms is None else filters.until_ms
         needs_check = _needs_post_filter(filters)
@@ -323,7 +341,12 @@ class Graveyard:
                 break
         return out if limit is None else out[:limit]
 
-    def _driving_index(self, filters: Filters) -> str:
+    def name_key(self, kind: str) -> str:
+        """The zset of ``kind`` (``groups``, ``queues`` or ``tasks``) -> last burial (ms)."""
+        return self._key(kind)
+
+    def driving_index(self, filters: Filters) -> str:
+        """The index a listing under ``filters`` reads (the narrowest given)."""
         if filters.message_id is not None:
             return self.by_message(filters.message_id)
         if filters.cause is not None:
@@ -420,7 +443,7 @@ class Graveyard:
         if not replayed:
             return
         ids = [oid for oid, _ in replayed]
-        current = self.client.hmget(self.keys.replay_ledger, ids)
+        current = self.client.hmget(self.ledger, ids)
         mapping: dict[Any, Any] = {}
         for (oid, at), raw in zip(replayed, current, strict=True):
             entry: dict[str, Any] = {"replays": [*_ledger_times(raw), at]}
@@ -428,13 +451,13 @@ class Graveyard:
             if to:
                 entry["to"] = to
             mapping[oid] = json.dumps(entry)
-        self.client.hset(self.keys.replay_ledger, mapping=mapping)
+        self.client.hset(self.ledger, mapping=mapping)
 
     def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
         """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
         if not ids:
             return []
-        raws = self.client.hmget(self.keys.replay_ledger, list(ids))
+        raws = self.client.hmget(self.ledger, list(ids))
         return [{int(at): q for at, q in _ledger_redirects(raw).items()} for raw in raws]
 
 

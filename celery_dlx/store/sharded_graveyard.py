@@ -1,0 +1,463 @@
+"""The graveyard sharded by queue: each queue's obituaries under a hash tag of their own.
+
+Each queue's obituaries, payloads, indexes (time, queue, task, cause, message), cause groups
+with their per-version stats, the replay ledger of its obituaries, and the names it knows live
+under ``{prefix:g:QUEUE:BUCKET}``, in :data:`BUCKETS` buckets per queue (the CRC-32 of the
+obituary id picks one; each a :class:`~celery_dlx.store.graveyard.Graveyard` with that ``tag``),
+so a burial's Lua script still touches one slot and a Redis Cluster spreads the buckets over its
+masters, those of one busy queue too. A set under the app's tag (``{prefix}:graveyard:shards``) names the queues that have
+keys; a queue is added before its first burial, so no obituary is ever outside it.
+
+Cross-queue reads read that set, then each queue's indexes:
+
+- ``ids`` (``dlx list``): one page of each queue's driving index at a time, merged lazily by
+  burial time (:func:`heapq.merge`): a first page of ``dlx list`` never reads every obituary.
+- ``count``, ``names``, ``version_times``: one pipelined command per queue, summed or merged
+  (a version's first sighting is the earliest over the queues).
+- ``groups`` / ``groups_of``: a cause fingerprint is scoped by task (or by queue for foreign
+  messages), so one cause may have obituaries in several queues: its group is the sum of its
+  per-queue groups (count, lifetime total, versions), first and last seen the min and max, the
+  example, queue, task and exception of the latest burial, the first version that of the
+  earliest group start.
+- ``load(ids)`` and the replay ledger: an obituary id does not tell its queue (ids are stable
+  and derived from the message, never re-minted), and a lookup hash id -> queue under the app's
+  tag would be written outside the burial's script (another slot) and could disagree with it.
+  The id does tell its bucket, so a load asks that bucket of every queue for the ids (one
+  ``HMGET`` per queue and bucket asked, pipelined: a round trip per master) and keeps what it
+  finds. Its cost grows with the number of queues, not with
+  the graveyard.
+
+The ``buried``, ``purged`` and ``archived`` history entries stay in the app's one history
+stream (another slot than the queue's), so they are no longer written by the obituary's own
+script: a burial appends its entry right after its script wrote the obituary (a crash between
+the two leaves the obituary without its ``buried`` entry), a removal appends its entry before
+its script deletes the obituary (a crash between the two leaves the obituary in place, with an
+extra entry: nothing is ever evicted without its record in the history).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import threading
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from celery_dlx.fates import FateEvent
+from celery_dlx.message.names import Keys
+from celery_dlx.message.obituary import Obituary
+from celery_dlx.store.client import RedisClient
+from celery_dlx.store.graveyard import (
+    _REMOVE_SHARD,
+    CHUNK,
+    Filters,
+    Graveyard,
+    Group,
+    _needs_post_filter,
+    text,
+)
+from celery_dlx.store.history import history_fields
+
+logger = logging.getLogger(__name__)
+
+
+#: Buckets of one queue's graveyard: an obituary's bucket is the CRC-32 of its id modulo this, so
+#: the obituaries of one queue (and of a few queues) spread over as many hash slots. Fixed:
+#: changing it would strand obituaries in buckets nothing reads.
+BUCKETS = 4
+
+
+def shard_tag(keys: Keys, queue: str, bucket: int) -> str:
+    """The hash tag of one bucket of ``queue``'s graveyard keys."""
+    return "{" + f"{keys.prefix}:g:{queue}:{bucket}" + "}"
+
+
+def bucket_of(obituary_id: str) -> int:
+    return zlib.crc32(obituary_id.encode()) % BUCKETS
+
+
+class ShardedGraveyard:
+    """The graveyard role over one :class:`Graveyard` per queue (same methods as it).
+
+    Args:
+        client: the client of ``dlx_redis_url`` (a ``RedisCluster`` on a cluster URL).
+        keys: the app's key layout.
+    """
+
+    def __init__(self, client: RedisClient, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self.index = keys.graveyard("shards")
+        #: The single-tag graveyard (what an older version buried; moved by :func:`migrate`).
+        self.legacy = Graveyard(client, keys)
+        self._shards: dict[tuple[str, int], Graveyard] = {}
+        self._indexed: set[str] = set()
+        self._lock = threading.RLock()
+
+    # -- shards ---------------------------------------------------------------------------------
+
+    def shard(self, queue: str, obituary_id: str) -> Graveyard:
+        """The graveyard (bucket) ``queue``'s obituary ``obituary_id`` lives in."""
+        return self._bucket(queue, bucket_of(obituary_id))
+
+    def _bucket(self, queue: str, bucket: int) -> Graveyard:
+        with self._lock:
+            yard = self._shards.get((queue, bucket))
+            if yard is None:
+                tag = shard_tag(self.keys, queue, bucket)
+                yard = Graveyard(self.client, self.keys, tag=tag)
+                self._shards[(queue, bucket)] = yard
+            return yard
+
+    def queues(self) -> list[str]:
+        """The queues that have graveyard keys (the index), sorted."""
+        members = cast("set[Any]", self.client.smembers(self.index))
+        return sorted(text(m) for m in members)
+
+    def shards(self, queue: str | None = None) -> list[Graveyard]:
+        """Every bucket of ``queue`` (default: of every queue)."""
+        queues = self.queues() if queue is None else [queue]
+        return [self._bucket(q, b) for q in queues for b in range(BUCKETS)]
+
+    def _index(self, queues: Iterable[str]) -> None:
+        new = sorted(set(queues) - self._indexed)
+        if new:
+            self.client.sadd(self.index, *new)
+            with self._lock:
+                self._indexed.update(new)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def write_many(self, items: Sequence[tuple[Obituary, FateEvent]]) -> list[bool]:
+        """Write obituaries (each in its queue's slot), then their ``buried`` history entries
+        and the deletion of the workers' cause records (under the app's tag).
+
+        Returns:
+            Per obituary, True if it was written now, False if it was there already.
+        """
+        if not items:
+            return []
+        self._index(ob.queue for ob, _ in items)
+        by_shard: dict[int, tuple[Graveyard, list[int]]] = {}
+        for i, (ob, _) in enumerate(items):
+            yard = self.shard(ob.queue, ob.id)
+            by_shard.setdefault(id(yard), (yard, []))[1].append(i)
+        out = [False] * len(items)
+        for yard, where in by_shard.values():
+            written = yard.write_many([items[i] for i in where])
+            for i, ok in zip(where, written, strict=True):
+                out[i] = ok
+        pipe = self.client.pipeline(transaction=False)
+        for (_, event), ok in zip(items, out, strict=True):
+            if ok:
+                pipe.xadd(self.keys.history, cast("dict[Any, Any]", history_fields(event)))
+        for ob, _ in items:  # one DEL each: a cluster pipeline takes one key per DEL
+            pipe.delete(self.keys.cause(ob.message_id))
+        pipe.execute()
+        return out
+
+    def remove(self, ob: Obituary, event: FateEvent) -> bool:
+        """Append ``event`` to the history, then delete ``ob``; False if it was gone."""
+        yard = self.shard(ob.queue, ob.id)
+        if not self.client.hexists(yard.records, ob.id):
+            return self.legacy.remove(ob, event)
+        self.client.xadd(self.keys.history, cast("dict[Any, Any]", history_fields(event)))
+        return yard.remove(ob, event)
+
+    # -- where an id lives -------------------------------------------------------------------------
+
+    def locate(self, ids: Sequence[str]) -> list[Graveyard | None]:
+        """Per id, the graveyard (a queue's, or the single-tag one) that holds it, or None."""
+        if not ids:
+            return []
+        # An id's bucket is known (its CRC-32); its queue is not: ask that bucket of every queue.
+        by_bucket: dict[int, list[int]] = {}
+        for i, oid in enumerate(ids):
+            by_bucket.setdefault(bucket_of(oid), []).append(i)
+        asks = [
+            (self._bucket(q, b), where) for q in self.queues() for b, where in by_bucket.items()
+        ]
+        asks.append((self.legacy, list(range(len(ids)))))
+        pipe = self.client.pipeline(transaction=False)
+        for yard, where in asks:
+            pipe.hmget(yard.records, [ids[i] for i in where])
+        found: list[Graveyard | None] = [None] * len(ids)
+        for (yard, where), raws in zip(asks, pipe.execute(), strict=True):
+            for i, raw in zip(where, raws, strict=True):
+                if raw is not None and found[i] is None:
+                    found[i] = yard
+        return found
+
+    def _by_yard(self, ids: Sequence[str]) -> list[tuple[Graveyard, list[int]]]:
+        groups: dict[int, tuple[Graveyard, list[int]]] = {}
+        for i, yard in enumerate(self.locate(ids)):
+            if yard is not None:
+                groups.setdefault(id(yard), (yard, []))[1].append(i)
+        return list(groups.values())
+
+    def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
+        """The obituaries of ``ids`` (None where missing or unreadable), in order."""
+        out: list[Obituary | None] = [None] * len(ids)
+        for yard, where in self._by_yard(ids):
+            found = yard.load([ids[i] for i in where], with_payload=with_payload)
+            for i, ob in zip(where, found, strict=True):
+                out[i] = ob
+        return out
+
+    def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
+        """Add replay times to the ledger of each obituary's queue."""
+        for yard, where in self._by_yard([oid for oid, _ in replayed]):
+            yard.add_replays([replayed[i] for i in where], to_queue=to_queue)
+
+    def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
+        out: list[dict[int, str]] = [{} for _ in ids]
+        for yard, where in self._by_yard(ids):
+            for i, found in zip(where, yard.redirects([ids[i] for i in where]), strict=True):
+                out[i] = found
+        return out
+
+    def latest_of_message(self, message_id: str) -> str | None:
+        """The id of the latest obituary of ``message_id``, over every queue."""
+        best: tuple[float, str] | None = None
+        yards = [*self.shards(), self.legacy]
+        pipe = self.client.pipeline(transaction=False)
+        for yard in yards:
+            pipe.zrevrange(yard.by_message(message_id), 0, 0, withscores=True)
+        for rows in pipe.execute():
+            for oid, score in rows:
+                if best is None or score > best[0]:
+                    best = (score, text(oid))
+        return None if best is None else best[1]
+
+    # -- merged reads ---------------------------------------------------------------------------
+
+    def ids(self, filters: Filters, *, limit: int | None, oldest_first: bool = False) -> list[str]:
+        """Obituary ids matching ``filters`` over every queue, newest first unless
+        ``oldest_first`` (each queue's index read a page at a time, merged lazily)."""
+        if filters.queue is not None:
+            yards = [*self.shards(filters.queue), self.legacy]
+        else:
+            yards = [*self.shards(), self.legacy]
+        page = CHUNK if limit is None else max(1, min(CHUNK, limit))
+        sign = 1 if oldest_first else -1
+        rows = (_pages(y, filters, page, oldest_first) for y in yards)
+        merged = heapq.merge(*rows, key=lambda r: sign * r[0])
+        out: list[str] = []
+        for _, oid in merged:
+            out.append(oid)
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    def count(self) -> int:
+        pipe = self.client.pipeline(transaction=False)
+        for yard in [*self.shards(), self.legacy]:
+            pipe.zcard(yard.by_time)
+        return sum(int(n) for n in pipe.execute())
+
+    def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
+        """Ids of up to ``limit`` obituaries buried at or before ``cutoff_ms``, oldest first."""
+        yards = [*self.shards(), self.legacy]
+        pipe = self.client.pipeline(transaction=False)
+        for yard in yards:
+            pipe.zrangebyscore(yard.by_time, "-inf", cutoff_ms, 0, limit, withscores=True)
+        rows = [(s, text(i)) for found in pipe.execute() for i, s in found]
+        return [oid for _, oid in sorted(rows)[:limit]]
+
+    def _latest(self, key: str, limit: int | None) -> list[tuple[str, int]]:
+        """``(member, score)`` of ``key`` in every graveyard, max score per member, latest
+        first (the per-queue ``groups``, ``queues``, ``tasks`` zsets)."""
+        yards = [*self.shards(), self.legacy]
+        stop = -1 if limit is None else limit - 1
+        pipe = self.client.pipeline(transaction=False)
+        for yard in yards:
+            pipe.zrevrange(yard.name_key(key), 0, stop, withscores=True)
+        best: dict[str, int] = {}
+        for rows in pipe.execute():
+            for member, score in rows:
+                name = text(member)
+                best[name] = max(best.get(name, 0), int(score))
+        ordered = sorted(best.items(), key=lambda ms: (-ms[1], ms[0]))
+        return ordered if limit is None else ordered[:limit]
+
+    def top_causes(self, limit: int) -> list[str]:
+        """The ``limit`` most recently seen causes."""
+        return [c for c, _ in self._latest("groups", limit)]
+
+    def cause_names(self, offset: int, limit: int) -> tuple[int, list[str]]:
+        """How many causes there are, and a page of them, most recently seen first."""
+        every = self._latest("groups", None)
+        return len(every), [c for c, _ in every[offset : offset + limit]]
+
+    def groups(self) -> list[Group]:
+        """Every cause still in the graveyard, most recently seen first."""
+        return self.groups_of([c for c, _ in self._latest("groups", None)])
+
+    def groups_of(self, causes: list[str]) -> list[Group]:
+        """The :class:`Group` of each of ``causes``, summed over the queues, in their order."""
+        if not causes:
+            return []
+        per_yard = [y.groups_of(causes) for y in [*self.shards(), self.legacy]]
+        parts: dict[str, list[Group]] = {}
+        for found in per_yard:
+            for group in found:
+                parts.setdefault(group.cause, []).append(group)
+        return [_summed(parts[c]) for c in causes if c in parts]
+
+    def version_times(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for yard in [*self.shards(), self.legacy]:
+            for version, ms in yard.version_times().items():
+                out[version] = min(out.get(version, ms), ms)
+        return out
+
+    def names(self, kind: str) -> list[tuple[str, int, int]]:
+        """``(name, obituaries, last burial ms)`` per queue or task, over every queue."""
+        counts: dict[str, list[int]] = {}
+        for yard in [*self.shards(), self.legacy]:
+            for name, n, last in yard.names(kind):
+                seen = counts.setdefault(name, [0, 0])
+                seen[0] += n
+                seen[1] = max(seen[1], last)
+        rows = [(n, c, last) for n, (c, last) in counts.items()]
+        return sorted(rows, key=lambda r: (-r[2], r[0]))
+
+
+def _pages(
+    yard: Graveyard, filters: Filters, page: int, oldest_first: bool
+) -> Iterator[tuple[float, str]]:
+    """``(burial ms, id)`` of one graveyard's matches in order, read a page at a time."""
+    index = yard.driving_index(filters)
+    low = "-inf" if filters.since_ms is None else filters.since_ms
+    high = "+inf" if filters.until_ms is None else filters.until_ms
+    check = _needs_post_filter(filters)
+    offset = 0
+    while True:
+        if oldest_first:
+            raw = yard.client.zrangebyscore(index, low, high, offset, page, withscores=True)
+        else:
+            raw = yard.client.zrevrangebyscore(index, high, low, offset, page, withscores=True)
+        scored = cast("list[tuple[bytes, float]]", raw)
+        rows = [(float(s), text(i)) for i, s in scored]
+        offset += len(rows)
+        if check and rows:
+            obits = yard.load([oid for _, oid in rows])
+            keep = {ob.id for ob in obits if ob is not None and filters.matches(ob)}
+            rows = [r for r in rows if r[1] in keep]
+        yield from rows
+        if len(raw) < page:
+            return
+
+
+def _summed(parts: list[Group]) -> Group:
+    """One cause's group from its per-queue groups."""
+    latest = max(parts, key=lambda g: g.last_ms)
+    started = [g for g in parts if g.first_seen_ms is not None]
+    first = min(started, key=lambda g: cast("int", g.first_seen_ms)) if started else None
+    versions: dict[str, int] = {}
+    for g in parts:
+        for version, n in g.versions.items():
+            versions[version] = versions.get(version, 0) + n
+    return Group(
+        cause=latest.cause,
+        count=sum(g.count for g in parts),
+        total=sum(g.total for g in parts),
+        first_ms=min(g.first_ms for g in parts),
+        last_ms=latest.last_ms,
+        example_id=latest.example_id,
+        exc_type=latest.exc_type,
+        exc_message=latest.exc_message,
+        task=latest.task,
+        queue=latest.queue,
+        first_seen_ms=first.first_seen_ms if first is not None else None,
+        first_version=first.first_version if first is not None else None,
+        last_version=latest.last_version,
+        versions=versions,
+    )
+
+
+@dataclass
+class GraveyardMigration:
+    """What :func:`migrate` did (or, dry, would do): obituaries found in the single-tag
+    graveyard, copied to their queue's, already there (an interrupted run's), removed from the
+    single-tag graveyard, left in place (unreadable); found per queue."""
+
+    found: int = 0
+    copied: int = 0
+    present: int = 0
+    moved: int = 0
+    left: int = 0
+    queues: dict[str, int] = field(default_factory=dict)
+
+
+def migrate(
+    yard: ShardedGraveyard, *, dry_run: bool = False, batch: int = CHUNK
+) -> GraveyardMigration:
+    """Move the single-tag graveyard's obituaries to their queues' keys, oldest first: per
+    obituary, copy (record, payload, indexes, group and version stats, ledger entry; nothing if
+    the queue's keys hold it already) then delete the original (no history entry: nothing left
+    the graveyard). Interrupted anywhere, a run again finishes the job and loses nothing; until
+    then every read reads both layouts.
+
+    A moved cause's lifetime ``total`` restarts at the obituaries moved (the single-tag group's
+    count of earlier burials is not carried over); its first-seen time is its oldest obituary's.
+    """
+    result = GraveyardMigration()
+    legacy = yard.legacy
+    drop = yard.client.register_script(_REMOVE_SHARD)
+    skip = 0
+    while True:
+        ids = [text(i) for i in yard.client.zrange(legacy.by_time, skip, skip + batch - 1)]
+        if not ids:
+            return result
+        pipe = yard.client.pipeline(transaction=False)
+        pipe.hmget(legacy.records, ids)
+        pipe.hmget(legacy.payloads, ids)
+        pipe.hmget(legacy.ledger, ids)
+        records, payloads, ledgers = pipe.execute()
+        for oid, raw, payload, ledger in zip(ids, records, payloads, ledgers, strict=True):
+            result.found += 1
+            try:
+                ob = Obituary.from_record(raw, None) if raw is not None else None
+            except (ValueError, TypeError):
+                ob = None
+            if ob is None:
+                logger.error("obituary %s has an unreadable record; left in place", oid)
+                result.left += 1
+                skip += 1
+                continue
+            result.queues[ob.queue] = result.queues.get(ob.queue, 0) + 1
+            if dry_run:
+                skip += 1
+                continue
+            yard._index([ob.queue])
+            target = yard.shard(ob.queue, ob.id)
+            if _copy(target, ob, raw, payload or b"", ledger):
+                result.copied += 1
+            else:
+                result.present += 1
+            keys = [*legacy._index_keys(ob), legacy.ledger, legacy.cause_versions(ob.cause)]
+            keys[11] = legacy.records  # the history slot: this script never touches it
+            args = [ob.id, ob.queue, ob.task or "", ob.cause, ob.code_version or ""]
+            if drop(keys=keys, args=args):
+                result.moved += 1
+            else:
+                result.left += 1
+                skip += 1
+        if len(ids) < batch:
+            return result
+
+
+def _copy(target: Graveyard, ob: Obituary, record: Any, payload: Any, ledger: Any) -> bool:
+    """Write one obituary's stored record into ``target`` (its queue's keys); False if there."""
+    facts = [ob.queue, ob.task or "", ob.cause, ob.exc_type, ob.exc_message[:500]]
+    keys = [*target._index_keys(ob), target.records, target.cause_versions(ob.cause)]
+    keys.append(target.versions_key)
+    args = [ob.id, ob.buried_ms, record, payload, json.dumps(facts), ob.code_version or ""]
+    copied = bool(target._write(keys=keys, args=args))
+    if ledger is not None:
+        target.client.hset(target.ledger, ob.id, ledger)
+    return copied

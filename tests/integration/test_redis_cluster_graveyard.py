@@ -1,0 +1,226 @@
+"""The graveyard sharded by queue on a real 3-master Redis Cluster (issue 24, item 1).
+
+:class:`~celery_dlx.store.sharded_graveyard.ShardedGraveyard` is built and measured here on its
+own; it is not yet what ``dlx_redis_shards`` selects (see docs/operations.md). The same
+obituaries go to a single-tag graveyard (one app prefix) and to a sharded one (another): the
+bytes per master are measured (``MEMORY USAGE`` of every key of each prefix), and every read of
+the sharded graveyard is checked against the single-tag one's answer for the same data.
+
+The cluster is private to this module, so the prefixes and queue names are fixed (where a
+bucket lands depends on its tag's CRC16; fixed names keep the measure repeatable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from celery_dlx.fates import PURGED
+from celery_dlx.message.obituary import Attempt, Obituary
+from celery_dlx.service.settle import buried_event
+from celery_dlx.store.graveyard import Filters, Graveyard
+from celery_dlx.store.sharded_graveyard import ShardedGraveyard, _copy, migrate
+from celery_dlx.wiring.runtime import Runtime, get_runtime
+from tests.chaos.servers import RedisClusterServers, redis_cluster
+from tests.conftest import BROKER_URL
+
+QUEUES = [f"orders-{i}" for i in range(6)]
+PER_QUEUE = 40
+PAYLOAD = b"x" * 1024
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    with redis_cluster(tmp_path_factory.mktemp("graves")) as servers:
+        yield servers
+
+
+def runtime_on(cluster: RedisClusterServers, prefix: str) -> Runtime:
+    app = Celery(f"graves-{prefix}", broker=BROKER_URL, set_as_current=False)
+    app.conf.update(dlx_redis_url=cluster.url, dlx_key_prefix=prefix)
+    return get_runtime(app)
+
+
+def obituaries(queues: list[str], per_queue: int = PER_QUEUE) -> list[Obituary]:
+    """Per queue, ``per_queue`` obituaries of two tasks, interleaved in time over the queues;
+    the causes are scoped by task, so each cause has obituaries in every queue."""
+    out = []
+    for n in range(per_queue):
+        for q, queue in enumerate(queues):
+            at = T0 + n * len(queues) + q
+            task = f"proj.task{n % 2}"
+            cause = f"cause-{n % 2}"
+            out.append(
+                Obituary.from_fields(
+                    id=f"ob-{queue}-{n}",
+                    message_id=f"m-{queue}-{n}",
+                    queue=queue,
+                    reason="retry budget spent",
+                    buried_ms=at,
+                    task=task,
+                    cause=cause,
+                    exc_type="ValueError",
+                    exc_message=f"bad value {n}",
+                    attempt=3,
+                    attempts=[Attempt(at, "buried", cause)],
+                    first_failure_ms=at,
+                    last_failure_ms=at,
+                    headers={},
+                    properties={"content_type": "application/octet-stream"},
+                    payload=PAYLOAD,
+                    payload_size=len(PAYLOAD),
+                    code_version="v2" if n >= per_queue // 2 else "v1",
+                )
+            )
+    return out
+
+
+def bury(yard: Graveyard | ShardedGraveyard, obits: list[Obituary]) -> list[bool]:
+    return yard.write_many([(ob, buried_event(ob)) for ob in obits])
+
+
+def bytes_per_master(cluster: RedisClusterServers, prefix: str) -> dict[int, int]:
+    """``MEMORY USAGE`` summed over every key of ``prefix`` (both layouts), per master port."""
+    out = {}
+    for node in cluster.nodes:
+        client = node.client()
+        try:
+            total = 0
+            for pattern in ("{" + prefix + "}*", "{" + prefix + ":g:*"):
+                for key in client.scan_iter(match=pattern, count=1000):
+                    total += int(client.memory_usage(key, samples=0) or 0)
+            out[node.port] = total
+        finally:
+            client.close()
+    return out
+
+
+def share(per_master: dict[int, int]) -> float:
+    return max(per_master.values()) / sum(per_master.values())
+
+
+def history_kinds(rt: Runtime) -> list[str]:
+    entries = rt.redis.xrange(rt.keys.history)
+    return [fields[b"fate"].decode() for _, fields in entries]
+
+
+def same_reads(one: Graveyard, many: ShardedGraveyard) -> None:
+    """Every read of the sharded graveyard answers as the single-tag one does."""
+    assert many.count() == one.count()
+    for filters in (
+        Filters(),
+        Filters(task="proj.task1"),
+        Filters(cause="cause-0"),
+        Filters(queue=QUEUES[2]),
+        Filters(queue=QUEUES[3], task="proj.task0"),
+        Filters(since_ms=T0 + 50, until_ms=T0 + 120),
+    ):
+        for limit in (7, None):
+            assert many.ids(filters, limit=limit) == one.ids(filters, limit=limit), filters
+        assert many.ids(filters, limit=None, oldest_first=True) == one.ids(
+            filters, limit=None, oldest_first=True
+        )
+    assert many.groups() == one.groups()
+    assert many.groups_of(["cause-1", "nope", "cause-0"]) == one.groups_of(
+        ["cause-1", "nope", "cause-0"]
+    )
+    assert many.top_causes(1) == one.top_causes(1)
+    assert many.version_times() == one.version_times()
+    for kind in ("queue", "task"):
+        assert sorted(many.names(kind)) == sorted(one.names(kind))
+    assert many.older_than(T0 + 30, 10) == one.older_than(T0 + 30, 10)
+    ids = [*one.ids(Filters(), limit=25), "missing"]
+    assert many.load(ids, with_payload=True) == one.load(ids, with_payload=True)
+
+
+def test_burials_of_six_queues_spread_over_three_masters_and_read_as_one(
+    cluster: RedisClusterServers,
+) -> None:
+    single_rt, sharded_rt = runtime_on(cluster, "gy-one"), runtime_on(cluster, "gy-many")
+    one = Graveyard(single_rt.redis, single_rt.keys)
+    many = ShardedGraveyard(sharded_rt.redis, sharded_rt.keys)
+    obits = obituaries(QUEUES)
+    assert all(bury(one, obits)) and all(bury(many, obits))
+    assert not any(bury(many, obits[:5]))  # a redelivered dead letter writes nothing
+    assert many.queues() == sorted(QUEUES)
+    single = bytes_per_master(cluster, "gy-one")
+    spread = bytes_per_master(cluster, "gy-many")
+    print(
+        f"\ngraveyard bytes per master, single tag: {single} ({share(single):.1%} on the largest)"
+    )
+    print(f"graveyard bytes per master, per queue: {spread} ({share(spread):.1%} on the largest)")
+    assert share(single) > 0.99
+    assert share(spread) <= 0.5, spread
+    assert min(spread.values()) > 0
+    assert history_kinds(sharded_rt).count("buried") == len(obits)
+
+    same_reads(one, many)
+    group = many.groups_of(["cause-0"])[0]
+    assert group.count == len(QUEUES) * PER_QUEUE // 2
+    assert group.versions == {"v1": group.count // 2, "v2": group.count // 2}
+
+    # replay ledger and purge, across shards
+    chosen = [o.id for o in obits[:: len(QUEUES) + 1][:6]]
+    many.add_replays([(oid, 5) for oid in chosen], to_queue="elsewhere")
+    assert many.redirects(chosen) == [{5: "elsewhere"}] * len(chosen)
+    assert [ob.replays for ob in many.load(chosen) if ob] == [[5]] * len(chosen)
+    for ob in many.load(chosen):
+        assert ob is not None
+        assert many.remove(ob, ob.fate_event(PURGED, T0))
+        assert not many.remove(ob, ob.fate_event(PURGED, T0))
+    for ob in one.load(chosen):
+        assert ob is not None and one.remove(ob, ob.fate_event(PURGED, T0))
+    assert many.load(chosen) == [None] * len(chosen)
+    assert many.redirects(chosen) == [{}] * len(chosen)
+    assert history_kinds(sharded_rt).count("purged") == len(chosen)
+    same_reads(one, many)
+
+
+def test_migration_copies_then_deletes_each_obituary_and_reads_both_meanwhile(
+    cluster: RedisClusterServers,
+) -> None:
+    rt = runtime_on(cluster, "gy-mig")
+    old = Graveyard(rt.redis, rt.keys)
+    queues = QUEUES[:3]
+    obits = obituaries(queues, per_queue=10)
+    assert all(bury(old, obits))
+    old.add_replays([(obits[0].id, 7)])
+    oracle = runtime_on(cluster, "gy-mig-oracle")
+    expected = Graveyard(oracle.redis, oracle.keys)
+    bury(expected, obits)
+    expected.add_replays([(obits[0].id, 7)])
+
+    many = ShardedGraveyard(rt.redis, rt.keys)
+    assert many.count() == len(obits)  # read-both: the old keys are read before the move
+    same_reads(expected, many)
+    dry = migrate(many, dry_run=True)
+    assert (dry.found, dry.copied, dry.moved) == (len(obits), 0, 0)
+    assert dry.queues == dict.fromkeys(queues, 10)
+    assert old.count() == len(obits)
+
+    # an interrupted run: some obituaries copied, their originals still there
+    for ob in obits[:4]:
+        many._index([ob.queue])
+        raw = rt.redis.hget(old.records, ob.id)
+        assert _copy(many.shard(ob.queue, ob.id), ob, raw, PAYLOAD, None)
+    moved = migrate(many, batch=7)
+    assert (moved.found, moved.copied, moved.present, moved.moved, moved.left) == (
+        len(obits),
+        len(obits) - 4,
+        4,
+        len(obits),
+        0,
+    )
+    assert old.count() == 0 and many.count() == len(obits)
+    left = {k.decode() for k in rt.redis.scan_iter(match="{gy-mig}:graveyard:*")}
+    # the index of queues, and when each version was first seen (kept, as a purge keeps it)
+    assert left == {"{gy-mig}:graveyard:shards", "{gy-mig}:graveyard:versions"}
+    assert many.load([obits[0].id])[0].replays == [7]  # type: ignore[union-attr]
+    assert "purged" not in history_kinds(rt)
+    assert migrate(many).found == 0
+    for a, b in zip(many.groups(), expected.groups(), strict=True):
+        assert a.count == b.count and a.versions == b.versions and a.first_ms == b.first_ms
+        assert a.total == a.count  # the lifetime total restarts at the obituaries moved
