@@ -74,6 +74,7 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
         Route("/actions/edit", editing.edit_action, methods=["POST"]),
         Route("/actions/replay", pages.replay_action, methods=["POST"]),
         Route("/actions/purge", pages.purge_action, methods=["POST"]),
+        Route("/actions/close-breaker", pages.close_breaker_action, methods=["POST"]),
         Route("/api/groups", api.groups),
         Route("/api/obituaries", api.obituary_list),
         Route("/api/obituary", api.obituary),

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from typing import Any, TypedDict
+from urllib.parse import quote
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from celery_dlx.ops import obituaries
-from celery_dlx.ops.breakers import open_breakers
 from celery_dlx.ops.edit import edits_of
 from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
 from celery_dlx.web import forms
 from celery_dlx.web.actions import Busy
 from celery_dlx.web.audit import read_audit
+from celery_dlx.web.breaker_view import cause_breakers, close_audited, overview_breakers
 from celery_dlx.web.console import Console
 from celery_dlx.web.guard import user_of
 from celery_dlx.web.payload import obituary_view
@@ -72,7 +73,7 @@ async def overview(request: Request) -> Response:
             "parked": parked_summary(runtime),
             "chart": fate_chart(runtime),
             "check": console.check(),
-            "breakers": open_breakers(runtime),
+            "breakers": overview_breakers(runtime),
         }
 
     return render(request, "overview.html", **await run_in_threadpool(read))
@@ -94,14 +95,15 @@ async def group(request: Request) -> Response:
     filters = forms.group_filters(params)
     offset, limit = forms.page_bounds(params)
 
-    def read() -> tuple[GroupRow | None, GroupPage, dict[str, object]]:
+    def read() -> tuple[GroupRow | None, GroupPage, dict[str, object], list[dict[str, Any]]]:
         info = group_info(console.runtime, cause)
         page = group_page(
             console.runtime, cause, filters, offset=offset, limit=limit, registry=console.registry
         )
-        return info, page, group_versions(console.runtime, info) if info else {}
+        versions = group_versions(console.runtime, info) if info else {}
+        return info, page, versions, cause_breakers(console.runtime, cause) if info else []
 
-    info, page, versions = await run_in_threadpool(read)
+    info, page, versions, breakers = await run_in_threadpool(read)
     if info is None:
         return error_page(request, 404, f"no obituary of cause {cause!r} in the graveyard")
     return render(
@@ -109,6 +111,7 @@ async def group(request: Request) -> Response:
         "group.html",
         group=info,
         code=versions,
+        breakers=breakers,
         page=page,
         filters=filters,
         params=dict(params),
@@ -235,3 +238,22 @@ async def purge_action(request: Request) -> Response:
     except Busy as exc:
         return error_page(request, 409, str(exc))
     return RedirectResponse(f"/jobs/{started.id}", status_code=303)
+
+
+async def close_breaker_action(request: Request) -> Response:
+    """``POST /actions/close-breaker`` (``csrf``, ``cause``, ``queue``; ``back=group`` returns to
+    the cause page): an operator closes one open breaker, as ``dlx breakers close``."""
+    if not user_of(request).can_write:
+        name = user_of(request).name
+        return error_page(request, 403, f"{name} is a viewer: viewers cannot close a breaker")
+    got = await _form(request)
+    if isinstance(got, Response):
+        return got
+    form, console, user = got
+    cause, queue = forms.text(form, "cause"), forms.text(form, "queue")
+    if not cause or not queue:
+        return error_page(request, 400, "which breaker? (a cause and a queue)")
+    await run_in_threadpool(close_audited, console.runtime, user, cause, queue)
+    if forms.text(form, "back") == "group":
+        return RedirectResponse(f"/group?cause={quote(cause, safe='')}", status_code=303)
+    return RedirectResponse("/", status_code=303)
