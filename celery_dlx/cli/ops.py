@@ -228,16 +228,18 @@ def export_command(
 @click.pass_context
 @handle_errors
 def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
-    """Move parked retries from the single-tag Redis layout to keys per queue.
+    """Move parked retries and obituaries from the single-tag Redis layout to keys per queue.
 
     For dlx_redis_shards = "queue" (or "auto" on a ?cluster=true URL): copies each retry
-    parked under {prefix}:parked:* to its queue's keys, then deletes the original. Safe to run
-    while workers run and to run again after an interruption (nothing is lost). Obituaries and
-    the failure history keep their single-tag keys and are not moved.
+    parked under {prefix}:parked:* and each obituary under {prefix}:graveyard:* to its queue's
+    keys, then deletes the original. Safe to run while workers run and to run again after an
+    interruption (nothing is lost). The failure history keeps its single-tag key.
     """
-    done = runtime_of(ctx).migrate_parked_keys(dry_run=dry_run)
+    runtime = runtime_of(ctx)
+    done = runtime.migrate_parked_keys(dry_run=dry_run)
+    graves = runtime.migrate_graveyard_keys(dry_run=dry_run)
     if as_json:
-        echo_json({"dry_run": dry_run, **done.__dict__})
+        echo_json({"dry_run": dry_run, **done.__dict__, "graveyard": graves.__dict__})
         return
     for queue, n in sorted((done.queues or {}).items()):
         click.echo(f"{queue}: {n}")
@@ -247,6 +249,15 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
         click.echo(
             f"{done.moved} of {done.found} parked retries moved ({done.copied} copied now, "
             f"{done.present} copied by an earlier run); {done.left} left in place"
+        )
+    for queue, n in sorted(graves.queues.items()):
+        click.echo(f"{queue}: {n} obituaries")
+    if dry_run:
+        click.echo(f"{graves.found} obituaries would move ({graves.left} unreadable, left)")
+    else:
+        click.echo(
+            f"{graves.moved} of {graves.found} obituaries moved ({graves.copied} copied now, "
+            f"{graves.present} copied by an earlier run); {graves.left} left in place"
         )
 
 

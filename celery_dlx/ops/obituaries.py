@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Obituary
-from celery_dlx.store.graveyard import CHUNK, Filters, Graveyard, Group, When, chunks, text
+from celery_dlx.store.graveyard import CHUNK, Filters, Group, When, chunks
+from celery_dlx.store.sharded_graveyard import AnyGraveyard
 from celery_dlx.wiring.runtime import Runtime
 
 
@@ -64,7 +65,7 @@ def targets(
     return _graveyard(runtime).ids(filters, limit=None, oldest_first=True)
 
 
-def _graveyard(runtime: Runtime) -> Graveyard:
+def _graveyard(runtime: Runtime) -> AnyGraveyard:
     return runtime.graveyard
 
 
@@ -107,10 +108,10 @@ def get_obituary(runtime: Runtime, ident: str, *, with_payload: bool = True) -> 
     found = yard.load([ident], with_payload=with_payload)[0]
     if found is not None:
         return found
-    latest = yard.client.zrevrange(yard.by_message(ident), 0, 0)
-    if not latest:
+    latest = yard.latest_of_message(ident)
+    if latest is None:
         return None
-    return yard.load([text(latest[0])], with_payload=with_payload)[0]
+    return yard.load([latest], with_payload=with_payload)[0]
 
 
 def groups(runtime: Runtime) -> list[Group]:

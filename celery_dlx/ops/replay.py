@@ -30,7 +30,8 @@ from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
 from celery_dlx.ops.render import iso
-from celery_dlx.store.graveyard import CHUNK, Graveyard, When, chunks
+from celery_dlx.store.graveyard import CHUNK, When, chunks
+from celery_dlx.store.sharded_graveyard import AnyGraveyard
 from celery_dlx.wiring.runtime import Runtime
 
 
@@ -249,7 +250,7 @@ def replay_targets(
 
 def _replay_chunk(
     runtime: Runtime,
-    yard: Graveyard,
+    yard: AnyGraveyard,
     todo: list[Obituary],
     keep_attempts: bool,
     force: bool,

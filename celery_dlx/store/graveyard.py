@@ -366,6 +366,19 @@ class Graveyard:
             text(i) for i in self.client.zrangebyscore(self.by_time, "-inf", cutoff_ms, 0, limit)
         ]
 
+    def latest_of_message(self, message_id: str) -> str | None:
+        """The id of the latest obituary of ``message_id``, or None."""
+        latest = self.client.zrevrange(self.by_message(message_id), 0, 0)
+        return text(latest[0]) if latest else None
+
+    def cause_names(self, offset: int, limit: int) -> tuple[int, list[str]]:
+        """How many causes there are, and a page of them, most recently seen first."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(self.groups_key)
+        pipe.zrevrange(self.groups_key, offset, offset + limit - 1)
+        total, page = pipe.execute()
+        return int(total), [text(c) for c in page]
+
     def top_causes(self, limit: int) -> list[str]:
         """The ``limit`` causes with the most obituaries, most first."""
         return [text(c) for c in self.client.zrevrange(self.groups_key, 0, limit - 1)]

@@ -307,6 +307,32 @@ class ShardedGraveyard:
                 parts.setdefault(group.cause, []).append(group)
         return [_summed(parts[c]) for c in causes if c in parts]
 
+    def cause_page(
+        self, cause: str, filters: Filters, offset: int, limit: int
+    ) -> tuple[list[str], int | None, int | None]:
+        """One page of a cause's obituary ids over every queue, newest first (the console's
+        cause page): ``(ids, next offset or None, matching)``. ``filters`` may add a queue, a
+        task and time bounds; ``matching`` is exact without a queue or task filter, else None.
+        """
+        wanted = Filters(
+            queue=filters.queue,
+            task=filters.task,
+            cause=cause,
+            since_ms=filters.since_ms,
+            until_ms=filters.until_ms,
+        )
+        ids = self.ids(wanted, limit=offset + limit + 1)
+        chosen = ids[offset : offset + limit]
+        next_offset = offset + limit if len(ids) > offset + limit else None
+        if filters.queue is not None or filters.task is not None:
+            return chosen, next_offset, None
+        low = "-inf" if filters.since_ms is None else filters.since_ms
+        high = "+inf" if filters.until_ms is None else filters.until_ms
+        pipe = self.client.pipeline(transaction=False)
+        for yard in [*self.shards(), self.legacy]:
+            pipe.zcount(yard.by_cause(cause), low, high)
+        return chosen, next_offset, sum(int(n) for n in pipe.execute())
+
     def version_times(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for yard in [*self.shards(), self.legacy]:
@@ -324,6 +350,11 @@ class ShardedGraveyard:
                 seen[1] = max(seen[1], last)
         rows = [(n, c, last) for n, (c, last) in counts.items()]
         return sorted(rows, key=lambda r: (-r[2], r[0]))
+
+
+#: The graveyard role: the single-tag graveyard, or the one sharded by queue
+#: (``dlx_redis_shards``, :attr:`~celery_dlx.wiring.runtime.Runtime.graveyard`).
+AnyGraveyard = Graveyard | ShardedGraveyard
 
 
 def _pages(
@@ -383,13 +414,15 @@ def _summed(parts: list[Group]) -> Group:
 class GraveyardMigration:
     """What :func:`migrate` did (or, dry, would do): obituaries found in the single-tag
     graveyard, copied to their queue's, already there (an interrupted run's), removed from the
-    single-tag graveyard, left in place (unreadable); found per queue."""
+    single-tag graveyard, left in place (unreadable), gone (purged or swept while being moved:
+    the copy is deleted too); found per queue."""
 
     found: int = 0
     copied: int = 0
     present: int = 0
     moved: int = 0
     left: int = 0
+    gone: int = 0
     queues: dict[str, int] = field(default_factory=dict)
 
 
@@ -444,9 +477,10 @@ def migrate(
             args = [ob.id, ob.queue, ob.task or "", ob.cause, ob.code_version or ""]
             if drop(keys=keys, args=args):
                 result.moved += 1
-            else:
-                result.left += 1
-                skip += 1
+            else:  # purged or swept meanwhile (with its history entry): it stays gone
+                shard_keys = [*target._index_keys(ob), target.ledger]
+                drop(keys=[*shard_keys, target.cause_versions(ob.cause)], args=args)
+                result.gone += 1
         if len(ids) < batch:
             return result
 

@@ -16,7 +16,8 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops import deploys
 from celery_dlx.ops.inspection import GroupRow, ObituaryRow, group_row, obituary_row
 from celery_dlx.ops.render import iso
-from celery_dlx.store.graveyard import Graveyard, text
+from celery_dlx.store.graveyard import Filters, text
+from celery_dlx.store.sharded_graveyard import AnyGraveyard, ShardedGraveyard
 from celery_dlx.wiring.runtime import Runtime
 
 #: Most rows on one page.
@@ -27,7 +28,7 @@ SCAN_CAP = 10000
 PARKED_SCAN = 20000
 
 
-def yard_of(runtime: Runtime) -> Graveyard:
+def yard_of(runtime: Runtime) -> AnyGraveyard:
     return runtime.graveyard
 
 
@@ -36,12 +37,9 @@ def causes_page(runtime: Runtime, *, offset: int = 0, limit: int = 50) -> dict[s
     ``importance`` of the latest obituary)."""
     yard = yard_of(runtime)
     limit = max(1, min(limit, MAX_PAGE))
-    pipe = yard.client.pipeline(transaction=False)
-    pipe.zcard(yard.groups_key)
-    pipe.zcard(yard.by_time)
-    pipe.zrevrange(yard.groups_key, offset, offset + limit - 1)
-    causes_total, total, raw = pipe.execute()
-    groups = yard.groups_of([text(c) for c in raw])
+    causes_total, causes = yard.cause_names(offset, limit)
+    total = yard.count()
+    groups = yard.groups_of(causes)
     examples = yard.load([g.example_id for g in groups])
     newest = deploys.newest_version(yard.version_times())
     rows: list[dict[str, object]] = []
@@ -118,17 +116,25 @@ def group_page(
     exception filter keeps all or nothing.
     """
     yard = yard_of(runtime)
-    client = yard.client
     limit = max(1, min(limit, MAX_PAGE))
-    index = yard.by_cause(cause)
     high = "+inf" if filters.until_ms is None else filters.until_ms
     low = "-inf" if filters.since_ms is None else filters.since_ms
     page = GroupPage(offset=offset)
     if filters.exception:
-        exc_type = client.hget(yard.group_key(cause), "exc_type")
-        if exc_type is None or text(exc_type) != filters.exception:
+        found = yard.groups_of([cause])
+        if not found or found[0].exc_type != filters.exception:
             page.matching = 0
             return page
+    if isinstance(yard, ShardedGraveyard):  # merged over the queues' buckets
+        wanted = Filters(
+            filters.queue, filters.task, None, None, filters.since_ms, filters.until_ms
+        )
+        chosen, page.next_offset, page.matching = yard.cause_page(cause, wanted, offset, limit)
+        page.scanned = len(chosen)
+        obits = yard.load(chosen, with_payload=True)
+        page.rows = [obituary_row(ob, registry) for ob in obits if ob is not None]
+        return page
+    client, index = yard.client, yard.by_cause(cause)
     members = [yard.by_queue(filters.queue)] if filters.queue else []
     members += [yard.by_task(filters.task)] if filters.task else []
     if not members:

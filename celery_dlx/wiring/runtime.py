@@ -52,6 +52,12 @@ from celery_dlx.store.parking import ParkingStore
 from celery_dlx.store.ratelimit import WindowBudget
 from celery_dlx.store.seen import Letters
 from celery_dlx.store.sharded import Migration, ShardedParking
+from celery_dlx.store.sharded_graveyard import (
+    AnyGraveyard,
+    GraveyardMigration,
+    ShardedGraveyard,
+)
+from celery_dlx.store.sharded_graveyard import migrate as migrate_graveyard
 
 logger = logging.getLogger("celery_dlx")
 
@@ -79,6 +85,7 @@ class Runtime:
         self._local = threading.local()
         self._cluster_replicas = ClusterReplicas()
         self._sharded: ShardedParking | None = None
+        self._sharded_graveyard: ShardedGraveyard | None = None
 
     def _check_fork(self) -> None:
         pid = os.getpid()
@@ -89,6 +96,7 @@ class Runtime:
             self._connection = None
             self._ladder = None
             self._sharded = None
+            self._sharded_graveyard = None
             self._local = threading.local()
 
     @property
@@ -189,6 +197,22 @@ class Runtime:
             )
         return store.migrate_legacy(dry_run=dry_run)
 
+    def migrate_graveyard_keys(self, *, dry_run: bool = False) -> GraveyardMigration:
+        """Move obituaries from the single-tag graveyard to the buckets of their queue (``dlx
+        migrate-keys``): copy, then delete, per obituary; run again after an interruption to
+        finish. Until then every graveyard read reads both layouts.
+
+        Raises:
+            ConfigurationError: ``dlx_redis_shards`` resolves to ``none`` (no other layout).
+        """
+        yard = self.graveyard
+        if not isinstance(yard, ShardedGraveyard):
+            raise ConfigurationError(
+                "dlx migrate-keys moves obituaries to keys per queue, and dlx_redis_shards "
+                f'is {self.config.redis_shards!r}: set it to "queue" (or "auto" on a cluster) first'
+            )
+        return migrate_graveyard(yard, dry_run=dry_run)
+
     @property
     def parking(self) -> Parking:
         """Where parked retries wait: the Redis sorted set, or with ``dlx_delay_backend = "ttl"``
@@ -198,7 +222,14 @@ class Runtime:
         return self.store
 
     @property
-    def graveyard(self) -> Graveyard:
+    def graveyard(self) -> AnyGraveyard:
+        """Obituaries: under the app's tag, or with :attr:`sharded` in buckets per queue
+        (:class:`~celery_dlx.store.sharded_graveyard.ShardedGraveyard`, one per process)."""
+        if self.sharded:
+            self._check_fork()
+            if self._sharded_graveyard is None:
+                self._sharded_graveyard = ShardedGraveyard(self.redis, self.keys)
+            return self._sharded_graveyard
         return Graveyard(self.redis, self.keys)
 
     @property

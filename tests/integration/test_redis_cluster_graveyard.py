@@ -13,6 +13,7 @@ bucket lands depends on its tag's CRC16; fixed names keep the measure repeatable
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -22,9 +23,11 @@ from celery_dlx.message.obituary import Attempt, Obituary
 from celery_dlx.service.settle import buried_event
 from celery_dlx.store.graveyard import Filters, Graveyard
 from celery_dlx.store.sharded_graveyard import ShardedGraveyard, _copy, migrate
+from celery_dlx.web import reads
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 from tests.chaos.servers import RedisClusterServers, redis_cluster
 from tests.conftest import BROKER_URL
+from tests.integration.cli_helpers import run, run_json
 
 QUEUES = [f"orders-{i}" for i in range(6)]
 PER_QUEUE = 40
@@ -38,9 +41,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterSe
         yield servers
 
 
-def runtime_on(cluster: RedisClusterServers, prefix: str) -> Runtime:
+def runtime_on(cluster: RedisClusterServers, prefix: str, **conf: Any) -> Runtime:
     app = Celery(f"graves-{prefix}", broker=BROKER_URL, set_as_current=False)
-    app.conf.update(dlx_redis_url=cluster.url, dlx_key_prefix=prefix)
+    app.conf.update(dlx_redis_url=cluster.url, dlx_key_prefix=prefix, **conf)
     return get_runtime(app)
 
 
@@ -224,3 +227,66 @@ def test_migration_copies_then_deletes_each_obituary_and_reads_both_meanwhile(
     for a, b in zip(many.groups(), expected.groups(), strict=True):
         assert a.count == b.count and a.versions == b.versions and a.first_ms == b.first_ms
         assert a.total == a.count  # the lifetime total restarts at the obituaries moved
+
+
+def test_cli_console_replay_and_purge_read_every_shard(
+    cluster: RedisClusterServers, uid: str, broker: Any, cleanup_queues: list[str]
+) -> None:
+    rt = runtime_on(cluster, f"gy-cli-{uid}", dlx_redis_shards="auto")
+    assert isinstance(rt.graveyard, ShardedGraveyard)
+    queues = [f"cli{i}-{uid}" for i in range(6)]
+    obits = obituaries(queues, per_queue=6)
+    assert all(bury(rt.graveyard, obits))
+    newest = sorted(obits, key=lambda o: -o.buried_ms)
+
+    listed = run_json(rt.app, "list", "-n", "10")
+    assert [r["id"] for r in listed["obituaries"]] == [o.id for o in newest[:10]]
+    assert listed["total"] == len(obits)
+    by_task = run_json(rt.app, "list", "--task", "proj.task1", "-n", "1000")["obituaries"]
+    assert [r["id"] for r in by_task] == [o.id for o in newest if o.task == "proj.task1"]
+    groups = run_json(rt.app, "groups")["groups"]
+    assert sorted((g["cause"], g["count"]) for g in groups) == [("cause-0", 18), ("cause-1", 18)]
+    shown = run(rt.app, "show", obits[7].id)
+    assert shown.exit_code == 0 and obits[7].id in shown.stdout
+
+    page = reads.causes_page(rt, limit=1)
+    assert page["causes"] == 2 and page["total"] == len(obits) and page["count"] == 1
+    cause0 = reads.group_page(rt, "cause-0", reads.GroupFilters(), limit=5)
+    expected = [o.id for o in newest if o.cause == "cause-0"]
+    assert [r["id"] for r in cause0.rows] == expected[:5] and cause0.matching == 18
+    later = reads.group_page(rt, "cause-0", reads.GroupFilters(), offset=5, limit=50)
+    assert [r["id"] for r in later.rows] == expected[5:] and later.next_offset is None
+    one_queue = reads.group_page(rt, "cause-0", reads.GroupFilters(queue=queues[3]), limit=50)
+    assert [r["id"] for r in one_queue.rows] == [i for i in expected if queues[3] in i]
+
+    target = f"replayed-{uid}"
+    channel = broker.channel()
+    channel.queue_declare(target, durable=True, auto_delete=False)
+    cleanup_queues.append(target)
+    chosen = [obits[1].id, obits[8].id, obits[15].id]
+    replayed = run_json(rt.app, "replay", *chosen, "--to-queue", target)
+    assert sorted(replayed["replayed"]) == sorted(chosen)
+    assert channel.queue_declare(target, passive=True).message_count == 3
+    assert all(rt.graveyard.redirects(chosen))
+
+    purged = run_json(rt.app, "purge", "-y", "--cause", "cause-1")
+    assert len(purged["purged"]) == 18
+    assert run_json(rt.app, "list", "-n", "1000")["total"] == 18
+    assert [g["cause"] for g in run_json(rt.app, "groups")["groups"]] == ["cause-0"]
+    assert history_kinds(rt).count("purged") == 18
+
+
+def test_migrate_keys_moves_old_layout_obituaries(cluster: RedisClusterServers, uid: str) -> None:
+    prefix = f"gy-keys-{uid}"
+    old = runtime_on(cluster, prefix)
+    obits = obituaries(QUEUES[:2], per_queue=5)
+    assert all(bury(old.graveyard, obits))
+    rt = runtime_on(cluster, prefix, dlx_redis_shards="queue")
+    assert run_json(rt.app, "list")["total"] == 10  # read-both before the move
+    dry = run_json(rt.app, "migrate-keys", "--dry-run")
+    assert dry["found"] == 0 and dry["graveyard"]["found"] == 10
+    assert dry["graveyard"]["queues"] == dict.fromkeys(QUEUES[:2], 5)
+    moved = run_json(rt.app, "migrate-keys")["graveyard"]
+    assert (moved["moved"], moved["left"], moved["gone"]) == (10, 0, 0)
+    assert old.graveyard.count() == 0 and rt.graveyard.count() == 10
+    assert run_json(rt.app, "migrate-keys")["graveyard"]["found"] == 0
