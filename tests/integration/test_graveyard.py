@@ -18,7 +18,6 @@ from celery_dlx.message.obituary import Attempt, Obituary, payload_from_json_saf
 from celery_dlx.ops import obituaries, purge
 from celery_dlx.ops import replay as replaying
 from celery_dlx.service.settle import buried_event
-from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.wiring.retention import sweep_retention
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
@@ -26,15 +25,24 @@ BROKER_URL = os.environ.get("DLX_TEST_BROKER", "amqp://guest:guest@127.0.0.1:567
 REDIS_URL = os.environ.get("DLX_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 
+#: Tests run with the graveyard sharded by queue too (``dlx_redis_shards``), not just the default.
+BOTH_LAYOUTS = pytest.mark.parametrize("runtime", ["none", "queue"], indirect=True)
+
+
 @pytest.fixture
-def runtime(uid: str, key_prefix: str) -> Iterator[Runtime]:
+def runtime(request: pytest.FixtureRequest, uid: str, key_prefix: str) -> Iterator[Runtime]:
     app = Celery(f"gy-{uid}", broker=BROKER_URL, set_as_current=False)
     app.conf.update(
-        dlx_key_prefix=key_prefix, dlx_redis_url=REDIS_URL, dlx_graveyard_retention=3600
+        dlx_key_prefix=key_prefix,
+        dlx_redis_url=REDIS_URL,
+        dlx_graveyard_retention=3600,
+        dlx_redis_shards=getattr(request, "param", "none"),
     )
     rt = get_runtime(app)
     yield rt
     rt.reset_publisher()
+    for key in rt.redis.scan_iter(match="{" + key_prefix + ":*", count=1000):
+        rt.redis.delete(key)  # the sharded layout's keys ({prefix:g:QUEUE:BUCKET}...)
 
 
 def make(
@@ -76,13 +84,14 @@ def make(
 
 
 def bury(rt: Runtime, *obits: Obituary) -> list[bool]:
-    return Graveyard(rt.redis, rt.keys).write_many([(ob, buried_event(ob)) for ob in obits])
+    return rt.graveyard.write_many([(ob, buried_event(ob)) for ob in obits])
 
 
 def history(rt: Runtime) -> list[dict[str, str]]:
     return [fields for _, fields in rt.history.read()]
 
 
+@BOTH_LAYOUTS
 def test_write_is_idempotent_and_records_one_burial(runtime: Runtime) -> None:
     ob = make(1)
     runtime.redis.set(runtime.keys.cause("m-1"), b"{}")
@@ -105,6 +114,7 @@ def test_get_by_id_or_message_id_with_payload_bytes(runtime: Runtime) -> None:
     assert obituaries.get_obituary(runtime, "nope") is None
 
 
+@BOTH_LAYOUTS
 def test_list_by_time_queue_task_cause_and_bounds(runtime: Runtime) -> None:
     bury(
         runtime,
@@ -132,6 +142,7 @@ def test_list_by_time_queue_task_cause_and_bounds(runtime: Runtime) -> None:
     ]
 
 
+@BOTH_LAYOUTS
 def test_post_filtered_listing_pages_through_large_indexes(runtime: Runtime) -> None:
     obits = [make(i, queue="billing" if i % 10 else "audit", cause="c") for i in range(350)]
     bury(runtime, *obits)
@@ -160,6 +171,7 @@ def test_groups_summarise_causes_still_in_the_graveyard(runtime: Runtime) -> Non
     assert (c1.count, c1.total, c1.example_id) == (1, 2, "ob-1")
 
 
+@BOTH_LAYOUTS
 def test_purge_records_the_whole_obituary_in_the_history(runtime: Runtime) -> None:
     bury(runtime, make(1, payload=b"\x00\xffraw"), make(2), make(3, queue="audit"))
     with pytest.raises(DLXError, match="needs obituary ids or a filter"):
@@ -178,6 +190,7 @@ def test_purge_records_the_whole_obituary_in_the_history(runtime: Runtime) -> No
     assert obituaries.count(runtime) == 0 and obituaries.queues(runtime) == []
 
 
+@BOTH_LAYOUTS
 def test_retention_moves_old_obituaries_to_the_history(runtime: Runtime) -> None:
     now = 1_700_000_000_000 + 7200 * 1000
     bury(

@@ -1,7 +1,7 @@
 """The graveyard sharded by queue on a real 3-master Redis Cluster (issue 24, item 1).
 
-:class:`~celery_dlx.store.sharded_graveyard.ShardedGraveyard` is built and measured here on its
-own; it is not yet what ``dlx_redis_shards`` selects (see docs/operations.md). The same
+:class:`~celery_dlx.store.sharded_graveyard.ShardedGraveyard` (what ``dlx_redis_shards = "queue"``
+or ``"auto"`` on a cluster URL selects) is measured against the single-tag one: the same
 obituaries go to a single-tag graveyard (one app prefix) and to a sharded one (another): the
 bytes per master are measured (``MEMORY USAGE`` of every key of each prefix), and every read of
 the sharded graveyard is checked against the single-tag one's answer for the same data.
