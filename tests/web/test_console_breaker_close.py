@@ -9,6 +9,7 @@ from typing import Any
 from celery_dlx.fates import now_ms
 from celery_dlx.policy.breaker import BreakerSettings
 from celery_dlx.web.audit import read_audit
+from tests.web.helpers import OPERATOR, Client
 
 
 def test_operator_closes_a_breaker_and_it_is_audited(console: dict[str, Any]) -> None:
@@ -30,8 +31,12 @@ def test_operator_closes_a_breaker_and_it_is_audited(console: dict[str, Any]) ->
             "/actions/close-breaker", form={"csrf": "forged", "cause": "cafe02", "queue": queue}
         ),
         console["nobody"].post("/actions/close-breaker", form={"cause": "cafe02", "queue": queue}),
+        # another site's page, with the operator's credentials and token: the origin check
+        Client(console["url"], OPERATOR, origin="http://attacker.example").post(
+            "/actions/close-breaker", form={"csrf": op.csrf(), "cause": "cafe02", "queue": queue}
+        ),
     ]
-    assert [r.status for r in refused] == [403, 403, 403, 401]
+    assert [r.status for r in refused] == [403, 403, 403, 401, 403]
     missing = op.post("/actions/close-breaker", form={"csrf": op.csrf(), "cause": "cafe02"})
     assert missing.status == 400
     assert runtime.breakers.is_open(queue, "cafe02")
