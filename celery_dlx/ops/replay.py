@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from celery_dlx.broker import probe
 from celery_dlx.broker.errors import BROKER_ERRORS
@@ -31,8 +32,10 @@ from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
 from celery_dlx.ops.render import iso
 from celery_dlx.store.graveyard import CHUNK, When, chunks
-from celery_dlx.store.sharded_graveyard import AnyGraveyard
 from celery_dlx.wiring.runtime import Runtime
+
+if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
+    from celery_dlx.store.sharded_graveyard import AnyGraveyard
 
 
 @dataclass

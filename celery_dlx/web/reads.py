@@ -8,7 +8,7 @@ graveyard); rows have the shapes of :mod:`celery_dlx.ops.inspection` (the CLI's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.fates import now_ms
@@ -16,9 +16,11 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops import deploys
 from celery_dlx.ops.inspection import GroupRow, ObituaryRow, group_row, obituary_row
 from celery_dlx.ops.render import iso
-from celery_dlx.store.graveyard import Filters, text
-from celery_dlx.store.sharded_graveyard import AnyGraveyard, ShardedGraveyard
+from celery_dlx.store.graveyard import Filters, Graveyard, text
 from celery_dlx.wiring.runtime import Runtime
+
+if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
+    from celery_dlx.store.sharded_graveyard import AnyGraveyard
 
 #: Most rows on one page.
 MAX_PAGE = 200
@@ -125,7 +127,7 @@ def group_page(
         if not found or found[0].exc_type != filters.exception:
             page.matching = 0
             return page
-    if isinstance(yard, ShardedGraveyard):  # merged over the queues' buckets
+    if not isinstance(yard, Graveyard):  # sharded by queue: merged over the queues' buckets
         wanted = Filters(
             filters.queue, filters.task, None, None, filters.since_ms, filters.until_ms
         )
