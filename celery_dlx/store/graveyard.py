@@ -255,6 +255,12 @@ class Graveyard:
         """
         if not items:
             return []
+        return [bool(r) for r in run_script_many(self.client, self._write, self.write_calls(items))]
+
+    def write_calls(
+        self, items: Sequence[tuple[Obituary, FateEvent]]
+    ) -> list[tuple[list[str], list[Any]]]:
+        """The ``(keys, args)`` of the burial script for each of ``items``."""
         calls = []
         for ob, event in items:
             facts = [ob.queue, ob.task or "", ob.cause, ob.exc_type, ob.exc_message[:500]]
@@ -274,7 +280,7 @@ class Graveyard:
                 self.versions_key,
             ]
             calls.append((keys, args))
-        return [bool(r) for r in run_script_many(self.client, self._write, calls)]
+        return calls
 
     def remove(self, ob: Obituary, event: FateEvent) -> bool:
         """Append ``event`` to the history and delete ``ob``, atomically; False if it was gone."""

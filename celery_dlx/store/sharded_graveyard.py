@@ -33,6 +33,12 @@ script: a burial appends its entry right after its script wrote the obituary (a 
 the two leaves the obituary without its ``buried`` entry), a removal appends its entry before
 its script deletes the obituary (a crash between the two leaves the obituary in place, with an
 extra entry: nothing is ever evicted without its record in the history).
+
+A burial waits for ``dlx_redis_min_replicas`` on its own bucket's master (``WAIT`` on that
+connection; the DLX service's :meth:`~celery_dlx.wiring.runtime.Runtime.replicated` block waits
+only on the app's master). Written but not confirmed, it raises
+:class:`~celery_dlx.store.client.NotReplicated` after appending its history entry, since the
+caller's retry will find the obituary there and write nothing.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from typing import Any, cast
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Obituary
-from celery_dlx.store.client import RedisClient
+from celery_dlx.store.client import NotReplicated, RedisClient, Replicas, execute_replicated
 from celery_dlx.store.graveyard import (
     _REMOVE_SHARD,
     CHUNK,
@@ -85,11 +91,15 @@ class ShardedGraveyard:
     Args:
         client: the client of ``dlx_redis_url`` (a ``RedisCluster`` on a cluster URL).
         keys: the app's key layout.
+        replicas: the replicas a burial must reach: each bucket's burials wait on their own
+            master (``WAIT``), since a queue's keys need not be on the master a caller's
+            :meth:`~celery_dlx.wiring.runtime.Runtime.replicated` block waits on.
     """
 
-    def __init__(self, client: RedisClient, keys: Keys) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, replicas: Replicas | None = None) -> None:
         self.client = client
         self.keys = keys
+        self.replicas = replicas or Replicas()
         self.index = keys.graveyard("shards")
         #: The single-tag graveyard (what an older version buried; moved by :func:`migrate`).
         self.legacy = Graveyard(client, keys)
@@ -123,11 +133,50 @@ class ShardedGraveyard:
         return [self._bucket(q, b) for q in queues for b in range(BUCKETS)]
 
     def _index(self, queues: Iterable[str]) -> None:
+        """Add ``queues`` to the index before anything is buried under their keys (once per
+        process and queue), on as many replicas as a burial waits for."""
         new = sorted(set(queues) - self._indexed)
-        if new:
+        if not new:
+            return
+        wanted = self.replicas.wanted(self.client, self.index)
+        if wanted:
+
+            def add(pipe: Any) -> None:
+                pipe.sadd(self.index, *new)
+
+            execute_replicated(
+                self.client,
+                self.index,
+                add,
+                wanted,
+                self.replicas.timeout,
+                what=f"the index of {len(new)} graveyard queue(s)",
+            )
+        else:
             self.client.sadd(self.index, *new)
-            with self._lock:
-                self._indexed.update(new)
+        with self._lock:
+            self._indexed.update(new)
+
+    def _write(self, yard: Graveyard, items: Sequence[tuple[Obituary, FateEvent]]) -> list[bool]:
+        """One bucket's burials, confirmed by its master's replicas when any are wanted."""
+        wanted = self.replicas.wanted(self.client, yard.records)
+        if not wanted:
+            return yard.write_many(items)
+        calls = yard.write_calls(items)
+
+        def write(pipe: Any) -> None:
+            for keys, args in calls:
+                yard._write(keys=keys, args=args, client=pipe)
+
+        done = execute_replicated(
+            self.client,
+            yard.records,
+            write,
+            wanted,
+            self.replicas.timeout,
+            what=f"{len(calls)} obituaries of {yard.tag}",
+        )
+        return [bool(r) for r in done]
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -137,6 +186,10 @@ class ShardedGraveyard:
 
         Returns:
             Per obituary, True if it was written now, False if it was there already.
+
+        Raises:
+            NotReplicated: written, but fewer replicas than ``dlx_redis_min_replicas`` confirmed.
+            redis.RedisError: not written (or not known to be); the caller retries.
         """
         if not items:
             return []
@@ -146,8 +199,14 @@ class ShardedGraveyard:
             yard = self.shard(ob.queue, ob.id)
             by_shard.setdefault(id(yard), (yard, []))[1].append(i)
         out = [False] * len(items)
+        unconfirmed: NotReplicated | None = None
         for yard, where in by_shard.values():
-            written = yard.write_many([items[i] for i in where])
+            try:
+                written = self._write(yard, [items[i] for i in where])
+            except NotReplicated as exc:
+                # Written, not confirmed: the retry will find them there and write nothing,
+                # so their history entries go now (a redelivery among them: one entry more).
+                written, unconfirmed = [True] * len(where), unconfirmed or exc
             for i, ok in zip(where, written, strict=True):
                 out[i] = ok
         pipe = self.client.pipeline(transaction=False)
@@ -157,6 +216,8 @@ class ShardedGraveyard:
         for ob, _ in items:  # one DEL each: a cluster pipeline takes one key per DEL
             pipe.delete(self.keys.cause(ob.message_id))
         pipe.execute()
+        if unconfirmed is not None:
+            raise unconfirmed
         return out
 
     def remove(self, ob: Obituary, event: FateEvent) -> bool:
@@ -468,7 +529,7 @@ def migrate(
                 continue
             yard._index([ob.queue])
             target = yard.shard(ob.queue, ob.id)
-            if _copy(target, ob, raw, payload or b"", ledger):
+            if _copy(target, ob, raw, payload or b"", ledger, yard.replicas):
                 result.copied += 1
             else:
                 result.present += 1
@@ -485,12 +546,39 @@ def migrate(
             return result
 
 
-def _copy(target: Graveyard, ob: Obituary, record: Any, payload: Any, ledger: Any) -> bool:
-    """Write one obituary's stored record into ``target`` (its queue's keys); False if there."""
+def _copy(
+    target: Graveyard,
+    ob: Obituary,
+    record: Any,
+    payload: Any,
+    ledger: Any,
+    replicas: Replicas | None = None,
+) -> bool:
+    """Write one obituary's stored record into ``target`` (its queue's keys); False if there.
+    With ``replicas`` wanted, the copy is on them before this returns (before the original goes).
+    """
     facts = [ob.queue, ob.task or "", ob.cause, ob.exc_type, ob.exc_message[:500]]
     keys = [*target._index_keys(ob), target.records, target.cause_versions(ob.cause)]
     keys.append(target.versions_key)
     args = [ob.id, ob.buried_ms, record, payload, json.dumps(facts), ob.code_version or ""]
+
+    def copy(pipe: Any) -> None:
+        target._write(keys=keys, args=args, client=pipe)
+        if ledger is not None:
+            pipe.hset(target.ledger, ob.id, ledger)
+
+    replicas = replicas or Replicas()
+    wanted = replicas.wanted(target.client, target.records)
+    if wanted:
+        done = execute_replicated(
+            target.client,
+            target.records,
+            copy,
+            wanted,
+            replicas.timeout,
+            what=f"the copy of obituary {ob.id}",
+        )
+        return bool(done[0])
     copied = bool(target._write(keys=keys, args=args))
     if ledger is not None:
         target.client.hset(target.ledger, ob.id, ledger)

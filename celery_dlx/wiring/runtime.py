@@ -228,7 +228,11 @@ class Runtime:
         if self.sharded:
             self._check_fork()
             if self._sharded_graveyard is None:
-                self._sharded_graveyard = ShardedGraveyard(self.redis, self.keys)
+                # The process's client, never a replicated() block's one connection (to the
+                # app's master only): each bucket waits for its own master's replicas.
+                if self._redis is None:
+                    self._redis = redis_client(self.config.redis_url)
+                self._sharded_graveyard = ShardedGraveyard(self._redis, self.keys, self.replicas)
             return self._sharded_graveyard
         return Graveyard(self.redis, self.keys)
 

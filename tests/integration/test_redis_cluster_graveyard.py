@@ -21,6 +21,7 @@ from celery import Celery
 from celery_dlx.fates import PURGED
 from celery_dlx.message.obituary import Attempt, Obituary
 from celery_dlx.service.settle import buried_event
+from celery_dlx.store.client import NotReplicated
 from celery_dlx.store.graveyard import Filters, Graveyard
 from celery_dlx.store.sharded_graveyard import ShardedGraveyard, _copy, migrate
 from celery_dlx.web import reads
@@ -290,3 +291,31 @@ def test_migrate_keys_moves_old_layout_obituaries(cluster: RedisClusterServers, 
     assert (moved["moved"], moved["left"], moved["gone"]) == (10, 0, 0)
     assert old.graveyard.count() == 0 and rt.graveyard.count() == 10
     assert run_json(rt.app, "migrate-keys")["graveyard"]["found"] == 0
+
+
+def test_a_burial_waits_for_the_replicas_of_its_own_master(
+    cluster: RedisClusterServers, uid: str
+) -> None:
+    # The test cluster has no replicas: a burial that wants one is written, then refused.
+    rt = runtime_on(
+        cluster,
+        f"gy-wait-{uid}",
+        dlx_redis_shards="auto",
+        dlx_redis_min_replicas=1,
+        dlx_redis_replica_timeout=0.1,
+    )
+    yard = rt.graveyard
+    assert isinstance(yard, ShardedGraveyard)
+    ob = obituaries(QUEUES[:1], per_queue=1)[0]
+    with pytest.raises(NotReplicated, match="graveyard queue"):
+        bury(yard, [ob])
+    assert yard.count() == 0 and yard.queues() == [ob.queue]  # the index first, unconfirmed
+    yard._indexed.add(ob.queue)  # as if its replicas had confirmed the index
+    with pytest.raises(NotReplicated, match="obituaries of"):
+        bury(yard, [ob])
+    assert yard.count() == 1  # stored on its bucket's master, just not confirmed
+    # its history entry is written all the same: the retry finds the obituary and writes none
+    assert history_kinds(rt) == ["buried"]
+    assert bury(runtime_on(cluster, f"gy-wait-{uid}", dlx_redis_shards="auto").graveyard, [ob]) == [
+        False
+    ]
