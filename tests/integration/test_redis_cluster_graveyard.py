@@ -12,14 +12,18 @@ bucket lands depends on its tag's CRC16; fixed names keep the measure repeatable
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import Celery
+from kombu import Exchange, Producer, Queue
 
 from celery_dlx.fates import PURGED
 from celery_dlx.message.obituary import Attempt, Obituary
+from celery_dlx.ops import obituaries as reading
+from celery_dlx.service.loop import DLXService
 from celery_dlx.service.settle import buried_event
 from celery_dlx.store.client import NotReplicated
 from celery_dlx.store.graveyard import Filters, Graveyard
@@ -319,3 +323,53 @@ def test_a_burial_waits_for_the_replicas_of_its_own_master(
     assert bury(runtime_on(cluster, f"gy-wait-{uid}", dlx_redis_shards="auto").graveyard, [ob]) == [
         False
     ]
+
+
+def test_the_dlx_service_buries_dead_letters_of_six_queues_into_their_shards(
+    cluster: RedisClusterServers, uid: str, broker: Any, cleanup_queues: list[str]
+) -> None:
+    queues = [f"svc{i}-{uid}" for i in range(6)]
+    dead_name, dlx = f"dead-{uid}", f"dlx-{uid}"
+    cleanup_queues.extend([dead_name, f"exchange:{dlx}"])
+    rt = runtime_on(
+        cluster,
+        f"gy-svc-{uid}",
+        dlx_redis_shards="auto",
+        dlx_exchange=dlx,
+        dlx_service_queue=dead_name,
+        dlx_queues={q: {"max_parks": 0, "max_requeues": 0} for q in queues},
+    )
+    channel = broker.channel()
+    dead = Queue(dead_name, exchange=Exchange(dlx, type="topic"), routing_key="#")
+    dead(channel).declare()
+    producer = Producer(channel)
+    n = 20
+    for queue in queues:
+        for i in range(n):
+            producer.publish(
+                f'{{"i": {i}}}'.encode(),
+                exchange=dlx,
+                routing_key=queue,
+                headers={"x-death": [{"queue": queue, "reason": "rejected", "count": 1}]},
+                message_id=f"{queue}-{i}",
+                retry=True,
+            )
+    svc = DLXService(rt.app, prefetch=60)
+    thread = threading.Thread(target=svc.run, kwargs={"idle_timeout": 1.0}, daemon=True)
+    thread.start()
+    thread.join(120)
+    finished = not thread.is_alive()
+    svc.stop()
+    thread.join(30)
+    assert finished, f"the service did not finish: {svc.stats}"
+    assert svc.stats.buried == n * len(queues) and svc.stats.outages == 0
+
+    yard = rt.graveyard
+    assert isinstance(yard, ShardedGraveyard) and yard.queues() == sorted(queues)
+    assert yard.legacy.count() == 0 and yard.count() == n * len(queues)
+    assert sorted((q, c) for q, c, _ in yard.names("queue")) == [(q, n) for q in sorted(queues)]
+    assert history_kinds(rt).count("buried") == n * len(queues)
+    found = reading.get_obituary(rt, f"{queues[4]}-7")  # by message id, over every shard
+    assert found is not None and found.payload == b'{"i": 7}'
+    assert len(run_json(rt.app, "list", "-n", "1000")["obituaries"]) == n * len(queues)
+    assert dead(channel).get() is None
