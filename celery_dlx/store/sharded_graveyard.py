@@ -65,7 +65,7 @@ from celery_dlx.store.graveyard import (
     _needs_post_filter,
     text,
 )
-from celery_dlx.store.history import history_fields
+from celery_dlx.store.history import History
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,7 @@ class ShardedGraveyard:
         self.client = client
         self.keys = keys
         self.replicas = replicas or Replicas()
+        self.history = History(client, keys)
         self.index = keys.graveyard("shards")
         #: The single-tag graveyard (what an older version buried; moved by :func:`migrate`).
         self.legacy = Graveyard(client, keys)
@@ -210,9 +211,8 @@ class ShardedGraveyard:
             for i, ok in zip(where, written, strict=True):
                 out[i] = ok
         pipe = self.client.pipeline(transaction=False)
-        for (_, event), ok in zip(items, out, strict=True):
-            if ok:
-                pipe.xadd(self.keys.history, cast("dict[Any, Any]", history_fields(event)))
+        written_events = (event for (_, event), ok in zip(items, out, strict=True) if ok)
+        self.history.append_many(written_events, pipe=pipe)
         for ob, _ in items:  # one DEL each: a cluster pipeline takes one key per DEL
             pipe.delete(self.keys.cause(ob.message_id))
         pipe.execute()
@@ -225,7 +225,7 @@ class ShardedGraveyard:
         yard = self.shard(ob.queue, ob.id)
         if not self.client.hexists(yard.records, ob.id):
             return self.legacy.remove(ob, event)
-        self.client.xadd(self.keys.history, cast("dict[Any, Any]", history_fields(event)))
+        self.history.append_many([event])
         return yard.remove(ob, event)
 
     # -- where an id lives -------------------------------------------------------------------------
