@@ -186,7 +186,7 @@ class Graveyard:
     Args:
         client: ``redis.Redis`` or ``RedisCluster``.
         keys: the key layout (prefix).
-        tag: the hash tag of one queue's shard (``{prefix:g:QUEUE}``,
+        tag: the hash tag of one queue's bucket (``{prefix:q:QUEUE:BUCKET}``,
             :mod:`celery_dlx.store.sharded_graveyard`): the graveyard keys and the replay
             ledger go under it, and the scripts leave the history and the worker's cause record
             (under the app's tag) to the caller. None: the single-tag layout above.

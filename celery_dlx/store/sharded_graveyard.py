@@ -2,7 +2,8 @@
 
 Each queue's obituaries, payloads, indexes (time, queue, task, cause, message), cause groups
 with their per-version stats, the replay ledger of its obituaries, and the names it knows live
-under ``{prefix:g:QUEUE:BUCKET}``, in :data:`BUCKETS` buckets per queue (the CRC-32 of the
+under ``{prefix:q:QUEUE:BUCKET}:graveyard:*`` (the hash tag of the queue's parked-retry bucket of
+the same number), in :data:`BUCKETS` buckets per queue (the CRC-32 of the
 obituary id picks one; each a :class:`~celery_dlx.store.graveyard.Graveyard` with that ``tag``),
 so a burial's Lua script still touches one slot and a Redis Cluster spreads the buckets over its
 masters, those of one busy queue too. A set under the app's tag (``{prefix}:graveyard:shards``) names the queues that have
@@ -77,8 +78,9 @@ BUCKETS = 4
 
 
 def shard_tag(keys: Keys, queue: str, bucket: int) -> str:
-    """The hash tag of one bucket of ``queue``'s graveyard keys."""
-    return "{" + f"{keys.prefix}:g:{queue}:{bucket}" + "}"
+    """The hash tag of one bucket of ``queue``'s graveyard keys: that of the queue's parked-retry
+    bucket of the same number (``{prefix:q:QUEUE:BUCKET}``), so the key names keep one builder."""
+    return keys.parked_shard(queue, bucket).base
 
 
 def bucket_of(obituary_id: str) -> int:

@@ -42,7 +42,7 @@ def runtime(request: pytest.FixtureRequest, uid: str, key_prefix: str) -> Iterat
     yield rt
     rt.reset_publisher()
     for key in rt.redis.scan_iter(match="{" + key_prefix + ":*", count=1000):
-        rt.redis.delete(key)  # the sharded layout's keys ({prefix:g:QUEUE:BUCKET}...)
+        rt.redis.delete(key)  # the sharded layout's keys ({prefix:q:QUEUE:BUCKET}...)
 
 
 def make(

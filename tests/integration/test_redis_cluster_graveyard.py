@@ -97,7 +97,7 @@ def bytes_per_master(cluster: RedisClusterServers, prefix: str) -> dict[int, int
         client = node.client()
         try:
             total = 0
-            for pattern in ("{" + prefix + "}*", "{" + prefix + ":g:*"):
+            for pattern in ("{" + prefix + "}*", "{" + prefix + ":q:*"):
                 for key in client.scan_iter(match=pattern, count=1000):
                     total += int(client.memory_usage(key, samples=0) or 0)
             out[node.port] = total
