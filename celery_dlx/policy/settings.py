@@ -230,17 +230,19 @@ SETTINGS: dict[str, Setting] = {
             "dlx_redis_shards",
             "none",
             _choice(REDIS_SHARDS),
-            "How parked retries are spread over Redis Cluster slots: none (every key under "
-            "{prefix}: one slot, one master), queue (8 hash tags per queue, "
-            "{prefix:q:QUEUE:BUCKET}: set it on a cluster, then run `dlx migrate-keys`), or auto "
-            "(queue on a cluster URL, none elsewhere). See operations.md.",
+            "How parked retries and obituaries are spread over Redis Cluster slots: none (every "
+            "key under {prefix}: one slot, one master), queue (8 hash tags per queue for parked "
+            "retries, 4 of them for obituaries, {prefix:q:QUEUE:BUCKET}: set it on a cluster, "
+            "then run `dlx migrate-keys`), or auto (queue on a cluster URL, none elsewhere). See "
+            "operations.md.",
         ),
         Setting(
             "dlx_key_prefix",
             DEFAULT_KEY_PREFIX,
             _key_prefix,
             "Prefix of every Redis key, wrapped in {} (a hash tag: one Redis Cluster slot), but "
-            "parked retries sharded by queue (dlx_redis_shards) under {prefix:q:QUEUE:BUCKET}.",
+            "parked retries and obituaries sharded by queue (dlx_redis_shards) under "
+            "{prefix:q:QUEUE:BUCKET}.",
         ),
         Setting(
             "dlx_max_requeues",
