@@ -253,6 +253,9 @@ def test_cli_console_replay_and_purge_read_every_shard(
     assert sorted((g["cause"], g["count"]) for g in groups) == [("cause-0", 18), ("cause-1", 18)]
     shown = run(rt.app, "show", obits[7].id)
     assert shown.exit_code == 0 and obits[7].id in shown.stdout
+    stats = run_json(rt.app, "stats")["graveyard"]
+    assert stats["count"] == len(obits) and stats["oldest_ms"] == T0
+    assert sorted(q["queue"] for q in stats["queues"]) == sorted(queues)
 
     page = reads.causes_page(rt, limit=1)
     assert page["causes"] == 2 and page["total"] == len(obits) and page["count"] == 1
