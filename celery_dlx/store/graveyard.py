@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 #: Obituaries loaded per round trip when listing, replaying, purging or sweeping.
 CHUNK = 100
 
+#: Replies per cause of :meth:`Graveyard.queue_group_reads`.
+GROUP_READS = 5
+
 # KEYS: records payloads time queue task cause message group groups queues tasks history causerec
 # cause-versions versions
 # ARGV: id score record payload facts version ("" = unknown), facts = JSON [queue, task, cause, exc_type, exc_message,
@@ -399,6 +402,11 @@ class Graveyard:
         if not causes:
             return []
         pipe = self.client.pipeline(transaction=False)
+        self.queue_group_reads(pipe, causes)
+        return self.groups_from(causes, pipe.execute())
+
+    def queue_group_reads(self, pipe: Any, causes: list[str]) -> None:
+        """Queue on ``pipe`` the reads :meth:`groups_from` takes (:data:`GROUP_READS` per cause)."""
         for cause in causes:
             index = self.by_cause(cause)
             pipe.hgetall(self.group_key(cause))
@@ -406,10 +414,12 @@ class Graveyard:
             pipe.zrange(index, 0, 0, withscores=True)
             pipe.zrevrange(index, 0, 0, withscores=True)
             pipe.hgetall(self.cause_versions(cause))
-        results = pipe.execute()
+
+    def groups_from(self, causes: list[str], results: list[Any]) -> list[Group]:
+        """The groups of ``causes`` from the replies of :meth:`queue_group_reads`."""
         out = []
         for i, cause in enumerate(causes):
-            info, count, first, last, versions = results[5 * i : 5 * i + 5]
+            info, count, first, last, versions = results[GROUP_READS * i : GROUP_READS * (i + 1)]
             if not count or not first or not last:
                 continue
             meta = {text(k): text(v) for k, v in info.items()}

@@ -60,6 +60,7 @@ from celery_dlx.store.client import NotReplicated, RedisClient, Replicas, execut
 from celery_dlx.store.graveyard import (
     _REMOVE_SHARD,
     CHUNK,
+    GROUP_READS,
     Filters,
     Graveyard,
     Group,
@@ -306,7 +307,16 @@ class ShardedGraveyard:
             yards = [*self.shards(), self.legacy]
         page = CHUNK if limit is None else max(1, min(CHUNK, limit))
         sign = 1 if oldest_first else -1
-        rows = (_pages(y, filters, page, oldest_first) for y in yards)
+        # Every bucket's first page in one pipelined round trip (per master); later pages as
+        # the merge reaches them.
+        pipe = self.client.pipeline(transaction=False)
+        for yard in yards:
+            _read_page(pipe, yard.driving_index(filters), filters, 0, page, oldest_first)
+        firsts = pipe.execute()
+        rows = (
+            _pages(y, filters, page, oldest_first, first)
+            for y, first in zip(yards, firsts, strict=True)
+        )
         merged = heapq.merge(*rows, key=lambda r: sign * r[0])
         out: list[str] = []
         for _, oid in merged:
@@ -363,10 +373,15 @@ class ShardedGraveyard:
         """The :class:`Group` of each of ``causes``, summed over the queues, in their order."""
         if not causes:
             return []
-        per_yard = [y.groups_of(causes) for y in [*self.shards(), self.legacy]]
+        yards = [*self.shards(), self.legacy]
+        pipe = self.client.pipeline(transaction=False)
+        for yard in yards:
+            yard.queue_group_reads(pipe, causes)
+        results = pipe.execute()
+        step = GROUP_READS * len(causes)
         parts: dict[str, list[Group]] = {}
-        for found in per_yard:
-            for group in found:
+        for i, yard in enumerate(yards):
+            for group in yard.groups_from(causes, results[i * step : (i + 1) * step]):
                 parts.setdefault(group.cause, []).append(group)
         return [_summed(parts[c]) for c in causes if c in parts]
 
@@ -420,20 +435,30 @@ class ShardedGraveyard:
 AnyGraveyard = Graveyard | ShardedGraveyard
 
 
-def _pages(
-    yard: Graveyard, filters: Filters, page: int, oldest_first: bool
-) -> Iterator[tuple[float, str]]:
-    """``(burial ms, id)`` of one graveyard's matches in order, read a page at a time."""
-    index = yard.driving_index(filters)
+def _read_page(
+    client: Any, index: str, filters: Filters, offset: int, page: int, oldest_first: bool
+) -> Any:
+    """One page of ``index`` within the filters' time bounds, with scores (on ``client``, or
+    queued on a pipeline)."""
     low = "-inf" if filters.since_ms is None else filters.since_ms
     high = "+inf" if filters.until_ms is None else filters.until_ms
+    if oldest_first:
+        return client.zrangebyscore(index, low, high, offset, page, withscores=True)
+    return client.zrevrangebyscore(index, high, low, offset, page, withscores=True)
+
+
+def _pages(
+    yard: Graveyard, filters: Filters, page: int, oldest_first: bool, first: Any
+) -> Iterator[tuple[float, str]]:
+    """``(burial ms, id)`` of one graveyard's matches in order, read a page at a time
+    (``first``: its first page, read already)."""
+    index = yard.driving_index(filters)
     check = _needs_post_filter(filters)
     offset = 0
+    raw = first
     while True:
-        if oldest_first:
-            raw = yard.client.zrangebyscore(index, low, high, offset, page, withscores=True)
-        else:
-            raw = yard.client.zrevrangebyscore(index, high, low, offset, page, withscores=True)
+        if raw is None:
+            raw = _read_page(yard.client, index, filters, offset, page, oldest_first)
         scored = cast("list[tuple[bytes, float]]", raw)
         rows = [(float(s), text(i)) for i, s in scored]
         offset += len(rows)
@@ -444,6 +469,7 @@ def _pages(
         yield from rows
         if len(raw) < page:
             return
+        raw = None
 
 
 def _summed(parts: list[Group]) -> Group:
