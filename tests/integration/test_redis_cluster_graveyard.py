@@ -29,6 +29,7 @@ from celery_dlx.store.client import NotReplicated
 from celery_dlx.store.graveyard import Filters, Graveyard
 from celery_dlx.store.sharded_graveyard import ShardedGraveyard, _copy, migrate
 from celery_dlx.web import reads
+from celery_dlx.web.metrics import DLXCollector
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 from tests.chaos.servers import RedisClusterServers, redis_cluster
 from tests.conftest import BROKER_URL
@@ -266,6 +267,16 @@ def test_cli_console_replay_and_purge_read_every_shard(
     assert [r["id"] for r in later.rows] == expected[5:] and later.next_offset is None
     one_queue = reads.group_page(rt, "cause-0", reads.GroupFilters(queue=queues[3]), limit=50)
     assert [r["id"] for r in one_queue.rows] == [i for i in expected if queues[3] in i]
+    families = {f.name: f for f in DLXCollector(rt).collect()}
+    per_queue = {
+        s.labels["queue"]: s.value for s in families["celery_dlx_graveyard_obituaries"].samples
+    }
+    assert per_queue == dict.fromkeys(queues, 6)
+    per_cause = families["celery_dlx_graveyard_cause_obituaries"].samples
+    assert sorted((s.labels["cause"], s.value) for s in per_cause) == [
+        ("cause-0", 18),
+        ("cause-1", 18),
+    ]
 
     target = f"replayed-{uid}"
     channel = broker.channel()
