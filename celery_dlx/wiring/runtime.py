@@ -156,8 +156,8 @@ class Runtime:
 
     @property
     def sharded(self) -> bool:
-        """True when parked retries have keys per queue (``dlx_redis_shards``: ``queue``, or
-        ``auto`` on a Redis Cluster URL)."""
+        """True when parked retries and obituaries have keys per queue (``dlx_redis_shards``:
+        ``queue``, or ``auto`` on a Redis Cluster URL)."""
         shards = self.config.redis_shards
         return shards == "queue" or (shards == "auto" and is_cluster_url(self.config.redis_url))
 
