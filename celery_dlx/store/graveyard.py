@@ -389,7 +389,8 @@ class Graveyard:
         return int(total), [text(c) for c in page]
 
     def top_causes(self, limit: int) -> list[str]:
-        """The ``limit`` causes with the most obituaries, most first."""
+        """The ``limit`` most recently seen causes, latest first (``groups`` is scored by each
+        cause's last burial)."""
         return [text(c) for c in self.client.zrevrange(self.groups_key, 0, limit - 1)]
 
     def groups(self) -> list[Group]:
