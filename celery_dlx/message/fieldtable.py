@@ -89,10 +89,12 @@ def _need(buf: Buffer, offset: int, size: int, end: int) -> None:
 
 
 def _text(raw: Buffer) -> str | bytes:
-    """A long string or a table key, as py-amqp gives it: text, or bytes when not UTF-8."""
+    """A long string or a table key, as py-amqp gives it: text (an encoded lone surrogate read
+    as that surrogate, as py-amqp reads and writes them: ``surrogatepass``), or bytes when not
+    UTF-8."""
     data = bytes(raw)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8", "surrogatepass")
     except UnicodeDecodeError:
         return data
 
@@ -388,7 +390,7 @@ def _short(raw: bytes) -> bytes:
 def _key(key: Any) -> bytes:
     if isinstance(key, (bytes, bytearray, memoryview)):
         return bytes(key)
-    return str(key).encode("utf-8", "surrogateescape")
+    return str(key).encode("utf-8", "surrogatepass")
 
 
 def _decimal_field(value: Decimal) -> bytes | None:
@@ -419,7 +421,7 @@ def encode_value(value: object, depth: int = 0) -> bytes:
     if isinstance(value, bool):
         return b"t\x01" if value else b"t\x00"
     if isinstance(value, str):
-        raw = value.encode("utf-8", "surrogateescape")
+        raw = value.encode("utf-8", "surrogatepass")
         return b"S" + pack(">I", len(raw)) + raw
     if isinstance(value, (bytes, bytearray, memoryview)):
         raw = bytes(value)
@@ -549,7 +551,7 @@ def write_properties(properties: Mapping[str, object], table: bytes | None) -> b
             continue
         flags |= bit
         if kind == "s":
-            out += _short(str(value).encode("utf-8", "surrogateescape"))
+            out += _short(str(value).encode("utf-8", "surrogatepass"))
         elif kind == "o":
             if not 0 <= int(value) <= 255:
                 raise FieldTableError(f"property {name} must be an octet, got {value!r}")

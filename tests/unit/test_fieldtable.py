@@ -139,6 +139,16 @@ def test_a_raw_table_reads_as_py_amqp_reads_it_or_without_its_exception(content:
     assert same_value(ours, theirs)
 
 
+def test_an_encoded_lone_surrogate_reads_and_writes_as_py_amqp_does() -> None:
+    """A key and a long string holding an encoded lone surrogate (CESU-style bytes, found by the
+    fuzz test above) read as py-amqp reads them (``surrogatepass``) and are written back to the
+    same bytes."""
+    content = b"\x00F\x00\x00\x00\x00" + b"\x03\xed\xa0\x80S\x00\x00\x00\x03\xed\xb2\x80"
+    ours = read_table(content)
+    assert same_value(ours, py_amqp(content)) and ours == {"": {}, "\ud800": "\udc80"}
+    assert write_table(ours) == content
+
+
 @FUZZ
 @given(TABLES)
 def test_a_copy_written_from_the_raw_table_keeps_every_entry_byte_for_byte(content: bytes) -> None:
