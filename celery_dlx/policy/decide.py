@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, Bury, FateRequest, Park, Requeue
+from celery_dlx.message.failure import Failure, KnownAttempt
 from celery_dlx.message.headers import DLXState, exception_type_name, fingerprint
 from celery_dlx.policy import durations
 
@@ -254,24 +255,31 @@ def root_cause(exc: BaseException) -> BaseException:
 
 
 @dataclass(frozen=True)
-class FailurePlan:
-    """What to do with a failed run, worked out before any I/O (:func:`plan_failure`)."""
+class FailurePlan(KnownAttempt):
+    """What to do with a failed run, worked out before any I/O (:func:`plan_failure`).
+
+    Its :class:`~celery_dlx.message.failure.Failure` (task, queue, attempt, cause, exception,
+    reason, first failure, this run's time) reads as ``plan.cause``, ``plan.at_ms``...; the worker
+    adds the message id and importance to it for the fate event.
+    """
 
     decision: Decision
     #: ``requeued``, ``parked`` or ``buried``.
     fate: str
     #: The task's own failure: named in history and obituary, raised again on burial.
     root: BaseException
-    exc_type: str
-    exc_message: str
-    cause: str
-    at_ms: int
+    failure: Failure
     #: The state the copy carries (requeue, park); the delivery's own state on burial.
     state: DLXState
     #: Celery's ``request.retries`` of the copy's run: every requeue and park is a retry.
     retries: int
     #: Seconds until a parked copy is due; None unless parked.
     delay: float | None = None
+
+    @property
+    def at_ms(self) -> int:
+        """When the run failed (epoch ms): always known for a plan."""
+        return self.failure.at_ms or 0
 
     @property
     def buried(self) -> bool:
@@ -309,14 +317,22 @@ def plan_failure(
             exc_message=exc_message,
         )
         delay = decision.delay if isinstance(decision, ToPark) else None
+    failure = Failure(
+        task=task,
+        queue=queue,
+        attempt=state.attempt + 1,
+        cause=cause,
+        exc_type=exc_type,
+        exc_message=exc_message,
+        reason=decision.reason,
+        first_failure_ms=state.first_failure_ms if state.first_failure_ms is not None else at_ms,
+        at_ms=at_ms,
+    )
     return FailurePlan(
         decision=decision,
         fate=fate,
         root=root,
-        exc_type=exc_type,
-        exc_message=exc_message,
-        cause=cause,
-        at_ms=at_ms,
+        failure=failure,
         state=after,
         retries=retries if fate == BURIED else retries + 1,
         delay=delay,

@@ -92,6 +92,12 @@ def hold_failure(
         plan,
         decision=ToPark(delay=delay, reason=reason),
         fate=PARKED,
+        # Held, not failed: the attempt and first failure stay the delivery's own.
+        failure=plan.failure.but(
+            attempt=delivery.state.attempt,
+            reason=reason,
+            first_failure_ms=delivery.state.first_failure_ms,
+        ),
         state=delivery.state,
         retries=retries,
         delay=delay,

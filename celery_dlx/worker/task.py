@@ -487,16 +487,11 @@ class DLXTask(Task[Any, Any]):
     def _fate_event(
         self, delivery: Delivery, options: TaskOptions, plan: FailurePlan, held: Held | None = None
     ) -> FateEvent:
-        failure = self._failure(
-            delivery,
-            options.importance,
-            attempt=plan.state.attempt,
-            cause=plan.cause,
-            exc_type=plan.exc_type,
+        # The plan's failure, with what only the worker knows (the message, the importance).
+        failure = plan.failure.but(
+            message_id=delivery.message_id,
+            importance=options.importance,
             exc_message=plan.exc_message[:500],
-            reason=plan.decision.reason,
-            first_failure_ms=plan.state.first_failure_ms,
-            at_ms=plan.at_ms,
         )
         if held is not None:
             # The event (history, Flower, listeners) says the breaker opened, once, with the cause.
