@@ -230,7 +230,7 @@ def _rename(
     keep_old: bool,
     dry_run: bool,
     as_json: bool,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     from celery_dlx.ops.migrate import migrate_rename
 
     total = 0 if dry_run else _ready(api, queue)

@@ -63,7 +63,7 @@ class Change:
     before: Any
     after: Any
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """``path``, ``before`` and ``after`` (None when absent), ``before_absent`` and
         ``after_absent``."""
         return {

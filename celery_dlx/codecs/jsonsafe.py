@@ -82,7 +82,7 @@ def _cut_text(text: str, budget: _Budget) -> str:
     return f"{text[:keep]}…(truncated: {len(text) - keep} more characters)"
 
 
-def _prune_mapping(value: Mapping[Any, Any], budget: _Budget, depth: int) -> dict[str, Any]:
+def _prune_mapping(value: Mapping[Any, Any], budget: _Budget, depth: int) -> dict[str, object]:
     out: dict[str, Any] = {}
     budget.take(2)
     total = len(value)

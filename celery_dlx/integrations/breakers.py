@@ -49,7 +49,7 @@ class BreakerAlert:
                 level="warning",
             )
 
-    def _context(self, event: FateEvent) -> dict[str, Any]:
+    def _context(self, event: FateEvent) -> dict[str, object]:
         settings = self.runtime.config.breaker_for(event.queue)
         context: dict[str, Any] = {"exc_message": event.exc_message}
         if settings is not None:

@@ -29,7 +29,7 @@ def split_type(exc_type: str) -> tuple[str | None, str]:
     return (module or None), name
 
 
-def _frame(match: re.Match[str], code: str | None) -> dict[str, Any]:
+def _frame(match: re.Match[str], code: str | None) -> dict[str, object]:
     filename = match.group("file")
     frame: dict[str, Any] = {
         "filename": filename,
@@ -49,7 +49,7 @@ def _is_text(line: str) -> bool:
     return bool(text) and text != _HEADER and not _CARETS.match(line) and not _REPEATED.match(line)
 
 
-def _parse_block(lines: list[str]) -> dict[str, Any] | None:
+def _parse_block(lines: list[str]) -> dict[str, object] | None:
     frames: list[dict[str, Any]] = []
     tail: list[str] = []
     i = 0

@@ -38,7 +38,9 @@ def task_protocol(headers: Mapping[str, object]) -> int:
     return 2 if "task" in headers and "id" in headers else 1
 
 
-def _body_v1(request: Any, args: list[Any], kwargs: dict[str, Any], retries: int) -> dict[str, Any]:
+def _body_v1(
+    request: Any, args: list[Any], kwargs: dict[str, Any], retries: int
+) -> dict[str, object]:
     """Celery's protocol 1 body (``celery.app.amqp.AMQP.as_task_v1``) for the running request."""
     group = getattr(request, "group", None)
     timelimit = getattr(request, "timelimit", None) or (None, None)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from celery_dlx.broker import probe
 from celery_dlx.errors import DLXError
@@ -54,7 +53,7 @@ class CanaryResult:
     def succeeded(self) -> bool:
         return self.outcome in SUCCESS_OUTCOMES
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "obituary_id": self.obituary_id,
             "message_id": self.message_id,
@@ -82,7 +81,7 @@ class ReplayRun:
         """Nothing failed, nothing was missing, the canary (if any) succeeded."""
         return not (self.report.failed or self.report.missing or self.stopped)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         r = self.report
         return {
             "dry_run": r.dry_run,
@@ -98,7 +97,7 @@ class ReplayRun:
         }
 
 
-def redirect_json(report: ReplayReport) -> dict[str, Any]:
+def redirect_json(report: ReplayReport) -> dict[str, object]:
     """A redirected replay's ``to_queue`` and ``from_queues`` (queue it died in -> replays), for
     ``--json``; nothing for a replay to the queues the messages died in."""
     if not report.to_queue:

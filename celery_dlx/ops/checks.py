@@ -78,7 +78,7 @@ class CheckReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "ok": self.ok,
             "exchange": self.exchange,

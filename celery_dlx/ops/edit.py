@@ -101,7 +101,7 @@ class EditReport:
     audit_id: str | None = None
     errors: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         p = self.plan
         return {
             "obituary_id": p.obituary_id,
@@ -122,7 +122,7 @@ class EditReport:
         }
 
 
-def _json_change(change: Change) -> dict[str, Any]:
+def _json_change(change: Change) -> dict[str, object]:
     return change.to_json()
 
 
@@ -479,7 +479,7 @@ def _audit(runtime: Runtime, ob: Obituary, plan: EditPlan, at: int, user: str, r
     return runtime.history.append_audit(fields, FateEvent.of(AUDIT, failure), maxlen=AUDIT_MAXLEN)
 
 
-def edits_of(runtime: Runtime, obituary_id: str, *, scan: int = 1000) -> list[dict[str, Any]]:
+def edits_of(runtime: Runtime, obituary_id: str, *, scan: int = 1000) -> list[dict[str, object]]:
     """The edits recorded for ``obituary_id`` among the latest ``scan`` audit entries, newest
     first: when, who, which paths and headers, the new message id."""
     out = []
@@ -504,7 +504,7 @@ def edits_of(runtime: Runtime, obituary_id: str, *, scan: int = 1000) -> list[di
     return out
 
 
-def _loads(raw: str | None) -> dict[str, Any]:
+def _loads(raw: str | None) -> dict[str, object]:
     try:
         value = json.loads(raw or "{}")
     except ValueError:

@@ -453,7 +453,7 @@ def json_safe_parked(message: ParkedMessage) -> dict[str, object]:
     return data
 
 
-def ladder_rows(runtime: Runtime) -> list[dict[str, Any]] | None:
+def ladder_rows(runtime: Runtime) -> list[dict[str, object]] | None:
     """Messages waiting in the TTL delay queues (``dlx_delay_backend = "ttl"``), else None.
 
     Rows of :func:`celery_dlx.ops.ladders.ladder_depths`: ``queue``, ``delay_queue``,

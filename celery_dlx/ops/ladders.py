@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from celery_dlx.broker.ladder import delay_queue_name
 from celery_dlx.broker.probe import queue_counts
@@ -19,7 +18,7 @@ def ladder_queues(runtime: Runtime) -> list[str]:
     return sorted(names)
 
 
-def ladder_depths(runtime: Runtime, queues: Iterable[str] | None = None) -> list[dict[str, Any]]:
+def ladder_depths(runtime: Runtime, queues: Iterable[str] | None = None) -> list[dict[str, object]]:
     """Messages waiting in each existing delay queue of the ladder (``celery dlx parked``).
 
     Looks at every step of ``dlx_ttl_ladder`` for ``queues`` (default :func:`ladder_queues`)

@@ -84,7 +84,7 @@ class PolicyPlan:
     needed: bool = True
     reason: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "name": self.name,
             "pattern": self.pattern,
@@ -139,7 +139,7 @@ def migrate_policy(
     *,
     dry_run: bool = False,
     wait: float = 15.0,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Add ``exchange`` as ``queue``'s dead-letter exchange with a policy; other policies stay.
 
     Returns:
@@ -173,7 +173,7 @@ def migrate_policy(
     }
 
 
-def _wait_for_policy(api: Management, queue: str, name: str, wait: float) -> dict[str, Any]:
+def _wait_for_policy(api: Management, queue: str, name: str, wait: float) -> dict[str, object]:
     deadline = time.monotonic() + wait
     while True:
         info = api.queue(queue) or {}
@@ -187,7 +187,7 @@ def _wait_for_policy(api: Management, queue: str, name: str, wait: float) -> dic
         time.sleep(0.2)
 
 
-def remove_policy(api: Management, queue: str) -> dict[str, Any]:
+def remove_policy(api: Management, queue: str) -> dict[str, object]:
     """Delete the policy ``migrate --policy`` wrote for ``queue`` (never another one)."""
     removed = api.delete_policy(policy_name(queue))
     return {"queue": queue, "method": "policy", "removed": removed, "policy": policy_name(queue)}
@@ -296,7 +296,7 @@ def migrate_rename(
     dry_run: bool = False,
     batch: int = 200,
     progress: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Declare ``to`` (default ``QUEUE.dlx``) with the DLX, give it ``queue``'s bindings, move the
     messages; the old queue stays (unbound) for consumers and producers to be cut over.
 

@@ -124,7 +124,7 @@ class DLXConfig:
     explicit: frozenset[str] = frozenset()
 
     @property
-    def values(self) -> dict[str, Any]:
+    def values(self) -> dict[str, object]:
         """Every setting by its name (``dlx_max_parks``), as validated."""
         return {name: getattr(self, field_name(name)) for name in SETTINGS}
 

@@ -65,7 +65,7 @@ def _result_json(result: dict[str, Any]) -> str:
     return json.dumps({"truncated": True, **counts}, sort_keys=True, default=str)
 
 
-def _json_object(raw: str | None) -> dict[str, Any]:
+def _json_object(raw: str | None) -> dict[str, object]:
     try:
         value = json.loads(raw or "{}")
     except ValueError:

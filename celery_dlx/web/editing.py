@@ -40,7 +40,7 @@ class EditForm:
     headers: list[tuple[str, str]] = field(default_factory=list)
     to_queue: str = ""
 
-    def padded(self) -> dict[str, Any]:
+    def padded(self) -> dict[str, object]:
         rows = self.rows + [("", "")] * max(1, PATH_ROWS - len(self.rows))
         headers = self.headers + [("", "")] * max(1, HEADER_ROWS - len(self.headers))
         return {"rows": rows, "headers": headers, "to_queue": self.to_queue}
