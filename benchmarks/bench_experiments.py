@@ -5,14 +5,16 @@ names them. The earlier experiments (``lazy_einfo``, ``quiet_ignore``, ``einfo_p
 now celery_dlx's own code (``LazyExceptionInfo``, ``raise Ignore() from None``) or gone with the
 requeue and park that end without a traceback (``compat.settling_tracer``); what is left:
 
-- ``no_events``: ``dlx_send_events = False`` (no Flower event per fate change).
+- ``no_events``: ``dlx_send_events = False`` (no Flower event per fate change);
+- ``child_parks``: ``dlx_parent_parks = False`` (each pool process writes its own parks, as
+  before the main process batched them).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-KNOWN = {"no_events"}
+KNOWN = {"no_events", "child_parks"}
 
 
 def apply(app: Any, experiments: set[str]) -> None:
@@ -21,3 +23,5 @@ def apply(app: Any, experiments: set[str]) -> None:
         raise ValueError(f"unknown BENCH_EXPERIMENTS: {sorted(unknown)} (known: {sorted(KNOWN)})")
     if "no_events" in experiments:
         app.conf.dlx_send_events = False
+    if "child_parks" in experiments:
+        app.conf.dlx_parent_parks = False

@@ -25,7 +25,8 @@ process that runs it; parent and child run in parallel, so the sum is work, not 
 
 ``--markdown`` prints the table as markdown with the run's command, commit and load: what
 docs/benchmarks.md's "Per-stage cost of one failure" section shows. ``--detail`` adds the older
-inclusive table (stages nest). ``--mode plain`` profiles Celery's own countdown retry.
+inclusive table (stages nest). ``--mode plain`` profiles Celery's own countdown retry, ``--mode
+success`` plain Celery running as many tasks that succeed (the P10 baseline), for comparison.
 
 Run: .venv/bin/python benchmarks/profile_failure.py [--tasks 3000] [--pool prefork] [--markdown]
 """
@@ -79,7 +80,13 @@ STAGES = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=3000)
-    parser.add_argument("--mode", default="dlx", choices=("dlx", "plain"))
+    parser.add_argument(
+        "--mode",
+        default="dlx",
+        choices=("dlx", "plain", "success"),
+        help="dlx: celery_dlx parks each failure; plain: Celery's own countdown retry; success: "
+        "plain Celery (acks_late) running tasks that succeed, the baseline P10 compares with",
+    )
     parser.add_argument("--pool", default="prefork", help="prefork (child and parent), or solo")
     parser.add_argument("--experiments", default="", help="BENCH_EXPERIMENTS for the worker")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
@@ -94,7 +101,9 @@ def main() -> None:
     load_before = load()
     say(f"profile of {args.tasks} failures ({args.mode}, {args.pool} pool), load {load_before}")
     try:
-        publish(args.mode, uid, "bench.park_hour", [()] * args.tasks)
+        mode = "plain" if args.mode == "success" else args.mode
+        task = "bench.count_run" if args.mode == "success" else "bench.park_hour"
+        publish(mode, uid, task, [()] * args.tasks)
         cmd = [
             str(PY_SPY),
             "record",
@@ -107,10 +116,10 @@ def main() -> None:
             "-o",
             out,
             "--",
-            *worker_command(args.mode, uid, args.pool),
+            *worker_command(mode, uid, args.pool),
         ]
         env = {"BENCH_EXPERIMENTS": args.experiments}
-        with bench_worker(args.mode, uid, pool=args.pool, cmd=cmd, extra_env=env) as proc:
+        with bench_worker(mode, uid, pool=args.pool, cmd=cmd, extra_env=env) as proc:
             # The clock starts at the first run, so the worker's start is not counted.
             wait_count(client, runs, 1, 300, proc)
             started = time.monotonic()

@@ -135,15 +135,32 @@ class RunSettled(BaseException):
     ``BaseException`` is let through instead (``except BaseException: raise``), after the tracer's
     own cleanup (``task_postrun``, the task and request stacks, ``process_cleanup``), to
     :func:`settling_tracer`. Raised only under that tracer.
+
+    ``handover``: what the pool's parent still has to do before the message is acked (a park it
+    writes to Redis, batched with other runs' parks: ``celery_dlx.worker.settler``); it reaches
+    the parent's ``Request.on_failure`` as a :class:`HandedOver` (an ``Ignore``).
     """
+
+    def __init__(self, handover: object = None) -> None:
+        super().__init__()
+        self.handover = handover
+
+
+class HandedOver(Ignore):
+    """The ``Ignore`` that ends a settled run whose settling the pool's parent finishes: its
+    ``handover`` goes with the run's result to the parent (pickled by a prefork pool process)."""
+
+    def __init__(self, handover: object = None) -> None:
+        super().__init__(handover)
+        self.handover = handover
 
 
 class _IgnoredInfo(ExceptionInfo):
     """billiard's ``ExceptionInfo`` of an ``Ignore``, without a traceback to copy or format."""
 
-    def __init__(self) -> None:
+    def __init__(self, handover: object = None) -> None:
         self.type = Ignore  # type: ignore[misc]  # billiard-stubs: a class attribute, not a property
-        self.exception = Ignore()
+        self.exception = Ignore() if handover is None else HandedOver(handover)
         self.tb = None
         self.traceback = ""
         self.internal = True
@@ -178,9 +195,10 @@ def settling_tracer(tracer: Tracer) -> Tracer:
         started = time.monotonic()
         try:
             return tracer(uuid, args, kwargs, request)
-        except RunSettled:
+        except RunSettled as settled:
             info = TraceInfo(states.IGNORED, Ignore())
-            return trace_ok_t(_IgnoredInfo(), info, time.monotonic() - started, None)
+            einfo = _IgnoredInfo(settled.handover)
+            return trace_ok_t(einfo, info, time.monotonic() - started, None)
 
     setattr(trace, _SETTLING_ATTR, True)
     return trace

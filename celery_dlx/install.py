@@ -128,7 +128,12 @@ def _warm(sender: Any = None, signal: Any = None, **_: Any) -> None:
     if runtime.config.enabled:
         # Fate listeners (the event connection) warm where tasks run: a prefork worker's pool
         # processes, not its main process.
-        runs_tasks = signal is signals.worker_process_init or not _is_prefork(sender)
+        # With dlx_parent_parks the main process tells the listeners of the parks it writes.
+        from celery_dlx.worker.settler import hands_over
+
+        runs_tasks = (
+            signal is signals.worker_process_init or not _is_prefork(sender) or hands_over(app)
+        )
         runtime.warm(listeners=runs_tasks)
 
 
@@ -162,9 +167,12 @@ def configure(app: Celery) -> None:
             app.conf.worker_consumer,
         )
     from celery_dlx.worker.drainer import install_drainer_step
+    from celery_dlx.worker.settler import install_settler_step
 
     # The drain runs in the workers under a Redis lease: no beat entry, no tick messages.
     install_drainer_step(app)
+    # Parks of the pool's runs are written by the main process, in batches (dlx_parent_parks).
+    install_settler_step(app)
     _install_optional(app, runtime)
 
 

@@ -104,6 +104,7 @@ class DLXConfig:
     graveyard_retention: float
     cause_ttl: float
     delay_backend: str
+    parent_parks: bool
     ttl_ladder: tuple[float, ...]
     protobuf_descriptor_sets: tuple[str, ...]
     protobuf_modules: tuple[str, ...]

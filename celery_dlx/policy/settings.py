@@ -367,6 +367,12 @@ SETTINGS: dict[str, Setting] = {
             "Where parked retries wait: redis (sorted set) or ttl (broker-only delay-queue ladder).",
         ),
         Setting(
+            "dlx_parent_parks",
+            True,
+            _bool,
+            "A worker's main process writes its pool's parks to Redis in batches and acks each original after its park (redis delay backend; prefork, solo and threads pools); False: each pool process parks before its run ends.",
+        ),
+        Setting(
             "dlx_ttl_ladder",
             [1, 5, 10, 30, 60, 300, 900, 3600],
             _ladder,

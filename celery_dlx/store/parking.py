@@ -314,27 +314,64 @@ class ParkingStore:
                 holds the entry; the dead-letter path that follows records the fate again).
             redis.RedisError, ...: the message is not parked (and nothing was recorded).
         """
+        (outcome,), recorded = self.park_recorded_many([message], events)
+        if outcome is not None:
+            raise outcome
+        return recorded
+
+    def park_recorded_many(
+        self, messages: Sequence[ParkedMessage], events: Sequence[FateEvent]
+    ) -> tuple[list[BaseException | None], bool | BaseException]:
+        """Park ``messages`` and append ``events`` (their fates) to the history and counters,
+        all in one ``MULTI``/``EXEC`` (one round trip, one ``WAIT`` where replicas are wanted).
+
+        Returns:
+            Per message, None when it is parked (or was already) or the error that kept it out;
+            and, as :meth:`park_recorded` returns it, whether the record went in.
+
+        Raises:
+            NotReplicated: the batch went to the master, but fewer replicas than
+                ``dlx_redis_min_replicas`` confirmed it: none of it counts as parked.
+            redis.RedisError, ...: the transaction failed (nothing is parked or recorded).
+        """
         if is_cluster(self.client):
-            self.park(message)
-            return False
+            outcomes: list[BaseException | None] = []
+            for message in messages:
+                try:
+                    self.park(message)
+                    outcomes.append(None)
+                except Exception as err:
+                    outcomes.append(err)
+            return outcomes, False
         from celery_dlx.store.history import History
 
         def queue(pipe: Any) -> None:
-            self.park_in(pipe, message)
+            for message in messages:
+                self.park_in(pipe, message)
             History(self.client, self.keys).append_many(events, pipe)
             add_counts(pipe, self.keys, events)
 
         wanted = self._wanted()
         if wanted:
-            what = f"the park of {message.entry_id}"
+            what = (
+                f"the park of {messages[0].entry_id}"
+                if len(messages) == 1
+                else f"the parks of {len(messages)} messages"
+            )
             results = self._replicated(queue, wanted, what, transaction=True)
         else:
             pipe = self.client.pipeline(transaction=True)
             queue(pipe)
             results = pipe.execute(raise_on_error=False)
-        if isinstance(results[0], NoScriptError):  # Redis restarted: the rest went in
-            self.park(message)
-        elif isinstance(results[0], Exception):
-            raise results[0]
-        failed = next((r for r in results[1:] if isinstance(r, Exception)), None)
-        return True if failed is None else failed
+        outcomes = []
+        for message, result in zip(messages, results, strict=False):
+            if isinstance(result, NoScriptError):  # Redis restarted: the rest went in
+                try:
+                    self.park(message)
+                    result = None
+                except Exception as err:
+                    result = err
+            outcomes.append(result if isinstance(result, Exception) else None)
+        rest = results[len(messages) :]
+        failed = next((r for r in rest if isinstance(r, Exception)), None)
+        return outcomes, True if failed is None else failed

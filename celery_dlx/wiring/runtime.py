@@ -305,6 +305,48 @@ class Runtime:
             _unrecorded(event, recorded)
         self._notify(event)
 
+    def park_recorded_many(
+        self, parks: Sequence[tuple[ParkedMessage, FateEvent]]
+    ) -> list[BaseException | None]:
+        """:meth:`park_recorded` for a batch (a worker's main process parking what its pool
+        handed over): with the Redis parking store, every park, history entry and counter in one
+        ``MULTI``/``EXEC``; otherwise one :meth:`park_recorded` per message.
+
+        Returns:
+            Per park, None when it is in (the fate then logged and the listeners told), or the
+            error that kept it out (nothing logged: the caller hands the message to the
+            dead-letter path). Never raises.
+        """
+        if not parks:
+            return []
+        parking = self.parking
+        if not isinstance(parking, ParkingStore):
+            outcomes: list[BaseException | None] = []
+            for message, event in parks:
+                try:
+                    self.park_recorded(message, event)
+                    outcomes.append(None)
+                except Exception as err:
+                    outcomes.append(err)
+            return outcomes
+        try:
+            outcomes, recorded = parking.park_recorded_many(
+                [message for message, _ in parks], [event for _, event in parks]
+            )
+        except Exception as err:  # nothing parked (or not replicated): each falls back
+            return [err] * len(parks)
+        done = [event for (_, event), outcome in zip(parks, outcomes, strict=True) if not outcome]
+        if recorded is False:
+            for event in done:
+                self.record_settled(event)
+            return outcomes
+        for event in done:
+            self._log(event)
+            if recorded is not True:
+                _unrecorded(event, recorded)
+            self._notify(event)
+        return outcomes
+
     def record_settled(self, event: FateEvent) -> None:
         """:meth:`record` a fate whose copy is already out (published or parked): a failure is
         logged, not raised, since failing the run now would dead-letter the original as well

@@ -23,6 +23,7 @@ from billiard.einfo import ExceptionInfo
 from celery import Celery, Task, signals
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
+from celery.utils.imports import symbol_by_name
 
 from celery_dlx import fates
 from celery_dlx.broker.copies import celery_copy
@@ -51,6 +52,7 @@ from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
 from celery_dlx.worker.einfo import LazyExceptionInfo
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
+from celery_dlx.worker.settler import ParkHandover, hands_over
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -90,6 +92,22 @@ def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
 OWN_REDELIVERY_TTL = 86400
 
 
+def _settling_request(request_cls: object) -> bool:
+    """True when ``request_cls`` (a task's ``Request``) hands parks to the main process."""
+    known = _SETTLING_REQUESTS.get(request_cls)
+    if known is None:
+        from celery_dlx.worker.request import DLXRequest
+
+        resolved = symbol_by_name(request_cls) if isinstance(request_cls, str) else request_cls
+        known = isinstance(resolved, type) and issubclass(resolved, DLXRequest)
+        _SETTLING_REQUESTS[request_cls] = known
+    return known
+
+
+#: :func:`_settling_request` per ``Request`` seen.
+_SETTLING_REQUESTS: dict[object, bool] = {}
+
+
 def _permanent(exc: BaseException, reason: str) -> Bury:
     bury = Bury(reason)
     bury.__cause__ = exc
@@ -115,6 +133,8 @@ class DLXTask(Task[Any, Any]):
     acks_on_failure: bool | None = False
     acks_on_timeout: bool | None = False
     Strategy = "celery_dlx.worker.strategy:dlx_strategy"
+    #: Celery's request, which lets the worker's main process settle a handed-over park.
+    Request = "celery_dlx.worker.request:DLXRequest"
 
     #: True on DLXTask (explicit opt-in); AutoDLXTask follows the ``dlx_enabled`` setting.
     _dlx_always = True
@@ -313,10 +333,10 @@ class DLXTask(Task[Any, Any]):
         if plan.buried:
             self._settle_burial(runtime, delivery, options, plan, einfo, exc)
         event = self._fate_event(delivery, options, plan, held)
-        self._send_copy(runtime, delivery, plan, exc, event, held)
+        handover = self._send_copy(runtime, delivery, plan, exc, event, held)
         self._mark_retry(plan.root, einfo)
         if settles(self.__dict__.get("_dlx_tracer")):  # the worker runs it through that tracer
-            raise RunSettled() from None
+            raise RunSettled(handover) from None
         # Under another tracer: without the failure as context, since Celery's tracer formats
         # the Ignore's traceback (for a line it logs at INFO).
         raise Ignore() from None
@@ -423,13 +443,18 @@ class DLXTask(Task[Any, Any]):
         exc: BaseException,
         event: FateEvent,
         held: Held | None = None,
-    ) -> None:
+    ) -> ParkHandover | None:
         """Publish the copy at the tail (requeue) and record the fate, or store the copy in the
         parking store (park, or a hold of an open breaker) and record the fate in the same Redis
-        round trip."""
+        round trip; or, where the worker's main process settles parks
+        (``celery_dlx.worker.settler``), return the park for it to write (and the original is
+        acked only then)."""
+        hand_over = plan.delay is not None and self._hands_over()
         copy = celery_copy(
             self.request,
             state=plan.state,
+            # the main process cuts the raw header table (user_origin), off this run's time
+            cut_raw_headers=not hand_over,
             routing_key=delivery.queue,
             default_serializer=self.serializer or self.app.conf.task_serializer,
             retries=plan.retries,
@@ -439,26 +464,37 @@ class DLXTask(Task[Any, Any]):
         )
         try:
             if plan.delay is not None:
-                runtime.park_recorded(
-                    ParkedMessage(
-                        message_id=delivery.message_id if held is None else held.entry_message_id,
-                        attempt=plan.state.attempt,
-                        queue=delivery.queue,
-                        body=copy.body,
-                        headers=copy.headers,
-                        properties=copy.properties,
-                        due_ms=plan.at_ms + int(plan.delay * 1000),
-                        parked_ms=plan.at_ms,
-                        task=self.name,
-                        cause=plan.cause,
-                    ),
-                    event,
+                parked = ParkedMessage(
+                    message_id=delivery.message_id if held is None else held.entry_message_id,
+                    attempt=plan.state.attempt,
+                    queue=delivery.queue,
+                    body=copy.body,
+                    headers=copy.headers,
+                    properties=copy.properties,
+                    due_ms=plan.at_ms + int(plan.delay * 1000),
+                    parked_ms=plan.at_ms,
+                    task=self.name,
+                    cause=plan.cause,
                 )
-                return
+                if hand_over:
+                    return ParkHandover(parked, event, bool(delivery.x_death_problem))
+                runtime.park_recorded(parked, event)
+                return None
             runtime.publisher.publish(copy)
         except Exception as err:
             self._fallback(runtime, delivery, plan.fate, err)
         runtime.record_settled(event)
+        return None
+
+    def _hands_over(self) -> bool:
+        """True when this run's park goes to the worker's main process: it settles parks
+        (``dlx_parent_parks``), runs this task's requests as :class:`DLXRequest`, and hears of
+        this run's end through celery_dlx's tracer."""
+        return (
+            hands_over(self.app)
+            and settles(self.__dict__.get("_dlx_tracer"))
+            and _settling_request(self.Request)
+        )
 
     def _failure(self, delivery: Delivery, importance: str, **facts: Any) -> Failure:
         """The worker's failure record of ``delivery``: built here for every fate (the facts each

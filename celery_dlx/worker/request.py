@@ -1,0 +1,43 @@
+"""``DLXRequest``: the worker's request of a DLX task (Celery's ``Task.Request``).
+
+Celery's own request, except for a run whose pool process handed its park over to the main
+process (:class:`celery_dlx.compat.HandedOver`): its message is acked by the main process's
+:class:`~celery_dlx.worker.settler.Settler` once the park is in Redis, not at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.worker.request import Request
+
+from celery_dlx.compat import HandedOver
+from celery_dlx.worker.settler import ParkHandover, Settler, settlers
+
+#: Attribute of a request holding its handover until ``acknowledge`` passes it on.
+_HANDOVER_ATTR = "_celery_dlx_handover"
+
+
+class DLXRequest(Request):
+    """A task request whose handed-over park is settled by the worker's main process."""
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        exc = getattr(exc_info, "exception", None)
+        if isinstance(exc, HandedOver) and isinstance(exc.handover, ParkHandover):
+            # Celery acks an Ignore (after its own bookkeeping): acknowledge() passes it on.
+            setattr(self, _HANDOVER_ATTR, exc.handover)
+        return super().on_failure(
+            exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+        )
+
+    def acknowledge(self) -> None:
+        handover = self.__dict__.pop(_HANDOVER_ATTR, None)
+        if handover is None or self.acknowledged:
+            super().acknowledge()
+            return
+        # Without a running settler (it cannot happen: a pool process hands over only to one),
+        # an idle one writes the park here and now.
+        settler = settlers.get(self.task.app) or Settler(self.task.app, None)
+        settler.submit(self, handover)

@@ -1,0 +1,224 @@
+"""The pool's parent finishes the parks of its runs, in batches, and acks each original after.
+
+A run that fails into a park decides its fate in the pool process and builds the parked copy
+there, but leaves the Redis write to the worker's main process: it ends with a
+:class:`ParkHandover` (the copy and its fate event) that goes back with the run's result
+(:class:`celery_dlx.compat.HandedOver`). The main process's :class:`~celery_dlx.worker.request.
+DLXRequest` hands it to this :class:`Settler` instead of acking. A thread of the main process
+writes whatever has arrived since its last write in one ``MULTI``/``EXEC`` (the parks, their
+history entries and counters; ``WAIT`` for the replicas ``dlx_redis_min_replicas`` asks for), then
+the event loop acks each original whose park went in (kombu's ``Hub.call_soon``, which wakes the
+loop from another thread). So the pool process starts its next task while the park is written,
+and a burst of failures costs one Redis round trip per batch instead of one per message.
+
+Guarantees, as for a park written by the pool process: the original is acked only after its
+park is in Redis (and on the replicas asked for); a park that fails hands the original to the
+dead-letter path (``basic.reject(requeue=False)``: the DLX service applies the queue's policy),
+or back to its queue when its ``x-death`` is malformed. A worker that dies in between acks
+nothing: the broker redelivers the original (at least once; a park is idempotent per message id
+and attempt).
+
+Used with the Redis delay backend on the prefork, solo and threads pools with an event loop
+(``dlx_parent_parks``, on by default); otherwise the pool process parks as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from celery import bootsteps
+
+from celery_dlx.fates import FateEvent
+from celery_dlx.message.outgoing import record_properties
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.wiring.runtime import get_runtime
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.worker import WorkController
+    from celery.worker.request import Request
+
+logger = logging.getLogger(__name__)
+
+#: Most parks written in one transaction.
+BATCH_LIMIT = 500
+#: Pools whose results reach the main process's event loop (eventlet and gevent do not).
+POOLS = ("prefork", "solo", "threads")
+
+
+@dataclass(frozen=True)
+class ParkHandover:
+    """What a pool process leaves to its parent for a park: the copy, its fate, and where the
+    original goes if the park fails (back to its queue when its ``x-death`` is malformed)."""
+
+    message: ParkedMessage
+    event: FateEvent
+    requeue_on_failure: bool = False
+
+    def parked(self) -> ParkedMessage:
+        """The message to park, its raw header table cut to what it needs (which the pool
+        process left to the main process: ``celery_copy(cut_raw_headers=False)``)."""
+        return replace(self.message, properties=record_properties(self.message.properties))
+
+
+#: Apps whose worker's main process settles handed-over parks (set before the pool forks, so
+#: its processes know it too).
+_HANDING_OVER: weakref.WeakSet[Celery] = weakref.WeakSet()
+
+
+def hands_over(app: Celery) -> bool:
+    """True in a worker (and its pool processes) whose main process settles parks."""
+    return app in _HANDING_OVER
+
+
+class Settler:
+    """Writes handed-over parks in batches on a thread of its own; acks on the event loop."""
+
+    def __init__(self, app: Celery, hub: Any) -> None:
+        self.app = app
+        self.hub = hub
+        self._pending: deque[tuple[Request, ParkHandover]] = deque()
+        self._done: deque[tuple[Request, ParkHandover, BaseException | None]] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._scheduled = False
+        self._running = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="celery_dlx-settler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Write what was handed over, ack it here, and settle later handovers synchronously."""
+        self._running = False
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._write(self._take(len(self._pending)))
+        self._settle_done()
+
+    def submit(self, request: Request, handover: ParkHandover) -> None:
+        """Park ``handover`` and ack ``request``'s message once it is in (any thread)."""
+        if not self._running:  # the worker is stopping: its pool's last results
+            self._write([(request, handover)])
+            self._settle_done()
+            return
+        self._pending.append((request, handover))
+        self._wake.set()
+
+    def _take(self, limit: int) -> list[tuple[Request, ParkHandover]]:
+        batch: list[tuple[Request, ParkHandover]] = []
+        while self._pending and len(batch) < limit:
+            batch.append(self._pending.popleft())
+        return batch
+
+    def _run(self) -> None:
+        while self._running:
+            self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                self._write(self._take(BATCH_LIMIT))
+                self._schedule()
+
+    def _write(self, batch: list[tuple[Request, ParkHandover]]) -> None:
+        if not batch:
+            return
+        runtime = get_runtime(self.app)
+        try:
+            outcomes = runtime.park_recorded_many([(h.parked(), h.event) for _, h in batch])
+        except Exception as err:  # never let the thread die: each message falls back
+            outcomes = [err] * len(batch)
+        for (request, handover), outcome in zip(batch, outcomes, strict=True):
+            self._done.append((request, handover, outcome))
+
+    def _schedule(self) -> None:
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.hub.call_soon(self._settle_done)
+
+    def _settle_done(self) -> None:
+        with self._lock:
+            self._scheduled = False
+        while self._done:
+            request, handover, outcome = self._done.popleft()
+            try:
+                if outcome is None:
+                    request.acknowledge()
+                else:
+                    self._fall_back(request, handover, outcome)
+            except Exception:  # one message's ack must not keep the others waiting
+                logger.exception("celery_dlx could not settle %s", handover.message.entry_id)
+
+    def _fall_back(self, request: Request, handover: ParkHandover, err: BaseException) -> None:
+        """The park failed: the original goes to the dead-letter path, where the DLX service
+        applies the queue's policy once Redis answers again (as the pool process does)."""
+        logger.warning(
+            "could not park %s[%s] (%r); handing it to the dead-letter path",
+            handover.message.task or "-",
+            handover.message.message_id,
+            err,
+        )
+        request.reject(requeue=handover.requeue_on_failure)
+
+
+class SettlerStep(bootsteps.StartStopStep):
+    """Worker bootstep running the :class:`Settler` of handed-over parks."""
+
+    name = "celery_dlx.worker.settler"
+    requires = ("celery.worker.components:Hub", "celery.worker.components:Pool")
+
+    def __init__(self, parent: WorkController, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.settler: Settler | None = None
+
+    def include_if(self, parent: WorkController) -> bool:
+        config = get_runtime(parent.app).config
+        pool = getattr(parent, "pool_cls", None)
+        pool_name = (getattr(pool, "__module__", "") or "").rsplit(".", 1)[-1]
+        return bool(
+            config.enabled
+            and config.parent_parks
+            and config.delay_backend == "redis"
+            and getattr(parent, "use_eventloop", False)
+            and pool_name in ("prefork", "solo", "thread")
+        )
+
+    def create(self, parent: WorkController) -> Settler:  # type: ignore[override]  # celery-stubs say None; Celery keeps what create returns as the step's obj
+        # Before the pool forks: its processes see that their parent settles parks.
+        _HANDING_OVER.add(parent.app)
+        self.settler = Settler(parent.app, None)
+        settlers[parent.app] = self.settler
+        return self.settler
+
+    def start(self, parent: WorkController) -> None:
+        assert self.settler is not None
+        self.settler.hub = parent.hub
+        self.settler.start()
+
+    def stop(self, parent: WorkController) -> None:
+        if self.settler is not None:
+            self.settler.stop()
+
+    def terminate(self, parent: WorkController) -> None:
+        self.stop(parent)
+
+
+#: The settler of each app's worker (main process only).
+settlers: weakref.WeakKeyDictionary[Celery, Settler] = weakref.WeakKeyDictionary()
+
+
+def install_settler_step(app: Celery) -> None:
+    """Add the settler bootstep to ``app``'s worker (once)."""
+    steps = app.steps["worker"]
+    if SettlerStep not in steps:
+        steps.add(SettlerStep)

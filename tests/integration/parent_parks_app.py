@@ -1,0 +1,31 @@
+"""A DLX app for the worker subprocesses of ``test_parent_parks.py``.
+
+Its names come from ``DLX_TEST_UID``; ``DLX_TEST_REDIS_URL`` (celery_dlx's Redis, a private server
+in the outage test) and ``DLX_TEST_PARENT_PARKS`` (``dlx_parent_parks``) from the test.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+
+from tests.conftest import REDIS_URL
+from tests.integration.dlx_apps import make_app
+
+UID = os.environ.get("DLX_TEST_UID", "unset")
+app = make_app(
+    UID,
+    dlx_redis_url=os.environ.get("DLX_TEST_REDIS_URL", REDIS_URL),
+    dlx_parent_parks=os.environ.get("DLX_TEST_PARENT_PARKS", "1") == "1",
+    worker_prefetch_multiplier=10,
+)
+_runs = redis.Redis.from_url(REDIS_URL)  # the shared Redis: it stays up in the outage test
+
+
+@app.task(name="pp.park_once", bind=True)
+def park_once(self: Any) -> None:
+    """Counts its run, then fails with a retry due in an hour (a park)."""
+    _runs.incr("{test-" + UID + "}:test:runs")
+    raise self.retry(countdown=3600, exc=TimeoutError("supplier API rate limited"))

@@ -1,0 +1,161 @@
+"""``dlx_parent_parks``: a prefork worker's main process writes the parks of its pool's runs to
+Redis, in batches, and acks each original only after its park is in; a park it cannot write
+goes to the dead-letter path. Real workers (``celery worker -P prefork``), a real broker and
+Redis; the log line of each park says which process wrote it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
+from celery_dlx.wiring.runtime import get_runtime
+from tests.chaos.servers import own_redis
+from tests.conftest import ROOT
+from tests.integration.dlx_apps import make_app, queue_names
+from tests.integration.helpers import queue_depth, wait_until
+
+pytestmark = pytest.mark.integration
+
+TASKS = 40
+PARKED_LINE = re.compile(r"/(MainProcess|ForkPoolWorker-\d+)\] parked pp\.park_once\[")
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+class Worker:
+    """``celery worker -P prefork -c 1`` on the test app, its log in a file."""
+
+    def __init__(self, uid: str, log: Path, env: dict[str, str]) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.parent_parks_app",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            "1",
+            "-l",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-n",
+            f"parent-parks-{uid}@%h",
+        ]
+        self.log = log
+        self._out = log.open("wb")
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "DLX_TEST_UID": uid, **env},
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def ready(self) -> bool:
+        assert self.proc.poll() is None, self.text()[-3000:]
+        return " ready." in self.text()
+
+    def stop(self) -> None:
+        """Warm shutdown; a message it had not acked goes back to its queue."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._out.close()
+
+
+@pytest.fixture
+def start_worker(
+    uid: str, workdir: Path, cleanup_queues: list[str], key_prefix: str
+) -> Iterator[Any]:
+    started: list[Worker] = []
+    app = make_app(uid)
+    cleanup_queues.extend([*queue_names(app), f"exchange:dlx-{uid}", f"exchange:work-{uid}"])
+
+    def start(**env: str) -> Worker:
+        w = Worker(uid, workdir / f"worker{len(started)}.log", env)
+        started.append(w)
+        wait_until(w.ready, timeout=60, what="the worker")
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+@pytest.mark.parametrize(
+    ("parent_parks", "writer"), [("1", "MainProcess"), ("0", "ForkPoolWorker")]
+)
+def test_each_park_is_written_by_the_process_the_setting_names_and_acked_after(
+    uid: str,
+    parent_parks: str,
+    writer: str,
+    start_worker: Any,
+    redis_client: Any,
+    broker: Any,
+) -> None:
+    app = make_app(uid)
+    runtime = get_runtime(app)
+    w = start_worker(DLX_TEST_PARENT_PARKS=parent_parks)
+    for _ in range(TASKS):
+        app.send_task("pp.park_once")
+    wait_until(lambda: runtime.parking.count() == TASKS, timeout=90, what="every park")
+    w.stop()  # what it had not acked would be back in the queue now
+    channel = broker.channel()
+    assert queue_depth(channel, f"work-{uid}") == 0
+    assert queue_depth(channel, f"dead-{uid}") == 0
+    assert int(redis_client.get("{test-" + uid + "}:test:runs")) == TASKS  # each ran once
+    writers = [m.group(1).split("-")[0] for m in PARKED_LINE.finditer(w.text())]
+    assert writers == [writer] * TASKS
+    parked = [f for _, f in runtime.history.read() if f.get("fate") == "parked"]
+    assert len(parked) == TASKS
+    # A Celery producer's header table is written back byte for byte: no raw copy is stored
+    # (the main process cut what the pool process handed over whole).
+    entries = runtime.parking.peek(TASKS)
+    assert len(entries) == TASKS
+    assert [e.entry_id for e in entries if WIRE_HEADERS_PROPERTY in e.properties] == []
+
+
+def test_a_park_the_main_process_cannot_write_goes_to_the_dead_letter_path(
+    uid: str, workdir: Path, start_worker: Any, redis_client: Any, broker: Any
+) -> None:
+    with own_redis(workdir / "redis") as dlx_redis:
+        w = start_worker(DLX_TEST_REDIS_URL=dlx_redis.url)
+        dlx_redis.kill()  # celery_dlx's Redis is down; the broker and the task's Redis are not
+        for _ in range(3):
+            make_app(uid).send_task("pp.park_once")
+        channel = broker.channel()
+        wait_until(
+            lambda: queue_depth(channel, f"dead-{uid}") == 3, timeout=90, what="the dead letters"
+        )
+        w.stop()
+    assert queue_depth(channel, f"work-{uid}") == 0
+    assert int(redis_client.get("{test-" + uid + "}:test:runs")) == 3
+    text = w.text()
+    assert len(re.findall(r"/MainProcess\] could not park pp\.park_once\[", text)) == 3, text[
+        -3000:
+    ]
+    assert not PARKED_LINE.search(text)
