@@ -231,8 +231,14 @@ def classify(frames: list[str]) -> str | None:
             return IDLE
     else:
         pool_thread = "(concurrent/futures/thread.py" in stack  # the threads pool's workers
-        if "synloop (celery/worker/loops.py" not in stack and not pool_thread:
-            return None  # start-up, shutdown, helper threads
+        # the main process's settler thread writes the parks its pool hands over
+        settler = "(celery_dlx/worker/settler.py" in stack
+        if settler and "_run (celery_dlx/worker/settler.py" in stack and (
+            "wait (threading.py" in stack
+        ):
+            return IDLE
+        if "synloop (celery/worker/loops.py" not in stack and not pool_thread and not settler:
+            return None  # start-up, shutdown, other helper threads
         leaf = frames[-1]
         thread_waits = "wait (threading.py" in stack or leaf.startswith("_worker (concurrent/")
         if pool_thread and thread_waits and "(celery/app/trace.py" not in stack:
