@@ -233,8 +233,10 @@ def classify(frames: list[str]) -> str | None:
         pool_thread = "(concurrent/futures/thread.py" in stack  # the threads pool's workers
         # the main process's settler thread writes the parks its pool hands over
         settler = "(celery_dlx/worker/settler.py" in stack
-        if settler and "_run (celery_dlx/worker/settler.py" in stack and (
-            "wait (threading.py" in stack
+        if (
+            settler
+            and "_run (celery_dlx/worker/settler.py" in stack
+            and ("wait (threading.py" in stack)
         ):
             return IDLE
         if "synloop (celery/worker/loops.py" not in stack and not pool_thread and not settler:
