@@ -36,7 +36,6 @@ def celery_copy(
     retries: int | None = None,
     args: Iterable[object] | None = None,
     kwargs: Mapping[str, object] | None = None,
-    cut_raw_headers: bool = True,
 ) -> Outgoing:
     """A copy of the running task's message carrying ``state``, in the message's own protocol.
 
@@ -45,8 +44,6 @@ def celery_copy(
             keeps the delivery's.
         args, kwargs: new arguments (``self.retry(args=..., kwargs=...)``); None keeps the
             delivery's.
-        cut_raw_headers: False keeps the delivery's raw header table whole in the copy's
-            properties (see :func:`~celery_dlx.message.outgoing.copy_properties`).
 
     Raises:
         kombu.exceptions.EncodeError: the arguments cannot be encoded again (never seen for a
@@ -82,7 +79,7 @@ def celery_copy(
     compression = headers.get("compression")
     if compression:
         body, _ = compress(body, str(compression))
-    properties = copy_properties(props, cut=cut_raw_headers)
+    properties = copy_properties(props)
     properties["content_type"] = ctype
     properties["content_encoding"] = cenc
     priority = (request.delivery_info or {}).get("priority")

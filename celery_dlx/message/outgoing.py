@@ -88,22 +88,12 @@ class Encoded:
     properties: dict[str, Any]
 
 
-def copy_properties(
-    properties: Mapping[str, object] | None, *, cut: bool = True
-) -> dict[str, object]:
+def copy_properties(properties: Mapping[str, object] | None) -> dict[str, object]:
     """The properties of a received message worth carrying over to a copy (the raw header table
-    only where it is needed: :func:`~celery_dlx.message.fieldtable.user_origin`).
-
-    ``cut=False`` keeps the raw header table whole, as bytes, for :func:`record_properties` to cut
-    later (a pool process hands its park to the worker's main process, which cuts it there).
-    """
-    kept = {k: v for k, v in (properties or {}).items() if k in COPIED_PROPERTIES and v is not None}
-    if cut:
-        return record_properties(kept)
-    raw = kept.get(WIRE_HEADERS_PROPERTY)
-    if isinstance(raw, (bytearray, memoryview)):
-        kept[WIRE_HEADERS_PROPERTY] = bytes(raw)
-    return kept
+    only where it is needed: :func:`~celery_dlx.message.fieldtable.user_origin`)."""
+    return record_properties(
+        {k: v for k, v in (properties or {}).items() if k in COPIED_PROPERTIES and v is not None}
+    )
 
 
 def record_properties(properties: Mapping[str, object]) -> dict[str, object]:

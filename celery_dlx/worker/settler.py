@@ -18,8 +18,9 @@ or back to its queue when its ``x-death`` is malformed. A worker that dies in be
 nothing: the broker redelivers the original (at least once; a park is idempotent per message id
 and attempt).
 
-Used with the Redis delay backend on the prefork, solo and threads pools with an event loop
-(``dlx_parent_parks``, on by default); otherwise the pool process parks as before.
+Used with the Redis delay backend on the prefork pool (``dlx_parent_parks``, on by default);
+otherwise, and on the solo and threads pools (whose runs share the main process already), the
+run parks before it ends, as before.
 """
 
 from __future__ import annotations
@@ -28,13 +29,12 @@ import logging
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 
 from celery_dlx.fates import FateEvent
-from celery_dlx.message.outgoing import record_properties
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.wiring.runtime import get_runtime
 
@@ -47,8 +47,17 @@ logger = logging.getLogger(__name__)
 
 #: Most parks written in one transaction.
 BATCH_LIMIT = 500
-#: Pools whose results reach the main process's event loop (eventlet and gevent do not).
-POOLS = ("prefork", "solo", "threads")
+#: How long the first park of a batch waits for others (seconds): a pool hands over about one
+#: failure per millisecond, and without the wait nearly every transaction carried one park
+#: (measured: 1.1 on average), so a flood paid a transaction per failure. The original's ack
+#: waits as long; a batch of :data:`BATCH_EARLY` parks is written at once.
+LINGER = 0.003
+#: Parks that end the wait early.
+BATCH_EARLY = 16
+#: Pools whose parks the main process writes: prefork's pool processes hand theirs over. (On the
+#: threads pool an ack deferred to the event loop stalled the next delivery in tests; its runs
+#: share the main process anyway, so they park themselves.)
+POOLS = ("prefork",)
 
 
 @dataclass(frozen=True)
@@ -59,11 +68,6 @@ class ParkHandover:
     message: ParkedMessage
     event: FateEvent
     requeue_on_failure: bool = False
-
-    def parked(self) -> ParkedMessage:
-        """The message to park, its raw header table cut to what it needs (which the pool
-        process left to the main process: ``celery_copy(cut_raw_headers=False)``)."""
-        return replace(self.message, properties=record_properties(self.message.properties))
 
 
 #: Apps whose worker's main process settles handed-over parks (set before the pool forks, so
@@ -79,9 +83,11 @@ def hands_over(app: Celery) -> bool:
 class Settler:
     """Writes handed-over parks in batches on a thread of its own; acks on the event loop."""
 
-    def __init__(self, app: Celery, hub: Any) -> None:
+    def __init__(self, app: Celery, hub: Any, hostname: str | None = None) -> None:
         self.app = app
         self.hub = hub
+        #: the worker's node name: the fate events of the parks it writes name it
+        self.hostname = hostname
         self._pending: deque[tuple[Request, ParkHandover]] = deque()
         self._done: deque[tuple[Request, ParkHandover, BaseException | None]] = deque()
         self._lock = threading.Lock()
@@ -112,7 +118,9 @@ class Settler:
             self._settle_done()
             return
         self._pending.append((request, handover))
-        self._wake.set()
+        pending = len(self._pending)
+        if pending == 1 or pending >= BATCH_EARLY:  # the batch's first park, or a full one
+            self._wake.set()
 
     def _take(self, limit: int) -> list[tuple[Request, ParkHandover]]:
         batch: list[tuple[Request, ParkHandover]] = []
@@ -124,6 +132,9 @@ class Settler:
         while self._running:
             self._wake.wait()
             self._wake.clear()
+            if self._running and len(self._pending) < BATCH_EARLY:
+                self._wake.wait(LINGER)  # the others of this batch
+                self._wake.clear()
             while self._pending:
                 self._write(self._take(BATCH_LIMIT))
                 self._schedule()
@@ -133,7 +144,8 @@ class Settler:
             return
         runtime = get_runtime(self.app)
         try:
-            outcomes = runtime.park_recorded_many([(h.parked(), h.event) for _, h in batch])
+            with runtime.acting_for(self.hostname):
+                outcomes = runtime.park_recorded_many([(h.message, h.event) for _, h in batch])
         except Exception as err:  # never let the thread die: each message falls back
             outcomes = [err] * len(batch)
         for (request, handover), outcome in zip(batch, outcomes, strict=True):
@@ -190,13 +202,13 @@ class SettlerStep(bootsteps.StartStopStep):
             and config.parent_parks
             and config.delay_backend == "redis"
             and getattr(parent, "use_eventloop", False)
-            and pool_name in ("prefork", "solo", "thread")
+            and pool_name in POOLS
         )
 
     def create(self, parent: WorkController) -> Settler:  # type: ignore[override]  # celery-stubs say None; Celery keeps what create returns as the step's obj
         # Before the pool forks: its processes see that their parent settles parks.
         _HANDING_OVER.add(parent.app)
-        self.settler = Settler(parent.app, None)
+        self.settler = Settler(parent.app, None, getattr(parent, "hostname", None))
         settlers[parent.app] = self.settler
         return self.settler
 

@@ -453,8 +453,6 @@ class DLXTask(Task[Any, Any]):
         copy = celery_copy(
             self.request,
             state=plan.state,
-            # the main process cuts the raw header table (user_origin), off this run's time
-            cut_raw_headers=not hand_over,
             routing_key=delivery.queue,
             default_serializer=self.serializer or self.app.conf.task_serializer,
             retries=plan.retries,
