@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
@@ -49,6 +50,8 @@ EVENT_TYPES = {
 TRACEBACK_LIMIT = 16384
 #: Longest exception message or reason sent in an event.
 TEXT_LIMIT = 1000
+#: Most events in one ``task.multi`` message (a larger batch goes out in several).
+BATCH_EVENTS = 500
 
 
 def summary(event: FateEvent) -> str:
@@ -119,10 +122,11 @@ class EventSender:
 
     def __init__(self, runtime: Runtime) -> None:
         self.app = runtime.app
+        self.runtime = runtime
         self._lock = threading.Lock()
         self._pid = 0
         self._connection: Any = None
-        self._dispatchers: dict[str, Any] = {}
+        self._dispatchers: dict[tuple[str, bool], Any] = {}
 
     def __call__(self, event: FateEvent) -> None:
         self.send(event)
@@ -138,7 +142,7 @@ class EventSender:
         event_type = EVENT_TYPES.get(event.fate)
         if event_type is None:
             return False
-        hostname = event_hostname(self.app)
+        hostname = self.runtime.acting_node or event_hostname(self.app)
         fields = event_fields(event)
         with self._lock:
             for last in (False, True):
@@ -151,6 +155,29 @@ class EventSender:
                     if last:
                         raise
         return True
+
+    def notify_many(self, events: Sequence[FateEvent]) -> int:
+        """Send the events of ``events`` (a batch of fate changes, such as the parks a worker's
+        main process writes at once) as one message: Celery's ``task.multi``, a list of task
+        events, which Celery's event receivers (Flower's among them) take apart as if each had
+        come alone. Returns how many were sent."""
+        sendable = [(EVENT_TYPES[e.fate], e) for e in events if e.fate in EVENT_TYPES]
+        if len(sendable) <= 1:
+            return sum(self.send(event) for _, event in sendable)
+        hostname = self.runtime.acting_node or event_hostname(self.app)
+        with self._lock:
+            for last in (False, True):
+                dispatcher = self._dispatcher(hostname, batched=True)
+                try:
+                    for event_type, event in sendable:
+                        dispatcher.send(event_type, uuid=event.message_id, **event_fields(event))
+                    dispatcher.flush(errors=False)
+                    break
+                except Exception:
+                    self._reset()
+                    if last:
+                        raise
+        return len(sendable)
 
     def close(self) -> None:
         """Close the kept connection (a new one is made by the next event)."""
@@ -167,12 +194,18 @@ class EventSender:
             self._connection = connection
         return self._connection
 
-    def _dispatcher(self, hostname: str) -> Any:
+    def _dispatcher(self, hostname: str, *, batched: bool = False) -> Any:
+        """The dispatcher of ``hostname`` (``batched``: one that buffers task events until
+        flushed, then publishes them as one list)."""
         connection = self._connect()
-        dispatcher = self._dispatchers.get(hostname)
+        key = (hostname, batched)
+        dispatcher = self._dispatchers.get(key)
         if dispatcher is None:  # a channel on the kept connection
-            dispatcher = self._dispatchers[hostname] = self.app.events.Dispatcher(
-                connection, hostname=hostname, enabled=True, buffer_while_offline=False
+            options: dict[str, Any] = {"enabled": True, "buffer_while_offline": False}
+            if batched:
+                options.update(buffer_group=frozenset({"task"}), buffer_limit=BATCH_EVENTS)
+            dispatcher = self._dispatchers[key] = self.app.events.Dispatcher(
+                connection, hostname=hostname, **options
             )
         return dispatcher
 

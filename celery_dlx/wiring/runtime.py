@@ -344,8 +344,26 @@ class Runtime:
             self._log(event)
             if recorded is not True:
                 _unrecorded(event, recorded)
-            self._notify(event)
+        self._notify_many(done)
         return outcomes
+
+    @contextlib.contextmanager
+    def acting_for(self, node: str | None) -> Iterator[None]:
+        """Within this block, fate changes this thread tells the listeners of are the worker
+        ``node``'s (a worker's main process settling what its pool handed over: its events
+        name the worker, as those sent from the task's run do). None changes nothing."""
+        before = getattr(self._local, "node", None)
+        self._local.node = node or before
+        try:
+            yield
+        finally:
+            self._local.node = before
+
+    @property
+    def acting_node(self) -> str | None:
+        """The worker node name set by :meth:`acting_for` in this thread, if any."""
+        node: str | None = getattr(self._local, "node", None)
+        return node
 
     def record_settled(self, event: FateEvent) -> None:
         """:meth:`record` a fate whose copy is already out (published or parked): a failure is
@@ -505,6 +523,20 @@ class Runtime:
         for listener in list(self.listeners):
             try:
                 listener(event)
+            except Exception:
+                logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
+
+    def _notify_many(self, events: Sequence[FateEvent]) -> None:
+        """:meth:`_notify` of a batch: a listener with ``notify_many`` (the event sender) takes
+        the batch at once, the others each event."""
+        for listener in list(self.listeners):
+            many = getattr(listener, "notify_many", None)
+            try:
+                if many is not None:
+                    many(events)
+                else:
+                    for event in events:
+                        listener(event)
             except Exception:
                 logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
 

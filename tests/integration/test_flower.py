@@ -272,6 +272,31 @@ def test_kept_connection_lost_is_replaced_and_the_event_still_arrives(
     sender.close()
 
 
+def test_a_batch_of_fate_changes_goes_out_as_one_message_flower_shows_each(
+    app: Celery, flower: Flower, uid: str
+) -> None:
+    """A worker's main process tells of the parks it wrote in one batch at once: one
+    ``task.multi`` message (a list of events, Celery's own format) under the worker's node name;
+    Flower shows and counts each event as if it had come alone."""
+    runtime = get_runtime(app)
+    sender = EventSender(runtime)
+    _wait_for_receiver(flower, sender, uid)
+    task = f"shop.batch.{uid}"
+    node = f"worker-{uid}@test"
+    batch = [_event(PARKED, f"batch-{uid}-{n}", task=task, attempt=n, delay=5.0) for n in (1, 2, 3)]
+    batch.append(_event(DRAINED, f"batch-{uid}-1", task=task))  # a fate with no event: skipped
+    with runtime.acting_for(node):
+        assert sender.notify_many(batch) == 3
+    for n in (1, 2, 3):
+        info = wait_for_task(flower, f"batch-{uid}-{n}", "PARKED")
+        assert info is not None, f"event {n} of the batch not seen"
+        assert info["worker"] == node
+        assert f"attempt={n}" in info["result"] and "delay=5.000s" in info["result"]
+    assert flower.metric("flower_events_total", type="task-parked", task=task) == 3.0
+    assert [key for key in sender._dispatchers if key[1]] == [(node, True)]  # one batching one
+    sender.close()
+
+
 def test_warm_connects_before_the_first_event_which_uses_that_connection(
     app: Celery, flower: Flower, uid: str
 ) -> None:

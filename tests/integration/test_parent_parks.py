@@ -5,11 +5,14 @@ Redis; the log line of each park says which process wrote it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ pytestmark = pytest.mark.integration
 
 TASKS = 40
 PARKED_LINE = re.compile(r"/(MainProcess|ForkPoolWorker-\d+)\] parked pp\.park_once\[")
+PARKED_TWICE_LINE = re.compile(r"/(MainProcess|ForkPoolWorker-\d+)\] parked pp\.park_twice\[")
 
 
 @pytest.fixture
@@ -106,6 +110,30 @@ def start_worker(
         w.stop()
 
 
+@contextlib.contextmanager
+def parked_events(app: Any) -> Iterator[dict[str, str]]:
+    """The ``task-parked`` events sent while in the block: the node name per task id (a Celery
+    event receiver, as Flower's, its queue bound before the block starts)."""
+    seen: dict[str, str] = {}
+    with app.connection_for_read() as conn:
+        receiver = app.events.Receiver(
+            conn,
+            handlers={"task-parked": lambda e: seen.setdefault(e["uuid"], e["hostname"])},
+            queue_exclusive=False,  # declared here, consumed by the thread's channel
+            queue_expires=60,
+        )
+        receiver.queue(conn.default_channel).declare()
+        thread = threading.Thread(
+            target=receiver.capture, kwargs={"limit": None, "wakeup": False}, daemon=True
+        )
+        thread.start()
+        try:
+            yield seen
+        finally:
+            receiver.should_stop = True
+            thread.join(10)
+
+
 @pytest.mark.parametrize(
     ("parent_parks", "writer"), [("1", "MainProcess"), ("0", "ForkPoolWorker")]
 )
@@ -120,10 +148,13 @@ def test_each_park_is_written_by_the_process_the_setting_names_and_acked_after(
     app = make_app(uid)
     runtime = get_runtime(app)
     w = start_worker(DLX_TEST_PARENT_PARKS=parent_parks)
-    for _ in range(TASKS):
-        app.send_task("pp.park_once")
-    wait_until(lambda: runtime.parking.count() == TASKS, timeout=90, what="every park")
+    with parked_events(app) as seen:
+        ids = {app.send_task("pp.park_once").id for _ in range(TASKS)}
+        wait_until(lambda: runtime.parking.count() == TASKS, timeout=90, what="every park")
+        wait_until(lambda: ids <= seen.keys(), timeout=30, what="every task-parked event")
     w.stop()  # what it had not acked would be back in the queue now
+    # whichever process writes the park, its event names the worker's node
+    assert {seen[i] for i in ids} == {f"parent-parks-{uid}@{socket.gethostname()}"}
     channel = broker.channel()
     assert queue_depth(channel, f"work-{uid}") == 0
     assert queue_depth(channel, f"dead-{uid}") == 0
@@ -159,3 +190,27 @@ def test_a_park_the_main_process_cannot_write_goes_to_the_dead_letter_path(
         -3000:
     ]
     assert not PARKED_LINE.search(text)
+
+
+@pytest.mark.parametrize("prefetch", ["1", "10"])
+def test_a_parked_message_the_drain_returns_runs_again_on_the_same_worker(
+    uid: str, prefetch: str, start_worker: Any, redis_client: Any, broker: Any
+) -> None:
+    """The main process acked each original after its park: the drained copies are delivered
+    to the same prefork worker and run until they succeed (with a prefetch of 1 too, where an
+    ack that never came would stop the worker's deliveries)."""
+    app = make_app(uid)
+    w = start_worker(DLX_TEST_PARENT_PARKS="1", DLX_TEST_PREFETCH=prefetch)
+    ids = {app.send_task("pp.park_twice").id for _ in range(10)}
+    done = "{test-" + uid + "}:test:done"
+    wait_until(
+        lambda: {i.decode() for i in redis_client.smembers(done)} == ids,
+        timeout=90,
+        what="every message's third run",
+    )
+    w.stop()
+    assert queue_depth(broker.channel(), f"work-{uid}") == 0
+    fates = [f.get("fate") for _, f in get_runtime(app).history.read()]
+    assert fates.count("parked") == 20 and fates.count("drained") == 20
+    writers = {m.group(1).split("-")[0] for m in PARKED_TWICE_LINE.finditer(w.text())}
+    assert writers == {"MainProcess"}
