@@ -39,5 +39,5 @@ class DLXRequest(Request):
             return
         # Without a running settler (it cannot happen: a pool process hands over only to one),
         # an idle one writes the park here and now.
-        settler = settlers.get(self.task.app) or Settler(self.task.app, None)
+        settler = settlers.get(self.task.app) or Settler(self.task.app)
         settler.submit(self, handover)

@@ -18,9 +18,9 @@ or back to its queue when its ``x-death`` is malformed. A worker that dies in be
 nothing: the broker redelivers the original (at least once; a park is idempotent per message id
 and attempt).
 
-Used with the Redis delay backend on the prefork pool (``dlx_parent_parks``, on by default);
-otherwise, and on the solo and threads pools (whose runs share the main process already), the
-run parks before it ends, as before.
+Used with the Redis delay backend on the prefork and threads pools (``dlx_parent_parks``, on by
+default); otherwise, and on the solo pool (whose runs block the event loop anyway), the run parks
+before it ends, as before.
 """
 
 from __future__ import annotations
@@ -54,10 +54,9 @@ BATCH_LIMIT = 500
 LINGER = 0.003
 #: Parks that end the wait early.
 BATCH_EARLY = 16
-#: Pools whose parks the main process writes: prefork's pool processes hand theirs over. (On the
-#: threads pool an ack deferred to the event loop stalled the next delivery in tests; its runs
-#: share the main process anyway, so they park themselves.)
-POOLS = ("prefork",)
+#: Pools whose parks the settler writes (by their module's name): prefork's pool processes and
+#: the threads pool's threads hand theirs over.
+POOLS = ("prefork", "thread")
 
 
 @dataclass(frozen=True)
@@ -81,18 +80,22 @@ def hands_over(app: Celery) -> bool:
 
 
 class Settler:
-    """Writes handed-over parks in batches on a thread of its own; acks on the event loop."""
+    """Writes handed-over parks in batches on a thread of its own, then acks each original.
 
-    def __init__(self, app: Celery, hub: Any, hostname: str | None = None) -> None:
+    The acks go through Celery's own: ``Request.acknowledge`` schedules ``basic.ack`` on the
+    worker's event loop with ``Hub.call_soon``, which, called from this thread, wakes the loop
+    (as the acks of the threads pool's runs do). Asked from the loop thread itself, inside one of
+    its callbacks, the ack would wait for the loop's next event: up to a second, a prefetch slot
+    held all along (seen with a worker at prefetch 1 that had nothing else to do).
+    """
+
+    def __init__(self, app: Celery, hostname: str | None = None) -> None:
         self.app = app
-        self.hub = hub
         #: the worker's node name: the fate events of the parks it writes name it
         self.hostname = hostname
         self._pending: deque[tuple[Request, ParkHandover]] = deque()
         self._done: deque[tuple[Request, ParkHandover, BaseException | None]] = deque()
-        self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._scheduled = False
         self._running = False
         self._thread: threading.Thread | None = None
 
@@ -137,7 +140,7 @@ class Settler:
                 self._wake.clear()
             while self._pending:
                 self._write(self._take(BATCH_LIMIT))
-                self._schedule()
+                self._settle_done()
 
     def _write(self, batch: list[tuple[Request, ParkHandover]]) -> None:
         if not batch:
@@ -151,16 +154,7 @@ class Settler:
         for (request, handover), outcome in zip(batch, outcomes, strict=True):
             self._done.append((request, handover, outcome))
 
-    def _schedule(self) -> None:
-        with self._lock:
-            if self._scheduled:
-                return
-            self._scheduled = True
-        self.hub.call_soon(self._settle_done)
-
     def _settle_done(self) -> None:
-        with self._lock:
-            self._scheduled = False
         while self._done:
             request, handover, outcome = self._done.popleft()
             try:
@@ -208,13 +202,12 @@ class SettlerStep(bootsteps.StartStopStep):
     def create(self, parent: WorkController) -> Settler:  # type: ignore[override]  # celery-stubs say None; Celery keeps what create returns as the step's obj
         # Before the pool forks: its processes see that their parent settles parks.
         _HANDING_OVER.add(parent.app)
-        self.settler = Settler(parent.app, None, getattr(parent, "hostname", None))
+        self.settler = Settler(parent.app, getattr(parent, "hostname", None))
         settlers[parent.app] = self.settler
         return self.settler
 
     def start(self, parent: WorkController) -> None:
         assert self.settler is not None
-        self.settler.hub = parent.hub
         self.settler.start()
 
     def stop(self, parent: WorkController) -> None:

@@ -39,9 +39,9 @@ def workdir(tmp_path: Path) -> Path:
 
 
 class Worker:
-    """``celery worker -P prefork -c 1`` on the test app, its log in a file."""
+    """``celery worker -P POOL -c 1`` (prefork unless asked) on the test app, its log in a file."""
 
-    def __init__(self, uid: str, log: Path, env: dict[str, str]) -> None:
+    def __init__(self, uid: str, log: Path, env: dict[str, str], pool: str = "prefork") -> None:
         cmd = [
             sys.executable,
             "-m",
@@ -50,7 +50,7 @@ class Worker:
             "tests.integration.parent_parks_app",
             "worker",
             "-P",
-            "prefork",
+            pool,
             "-c",
             "1",
             "-l",
@@ -99,8 +99,8 @@ def start_worker(
     app = make_app(uid)
     cleanup_queues.extend([*queue_names(app), f"exchange:dlx-{uid}", f"exchange:work-{uid}"])
 
-    def start(**env: str) -> Worker:
-        w = Worker(uid, workdir / f"worker{len(started)}.log", env)
+    def start(pool: str = "prefork", **env: str) -> Worker:
+        w = Worker(uid, workdir / f"worker{len(started)}.log", env, pool)
         started.append(w)
         wait_until(w.ready, timeout=60, what="the worker")
         return w
@@ -192,15 +192,18 @@ def test_a_park_the_main_process_cannot_write_goes_to_the_dead_letter_path(
     assert not PARKED_LINE.search(text)
 
 
-@pytest.mark.parametrize("prefetch", ["1", "10"])
+@pytest.mark.parametrize(
+    ("pool", "prefetch"), [("prefork", "1"), ("prefork", "10"), ("threads", "1")]
+)
 def test_a_parked_message_the_drain_returns_runs_again_on_the_same_worker(
-    uid: str, prefetch: str, start_worker: Any, redis_client: Any, broker: Any
+    uid: str, pool: str, prefetch: str, start_worker: Any, redis_client: Any, broker: Any
 ) -> None:
     """The main process acked each original after its park: the drained copies are delivered
-    to the same prefork worker and run until they succeed (with a prefetch of 1 too, where an
-    ack that never came would stop the worker's deliveries)."""
+    to the same worker and run until they succeed (with a prefetch of 1 too, where an ack that
+    never came would stop the worker's deliveries: an ack asked for from inside an event-loop
+    callback waited for the loop's next event, and a threads-pool worker at prefetch 1 had none)."""
     app = make_app(uid)
-    w = start_worker(DLX_TEST_PARENT_PARKS="1", DLX_TEST_PREFETCH=prefetch)
+    w = start_worker(pool, DLX_TEST_PARENT_PARKS="1", DLX_TEST_PREFETCH=prefetch)
     ids = {app.send_task("pp.park_twice").id for _ in range(10)}
     done = "{test-" + uid + "}:test:done"
     wait_until(
