@@ -94,7 +94,6 @@ class Settler:
         #: the worker's node name: the fate events of the parks it writes name it
         self.hostname = hostname
         self._pending: deque[tuple[Request, ParkHandover]] = deque()
-        self._done: deque[tuple[Request, ParkHandover, BaseException | None]] = deque()
         self._wake = threading.Event()
         self._running = False
         self._thread: threading.Thread | None = None
@@ -111,14 +110,12 @@ class Settler:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        self._write(self._take(len(self._pending)))
-        self._settle_done()
+        self._settle(self._take(len(self._pending)))
 
     def submit(self, request: Request, handover: ParkHandover) -> None:
         """Park ``handover`` and ack ``request``'s message once it is in (any thread)."""
         if not self._running:  # the worker is stopping: its pool's last results
-            self._write([(request, handover)])
-            self._settle_done()
+            self._settle([(request, handover)])
             return
         self._pending.append((request, handover))
         pending = len(self._pending)
@@ -139,10 +136,11 @@ class Settler:
                 self._wake.wait(LINGER)  # the others of this batch
                 self._wake.clear()
             while self._pending:
-                self._write(self._take(BATCH_LIMIT))
-                self._settle_done()
+                self._settle(self._take(BATCH_LIMIT))
 
-    def _write(self, batch: list[tuple[Request, ParkHandover]]) -> None:
+    def _settle(self, batch: list[tuple[Request, ParkHandover]]) -> None:
+        """Write ``batch``'s parks in one transaction, then ack each original whose park went
+        in and hand the others to the dead-letter path."""
         if not batch:
             return
         runtime = get_runtime(self.app)
@@ -152,11 +150,6 @@ class Settler:
         except Exception as err:  # never let the thread die: each message falls back
             outcomes = [err] * len(batch)
         for (request, handover), outcome in zip(batch, outcomes, strict=True):
-            self._done.append((request, handover, outcome))
-
-    def _settle_done(self) -> None:
-        while self._done:
-            request, handover, outcome = self._done.popleft()
             try:
                 if outcome is None:
                     request.acknowledge()

@@ -14,6 +14,7 @@ Celery's ``Ignore`` does (the original is acked), without making Celery build a 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 import traceback as tb
@@ -92,20 +93,13 @@ def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
 OWN_REDELIVERY_TTL = 86400
 
 
+@functools.cache
 def _settling_request(request_cls: object) -> bool:
     """True when ``request_cls`` (a task's ``Request``) hands parks to the main process."""
-    known = _SETTLING_REQUESTS.get(request_cls)
-    if known is None:
-        from celery_dlx.worker.request import DLXRequest
+    from celery_dlx.worker.request import DLXRequest
 
-        resolved = symbol_by_name(request_cls) if isinstance(request_cls, str) else request_cls
-        known = isinstance(resolved, type) and issubclass(resolved, DLXRequest)
-        _SETTLING_REQUESTS[request_cls] = known
-    return known
-
-
-#: :func:`_settling_request` per ``Request`` seen.
-_SETTLING_REQUESTS: dict[object, bool] = {}
+    resolved = symbol_by_name(request_cls) if isinstance(request_cls, str) else request_cls
+    return isinstance(resolved, type) and issubclass(resolved, DLXRequest)
 
 
 def _permanent(exc: BaseException, reason: str) -> Bury:
