@@ -8,12 +8,14 @@ budget); ``BENCH_UID`` names the queue and keys; ``BENCH_PREFETCH`` sets the pre
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
 
 import redis
 from celery import Celery
+from celery.exceptions import Ignore
 
 import celery_dlx
 
@@ -110,6 +112,39 @@ def park_hour(self: Any) -> None:
 def count_run() -> None:
     """Succeeds at once, counted like park_hour (the memory baseline of P3)."""
     _redis.incr(key("runs"))
+
+
+@app.task(name="bench.count_ignore")
+def count_ignore() -> None:
+    """Counted like park_hour, then ends as Celery's ``Ignore`` (acked, no result, no retry):
+    the cheapest way a run can end other than success, through Celery's own failure path."""
+    _redis.incr(key("runs"))
+    raise Ignore()
+
+
+def _write_park(task: Any) -> None:
+    """The least a durable park writes: the message in a hash and its due time in a sorted set,
+    one ``MULTI``/``EXEC`` round trip."""
+    body = {"id": task.request.id, "task": task.name, "args": "[]", "kwargs": "{}"}
+    with _redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key("floor:messages"), task.request.id, json.dumps(body))
+        pipe.zadd(key("floor:due"), {task.request.id: time.time() + 3600})
+        pipe.execute()
+
+
+@app.task(name="bench.count_write_ignore", bind=True)
+def count_write_ignore(self: Any) -> None:
+    """``count_ignore`` after the least a durable park writes, in the run itself."""
+    _redis.incr(key("runs"))
+    _write_park(self)
+    raise Ignore()
+
+
+@app.task(name="bench.count_write", bind=True)
+def count_write(self: Any) -> None:
+    """A success that first writes the least a durable park writes (``_write_park``)."""
+    _redis.incr(key("runs"))
+    _write_park(self)
 
 
 @app.task(name="bench.fresh")

@@ -9,7 +9,15 @@ include whatever else uses them). Printed per task, in microseconds, for:
 - ``success``: plain Celery (``task_acks_late=True``) running no-op tasks (P10's baseline);
 - ``dlx``: celery_dlx, each task failing once with ``self.retry(countdown=3600)``: a park, written
   by the main process (``dlx_parent_parks``, the default);
-- ``dlx:child_parks``: the same with ``dlx_parent_parks = False`` (the pool process parks).
+- ``dlx:child_parks``: the same with ``dlx_parent_parks = False`` (the pool process parks);
+- ``dlx:no_events``: ``dlx`` with ``dlx_send_events = False`` (no fate events);
+- ``ignore``: plain Celery, each run ending in Celery's ``Ignore`` (no celery_dlx): the floor of
+  a run that does not succeed, through Celery's own failure path;
+- ``write_ignore``: ``ignore`` after the least a durable park writes, from the run (a hash field
+  and a sorted-set member in one ``MULTI``/``EXEC``): the floor of a park made by the run;
+- ``write_success``: plain Celery, a run that writes the same and succeeds: the cheapest way
+  Celery offers to end a run after a durable write (no exception at all);
+- ``dlx_success``: ``success`` with celery_dlx installed (P2's question, per process).
 
 Rounds alternate the three, each in a fresh worker; every round is printed, then the medians.
 With Celery's default fair scheduling and one pool process, the main process hands the pool its
@@ -39,7 +47,14 @@ CELLS = {
     "success": ("plain", "bench.count_run", ""),
     "dlx": ("dlx", "bench.park_hour", ""),
     "dlx:child_parks": ("dlx", "bench.park_hour", "child_parks"),
+    "dlx:no_events": ("dlx", "bench.park_hour", "no_events"),
+    "ignore": ("plain", "bench.count_ignore", ""),
+    "write_ignore": ("plain", "bench.count_write_ignore", ""),
+    "write_success": ("plain", "bench.count_write", ""),
+    "dlx_success": ("dlx", "bench.count_run", ""),
 }
+#: The cells run unless ``--cells`` names others.
+DEFAULT_CELLS = ("success", "dlx", "dlx:child_parks")
 PROCESSES = ("main process", "pool process", "redis-server", "RabbitMQ")
 
 
@@ -95,11 +110,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--cells", default=",".join(DEFAULT_CELLS), help=f"comma-separated, of {', '.join(CELLS)}"
+    )
     args = parser.parse_args()
+    cells = [c for c in args.cells.split(",") if c]
+    unknown = set(cells) - set(CELLS)
+    if unknown:
+        parser.error(f"unknown cells: {', '.join(sorted(unknown))}")
     say(f"failure CPU by process: {args.tasks:,} tasks per round, prefork, load {load()}")
-    results: dict[str, list[tuple[float, dict[str, float]]]] = {cell: [] for cell in CELLS}
+    results: dict[str, list[tuple[float, dict[str, float]]]] = {cell: [] for cell in cells}
     for n in range(1, args.rounds + 1):
-        for cell in CELLS:
+        for cell in cells:
             rate, cpu = one_round(cell, args.tasks)
             results[cell].append((rate, cpu))
             say(f"round {n}: {cell}: {line(rate, cpu)}  [load {load()}]")

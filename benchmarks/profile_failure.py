@@ -83,9 +83,10 @@ def main() -> None:
     parser.add_argument(
         "--mode",
         default="dlx",
-        choices=("dlx", "plain", "success"),
+        choices=("dlx", "plain", "success", "dlx_success"),
         help="dlx: celery_dlx parks each failure; plain: Celery's own countdown retry; success: "
-        "plain Celery (acks_late) running tasks that succeed, the baseline P10 compares with",
+        "plain Celery (acks_late) running tasks that succeed, the baseline P10 compares with; "
+        "dlx_success: the same successes with celery_dlx installed (P2)",
     )
     parser.add_argument("--pool", default="prefork", help="prefork (child and parent), or solo")
     parser.add_argument("--experiments", default="", help="BENCH_EXPERIMENTS for the worker")
@@ -101,8 +102,8 @@ def main() -> None:
     load_before = load()
     say(f"profile of {args.tasks} failures ({args.mode}, {args.pool} pool), load {load_before}")
     try:
-        mode = "plain" if args.mode == "success" else args.mode
-        task = "bench.count_run" if args.mode == "success" else "bench.park_hour"
+        mode = {"success": "plain", "dlx_success": "dlx"}.get(args.mode, args.mode)
+        task = "bench.count_run" if "success" in args.mode else "bench.park_hour"
         publish(mode, uid, task, [()] * args.tasks)
         cmd = [
             str(PY_SPY),
