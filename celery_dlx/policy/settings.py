@@ -370,7 +370,7 @@ SETTINGS: dict[str, Setting] = {
             "dlx_parent_parks",
             True,
             _bool,
-            "A worker's main process writes its pool's parks to Redis in batches and acks each original after its park (redis delay backend; prefork and threads pools); False, and on other pools: each run parks before it ends.",
+            "A worker's main process writes its pool's parks to Redis in batches, and publishes its requeued copies with pipelined confirms, and acks each original after its copy is in (redis delay backend; prefork and threads pools); False, and on other pools: each run parks or requeues before it ends.",
         ),
         Setting(
             "dlx_ttl_ladder",

@@ -28,9 +28,10 @@ from kombu import Connection
 from celery_dlx.broker.frames import connection_for
 from celery_dlx.broker.ladder import Ladder, LadderParking
 from celery_dlx.broker.publish import ConfirmingPublisher
-from celery_dlx.errors import ConfigurationError
+from celery_dlx.errors import ConfigurationError, PublishError
 from celery_dlx.fates import BURIED, DRAINED, FateEvent
 from celery_dlx.message.names import Keys
+from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig, load_config
 from celery_dlx.roles import Parking
@@ -345,6 +346,52 @@ class Runtime:
             if recorded is not True:
                 _unrecorded(event, recorded)
         self._notify_many(done)
+        return outcomes
+
+    def requeue_recorded_many(
+        self, requeues: Sequence[tuple[Outgoing, FateEvent]]
+    ) -> list[BaseException | None]:
+        """Publish a batch of requeued copies (a worker's main process settling what its pool
+        handed over) on this process's confirm-mode channel, confirms pipelined, then record the
+        fates of those the broker confirmed: history and counters in one round trip, the
+        listeners told at once.
+
+        Returns:
+            Per copy, None when the broker confirmed it (its fate then recorded: a failed record
+            is logged, as in :meth:`record_settled`, since the copy is out), or the error that
+            kept it out (nothing recorded: the caller hands the original to the dead-letter
+            path). Never raises.
+        """
+        if not requeues:
+            return []
+        try:
+            confirmed = self.publisher.publish_many([copy for copy, _ in requeues])
+        except Exception as err:  # nothing may be assumed published: each falls back
+            self.reset_publisher()
+            return [err] * len(requeues)
+        outcomes: list[BaseException | None] = [
+            None
+            if ok
+            else PublishError(
+                f"broker did not accept the message for {copy.routing_key!r} (nacked or unroutable)"
+            )
+            for (copy, _), ok in zip(requeues, confirmed, strict=True)
+        ]
+        done = [event for (_, event), ok in zip(requeues, confirmed, strict=True) if ok]
+        if done:
+            for event in done:
+                self._log(event)
+            try:
+                failed, counters_failed = self.history.write(done)
+            except Exception as err:
+                failed, counters_failed = err, False
+            if counters_failed:
+                logger.warning("celery_dlx counter update failed for %d events", len(done))
+            if failed is not None:
+                for event in done:
+                    _unrecorded(event, failed)
+            else:
+                self._notify_many(done)
         return outcomes
 
     @contextlib.contextmanager

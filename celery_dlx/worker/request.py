@@ -1,8 +1,9 @@
 """``DLXRequest``: the worker's request of a DLX task (Celery's ``Task.Request``).
 
-Celery's own request, except for a run whose pool process handed its park over to the main
-process (:class:`celery_dlx.compat.HandedOver`): its message is acked by the main process's
-:class:`~celery_dlx.worker.settler.Settler` once the park is in Redis, not at once.
+Celery's own request, except for a run whose pool process handed its park or requeue over to the
+main process (:class:`celery_dlx.compat.HandedOver`): its message is acked by the main process's
+:class:`~celery_dlx.worker.settler.Settler` once the park is in Redis or the broker confirmed the
+requeued copy, not at once.
 """
 
 from __future__ import annotations
@@ -12,20 +13,21 @@ from typing import Any
 from celery.worker.request import Request
 
 from celery_dlx.compat import HandedOver
-from celery_dlx.worker.settler import ParkHandover, Settler, settlers
+from celery_dlx.worker.settler import ParkHandover, RequeueHandover, Settler, settlers
 
 #: Attribute of a request holding its handover until ``acknowledge`` passes it on.
 _HANDOVER_ATTR = "_celery_dlx_handover"
 
 
 class DLXRequest(Request):
-    """A task request whose handed-over park is settled by the worker's main process."""
+    """A task request whose handed-over park or requeue is settled by the worker's main
+    process."""
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
         exc = getattr(exc_info, "exception", None)
-        if isinstance(exc, HandedOver) and isinstance(exc.handover, ParkHandover):
+        if isinstance(exc, HandedOver) and isinstance(exc.handover, ParkHandover | RequeueHandover):
             # Celery acks an Ignore (after its own bookkeeping): acknowledge() passes it on.
             setattr(self, _HANDOVER_ATTR, exc.handover)
         return super().on_failure(
@@ -38,6 +40,6 @@ class DLXRequest(Request):
             super().acknowledge()
             return
         # Without a running settler (it cannot happen: a pool process hands over only to one),
-        # an idle one writes the park here and now.
+        # an idle one writes the copy here and now.
         settler = settlers.get(self.task.app) or Settler(self.task.app)
         settler.submit(self, handover)

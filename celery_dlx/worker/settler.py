@@ -1,26 +1,31 @@
-"""The pool's parent finishes the parks of its runs, in batches, and acks each original after.
+"""The pool's parent finishes the parks and requeues of its runs, in batches, and acks each
+original after.
 
-A run that fails into a park decides its fate in the pool process and builds the parked copy
-there, but leaves the Redis write to the worker's main process: it ends with a
-:class:`ParkHandover` (the copy and its fate event) that goes back with the run's result
-(:class:`celery_dlx.compat.HandedOver`). The main process's :class:`~celery_dlx.worker.request.
-DLXRequest` hands it to this :class:`Settler` instead of acking. A thread of the main process
-writes whatever has arrived since its last write in one ``MULTI``/``EXEC`` (the parks, their
-history entries and counters; ``WAIT`` for the replicas ``dlx_redis_min_replicas`` asks for), then
-the event loop acks each original whose park went in (kombu's ``Hub.call_soon``, which wakes the
-loop from another thread). So the pool process starts its next task while the park is written,
-and a burst of failures costs one Redis round trip per batch instead of one per message.
+A run that fails into a park or a requeue decides its fate in the pool process and builds the
+copy there, but leaves the write to the worker's main process: it ends with a handover
+(:class:`ParkHandover`, :class:`RequeueHandover`: the copy and its fate event) that goes back
+with the run's result (:class:`celery_dlx.compat.HandedOver`). The main process's
+:class:`~celery_dlx.worker.request.DLXRequest` hands it to this :class:`Settler` instead of
+acking. A thread of the main process takes whatever has arrived since its last pass and writes
+it at once: the parks in one ``MULTI``/``EXEC`` (with their history entries and counters;
+``WAIT`` for the replicas ``dlx_redis_min_replicas`` asks for), the requeued copies published
+on one confirm-mode channel with their confirms pipelined (then their history and counters in
+one round trip), then it acks each original whose copy went in. So the pool process starts its
+next task while the copy is written, and a burst of failures costs one Redis round trip and one
+wait for confirms per batch instead of one per message.
 
-Guarantees, as for a park written by the pool process: the original is acked only after its
-park is in Redis (and on the replicas asked for); a park that fails hands the original to the
-dead-letter path (``basic.reject(requeue=False)``: the DLX service applies the queue's policy),
-or back to its queue when its ``x-death`` is malformed. A worker that dies in between acks
-nothing: the broker redelivers the original (at least once; a park is idempotent per message id
-and attempt).
+Guarantees, as for a copy written by the pool process: the original is acked only after its
+park is in Redis (and on the replicas asked for), or after the broker confirmed its requeued
+copy; a copy that cannot be written hands the original to the dead-letter path
+(``basic.reject(requeue=False)``: the DLX service applies the queue's policy), or back to its
+queue when its ``x-death`` is malformed. A worker that dies in between acks nothing: the broker
+redelivers the original (at least once; a park is idempotent per message id and attempt, a
+requeued copy may then run twice, as when the pool process published it and died before the
+ack).
 
 Used with the Redis delay backend on the prefork and threads pools (``dlx_parent_parks``, on by
-default); otherwise, and on the solo pool (whose runs block the event loop anyway), the run parks
-before it ends, as before.
+default); otherwise, and on the solo pool (whose runs block the event loop anyway), the run
+writes its copy before it ends, as before.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ import logging
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 
 from celery_dlx.fates import FateEvent
+from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.wiring.runtime import get_runtime
 
@@ -69,6 +76,20 @@ class ParkHandover:
     requeue_on_failure: bool = False
 
 
+@dataclass(frozen=True)
+class RequeueHandover:
+    """What a pool process leaves to its parent for a requeue: the copy to publish at the tail
+    of the queue, its fate, and where the original goes if the broker does not confirm it."""
+
+    copy: Outgoing
+    event: FateEvent
+    requeue_on_failure: bool = False
+
+
+#: What a pool process hands over to its parent.
+Handover = ParkHandover | RequeueHandover
+
+
 #: Apps whose worker's main process settles handed-over parks (set before the pool forks, so
 #: its processes know it too).
 _HANDING_OVER: weakref.WeakSet[Celery] = weakref.WeakSet()
@@ -93,7 +114,7 @@ class Settler:
         self.app = app
         #: the worker's node name: the fate events of the parks it writes name it
         self.hostname = hostname
-        self._pending: deque[tuple[Request, ParkHandover]] = deque()
+        self._pending: deque[tuple[Request, Handover]] = deque()
         self._wake = threading.Event()
         self._running = False
         self._thread: threading.Thread | None = None
@@ -112,8 +133,8 @@ class Settler:
             self._thread = None
         self._settle(self._take(len(self._pending)))
 
-    def submit(self, request: Request, handover: ParkHandover) -> None:
-        """Park ``handover`` and ack ``request``'s message once it is in (any thread)."""
+    def submit(self, request: Request, handover: Handover) -> None:
+        """Write ``handover``'s copy and ack ``request``'s message once it is in (any thread)."""
         if not self._running:  # the worker is stopping: its pool's last results
             self._settle([(request, handover)])
             return
@@ -122,8 +143,8 @@ class Settler:
         if pending == 1 or pending >= BATCH_EARLY:  # the batch's first park, or a full one
             self._wake.set()
 
-    def _take(self, limit: int) -> list[tuple[Request, ParkHandover]]:
-        batch: list[tuple[Request, ParkHandover]] = []
+    def _take(self, limit: int) -> list[tuple[Request, Handover]]:
+        batch: list[tuple[Request, Handover]] = []
         while self._pending and len(batch) < limit:
             batch.append(self._pending.popleft())
         return batch
@@ -138,17 +159,31 @@ class Settler:
             while self._pending:
                 self._settle(self._take(BATCH_LIMIT))
 
-    def _settle(self, batch: list[tuple[Request, ParkHandover]]) -> None:
-        """Write ``batch``'s parks in one transaction, then ack each original whose park went
-        in and hand the others to the dead-letter path."""
+    def _settle(self, batch: list[tuple[Request, Handover]]) -> None:
+        """Write ``batch``'s parks in one transaction and publish its requeued copies with
+        pipelined confirms, then ack each original whose copy went in and hand the others to
+        the dead-letter path."""
         if not batch:
             return
         runtime = get_runtime(self.app)
-        try:
-            with runtime.acting_for(self.hostname):
-                outcomes = runtime.park_recorded_many([(h.message, h.event) for _, h in batch])
-        except Exception as err:  # never let the thread die: each message falls back
-            outcomes = [err] * len(batch)
+        parks = [(i, h) for i, (_, h) in enumerate(batch) if isinstance(h, ParkHandover)]
+        requeues = [(i, h) for i, (_, h) in enumerate(batch) if isinstance(h, RequeueHandover)]
+        outcomes: list[BaseException | None] = [None] * len(batch)
+        with runtime.acting_for(self.hostname):
+            if parks:
+                written = _never_raising(
+                    len(parks),
+                    lambda: runtime.park_recorded_many([(h.message, h.event) for _, h in parks]),
+                )
+                for (i, _), outcome in zip(parks, written, strict=True):
+                    outcomes[i] = outcome
+            if requeues:
+                written = _never_raising(
+                    len(requeues),
+                    lambda: runtime.requeue_recorded_many([(h.copy, h.event) for _, h in requeues]),
+                )
+                for (i, _), outcome in zip(requeues, written, strict=True):
+                    outcomes[i] = outcome
         for (request, handover), outcome in zip(batch, outcomes, strict=True):
             try:
                 if outcome is None:
@@ -156,18 +191,31 @@ class Settler:
                 else:
                     self._fall_back(request, handover, outcome)
             except Exception:  # one message's ack must not keep the others waiting
-                logger.exception("celery_dlx could not settle %s", handover.message.entry_id)
+                logger.exception("celery_dlx could not settle %s", handover.event.message_id)
 
-    def _fall_back(self, request: Request, handover: ParkHandover, err: BaseException) -> None:
-        """The park failed: the original goes to the dead-letter path, where the DLX service
-        applies the queue's policy once Redis answers again (as the pool process does)."""
+    def _fall_back(self, request: Request, handover: Handover, err: BaseException) -> None:
+        """The copy could not be written: the original goes to the dead-letter path, where the
+        DLX service applies the queue's policy once Redis or the broker answers again (as the
+        pool process does)."""
         logger.warning(
-            "could not park %s[%s] (%r); handing it to the dead-letter path",
-            handover.message.task or "-",
-            handover.message.message_id,
+            "could not %s %s[%s] (%r); handing it to the dead-letter path",
+            "park" if isinstance(handover, ParkHandover) else "requeue",
+            handover.event.task or "-",
+            handover.event.message_id,
             err,
         )
         request.reject(requeue=handover.requeue_on_failure)
+
+
+def _never_raising(
+    count: int, write: Callable[[], list[BaseException | None]]
+) -> list[BaseException | None]:
+    """``write()``'s outcomes, or its error for each of the ``count`` copies: the settler's
+    thread must never die, and each message then falls back."""
+    try:
+        return write()
+    except Exception as err:
+        return [err] * count
 
 
 class SettlerStep(bootsteps.StartStopStep):

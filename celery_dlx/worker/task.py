@@ -53,7 +53,7 @@ from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
 from celery_dlx.worker.einfo import LazyExceptionInfo
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
-from celery_dlx.worker.settler import ParkHandover, hands_over
+from celery_dlx.worker.settler import Handover, ParkHandover, RequeueHandover, hands_over
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -437,13 +437,13 @@ class DLXTask(Task[Any, Any]):
         exc: BaseException,
         event: FateEvent,
         held: Held | None = None,
-    ) -> ParkHandover | None:
+    ) -> Handover | None:
         """Publish the copy at the tail (requeue) and record the fate, or store the copy in the
         parking store (park, or a hold of an open breaker) and record the fate in the same Redis
-        round trip; or, where the worker's main process settles parks
-        (``celery_dlx.worker.settler``), return the park for it to write (and the original is
-        acked only then)."""
-        hand_over = plan.delay is not None and self._hands_over()
+        round trip; or, where the worker's main process settles the runs' copies
+        (``celery_dlx.worker.settler``), return the park or requeue for it to write (and the
+        original is acked only then)."""
+        hand_over = self._hands_over()
         copy = celery_copy(
             self.request,
             state=plan.state,
@@ -472,6 +472,8 @@ class DLXTask(Task[Any, Any]):
                     return ParkHandover(parked, event, bool(delivery.x_death_problem))
                 runtime.park_recorded(parked, event)
                 return None
+            if hand_over:
+                return RequeueHandover(copy, event, bool(delivery.x_death_problem))
             runtime.publisher.publish(copy)
         except Exception as err:
             self._fallback(runtime, delivery, plan.fate, err)
@@ -479,8 +481,8 @@ class DLXTask(Task[Any, Any]):
         return None
 
     def _hands_over(self) -> bool:
-        """True when this run's park goes to the worker's main process: it settles parks
-        (``dlx_parent_parks``), runs this task's requests as :class:`DLXRequest`, and hears of
+        """True when this run's park or requeue goes to the worker's main process: it settles
+        them (``dlx_parent_parks``), runs this task's requests as :class:`DLXRequest`, and hears of
         this run's end through celery_dlx's tracer."""
         return (
             hands_over(self.app)

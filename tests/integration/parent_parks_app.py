@@ -39,3 +39,13 @@ def park_twice(self: Any) -> None:
     if runs <= 2:
         raise self.retry(countdown=0.2, exc=TimeoutError("supplier API rate limited"))
     _runs.sadd("{test-" + UID + "}:test:done", self.request.id)
+
+
+@app.task(name="pp.fail_twice", bind=True)
+def fail_twice(self: Any) -> None:
+    """Fails twice with an error celery_dlx requeues at the tail (``dlx_max_requeues`` is 2),
+    then succeeds."""
+    runs = _runs.incr("{test-" + UID + "}:test:fails:" + self.request.id)
+    if runs <= 2:
+        raise ValueError("flaky downstream")
+    _runs.sadd("{test-" + UID + "}:test:done", self.request.id)

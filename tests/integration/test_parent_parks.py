@@ -31,6 +31,7 @@ pytestmark = pytest.mark.integration
 TASKS = 40
 PARKED_LINE = re.compile(r"/(MainProcess|ForkPoolWorker-\d+)\] parked pp\.park_once\[")
 PARKED_TWICE_LINE = re.compile(r"/(MainProcess|ForkPoolWorker-\d+)\] parked pp\.park_twice\[")
+REQUEUED_LINE = re.compile(r"/(MainProcess|ForkPoolWorker-\d+)\] requeued pp\.fail_twice\[")
 
 
 @pytest.fixture
@@ -217,3 +218,45 @@ def test_a_parked_message_the_drain_returns_runs_again_on_the_same_worker(
     assert fates.count("parked") == 20 and fates.count("drained") == 20
     writers = {m.group(1).split("-")[0] for m in PARKED_TWICE_LINE.finditer(w.text())}
     assert writers == {"MainProcess"}
+
+
+@pytest.mark.parametrize(
+    ("pool", "parent_parks", "writer"),
+    [
+        ("prefork", "1", "MainProcess"),
+        ("prefork", "0", "ForkPoolWorker"),
+        ("threads", "1", "MainProcess"),
+    ],
+)
+def test_each_requeue_is_published_by_the_process_the_setting_names_and_runs_again(
+    uid: str,
+    pool: str,
+    parent_parks: str,
+    writer: str,
+    start_worker: Any,
+    redis_client: Any,
+    broker: Any,
+) -> None:
+    """A requeued copy is published (confirmed) by the main process, batched, and the original
+    acked after: each message runs three times (two requeues at the tail, then a success), its
+    history holds both requeues, and nothing is left in the queue or dead-lettered."""
+    app = make_app(uid)
+    w = start_worker(pool, DLX_TEST_PARENT_PARKS=parent_parks, DLX_TEST_PREFETCH="10")
+    ids = {app.send_task("pp.fail_twice").id for _ in range(TASKS)}
+    done = "{test-" + uid + "}:test:done"
+    wait_until(
+        lambda: {i.decode() for i in redis_client.smembers(done)} == ids,
+        timeout=90,
+        what="every message's third run",
+    )
+    w.stop()
+    channel = broker.channel()
+    assert queue_depth(channel, f"work-{uid}") == 0
+    assert queue_depth(channel, f"dead-{uid}") == 0
+    for i in ids:  # no copy ran twice: each original was acked once its copy was confirmed
+        assert int(redis_client.get("{test-" + uid + "}:test:fails:" + i)) == 3
+    requeued = [f for _, f in get_runtime(app).history.read() if f.get("fate") == "requeued"]
+    assert len(requeued) == 2 * TASKS
+    assert {f.get("message_id") for f in requeued} == ids
+    writers = [m.group(1).split("-")[0] for m in REQUEUED_LINE.finditer(w.text())]
+    assert writers == [writer] * (2 * TASKS)

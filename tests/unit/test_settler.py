@@ -1,0 +1,126 @@
+"""The settler's batch: parks and requeues written by their own means in one pass, each
+original acked only when its own copy went in, the others handed to the dead-letter path (or
+back to their queue when their ``x-death`` is malformed), whatever order they arrived in.
+
+Pure unit tests: the runtime and the requests are stand-ins recording what they are asked."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_dlx.errors import PublishError
+from celery_dlx.fates import PARKED, REQUEUED, FateEvent
+from celery_dlx.message.failure import Failure
+from celery_dlx.message.outgoing import Outgoing
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.worker import settler as settler_module
+from celery_dlx.worker.settler import ParkHandover, RequeueHandover, Settler
+
+
+class FakeRequest:
+    def __init__(self) -> None:
+        self.outcome: str | None = None
+
+    def acknowledge(self) -> None:
+        assert self.outcome is None
+        self.outcome = "acked"
+
+    def reject(self, requeue: bool = False) -> None:
+        assert self.outcome is None
+        self.outcome = "requeued" if requeue else "dead-lettered"
+
+
+class FakeRuntime:
+    """Parks fail for the message ids in ``bad_parks``, publishes for ``bad_copies``;
+    ``broken`` makes the named write raise as a whole."""
+
+    def __init__(
+        self,
+        bad_parks: set[str] = frozenset(),
+        bad_copies: set[str] = frozenset(),
+        broken: str = "",
+    ) -> None:
+        self.bad_parks, self.bad_copies, self.broken = bad_parks, bad_copies, broken
+        self.calls: list[tuple[str, list[str]]] = []
+        self.node: str | None = None
+        self.nodes: list[str | None] = []
+
+    @contextlib.contextmanager
+    def acting_for(self, node: str | None) -> Iterator[None]:
+        self.node = node
+        yield
+        self.node = None
+
+    def park_recorded_many(
+        self, parks: Sequence[tuple[ParkedMessage, FateEvent]]
+    ) -> list[BaseException | None]:
+        self.calls.append(("park", [m.message_id for m, _ in parks]))
+        self.nodes.append(self.node)
+        if self.broken == "park":
+            raise ConnectionError("redis down")
+        return [
+            RuntimeError("refused") if m.message_id in self.bad_parks else None for m, _ in parks
+        ]
+
+    def requeue_recorded_many(
+        self, requeues: Sequence[tuple[Outgoing, FateEvent]]
+    ) -> list[BaseException | None]:
+        self.calls.append(("requeue", [e.message_id for _, e in requeues]))
+        self.nodes.append(self.node)
+        if self.broken == "requeue":
+            raise ConnectionError("broker down")
+        return [
+            PublishError("nacked") if e.message_id in self.bad_copies else None for _, e in requeues
+        ]
+
+
+def _event(fate: str, message_id: str) -> FateEvent:
+    return FateEvent.of(fate, Failure(task="t", queue="q", message_id=message_id, attempt=1))
+
+
+def _park(message_id: str, requeue_on_failure: bool = False) -> ParkHandover:
+    message = ParkedMessage(message_id=message_id, attempt=1, queue="q", body=b"{}")
+    return ParkHandover(message, _event(PARKED, message_id), requeue_on_failure)
+
+
+def _requeue(message_id: str, requeue_on_failure: bool = False) -> RequeueHandover:
+    copy = Outgoing(body=b"{}", routing_key="q")
+    return RequeueHandover(copy, _event(REQUEUED, message_id), requeue_on_failure)
+
+
+def _settle(runtime: FakeRuntime, handovers: list[Any], monkeypatch: Any) -> list[str | None]:
+    monkeypatch.setattr(settler_module, "get_runtime", lambda app: runtime)
+    settler = Settler(Celery(set_as_current=False), hostname="w1@host")
+    requests = [FakeRequest() for _ in handovers]
+    settler._settle(list(zip(requests, handovers, strict=True)))  # type: ignore[arg-type]
+    return [r.outcome for r in requests]
+
+
+def test_parks_and_requeues_of_one_batch_are_written_once_each_and_acked_in_place(
+    monkeypatch: Any,
+) -> None:
+    runtime = FakeRuntime(bad_parks={"p2"}, bad_copies={"r1"})
+    handovers = [_requeue("r1"), _park("p1"), _requeue("r2"), _park("p2", True), _requeue("r3")]
+    outcomes = _settle(runtime, handovers, monkeypatch)
+    assert runtime.calls == [("park", ["p1", "p2"]), ("requeue", ["r1", "r2", "r3"])]
+    assert runtime.nodes == ["w1@host", "w1@host"]  # their events name the worker
+    # r1's copy was not confirmed: dead-lettered; p2's park failed and its x-death is
+    # malformed: back to its queue, never dead-lettered
+    assert outcomes == ["dead-lettered", "acked", "acked", "requeued", "acked"]
+
+
+@pytest.mark.parametrize("broken", ["park", "requeue"])
+def test_a_write_that_raises_falls_back_for_its_own_kind_only(
+    broken: str, monkeypatch: Any
+) -> None:
+    runtime = FakeRuntime(broken=broken)
+    outcomes = _settle(runtime, [_park("p1"), _requeue("r1", True), _park("p2")], monkeypatch)
+    if broken == "park":
+        assert outcomes == ["dead-lettered", "acked", "dead-lettered"]
+    else:
+        assert outcomes == ["acked", "requeued", "acked"]
