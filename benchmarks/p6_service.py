@@ -19,7 +19,24 @@ The service runs with the default ``dlx_service_prefetch`` unless ``--prefetch``
 each against its own broker baseline measured just before it (rounds interleave baseline and
 service).
 
-Run: ``.venv/bin/python benchmarks/p6_service.py [--messages 10000] [--rounds 3] [--services 1,2]``
+Floors (``benchmarks/p6_floor.py``; on by default, ``--no-floor`` skips them): where the ceiling
+of any single Python process using py-amqp (the service's client, through kombu) and redis-py
+lies. In each round, after the service (with the first ``--services`` count), the same queues are
+filled and dead-lettered again as for the baseline (same ``N``, bodies, headers, x-death), and one
+process of its own consumes the service queue with the service's prefetch:
+
+- bare consumer: keeps each delivery tag and sends one ``basic.ack(multiple=True)`` per batch of
+  the service's size (a third of the prefetch, at most 500): the ceiling of receiving alone;
+- + minimal writes: the same, plus per batch one redis-py pipeline (``transaction=False``) with,
+  per message, ``HSET <prefix>:floor:msgs <message id> <body>`` and ``ZADD <prefix>:floor:due
+  {<message id>: now}`` (the least a burial or park stores), executed before the batch's ack.
+
+Each clock runs from the first delivery to the last ack of all ``N``. A round prints one ``floor``
+line (both rates, each as a ratio to that round's broker baseline); the end prints one ``RATIO P6
+floor ...`` line per floor (median of the rounds' ratios, "(floor, no target)") and no SUMMARY row.
+
+Run: ``.venv/bin/python benchmarks/p6_service.py [--messages 10000] [--rounds 3] [--services 1,2]
+[--no-floor]``
 """
 
 from __future__ import annotations
@@ -32,7 +49,7 @@ import os
 import time
 from typing import Any
 
-import pika
+import pika  # type: ignore[import-untyped]
 import redis
 from _common import (
     BROKER_URL,
@@ -50,11 +67,12 @@ from _common import (
 )
 from celery import Celery
 from kombu import Connection, Producer
+from p6_floor import floor_run
 
 from celery_dlx.broker.topology import dlx_queue
 from celery_dlx.ops import obituaries
 from celery_dlx.policy.config import load_config
-from celery_dlx.service.loop import DLXService
+from celery_dlx.service.loop import BATCH_LIMIT, SETTLERS, DLXService
 from celery_dlx.wiring.runtime import get_runtime
 
 logging.basicConfig(level=logging.INFO, stream=open(os.devnull, "w"))  # noqa: SIM115
@@ -74,7 +92,7 @@ class TimedService(DLXService):
 
 
 def depth(conn: Connection, queue: str) -> int:
-    channel = conn.channel()
+    channel: Any = conn.channel()
     try:
         return int(channel.queue_declare(queue, passive=True).message_count)
     finally:
@@ -160,7 +178,11 @@ def one_round(
     body_size: int,
     instances: int = 1,
     prefetch: int | None = None,
-) -> tuple[float, float, dict[str, int]]:
+    floor_prefetch: int | None = None,
+) -> tuple[float, float, dict[str, int], list[float]]:
+    """Baseline and service over one backlog; with ``floor_prefetch``, then the two floors (bare
+    consumer, + minimal writes), each over the backlog made again. Rates per second: broker,
+    service, statistics, floors."""
     uid = unique("p6")
     bury_q, park_q, dead, exchange = f"{uid}-bury", f"{uid}-park", f"{uid}-dead", f"{uid}-dlx"
     parks = int(total * park_share)
@@ -194,10 +216,20 @@ def one_round(
             parked = runtime.store.count()
             assert (buried, parked) == (total - parks, parks), (buried, parked)
             assert depth(conn, dead) == 0
+            floors: list[float] = []
+            if floor_prefetch is not None:
+                batch = max(1, min(BATCH_LIMIT, floor_prefetch // (SETTLERS + 1)))
+                for prefix in (None, "{" + uid + "}"):
+                    fill(conn, bury_q, total - parks, body_size)
+                    fill(conn, park_q, parks, body_size)
+                    broker_dead_letters(conn, [bury_q, park_q], dead, total)  # untimed refill
+                    floor_s = floor_run(dead, total, floor_prefetch, batch, prefix)
+                    assert depth(conn, dead) == 0
+                    floors.append(total / floor_s)
         finally:
             delete_keys(client, uid)
             runtime.reset_publisher()
-    return total / broker_s, total / service_s, stats
+    return total / broker_s, total / service_s, stats, floors
 
 
 def main() -> None:
@@ -210,6 +242,11 @@ def main() -> None:
     parser.add_argument(
         "--prefetch", type=int, default=None, help="dlx_service_prefetch (default: the setting's)"
     )
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the floors (bare py-amqp consumer, + minimal Redis writes)",
+    )
     args = parser.parse_args()
     counts = [int(c) for c in args.services.split(",")]
     prefetch = args.prefetch or int(load_config({}).service_prefetch)
@@ -221,10 +258,19 @@ def main() -> None:
     ratios: dict[int, list[float]] = {c: [] for c in counts}
     broker_rates: dict[int, list[float]] = {c: [] for c in counts}
     service_rates: dict[int, list[float]] = {c: [] for c in counts}
+    floor_names = ("bare py-amqp consumer", "bare py-amqp consumer + minimal Redis writes")
+    floor_ratios: list[list[float]] = [[] for _ in floor_names]
+    floor_rates: list[list[float]] = [[] for _ in floor_names]
     for n in range(1, args.rounds + 1):
         for count in counts:
-            broker_rate, service_rate, stats = one_round(
-                args.messages, args.park_share, args.body_size, count, args.prefetch
+            with_floors = not args.no_floor and count == counts[0]
+            broker_rate, service_rate, stats, floors = one_round(
+                args.messages,
+                args.park_share,
+                args.body_size,
+                count,
+                args.prefetch,
+                prefetch if with_floors else None,
             )
             ratios[count].append(service_rate / broker_rate)
             broker_rates[count].append(broker_rate)
@@ -236,6 +282,18 @@ def main() -> None:
                 f"({stats['batches']} batches, {stats['buried']} buried, {stats['parked']} parked) "
                 f"-> {service_rate / broker_rate:.2f}x",
             )
+            for i, rate in enumerate(floors):
+                floor_ratios[i].append(rate / broker_rate)
+                floor_rates[i].append(rate)
+            if floors:
+                bare, writes = floors
+                round_line(
+                    "floor",
+                    n,
+                    f"bare py-amqp consumer {bare:,.0f}/s -> {bare / broker_rate:.2f}x of the "
+                    f"broker; + minimal Redis writes {writes:,.0f}/s -> "
+                    f"{writes / broker_rate:.2f}x",
+                )
     for count in counts:
         say(
             f"{count} process(es): median broker {median(broker_rates[count]):,.0f}/s, service "
@@ -256,6 +314,13 @@ def main() -> None:
             f"{median(broker_rates[count]):,.0f}/s, service {median(service_rates[count]):,.0f}/s",
             ("met" if ratio >= TARGET else "not met") if count == 1 else "measured",
         )
+    for name, f_ratios, rates in zip(floor_names, floor_ratios, floor_rates, strict=True):
+        if f_ratios:
+            say(
+                f"RATIO P6 floor, {name} / broker: {median(f_ratios):.2f}x median of per-round "
+                f"ratios ({', '.join(f'{r:.2f}' for r in f_ratios)}); {median(rates):,.0f}/s, "
+                f"prefetch {prefetch} (floor, no target)"
+            )
 
 
 if __name__ == "__main__":
