@@ -167,12 +167,15 @@ def configure(app: Celery) -> None:
             app.conf.worker_consumer,
         )
     from celery_dlx.worker.drainer import install_drainer_step
+    from celery_dlx.worker.events import install_task_events_step
     from celery_dlx.worker.settler import install_settler_step
 
     # The drain runs in the workers under a Redis lease: no beat entry, no tick messages.
     install_drainer_step(app)
     # Parks of the pool's runs are written by the main process, in batches (dlx_parent_parks).
     install_settler_step(app)
+    # Fate events follow the worker's task-event switch (dlx_events_follow_worker).
+    install_task_events_step(app)
     _install_optional(app, runtime)
 
 

@@ -17,6 +17,12 @@ Fields: ``name`` (task), ``queue``, ``attempt``, ``cause``, ``exc_type``, ``reas
 fields Flower's task page displays: ``exception`` (``Type('message')``), ``traceback`` (buried
 only) and ``result``, a one-line summary naming queue, attempt and cause.
 
+In a worker they are sent only while the worker sends task events (``-E``,
+``worker_send_task_events``, or ``celery control enable_events``, which Flower broadcasts), as
+Celery sends its own (``dlx_events_follow_worker``, on by default; see
+:mod:`celery_dlx.worker.events`); the DLX service and the CLI send them whenever
+``dlx_send_events`` is on.
+
 Celery's event state turns an unknown ``task-<x>`` event into the custom state ``X`` (so
 ``REQUEUED``, ``PARKED``, ``BURIED``, ``REPLAYED``), and Flower counts every task event in
 ``flower_events_total{type="task-buried", task=..., worker=...}``.
@@ -36,6 +42,7 @@ from celery import Celery
 
 from celery_dlx.fates import BURIED, PARKED, REPLAYED, REQUEUED, FateEvent
 from celery_dlx.wiring.runtime import Runtime
+from celery_dlx.worker.events import TASK_EVENTS_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -137,10 +144,26 @@ class EventSender:
         with self._lock:
             self._connect()
 
+    def wanted(self) -> bool:
+        """Whether fate events go out now: always outside workers; in a worker (with
+        ``dlx_events_follow_worker``) only while it sends task events, as the run's request
+        says (the worker's switch when it received the task) or, outside a run, the worker's
+        switch now."""
+        if not self.runtime.config.events_follow_worker:
+            return True
+        task = getattr(self.app, "current_worker_task", None)
+        if task is not None:
+            said = getattr(task.request, TASK_EVENTS_KEY, None)
+            if said is not None:
+                return bool(said)
+        switch = self.runtime.worker_sends_task_events()
+        return True if switch is None else switch
+
     def send(self, event: FateEvent) -> bool:
-        """Send the event for ``event``; False when its fate has no event type."""
+        """Send the event for ``event``; False when its fate has no event type or events are
+        not :meth:`wanted` now."""
         event_type = EVENT_TYPES.get(event.fate)
-        if event_type is None:
+        if event_type is None or not self.wanted():
             return False
         hostname = self.runtime.acting_node or event_hostname(self.app)
         fields = event_fields(event)
@@ -161,6 +184,8 @@ class EventSender:
         main process writes at once) as one message: Celery's ``task.multi``, a list of task
         events, which Celery's event receivers (Flower's among them) take apart as if each had
         come alone. Returns how many were sent."""
+        if not self.wanted():
+            return 0
         sendable = [(EVENT_TYPES[e.fate], e) for e in events if e.fate in EVENT_TYPES]
         if len(sendable) <= 1:
             return sum(self.send(event) for _, event in sendable)

@@ -109,6 +109,7 @@ class DLXConfig:
     protobuf_descriptor_sets: tuple[str, ...]
     protobuf_modules: tuple[str, ...]
     send_events: bool
+    events_follow_worker: bool
     sentry: bool
     sentry_include_payload: bool
     sentry_payload_limit: int

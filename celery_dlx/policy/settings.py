@@ -397,6 +397,12 @@ SETTINGS: dict[str, Setting] = {
             "Send task-requeued/parked/buried/replayed events (Flower shows them).",
         ),
         Setting(
+            "dlx_events_follow_worker",
+            True,
+            _bool,
+            "In a worker, send those events only while it sends task events (-E, worker_send_task_events, or celery control enable_events, as Flower does), as Celery does for its own; False: always. The DLX service and the CLI always send them.",
+        ),
+        Setting(
             "dlx_sentry",
             True,
             _bool,

@@ -87,6 +87,8 @@ class Runtime:
         self._cluster_replicas = ClusterReplicas()
         self._sharded: ShardedParking | None = None
         self._sharded_graveyard: ShardedGraveyard | None = None
+        #: (pid, switch) of :meth:`follow_worker_events`.
+        self._events_switch: tuple[int, Callable[[], bool]] | None = None
 
     def _check_fork(self) -> None:
         pid = os.getpid()
@@ -347,6 +349,21 @@ class Runtime:
                 _unrecorded(event, recorded)
         self._notify_many(done)
         return outcomes
+
+    def follow_worker_events(self, switch: Callable[[], bool]) -> None:
+        """In a worker's main process: ``switch`` says whether the worker sends task events now
+        (``-E``, or ``celery control enable_events``); fate events sent by this process outside
+        a task's run (a settler's batch, an in-worker DLX service) follow it."""
+        self._events_switch = (os.getpid(), switch)
+
+    def worker_sends_task_events(self) -> bool | None:
+        """What the switch given to :meth:`follow_worker_events` says now, in the process that
+        gave it; None in any other (a pool process inherits its parent's switch, not its
+        meaning) and outside workers."""
+        found = self._events_switch
+        if found is None or found[0] != os.getpid():
+            return None
+        return bool(found[1]())
 
     def requeue_recorded_many(
         self, requeues: Sequence[tuple[Outgoing, FateEvent]]

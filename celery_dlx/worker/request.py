@@ -13,6 +13,7 @@ from typing import Any
 from celery.worker.request import Request
 
 from celery_dlx.compat import HandedOver
+from celery_dlx.worker.events import TASK_EVENTS_KEY, sends_task_events
 from celery_dlx.worker.settler import ParkHandover, RequeueHandover, Settler, settlers
 
 #: Attribute of a request holding its handover until ``acknowledge`` passes it on.
@@ -21,7 +22,14 @@ _HANDOVER_ATTR = "_celery_dlx_handover"
 
 class DLXRequest(Request):
     """A task request whose handed-over park or requeue is settled by the worker's main
-    process."""
+    process, and which tells its run whether the worker sends task events
+    (:data:`~celery_dlx.worker.events.TASK_EVENTS_KEY`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.request_dict[TASK_EVENTS_KEY] = bool(
+            self.task.send_events and sends_task_events(self.eventer)
+        )
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False

@@ -2,7 +2,8 @@
 
 Its names come from ``DLX_TEST_UID``; ``DLX_TEST_REDIS_URL`` (celery_dlx's Redis, a private server
 in the outage test), ``DLX_TEST_PARENT_PARKS`` (``dlx_parent_parks``) and ``DLX_TEST_PREFETCH``
-(the prefetch multiplier, 10 unless given) from the test.
+(the prefetch multiplier, 10 unless given) and ``DLX_TEST_TASK_EVENTS`` (``1``: the worker sends
+task events, as with ``-E``) from the test.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ app = make_app(
     dlx_redis_url=os.environ.get("DLX_TEST_REDIS_URL", REDIS_URL),
     dlx_parent_parks=os.environ.get("DLX_TEST_PARENT_PARKS", "1") == "1",
     worker_prefetch_multiplier=int(os.environ.get("DLX_TEST_PREFETCH", "10")),
+    worker_send_task_events=os.environ.get("DLX_TEST_TASK_EVENTS", "0") == "1",
 )
 _runs = redis.Redis.from_url(REDIS_URL)  # the shared Redis: it stays up in the outage test
 

@@ -347,7 +347,10 @@ def test_real_worker_and_service_fates_reach_flower(
     from celery_dlx.service.loop import DLXService
     from tests.integration.dlx_apps import drain_thread, make_app, queue_names, worker
 
-    app = make_app(uid)
+    # Fate events whatever the worker's own task-event switch says: with Celery's task events on
+    # too, its task-failed of the last run would hold the task at FAILURE in Flower (a ready
+    # state outranks a custom one); test_parent_parks tests the switch itself.
+    app = make_app(uid, dlx_events_follow_worker=False)
     cleanup_queues.extend(queue_names(app))
     task_name = f"charge-{uid}"
 

@@ -42,7 +42,14 @@ def workdir(tmp_path: Path) -> Path:
 class Worker:
     """``celery worker -P POOL -c 1`` (prefork unless asked) on the test app, its log in a file."""
 
-    def __init__(self, uid: str, log: Path, env: dict[str, str], pool: str = "prefork") -> None:
+    def __init__(
+        self,
+        uid: str,
+        log: Path,
+        env: dict[str, str],
+        pool: str = "prefork",
+        without: tuple[str, ...] = ("gossip", "mingle", "heartbeat"),
+    ) -> None:
         cmd = [
             sys.executable,
             "-m",
@@ -56,9 +63,7 @@ class Worker:
             "1",
             "-l",
             "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
+            *(f"--without-{what}" for what in without),
             "-n",
             f"parent-parks-{uid}@%h",
         ]
@@ -100,8 +105,12 @@ def start_worker(
     app = make_app(uid)
     cleanup_queues.extend([*queue_names(app), f"exchange:dlx-{uid}", f"exchange:work-{uid}"])
 
-    def start(pool: str = "prefork", **env: str) -> Worker:
-        w = Worker(uid, workdir / f"worker{len(started)}.log", env, pool)
+    def start(
+        pool: str = "prefork",
+        without: tuple[str, ...] = ("gossip", "mingle", "heartbeat"),
+        **env: str,
+    ) -> Worker:
+        w = Worker(uid, workdir / f"worker{len(started)}.log", env, pool, without)
         started.append(w)
         wait_until(w.ready, timeout=60, what="the worker")
         return w
@@ -148,7 +157,7 @@ def test_each_park_is_written_by_the_process_the_setting_names_and_acked_after(
 ) -> None:
     app = make_app(uid)
     runtime = get_runtime(app)
-    w = start_worker(DLX_TEST_PARENT_PARKS=parent_parks)
+    w = start_worker(DLX_TEST_PARENT_PARKS=parent_parks, DLX_TEST_TASK_EVENTS="1")
     with parked_events(app) as seen:
         ids = {app.send_task("pp.park_once").id for _ in range(TASKS)}
         wait_until(lambda: runtime.parking.count() == TASKS, timeout=90, what="every park")
@@ -260,3 +269,40 @@ def test_each_requeue_is_published_by_the_process_the_setting_names_and_runs_aga
     assert {f.get("message_id") for f in requeued} == ids
     writers = [m.group(1).split("-")[0] for m in REQUEUED_LINE.finditer(w.text())]
     assert writers == [writer] * (2 * TASKS)
+
+
+@pytest.mark.parametrize("parent_parks", ["1", "0"])
+def test_fate_events_follow_the_worker_s_task_event_switch(
+    uid: str, parent_parks: str, start_worker: Any
+) -> None:
+    """A worker that sends no task events (no ``-E``) sends no fate events either, whichever
+    process writes the park; ``celery control enable_events`` (what Flower broadcasts) turns
+    them on, ``disable_events`` off again, as for Celery's own task events. (Celery's remote
+    switch needs the worker's event dispatcher on: its heartbeats keep it on.)"""
+    app = make_app(uid)
+    runtime = get_runtime(app)
+    w = start_worker(without=("gossip", "mingle"), DLX_TEST_PARENT_PARKS=parent_parks)
+    node = f"parent-parks-{uid}@{socket.gethostname()}"
+
+    def park(count: int, total: int) -> set[str]:
+        ids = {app.send_task("pp.park_once").id for _ in range(count)}
+        wait_until(lambda: runtime.parking.count() == total, timeout=90, what="the parks")
+        return ids
+
+    with parked_events(app) as seen:
+        quiet = park(5, 5)
+        app.control.enable_events(destination=[node])
+        wait_until(
+            lambda: app.control.inspect([node], timeout=2).stats(), timeout=30, what="the node"
+        )
+        heard = park(5, 10)
+        wait_until(lambda: heard <= seen.keys(), timeout=30, what="the events once enabled")
+        app.control.disable_events(destination=[node])
+        app.control.inspect([node], timeout=2).stats()  # the broadcast was handled
+        quiet |= park(5, 15)
+        # an event of the first or last five would have arrived by now: the receiver got
+        # the five enabled ones, sent after the first five and before the last five
+        app.send_task("pp.park_once")
+        wait_until(lambda: runtime.parking.count() == 16, timeout=90, what="a last park")
+    w.stop()
+    assert not quiet & seen.keys()
