@@ -6,6 +6,9 @@ now celery_dlx's own code (``LazyExceptionInfo``, ``raise Ignore() from None``) 
 requeue and park that end without a traceback (``compat.settling_tracer``); what is left:
 
 - ``no_events``: ``dlx_send_events = False`` (no Flower event per fate change);
+- ``events_always``: ``dlx_events_follow_worker = False`` (a fate event per fate change even from
+  a worker that sends no task events, as before 2026-11-27; the benchmark workers run without
+  ``-E``, so by default they send none);
 - ``child_parks``: ``dlx_parent_parks = False`` (each pool process writes its own parks, as
   before the main process batched them).
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-KNOWN = {"no_events", "child_parks"}
+KNOWN = {"no_events", "events_always", "child_parks"}
 
 
 def apply(app: Any, experiments: set[str]) -> None:
@@ -23,5 +26,7 @@ def apply(app: Any, experiments: set[str]) -> None:
         raise ValueError(f"unknown BENCH_EXPERIMENTS: {sorted(unknown)} (known: {sorted(KNOWN)})")
     if "no_events" in experiments:
         app.conf.dlx_send_events = False
+    if "events_always" in experiments:
+        app.conf.dlx_events_follow_worker = False
     if "child_parks" in experiments:
         app.conf.dlx_parent_parks = False

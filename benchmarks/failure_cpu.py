@@ -10,7 +10,8 @@ include whatever else uses them). Printed per task, in microseconds, for:
 - ``dlx``: celery_dlx, each task failing once with ``self.retry(countdown=3600)``: a park, written
   by the main process (``dlx_parent_parks``, the default);
 - ``dlx:child_parks``: the same with ``dlx_parent_parks = False`` (the pool process parks);
-- ``dlx:no_events``: ``dlx`` with ``dlx_send_events = False`` (no fate events);
+- ``dlx:events``: ``dlx`` sending a fate event per park (``dlx_events_follow_worker = False``;
+  the worker runs without ``-E``, so ``dlx`` sends none, as Celery sends none of its own);
 - ``ignore``: plain Celery, each run ending in Celery's ``Ignore`` (no celery_dlx): the floor of
   a run that does not succeed, through Celery's own failure path;
 - ``write_ignore``: ``ignore`` after the least a durable park writes, from the run (a hash field
@@ -47,7 +48,7 @@ CELLS = {
     "success": ("plain", "bench.count_run", ""),
     "dlx": ("dlx", "bench.park_hour", ""),
     "dlx:child_parks": ("dlx", "bench.park_hour", "child_parks"),
-    "dlx:no_events": ("dlx", "bench.park_hour", "no_events"),
+    "dlx:events": ("dlx", "bench.park_hour", "events_always"),
     "ignore": ("plain", "bench.count_ignore", ""),
     "write_ignore": ("plain", "bench.count_write_ignore", ""),
     "write_success": ("plain", "bench.count_write", ""),
