@@ -34,7 +34,7 @@ import logging
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -171,19 +171,17 @@ class Settler:
         outcomes: list[BaseException | None] = [None] * len(batch)
         with runtime.acting_for(self.hostname):
             if parks:
-                written = _never_raising(
-                    len(parks),
+                _fill(
+                    outcomes,
+                    parks,
                     lambda: runtime.park_recorded_many([(h.message, h.event) for _, h in parks]),
                 )
-                for (i, _), outcome in zip(parks, written, strict=True):
-                    outcomes[i] = outcome
             if requeues:
-                written = _never_raising(
-                    len(requeues),
+                _fill(
+                    outcomes,
+                    requeues,
                     lambda: runtime.requeue_recorded_many([(h.copy, h.event) for _, h in requeues]),
                 )
-                for (i, _), outcome in zip(requeues, written, strict=True):
-                    outcomes[i] = outcome
         for (request, handover), outcome in zip(batch, outcomes, strict=True):
             try:
                 if outcome is None:
@@ -207,15 +205,20 @@ class Settler:
         request.reject(requeue=handover.requeue_on_failure)
 
 
-def _never_raising(
-    count: int, write: Callable[[], list[BaseException | None]]
-) -> list[BaseException | None]:
-    """``write()``'s outcomes, or its error for each of the ``count`` copies: the settler's
-    thread must never die, and each message then falls back."""
+def _fill(
+    outcomes: list[BaseException | None],
+    indexed: Sequence[tuple[int, object]],
+    write: Callable[[], list[BaseException | None]],
+) -> None:
+    """Put ``write()``'s outcome of each of ``indexed`` (its place in the batch, its handover)
+    in its place in ``outcomes``; if ``write`` raises, its error for each: the settler's thread
+    must never die, and each message then falls back."""
     try:
-        return write()
+        written = write()
     except Exception as err:
-        return [err] * count
+        written = [err] * len(indexed)
+    for (i, _), outcome in zip(indexed, written, strict=True):
+        outcomes[i] = outcome
 
 
 class SettlerStep(bootsteps.StartStopStep):
