@@ -120,6 +120,17 @@ def start_worker(
         w.stop()
 
 
+def wait_for_third_runs(redis_client: Any, uid: str, ids: set[str]) -> None:
+    """Wait until every one of ``ids`` has had its third run (the test tasks that fail twice
+    mark it in ``{test-<uid>}:test:done``)."""
+    done = "{test-" + uid + "}:test:done"
+    wait_until(
+        lambda: {i.decode() for i in redis_client.smembers(done)} == ids,
+        timeout=90,
+        what="every message's third run",
+    )
+
+
 @contextlib.contextmanager
 def parked_events(app: Any) -> Iterator[dict[str, str]]:
     """The ``task-parked`` events sent while in the block: the node name per task id (a Celery
@@ -215,12 +226,7 @@ def test_a_parked_message_the_drain_returns_runs_again_on_the_same_worker(
     app = make_app(uid)
     w = start_worker(pool, DLX_TEST_PARENT_PARKS="1", DLX_TEST_PREFETCH=prefetch)
     ids = {app.send_task("pp.park_twice").id for _ in range(10)}
-    done = "{test-" + uid + "}:test:done"
-    wait_until(
-        lambda: {i.decode() for i in redis_client.smembers(done)} == ids,
-        timeout=90,
-        what="every message's third run",
-    )
+    wait_for_third_runs(redis_client, uid, ids)
     w.stop()
     assert queue_depth(broker.channel(), f"work-{uid}") == 0
     fates = [f.get("fate") for _, f in get_runtime(app).history.read()]
@@ -252,12 +258,7 @@ def test_each_requeue_is_published_by_the_process_the_setting_names_and_runs_aga
     app = make_app(uid)
     w = start_worker(pool, DLX_TEST_PARENT_PARKS=parent_parks, DLX_TEST_PREFETCH="10")
     ids = {app.send_task("pp.fail_twice").id for _ in range(TASKS)}
-    done = "{test-" + uid + "}:test:done"
-    wait_until(
-        lambda: {i.decode() for i in redis_client.smembers(done)} == ids,
-        timeout=90,
-        what="every message's third run",
-    )
+    wait_for_third_runs(redis_client, uid, ids)
     w.stop()
     channel = broker.channel()
     assert queue_depth(channel, f"work-{uid}") == 0
