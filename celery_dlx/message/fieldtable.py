@@ -513,12 +513,44 @@ def user_origin(content: Buffer | None) -> bytes | None:
     if not content:
         return None
     try:
-        kept = b"".join(_short(k) + v for k, v in table_entries(content) if not _own_or_broker(k))
-        if not kept or write_table(read_table(kept)) == kept:
+        user = [(k, v) for k, v in table_entries(content) if not _own_or_broker(k)]
+        if not user or _written_back_alike(user):
+            return None
+        kept = b"".join(_short(k) + v for k, v in user)
+        if write_table(read_table(kept)) == kept:
             return None
     except FieldTableError:
         return bytes(content)
     return kept
+
+
+def _written_back_alike(entries: list[tuple[bytes, bytes]]) -> bool:
+    """True when reading ``entries`` and writing them with :func:`write_table` surely gives the
+    same bytes, judged from each value's encoding alone (no read, no write): distinct keys (a
+    repeated key reads as one), and only values that read to what :func:`encode_value` writes
+    back as they are. False means "not known": the caller compares the read-and-written bytes.
+    """
+    if len({k for k, _ in entries}) != len(entries):
+        return False
+    for _, encoded in entries:
+        tag = encoded[0]
+        if tag == _TAG_LONG_STRING:
+            try:  # read as text (written back alike); not UTF-8, it reads as bytes: an "x"
+                encoded[5:].decode("utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                return False
+        elif tag == _TAG_BOOLEAN:
+            if encoded[1] > 1:  # any other non-zero octet reads True, written back as 1
+                return False
+        elif tag not in _ALIKE_AS_READ:
+            return False
+    return True
+
+
+_TAG_LONG_STRING = ord("S")
+_TAG_BOOLEAN = ord("t")
+#: Field types whose every value is written back to the same bytes: int32 and void.
+_ALIKE_AS_READ = frozenset(map(ord, "IV"))
 
 
 def _unchanged(value: Any, encoded: bytes) -> bool:

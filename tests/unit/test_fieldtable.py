@@ -452,3 +452,93 @@ def test_a_header_nested_deeper_than_the_limit_that_py_amqp_reads_is_copied_whol
     written = dict(table_entries(write_table(headers, origin=props[WIRE_HEADERS_PROPERTY])))
     assert written[b"deep"] == deep[len(short(b"deep")) :]
     assert write_table(headers)  # no origin: encoded, the depth past the limit as text
+
+
+def _user_origin_by_round_trip(content: bytes) -> bytes | None:
+    """user_origin as first written: the user entries read and written again, then compared."""
+    own = (b"x-dlx-", b"x-death", b"x-first-death-", b"x-last-death-", b"x-delivery-count")
+    try:
+        kept = b"".join(short(k) + v for k, v in table_entries(content) if not k.startswith(own))
+        if not kept or write_table(read_table(kept)) == kept:
+            return None
+    except FieldTableError:
+        return content
+    return kept
+
+
+#: Entries celery_dlx or the broker own, which a copy never keeps from the raw table.
+OWN_ENTRIES = st.sampled_from(
+    [
+        short(b"x-dlx-attempt") + b"I" + struct.pack(">i", 2),
+        short(b"x-death") + X_DEATH,
+        short(b"x-delivery-count") + b"l" + struct.pack(">q", 3),
+    ]
+)
+
+
+#: Values of the field types the shortcut judges from their bytes, the tricky ones included: long
+#: strings that are not UTF-8, true octets other than 1.
+JUDGED = st.one_of(
+    st.text(max_size=8).map(lambda v: long(b"S", v.encode("utf-8", "surrogatepass"))),
+    st.binary(max_size=8).map(lambda v: long(b"S", v)),
+    st.integers(0, 255).map(lambda v: b"t" + bytes((v,))),
+    int_field(b"I"),
+    st.just(b"V"),
+)
+#: Names from a few, so that a table repeats one now and then.
+FEW_NAMES = st.one_of(st.sampled_from([b"a", b"b", b"c"]), NAMES)
+
+
+@FUZZ
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(FEW_NAMES, JUDGED).map(lambda kv: short(kv[0]) + kv[1]),
+            st.tuples(FEW_NAMES, FIELDS).map(lambda kv: short(kv[0]) + kv[1]),
+            OWN_ENTRIES,
+        ),
+        max_size=6,
+    ),
+    st.booleans(),
+)
+def test_user_origin_without_a_round_trip_says_what_the_round_trip_says(
+    entries: list[bytes], repeat: bool
+) -> None:
+    """The shortcut (judging each value's encoding) never answers other than reading the user
+    entries and writing them again would: repeated keys, non-UTF-8 strings, true octets other
+    than 1 and every other field type included."""
+    from celery_dlx.message.fieldtable import user_origin
+
+    if repeat and entries:
+        entries = [*entries, entries[0]]  # a repeated key reads as one entry: not written alike
+    content = b"".join(entries)
+    assert user_origin(content) == _user_origin_by_round_trip(content)
+
+
+def test_user_origin_needs_no_round_trip_for_the_usual_producers_tables() -> None:
+    """Strings, int32s, booleans and voids are judged from their bytes; others still compared."""
+    from celery_dlx.message import fieldtable
+
+    usual = b"".join(
+        short(k) + v
+        for k, v in [
+            (b"source", long(b"S", b"billing-go")),
+            (b"n", b"I" + struct.pack(">i", 7)),
+            (b"ok", b"t\x01"),
+            (b"none", b"V"),
+            (b"x-death", X_DEATH),
+        ]
+    )
+    calls: list[bytes] = []
+    real = fieldtable.read_table
+
+    def counting(content: bytes) -> Any:
+        calls.append(content)
+        return real(content)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fieldtable, "read_table", counting)
+        assert fieldtable.user_origin(usual) is None
+        assert calls == []
+        assert fieldtable.user_origin(short(b"n") + b"l" + struct.pack(">q", 7)) is not None
+        assert len(calls) == 1
