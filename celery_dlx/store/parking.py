@@ -28,7 +28,6 @@ from celery_dlx.store.client import (
     Replicas,
     execute_replicated,
     is_cluster,
-    run_script_many,
 )
 from celery_dlx.store.counters import add_counts
 
@@ -67,6 +66,27 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 return 1
+"""
+
+# _PARK for a batch (ARGV: id, due, meta, body of each entry in turn), in one call: a script call
+# per entry costs the client a command to pack and a reply to parse, and the server a script run.
+# Returns 1 or 0 per entry, as _PARK would.
+_PARK_MANY = """
+local out = {}
+for i = 1, #ARGV, 4 do
+  local id = ARGV[i]
+  local held = redis.call('HGET', KEYS[2], id)
+  if held then
+    redis.call('HSET', KEYS[2], id, held)
+    out[#out + 1] = 0
+  else
+    redis.call('HSET', KEYS[2], id, ARGV[i + 2])
+    redis.call('HSET', KEYS[3], id, ARGV[i + 3])
+    redis.call('ZADD', KEYS[1], ARGV[i + 1], id)
+    out[#out + 1] = 1
+  end
+end
+return out
 """
 
 # Delete entries only if still leased with the score this claim gave them (ARGV pairs id, score):
@@ -111,11 +131,12 @@ class ParkingStore:
         self.parked = parked or self.keys.parked_legacy
         self._claim = client.register_script(_CLAIM)
         self._park = client.register_script(_PARK)
+        self._park_many = client.register_script(_PARK_MANY)
         self._ack = client.register_script(_ACK)
 
     def load_scripts(self) -> None:
         """Load the Lua scripts into Redis now (the first call otherwise pays for it)."""
-        for script in (self._claim, self._park, self._ack):
+        for script in (self._claim, self._park, self._park_many, self._ack):
             self.client.script_load(script.script)  # redis-py computed script.sha already
 
     @property
@@ -170,7 +191,8 @@ class ParkingStore:
         pipe.evalsha(self._park.sha, len(self._kk), *self._kk, *args)
 
     def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
-        """Park a batch in one Redis round trip; per message, False if already parked.
+        """Park a batch in one Redis round trip (one script call); per message, False if
+        already parked.
 
         Raises:
             NotReplicated: stored on the master, but fewer replicas than
@@ -179,20 +201,17 @@ class ParkingStore:
         """
         if not messages:
             return []
-        calls: list[tuple[list[str], list[Any]]] = [
-            (self._kk, [m.entry_id, m.due_ms, m.meta_json(), m.body]) for m in messages
-        ]
+        args: list[Any] = []
+        for m in messages:
+            args += (m.entry_id, m.due_ms, m.meta_json(), m.body)
         wanted = self._wanted()
         if not wanted:
-            return [bool(r) for r in run_script_many(self.client, self._park, calls)]
-
-        def queue(pipe: Any) -> None:
-            # One pipeline to the master of the keys' slot, on a Redis Cluster too.
-            for keys, args in calls:
-                self._park(keys=keys, args=args, client=pipe)
-
+            return [bool(r) for r in self._park_many(keys=self._kk, args=args)]
         what = f"a batch of {len(messages)} park(s)"
-        return [bool(r) for r in self._replicated(queue, wanted, what)]
+        (stored,) = self._replicated(
+            lambda pipe: self._park_many(keys=self._kk, args=args, client=pipe), wanted, what
+        )
+        return [bool(r) for r in stored]
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims."""

@@ -52,6 +52,35 @@ def test_park_is_idempotent_per_message_id_and_attempt(store: ParkingStore) -> N
     assert first.properties == {"content_type": "application/json", "correlation_id": "m1"}
 
 
+def test_park_many_is_one_script_call_and_idempotent_like_park(
+    store: ParkingStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch parks in one call, entry by entry as park would: an entry already parked, or
+    parked earlier in the same batch, is left as it is (False); the rest are stored (True)."""
+    assert store.park(_parked("m0")) is True
+    first = _parked("m1", due_ms=T0 + 10)
+    again = _parked("m1", due_ms=T0 + 60_000)
+    again.body = b"a different body"
+    calls: list[int] = []
+    batch_script = store._park_many
+
+    def counted(**kwargs: Any) -> Any:
+        calls.append(len(kwargs["args"]))
+        return batch_script(**kwargs)
+
+    monkeypatch.setattr(store, "_park_many", counted)
+    monkeypatch.setattr(store, "_park", None)  # the one-entry script is not used
+    stored = store.park_many([_parked("m0"), first, again, _parked("m2", attempt=3)])
+    assert stored == [False, True, False, True]
+    assert calls == [16]  # one call, four arguments per entry
+    assert store.count() == 3
+    claimed = {m.entry_id: m for m in store.claim(10, LEASE, now=T0 + 10)}
+    assert sorted(claimed) == ["m0:1", "m1:1", "m2:3"]
+    assert claimed["m1:1"].body == b"body of m1" and claimed["m1:1"].due_ms == T0 + 10
+    assert claimed["m2:3"].headers == {"x-dlx-attempt": 3, "raw": b"\x00\x01"}
+    assert store.park_many([]) == []
+
+
 def test_only_due_entries_are_claimed_in_due_order_up_to_the_limit(store: ParkingStore) -> None:
     for i, offset in enumerate([300, 100, 200, 5_000]):
         store.park(_parked(f"m{i}", due_ms=T0 + offset))
