@@ -498,12 +498,6 @@ def write_table(headers: Mapping[_Key, object], origin: Buffer | None = None) ->
     return bytes(out)
 
 
-def _own_or_broker(key: bytes) -> bool:
-    return key.startswith(b"x-dlx-") or key.decode("utf-8", "replace").startswith(
-        (*BROKER_HEADER_PREFIXES, *BROKER_HEADERS)
-    )
-
-
 def user_origin(content: Buffer | None) -> bytes | None:
     """What a copy needs to keep of a delivery's raw header table: its user entries (not
     celery_dlx's ``x-dlx-*``, not the broker's ``x-death*``), or None when
@@ -513,7 +507,7 @@ def user_origin(content: Buffer | None) -> bytes | None:
     if not content:
         return None
     try:
-        user = [(k, v) for k, v in table_entries(content) if not _own_or_broker(k)]
+        user = _user_entries(bytes(content))
         if not user or _written_back_alike(user):
             return None
         kept = b"".join(_short(k) + v for k, v in user)
@@ -522,6 +516,44 @@ def user_origin(content: Buffer | None) -> bytes | None:
     except FieldTableError:
         return bytes(content)
     return kept
+
+
+#: Names of the entries a copy never keeps from the raw table: celery_dlx's and the broker's
+#: (ASCII, so a name starts with one exactly when its text does).
+_OWN_OR_BROKER = (b"x-dlx-", *(n.encode() for n in (*BROKER_HEADER_PREFIXES, *BROKER_HEADERS)))
+
+
+def _user_entries(data: bytes) -> list[tuple[bytes, bytes]]:
+    """``(name, encoded value)`` of the entries of a table's content that are neither
+    celery_dlx's nor the broker's (:data:`_OWN_OR_BROKER`), in wire order: :func:`table_entries`
+    filtered, in one pass (it runs once per dead letter).
+
+    Raises:
+        FieldTableError: the top level is not well-formed, where :func:`table_entries` raises.
+    """
+    out = []
+    offset, end = 0, len(data)
+    while offset < end:
+        start = offset + 1 + data[offset]  # past the name: the value's type tag
+        if start >= end:
+            raise FieldTableError(f"field ends past its table ({start + 1} > {end} bytes)")
+        tag = data[start]
+        size = _FIXED_SIZES.get(tag)
+        if size is not None:
+            stop = start + 1 + size
+        elif tag in _SIZED:
+            if start + 5 > end:
+                raise FieldTableError(f"field ends past its table ({start + 5} > {end} bytes)")
+            stop = start + 5 + int.from_bytes(data[start + 1 : start + 5], "big")
+        else:
+            raise FieldTableError(f"unknown field type {chr(tag)!r} at byte {start}")
+        if stop > end:
+            raise FieldTableError(f"field ends past its table ({stop} > {end} bytes)")
+        name = data[offset + 1 : start]
+        if not name.startswith(_OWN_OR_BROKER):
+            out.append((name, data[start:stop]))
+        offset = stop
+    return out
 
 
 def _written_back_alike(entries: list[tuple[bytes, bytes]]) -> bool:
