@@ -157,14 +157,33 @@ def _history(raw: Any) -> tuple[HistoryEntry, ...]:
     return tuple(entries)
 
 
+#: The headers :func:`read_state` reads; a message with none of them (every first delivery) has
+#: the empty state.
+STATE_HEADERS = frozenset(
+    {
+        ATTEMPT_HEADER,
+        REQUEUES_HEADER,
+        PARKS_HEADER,
+        HISTORY_HEADER,
+        QUEUE_HEADER,
+        FIRST_FAILURE_HEADER,
+        CAUSE_HEADER,
+        EXC_TYPE_HEADER,
+        EXC_MESSAGE_HEADER,
+    }
+)
+#: The state of a message that carries none of :data:`STATE_HEADERS` (frozen, so shared).
+NO_STATE = DLXState()
+
+
 def read_state(headers: Mapping[str, object] | None) -> DLXState:
     """Read celery_dlx's own headers.
 
     Raises:
         MalformedHeader: a celery_dlx header is present with a value of the wrong type or shape.
     """
-    if not headers:
-        return DLXState()
+    if not headers or headers.keys().isdisjoint(STATE_HEADERS):
+        return NO_STATE
     first = headers.get(FIRST_FAILURE_HEADER)
     queue = headers.get(QUEUE_HEADER)
     cause = headers.get(CAUSE_HEADER)
@@ -218,11 +237,19 @@ def is_broker_header(name: str) -> bool:
     )
 
 
+#: The headers :func:`is_broker_header` names exactly (it also strips by prefix).
+_NOT_COPIED = frozenset({*BROKER_HEADERS, DELIVERY_QUEUE_HEADER})
+
+
 def clean_headers(
     headers: Mapping[str, object] | None, state: DLXState | None = None
 ) -> dict[str, object]:
     """Headers for a republished copy: broker ``x-death*`` headers stripped, ``state`` written."""
-    out = {k: v for k, v in (headers or {}).items() if not is_broker_header(str(k))}
+    out = {
+        k: v
+        for k, v in (headers or {}).items()
+        if k not in _NOT_COPIED and not str(k).startswith(BROKER_HEADER_PREFIXES)
+    }
     if state is not None:
         out.update(state_headers(state))
     return out

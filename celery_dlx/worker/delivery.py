@@ -38,7 +38,7 @@ def read_delivery(task: Task[..., object]) -> Delivery:
         state = read_state(headers)
     except MalformedHeader as exc:
         state, problem = DLXState(), f"malformed header: {exc}"
-    x_problem = dead_letter_refusal(headers)
+    x_problem = dead_letter_refusal(headers) if "x-death" in headers else None
     queue = (
         headers.get(DELIVERY_QUEUE_HEADER)
         or state.queue

@@ -8,6 +8,7 @@ requeued copy, not at once.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from celery.worker.request import Request
@@ -15,9 +16,6 @@ from celery.worker.request import Request
 from celery_dlx.compat import HandedOver
 from celery_dlx.worker.events import TASK_EVENTS_KEY, sends_task_events
 from celery_dlx.worker.settler import ParkHandover, RequeueHandover, Settler, settlers
-
-#: Attribute of a request holding its handover until ``acknowledge`` passes it on.
-_HANDOVER_ATTR = "_celery_dlx_handover"
 
 
 class DLXRequest(Request):
@@ -36,18 +34,22 @@ class DLXRequest(Request):
     ) -> Any:
         exc = getattr(exc_info, "exception", None)
         if isinstance(exc, HandedOver) and isinstance(exc.handover, ParkHandover | RequeueHandover):
-            # Celery acks an Ignore (after its own bookkeeping): acknowledge() passes it on.
-            setattr(self, _HANDOVER_ATTR, exc.handover)
+            # Celery acks an Ignore (after its own bookkeeping): this request's acknowledge
+            # passes the handover on instead, once. A success never comes here, and runs
+            # Celery's own acknowledge.
+            self.__dict__["acknowledge"] = partial(_hand_over, self, exc.handover)
         return super().on_failure(
             exc_info, send_failed_event=send_failed_event, return_ok=return_ok
         )
 
-    def acknowledge(self) -> None:
-        handover = self.__dict__.pop(_HANDOVER_ATTR, None)
-        if handover is None or self.acknowledged:
-            super().acknowledge()
-            return
-        # Without a running settler (it cannot happen: a pool process hands over only to one),
-        # an idle one writes the copy here and now.
-        settler = settlers.get(self.task.app) or Settler(self.task.app)
-        settler.submit(self, handover)
+
+def _hand_over(request: DLXRequest, handover: ParkHandover | RequeueHandover) -> None:
+    """``request.acknowledge()`` of a run that handed its park or requeue over: the settler writes
+    the copy, then acks the message through Celery's own ``acknowledge``."""
+    del request.__dict__["acknowledge"]
+    if request.acknowledged:
+        return
+    # Without a running settler (it cannot happen: a pool process hands over only to one),
+    # an idle one writes the copy here and now.
+    settler = settlers.get(request.task.app) or Settler(request.task.app)
+    settler.submit(request, handover)

@@ -38,6 +38,10 @@ def dlx_strategy(
 ) -> Callable[..., object]:
     """Celery's default strategy, with the delivery's queue name added to its headers."""
     handler = default(task, app, consumer, **kwargs)
+    # Consumer tag to queue, as seen so far. kombu numbers its consumer tags from one counter
+    # per process, so a tag never names another queue later: a tag seen once stays right, and
+    # only a tag not seen yet (a new consumer, a reconnection) looks at the consumer again.
+    queue_of_tag: dict[str, str] = {}
 
     def task_message_handler(
         message: Message,
@@ -49,7 +53,12 @@ def dlx_strategy(
     ) -> Any:
         headers = message.headers
         if isinstance(headers, dict):
-            queue = _queue_of(consumer, message)
+            tag = (message.delivery_info or {}).get("consumer_tag")
+            queue = queue_of_tag.get(tag) if tag else None
+            if queue is None:
+                queue = _queue_of(consumer, message)
+                if queue and tag:
+                    queue_of_tag[tag] = queue
             if queue:
                 headers[DELIVERY_QUEUE_HEADER] = queue
         return handler(message, body, ack, reject, callbacks, **kw)

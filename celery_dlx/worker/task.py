@@ -166,20 +166,22 @@ class DLXTask(Task[Any, Any]):
             resolve_task_options(cls, get_runtime(app).config)
 
     @classmethod
-    def _dlx_enabled_for(cls, app: Celery) -> bool:
+    def _dlx_enabled_for(cls, app: Celery, runtime: Runtime | None = None) -> bool:
         if cls._dlx_always:
             return True
         # Celery's built-in tasks and celery_dlx's own keep plain Celery semantics.
         name = getattr(cls, "name", None) or ""
         if name.startswith(INTERNAL_TASK_PREFIXES):
             return False
-        return bool(get_runtime(app).config.enabled)
+        return bool((runtime or get_runtime(app)).config.enabled)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         req = self.request
-        if req.called_directly or req.is_eager or not self._dlx_enabled_for(self.app):
+        if req.called_directly or req.is_eager:
             return super().__call__(*args, **kwargs)
         runtime = get_runtime(self.app)
+        if not self._dlx_enabled_for(self.app, runtime):
+            return super().__call__(*args, **kwargs)
         delivery = read_delivery(self)
         if delivery.problem:
             try:
