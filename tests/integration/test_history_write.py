@@ -1,0 +1,86 @@
+"""History.write on a real Redis: a batch appended by one script call, entry for entry as XADDs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from celery_dlx.fates import PARKED, REQUEUED, FateEvent
+from celery_dlx.message.names import Keys
+from celery_dlx.store import history as history_module
+from celery_dlx.store.history import History, history_fields
+
+
+def _events() -> list[FateEvent]:
+    return [
+        FateEvent.from_fields(
+            PARKED,
+            queue="orders",
+            message_id="m-1",
+            attempt=2,
+            cause="c1",
+            exc_type="KeyError",
+            reason="rejected in orders",
+            first_failure_ms=1_700_000_000_000,
+            at_ms=1_700_000_000_500,
+            delay=30.0,
+        ),
+        FateEvent.from_fields(
+            REQUEUED,
+            task="bill",
+            queue="zahlungen",
+            message_id='m-2 \u00e9\u4e2d\U0001f600 "quoted" \\ \n',
+            attempt=1,
+            cause="c2",
+            exc_type="ValueError",
+            reason="r" * 600,  # cut to 500, as one XADD would
+            at_ms=1_700_000_000_600,
+            extra={"obituary": {"id": "o1", "payload": None}},
+        ),
+    ]
+
+
+def _stream(client: Any, keys: Keys) -> list[dict[str, str]]:
+    return [fields for _, fields in History(client, keys).read()]
+
+
+def test_a_batch_is_appended_as_one_xadd_per_event_would_append_it(
+    redis_client: Any, keys: Keys
+) -> None:
+    events = _events()
+    failed, counters_failed = History(redis_client, keys).write(events)
+    assert failed is None and not counters_failed
+    expected = [history_fields(e) for e in events]
+    assert _stream(redis_client, keys) == expected
+    assert len(expected[1]["reason"]) == 500 and "obituary" in expected[1]
+    # The same events appended one XADD each (the path a Redis Cluster takes) read back alike.
+    other = Keys(keys.prefix + "-xadd")
+    try:
+        History(redis_client, other).append_many(events)
+        assert _stream(redis_client, other) == expected
+    finally:
+        redis_client.delete(other.history)
+
+
+def test_a_redis_without_the_script_gets_the_batch_once(
+    redis_client: Any, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a restart Redis has no scripts: the batch goes again by EVAL, once."""
+    monkeypatch.setattr(history_module, "_APPEND_MANY_SHA", "0" * 40)  # a script Redis lacks
+    events = _events()
+    failed, _ = History(redis_client, keys).write(events)
+    assert failed is None
+    assert _stream(redis_client, keys) == [history_fields(e) for e in events]
+
+
+def test_without_history_only_the_counters_are_written(redis_client: Any, keys: Keys) -> None:
+    failed, counters_failed = History(redis_client, keys).write(_events(), history=False)
+    assert failed is None and not counters_failed
+    assert _stream(redis_client, keys) == []
+
+
+def test_a_refused_append_is_reported(redis_client: Any, keys: Keys) -> None:
+    redis_client.set(keys.history, "not a stream")
+    failed, _ = History(redis_client, keys).write(_events())
+    assert failed is not None and "WRONGTYPE" in str(failed)
