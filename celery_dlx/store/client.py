@@ -54,6 +54,54 @@ def run_script_many(
     return list(pipe.execute())
 
 
+def batched_script(body: str) -> str:
+    """A script running ``body`` (a script over one call's ``KEYS`` and ``ARGV``) once per call
+    of a batch, in order: ``ARGV[1]`` and ``ARGV[2]`` are how many keys and arguments each call
+    has, then come each call's keys and arguments in turn. Returns the replies in a list.
+    """
+    return f"""
+local function one(KEYS, ARGV)
+{body}
+end
+local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {{}}
+for i = 0, #KEYS / nk - 1 do
+  local k, a = {{}}, {{}}
+  for j = 1, nk do k[j] = KEYS[i * nk + j] end
+  for j = 1, na do a[j] = ARGV[2 + i * na + j] end
+  out[#out + 1] = one(k, a)
+end
+return out
+"""
+
+
+def run_script_batch(
+    script: Any, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+) -> list[Any]:
+    """Run ``script`` (a :func:`batched_script`) once for all of ``calls`` (``(keys, args)``,
+    each with as many keys and arguments as the others); returns the replies in order.
+
+    One command instead of one per call: the client packs and parses one, the server runs one
+    script. Every key must be in one hash tag (one Redis Cluster slot).
+
+    Raises:
+        ValueError: the calls differ in their numbers of keys or arguments.
+    """
+    if not calls:
+        return []
+    nk, na = len(calls[0][0]), len(calls[0][1])
+    if nk == 0:
+        raise ValueError("a batched script call needs at least one key per call")
+    keys: list[Any] = []
+    args: list[Any] = [nk, na]
+    for call_keys, call_args in calls:
+        if len(call_keys) != nk or len(call_args) != na:
+            raise ValueError("every call of a batched script has the same numbers of keys and args")
+        keys += call_keys
+        args += call_args
+    return list(script(keys=keys, args=args))
+
+
 def mget_many(client: RedisClient, *key_lists: Sequence[str]) -> list[list[Any]]:
     """``MGET`` of each key list (each within one hash tag), in one round trip where possible.
 

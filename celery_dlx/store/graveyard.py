@@ -45,7 +45,13 @@ from typing import Any, cast
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Obituary
-from celery_dlx.store.client import RedisClient, run_script_many
+from celery_dlx.store.client import (
+    RedisClient,
+    batched_script,
+    is_cluster,
+    run_script_batch,
+    run_script_many,
+)
 from celery_dlx.store.history import history_args
 
 logger = logging.getLogger(__name__)
@@ -209,6 +215,9 @@ class Graveyard:
         self.tasks_key = self._key("tasks")
         self.versions_key = self._key("versions")
         self._write = client.register_script(_WRITE if tag is None else _WRITE_SHARD)
+        self._write_batch = client.register_script(
+            batched_script(_WRITE if tag is None else _WRITE_SHARD)
+        )
         self._remove = client.register_script(_REMOVE if tag is None else _REMOVE_SHARD)
 
     def _key(self, suffix: str) -> str:
@@ -258,7 +267,10 @@ class Graveyard:
         """
         if not items:
             return []
-        return [bool(r) for r in run_script_many(self.client, self._write, self.write_calls(items))]
+        calls = self.write_calls(items)
+        if is_cluster(self.client):  # a call each, as redis-py runs scripts on a Cluster
+            return [bool(r) for r in run_script_many(self.client, self._write, calls)]
+        return [bool(r) for r in run_script_batch(self._write_batch, calls)]
 
     def write_calls(
         self, items: Sequence[tuple[Obituary, FateEvent]]

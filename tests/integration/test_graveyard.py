@@ -13,11 +13,13 @@ from kombu import Queue
 
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import ARCHIVED, BURIED, PURGED, REPLAYED
-from celery_dlx.message.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEADER
+from celery_dlx.message.names import ATTEMPT_HEADER, PARKS_HEADER, REPLAYED_HEADER, Keys
 from celery_dlx.message.obituary import Attempt, Obituary, payload_from_json_safe
 from celery_dlx.ops import obituaries, purge
 from celery_dlx.ops import replay as replaying
 from celery_dlx.service.settle import buried_event
+from celery_dlx.store.client import run_script_many
+from celery_dlx.store.graveyard import Graveyard
 from celery_dlx.wiring.retention import sweep_retention
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
@@ -286,3 +288,55 @@ def test_text_outside_ascii_survives_the_write_script(runtime: Runtime) -> None:
     (row,) = history(runtime)
     assert (row["queue"], row["task"], row["reason"]) == ("facturación", "proj.tâche", ob.reason)
     assert [o.id for o in obituaries.list_obituaries(runtime, queue="facturación")] == ["ob-1"]
+
+
+def _contents(client: Any, prefix: str) -> dict[str, Any]:
+    """Every key under ``prefix`` (named without it) with what it holds (stream entry ids left
+    out: they are times)."""
+    out: dict[str, Any] = {}
+    for raw in client.scan_iter(match="{" + prefix + "}*", count=1000):
+        key = raw.decode()
+        kind = client.type(key).decode()
+        if kind == "hash":
+            value: Any = client.hgetall(key)
+        elif kind == "zset":
+            value = client.zrange(key, 0, -1, withscores=True)
+        elif kind == "stream":
+            value = [fields for _, fields in client.xrange(key)]
+        else:
+            value = client.dump(key)
+        out[key.replace(prefix, "<prefix>", 1)] = (kind, value)
+    return out
+
+
+def test_a_batch_is_written_by_one_script_call_as_one_call_each_would_write_it(
+    runtime: Runtime, key_prefix: str
+) -> None:
+    """The batched write (one command for the batch) leaves Redis as one script call per
+    obituary did: indexes, groups, versions, history, the worker's cause records deleted; an
+    obituary written before, or earlier in the batch, is left alone."""
+    obits = [
+        make(1),
+        make(2, queue="mail", task="send", cause="c2"),
+        make(3, cause="c2", code_version="v2"),
+        make(1),  # again in the same batch
+        make(4, queue="mail", task="caf\u00e9 \u4e2d"),
+    ]
+    items = [(ob, buried_event(ob)) for ob in obits]
+    before = [(make(3), buried_event(make(3)))]
+    other = f"{key_prefix}-one-each"
+    client = runtime.redis
+    try:
+        for prefix in (key_prefix, other):
+            client.set(Keys(prefix).cause("m-2"), b"{}")
+        assert runtime.graveyard.write_many(before) == [True]
+        assert runtime.graveyard.write_many(items) == [True, True, False, False, True]
+        yard = Graveyard(client, Keys(other))
+        assert run_script_many(client, yard._write, yard.write_calls(before)) == [1]
+        replies = run_script_many(client, yard._write, yard.write_calls(items))
+        assert [bool(r) for r in replies] == [True, True, False, False, True]
+        assert client.exists(Keys(key_prefix).cause("m-2")) == 0
+        assert _contents(client, other) == _contents(client, key_prefix)
+    finally:
+        for raw in client.scan_iter(match="{" + other + "*", count=1000):
+            client.delete(raw)
