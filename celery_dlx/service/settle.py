@@ -61,6 +61,7 @@ from celery_dlx.policy.verdicts import (
     decide_letter,
 )
 from celery_dlx.roles import Parking, Publisher
+from celery_dlx.service.fatelog import log_fates
 from celery_dlx.service.stats import ServiceStats
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
@@ -203,18 +204,20 @@ class BatchSettler:
                 faults.point("service.published")
             self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
             retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
-            self.runtime.record_many(retried)
+            self.runtime.record_many(retried, log=False)
             burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
             if burials:
                 faults.point("service.buried")
             # The buried entries went to the history with the obituaries, atomically.
-            self.runtime.record_many([event for _, event in burials], history=False)
+            buried = [event for _, event in burials]
+            self.runtime.record_many(buried, history=False, log=False)
             for ob, _ in burials:
                 send_to_hook(self.app, self.config.obituary_task, ob)
             # Every letter's marker, a redelivery's too: the batch's last write, so the replicas'
             # confirmation covers it and every write before it (an earlier try's included).
             self._mark_seen(works)
             self._remember(live)
+        log_fates([*retried, *buried])  # written (and replicated): one line per fate
         self._forget(works)
         self._count([*ours, *live], len(works) - len(live) - len(ours))
 

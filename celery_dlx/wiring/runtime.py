@@ -536,21 +536,25 @@ class Runtime:
                 "celery_dlx could not reach the broker at start (%s); will retry on use", exc
             )
 
-    def record_many(self, events: Sequence[FateEvent], *, history: bool = True) -> None:
+    def record_many(
+        self, events: Sequence[FateEvent], *, history: bool = True, log: bool = True
+    ) -> None:
         """Log many fate changes, append and count them in one Redis round trip, notify each.
 
         History appends and counters go in one pipeline (a drain batch must not cost a round trip
         per message). A failed history append propagates, after the rest of the batch was sent;
         counters and listeners are best effort. ``history=False``: as in :meth:`record`, the
         caller appended the events itself; they are logged, counted and notified only.
+        ``log=False``: the caller logs them (the DLX service, one line per batch and fate).
 
         Raises:
             redis.RedisError: the pipeline failed or a history append was refused.
         """
         if not events:
             return
-        for event in events:
-            self._log(event)
+        if log:
+            for event in events:
+                self._log(event)
         failed, counters_failed = self.history.write(events, history=history)
         if counters_failed:
             logger.warning("celery_dlx counter update failed for %d events", len(events))
