@@ -67,6 +67,17 @@ def test_read_state_without_own_headers_is_a_first_delivery(headers: Any) -> Non
     assert read_state(headers) == DLXState()
 
 
+@pytest.mark.parametrize("name", sorted(state_headers(FULL_STATE)))
+def test_read_state_reads_each_own_header_even_alone(name: str) -> None:
+    # A table with none of celery_dlx's headers is read as the empty state without looking
+    # further: each of them, alone, must still be read as with another one beside it.
+    value = state_headers(FULL_STATE)[name]
+    other = REQUEUES_HEADER if name == ATTEMPT_HEADER else ATTEMPT_HEADER
+    alone = read_state({"id": "abc", name: value})
+    assert alone != DLXState()
+    assert alone == read_state({"id": "abc", name: value, other: 0})
+
+
 @pytest.mark.parametrize(
     "state",
     [
