@@ -15,7 +15,7 @@ from celery.worker.request import Request
 
 from celery_dlx.compat import HandedOver
 from celery_dlx.worker.events import TASK_EVENTS_KEY, sends_task_events
-from celery_dlx.worker.settler import ParkHandover, RequeueHandover, Settler, settlers
+from celery_dlx.worker.settler import ParkHandover, RequeueHandover, Settler, settler_of
 
 
 class DLXRequest(Request):
@@ -51,5 +51,5 @@ def _hand_over(request: DLXRequest, handover: ParkHandover | RequeueHandover) ->
         return
     # Without a running settler (it cannot happen: a pool process hands over only to one),
     # an idle one writes the copy here and now.
-    settler = settlers.get(request.task.app) or Settler(request.task.app)
+    settler = settler_of(request.task.app) or Settler(request.task.app)
     settler.submit(request, handover)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,14 +89,20 @@ class RequeueHandover:
 Handover = ParkHandover | RequeueHandover
 
 
-#: Apps whose worker's main process settles handed-over parks (set before the pool forks, so
-#: its processes know it too).
-_HANDING_OVER: weakref.WeakSet[Celery] = weakref.WeakSet()
+#: Attribute of an app holding its worker's :class:`Settler`, as the app holds its runtime: set
+#: before the pool forks, so its processes know that their parent settles parks.
+_SETTLER_ATTR = "_celery_dlx_settler"
 
 
 def hands_over(app: Celery) -> bool:
     """True in a worker (and its pool processes) whose main process settles parks."""
-    return app in _HANDING_OVER
+    return app.__dict__.get(_SETTLER_ATTR) is not None
+
+
+def settler_of(app: Celery) -> Settler | None:
+    """The settler of ``app``'s worker (its running one in the main process), if it has one."""
+    settler: Settler | None = app.__dict__.get(_SETTLER_ATTR)
+    return settler
 
 
 class Settler:
@@ -245,9 +250,8 @@ class SettlerStep(bootsteps.StartStopStep):
 
     def create(self, parent: WorkController) -> Settler:  # type: ignore[override]  # celery-stubs say None; Celery keeps what create returns as the step's obj
         # Before the pool forks: its processes see that their parent settles parks.
-        _HANDING_OVER.add(parent.app)
         self.settler = Settler(parent.app, getattr(parent, "hostname", None))
-        settlers[parent.app] = self.settler
+        parent.app.__dict__[_SETTLER_ATTR] = self.settler
         return self.settler
 
     def start(self, parent: WorkController) -> None:
@@ -260,10 +264,6 @@ class SettlerStep(bootsteps.StartStopStep):
 
     def terminate(self, parent: WorkController) -> None:
         self.stop(parent)
-
-
-#: The settler of each app's worker (main process only).
-settlers: weakref.WeakKeyDictionary[Celery, Settler] = weakref.WeakKeyDictionary()
 
 
 def install_settler_step(app: Celery) -> None:
