@@ -45,52 +45,64 @@ def _count(fate: str) -> Any:
     return F.sum(F.when(F.col("fate") == fate, 1).otherwise(0))
 
 
-def recoveries(events: Any) -> Any:
-    """Per recovered message: ``message_id``, ``ttr_ms`` (null when unknown), ``recovered``."""
-    from pyspark.sql import functions as F
-
-    first_failure = (
-        events.filter(F.col("fate").isin(*FAILURE_FATES))
-        .groupBy("message_id")
-        .agg(F.min("at_ms").alias("failed_at"))
-    )
-    recovered = (
-        events.filter(F.col("fate") == "recovered")
-        .groupBy("message_id")
-        .agg(
-            F.min("at_ms").alias("recovered_at"),
-            F.min_by("first_failure_ms", "at_ms").alias("first_failure_ms"),
-        )
-    )
-    joined = recovered.join(first_failure, "message_id", "left")
-    ttr = F.col("recovered_at") - F.coalesce(F.col("first_failure_ms"), F.col("failed_at"))
-    return joined.select(
-        "message_id", F.when(ttr >= 0, ttr).alias("ttr_ms"), F.lit(1).alias("recovered")
-    )
-
-
 def message_facts(events: Any) -> Any:
     """One row per day, queue, task, cause and message with a failure or a replay: its fate
-    counts, whether it failed there, and (per message) whether and how fast it recovered.
+    counts, whether it failed there, the first and last of its failures there
+    (``failed_from``, ``failed_to``), and (per message) whether and how fast it recovered.
 
-    Every aggregate is a grouping of these rows, so the costly part (the recovery join) runs once.
+    Every aggregate is a grouping of these rows. The events are shuffled once, by message; the
+    rows per group, the recovery per message (a window over the message's rows) and the
+    summary's groupings by message of the (persisted) result all keep that partitioning.
     """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     failure = F.col("fate").isin(*FAILURE_FATES)
-    facts = (
-        events.filter(failure | (F.col("fate") == "replayed"))
-        .groupBy(*DAY_KEYS, "message_id")
-        .agg(
-            F.max(F.when(failure & (F.col("exc_type") != ""), F.col("exc_type"))).alias("exc_type"),
-            _count("requeued").alias("requeues"),
-            _count("parked").alias("parks"),
-            _count("buried").alias("burials"),
-            _count("replayed").alias("replays"),
-            F.max(F.when(failure, 1).otherwise(0)).alias("failed"),
-        )
+    recovery = F.col("fate") == "recovered"
+    at_ms = F.col("at_ms")
+    # the one shuffle: every event the facts read, by message
+    by_message = events.filter(failure | recovery | (F.col("fate") == "replayed")).repartition(
+        "message_id"
     )
-    return facts.join(recoveries(events), "message_id", "left")
+    # message_id first: the rows come out sorted by message, as the window below needs them
+    per_group = by_message.groupBy("message_id", *DAY_KEYS).agg(
+        F.max(F.when(failure & (F.col("exc_type") != ""), F.col("exc_type"))).alias("exc_type"),
+        _count("requeued").alias("requeues"),
+        _count("parked").alias("parks"),
+        _count("buried").alias("burials"),
+        _count("replayed").alias("replays"),
+        F.max(F.when(failure, 1).otherwise(0)).alias("failed"),
+        F.min(F.when(failure, at_ms)).alias("failed_from"),
+        F.max(F.when(failure, at_ms)).alias("failed_to"),
+        F.min(F.when(recovery, at_ms)).alias("recovered_at"),
+        F.min_by("first_failure_ms", F.when(recovery, at_ms)).alias("recovered_first_failure"),
+    )
+    # the time to recovery: the message's first recovered event's at_ms minus that event's
+    # first_failure_ms, or, when that is empty, the message's first failure event (any day)
+    message = Window.partitionBy("message_id")
+    per_message = per_group.select(
+        "*",
+        F.min("recovered_at").over(message).alias("message_recovered_at"),
+        F.min_by("recovered_first_failure", "recovered_at").over(message).alias("message_first"),
+        F.min("failed_from").over(message).alias("message_failed_at"),
+    )
+    ttr = F.col("message_recovered_at") - F.coalesce("message_first", "message_failed_at")
+    facts = per_message.select(
+        *DAY_KEYS,
+        "message_id",
+        "exc_type",
+        "requeues",
+        "parks",
+        "burials",
+        "replays",
+        "failed",
+        "failed_from",
+        "failed_to",
+        F.when(ttr >= 0, ttr).alias("ttr_ms"),
+        F.when(F.col("message_recovered_at").isNotNull(), 1).alias("recovered"),
+    )
+    # groups holding only recoveries counted for their message above; they are no group's facts
+    return facts.filter((F.col("failed") == 1) | (F.col("replays") > 0))
 
 
 def aggregate(facts: Any, keys: Sequence[str]) -> Any:
@@ -168,6 +180,15 @@ def summary_rows(facts: Any, limit: int) -> tuple[dict[str, Any], list[dict[str,
         F.col("failures").desc(), F.col("queue"), F.col("task"), F.col("cause")
     )
     return totals, [row.asDict() for row in ordered.limit(limit).collect()]
+
+
+def failure_bounds(facts: Any) -> tuple[Any, Any]:
+    """The first and last failure's ``at_ms`` in :func:`message_facts` rows (None, None when
+    nothing failed): the chart's window, without reading the events again."""
+    from pyspark.sql import functions as F
+
+    row = facts.agg(F.min("failed_from"), F.max("failed_to")).first()
+    return (row[0], row[1]) if row is not None else (None, None)
 
 
 def _cell(value: Any, column: str) -> str:

@@ -15,9 +15,18 @@ TOP_CAUSES = 6
 OTHER = "\x00other"
 
 
-def hourly_failures(events: Any, days: float, top: int = TOP_CAUSES) -> dict[str, Any]:
+def hourly_failures(
+    events: Any, days: float, top: int = TOP_CAUSES, bounds: tuple[Any, Any] | None = None
+) -> dict[str, Any]:
     """Failures per hour and cause over the last ``days`` days before the last failure (or since
     the first failure, when the history is shorter).
+
+    Args:
+        events: the events output (its ``day`` partitions outside the window are not read).
+        days: days of history drawn.
+        top: causes drawn as their own line.
+        bounds: the first and last failure's ``at_ms`` when already known (``None, None``: no
+            failure); read from ``events`` when not given.
 
     Returns:
         ``{"hours": [epoch hour, ...], "series": {label: [count per hour]}}`` with every hour of
@@ -27,12 +36,17 @@ def hourly_failures(events: Any, days: float, top: int = TOP_CAUSES) -> dict[str
     from pyspark.sql import functions as F
 
     failures = events.filter(F.col("fate").isin(*FAILURE_FATES))
-    bounds = failures.agg(F.min("at_ms"), F.max("at_ms")).first()
-    if bounds is None or bounds[1] is None:
+    if bounds is None:
+        bounds = tuple(failures.agg(F.min("at_ms"), F.max("at_ms")).first() or (None, None))
+    if bounds[1] is None:
         return {"hours": [], "series": {}}
     last_hour = int(bounds[1]) // HOUR_MS
     first_hour = max(int(bounds[0]) // HOUR_MS, last_hour - max(1, int(days * 24)) + 1)
-    window = failures.filter(F.col("at_ms") >= first_hour * HOUR_MS)
+    # the day partitions before the window's first day are not read at all
+    first_day = datetime.fromtimestamp(first_hour * 3600, tz=timezone.utc).date().isoformat()
+    window = failures.filter(
+        (F.col("day") >= F.lit(first_day)) & (F.col("at_ms") >= first_hour * HOUR_MS)
+    )
     counts = (
         window.groupBy(F.floor(F.col("at_ms") / HOUR_MS).alias("hour"), "cause")
         .agg(F.count("*").alias("n"), F.max("exc_type").alias("exc_type"))

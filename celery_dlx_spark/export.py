@@ -266,6 +266,8 @@ def _aggregate(
     progress.set_phase("aggregating")
     reader = spark.read.schema(dlx_records.EVENTS_SCHEMA).option("basePath", storage.uri("events"))
     events = reader.parquet(storage.uri("events"))
+    # the one pass over every event (shuffled once, by message); the aggregates, the summary and
+    # the chart's window come from these persisted facts, the top causes from the daily rows
     facts = dlx_aggregates.message_facts(events).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         daily = dlx_aggregates.aggregate(facts, dlx_aggregates.DAY_KEYS)
@@ -275,9 +277,10 @@ def _aggregate(
         top.write.mode("overwrite").partitionBy("day").parquet(storage.uri("top_causes"))
         progress.set_phase("summary and chart")
         totals, rows = dlx_aggregates.summary_rows(facts, options.summary_rows)
+        bounds = dlx_aggregates.failure_bounds(facts)
     finally:
         facts.unpersist()
-    hourly = dlx_chart.hourly_failures(events, options.chart_days)
+    hourly = dlx_chart.hourly_failures(events, options.chart_days, bounds=bounds)
     storage.write_atomic(CHART, dlx_chart.render_png(hourly, dlx_chart.title(hourly)))
     return {"totals": totals, "rows": rows, "chart": storage.uri(CHART)}
 

@@ -16,6 +16,7 @@ from . import checks, generated
 dlx_export = pytest.importorskip("celery_dlx_spark.export")
 
 pytestmark = pytest.mark.spark
+from celery_dlx_spark import aggregates as dlx_aggregates  # noqa: E402
 from celery_dlx_spark import chart as dlx_chart  # noqa: E402
 from celery_dlx_spark import progress as dlx_progress  # noqa: E402
 from celery_dlx_spark import source as dlx_source  # noqa: E402
@@ -79,6 +80,14 @@ def test_export_from_redis_gives_exact_aggregates(
         "(unknown cause)": {first_hour: 3},
         "c-late TimeoutError": {first_hour + 17: 1},
     }
+    # the run's chart takes its window from the message facts: the same hours as the events give
+    events = checks.read_events(spark, out)
+    facts = dlx_aggregates.message_facts(events)
+    bounds = dlx_aggregates.failure_bounds(facts)
+    assert dlx_chart.hourly_failures(events, days=7, bounds=bounds) == hourly
+    # every aggregate comes from the facts, and the facts shuffle the events once, by message
+    plan = facts._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange ") == 1 and "Exchange hashpartitioning(message_id" in plan
     top2 = dlx_chart.hourly_failures(checks.read_events(spark, out), days=7, top=2)
     assert list(top2["series"]) == ["c-timeout Timeout", "c-db OperationalError", "other causes"]
     assert sum(top2["series"]["other causes"]) == 5 + 3 + 1
