@@ -54,6 +54,14 @@ class Parking(Protocol):
         records the events)."""
         ...
 
+    def park_recorded_many(
+        self, messages: Sequence[ParkedMessage], events: Sequence[FateEvent]
+    ) -> tuple[list[BaseException | None], bool | BaseException]:
+        """:meth:`park_recorded` for a batch, in one transaction where the store allows it: per
+        message None (parked, or parked already) or the error that kept it out, and whether the
+        events were recorded with them, as :meth:`park_recorded` says it."""
+        ...
+
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Take up to ``limit`` due retries for ``lease_ms`` (claimed again after that)."""
         ...

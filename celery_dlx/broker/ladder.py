@@ -28,7 +28,7 @@ from amqp.exceptions import PreconditionFailed
 
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.errors import PublishError, TopologyError
-from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.message.parked import ParkedMessage, park_each
 from celery_dlx.policy.durations import EXPIRES_MARGIN_MS, ladder_ms
 
 if TYPE_CHECKING:
@@ -339,6 +339,12 @@ class LadderParking:
         """Park in the broker; the caller records ``events`` (returns False)."""
         self.park(message)
         return False
+
+    def park_recorded_many(
+        self, messages: Sequence[ParkedMessage], events: Sequence[FateEvent]
+    ) -> tuple[list[BaseException | None], bool | BaseException]:
+        """Park each in the broker; the caller records ``events`` (False)."""
+        return park_each(self.park, messages), False
 
     # What waits in Redis (parked before the backend changed) drains and shows as before.
 

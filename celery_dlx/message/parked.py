@@ -6,6 +6,7 @@ the TTL ladder republish; it carries no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,3 +86,18 @@ class ParkedMessage:
             cause=data.get("cause") or "",
             lease_score=lease_score,
         )
+
+
+def park_each(
+    park: Callable[[ParkedMessage], object], messages: Sequence[ParkedMessage]
+) -> list[BaseException | None]:
+    """``park`` each of ``messages`` in turn: per message, None when it is in, or the error that
+    kept it out (a parking that cannot park a batch at once)."""
+    outcomes: list[BaseException | None] = []
+    for message in messages:
+        try:
+            park(message)
+            outcomes.append(None)
+        except Exception as err:
+            outcomes.append(err)
+    return outcomes

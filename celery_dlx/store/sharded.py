@@ -35,7 +35,7 @@ from typing import Any, cast
 
 from celery_dlx.fates import FateEvent, now_ms
 from celery_dlx.message.names import PARKED_BUCKETS, Keys
-from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.message.parked import ParkedMessage, park_each
 from celery_dlx.store.client import RedisClient, Replicas, execute_replicated
 from celery_dlx.store.parking import ParkingStore
 
@@ -215,6 +215,12 @@ class ShardedParking:
         the caller records ``events`` itself (returns False)."""
         self.park(message)
         return False
+
+    def park_recorded_many(
+        self, messages: Sequence[ParkedMessage], events: Sequence[FateEvent]
+    ) -> tuple[list[BaseException | None], bool | BaseException]:
+        """Park each (its queue's slot); the caller records ``events`` (False)."""
+        return park_each(self.park, messages), False
 
     # -- the drain ------------------------------------------------------------------------------
 

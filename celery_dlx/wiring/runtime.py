@@ -313,7 +313,7 @@ class Runtime:
     ) -> list[BaseException | None]:
         """:meth:`park_recorded` for a batch (a worker's main process parking what its pool
         handed over): with the Redis parking store, every park, history entry and counter in one
-        ``MULTI``/``EXEC``; otherwise one :meth:`park_recorded` per message.
+        ``MULTI``/``EXEC``; otherwise each parked as its parking can, the fates recorded after.
 
         Returns:
             Per park, None when it is in (the fate then logged and the listeners told), or the
@@ -322,18 +322,8 @@ class Runtime:
         """
         if not parks:
             return []
-        parking = self.parking
-        if not isinstance(parking, ParkingStore):
-            outcomes: list[BaseException | None] = []
-            for message, event in parks:
-                try:
-                    self.park_recorded(message, event)
-                    outcomes.append(None)
-                except Exception as err:
-                    outcomes.append(err)
-            return outcomes
         try:
-            outcomes, recorded = parking.park_recorded_many(
+            outcomes, recorded = self.parking.park_recorded_many(
                 [message for message, _ in parks], [event for _, event in parks]
             )
         except Exception as err:  # nothing parked (or not replicated): each falls back

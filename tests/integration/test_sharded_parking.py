@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.fates import now_ms
+from celery_dlx.fates import PARKED, FateEvent, now_ms
 from celery_dlx.message.names import PARKED_BUCKETS, Keys
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.store.parking import ParkingStore
@@ -155,3 +155,24 @@ def test_the_setting_picks_the_sharded_store_and_migrate_keys_moves_old_parks(
     assert redis_client.zcard(sharded_keys.parked_due) == 0
     assert [m.message_id for m in runtime.parking.peek()] == [f"m{i}" for i in range(5)]
     assert PARKED_BUCKETS > 1
+
+
+def test_a_worker_s_batch_of_parks_goes_to_the_queue_buckets_and_each_fate_is_recorded(
+    uid: str, redis_client: Any, sharded_keys: Keys
+) -> None:
+    # What a worker's settler writes (Runtime.park_recorded_many): the sharded store parks each
+    # message in its queue's bucket, and the fates go to the history under the app's tag after.
+    runtime = get_runtime(
+        make_app(uid, dlx_key_prefix=sharded_keys.prefix, dlx_redis_shards="queue")
+    )
+    now = now_ms()
+    messages = [parked(f"w{i}", ["alpha", "beta"][i % 2], now + 60_000) for i in range(4)]
+    events = [
+        FateEvent.from_fields(PARKED, task="proj.t", queue=m.queue, message_id=m.message_id)
+        for m in messages
+    ]
+    assert runtime.park_recorded_many(list(zip(messages, events, strict=True))) == [None] * 4
+    assert runtime.parking.count() == 4
+    assert {m.queue for m in runtime.parking.peek(limit=10)} == {"alpha", "beta"}
+    recorded = [f for _, f in runtime.history.read() if f.get("fate") == PARKED]
+    assert sorted(f["message_id"] for f in recorded) == ["w0", "w1", "w2", "w3"]
