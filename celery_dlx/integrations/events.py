@@ -140,7 +140,12 @@ class EventSender:
 
     def warm(self) -> None:
         """Connect now (a worker process starting), so that the first fate change does not wait
-        for a broker connection. Raises what connecting raises."""
+        for a broker connection; not in a worker that starts without task events and whose fate
+        events follow that switch (``dlx_events_follow_worker``): it sends none until events are
+        turned on, and then connects at its first, instead of every pool process holding an idle
+        broker connection. Raises what connecting raises."""
+        if self.runtime.config.events_follow_worker and not self.app.conf.worker_send_task_events:
+            return
         with self._lock:
             self._connect()
 

@@ -301,9 +301,13 @@ def test_warm_connects_before_the_first_event_which_uses_that_connection(
     app: Celery, flower: Flower, uid: str
 ) -> None:
     """A worker process warms the sender when it starts: the broker connection is made then,
-    and the first fate change sends on it instead of connecting."""
+    and the first fate change sends on it instead of connecting. Not in a worker that starts
+    without task events (no ``-E``): its fate events follow that switch, so none go out until
+    events are turned on, and it holds no idle connection meanwhile."""
     sender = EventSender(get_runtime(app))
-    assert sender._connection is None
+    sender.warm()
+    assert sender._connection is None  # started without task events: nothing to send yet
+    app.conf.worker_send_task_events = True  # celery worker -E
     sender.warm()
     warmed = sender._connection
     assert warmed is not None and warmed.connected
