@@ -61,7 +61,6 @@ from celery_dlx.policy.verdicts import (
     decide_letter,
 )
 from celery_dlx.roles import Parking, Publisher
-from celery_dlx.service.fatelog import log_fates
 from celery_dlx.service.stats import ServiceStats
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
@@ -217,7 +216,9 @@ class BatchSettler:
             # confirmation covers it and every write before it (an earlier try's included).
             self._mark_seen(works)
             self._remember(live)
-        log_fates([*retried, *buried])  # written (and replicated): one line per fate
+        # Written (and replicated): now one line per fate change, not before (a retried batch
+        # would log its fates twice).
+        self.runtime.log_fates([*retried, *buried])
         self._forget(works)
         self._count([*ours, *live], len(works) - len(live) - len(ours))
 

@@ -535,7 +535,7 @@ class Runtime:
         per message). A failed history append propagates, after the rest of the batch was sent;
         counters and listeners are best effort. ``history=False``: as in :meth:`record`, the
         caller appended the events itself; they are logged, counted and notified only.
-        ``log=False``: the caller logs them (the DLX service, one line per batch and fate).
+        ``log=False``: the caller logs them with :meth:`log_fates` (the DLX service, once its writes are done).
 
         Raises:
             redis.RedisError: the pipeline failed or a history append was refused.
@@ -552,6 +552,12 @@ class Runtime:
             raise failed
         for event in events:
             self._notify(event)
+
+    def log_fates(self, events: Sequence[FateEvent]) -> None:
+        """Log ``events``, one line per fate change, for a caller that recorded them with
+        ``log=False`` and logs once its writes are done (the DLX service)."""
+        for event in events:
+            self._log(event)
 
     def _log(self, event: FateEvent) -> None:
         what = event.task or "-"
