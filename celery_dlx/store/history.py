@@ -260,10 +260,7 @@ class History:
         batched = history and bool(events) and not is_cluster(self.client)
         payload = ""
         if batched:
-            payload = json.dumps(
-                [history_args(e) for e in events], separators=(",", ":"), ensure_ascii=False
-            )
-            pipe.evalsha(_APPEND_MANY_SHA, 1, self.keys.history, payload)
+            payload = self.queue_batch(pipe, events)
             appended = 1
         else:
             appended = self.append_many(events, pipe) if history else 0
@@ -275,12 +272,25 @@ class History:
                 raise
             return None, True
         if batched and isinstance(results[0], NoScriptError):  # Redis lost its scripts (restart)
-            results[0] = self._append_loading(payload)
+            results[0] = self.append_loading(payload)
         failed = next((r for r in results[:appended] if isinstance(r, Exception)), None)
         return failed, any(isinstance(r, Exception) for r in results[appended:])
 
-    def _append_loading(self, payload: str) -> object:
-        """The batch append by ``EVAL`` (which loads the script): its reply, or its error."""
+    def queue_batch(self, pipe: Pipeline, events: Sequence[FateEvent]) -> str:
+        """Queue the append of ``events``, in order, in ``pipe`` (not a Cluster pipeline) as one
+        script call by its sha, which needs no ``SCRIPT EXISTS`` round trip first. Its reply is
+        the count appended or, when Redis lost its scripts (a restart), a ``NoScriptError``:
+        then :meth:`append_loading` appends the returned payload.
+        """
+        payload = json.dumps(
+            [history_args(e) for e in events], separators=(",", ":"), ensure_ascii=False
+        )
+        pipe.evalsha(_APPEND_MANY_SHA, 1, self.keys.history, payload)
+        return payload
+
+    def append_loading(self, payload: str) -> object:
+        """The batch append of :meth:`queue_batch`'s ``payload`` by ``EVAL`` (which loads the
+        script): its reply, or its error."""
         try:
             return self.client.eval(_APPEND_MANY, 1, self.keys.history, payload)
         except RedisError as exc:

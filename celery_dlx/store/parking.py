@@ -22,7 +22,7 @@ from redis.exceptions import NoScriptError
 
 from celery_dlx.fates import FateEvent, now_ms
 from celery_dlx.message.names import Keys, ParkedKeys
-from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.message.parked import ParkedMessage, park_each
 from celery_dlx.store.client import (
     RedisClient,
     Replicas,
@@ -179,16 +179,6 @@ class ParkingStore:
             f"the park of {message.entry_id}",
         )
         return bool(stored)
-
-    def park_in(self, pipe: Any, message: ParkedMessage) -> None:
-        """Queue the park of ``message`` in ``pipe`` (not executed), as a bare ``EVALSHA``.
-
-        redis-py checks a pipeline's registered scripts with ``SCRIPT EXISTS`` first, a round
-        trip of its own; this does not. Its reply is 1, 0 (already parked) or, when Redis lost
-        its scripts (a restart), a ``NoScriptError``: then :meth:`park` loads it and parks.
-        """
-        args = [message.entry_id, message.due_ms, message.meta_json(), message.body]
-        pipe.evalsha(self._park.sha, len(self._kk), *self._kk, *args)
 
     def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
         """Park a batch in one Redis round trip (one script call); per message, False if
@@ -364,10 +354,19 @@ class ParkingStore:
             return outcomes, False
         from celery_dlx.store.history import History
 
+        history = History(self.client, self.keys)
+        payload = ""
+
         def queue(pipe: Any) -> None:
-            for message in messages:
-                self.park_in(pipe, message)
-            History(self.client, self.keys).append_many(events, pipe)
+            # One script call parks the batch and one appends its fates (bare EVALSHAs: no
+            # SCRIPT EXISTS round trip), then the counters: packing arguments is most of what a
+            # write costs the client, and this runs on the worker's main process.
+            nonlocal payload
+            args: list[Any] = []
+            for m in messages:
+                args += (m.entry_id, m.due_ms, m.meta_json(), m.body)
+            pipe.evalsha(self._park_many.sha, len(self._kk), *self._kk, *args)
+            payload = history.queue_batch(pipe, events) if events else ""
             add_counts(pipe, self.keys, events)
 
         wanted = self._wanted()
@@ -382,15 +381,14 @@ class ParkingStore:
             pipe = self.client.pipeline(transaction=True)
             queue(pipe)
             results = pipe.execute(raise_on_error=False)
-        outcomes = []
-        for message, result in zip(messages, results, strict=False):
-            if isinstance(result, NoScriptError):  # Redis restarted: the rest went in
-                try:
-                    self.park(message)
-                    result = None
-                except Exception as err:
-                    result = err
-            outcomes.append(result if isinstance(result, Exception) else None)
-        rest = results[len(messages) :]
+        parked, rest = results[0], list(results[1:])
+        if isinstance(parked, NoScriptError):  # Redis restarted: the rest went in
+            outcomes = park_each(self.park, messages)
+        elif isinstance(parked, Exception):
+            outcomes = [parked] * len(messages)
+        else:
+            outcomes = [None] * len(messages)  # 1 parked now, 0 parked before
+        if payload and rest and isinstance(rest[0], NoScriptError):
+            rest[0] = history.append_loading(payload)
         failed = next((r for r in rest if isinstance(r, Exception)), None)
         return outcomes, True if failed is None else failed

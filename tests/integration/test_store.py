@@ -233,13 +233,33 @@ def test_park_recorded_parks_appends_counts_and_notifies_in_one_transaction(
 
     monkeypatch.setattr(type(runtime.redis.pipeline()), "execute", execute)
     runtime.park_recorded(message, _parked_event(message))
-    assert sent == [["EVALSHA", "XADD", "HINCRBY", "EXPIRE"]]  # one pipeline, no SCRIPT EXISTS
+    # One pipeline, no SCRIPT EXISTS: the park script, the history's batch script, the counter.
+    assert sent == [["EVALSHA", "EVALSHA", "HINCRBY", "EXPIRE"]]
     assert [m.entry_id for m in runtime.store.claim(10, LEASE, now=T0 + 60_000)] == ["m1:1"]
     ((_, entry),) = runtime.history.read(count=10)
     assert (entry["fate"], entry["message_id"], entry["queue"]) == ("parked", "m1", "orders")
     minute = T0 // 60000
     assert int(redis_client.hget(runtime.keys.counter(minute), "orders|parked")) == 1
     assert heard == ["m1"]
+
+
+def test_a_batch_of_parks_goes_in_with_its_fates_in_one_round_trip(
+    key_prefix: str, redis_client: Any
+) -> None:
+    """A worker's settler batch: every park (one already parked: left as it is) and every fate,
+    in order, with two script calls."""
+    runtime = _runtime(key_prefix)
+    messages = [_parked(f"b{i}", due_ms=T0 + i) for i in range(3)]
+    runtime.store.park(messages[1])
+    outcomes, recorded = runtime.store.park_recorded_many(
+        messages, [_parked_event(m) for m in messages]
+    )
+    assert outcomes == [None, None, None] and recorded is True
+    claimed = runtime.store.claim(10, LEASE, now=T0 + 10)
+    assert [m.entry_id for m in claimed] == ["b0:1", "b1:1", "b2:1"]
+    assert [e["message_id"] for _, e in runtime.history.read(count=10)] == ["b0", "b1", "b2"]
+    minute = T0 // 60000
+    assert int(redis_client.hget(runtime.keys.counter(minute), "orders|parked")) == 3
 
 
 def test_park_recorded_after_redis_lost_its_scripts_still_parks_once(
