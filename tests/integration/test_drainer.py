@@ -204,6 +204,13 @@ def test_when_the_draining_worker_is_killed_another_takes_over(
                 what="retries drained by the surviving worker",
                 timeout=120,
             )
+            # A run records its recovery after its body: wait for the records before the
+            # worker stops (its pool processes are killed with it).
+            wait_until(
+                lambda: all("recovered" in fates_of(redis_client, keys, r.id) for r in results),
+                what="each retry's recovery recorded",
+                timeout=60,
+            )
             assert holder() not in ("", taken_by), "the survivor took the lease"
     for result in results:
         assert fates_of(redis_client, keys, result.id) == ["parked", "drained", "recovered"]
