@@ -106,6 +106,14 @@ return n
 """
 
 
+def _park_args(messages: Sequence[ParkedMessage]) -> list[Any]:
+    """The park scripts' arguments for ``messages``: id, due time, metadata JSON, body each."""
+    args: list[Any] = []
+    for m in messages:
+        args += (m.entry_id, m.due_ms, m.meta_json(), m.body)
+    return args
+
+
 class ParkingStore:
     """Parked retries in Redis.
 
@@ -169,7 +177,7 @@ class ParkingStore:
                 ``dlx_redis_min_replicas`` confirmed it: not a park to ack on.
             redis.RedisError: not stored (or not known to be).
         """
-        args: list[Any] = [message.entry_id, message.due_ms, message.meta_json(), message.body]
+        args = _park_args([message])
         wanted = self._wanted()
         if not wanted:
             return bool(self._park(keys=self._kk, args=args))
@@ -191,9 +199,7 @@ class ParkingStore:
         """
         if not messages:
             return []
-        args: list[Any] = []
-        for m in messages:
-            args += (m.entry_id, m.due_ms, m.meta_json(), m.body)
+        args = _park_args(messages)
         wanted = self._wanted()
         if not wanted:
             return [bool(r) for r in self._park_many(keys=self._kk, args=args)]
@@ -362,9 +368,7 @@ class ParkingStore:
             # SCRIPT EXISTS round trip), then the counters: packing arguments is most of what a
             # write costs the client, and this runs on the worker's main process.
             nonlocal payload
-            args: list[Any] = []
-            for m in messages:
-                args += (m.entry_id, m.due_ms, m.meta_json(), m.body)
+            args = _park_args(messages)
             pipe.evalsha(self._park_many.sha, len(self._kk), *self._kk, *args)
             payload = history.queue_batch(pipe, events) if events else ""
             add_counts(pipe, self.keys, events)
