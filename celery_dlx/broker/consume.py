@@ -15,6 +15,7 @@ from amqp.exceptions import PreconditionFailed
 from celery import Celery
 from kombu.transport.pyamqp import Channel as AMQPChannel
 
+from celery_dlx.broker.buffered import drain_buffered
 from celery_dlx.broker.frames import connection_for
 from celery_dlx.errors import TopologyError
 
@@ -57,7 +58,7 @@ class QueueConsumer:
         self._conn: Any = None
 
     def __enter__(self) -> QueueConsumer:
-        conn = connection_for(self.app)
+        conn = connection_for(self.app, chunked=True)
         try:
             conn.ensure_connection(max_retries=1)
             # Raw py-amqp deliveries (amqp:// brokers only): nothing decoded, no wrapper.
@@ -88,12 +89,14 @@ class QueueConsumer:
 
     def wait(self, timeout: float) -> bool:
         """Receive for up to ``timeout`` seconds; False when nothing came (the heartbeat is
-        checked then)."""
+        checked then). What one read brought in whole is handled at once: a backlog arrives in
+        socket-sized chunks of many deliveries."""
         try:
             self._conn.drain_events(timeout=timeout)
         except TimeoutError:
             self._conn.heartbeat_check()
             return False
+        drain_buffered(self._conn.connection)
         return True
 
 

@@ -30,6 +30,7 @@ from amqp.serialization import decode_properties_basic
 from celery import Celery
 from kombu import Connection
 
+from celery_dlx.broker.buffered import buffered
 from celery_dlx.message.fieldtable import header_table_span, read_properties
 from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
 
@@ -137,6 +138,13 @@ def tolerant(connection: Connection) -> Connection:
     return connection
 
 
-def connection_for(app: Celery, *, write: bool = False) -> Connection:
-    """A new connection to ``app``'s broker for celery_dlx's own use, with its frame reader."""
-    return tolerant(app.connection_for_write() if write else app.connection_for_read())
+def connection_for(app: Celery, *, write: bool = False, chunked: bool = False) -> Connection:
+    """A new connection to ``app``'s broker for celery_dlx's own use, with its frame reader.
+
+    ``chunked``: read the socket in chunks (:mod:`celery_dlx.broker.buffered`), for a connection
+    that receives a stream of deliveries.
+    """
+    connection = app.connection_for_write() if write else app.connection_for_read()
+    if chunked:
+        buffered(connection)
+    return tolerant(connection)
