@@ -176,8 +176,11 @@ def drain_buffered(connection: amqp.Connection) -> int:
     transport = connection.transport
     if not isinstance(transport, BufferedTransport):
         return 0
+    # What ``blocking_read(None)`` does, without its socket-timeout context per frame: a
+    # buffered frame needs no socket.
+    handle = connection.on_inbound_frame
     frames = 0
     while transport.has_frame():
-        connection.blocking_read(None)
+        handle(transport.read_frame())
         frames += 1
     return frames
