@@ -27,10 +27,12 @@ class Delivery:
     x_death_problem: str | None
 
 
-def read_delivery(task: Task[..., object]) -> Delivery:
-    """What the task's current request says about its message (never raises: a malformed header
-    becomes ``Delivery.problem``)."""
-    req = task.request
+def read_delivery(task: Task[..., object], req: Any = None) -> Delivery:
+    """What the task's current request (``req``, default ``task.request``: the caller may have
+    it in hand already) says about its message (never raises: a malformed header becomes
+    ``Delivery.problem``)."""
+    if req is None:
+        req = task.request
     headers = delivery_headers(req)
     info = req.delivery_info or {}
     problem = None

@@ -182,7 +182,7 @@ class DLXTask(Task[Any, Any]):
         runtime = get_runtime(self.app)
         if not self._dlx_enabled_for(self.app, runtime):
             return super().__call__(*args, **kwargs)
-        delivery = read_delivery(self)
+        delivery = read_delivery(self, req)
         if delivery.problem:
             try:
                 self._quarantine(runtime, delivery, delivery.problem)
