@@ -560,29 +560,64 @@ def _written_back_alike(entries: list[tuple[bytes, bytes]]) -> bool:
     """True when reading ``entries`` and writing them with :func:`write_table` surely gives the
     same bytes, judged from each value's encoding alone (no read, no write): distinct keys (a
     repeated key reads as one), and only values that read to what :func:`encode_value` writes
-    back as they are. False means "not known": the caller compares the read-and-written bytes.
+    back as they are, arrays and tables of such values included (Celery's task headers hold
+    ``timelimit: [None, None]`` and ``stamps: {}``). False means "not known": the caller
+    compares the read-and-written bytes.
     """
     if len({k for k, _ in entries}) != len(entries):
         return False
-    for _, encoded in entries:
-        tag = encoded[0]
-        if tag == _TAG_LONG_STRING:
-            try:  # read as text (written back alike); not UTF-8, it reads as bytes: an "x"
-                encoded[5:].decode("utf-8", "surrogatepass")
-            except UnicodeDecodeError:
-                return False
-        elif tag == _TAG_BOOLEAN:
-            if encoded[1] > 1:  # any other non-zero octet reads True, written back as 1
-                return False
-        elif tag not in _ALIKE_AS_READ:
-            return False
-    return True
+    try:
+        return all(_value_alike(encoded, 0, len(encoded), 0) for _, encoded in entries)
+    except (FieldTableError, IndexError):  # not well-formed: not known
+        return False
 
 
 _TAG_LONG_STRING = ord("S")
 _TAG_BOOLEAN = ord("t")
+_TAG_ARRAY = ord("A")
+_TAG_TABLE = ord("F")
 #: Field types whose every value is written back to the same bytes: int32 and void.
 _ALIKE_AS_READ = frozenset(map(ord, "IV"))
+#: Deepest nesting judged from the bytes (far below :data:`MAX_DEPTH`, past which
+#: :func:`encode_value` writes text); deeper tables are compared the long way.
+_ALIKE_DEPTH = 8
+
+
+def _value_alike(data: bytes, start: int, stop: int, depth: int) -> bool:
+    """Whether the one field ``data[start:stop]`` reads to a value :func:`encode_value` writes
+    back to the same bytes (see :func:`_written_back_alike`).
+
+    Raises:
+        FieldTableError, IndexError: an array or table whose content is not well-formed.
+    """
+    tag = data[start]
+    if tag == _TAG_LONG_STRING:
+        try:  # read as text (written back alike); not UTF-8, it reads as bytes: an "x"
+            data[start + 5 : stop].decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return False
+        return True
+    if tag == _TAG_BOOLEAN:
+        return data[start + 1] <= 1  # any other non-zero octet reads True, written back as 1
+    if tag in _ALIKE_AS_READ:
+        return True
+    if tag not in (_TAG_ARRAY, _TAG_TABLE) or depth >= _ALIKE_DEPTH:
+        return False
+    offset = start + 5
+    names: set[bytes] = set()
+    while offset < stop:
+        if tag == _TAG_TABLE:  # a name first, then its value; a repeated name reads as one
+            size = data[offset]
+            name = data[offset + 1 : offset + 1 + size]
+            if name in names:
+                return False
+            names.add(name)
+            offset += 1 + size
+        end = _skip(data, offset, stop)
+        if not _value_alike(data, offset, end, depth + 1):
+            return False
+        offset = end
+    return True
 
 
 def _unchanged(value: Any, encoded: bytes) -> bool:

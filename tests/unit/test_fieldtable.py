@@ -19,6 +19,7 @@ import struct
 from datetime import datetime
 from typing import Any
 
+import amqp
 import pytest
 from amqp import serialization
 from hypothesis import HealthCheck, given, settings
@@ -487,6 +488,20 @@ JUDGED = st.one_of(
 )
 #: Names from a few, so that a table repeats one now and then.
 FEW_NAMES = st.one_of(st.sampled_from([b"a", b"b", b"c"]), NAMES)
+#: Arrays and tables of judged values (and now and then of any field), nested: judged from their
+#: bytes too, repeated names inside a table included.
+JUDGED_NESTED: st.SearchStrategy[bytes] = st.recursive(
+    JUDGED,
+    lambda inner: st.one_of(
+        st.lists(st.tuples(FEW_NAMES, inner), max_size=4).map(
+            lambda items: long(b"F", b"".join(short(k) + v for k, v in items))
+        ),
+        st.lists(st.one_of(inner, FIELDS), max_size=4).map(
+            lambda items: long(b"A", b"".join(items))
+        ),
+    ),
+    max_leaves=12,
+)
 
 
 @FUZZ
@@ -494,6 +509,7 @@ FEW_NAMES = st.one_of(st.sampled_from([b"a", b"b", b"c"]), NAMES)
     st.lists(
         st.one_of(
             st.tuples(FEW_NAMES, JUDGED).map(lambda kv: short(kv[0]) + kv[1]),
+            st.tuples(FEW_NAMES, JUDGED_NESTED).map(lambda kv: short(kv[0]) + kv[1]),
             st.tuples(FEW_NAMES, FIELDS).map(lambda kv: short(kv[0]) + kv[1]),
             OWN_ENTRIES,
         ),
@@ -519,7 +535,9 @@ def test_user_origin_without_a_round_trip_says_what_the_round_trip_says(
 
 
 def test_user_origin_needs_no_round_trip_for_the_usual_producers_tables() -> None:
-    """Strings, int32s, booleans and voids are judged from their bytes; others still compared."""
+    """Strings, int32s, booleans and voids, and arrays and tables of them, are judged from their
+    bytes (a foreign producer's table, and Celery's task headers as py-amqp writes them); others
+    are still compared."""
     from celery_dlx.message import fieldtable
 
     usual = b"".join(
@@ -532,6 +550,33 @@ def test_user_origin_needs_no_round_trip_for_the_usual_producers_tables() -> Non
             (b"x-death", X_DEATH),
         ]
     )
+    celery_headers = dict(
+        lang="py",
+        task="proj.tasks.charge",
+        id="c9f1e3a0-1b2c-4d5e-8f90-123456789abc",
+        shadow=None,
+        eta=None,
+        expires=None,
+        group=None,
+        group_index=None,
+        retries=0,
+        timelimit=[None, None],
+        root_id="c9f1e3a0-1b2c-4d5e-8f90-123456789abc",
+        parent_id=None,
+        argsrepr="(42,)",
+        kwargsrepr="{}",
+        origin="gen123@host",
+        ignore_result=False,
+        replaced_task_nesting=0,
+        stamped_headers=None,
+        stamps={},
+    )
+    # The property list py-amqp writes for a Celery producer.
+    celery = bytes(amqp.Message(b"", application_headers=celery_headers)._serialize_properties())
+    span = fieldtable.header_table_span(celery, 0)
+    assert span is not None
+    celery_table = celery[span[0] : span[1]]
+    assert b"\ttimelimitA" in celery_table and b"\x06stampsF" in celery_table  # nested ones
     calls: list[bytes] = []
     real = fieldtable.read_table
 
@@ -542,6 +587,7 @@ def test_user_origin_needs_no_round_trip_for_the_usual_producers_tables() -> Non
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fieldtable, "read_table", counting)
         assert fieldtable.user_origin(usual) is None
+        assert fieldtable.user_origin(celery_table) is None
         assert calls == []
         assert fieldtable.user_origin(short(b"n") + b"l" + struct.pack(">q", 7)) is not None
         assert len(calls) == 1
