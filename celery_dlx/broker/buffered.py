@@ -11,7 +11,10 @@ a whole frame is already in hand, so a consumer can take every buffered frame in
 Only connections celery_dlx makes :func:`buffered` get it: kombu's py-amqp transport with
 :class:`BufferedConnection` as its connection class, a subclass in celery_dlx's own code. py-amqp's
 classes are not changed, and no other connection of the process reads this way. TLS connections
-(py-amqp's ``SSLTransport``) and other transports are left as they are.
+(py-amqp's ``SSLTransport``) and other transports are left as they are. The py-amqp internals a
+transport subclass relies on (``_setup_transport``, ``sock``, ``read_frame`` as
+``blocking_read`` calls it, ``Connection.Transport``'s arguments, ``on_inbound_frame``) are
+checked against the installed py-amqp in ``tests/unit/test_amqp_compat.py``.
 """
 
 from __future__ import annotations
@@ -155,16 +158,11 @@ class BufferedAMQPTransport(pyamqp.Transport):
 
 
 def buffered(connection: Connection) -> Connection:
-    """``connection`` (not yet connected) reading in chunks when its transport is kombu's plain
-    py-amqp one; a TLS connection or any other transport (a user's subclass included) is left as
-    it is. Returns the same connection."""
-    conn: Any = connection  # kombu's stubs type transport_cls as a name only
-    if (
-        conn._transport is None  # not created yet: its class may still change
-        and conn.get_transport_cls() is pyamqp.Transport
-        and not conn.ssl
-    ):
-        conn.transport_cls = BufferedAMQPTransport
+    """``connection`` reading in chunks: a copy of it (kombu's ``clone``, not yet connected) on
+    :class:`BufferedAMQPTransport` when its transport is kombu's plain py-amqp one; any other
+    (TLS, another transport, a user's subclass) is returned as it is."""
+    if connection.get_transport_cls() is pyamqp.Transport and not connection.ssl:
+        return connection.clone(transport=BufferedAMQPTransport)
     return connection
 
 

@@ -154,6 +154,4 @@ def connection_for(app: Celery, *, write: bool = False, chunked: bool = False) -
     that receives a stream of deliveries.
     """
     connection = app.connection_for_write() if write else app.connection_for_read()
-    if chunked:
-        buffered(connection)
-    return tolerant(connection)
+    return tolerant(buffered(connection) if chunked else connection)

@@ -83,6 +83,32 @@ def test_the_py_amqp_internals_the_reader_relies_on() -> None:
     assert callable(message._serialize_properties)  # EncodedMessage overrides it
 
 
+def test_the_py_amqp_internals_the_chunked_transport_relies_on() -> None:
+    """celery_dlx.broker.buffered subclasses py-amqp's TCPTransport and Connection.Transport."""
+    from amqp.transport import TCPTransport
+
+    assert callable(TCPTransport._setup_transport)
+    assert list(inspect.signature(amqp.Connection.Transport).parameters)[:7] == [
+        "self",
+        "host",
+        "connect_timeout",
+        "ssl",
+        "read_timeout",
+        "write_timeout",
+        "socket_settings",
+    ]
+    init = inspect.signature(TCPTransport.__init__).parameters
+    assert {"host", "connect_timeout", "read_timeout", "write_timeout", "socket_settings"} <= set(
+        init
+    )
+    # blocking_read hands the frame read_frame gives to on_inbound_frame; drain_buffered does so.
+    source = inspect.getsource(amqp.Connection.blocking_read)
+    assert "self.transport.read_frame()" in source and "self.on_inbound_frame(frame)" in source
+    transport = TCPTransport("localhost:5672")
+    for attr in ("sock", "connected", "raise_on_initial_eintr"):
+        assert hasattr(transport, attr), attr
+
+
 def test_tolerant_sets_the_reader_on_py_amqp_connections_only() -> None:
     amqp_conn = tolerant(Connection("amqp://guest:guest@127.0.0.1:1//"))
     assert amqp_conn.transport_options["frame_handler"] is frame_handler

@@ -120,17 +120,16 @@ def test_a_frame_without_its_end_octet_is_refused(
 
 
 def test_only_plain_py_amqp_connections_read_in_chunks() -> None:
-    plain = buffered(Connection("amqp://guest:guest@localhost:5672//"))
-    assert plain.get_transport_cls() is BufferedAMQPTransport
-    tls = buffered(Connection("amqp://guest:guest@localhost:5671//", ssl=True))
-    assert tls.get_transport_cls() is pyamqp.Transport
-    memory = buffered(Connection("memory://"))
-    assert memory.get_transport_cls() is not BufferedAMQPTransport
-    # A connection that made its transport already keeps it.
-    made = Connection("amqp://guest:guest@localhost:5672//")
-    assert made.transport is not None
-    assert buffered(made).get_transport_cls() is pyamqp.Transport
+    plain = Connection("amqp://guest:guest@localhost:5672//", heartbeat=7)
+    chunked = buffered(plain)
+    assert chunked.get_transport_cls() is BufferedAMQPTransport
+    assert (chunked.hostname, chunked.port, chunked.heartbeat) == ("localhost", 5672, 7)
+    assert plain.get_transport_cls() is pyamqp.Transport  # a copy: the original is left alone
+    tls = Connection("amqp://guest:guest@localhost:5671//", ssl=True)
+    assert buffered(tls) is tls
+    memory = Connection("memory://")
+    assert buffered(memory) is memory
     # py-amqp's own classes are untouched: every other connection reads as before.
     assert pyamqp.Transport.Connection is pyamqp.Connection
-    assert "read_frame" not in vars(pyamqp.Connection)
+    assert "Transport" not in vars(pyamqp.Connection)
     assert TCPTransport.read_frame is not BufferedTransport.read_frame
