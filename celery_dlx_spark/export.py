@@ -14,10 +14,11 @@ or ``celery -A proj dlx export --print-command`` for the spark-submit command (t
 or through ``celery -A proj dlx export``, which builds that command (``celery_dlx.ops.export``).
 
 One run exports one *batch*: the stream entries after the checkpoint up to the last entry when the
-run started. The executors read the stream in id ranges (the driver never reads an entry), the
-records are validated once into ``OUT/_staging``, then good ones are appended to ``OUT/events``
-(partitioned by ``day``, ``queue`` and ``batch``) and malformed ones to ``OUT/malformed`` with
-their reason. Only then is
+run started. The executors read the stream in id ranges (the driver never reads an entry) and
+validate the records, and the good ones are appended to ``OUT/events`` (partitioned by ``day``,
+``queue`` and ``batch``) in the same pass, which also counts the batch; malformed ones go to
+``OUT/malformed`` with their reason (a batch holding any is read once more for them, and must
+count the same). Only then is
 ``OUT/_checkpoint.json`` replaced (atomically); a run killed before that leaves the checkpoint
 where it was, and its rerun first deletes the batch's partial output (the batch is named after
 the checkpoint it starts from), so nothing is duplicated or skipped. With ``--trim`` the stream is
@@ -56,7 +57,7 @@ from celery_dlx_spark.progress import Progress
 ENTRIES_PER_RANGE = 20000
 #: Name of the result of the last run in the output directory.
 LAST_RUN = "_last_export.json"
-#: Where a batch is staged (validated, not yet split) until its checkpoint is written.
+#: Where versions before 2026-11-27 staged each batch (deleted when found: a killed run's).
 STAGING = "_staging"
 #: Name of the chart in the output directory.
 CHART = "failures_by_cause.png"
@@ -188,9 +189,12 @@ def write_batch(
 ) -> Batch | None:
     """Step one of an export: write the batch of records after ``after`` (the checkpoint) to
     ``OUT/events`` and ``OUT/malformed``, first deleting what a killed run left of it. The
-    checkpoint is not moved (that is :func:`commit`); returns None when nothing is newer."""
-    from pyspark.sql import functions as F
+    checkpoint is not moved (that is :func:`commit`); returns None when nothing is newer.
 
+    Raises:
+        ExportError: the batch's records changed between its two reads (see
+            :func:`_write_malformed`); nothing was committed.
+    """
     progress.set_phase("reading the history")
     range_count: int | None = None
     end_id: str | None = None
@@ -204,24 +208,6 @@ def write_batch(
         raw = dlx_source.snapshot_frame(spark, options.snapshot)
         validated = dlx_records.after(dlx_records.validate(raw), checkpoint_id)
     batch = batch_name(after)
-    # the batch is validated once into a staging copy: the stream is read once, and the
-    # events, the malformed records and the counts all come from that copy
-    storage.delete_glob(f"{STAGING}/*")
-    staging = storage.uri(f"{STAGING}/batch={batch}")
-    validated.write.mode("overwrite").parquet(staging)
-    staged = spark.read.parquet(staging)
-    stats = (
-        staged.groupBy("reason_code")
-        .agg(F.count("*").alias("n"), F.max(F.struct("id_ms", "id_seq")).alias("last"))
-        .collect()
-    )
-    if end_id is None:
-        ids = [row["last"] for row in stats if row["last"] is not None]
-        ids = [row for row in ids if row["id_ms"] is not None and row["id_seq"] is not None]
-        if not ids:
-            storage.delete_glob(f"{STAGING}/*")
-            return None
-        end_id = dlx_source.format_id(*max((row["id_ms"], row["id_seq"]) for row in ids))
     progress.set_phase(f"writing batch {batch}")
     # a run killed before its checkpoint left part of this batch: drop it, then write it whole;
     # that includes task output it committed under _temporary, which the next job's commit
@@ -230,13 +216,54 @@ def write_batch(
         storage.delete_glob(f"{output}/_temporary")
     storage.delete_glob(f"events/day=*/queue=*/batch={batch}")
     storage.delete_glob(f"malformed/batch={batch}")
-    events = dlx_records.events(staged, batch)
+    storage.delete_glob(STAGING)
+    had_events = storage.exists("events")
+    # one pass: the good records are written as they are read and validated, and the batch is
+    # counted on the way (no copy of the batch, no job of its own for the counts)
+    observed, counts = dlx_records.counted(validated)
+    events = dlx_records.events(observed, batch)
     events.write.mode("append").partitionBy("day", "queue", "batch").parquet(storage.uri("events"))
-    bad = dlx_records.malformed(staged, batch)
-    bad.write.mode("append").partitionBy("batch").parquet(storage.uri("malformed"))
-    by_reason = {row["reason_code"]: row["n"] for row in stats if row["reason_code"] is not None}
-    good = sum(row["n"] for row in stats if row["reason_code"] is None)
-    return Batch(batch, after, end_id, good, sum(by_reason.values()), by_reason, range_count)
+    stats = counts.get
+    if end_id is None:
+        last = stats["last"]
+        if last is None:  # nothing after the checkpoint: the output stays as it was
+            if not had_events:
+                storage.delete_glob("events")
+            return None
+        end_id = dlx_source.format_id(last["id_ms"], last["id_seq"])
+    _write_malformed(spark, storage, validated, batch, stats)
+    by_reason = {code: stats[code] for code in dlx_records.REASON_CODES if stats[code]}
+    return Batch(
+        batch, after, end_id, stats["good"], sum(by_reason.values()), by_reason, range_count
+    )
+
+
+def _write_malformed(
+    spark: Any, storage: dlx_storage.Storage, validated: Any, batch: str, stats: dict[str, Any]
+) -> None:
+    """Append the batch's malformed records to ``OUT/malformed``. They are rare: a batch without
+    any reads nothing more (an empty write keeps ``OUT/malformed`` readable), and one with some
+    is read a second time for them and must count the same as its first read. In the batch's id
+    ranges, entries can be deleted from the stream but never added or changed, so equal counts
+    are the same records; a snapshot replaced meanwhile is caught the same way.
+
+    Raises:
+        ExportError: the second read counted otherwise (nothing is committed; rerun the export).
+    """
+    uri = storage.uri("malformed")
+    if not any(stats[code] for code in dlx_records.REASON_CODES):
+        empty = spark.createDataFrame([], dlx_records.MALFORMED_SCHEMA)
+        empty.write.mode("append").partitionBy("batch").parquet(uri)
+        return
+    observed, counts = dlx_records.counted(validated)
+    bad = dlx_records.malformed(observed, batch)
+    bad.write.mode("append").partitionBy("batch").parquet(uri)
+    if counts.get != stats:
+        raise ExportError(
+            f"the records of batch {batch} changed between the export's two reads of them "
+            f"(entries deleted from the stream, or the snapshot replaced); nothing was "
+            f"committed: run the export again"
+        )
 
 
 def commit(
@@ -331,7 +358,6 @@ def export(spark: Any, options: ExportOptions) -> dict[str, Any]:
         if batch is not None:
             progress.set_phase("committing the checkpoint")
             checkpoint = commit(storage, checkpoint, batch)
-            storage.delete_glob(f"{STAGING}/*")
             if client is not None and options.mirror:
                 dlx_stream.mirror_checkpoint(client, key, _mirror_fields(checkpoint, options))
             if client is not None and options.trim:

@@ -40,6 +40,8 @@ MISSING_FIELD = "missing_field"
 BAD_NUMBER = "bad_number"
 UNKNOWN_FATE = "unknown_fate"
 BAD_JSON = "bad_json"
+#: Every reason code, in the order the checks report them.
+REASON_CODES = (BAD_LINE, BAD_ID, MISSING_FIELD, BAD_NUMBER, UNKNOWN_FATE, BAD_JSON)
 
 #: Columns of the events output, in order (``day``, ``queue`` and ``batch`` are the partitions).
 EVENT_COLUMNS = (
@@ -163,6 +165,26 @@ def validate(raw: Any) -> Any:
         reason = F.when(F.col(flag), message).otherwise(reason)
     columns = [*names, "_corrupt", *_parsed_columns()]
     return flagged.select(*columns, code.alias("reason_code"), reason.alias("reason_text"))
+
+
+def counted(validated: Any) -> tuple[Any, Any]:
+    """``validated`` as it is, and an Observation of it that holds, once an action ran the frame,
+    ``good`` (records without a reason), a count per code of ``REASON_CODES`` and ``last`` (the
+    largest usable id, a struct of ``id_ms`` and ``id_seq``; None when there is none). They are
+    counted as the rows go by, in the action's own tasks: no job of their own."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    code = F.col("reason_code")
+    usable = F.col("id_ms").isNotNull() & F.col("id_seq").isNotNull()
+    observation = Observation()
+    observed = validated.observe(
+        observation,
+        F.count_if(code.isNull()).alias("good"),
+        *[F.count_if(code == reason).alias(reason) for reason in REASON_CODES],
+        F.max(F.when(usable, F.struct("id_ms", "id_seq"))).alias("last"),
+    )
+    return observed, observation
 
 
 def after(frame: Any, checkpoint: tuple[int, int] | None) -> Any:

@@ -71,6 +71,9 @@ class LocalStorage:
     def uri(self, name: str) -> str:
         return str(self.root / name)
 
+    def exists(self, name: str) -> bool:
+        return (self.root / name).exists()
+
     def read_text(self, name: str) -> str | None:
         try:
             return (self.root / name).read_text(encoding="utf-8")
@@ -120,6 +123,9 @@ class HadoopStorage:
 
     def _path(self, name: str) -> Any:
         return self._path_class(self.uri(name))
+
+    def exists(self, name: str) -> bool:
+        return bool(self._fs.exists(self._path(name)))
 
     def read_text(self, name: str) -> str | None:
         path = self._path(name)

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.spark
 from celery_dlx_spark import aggregates as dlx_aggregates  # noqa: E402
 from celery_dlx_spark import chart as dlx_chart  # noqa: E402
 from celery_dlx_spark import progress as dlx_progress  # noqa: E402
+from celery_dlx_spark import records as dlx_records  # noqa: E402
 from celery_dlx_spark import source as dlx_source  # noqa: E402
 from celery_dlx_spark import storage as dlx_storage  # noqa: E402
 from celery_dlx_spark import stream as dlx_stream  # noqa: E402
@@ -188,3 +189,76 @@ def test_commit_refuses_a_checkpoint_moved_by_another_run(tmp_path: Path) -> Non
     with pytest.raises(dlx_export.ExportError, match="moved during this export"):
         dlx_export.commit(storage, dlx_storage.Checkpoint(stream="s", last_id="4-0"), batch)
     assert dlx_storage.read_checkpoint(storage).last_id == "5-0"
+
+
+def _write_batch(spark: Any, out: Path, prefix: str, key: str, counter: Any) -> Any:
+    storage = dlx_storage.open_storage(spark, str(out))
+    client = dlx_source.connect(REDIS_URL)
+    try:
+        with dlx_progress.Progress(spark, enabled=False) as progress:
+            return dlx_export.write_batch(
+                spark,
+                _options(out, prefix, ranges=3),
+                storage,
+                client,
+                key,
+                None,
+                counter,
+                progress,
+            )
+    finally:
+        client.close()
+
+
+def test_a_batch_is_read_once_and_counted_as_it_is_written(
+    spark: Any, redis_client: Any, key_prefix: str, keys: Any, tmp_path: Path
+) -> None:
+    good = [entry for entry in generated.history() if entry[0] in checks.valid_ids([entry])]
+    generated.write(redis_client, keys.history, good)
+    counter = spark.sparkContext.accumulator(0)
+
+    batch = _write_batch(spark, tmp_path / "out", key_prefix, keys.history, counter)
+
+    assert counter.value == len(good), "no malformed record: the stream is read once"
+    assert (batch.records, batch.malformed, batch.by_reason) == (len(good), 0, {})
+    checks.assert_events(spark, tmp_path / "out", checks.valid_ids(good))
+    malformed = spark.read.schema(dlx_records.MALFORMED_SCHEMA).parquet(
+        str(tmp_path / "out" / "malformed")
+    )
+    assert malformed.count() == 0
+    assert not (tmp_path / "out" / dlx_export.STAGING).exists()
+
+
+def test_malformed_records_are_read_again_and_must_count_the_same(
+    spark: Any, redis_client: Any, key_prefix: str, keys: Any, tmp_path: Path
+) -> None:
+    entries = generated.history()
+    generated.write(redis_client, keys.history, entries)
+    counter = spark.sparkContext.accumulator(0)
+
+    batch = _write_batch(spark, tmp_path / "out", key_prefix, keys.history, counter)
+
+    assert counter.value == 2 * len(entries), "malformed records: read once more for them"
+    assert (batch.records, batch.by_reason) == (generated.VALID, generated.MALFORMED)
+    assert spark.read.parquet(str(tmp_path / "out" / "malformed")).count() == batch.malformed
+    # what a pass counts on the way equals a count of the validated records by reason
+    frame = dlx_source.redis_frame(spark, REDIS_URL, keys.history, [("-", "+")], 50, counter)
+    validated = dlx_records.validate(frame)
+    observed, counts = dlx_records.counted(validated)
+    observed.write.format("noop").mode("overwrite").save()
+    stats = counts.get
+    grouped = validated.groupBy("reason_code").count().collect()
+    assert {row["reason_code"]: row["count"] for row in grouped} == {
+        None: stats["good"],
+        **{code: stats[code] for code in dlx_records.REASON_CODES if stats[code]},
+    }
+    assert (stats["good"], stats["last"]) == (
+        batch.records,
+        tuple(map(int, entries[-1][0].split("-"))),
+    )
+
+    # an entry deleted between the two reads: the second read counts otherwise, so it fails
+    redis_client.xdel(keys.history, entries[0][0])
+    again = dlx_storage.LocalStorage(str(tmp_path / "again"))
+    with pytest.raises(dlx_export.ExportError, match="changed between the export's two reads"):
+        dlx_export._write_malformed(spark, again, validated, "after-0-0", stats)
