@@ -87,6 +87,7 @@ class Runtime:
         self._cluster_replicas = ClusterReplicas()
         self._sharded: ShardedParking | None = None
         self._sharded_graveyard: ShardedGraveyard | None = None
+        self._store: ParkingStore | None = None
         #: (pid, switch) of :meth:`follow_worker_events`.
         self._events_switch: tuple[int, Callable[[], bool]] | None = None
 
@@ -100,6 +101,7 @@ class Runtime:
             self._ladder = None
             self._sharded = None
             self._sharded_graveyard = None
+            self._store = None
             self._local = threading.local()
 
     @property
@@ -180,8 +182,14 @@ class Runtime:
                     self._redis = redis_client(self.config.redis_url)
                 self._sharded = ShardedParking(self._redis, self.keys, self.replicas)
             return self._sharded
-        inside = getattr(self._local, "redis", None) is not None
-        return ParkingStore(self.redis, self.keys, Replicas(0) if inside else self.replicas)
+        if getattr(self._local, "redis", None) is not None:  # inside replicated(): its client
+            return ParkingStore(self.redis, self.keys, Replicas(0))
+        # One per process (a park in a pool process asks for it on every run; making it hashes
+        # its four scripts).
+        client = self.redis
+        if self._store is None or self._store.client is not client:
+            self._store = ParkingStore(client, self.keys, self.replicas)
+        return self._store
 
     def migrate_parked_keys(self, *, dry_run: bool = False) -> Migration:
         """Move parked retries from the single-tag layout (``{prefix}:parked:...``) to the keys
