@@ -52,6 +52,11 @@ def make_app(mode: str, uid: str, prefetch: int = 10) -> Celery:
             dlx_service_queue=f"bench-dead-{uid}",
             dlx_backoff=[3600.0],
         )
+        # Set by p2_instructions.py only: under valgrind the wall clock (and with it the drain's
+        # once-a-second poll) stretches some fifty times, which no task pays for.
+        drain_interval = os.environ.get("BENCH_DRAIN_INTERVAL")
+        if drain_interval:
+            app.conf.dlx_drain_interval = float(drain_interval)
     return app
 
 
