@@ -4,8 +4,8 @@ celery_dlx's frame reader (:mod:`celery_dlx.broker.frames`) reads every delivery
 on celery_dlx's own connections: the worker's consumer and the DLX service's. py-amqp's decoder
 (``amqp.serialization.decode_properties_basic``) walks each field through one generic function
 and a chain of type tests; :func:`read_basic_properties` gives the same dict for the same bytes
-in about two thirds of the time (a header table of Celery's task headers, or a dead letter's with
-its ``x-death``), and the header table's span with it, in the same pass.
+in 18-27% fewer instructions (callgrind: a dead letter's table with its ``x-death``, Celery's task
+headers), and the header table's span with it, in the same pass.
 
 It is strict: whatever py-amqp might read differently or refuses (a field running past its table,
 a short string that is not UTF-8, an unknown field type, a timestamp no ``datetime`` holds, more
