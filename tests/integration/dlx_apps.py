@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -97,6 +98,35 @@ def drain_thread(app: Celery, interval: float = 0.1) -> Iterator[None]:
         thread.join(10)
 
 
+def _where_everything_stands(w: Any) -> str:
+    """Every thread's stack in this process, then each pool process's (py-spy, when installed):
+    what a worker that would not stop was doing."""
+    import io
+    import shutil
+    import subprocess
+    import sys
+    import traceback
+
+    out = io.StringIO()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        out.write(f"--- thread {names.get(ident, ident)}\n")
+        out.write("".join(traceback.format_stack(frame)))
+    pool = getattr(getattr(w, "pool", None), "_pool", None)
+    pids = [p.pid for p in getattr(pool, "_pool", None) or ()]
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    for pid in pids:
+        out.write(f"--- pool process {pid}\n")
+        try:
+            run = subprocess.run(
+                [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20
+            )
+            out.write(run.stdout + run.stderr)
+        except Exception as err:  # a diagnosis must not hide the failure
+            out.write(f"(py-spy: {err!r})\n")
+    return out.getvalue()
+
+
 @contextlib.contextmanager
 def worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
     """A real worker in a thread (a one-thread pool) consuming the app's queues."""
@@ -107,16 +137,28 @@ def worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
     kwargs.setdefault("perform_ping_check", False)
     kwargs.setdefault("loglevel", "WARNING")
     kwargs.setdefault("shutdown_timeout", 30.0)
-    with start_worker(app, **kwargs) as w:
-        try:
-            yield w
-        finally:
-            # The worker's event loop only sees the stop flag when it wakes: a ping wakes it now
-            # instead of at its next timer, seconds later.
-            from celery.worker import state
+    from celery.worker import state
 
-            state.should_terminate = 0
-            app.control.ping(destination=[w.hostname], timeout=0.05)
+    holder: list[Any] = []
+    try:
+        with start_worker(app, **kwargs) as w:
+            holder.append(w)
+            try:
+                yield w
+            finally:
+                # The worker's event loop only sees the stop flag when it wakes: a ping wakes it
+                # now instead of at its next timer, seconds later.
+                state.should_terminate = 0
+                app.control.ping(destination=[w.hostname], timeout=0.05)
+    except RuntimeError as err:
+        if "failed to exit" not in str(err):
+            raise
+        # Celery leaves its stop flag set when the worker thread outlives the timeout: every
+        # later worker of this process would stop before it is ready, and its test wait for
+        # ever. Clear it, and say where each thread (and each pool process) stands.
+        state.should_terminate = None
+        where = _where_everything_stands(holder[0] if holder else None)
+        raise RuntimeError(f"{err}\n{where}") from err
 
 
 @contextlib.contextmanager
