@@ -71,6 +71,43 @@ if MODE == "dlx" and EXPERIMENTS:
     bench_experiments.apply(app, EXPERIMENTS)
 _redis = redis.Redis.from_url(REDIS_URL)
 
+if os.environ.get("BENCH_PROBE_TICKS"):
+    from celery.signals import worker_ready
+
+    @worker_ready.connect(weak=False)
+    def _probe_ticks(**_: Any) -> None:
+        """Record each long wait of the worker's event loop (``solo_stall.py``): the gap between
+        two of its turns, and what was already waiting to run (kombu's ``call_soon`` queue)
+        when it went to wait. Read only, on this benchmark worker's loop."""
+        from kombu.asynchronous import get_event_loop
+
+        hub = get_event_loop()
+        if hub is None:
+            return
+        threshold = float(os.environ["BENCH_PROBE_TICKS"])
+        last: list[Any] = [None, 0, ""]
+
+        def tick() -> None:
+            now = time.monotonic()
+            if last[0] is not None and now - last[0] > threshold:
+                _redis.rpush(
+                    key("stalls"),
+                    json.dumps({"gap": now - last[0], "ready": last[1], "what": last[2]}),
+                )
+            ready = list(hub._ready)
+            last[:] = [now, len(ready), _names(ready) if ready else ""]
+
+        def _names(ready: list[Any]) -> str:
+            counts: dict[str, int] = {}
+            for item in ready:
+                fun = getattr(item, "fun", item)
+                fun = getattr(fun, "func", fun)  # a partial's function
+                name = getattr(fun, "__qualname__", type(fun).__name__)
+                counts[name] = counts.get(name, 0) + 1
+            return ", ".join(f"{n} x{c}" for n, c in sorted(counts.items()))
+
+        hub.on_tick.add(tick)
+
 
 def key(name: str) -> str:
     return "{" + PREFIX + "}:bench:" + name
