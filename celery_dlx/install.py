@@ -168,12 +168,15 @@ def configure(app: Celery) -> None:
         )
     from celery_dlx.worker.drainer import install_drainer_step
     from celery_dlx.worker.events import install_task_events_step
+    from celery_dlx.worker.loopwake import install_loop_wake_step
     from celery_dlx.worker.settler import install_settler_step
 
     # The drain runs in the workers under a Redis lease: no beat entry, no tick messages.
     install_drainer_step(app)
     # Parks of the pool's runs are written by the main process, in batches (dlx_parent_parks).
     install_settler_step(app)
+    # On the solo pool, a DLX task's ack wakes the loop so it is written on its next turn.
+    install_loop_wake_step(app)
     # Fate events follow the worker's task-event switch (dlx_events_follow_worker).
     install_task_events_step(app)
     _install_optional(app, runtime)

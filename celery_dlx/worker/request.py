@@ -3,7 +3,8 @@
 Celery's own request, except for a run whose pool process handed its park or requeue over to the
 main process (:class:`celery_dlx.compat.HandedOver`): its message is acked by the main process's
 :class:`~celery_dlx.worker.settler.Settler` once the park is in Redis or the broker confirmed the
-requeued copy, not at once.
+requeued copy, not at once. On the solo pool, its ack (or reject) also wakes the worker's event
+loop (:mod:`celery_dlx.worker.loopwake`), so that kombu's loop writes it on its next turn.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from celery.worker.request import Request
 
 from celery_dlx.compat import HandedOver
 from celery_dlx.worker.events import TASK_EVENTS_KEY, sends_task_events
+from celery_dlx.worker.loopwake import loop_wake_of
 from celery_dlx.worker.settler import ParkHandover, RequeueHandover, Settler, settler_of
 
 
@@ -28,6 +30,18 @@ class DLXRequest(Request):
         self.request_dict[TASK_EVENTS_KEY] = bool(
             self.task.send_events and sends_task_events(self.eventer)
         )
+
+    def acknowledge(self) -> None:
+        super().acknowledge()
+        wake = loop_wake_of(self.task.app)
+        if wake is not None:
+            wake.nudge()
+
+    def reject(self, requeue: bool = False) -> None:
+        super().reject(requeue=requeue)
+        wake = loop_wake_of(self.task.app)
+        if wake is not None:
+            wake.nudge()
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False

@@ -1,0 +1,150 @@
+"""On the solo pool, a DLX task's ack is written on the event loop's next turn, not its next timer.
+
+Celery does not write ``basic.ack`` when a run ends: ``Request.acknowledge`` hands it to
+``Consumer.call_soon_ack``, that is kombu's ``Hub.call_soon``. On the solo pool the run happens
+on the loop's own thread, most often inside one of the loop's ready callbacks (kombu's transport
+reader schedules itself again with ``call_soon`` while the socket has data), and kombu's loop
+then polls without looking at what those callbacks scheduled (``Hub.create_loop``). The ack waits
+for the next event on a socket or the next timer, up to ten seconds. When a whole prefetch
+window's acks wait so, the broker sends nothing more and the worker sleeps with its backlog in
+the queue. ``benchmarks/solo_stall.py`` measured 20-50 tasks/s instead of some 2,500, each wait
+ten seconds long, with the window's ten acks queued.
+
+The wake-up: a pipe of celery_dlx's own, registered with the worker's loop as a reader. A DLX
+task's ack (or reject) asked on the loop thread writes a byte to it, once per turn of the loop,
+so the loop's next poll returns at once and its next turn runs the ack. kombu's loop and Celery's
+ack are used as they are; the fix proposed upstream is in ``docs/upstream.md``.
+
+Only on the solo pool: prefork's acks are asked for when a pool process's result is read, in the
+poll's own callbacks, whose ``call_soon`` runs on the next turn; the threads pool's come from its
+threads, and ``call_soon`` from another thread wakes the loop itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from celery import bootsteps
+
+from celery_dlx.wiring.runtime import get_runtime
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.worker import WorkController
+
+
+class Hub(Protocol):
+    """What :class:`LoopWake` uses of the worker's event loop (kombu's ``Hub``)."""
+
+    def add_reader(self, fds: int, callback: Callable[..., object], *args: object) -> None: ...
+
+    def remove_reader(self, fd: int) -> None: ...
+
+
+#: Attribute of an app holding its worker's :class:`LoopWake`, as the app holds its settler.
+_WAKE_ATTR = "_celery_dlx_loop_wake"
+
+
+def loop_wake_of(app: Celery) -> LoopWake | None:
+    """The wake-up of ``app``'s worker loop, when its worker runs the solo pool."""
+    wake: LoopWake | None = app.__dict__.get(_WAKE_ATTR)
+    return wake
+
+
+class LoopWake:
+    """A pipe whose read end is a reader of the worker's event loop: :meth:`nudge` makes the
+    loop's next poll return at once."""
+
+    def __init__(self) -> None:
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(self._write_fd, False)
+        #: the loop's thread (the one that registered the pipe): only its acks wait
+        self._thread: int | None = None
+        #: a byte is in the pipe, not read yet: the next poll returns at once
+        self.armed = False
+
+    def register(self, hub: Hub) -> None:
+        """Add the pipe to ``hub``'s readers (again after a reconnection reset the hub), from
+        the loop's thread."""
+        self._thread = threading.get_ident()
+        hub.add_reader(self._read_fd, self._on_readable)
+
+    def nudge(self) -> None:
+        """Make the loop's next poll return at once (on the loop's thread; elsewhere kombu's
+        ``call_soon`` wakes the loop itself)."""
+        if self.armed or threading.get_ident() != self._thread:
+            return
+        self.armed = True
+        with contextlib.suppress(BlockingIOError):  # full: the loop wakes anyway
+            os.write(self._write_fd, b"\0")
+
+    def _on_readable(self) -> None:
+        self.armed = False
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read_fd, 4096):
+                pass
+
+    def close(self, hub: Hub | None = None) -> None:
+        if hub is not None:
+            with contextlib.suppress(Exception):
+                hub.remove_reader(self._read_fd)
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class LoopWakeStep(bootsteps.StartStopStep):
+    """Worker bootstep giving a solo-pool worker's loop a :class:`LoopWake`."""
+
+    name = "celery_dlx.worker.loopwake"
+    requires = ("celery.worker.components:Hub",)
+
+    def __init__(self, parent: WorkController, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.wake: LoopWake | None = None
+        self.hub: Hub | None = None
+
+    def include_if(self, parent: WorkController) -> bool:
+        pool = getattr(parent, "pool_cls", None)
+        pool_name = (getattr(pool, "__module__", "") or "").rsplit(".", 1)[-1]
+        return bool(
+            get_runtime(parent.app).config.enabled
+            and getattr(parent, "use_eventloop", False)
+            and pool_name == "solo"
+        )
+
+    def create(self, parent: WorkController) -> LoopWakeStep:  # type: ignore[override]  # celery-stubs say None; Celery keeps what create returns as the step's obj
+        self.wake = LoopWake()
+        parent.app.__dict__[_WAKE_ATTR] = self.wake
+        return self
+
+    def start(self, parent: WorkController) -> None:
+        return None
+
+    def register_with_event_loop(self, parent: WorkController, hub: Hub) -> None:
+        if self.wake is not None:
+            self.hub = hub
+            self.wake.register(hub)
+
+    def stop(self, parent: WorkController) -> None:
+        if self.wake is None:
+            return
+        if parent.app.__dict__.get(_WAKE_ATTR) is self.wake:
+            del parent.app.__dict__[_WAKE_ATTR]
+        self.wake.close(self.hub)
+        self.wake = None
+
+    def terminate(self, parent: WorkController) -> None:
+        self.stop(parent)
+
+
+def install_loop_wake_step(app: Celery) -> None:
+    """Add the loop wake-up bootstep to ``app``'s worker (once)."""
+    steps = app.steps["worker"]
+    if LoopWakeStep not in steps:
+        steps.add(LoopWakeStep)
