@@ -57,6 +57,15 @@ def transport() -> Iterator[CapturingTransport]:
     sentry_sdk.init(
         dsn="http://public@127.0.0.1:9/1", transport=capture, default_integrations=False
     )
+    # sentry-sdk's scopes are the process's: breadcrumbs that other tests of this test process
+    # left there would go into this test's events (a foreign celery_dlx crumb made the
+    # breadcrumb test fail now and then under xdist). Each test starts with none.
+    for scope in (
+        sentry_sdk.get_global_scope(),
+        sentry_sdk.get_isolation_scope(),
+        sentry_sdk.get_current_scope(),
+    ):
+        scope.clear_breadcrumbs()
     yield capture
     sentry_sdk.get_client().close()
     sentry_sdk.init()
