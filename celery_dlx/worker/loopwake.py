@@ -7,7 +7,7 @@ reader schedules itself again with ``call_soon`` while the socket has data), and
 then polls without looking at what those callbacks scheduled (``Hub.create_loop``). The ack waits
 for the next event on a socket or the next timer, up to ten seconds. When a whole prefetch
 window's acks wait so, the broker sends nothing more and the worker sleeps with its backlog in
-the queue. ``benchmarks/solo_stall.py`` measured 20-50 tasks/s instead of some 2,500, each wait
+the queue. ``benchmarks/solo_stall.py`` measured 20-53 tasks/s instead of some 2,500, each wait
 ten seconds long, with the window's ten acks queued.
 
 The wake-up: a pipe of celery_dlx's own, registered with the worker's loop as a reader. A DLX
