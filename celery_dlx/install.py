@@ -166,19 +166,25 @@ def configure(app: Celery) -> None:
             "worker_consumer is %s: undecodable messages are handled by it, not by celery_dlx",
             app.conf.worker_consumer,
         )
-    from celery_dlx.worker.drainer import install_drainer_step
-    from celery_dlx.worker.events import install_task_events_step
-    from celery_dlx.worker.loopwake import install_loop_wake_step
-    from celery_dlx.worker.settler import install_settler_step
+    from celery_dlx.worker.drainer import DrainerStep
+    from celery_dlx.worker.events import TaskEventsStep
+    from celery_dlx.worker.loopwake import LoopWakeStep
+    from celery_dlx.worker.settler import SettlerStep
 
-    # The drain runs in the workers under a Redis lease: no beat entry, no tick messages.
-    install_drainer_step(app)
-    # Parks of the pool's runs are written by the main process, in batches (dlx_parent_parks).
-    install_settler_step(app)
-    # On the solo pool, a DLX task's ack wakes the loop so it is written on its next turn.
-    install_loop_wake_step(app)
+    # Celery's step registries are sets: adding a step twice (configure runs again) keeps one.
+    app.steps["worker"].update(
+        {
+            # The drain runs in the workers under a Redis lease: no beat entry, no tick messages.
+            DrainerStep,
+            # Parks of the pool's runs are written by the main process, in batches
+            # (dlx_parent_parks).
+            SettlerStep,
+            # On the solo pool, a DLX task's ack wakes the loop so it is written on its next turn.
+            LoopWakeStep,
+        }
+    )
     # Fate events follow the worker's task-event switch (dlx_events_follow_worker).
-    install_task_events_step(app)
+    app.steps["consumer"].add(TaskEventsStep)
     _install_optional(app, runtime)
 
 

@@ -11,7 +11,6 @@ from celery_dlx.drain.drainer import DrainerThread
 from celery_dlx.wiring.runtime import get_runtime
 
 if TYPE_CHECKING:
-    from celery import Celery
     from celery.worker import WorkController
 
 
@@ -44,10 +43,3 @@ class DrainerStep(bootsteps.StartStopStep):
 
     def terminate(self, parent: WorkController) -> None:
         self.stop(parent)
-
-
-def install_drainer_step(app: Celery) -> None:
-    """Add the drainer bootstep to ``app``'s worker (once)."""
-    steps = app.steps["worker"]
-    if DrainerStep not in steps:
-        steps.add(DrainerStep)

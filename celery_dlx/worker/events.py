@@ -24,7 +24,6 @@ from celery import bootsteps
 from celery_dlx.wiring.runtime import get_runtime
 
 if TYPE_CHECKING:
-    from celery import Celery
     from celery.worker.consumer import Consumer
 
 #: Key of a task request (its ``request_dict``, read in the run as ``task.request.<key>``): True
@@ -50,10 +49,3 @@ class TaskEventsStep(bootsteps.StartStopStep):
         get_runtime(parent.app).follow_worker_events(
             lambda: sends_task_events(getattr(parent, "event_dispatcher", None))
         )
-
-
-def install_task_events_step(app: Celery) -> None:
-    """Add :class:`TaskEventsStep` to ``app``'s worker consumer (once)."""
-    steps = app.steps["consumer"]
-    if TaskEventsStep not in steps:
-        steps.add(TaskEventsStep)

@@ -141,10 +141,3 @@ class LoopWakeStep(bootsteps.StartStopStep):
 
     def terminate(self, parent: WorkController) -> None:
         self.stop(parent)
-
-
-def install_loop_wake_step(app: Celery) -> None:
-    """Add the loop wake-up bootstep to ``app``'s worker (once)."""
-    steps = app.steps["worker"]
-    if LoopWakeStep not in steps:
-        steps.add(LoopWakeStep)

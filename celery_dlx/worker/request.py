@@ -33,12 +33,14 @@ class DLXRequest(Request):
 
     def acknowledge(self) -> None:
         super().acknowledge()
-        wake = loop_wake_of(self.task.app)
-        if wake is not None:
-            wake.nudge()
+        self._wake_loop()
 
     def reject(self, requeue: bool = False) -> None:
         super().reject(requeue=requeue)
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        """On the solo pool, make the loop write the ack or reject just queued on its next turn."""
         wake = loop_wake_of(self.task.app)
         if wake is not None:
             wake.nudge()

@@ -264,10 +264,3 @@ class SettlerStep(bootsteps.StartStopStep):
 
     def terminate(self, parent: WorkController) -> None:
         self.stop(parent)
-
-
-def install_settler_step(app: Celery) -> None:
-    """Add the settler bootstep to ``app``'s worker (once)."""
-    steps = app.steps["worker"]
-    if SettlerStep not in steps:
-        steps.add(SettlerStep)
