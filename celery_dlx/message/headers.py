@@ -6,6 +6,7 @@ reason a consumer can store, never any other exception.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -16,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from celery_dlx.errors import MalformedHeader
+from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.names import (
     ATTEMPT_HEADER,
     BROKER_HEADER_PREFIXES,
@@ -38,6 +40,7 @@ from celery_dlx.message.names import (
 DEATH_REASONS = frozenset({"rejected", "expired", "maxlen", "delivery_limit"})
 
 
+@dict_init
 @dataclass(frozen=True)
 class HistoryEntry:
     """One failed attempt: when (epoch ms), which fate followed, and the cause fingerprint."""
@@ -50,6 +53,7 @@ class HistoryEntry:
         return [self.at_ms, self.fate, self.cause]
 
 
+@dict_init
 @dataclass(frozen=True)
 class DLXState:
     """What celery_dlx's own headers say about a message."""
@@ -255,6 +259,7 @@ def clean_headers(
     return out
 
 
+@dict_init
 @dataclass(frozen=True)
 class Death:
     """One ``x-death`` table, as RabbitMQ writes it."""
@@ -404,8 +409,13 @@ def normalize_message(message: str) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)
 def fingerprint(scope: str, exc_type: str, message: str) -> str:
-    """The cause fingerprint: ``scope`` (task or queue) + exception type + normalized message."""
+    """The cause fingerprint: ``scope`` (task or queue) + exception type + normalized message.
+
+    Remembered for the last 4,096 distinct arguments: in a storm the same cause is fingerprinted
+    for every message, and the normalization is five regular expressions.
+    """
     raw = "\x1f".join((scope, exc_type, normalize_message(message)))
     return hashlib.sha1(raw.encode("utf-8"), usedforsecurity=False).hexdigest()[:16]
 

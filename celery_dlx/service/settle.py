@@ -35,7 +35,7 @@ import uuid
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -114,7 +114,7 @@ def _retry_event(work: _Work, now: int) -> FateEvent:
     parked = isinstance(verdict, ParkVerdict)
     return FateEvent.of(
         PARKED if parked else REQUEUED,
-        replace(verdict.failure, at_ms=now),
+        verdict.failure.but(at_ms=now),
         delay=verdict.delay if isinstance(verdict, ParkVerdict) else None,
         extra={
             "source": "dlx-service",

@@ -568,11 +568,17 @@ class Runtime:
             self._log(event)
 
     def _log(self, event: FateEvent) -> None:
-        what = event.task or "-"
+        fate = event.fate
+        # A drain's republish is routine (the park line said when it comes back): debug.
+        level = (
+            logging.DEBUG if fate == DRAINED else logging.ERROR if fate == BURIED else logging.INFO
+        )
+        if not logger.isEnabledFor(level):  # parks and requeues: info, often not logged at all
+            return
         line = "%s %s[%s] attempt=%d queue=%s cause=%s%s%s"
         args = (
-            event.fate,
-            what,
+            fate,
+            event.task or "-",
             event.message_id,
             event.attempt,
             event.queue,
@@ -580,16 +586,12 @@ class Runtime:
             f" delay={event.delay:.3f}s" if event.delay is not None else "",
             f" reason={event.reason}" if event.reason else "",
         )
-        if event.fate == DRAINED:
-            # The park line said when it comes back; the republish itself is routine.
-            logger.debug(line, *args)
-            return
-        if event.fate == BURIED:
+        if fate == BURIED:
             # One traceback per burial in the logs: not again when Celery's tracer logged it.
             shown = "" if event.extra.get("traceback_logged") else event.traceback
             logger.error(line + ("\n%s" if shown else "%s"), *args, shown or "")
         else:
-            logger.info(line, *args)
+            logger.log(level, line, *args)
 
     def _notify(self, event: FateEvent) -> None:
         for listener in list(self.listeners):
