@@ -11,7 +11,15 @@ its end, per dead letter, and its wall time from its first batch.
 ``--compare PATH`` alternates, round by round, this tree with another checkout of the project
 (e.g. ``git worktree add /tmp/base <commit>``): an A/B in the same machine state.
 
-Run: ``.venv/bin/python benchmarks/p6_cpu.py [--messages 10000] [--rounds 3] [--compare PATH]``
+``--instructions LOW,HIGH`` counts instead of timing: the service process runs under valgrind's
+callgrind (Debian's ``valgrind``) over a backlog of LOW and then of HIGH dead letters, and the
+difference of the two counts over ``HIGH - LOW`` is the instructions of one dead letter, start-up
+and shut-down left out. The same count for the same code whatever else the machine runs (to about
+a percent: batch sizes follow the receiving thread's pace), so a change of a few percent shows,
+where the CPU clock of a loaded machine moves by 15%.
+
+Run: ``.venv/bin/python benchmarks/p6_cpu.py [--messages 10000] [--rounds 3] [--compare PATH]
+[--instructions 500,2500]``
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +64,11 @@ print(json.dumps({"cpu": cpu, "end": time.perf_counter(), "first": first[0],
 """
 
 
-def one_round(tree: Path, total: int, body_size: int) -> tuple[float, float]:
-    """CPU µs per dead letter and dead letters per second of wall time, for code of ``tree``."""
+def one_round(
+    tree: Path, total: int, body_size: int, *, counted: bool = False
+) -> tuple[float, float]:
+    """CPU µs per dead letter and dead letters per second of wall time, for code of ``tree``;
+    ``counted``: instructions of the whole service process and 0, under callgrind."""
     uid = unique("p6cpu")
     bury_q, park_q, dead, exchange = f"{uid}-bury", f"{uid}-park", f"{uid}-dead", f"{uid}-dlx"
     settings = {
@@ -80,17 +93,36 @@ def one_round(tree: Path, total: int, body_size: int) -> tuple[float, float]:
             fill(conn, park_q, total // 2, body_size)
             broker_dead_letters(conn, [bury_q, park_q], dead, total)
             env = {**os.environ, "PYTHONPATH": str(tree)}
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD, json.dumps(settings)],
-                env=env,
-                cwd="/tmp",
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            result = json.loads(out.stdout.strip().splitlines()[-1])
-            stats = result["stats"]
-            assert stats["buried"] + stats["parked"] == total, stats
+            with tempfile.TemporaryDirectory(prefix="p6i-") as logs:
+                valgrind = [
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--callgrind-out-file=/dev/null",
+                    f"--log-file={logs}/callgrind.log",
+                ]
+                out = subprocess.run(
+                    [
+                        *(valgrind if counted else []),
+                        sys.executable,
+                        "-c",
+                        CHILD,
+                        json.dumps(settings),
+                    ],
+                    env=env,
+                    cwd="/tmp",
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                result = json.loads(out.stdout.strip().splitlines()[-1])
+                stats = result["stats"]
+                assert stats["buried"] + stats["parked"] == total, stats
+                if counted:
+                    log = Path(logs, "callgrind.log").read_text()
+                    found = re.search(r"Collected : (\d+)", log)
+                    if found is None:
+                        raise RuntimeError(f"callgrind counted nothing: {log[-500:]}")
+                    return float(found.group(1)), 0.0
         finally:
             for queue in (bury_q, park_q, dead):
                 channel.queue_delete(queue)
@@ -105,8 +137,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--body-size", type=int, default=1024)
     parser.add_argument("--compare", type=Path, default=None, help="another checkout to alternate")
+    parser.add_argument(
+        "--instructions", default=None, help="LOW,HIGH: count instructions (callgrind) instead"
+    )
     args = parser.parse_args()
     trees = [("this tree", ROOT)] + ([("compared", args.compare.resolve())] if args.compare else [])
+    if args.instructions:
+        count_instructions(trees, args.instructions, args.rounds, args.body_size)
+        return
     say(f"P6 CPU per dead letter: {args.messages:,} per round, load {load()}")
     cpu: dict[str, list[float]] = {name: [] for name, _ in trees}
     for n in range(1, args.rounds + 1):
@@ -120,6 +158,27 @@ def main() -> None:
     for name, values in cpu.items():
         rounds = ", ".join(f"{v:,.0f}" for v in values)
         say(f"{name}: median {median(values):,.0f} µs of CPU per dead letter (rounds {rounds})")
+
+
+def count_instructions(
+    trees: list[tuple[str, Path]], sizes: str, rounds: int, body_size: int
+) -> None:
+    """Instructions per dead letter of each tree, by the difference of two backlogs' counts."""
+    low, high = (int(n) for n in sizes.split(","))
+    say(f"P6 instructions per dead letter ({low:,} and {high:,} dead letters), load {load()}")
+    counts: dict[str, list[float]] = {name: [] for name, _ in trees}
+    for n in range(1, rounds + 1):
+        for name, tree in trees:
+            a = one_round(tree, low, body_size, counted=True)[0]
+            b = one_round(tree, high, body_size, counted=True)[0]
+            counts[name].append((b - a) / (high - low))
+            say(
+                f"round {n}: {name} ({tree}): {counts[name][-1]:,.0f} instructions per dead "
+                f"letter (runs {a:,.0f} and {b:,.0f}) [load {load()}]"
+            )
+    for name, values in counts.items():
+        listed = ", ".join(f"{v:,.0f}" for v in values)
+        say(f"{name}: median {median(values):,.0f} instructions per dead letter (rounds {listed})")
 
 
 if __name__ == "__main__":
