@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import uuid
@@ -137,6 +138,23 @@ def limit_line(name: str, measured: float, limit: float, unit: str = "") -> str:
     """One line ``LIMIT <name>: <measured> (target <= <limit>) OK|ABOVE``."""
     verdict = "OK" if measured <= limit else "ABOVE"
     return f"LIMIT {name}: {measured:,.1f}{unit} (target <= {limit:,.1f}{unit}) {verdict}"
+
+
+def callgrind(log_file: str) -> list[str]:
+    """The command prefix that runs a program under valgrind's callgrind, counting instructions
+    only (no profile written); :func:`collected` reads the count from ``log_file``."""
+    return [
+        "valgrind",
+        "--tool=callgrind",
+        "--callgrind-out-file=/dev/null",
+        f"--log-file={log_file}",
+    ]
+
+
+def collected(log_text: str) -> int | None:
+    """The instructions a callgrind log counted (its ``Collected :`` line), if it has one."""
+    found = re.search(r"Collected : (\d+)", log_text)
+    return int(found.group(1)) if found else None
 
 
 def delete_keys(client: Any, prefix: str) -> int:

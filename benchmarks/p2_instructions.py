@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redis
-from _common import REDIS_URL, ROOT, load, say, unique
+from _common import REDIS_URL, ROOT, callgrind, collected, load, say, unique
 from _workers import cleanup, publish, wait_count, worker_command
 
 #: Target of P2's CPU row (celery_dlx / plain Celery).
@@ -46,13 +45,7 @@ def instructions(mode: str, pool: str, tasks: int) -> int:
     uid = unique("p2i")
     publish(mode, uid, "bench.noop", [(tasks,)] * tasks)
     with tempfile.TemporaryDirectory(prefix="p2i-") as logs:
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            f"--log-file={logs}/%p.log",
-            *worker_command(mode, uid, pool),
-        ]
+        command = [*callgrind(f"{logs}/%p.log"), *worker_command(mode, uid, pool)]
         env = {
             **os.environ,
             "BENCH_MODE": mode,
@@ -80,9 +73,9 @@ def instructions(mode: str, pool: str, tasks: int) -> int:
         # process forked only to run another program (a subprocess at start-up) leaves a log
         # without one, since valgrind does not follow the exec.
         counts = [
-            int(found.group(1))
+            count
             for path in glob.glob(f"{logs}/*.log")
-            if (found := re.search(r"Collected : (\d+)", Path(path).read_text()))
+            if (count := collected(Path(path).read_text())) is not None
         ]
         expected = 1 if pool == "solo" else 2
         if len(counts) != expected:

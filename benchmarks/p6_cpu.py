@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,18 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from _common import BROKER_URL, REDIS_URL, ROOT, delete_keys, load, median, say, unique
+from _common import (
+    BROKER_URL,
+    REDIS_URL,
+    ROOT,
+    callgrind,
+    collected,
+    delete_keys,
+    load,
+    median,
+    say,
+    unique,
+)
 from kombu import Connection
 from p6_service import broker_dead_letters, fill
 
@@ -94,15 +104,10 @@ def one_round(
             broker_dead_letters(conn, [bury_q, park_q], dead, total)
             env = {**os.environ, "PYTHONPATH": str(tree)}
             with tempfile.TemporaryDirectory(prefix="p6i-") as logs:
-                valgrind = [
-                    "valgrind",
-                    "--tool=callgrind",
-                    "--callgrind-out-file=/dev/null",
-                    f"--log-file={logs}/callgrind.log",
-                ]
+                log = f"{logs}/callgrind.log"
                 out = subprocess.run(
                     [
-                        *(valgrind if counted else []),
+                        *(callgrind(log) if counted else []),
                         sys.executable,
                         "-c",
                         CHILD,
@@ -118,11 +123,11 @@ def one_round(
                 stats = result["stats"]
                 assert stats["buried"] + stats["parked"] == total, stats
                 if counted:
-                    log = Path(logs, "callgrind.log").read_text()
-                    found = re.search(r"Collected : (\d+)", log)
-                    if found is None:
-                        raise RuntimeError(f"callgrind counted nothing: {log[-500:]}")
-                    return float(found.group(1)), 0.0
+                    text = Path(log).read_text()
+                    count = collected(text)
+                    if count is None:
+                        raise RuntimeError(f"callgrind counted nothing: {text[-500:]}")
+                    return float(count), 0.0
         finally:
             for queue in (bury_q, park_q, dead):
                 channel.queue_delete(queue)
@@ -155,9 +160,7 @@ def main() -> None:
                 f"round {n}: {name} ({tree}): {per_letter:,.0f} µs of CPU per dead letter, "
                 f"{rate:,.0f}/s [load {load()}]"
             )
-    for name, values in cpu.items():
-        rounds = ", ".join(f"{v:,.0f}" for v in values)
-        say(f"{name}: median {median(values):,.0f} µs of CPU per dead letter (rounds {rounds})")
+    say_medians(cpu, "µs of CPU per dead letter")
 
 
 def count_instructions(
@@ -176,9 +179,14 @@ def count_instructions(
                 f"round {n}: {name} ({tree}): {counts[name][-1]:,.0f} instructions per dead "
                 f"letter (runs {a:,.0f} and {b:,.0f}) [load {load()}]"
             )
-    for name, values in counts.items():
+    say_medians(counts, "instructions per dead letter")
+
+
+def say_medians(values_of: dict[str, list[float]], unit: str) -> None:
+    """One line per tree: the median of its rounds, and every round."""
+    for name, values in values_of.items():
         listed = ", ".join(f"{v:,.0f}" for v in values)
-        say(f"{name}: median {median(values):,.0f} instructions per dead letter (rounds {listed})")
+        say(f"{name}: median {median(values):,.0f} {unit} (rounds {listed})")
 
 
 if __name__ == "__main__":

@@ -69,5 +69,5 @@ def dict_init(cls: type[T]) -> type[T]:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     init.__doc__ = cls.__init__.__doc__
-    cls.__init__ = init  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[method-assign]
     return cls
