@@ -12,6 +12,7 @@ import pytest
 from celery_dlx.message.names import Keys
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.store.parking import ParkingStore
+from tests.chaos.servers import own_redis
 
 T0 = 1_700_000_000_000
 LEASE = 1_500
@@ -262,17 +263,23 @@ def test_a_batch_of_parks_goes_in_with_its_fates_in_one_round_trip(
     assert int(redis_client.hget(runtime.keys.counter(minute), "orders|parked")) == 3
 
 
-def test_park_recorded_after_redis_lost_its_scripts_still_parks_once(
-    key_prefix: str, redis_client: Any
-) -> None:
+def test_park_recorded_after_redis_lost_its_scripts_still_parks_once(key_prefix: str) -> None:
     """A Redis restart forgets the Lua scripts: the bare EVALSHA fails inside the transaction
-    (the history entry goes in), and the park is made again with the script loaded."""
-    runtime = _runtime(key_prefix)
-    message = _parked("m2", due_ms=T0)
-    redis_client.script_flush()
-    runtime.park_recorded(message, _parked_event(message))
-    assert [m.entry_id for m in runtime.store.claim(10, LEASE, now=T0)] == ["m2:1"]
-    assert [e["message_id"] for _, e in runtime.history.read(count=10)] == ["m2"]
+    (the history entry goes in), and the park is made again with the script loaded.
+
+    On a private redis-server: ``SCRIPT FLUSH`` on the shared one would take every other user's
+    scripts away too."""
+    with own_redis() as server:
+        runtime = _runtime(key_prefix, redis_url=server.url)
+        before, message = _parked("m1", due_ms=T0), _parked("m2", due_ms=T0)
+        runtime.park_recorded(before, _parked_event(before))  # its scripts are loaded now
+        client = server.client()
+        client.script_flush()
+        client.close()
+        runtime.park_recorded(message, _parked_event(message))
+        claimed = runtime.store.claim(10, LEASE, now=T0)
+        assert sorted(m.entry_id for m in claimed) == ["m1:1", "m2:1"]
+        assert [e["message_id"] for _, e in runtime.history.read(count=10)] == ["m1", "m2"]
 
 
 def test_park_recorded_with_redis_down_raises_and_tells_no_listener(
