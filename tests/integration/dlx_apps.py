@@ -130,8 +130,10 @@ def _where_everything_stands(w: Any) -> str:
 @contextlib.contextmanager
 def worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
     """A real worker in a thread (a one-thread pool) consuming the app's queues."""
-    # The solo pool waits ~2 s for the next delivery after a task that ends in Ignore or Reject
-    # under acks_late at prefetch 1 (a Celery solo-pool artifact); one thread behaves like prefork.
+    # One thread, not the solo pool: on the solo pool a run's ack (Celery's call_soon_ack, from
+    # the loop's own thread) can wait for the loop's next timer (kombu#1587, docs/upstream.md),
+    # which celery_dlx works around for DLX tasks only; a pool thread's ack wakes the loop, as
+    # prefork's does. Tests that are about the solo pool ask for it.
     kwargs.setdefault("pool", "threads")
     kwargs.setdefault("concurrency", 1)
     kwargs.setdefault("perform_ping_check", False)
