@@ -18,6 +18,7 @@ two give the same properties for any list py-amqp reads.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timezone
 from decimal import Decimal
 from struct import Struct
@@ -116,11 +117,22 @@ def _value(buf: bytes, offset: int, end: int) -> tuple[Any, int]:
             raise _past(offset + 8, end)
         seconds = _uint64(buf, offset)[0]
         try:
-            when = datetime.fromtimestamp(seconds, tz=timezone.utc).replace(tzinfo=None)
+            when = _naive_utc(seconds)
         except (OverflowError, OSError, ValueError) as exc:  # py-amqp raises: the long way
             raise PropertiesError(f"timestamp {seconds} out of range") from exc
         return when, offset + 8
     return _rare(tag, buf, offset, end)
+
+
+@functools.lru_cache(maxsize=1024)
+def _naive_utc(seconds: int) -> datetime:
+    """A timestamp field as py-amqp reads it: a naive datetime in UTC.
+
+    Remembered (a failed conversion is not): the dead letters of one backlog share their
+    ``x-death`` times, which have whole seconds, and making the datetime costs more than the
+    rest of the field. A datetime is immutable, so the deliveries may share it.
+    """
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).replace(tzinfo=None)
 
 
 def _rare(tag: int, buf: bytes, offset: int, end: int) -> tuple[Any, int]:

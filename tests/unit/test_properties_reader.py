@@ -148,3 +148,17 @@ def test_celery_task_headers_are_read_by_the_fast_reader_with_their_raw_table() 
 def test_what_is_left_to_py_amqp_says_why(buf: bytes, why: str) -> None:
     with pytest.raises(PropertiesError, match=why):
         read_basic_properties(buf, 0)
+
+
+def test_timestamps_read_again_are_the_same_and_a_bad_one_is_refused_every_time() -> None:
+    """The reader remembers timestamp values (a backlog's x-death times repeat): a remembered
+    value is the one py-amqp reads, and an out-of-range one is refused each time, not kept."""
+    for seconds in (0, 1_700_000_000, 1_700_000_000, 253_402_300_799):
+        table = short(b"t") + b"T" + struct.pack(">Q", seconds)
+        buf = struct.pack(">HI", 0x2000, len(table)) + table
+        got, _ = read_basic_properties(buf, 0)
+        assert repr(got) == repr(py_amqp(buf))
+    bad = short(b"t") + b"T" + struct.pack(">Q", 2**63)
+    for _ in range(2):
+        with pytest.raises(PropertiesError, match="out of range"):
+            read_basic_properties(struct.pack(">HI", 0x2000, len(bad)) + bad, 0)
