@@ -206,6 +206,10 @@ def read_state(headers: Mapping[str, object] | None) -> DLXState:
     )
 
 
+#: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call.
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def state_headers(state: DLXState) -> dict[str, object]:
     """celery_dlx's headers for ``state``: strings and integers.
 
@@ -217,7 +221,7 @@ def state_headers(state: DLXState) -> dict[str, object]:
         ATTEMPT_HEADER: state.attempt,
         REQUEUES_HEADER: state.requeues,
         PARKS_HEADER: state.parks,
-        HISTORY_HEADER: json.dumps([e.to_json() for e in state.history], separators=(",", ":")),
+        HISTORY_HEADER: _compact_json([e.to_json() for e in state.history]),
     }
     if state.queue is not None:
         out[QUEUE_HEADER] = state.queue

@@ -22,6 +22,7 @@ Records written by the two codecs this one replaces (parking store, graveyard) r
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
@@ -101,26 +102,32 @@ def from_jsonable(value: object) -> object:
     return value
 
 
+def _tag_counted(value: object) -> object:
+    """The encoder's ``default``: a value JSON cannot hold, tagged (and counted for :func:`dumps`)."""
+    if isinstance(value, Mapping):
+        raise TypeError("a non-dict mapping: the slow path walks it")
+    _tags.count += 1
+    return tag(value)
+
+
+#: Tags made by the running :func:`dumps` of each thread.
+_tags = threading.local()
+#: One encoder for every :func:`dumps` (``json.dumps`` with arguments builds one per call).
+_encode = json.JSONEncoder(separators=_COMPACT, default=_tag_counted).encode
+
+
 def dumps(doc: Mapping[str, object]) -> str:
     """``doc`` as compact JSON text in the tagged form (what ``json.dumps(to_jsonable(doc))`` gives).
 
     The fast path lets json's encoder tag values as it meets them; a table using a tag's key, a
     non-text key or a nested non-dict mapping takes the slow, total path.
     """
-    tagged = 0
-
-    def default(value: object) -> object:
-        nonlocal tagged
-        if isinstance(value, Mapping):
-            raise TypeError("a non-dict mapping: the slow path walks it")
-        tagged += 1
-        return tag(value)
-
+    _tags.count = 0
     try:
-        text = json.dumps(doc, separators=_COMPACT, default=default)
+        text = _encode(doc)
     except (TypeError, ValueError):  # e.g. a tuple key deep in a header table
         return json.dumps(to_jsonable(doc), separators=_COMPACT)
-    if _tag_keys_in_data(text, tagged):
+    if _tag_keys_in_data(text, _tags.count):
         return json.dumps(to_jsonable(doc), separators=_COMPACT)  # escapes those tables
     return text
 
