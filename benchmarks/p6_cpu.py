@@ -16,10 +16,12 @@ callgrind (Debian's ``valgrind``) over a backlog of LOW and then of HIGH dead le
 difference of the two counts over ``HIGH - LOW`` is the instructions of one dead letter, start-up
 and shut-down left out. The same count for the same code whatever else the machine runs (to about
 a percent: batch sizes follow the receiving thread's pace), so a change of a few percent shows,
-where the CPU clock of a loaded machine moves by 15%.
+where the CPU clock of a loaded machine moves by 15%. ``--floor`` counts P6's floor with the least
+storage (``p6_floor.py``: receive, one hash field and one sorted-set member per dead letter, an
+ack per batch) the same way, beside the service.
 
 Run: ``.venv/bin/python benchmarks/p6_cpu.py [--messages 10000] [--rounds 3] [--compare PATH]
-[--instructions 500,2500]``
+[--instructions 500,2500 [--floor]]``
 """
 
 from __future__ import annotations
@@ -74,11 +76,30 @@ print(json.dumps({"cpu": cpu, "end": time.perf_counter(), "first": first[0],
 """
 
 
+#: P6's floor with the least storage (``p6_floor.py``) in a process of its own, for a count: it
+#: consumes the service queue as the service would (its prefetch, batches of a third), writes a
+#: hash field and a sorted-set member per dead letter, acks per batch; prints the service's line.
+FLOOR_CHILD = """
+import json, sys
+settings = json.loads(sys.argv[1])
+sys.path.insert(0, settings["benchmarks"])
+from p6_floor import _consume
+class Out:
+    def put(self, value):
+        self.value = value
+out = Out()
+total = settings["total"]
+_consume(settings["dlx_service_queue"], total, 1000, 333, "{" + settings["name"] + "}", out)
+print(json.dumps({"stats": {"buried": total, "parked": 0}}))
+"""
+
+
 def one_round(
-    tree: Path, total: int, body_size: int, *, counted: bool = False
+    tree: Path, total: int, body_size: int, *, counted: bool = False, program: str = CHILD
 ) -> tuple[float, float]:
     """CPU µs per dead letter and dead letters per second of wall time, for code of ``tree``;
-    ``counted``: instructions of the whole service process and 0, under callgrind."""
+    ``counted``: instructions of the whole process and 0, under callgrind. ``program``: the
+    service (:data:`CHILD`), or the floor (:data:`FLOOR_CHILD`, counted only)."""
     uid = unique("p6cpu")
     bury_q, park_q, dead, exchange = f"{uid}-bury", f"{uid}-park", f"{uid}-dead", f"{uid}-dlx"
     settings = {
@@ -110,8 +131,12 @@ def one_round(
                         *(callgrind(log) if counted else []),
                         sys.executable,
                         "-c",
-                        CHILD,
-                        json.dumps(settings),
+                        program,
+                        json.dumps(
+                            {**settings, "total": total, "benchmarks": str(ROOT / "benchmarks")}
+                            if program is FLOOR_CHILD
+                            else settings
+                        ),
                     ],
                     env=env,
                     cwd="/tmp",
@@ -145,10 +170,13 @@ def main() -> None:
     parser.add_argument(
         "--instructions", default=None, help="LOW,HIGH: count instructions (callgrind) instead"
     )
+    parser.add_argument(
+        "--floor", action="store_true", help="with --instructions: count P6's floor too"
+    )
     args = parser.parse_args()
     trees = [("this tree", ROOT)] + ([("compared", args.compare.resolve())] if args.compare else [])
     if args.instructions:
-        count_instructions(trees, args.instructions, args.rounds, args.body_size)
+        count_instructions(trees, args.instructions, args.rounds, args.body_size, floor=args.floor)
         return
     say(f"P6 CPU per dead letter: {args.messages:,} per round, load {load()}")
     cpu: dict[str, list[float]] = {name: [] for name, _ in trees}
@@ -164,16 +192,20 @@ def main() -> None:
 
 
 def count_instructions(
-    trees: list[tuple[str, Path]], sizes: str, rounds: int, body_size: int
+    trees: list[tuple[str, Path]], sizes: str, rounds: int, body_size: int, *, floor: bool = False
 ) -> None:
-    """Instructions per dead letter of each tree, by the difference of two backlogs' counts."""
+    """Instructions per dead letter of each tree, by the difference of two backlogs' counts;
+    ``floor``: P6's floor with the least storage counted the same way, beside them."""
     low, high = (int(n) for n in sizes.split(","))
     say(f"P6 instructions per dead letter ({low:,} and {high:,} dead letters), load {load()}")
-    counts: dict[str, list[float]] = {name: [] for name, _ in trees}
+    programs = [(name, tree, CHILD) for name, tree in trees]
+    if floor:
+        programs.append(("floor, least storage", ROOT, FLOOR_CHILD))
+    counts: dict[str, list[float]] = {name: [] for name, _, _ in programs}
     for n in range(1, rounds + 1):
-        for name, tree in trees:
-            a = one_round(tree, low, body_size, counted=True)[0]
-            b = one_round(tree, high, body_size, counted=True)[0]
+        for name, tree, program in programs:
+            a = one_round(tree, low, body_size, counted=True, program=program)[0]
+            b = one_round(tree, high, body_size, counted=True, program=program)[0]
             counts[name].append((b - a) / (high - low))
             say(
                 f"round {n}: {name} ({tree}): {counts[name][-1]:,.0f} instructions per dead "
