@@ -102,6 +102,10 @@ def from_jsonable(value: object) -> object:
     return value
 
 
+#: Tags made by the running :func:`dumps` of each thread.
+_tags = threading.local()
+
+
 def _tag_counted(value: object) -> object:
     """The encoder's ``default``: a value JSON cannot hold, tagged (and counted for :func:`dumps`)."""
     if isinstance(value, Mapping):
@@ -110,8 +114,6 @@ def _tag_counted(value: object) -> object:
     return tag(value)
 
 
-#: Tags made by the running :func:`dumps` of each thread.
-_tags = threading.local()
 #: One encoder for every :func:`dumps` (``json.dumps`` with arguments builds one per call).
 _encode = json.JSONEncoder(separators=_COMPACT, default=_tag_counted).encode
 

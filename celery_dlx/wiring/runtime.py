@@ -576,7 +576,7 @@ class Runtime:
         if not logger.isEnabledFor(level):  # parks and requeues: info, often not logged at all
             return
         line = "%s %s[%s] attempt=%d queue=%s cause=%s%s%s"
-        args = (
+        args: tuple[object, ...] = (
             fate,
             event.task or "-",
             event.message_id,
@@ -589,9 +589,8 @@ class Runtime:
         if fate == BURIED:
             # One traceback per burial in the logs: not again when Celery's tracer logged it.
             shown = "" if event.extra.get("traceback_logged") else event.traceback
-            logger.error(line + ("\n%s" if shown else "%s"), *args, shown or "")
-        else:
-            logger.log(level, line, *args)
+            line, args = line + ("\n%s" if shown else "%s"), (*args, shown or "")
+        logger.log(level, line, *args)
 
     def _notify(self, event: FateEvent) -> None:
         for listener in list(self.listeners):
