@@ -16,17 +16,32 @@ from typing import Any
 import psutil
 from _common import ROOT
 
-#: The systems a benchmark worker can run: celery_dlx, plain Celery (acks late), Dramatiq.
-SYSTEMS = ("dlx", "plain", "dramatiq")
+#: The systems a benchmark worker can run: celery_dlx, plain Celery (acks late), Dramatiq as it
+#: ships (publishes not confirmed), and Dramatiq with ``confirm_delivery=True``: a retry's copy is
+#: confirmed by the broker before the original is acked, as celery_dlx acks a failed message only
+#: once Redis has its park (the same delivery guarantee).
+SYSTEMS = ("dlx", "plain", "dramatiq", "dramatiq_confirm")
 #: How each system is named in the output.
-LABELS = {"dlx": "celery_dlx", "plain": "Celery autoretry", "dramatiq": "Dramatiq"}
+LABELS = {
+    "dlx": "celery_dlx",
+    "plain": "Celery autoretry",
+    "dramatiq": "Dramatiq",
+    "dramatiq_confirm": "Dramatiq (confirm_delivery)",
+}
+
+
+def is_dramatiq(mode: str) -> bool:
+    """True for the Dramatiq systems (one worker model: 1 process, 1 thread; no Celery pool)."""
+    return mode.startswith("dramatiq")
+
+
 #: Celery pools a benchmark runs; prefork (Celery's default) is the headline.
 POOLS = ("prefork", "solo", "threads")
 
 
 def worker_command(mode: str, uid: str, pool: str) -> list[str]:
     """The command line of one worker: one process (or one pool child / one thread)."""
-    if mode == "dramatiq":
+    if is_dramatiq(mode):
         return [
             sys.executable,
             "-m",
@@ -78,6 +93,7 @@ def bench_worker(
         "BENCH_MODE": mode,
         "BENCH_UID": uid,
         "BENCH_PREFETCH": str(prefetch),
+        "BENCH_DRAMATIQ_CONFIRM": "1" if mode == "dramatiq_confirm" else "0",
         "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'benchmarks'}",
         **(extra_env or {}),
     }
@@ -207,7 +223,7 @@ DRAMATIQ_ACTORS = {
 
 def publish(mode: str, uid: str, task: str, calls: list[tuple[Any, ...]]) -> None:
     """Publish one ``task`` message per args tuple of ``calls`` to ``bench-<uid>``, in order."""
-    if mode == "dramatiq":
+    if is_dramatiq(mode):
         import dramatiq_app
 
         dramatiq_app.publish(uid, DRAMATIQ_ACTORS[task], calls)

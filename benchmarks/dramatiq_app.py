@@ -11,7 +11,11 @@ Dramatiq's own behaviour is kept: a failing actor is retried by its ``Retries`` 
 (exponential backoff from 15 s, 20 retries); ``raise dramatiq.Retry(delay=ms)`` retries after
 ``delay``: the message goes to the delay queue, which the worker consumes and holds in memory
 until due (at most 1000 per thread, the rest wait in RabbitMQ). Publishes are not confirmed
-(Dramatiq's default). Its loggers are set to ERROR, as the Celery workers run with ``-l ERROR``.
+(Dramatiq's default), unless ``BENCH_DRAMATIQ_CONFIRM=1`` (the ``dramatiq_confirm`` system of
+``_workers.py``): then the broker is ``RabbitmqBroker(confirm_delivery=True)``, and a retry's
+copy in the delay queue is confirmed by RabbitMQ before the original is acked, the guarantee
+celery_dlx gives a park (acked once Redis has it). Its loggers are set to ERROR, as the Celery
+workers run with ``-l ERROR``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ def broker_url() -> str:
     return BROKER_URL[:-2] + "/%2F" if BROKER_URL.endswith("//") else BROKER_URL
 
 
-broker = RabbitmqBroker(url=broker_url())
+#: Whether this worker's publishes wait for RabbitMQ's confirm (``BENCH_DRAMATIQ_CONFIRM=1``).
+CONFIRM = os.environ.get("BENCH_DRAMATIQ_CONFIRM") == "1"
+broker = RabbitmqBroker(url=broker_url(), confirm_delivery=CONFIRM)
 dramatiq.set_broker(broker)
 _redis = redis.Redis.from_url(REDIS_URL)
 

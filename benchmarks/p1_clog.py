@@ -5,13 +5,15 @@ default retry delay and budget; Dramatiq with its default ``Retries``), each rou
 first run to the 1000th good message, a run of the good messages alone and one run per poison count
 with the poison messages at the head of the queue, in fresh workers; the round's figure per poison
 count is the ratio clogged / all good (the system against itself, so a load change between systems
-does not move it). Rounds alternate the systems. Figure: the median of the rounds' ratios, every
+does not move it). ``dramatiq_confirm`` is Dramatiq with ``confirm_delivery=True``: its retries'
+copies confirmed by the broker before the originals are acked, the guarantee celery_dlx gives
+(``benchmarks/dramatiq_app.py``). Rounds alternate the systems. Figure: the median of the rounds' ratios, every
 round printed with the load average. Targets (issue 23 item 3), on the prefork pool (Celery's
 default, one child): celery_dlx <= 1.05x with 10 poison and <= 1.10x with 100, and below
 Dramatiq's ratio in the same run; ``--pools prefork,solo,threads`` adds rows for the other pools.
 
 Run: .venv/bin/python benchmarks/p1_clog.py [--good 1000] [--poison 10,100] [--rounds 3]
-     [--pools prefork] [--systems dlx,plain,dramatiq]
+     [--pools prefork] [--systems dlx,plain,dramatiq,dramatiq_confirm]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from _common import (
     summary,
     unique,
 )
-from _workers import LABELS, bench_worker, cleanup, publish, wait_key
+from _workers import LABELS, bench_worker, cleanup, is_dramatiq, publish, wait_key
 
 #: The good messages' completion time with N poison ahead / all good: the target per N.
 TARGETS = {10: 1.05, 100: 1.10}
@@ -65,7 +67,7 @@ def main() -> None:
     parser.add_argument(
         "--pools", default="prefork", help="Celery pools, the first is the headline"
     )
-    parser.add_argument("--systems", default="dlx,plain,dramatiq")
+    parser.add_argument("--systems", default="dlx,plain,dramatiq,dramatiq_confirm")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     pools = args.pools.split(",")
@@ -129,7 +131,7 @@ def main() -> None:
 
 
 def where(mode: str, pool: str) -> str:
-    return "" if mode == "dramatiq" else f" ({pool})"
+    return "" if is_dramatiq(mode) else f" ({pool})"
 
 
 if __name__ == "__main__":
