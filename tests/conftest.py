@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import urllib.parse
 import uuid
@@ -25,10 +26,49 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             item.add_marker(pytest.mark.spark)
 
 
+#: Test directories whose tests reach the shared RabbitMQ and Redis: their ids are forgotten
+#: there after each test (:func:`forget`).
+_SERVICE_TESTS = tuple(f"{os.sep}{name}{os.sep}" for name in ("integration", "interop", "web"))
+
+
 @pytest.fixture
-def uid() -> str:
-    """A short unique id for queue names and key prefixes of one test."""
-    return uuid.uuid4().hex[:10]
+def uid(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A short unique id for queue names and key prefixes of one test; after a test that reaches
+    the shared services, what it left under that id there is deleted (:func:`forget`)."""
+    value = uuid.uuid4().hex[:10]
+    yield value
+    if any(part in str(request.node.fspath) for part in _SERVICE_TESTS):
+        forget(value)
+
+
+def forget(uid: str) -> None:
+    """Delete what a test left on the shared services under its ``uid``: the Redis keys of its
+    key prefix (``{test-<uid>}...``; apps made by ``dlx_apps.make_app`` use it whether or not the
+    test asked for :func:`key_prefix`), and the queues and exchanges of ``BROKER_URL``'s virtual
+    host whose names hold the id (``work-<uid>``, ``dlx-<uid>``, its delay queues...). The id is
+    ten random hex digits: nothing of anyone else's holds it."""
+    import redis
+    from kombu import Connection
+
+    from celery_dlx.broker.management import ManagementError, management_for
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in client.scan_iter(match="{test-" + uid + "}*", count=1000):
+            client.delete(key)
+    finally:
+        client.close()
+    api = management_for(Connection(BROKER_URL))
+    vhost = urllib.parse.quote(api.vhost, safe="")
+    for kind in ("queues", "exchanges"):
+        listed = api.request("GET", f"/api/{kind}/{vhost}?columns=name")
+        for entry in listed if isinstance(listed, list) else []:
+            name = str(entry.get("name", ""))
+            if uid in name:
+                quoted = urllib.parse.quote(name, safe="")
+                # gone meanwhile (an auto-delete queue, its exchange): nothing to delete
+                with contextlib.suppress(ManagementError):
+                    api.request("DELETE", f"/api/{kind}/{vhost}/{quoted}")
 
 
 @pytest.fixture
