@@ -7,8 +7,8 @@ with the poison messages at the head of the queue, in fresh workers; the round's
 count is the ratio clogged / all good (the system against itself, so a load change between systems
 does not move it). ``dramatiq_confirm`` is Dramatiq with ``confirm_delivery=True``: its retries'
 copies confirmed by the broker before the originals are acked, the guarantee celery_dlx gives
-(``benchmarks/dramatiq_app.py``). Rounds alternate the systems. Figure: the median of the rounds' ratios, every
-round printed with the load average. Targets (issue 23 item 3), on the prefork pool (Celery's
+(``benchmarks/dramatiq_app.py``). Rounds alternate the systems. Figure: the median of the
+rounds' ratios, every round printed with the load average. Targets (issue 23 item 3), on the prefork pool (Celery's
 default, one child): celery_dlx <= 1.05x with 10 poison and <= 1.10x with 100, and below
 Dramatiq's ratio in the same run; ``--pools prefork,solo,threads`` adds rows for the other pools.
 

@@ -54,8 +54,7 @@ def forget(uid: str) -> None:
 
     client = redis.Redis.from_url(REDIS_URL)
     try:
-        for key in client.scan_iter(match="{test-" + uid + "}*", count=1000):
-            client.delete(key)
+        _delete_prefix(client, f"test-{uid}")
     finally:
         client.close()
     api = management_for(Connection(BROKER_URL))
@@ -69,6 +68,12 @@ def forget(uid: str) -> None:
                 # gone meanwhile (an auto-delete queue, its exchange): nothing to delete
                 with contextlib.suppress(ManagementError):
                     api.request("DELETE", f"/api/{kind}/{vhost}/{quoted}")
+
+
+def _delete_prefix(client: Any, prefix: str) -> None:
+    """Delete every key of the celery_dlx key prefix ``prefix`` (``{prefix}...``)."""
+    for key in client.scan_iter(match="{" + prefix + "}*", count=1000):
+        client.delete(key)
 
 
 @pytest.fixture
@@ -85,8 +90,7 @@ def key_prefix(uid: str, redis_client: Any) -> Iterator[str]:
     """A unique celery_dlx key prefix; every key under it is deleted after the test."""
     prefix = f"test-{uid}"
     yield prefix
-    for key in redis_client.scan_iter(match="{" + prefix + "}*", count=1000):
-        redis_client.delete(key)
+    _delete_prefix(redis_client, prefix)
 
 
 @pytest.fixture
