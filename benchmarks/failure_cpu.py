@@ -18,9 +18,13 @@ include whatever else uses them). Printed per task, in microseconds, for:
   and a sorted-set member in one ``MULTI``/``EXEC``): the floor of a park made by the run;
 - ``write_success``: plain Celery, a run that writes the same and succeeds: the cheapest way
   Celery offers to end a run after a durable write (no exception at all);
-- ``dlx_success``: ``success`` with celery_dlx installed (P2's question, per process).
+- ``dlx_success``: ``success`` with celery_dlx installed (P2's question, per process);
+- ``dramatiq``: P10's peer, Dramatiq (1 process, 1 thread) raising ``Retry(delay=3600000)``;
+  its main process only supervises, its one worker process runs the actor (the "pool process"
+  column); ``dramatiq_confirm``: the same with ``confirm_delivery=True`` (the guarantee celery_dlx
+  gives a park: the retry's copy confirmed before the original is acked).
 
-Rounds alternate the three, each in a fresh worker; every round is printed, then the medians.
+Rounds alternate the cells, each in a fresh worker; every round is printed, then the medians.
 With Celery's default fair scheduling and one pool process, the main process hands the pool its
 next task only after the last one's result is in, so the two take turns: the rate is about one
 over the sum of their CPU per task, which is why it is printed.
@@ -53,15 +57,20 @@ CELLS = {
     "write_ignore": ("plain", "bench.count_write_ignore", ""),
     "write_success": ("plain", "bench.count_write", ""),
     "dlx_success": ("dlx", "bench.count_run", ""),
+    "dramatiq": ("dramatiq", "bench.park_hour", ""),
+    "dramatiq_confirm": ("dramatiq_confirm", "bench.park_hour", ""),
 }
 #: The cells run unless ``--cells`` names others.
 DEFAULT_CELLS = ("success", "dlx", "dlx:child_parks")
 PROCESSES = ("main process", "pool process", "redis-server", "RabbitMQ")
 
 
-def _cpu(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
+def _cpu(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        times = process.cpu_times()
+        total += times.user + times.system
+    return total
 
 
 def _server(fragment: str, port: str = "") -> psutil.Process:
@@ -85,8 +94,8 @@ def one_round(cell: str, tasks: int) -> tuple[float, dict[str, float]]:
         with bench_worker(mode, uid, prefetch=10, pool="prefork", extra_env=env) as proc:
             wait_count(client, runs, 1, 300, proc)
             main = psutil.Process(proc.pid)
-            (child,) = main.children()
-            processes = [main, child, *servers]
+            # one pool process for Celery; Dramatiq's worker process (and any it forks)
+            processes = [[main], main.children(recursive=True), *([s] for s in servers)]
             before = [_cpu(p) for p in processes]
             started = time.monotonic()
             wait_count(client, runs, tasks, 900, proc)
