@@ -19,8 +19,8 @@ from celery.result import AsyncResult
 from kombu import Connection
 
 from celery_dlx import dlx_details
-from tests.conftest import BROKER_URL, REDIS_URL, ROOT
-from tests.integration.dlx_apps import make_app, queue_names
+from tests.conftest import BROKER_URL, REDIS_URL, ROOT, forget
+from tests.integration.dlx_apps import make_app
 from tests.integration.helpers import queue_depth, wait_until
 from tests.integration.originals import WATCHED, result_settings
 
@@ -126,14 +126,9 @@ def reports() -> Iterator[dict[str, Any]]:
         got["fresh"] = fresh_snapshot("celery.backends.redis:RedisBackend")
         yield got
     finally:
-        for key in client.scan_iter(match="{test-" + uid + "}*", count=1000):
-            client.delete(key)
-        channel = broker.channel()
-        for queue in queue_names(make_app(uid)):
-            channel.queue_delete(queue)
-        channel.exchange_delete(f"dlx-{uid}")
         broker.release()
         client.close()
+        forget(uid)  # its keys, queues and exchanges (Celery's work-<uid> exchange too)
 
 
 def test_the_worker_ran_its_dlx_tasks_through_the_settling_tracer(reports: dict[str, Any]) -> None:
