@@ -10,14 +10,18 @@ requeue and park that end without a traceback (``compat.settling_tracer``); what
   a worker that sends no task events, as before 2026-11-27; the benchmark workers run without
   ``-E``, so by default they send none);
 - ``child_parks``: ``dlx_parent_parks = False`` (each pool process writes its own parks, as
-  before the main process batched them).
+  before the main process batched them);
+- ``no_park_write``: a ceiling, not a design: the main process's settler acks each park its pool
+  hands over without writing it (no Redis transaction, no history, counters or fate line), so
+  every park is lost. What is left is the failure path without its durable write: the pool
+  process's decision and copy, the handover, the main process's bookkeeping and the ack.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-KNOWN = {"no_events", "events_always", "child_parks"}
+KNOWN = {"no_events", "events_always", "child_parks", "no_park_write"}
 
 
 def apply(app: Any, experiments: set[str]) -> None:
@@ -30,3 +34,11 @@ def apply(app: Any, experiments: set[str]) -> None:
         app.conf.dlx_events_follow_worker = False
     if "child_parks" in experiments:
         app.conf.dlx_parent_parks = False
+    if "no_park_write" in experiments:
+        from celery_dlx.wiring.runtime import Runtime
+
+        def acked_unwritten(self: Runtime, parks: Any) -> list[BaseException | None]:
+            return [None] * len(parks)
+
+        # In this benchmark worker only (its main process: the settler calls it).
+        Runtime.park_recorded_many = acked_unwritten  # type: ignore[method-assign]

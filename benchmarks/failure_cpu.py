@@ -10,6 +10,9 @@ include whatever else uses them). Printed per task, in microseconds, for:
 - ``dlx``: celery_dlx, each task failing once with ``self.retry(countdown=3600)``: a park, written
   by the main process (``dlx_parent_parks``, the default);
 - ``dlx:child_parks``: the same with ``dlx_parent_parks = False`` (the pool process parks);
+- ``dlx:no_park_write``: ``dlx`` whose main process acks each park without writing it (a
+  ceiling that loses every park: the failure path without its durable write; see
+  ``bench_experiments``);
 - ``dlx:events``: ``dlx`` sending a fate event per park (``dlx_events_follow_worker = False``;
   the worker runs without ``-E``, so ``dlx`` sends none, as Celery sends none of its own);
 - ``ignore``: plain Celery, each run ending in Celery's ``Ignore`` (no celery_dlx): the floor of
@@ -53,6 +56,7 @@ CELLS = {
     "dlx": ("dlx", "bench.park_hour", ""),
     "dlx:child_parks": ("dlx", "bench.park_hour", "child_parks"),
     "dlx:events": ("dlx", "bench.park_hour", "events_always"),
+    "dlx:no_park_write": ("dlx", "bench.park_hour", "no_park_write"),
     "ignore": ("plain", "bench.count_ignore", ""),
     "write_ignore": ("plain", "bench.count_write_ignore", ""),
     "write_success": ("plain", "bench.count_write", ""),
