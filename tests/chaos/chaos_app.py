@@ -123,10 +123,13 @@ def chaos_settings(names: Names, redis_url: str, *, quorum: bool) -> dict[str, A
     }
 
 
-def make_chaos_app(uid: str, redis_url: str, *, quorum: bool = False) -> Celery:
-    """The app of chaos run ``uid``; celery_dlx's Redis is ``redis_url``."""
+def make_chaos_app(
+    uid: str, redis_url: str, *, quorum: bool = False, broker_url: str = BROKER_URL
+) -> Celery:
+    """The app of chaos run ``uid``; celery_dlx's Redis is ``redis_url``, its broker
+    ``broker_url`` (a run's processes get it as ``DLX_TEST_BROKER``)."""
     names = Names(uid)
-    app = Celery(f"chaos-{uid}", broker=BROKER_URL, set_as_current=False)
+    app = Celery(f"chaos-{uid}", broker=broker_url, set_as_current=False)
     celery_dlx.install(app)
     app.conf.update(chaos_settings(names, redis_url, quorum=quorum))
     ledger = redis.Redis.from_url(LEDGER_URL, socket_timeout=10)

@@ -96,6 +96,8 @@ class ChaosPlan:
     quorum: bool = False
     seed: int = 7
     keep_logs: bool = False
+    #: The broker (and virtual host) of the run, for this process and the ones it starts.
+    broker_url: str = BROKER_URL
 
 
 @dataclass
@@ -365,13 +367,16 @@ class ChaosRun:
             "CHAOS_REDIS": self.redis.url,
             "CHAOS_LEDGER": LEDGER_URL,
             "CHAOS_QUORUM": "1" if self.plan.quorum else "0",
+            "DLX_TEST_BROKER": self.plan.broker_url,
             "PYTHONPATH": str(P.ROOT),
         }
 
     def app(self) -> Any:
         """The run's app in this process (made once)."""
         if self._app is None:
-            self._app = make_chaos_app(self.uid, self.redis.url, quorum=self.plan.quorum)
+            self._app = make_chaos_app(
+                self.uid, self.redis.url, quorum=self.plan.quorum, broker_url=self.plan.broker_url
+            )
         return self._app
 
     def declare(self, conn: Connection) -> None:
@@ -528,7 +533,7 @@ class ChaosRun:
         """Delete the run's ledger keys, queues and exchanges (the broker started first)."""
         self.rabbit.ensure_running()
         self.ledger.delete(*self.names.ledger_keys)
-        with Connection(BROKER_URL) as conn:
+        with Connection(self.plan.broker_url) as conn:
             self._delete_topology(conn)
 
     def _delete_topology(self, conn: Connection) -> None:
@@ -575,7 +580,7 @@ def run_chaos(plan: ChaosPlan, uid: str | None = None) -> ChaosReport:
         stack.callback(run.rabbit.ensure_running)
         run.redis.start()
         stack.callback(run.redis.kill)
-        conn = stack.enter_context(Connection(BROKER_URL))
+        conn = stack.enter_context(Connection(plan.broker_url))
         stack.callback(run.cleanup)
         run.declare(conn)
         stack.callback(lambda: P.stop_all(run.procs, _stop_order))
@@ -610,7 +615,7 @@ def run_chaos(plan: ChaosPlan, uid: str | None = None) -> ChaosReport:
         settle_seconds = time.monotonic() - settle_start
         monkey.stop()
         P.stop_all(run.procs, _stop_order)
-        with Connection(BROKER_URL) as fresh:
+        with Connection(plan.broker_url) as fresh:
             report = run.account(runtime, fresh)
         report.events = monkey.counts()
         report.settle_events = [f"{e.action} {e.target}" for e in monkey.events[calm_at:]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,16 +23,16 @@ from celery_dlx.ops import obituaries
 from celery_dlx.service.loop import DLXService
 from celery_dlx.wiring.runtime import get_runtime
 from tests.chaos.harness import PROCESS_ACTIONS, ChaosPlan, run_chaos
-from tests.conftest import BROKER_URL
-from tests.integration.dlx_apps import drain_thread, make_app, queue_names, service_thread, worker
+from tests.integration.dlx_apps import drain_thread, make_app, service_thread, worker
 from tests.integration.helpers import fates_of, wait_until
 
 
 @pytest.fixture
-def app(uid: str, key_prefix: str, cleanup_queues: list[str]) -> Celery:
-    app = make_app(uid, dlx_quorum=True, dlx_delivery_limit=20)
-    cleanup_queues.extend([*queue_names(app), f"exchange:dlx-{uid}", f"exchange:work-{uid}"])
-    return app
+def app(uid: str, key_prefix: str, vhost: str) -> Celery:
+    """The test app on a virtual host of its own: a worker on quorum queues declares Celery's
+    native delayed-delivery topology (``celery_delayed_*``), shared by every app of a virtual
+    host, so it goes with this one's."""
+    return make_app(uid, broker_url=vhost, dlx_quorum=True, dlx_delivery_limit=20)
 
 
 @pytest.fixture
@@ -40,10 +41,22 @@ def service(app: Celery) -> Iterator[DLXService]:
         yield svc
 
 
-def queue_facts(*names: str) -> dict[str, dict[str, Any]]:
-    """Type and arguments of queues, as the broker reports them."""
+def queue_facts(broker_url: str, *names: str) -> dict[str, dict[str, Any]]:
+    """Type and arguments of queues of ``broker_url``'s virtual host, as the broker reports them."""
+    vhost = urllib.parse.unquote(urllib.parse.urlsplit(broker_url).path[1:]) or "/"
     out = subprocess.run(
-        ["rabbitmqctl", "-q", "list_queues", "--formatter", "json", "name", "type", "arguments"],
+        [
+            "rabbitmqctl",
+            "-q",
+            "list_queues",
+            "-p",
+            vhost,
+            "--formatter",
+            "json",
+            "name",
+            "type",
+            "arguments",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -57,12 +70,12 @@ def queue_facts(*names: str) -> dict[str, dict[str, Any]]:
 
 
 def test_work_and_service_queues_are_quorum_queues_dead_lettering_at_least_once(
-    app: Celery, uid: str
+    app: Celery, uid: str, vhost: str
 ) -> None:
     with app.connection_for_write() as conn:
         for queue in app.amqp.queues.values():
             queue(conn.default_channel).declare()
-    facts = queue_facts(f"work-{uid}", f"dead-{uid}")
+    facts = queue_facts(vhost, f"work-{uid}", f"dead-{uid}")
     work = facts[f"work-{uid}"]
     assert work["type"] == "quorum" and work["x-dead-letter-strategy"] == "at-least-once"
     assert work["x-overflow"] == "reject-publish" and work["x-delivery-limit"] == 20
@@ -113,12 +126,11 @@ def test_fates_end_to_end_on_quorum_queues(
 
 
 def test_delivery_limit_dead_letters_what_a_consumer_requeues_forever(
-    app: Celery, uid: str, service: DLXService, cleanup_queues: list[str]
+    app: Celery, uid: str, service: DLXService, vhost: str
 ) -> None:
     """A foreign consumer that nacks with requeue=True never counts attempts; the quorum queue's
     ``x-delivery-limit`` does, dead-letters the message at-least-once, and it is buried."""
     name = f"loop-{uid}"
-    cleanup_queues.append(name)
     runtime = get_runtime(app)
     with app.connection_for_write() as conn:
         dlx_queue(
@@ -130,8 +142,7 @@ def test_delivery_limit_dead_letters_what_a_consumer_requeues_forever(
             quorum=True,
             delivery_limit=3,
         )(conn.default_channel).declare()
-    url = BROKER_URL[:-2] + "/%2F" if BROKER_URL.endswith("//") else BROKER_URL
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection = pika.BlockingConnection(pika.URLParameters(vhost))
     channel = connection.channel()
     deliveries: list[int] = []
     try:
@@ -156,8 +167,9 @@ def test_delivery_limit_dead_letters_what_a_consumer_requeues_forever(
     assert len(deliveries) == 4  # the first delivery and three redeliveries
 
 
-def test_nothing_is_lost_on_quorum_queues_while_processes_and_redis_die() -> None:
-    """The chaos run on quorum queues: kill -9 of workers, services, drains, Redis restarts."""
+def test_nothing_is_lost_on_quorum_queues_while_processes_and_redis_die(vhost: str) -> None:
+    """The chaos run on quorum queues: kill -9 of workers, services, drains, Redis restarts
+    (on a virtual host of its own, as the app above)."""
     plan = ChaosPlan(
         messages=200,
         workers=1,
@@ -169,6 +181,7 @@ def test_nothing_is_lost_on_quorum_queues_while_processes_and_redis_die() -> Non
         actions=PROCESS_ACTIONS,
         quorum=True,
         seed=23,
+        broker_url=vhost,
     )
     report = run_chaos(plan)
     print("\n".join(["quorum chaos accounting:", *report.lines()]))
