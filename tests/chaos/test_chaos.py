@@ -61,12 +61,14 @@ def test_no_message_is_lost_while_processes_and_redis_die() -> None:
         assert kinds[kind] == {"sent": kinds[kind]["sent"], "done": kinds[kind]["sent"]}
 
 
-def test_a_crash_point_firing_while_the_run_settles_is_restarted() -> None:
+def test_a_crash_point_firing_while_the_run_settles_is_restarted(vhost: str) -> None:
     """The harness goes on supervising after the chaos: a crash point still armed in a
     restarted process may fire while the run settles (bigger service batches made that common),
     and the dead process must be started again, as a supervisor would, or its queue waits
     forever. No monkey actions here; the DLX service dies at its 4th burial batch, which on
-    these machines comes after publishing has ended (before the fix this run never settled)."""
+    these machines comes after publishing has ended (before the fix this run never settled).
+    On quorum queues, so on a virtual host of its own: their worker declares Celery's shared
+    delayed-delivery topology (``celery_delayed_*``)."""
     plan = ChaosPlan(
         messages=200,
         workers=1,
@@ -78,6 +80,7 @@ def test_a_crash_point_firing_while_the_run_settles_is_restarted() -> None:
         faults={"service0": ["service.buried@4"]},
         quorum=True,
         seed=23,
+        broker_url=vhost,
     )
     report = run_chaos(plan)
     print("\n".join(["late crash accounting:", *report.lines()]))
