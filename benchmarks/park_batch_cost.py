@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import sys
 import time
 import uuid
@@ -141,12 +142,7 @@ def main() -> None:
             f"median batches of {size}: CPU {value / size:.1f} µs per park, {value:.0f} per batch"
         )
     if len(sizes) > 1:
-        xs, ys = list(per_batch), list(per_batch.values())
-        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
-            (x - mean_x) ** 2 for x in xs
-        )
-        fixed = mean_y - slope * mean_x
+        slope, fixed = statistics.linear_regression(list(per_batch), list(per_batch.values()))
         print(
             f"FIT CPU per batch = {fixed:.0f} µs per transaction + {slope:.1f} µs per park "
             "(medians, least squares)"
