@@ -8,9 +8,10 @@ count is the ratio clogged / all good (the system against itself, so a load chan
 does not move it). ``dramatiq_confirm`` is Dramatiq with ``confirm_delivery=True``: its retries'
 copies confirmed by the broker before the originals are acked, the guarantee celery_dlx gives
 (``benchmarks/dramatiq_app.py``). Rounds alternate the systems. Figure: the median of the
-rounds' ratios, every round printed with the load average. Targets (issue 23 item 3), on the prefork pool (Celery's
-default, one child): celery_dlx <= 1.05x with 10 poison and <= 1.10x with 100, and below
-Dramatiq's ratio in the same run; ``--pools prefork,solo,threads`` adds rows for the other pools.
+rounds' ratios, every round printed with the load average. Targets (issue 23 item 3), on the
+prefork pool (Celery's default, one child): celery_dlx <= 1.05x with 10 poison and <= 1.10x with
+100, and below Dramatiq's ratio in the same run; ``--pools prefork,solo,threads`` adds rows for
+the other pools.
 
 Run: .venv/bin/python benchmarks/p1_clog.py [--good 1000] [--poison 10,100] [--rounds 3]
      [--pools prefork] [--systems dlx,plain,dramatiq,dramatiq_confirm]
