@@ -469,6 +469,12 @@ def edit_command(
 @click.option("--all", "everything", is_flag=True, help="Purge the whole graveyard.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--dry-run", is_flag=True, help="Say what would be purged; delete nothing.")
+@click.option(
+    "--keep-whole",
+    is_flag=True,
+    help="Keep each whole obituary (traceback, headers, payload) in its `purged` history entry "
+    "(default: its summary only, so the purge frees the bytes it removes).",
+)
 @json_option
 @click.pass_context
 @handle_errors
@@ -483,9 +489,11 @@ def purge_command(
     everything: bool,
     yes: bool,
     dry_run: bool,
+    keep_whole: bool,
     as_json: bool,
 ) -> None:
-    """Delete obituaries (ids or filters); each goes whole to the failure history as `purged`."""
+    """Delete obituaries (ids or filters); each leaves its summary in the failure history as
+    `purged`. Works on a Redis at maxmemory (it deletes first)."""
     from celery_dlx.ops.replay import resolve_targets
 
     require_targets("purge", ids, everything, queue, task, cause, since, until)
@@ -507,7 +515,7 @@ def purge_command(
     with progress_bar(len(targets), "purging", show_progress(as_json)) as advance:
         for start in range(0, len(targets), graveyard.CHUNK):
             chunk = targets[start : start + graveyard.CHUNK]
-            done = purge.purge(runtime, chunk, dry_run=dry_run)
+            done = purge.purge(runtime, chunk, dry_run=dry_run, keep_whole=keep_whole)
             report.purged.extend(done.purged)
             report.missing.extend(done.missing)
             advance(len(chunk))

@@ -236,12 +236,12 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
     interruption (nothing is lost). The failure history keeps its single-tag key.
     """
     runtime = runtime_of(ctx)
-    done = runtime.migrate_parked_keys(dry_run=dry_run)
-    graves = runtime.migrate_graveyard_keys(dry_run=dry_run)
+    done, graves = runtime.migrate_keys(dry_run=dry_run)
     if as_json:
-        echo_json({"dry_run": dry_run, **done.__dict__, "graveyard": graves.__dict__})
+        parked = {k: v for k, v in done.__dict__.items() if k != "gone"}  # a park is never gone
+        echo_json({"dry_run": dry_run, **parked, "graveyard": graves.__dict__})
         return
-    for queue, n in sorted((done.queues or {}).items()):
+    for queue, n in sorted(done.queues.items()):
         click.echo(f"{queue}: {n}")
     if dry_run:
         click.echo(f"{done.found} parked retries would move ({done.left} unreadable, left)")

@@ -135,17 +135,26 @@ class Keys:
         self.breakers_open = f"{base}:breaker:open"
         self._breaker_prefix = f"{base}:breaker:"
 
+    @property
+    def home_tag(self) -> str:
+        """The app's hash tag, ``{prefix}``: every key of the single-tag layout."""
+        return "{" + self.prefix + "}"
+
+    def queue_tag(self, queue: str, bucket: int) -> str:
+        """The hash tag of one bucket of ``queue``'s keys, ``{prefix:q:QUEUE:BUCKET}``
+        (``dlx_redis_shards = "queue"``), so a Redis Cluster spreads them over its masters,
+        those of one busy queue too."""
+        return "{" + f"{self.prefix}:q:{queue}:{bucket}" + "}"
+
     def parked_shard(self, queue: str, bucket: int) -> ParkedKeys:
         """The parked-retry keys of one bucket of ``queue`` (``0 <= bucket <``
-        :data:`PARKED_BUCKETS`), under a hash tag of their own (``{prefix:q:QUEUE:BUCKET}``), so a
-        Redis Cluster spreads retries over its masters, those of one busy queue too
-        (``dlx_redis_shards = "queue"``)."""
-        return ParkedKeys("{" + f"{self.prefix}:q:{queue}:{bucket}" + "}")
+        :data:`PARKED_BUCKETS`)."""
+        return ParkedKeys(self.queue_tag(queue, bucket))
 
     @property
     def parked_legacy(self) -> ParkedKeys:
         """The parked-retry keys of the single-tag layout (every queue under ``{prefix}``)."""
-        return ParkedKeys("{" + self.prefix + "}")
+        return ParkedKeys(self.home_tag)
 
     def breaker_state(self, member: str) -> str:
         """The state hash of one breaker (``member`` is ``QUEUE\tCAUSE``)."""

@@ -102,6 +102,7 @@ class DLXConfig:
     #: ``dlx_code_version`` as set; :attr:`code_version` falls back to the environment.
     code_version_setting: str | None
     graveyard_retention: float
+    graveyard_max_bytes: int
     cause_ttl: float
     delay_backend: str
     parent_parks: bool

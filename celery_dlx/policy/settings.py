@@ -228,13 +228,14 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "dlx_redis_shards",
-            "none",
+            "auto",
             _choice(REDIS_SHARDS),
-            "How parked retries and obituaries are spread over Redis Cluster slots: none (every "
-            "key under {prefix}: one slot, one master), queue (8 hash tags per queue for parked "
-            "retries, 4 of them for obituaries, {prefix:q:QUEUE:BUCKET}: set it on a cluster, "
-            "then run `dlx migrate-keys`), or auto (queue on a cluster URL, none elsewhere). See "
-            "operations.md.",
+            "How parked retries and obituaries are spread over Redis Cluster slots: auto (the "
+            "default: queue on a ?cluster=true URL, none elsewhere), queue (8 hash tags per queue "
+            "for parked retries, 4 of them for obituaries, {prefix:q:QUEUE:BUCKET}, so a cluster "
+            "spreads them over its masters), or none (every key under {prefix}: one slot, one "
+            "master). After a change to queue, `dlx migrate-keys` moves what the old layout "
+            "holds (it is read meanwhile). See operations.md.",
         ),
         Setting(
             "dlx_key_prefix",
@@ -353,6 +354,17 @@ SETTINGS: dict[str, Setting] = {
             30 * 86400.0,
             _seconds,
             "Seconds an obituary stays in the graveyard before it moves to the failure history only.",
+        ),
+        Setting(
+            "dlx_graveyard_max_bytes",
+            0,
+            _count,
+            "Bytes the graveyard may hold (obituary records and payloads, plus a fixed 900 B each "
+            "for their indexes); 0 (the default): half of Redis' maxmemory, or no limit when "
+            "Redis has none. Past it, and whenever Redis uses more than 90% of maxmemory, the "
+            "DLX service buries nothing and dead letters wait in its queue, so parked retries "
+            "keep their room; `dlx check` fails and /metrics says so until `dlx purge` or the "
+            "retention makes room.",
         ),
         Setting(
             "dlx_cause_ttl",
