@@ -32,7 +32,7 @@ extensions = [
 ]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "requirements.txt"]
+exclude_patterns = ["requirements.txt"]
 
 # Links to a heading of a page ([text](page.md#a-heading)) resolve through these anchors; a link
 # to a page or anchor that does not exist is a warning, and the build fails on warnings.
