@@ -25,6 +25,7 @@ from celery_dlx.broker.management import (
     management_for,
 )
 from celery_dlx.compat import queue_attrs
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError, TopologyError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_SERVICE_QUEUE
 
@@ -157,7 +158,7 @@ def migration_hint(queue: str, exchange: str, app: str = "proj", detail: str = "
         f'"dead-letter-routing-key":"{queue}"}}\' --apply-to queues), which changes nothing else; '
         f"the app then declares the queue as it is, no code change; or (2) rename: "
         f"`celery -A {app} dlx migrate {queue} --rename`, which declares a new queue and moves the "
-        f"messages (then consume the new queue). See docs/migration.md."
+        f"messages (then consume the new queue). See {doc_url('migration')}"
     )
 
 
@@ -296,7 +297,7 @@ class DLXQueue(Queue):
                 f"queue {name!r} gets its dead-letter exchange from policy "
                 f"{(info or {}).get('policy')!r}, but other arguments differ too (queue type, "
                 f"length limit...): declare it as it is, Queue({name!r}, no_declare=True), or "
-                f"`celery -A {app} dlx migrate {name} --rename`. See docs/migration.md."
+                f"`celery -A {app} dlx migrate {name} --rename`. See {doc_url('migration')}"
             )
 
 

@@ -21,6 +21,7 @@ from celery_dlx.cli.kit import (
     runtime_of,
     show_progress,
 )
+from celery_dlx.docs_url import doc_url
 from celery_dlx.ops.render import table
 from celery_dlx.wiring.runtime import Runtime
 
@@ -195,7 +196,9 @@ def migrate_command(
     from celery_dlx.ops.migrate import QueueNotFound, migrate_policy, remove_policy
 
     if method is None:
-        raise click.UsageError("choose --policy or --rename (docs/cli.md compares them)")
+        raise click.UsageError(
+            f"choose --policy or --rename ({doc_url('migration')} compares them)"
+        )
     if remove and method != "policy":
         raise click.UsageError("--remove goes with --policy (it deletes the policy migrate wrote)")
     runtime = runtime_of(ctx)

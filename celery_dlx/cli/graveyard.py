@@ -41,7 +41,14 @@ _PROTO = click.option(
 
 @click.command("list")
 @filter_options
-@click.option("--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Most obituaries to show.",
+)
 @click.option("--oldest-first", is_flag=True, help="Oldest burial first (default: newest).")
 @click.option("--no-decode", is_flag=True, help="Do not load and decode payloads (faster).")
 @_PROTO

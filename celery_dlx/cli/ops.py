@@ -22,7 +22,14 @@ from celery_dlx.ops.render import ago, human_seconds, table
 
 
 @click.command("parked")
-@click.option("--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Most parked retries to show, soonest due first.",
+)
 @click.option(
     "--purge",
     "purge_ids",

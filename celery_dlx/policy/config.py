@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.policy.breaker import BreakerSettings
 from celery_dlx.policy.decide import Backoff, Policy
@@ -181,7 +182,7 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
     if unknown:
         raise ConfigurationError(
             f"unknown celery_dlx setting(s): {', '.join(unknown)}; known settings: "
-            f"{', '.join(sorted(SETTINGS))} (see docs/configuration.md)"
+            f"{', '.join(sorted(SETTINGS))} (see {doc_url('configuration')})"
         )
     values: dict[str, Any] = {}
     explicit: set[str] = set()

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypedDict
 
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_KEY_PREFIX, DEFAULT_SERVICE_QUEUE
 from celery_dlx.policy import durations
@@ -235,7 +236,7 @@ SETTINGS: dict[str, Setting] = {
             "for parked retries, 4 of them for obituaries, {prefix:q:QUEUE:BUCKET}, so a cluster "
             "spreads them over its masters), or none (every key under {prefix}: one slot, one "
             "master). After a change to queue, `dlx migrate-keys` moves what the old layout "
-            "holds (it is read meanwhile). See operations.md.",
+            f"holds (it is read meanwhile). See {doc_url('operations')}.",
         ),
         Setting(
             "dlx_key_prefix",
@@ -317,7 +318,7 @@ SETTINGS: dict[str, Setting] = {
             '{"failures": 50, "window": 60, "hold": 300, "probe": 60, "release_rate": 50} holds '
             "new failures of a cause that failed more than failures times in window seconds on a "
             "queue, without spending their budget, and releases one canary every probe seconds "
-            "(docs/monitoring.md).",
+            f"({doc_url('monitoring')}).",
         ),
         Setting(
             "dlx_expired",

@@ -15,6 +15,7 @@ from kombu import Connection
 
 from celery_dlx.broker.management import dead_letter_exchange_of, management_for
 from celery_dlx.cli.main import dlx
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import DLXError
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.ops import checks
@@ -321,7 +322,7 @@ def invoke(*args: str) -> Any:
 
 def test_usage_errors_exit_2_before_touching_a_service() -> None:
     for args, text in (
-        (["migrate", "q"], "--policy or --rename"),
+        (["migrate", "q"], f"--policy or --rename ({doc_url('migration')} compares them)"),
         (["list", "--since", "later"], "--since"),
         (["check", "--for", "soon"], "--for"),
         (["replay", "--rate", "0", "x"], "--rate"),
@@ -374,7 +375,7 @@ def test_every_command_is_registered_with_help() -> None:
 
 def test_replay_without_targets_is_refused_clearly() -> None:
     result = invoke("replay", "--json")
-    # a usage error: exit 2, as docs/cli.md and celery_dlx.cli.kit say (it was 1)
+    # a usage error: exit 2, as the command line page and celery_dlx.cli.kit say
     assert result.exit_code == 2 and "--all" in result.stderr
     assert result.stdout == ""
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.policy.config import DLXConfig, load_config, unknown_settings
 from celery_dlx.policy.decide import ExponentialBackoff, ListBackoff, Policy
@@ -357,6 +358,7 @@ def test_unknown_settings_are_rejected_with_the_known_ones(
     )
     known = re.search(r"known settings: (.*) \(see", message)
     assert known is not None and known.group(1).split(", ") == sorted(SETTINGS)
+    assert message.endswith(f"(see {doc_url('configuration')})")
 
 
 @pytest.mark.parametrize(

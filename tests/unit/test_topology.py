@@ -24,6 +24,7 @@ from celery_dlx.broker.topology import (
     policy_name,
     service_queue,
 )
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError, TopologyError
 
 QUORUM = {
@@ -324,6 +325,7 @@ def test_dlx_queue_406_becomes_a_topology_error_with_a_migration_hint() -> None:
     assert "queue 'work' already exists with other arguments" in message
     assert "celery -A proj dlx migrate work --policy" in message
     assert "set_policy celery-dlx-work '^work$'" in message, "the policy name migrate writes"
+    assert message.endswith(f"See {doc_url('migration')}"), "the page by URL: no docs/ in a wheel"
     assert isinstance(info.value.__cause__, PreconditionFailed)
 
 
