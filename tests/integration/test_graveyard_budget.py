@@ -68,7 +68,9 @@ def used(client: redis.Redis) -> int:
 
 
 def fill(client: redis.Redis) -> int:
-    """Write junk until Redis refuses (OOM), 64 KiB values then 1 KiB ones; how many went in."""
+    """Write junk until Redis refuses (OOM), 64 KiB values then 1 KiB ones, then hold it full:
+    ``maxmemory`` just under what it uses (a refused command's own buffers are freed after it,
+    which would leave room for the next small write). How many values went in."""
     n = 0
     for size in (65536, 1024):
         while True:
@@ -77,6 +79,7 @@ def fill(client: redis.Redis) -> int:
             except redis.exceptions.OutOfMemoryError:
                 break
             n += 1
+    client.config_set("maxmemory", used(client) - 64 * 1024)
     return n
 
 
@@ -165,3 +168,28 @@ def test_burials_stop_short_of_maxmemory_and_a_purge_frees_what_it_removes_on_a_
     assert len(notes) == count and {n["id"] for n in notes} == set(report.purged)
     assert not {"payload", "headers", "traceback"} & set(notes[0])
     print(f"purge of {count} obituaries on a full Redis freed {freed / spent:.0%} of their bytes")
+
+
+def test_the_export_runs_without_its_redis_lock_and_trims_on_a_full_redis(
+    full_redis: RedisServer,
+) -> None:
+    """``dlx export --trim`` is the other way to make room: on a full Redis its lock and its
+    checkpoint mirror cannot be written, so it goes on without them (saying so), and its trim
+    frees the history's bytes."""
+    from celery_dlx_spark import stream as dlx_stream
+
+    client = full_redis.client()
+    key = Keys("export").history
+    ids = [client.xadd(key, {"fate": "buried", "blob": b"b" * 512}) for _ in range(2000)]
+    fill(client)
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        client.set("one-more", b"x" * 1024)
+    with dlx_stream.ExportLock(client, key) as lock:
+        assert not lock.held  # not written: Redis refused it
+        dlx_stream.mirror_checkpoint(client, key, {"last_id": ids[-1].decode()})
+        before = used(client)
+        assert dlx_stream.trim(client, key, ids[-1].decode()) == 2000
+    assert before - used(client) > 2000 * 512
+    client.set("one-more", b"x" * 1024)  # room again
+    with dlx_stream.ExportLock(client, key) as lock:
+        assert lock.held
