@@ -134,7 +134,10 @@ def check_command(
     if as_json:
         echo_json(report.to_json())
     else:
-        click.echo(f"exchange {report.exchange}, service queue {report.service_queue}")
+        click.echo(
+            f"app {runtime.app.main}: exchange {report.exchange}, "
+            f"service queue {report.service_queue}"
+        )
         if report.queues:
             rows = [
                 (q["name"], q["dead_letter_exchange"] or "-", q.get("set_by", "-"), q["why"])

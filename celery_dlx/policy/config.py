@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_dlx.errors import ConfigurationError
+from celery_dlx.message.names import default_exchange, default_service_queue
 from celery_dlx.policy.breaker import BreakerSettings
 from celery_dlx.policy.decide import Backoff, Policy
 from celery_dlx.policy.settings import SENTRY_SETTINGS, SETTINGS, QueuePolicy, sentry_missing
@@ -37,6 +38,18 @@ def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[
         except Exception:  # some conf objects raise on odd keys
             continue
     return False, None
+
+
+def enabled_setting(conf: Mapping[str, Any], namespace: str | None = None) -> bool:
+    """True when ``conf`` sets ``dlx_enabled`` (under any of its names) to a true value, or to a
+    value that is not a boolean at all (asked for, if wrongly)."""
+    found, value = _lookup(conf, "dlx_enabled", namespace)
+    if not found:
+        return False
+    try:
+        return bool(SETTINGS["dlx_enabled"].check("dlx_enabled", value))
+    except ConfigurationError:
+        return True
 
 
 def unknown_settings(conf: Mapping[str, Any], namespace: str | None = None) -> list[str]:
@@ -73,6 +86,7 @@ class DLXConfig:
 
     enabled: bool
     redis_url: str
+    redis_required: bool
     #: ``dlx_redis_min_replicas`` as set (None: the default of the URL, see
     #: :meth:`celery_dlx.store.client.Replicas.for_url`).
     redis_min_replicas: int | None
@@ -195,6 +209,12 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
             "dlx_delivery_limit needs quorum queues: set dlx_quorum = True or remove dlx_delivery_limit"
         )
     _check_extras(values, frozenset(explicit))
+    # An app with a key prefix of its own gets broker names of its own (the default prefix keeps
+    # celery_dlx and celery_dlx.dead), so two apps on one virtual host stay apart.
+    if "dlx_exchange" not in explicit:
+        values["dlx_exchange"] = default_exchange(values["dlx_key_prefix"])
+    if "dlx_service_queue" not in explicit:
+        values["dlx_service_queue"] = default_service_queue(values["dlx_key_prefix"])
     return DLXConfig(
         **{field_name(name): value for name, value in values.items()},
         explicit=frozenset(explicit),

@@ -213,6 +213,13 @@ SETTINGS: dict[str, Setting] = {
             "Redis for parked retries, graveyard and history (redis://, rediss://, sentinel://, or a cluster URL with ?cluster=true).",
         ),
         Setting(
+            "dlx_redis_required",
+            False,
+            _bool,
+            "A worker whose Redis (dlx_redis_url) does not answer at start refuses to start "
+            "(exit 1) instead of starting with a warning and parking nothing until it answers.",
+        ),
+        Setting(
             "dlx_redis_min_replicas",
             None,  # the URL's default; not validated unless set
             _count,
@@ -282,13 +289,16 @@ SETTINGS: dict[str, Setting] = {
             "dlx_exchange",
             DEFAULT_DLX_EXCHANGE,
             _str,
-            "Name of the dead-letter exchange every DLX queue routes to.",
+            "Name of the dead-letter exchange every DLX queue routes to (unset: celery_dlx, or "
+            "celery_dlx.PREFIX when dlx_key_prefix is not the default, so apps with prefixes of "
+            "their own on one virtual host keep their dead letters apart).",
         ),
         Setting(
             "dlx_service_queue",
             DEFAULT_SERVICE_QUEUE,
             _str,
-            "Queue the DLX service consumes dead letters from.",
+            "Queue the DLX service consumes dead letters from (unset: celery_dlx.dead, or "
+            "celery_dlx.PREFIX.dead when dlx_key_prefix is not the default).",
         ),
         Setting(
             "dlx_quorum",

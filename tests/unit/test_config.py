@@ -23,6 +23,7 @@ def test_defaults() -> None:
     assert dict(config.values) == {
         "dlx_enabled": False,
         "dlx_redis_url": "redis://127.0.0.1:6379/0",
+        "dlx_redis_required": False,
         "dlx_redis_min_replicas": None,
         "dlx_redis_replica_timeout": 1.0,
         "dlx_redis_shards": "none",
@@ -80,6 +81,7 @@ def test_every_setting_is_documented() -> None:
 BAD_VALUES: dict[str, list[Any]] = {
     "dlx_enabled": ["maybe", 1, None, [True]],
     "dlx_redis_url": ["", 6379, None],
+    "dlx_redis_required": ["always", 2, None],
     "dlx_redis_min_replicas": [-1, True, "1", 1.0, None],
     "dlx_redis_replica_timeout": [0, -1, "1s", None],
     "dlx_redis_shards": ["bucket", None, True],
