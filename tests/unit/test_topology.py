@@ -323,7 +323,7 @@ def test_dlx_queue_406_becomes_a_topology_error_with_a_migration_hint() -> None:
     message = str(info.value)
     assert "queue 'work' already exists with other arguments" in message
     assert "celery -A proj dlx migrate work --policy" in message
-    assert "set_policy celery-dlx-work '^work$'" in message, "the policy name migrate writes"
+    assert "set_policy -p / celery-dlx-work '^work$'" in message, "the policy name migrate writes"
     assert isinstance(info.value.__cause__, PreconditionFailed)
 
 
@@ -358,7 +358,13 @@ def test_migrate_and_the_error_name_the_same_policy() -> None:
     from celery_dlx.ops import migrate
 
     assert migrate.policy_name("orders") == policy_name("orders") == "celery-dlx-orders"
-    assert f"set_policy {policy_name('orders')} " in migration_hint("orders", "celery_dlx")
+    assert f"set_policy -p / {policy_name('orders')} " in migration_hint("orders", "celery_dlx")
+
+
+def test_the_rabbitmqctl_line_names_the_virtual_host() -> None:
+    hint = migration_hint("orders", "celery_dlx", vhost="shop")
+    assert "rabbitmqctl set_policy -p shop celery-dlx-orders '^orders$' " in hint
+    assert "set_policy -p 'my shop' " in migration_hint("orders", "x", vhost="my shop")
 
 
 def test_no_declare_queue_declares_nothing() -> None:
@@ -463,7 +469,7 @@ def test_without_a_matching_policy_the_406_is_refused_with_the_hint(
         _migrated(api)(channel).declare()
     message = str(info.value)
     assert expected in message
-    assert "set_policy celery-dlx-orders '^orders$'" in message
+    assert "set_policy -p / celery-dlx-orders '^orders$'" in message
     assert declared_queues(channel) == [("proj.dead", {})], "the caller's channel declared nothing"
 
 
