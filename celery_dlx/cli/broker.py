@@ -265,10 +265,14 @@ def _migrate_text(data: dict[str, Any]) -> str:
         if not p["needed"]:
             return f"{prefix}nothing to do for {data['queue']}: {p['reason']}"
         merged = f", merging policy {p['merged_from']}" if p["merged_from"] else ""
+        head = f"{prefix}policy {p['name']} (priority {p['priority']}{merged}) on {data['queue']}"
+        if data.get("dry_run"):
+            # Nothing was written: the broker still reports the queue as it was.
+            target = p["definition"].get("dead-letter-exchange", "-")
+            return f"{head}: {p['definition']}; dead letters would go to {target} (by policy)"
         return (
-            f"{prefix}policy {p['name']} (priority {p['priority']}{merged}) on {data['queue']}: "
-            f"{p['definition']}; dead letters now go to {data['dead_letter_exchange'] or '-'} "
-            f"(set by {data['set_by']})"
+            f"{head}: {p['definition']}; dead letters now go to "
+            f"{data['dead_letter_exchange'] or '-'} (set by {data['set_by']})"
         )
     lines = [f"{prefix}{data['queue']} -> {data['new_queue']} with {data['arguments']}"]
     lines += [f"  bound {b['source']} {b['routing_key']!r}" for b in data["bound"]]
