@@ -17,7 +17,13 @@ from celery_dlx.errors import ConfigurationError
 from celery_dlx.message.names import default_exchange, default_service_queue
 from celery_dlx.policy.breaker import BreakerSettings
 from celery_dlx.policy.decide import Backoff, Policy
-from celery_dlx.policy.settings import SENTRY_SETTINGS, SETTINGS, QueuePolicy, sentry_missing
+from celery_dlx.policy.settings import (
+    SENTRY_SETTINGS,
+    SETTINGS,
+    QueuePolicy,
+    closest,
+    sentry_missing,
+)
 
 
 def _check_extras(values: Mapping[str, Any], explicit: frozenset[str]) -> None:
@@ -50,6 +56,13 @@ def enabled_setting(conf: Mapping[str, Any], namespace: str | None = None) -> bo
         return bool(SETTINGS["dlx_enabled"].check("dlx_enabled", value))
     except ConfigurationError:
         return True
+
+
+def _setting_name(key: str, namespace: str | None) -> str:
+    """``dlx_max_parkz`` of ``DLX_MAX_PARKZ`` or ``CELERY_DLX_MAX_PARKZ`` (the namespace's)."""
+    if namespace and key.startswith(f"{namespace}_"):
+        key = key[len(namespace) + 1 :]
+    return key.lower()
 
 
 def unknown_settings(conf: Mapping[str, Any], namespace: str | None = None) -> list[str]:
@@ -192,8 +205,9 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
     """
     unknown = unknown_settings(conf, namespace)
     if unknown:
+        hint = closest([_setting_name(key, namespace) for key in unknown], SETTINGS)
         raise ConfigurationError(
-            f"unknown celery_dlx setting(s): {', '.join(unknown)}; known settings: "
+            f"unknown celery_dlx setting(s): {', '.join(unknown)}{hint}; known settings: "
             f"{', '.join(sorted(SETTINGS))} (see docs/configuration.md)"
         )
     values: dict[str, Any] = {}

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -25,6 +26,18 @@ DELAY_BACKENDS = ("redis", "ttl")
 REDIS_SHARDS = ("auto", "queue", "none")
 #: What to do with a message that died of TTL expiry.
 EXPIRED_ACTIONS = ("park", "bury")
+
+
+def closest(names: Iterable[str], known: Iterable[str]) -> str:
+    """``" (did you mean X?)"`` for misspelt ``names`` that have a close known name (``difflib``;
+    with several, ``name -> X`` for each that has one); empty when none is close."""
+    wrong, choices = list(names), list(known)
+    hints = []
+    for name in wrong:
+        found = difflib.get_close_matches(name.lower(), choices, n=1, cutoff=0.75)
+        if found:
+            hints.append(found[0] if len(wrong) == 1 else f"{name} -> {found[0]}")
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
 
 def _bool(name: str, value: object) -> bool:
@@ -164,8 +177,10 @@ def _queue_policies(name: str, value: object) -> dict[str, QueuePolicy]:
             raise ConfigurationError(f"{where} must be a mapping, got {spec!r}")
         unknown = set(spec) - set(QUEUE_POLICY_KEYS)
         if unknown:
+            hint = closest(sorted(map(str, unknown)), QUEUE_POLICY_KEYS)
             raise ConfigurationError(
-                f"{where} has unknown keys {sorted(unknown)}; allowed: {', '.join(QUEUE_POLICY_KEYS)}"
+                f"{where} has unknown keys {sorted(unknown)}{hint}; allowed: "
+                f"{', '.join(QUEUE_POLICY_KEYS)}"
             )
         checked = QueuePolicy()
         if "backoff" in spec:
