@@ -164,7 +164,7 @@ def migration_hint(
         f"queue {queue!r} already exists with other arguments (RabbitMQ answered 406 "
         f"PRECONDITION_FAILED){detail}. To add the dead-letter exchange without losing messages "
         f"either: (1) add a policy: `celery -A {app} dlx migrate {queue} --policy` (or rabbitmqctl "
-        f"set_policy -p {shlex.quote(vhost)} {policy} \'^{queue}$\' "
+        f"set_policy -p {shlex.quote(vhost)} {policy} '^{queue}$' "
         f'\'{{"dead-letter-exchange":"{exchange}",'
         f'"dead-letter-routing-key":"{queue}"}}\' --apply-to queues), which changes nothing else; '
         f"the app then declares the queue as it is, no code change; or (2) rename: "

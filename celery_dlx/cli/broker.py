@@ -21,7 +21,7 @@ from celery_dlx.cli.kit import (
     runtime_of,
     show_progress,
 )
-from celery_dlx.ops.render import table
+from celery_dlx.ops.render import count, table
 from celery_dlx.wiring.runtime import Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -278,7 +278,9 @@ def _migrate_text(data: dict[str, Any]) -> str:
     lines += [f"  bound {b['source']} {b['routing_key']!r}" for b in data["bound"]]
     lines += [f"  unbound old {b['source']} {b['routing_key']!r}" for b in data["unbound"]]
     if not data.get("dry_run"):
-        lines.append(f"moved {data['moved']} messages, {data['left']} left on {data['queue']}")
+        lines.append(
+            f"moved {count(data['moved'], 'message')}, {data['left']} left on {data['queue']}"
+        )
         lines.append(
             f"next: point consumers at {data['new_queue']} (task_queues), then producers that "
             f"publish to {data['queue']!r} directly; delete {data['queue']} when it stays empty"

@@ -441,3 +441,11 @@ def test_migrate_policy_dry_run_says_where_dead_letters_would_go() -> None:
         {**data, "dry_run": False, "dead_letter_exchange": "celery_dlx", "set_by": "policy"}
     )
     assert done.endswith("dead letters now go to celery_dlx (set by policy)")
+
+
+def test_counts_are_singular_for_one() -> None:
+    from celery_dlx.ops.render import count
+
+    assert [count(n, "cause") for n in (0, 1, 2)] == ["0 causes", "1 cause", "2 causes"]
+    assert count(1, "obituary", "obituaries") == "1 obituary"
+    assert count(3, "entry", "entries") == "3 entries"
