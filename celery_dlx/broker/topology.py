@@ -173,6 +173,18 @@ def migration_hint(
     )
 
 
+def _renamed_exchange(target: str | None, exchange: str) -> str:
+    """What to say when ``target`` is the exchange an app with a key prefix of its own used
+    before its default exchange followed the prefix (``celery_dlx`` -> ``celery_dlx.PREFIX``)."""
+    if target != DEFAULT_DLX_EXCHANGE or not exchange.startswith(f"{DEFAULT_DLX_EXCHANGE}."):
+        return ""
+    return (
+        f" (the exchange of earlier versions: an app with a dlx_key_prefix of its own now "
+        f"dead-letters to {exchange!r}; to keep the old names set dlx_exchange = "
+        f"{DEFAULT_DLX_EXCHANGE!r} and dlx_service_queue = {DEFAULT_SERVICE_QUEUE!r})"
+    )
+
+
 def _probe(channel: Any, queue: Queue, arguments: Mapping[str, Any]) -> bool:
     """Declare ``queue`` with ``arguments`` on a throwaway channel of ``channel``'s connection:
     False when RabbitMQ answers 406 (which closes only that channel).
@@ -304,7 +316,7 @@ class DLXQueue(Queue):
             raise TopologyError(migration_hint(name, exchange, app, detail, vhost))
         if target != exchange or where not in ("policy", "operator-policy"):
             shown = f"to {target!r} by {where}" if target else "nowhere"
-            detail = f"; its dead letters go {shown}"
+            detail = f"; its dead letters go {shown}{_renamed_exchange(target, exchange)}"
             raise TopologyError(migration_hint(name, exchange, app, detail, vhost))
         if not _probe(channel, self, without_policy_arguments(self.queue_arguments or {})):
             raise TopologyError(

@@ -489,3 +489,27 @@ def test_a_dlx_queue_reports_kombus_fields_only_and_copies_keep_its_own() -> Non
     twin = copy(queue)
     assert (twin.dlx_service_queue, twin.dlx_app) == ("dead", "proj")
     assert twin.dlx_management is queue.dlx_management
+
+
+def test_a_queue_left_on_the_exchange_of_earlier_versions_says_how_to_keep_it(
+    refused_with_arguments: list[dict[str, Any]],
+) -> None:
+    # An app with dlx_key_prefix = "shop" whose queue still dead-letters to celery_dlx by argument.
+    queue = dlx_queue("orders", dlx="celery_dlx.shop", service="celery_dlx.shop.dead")
+    queue.dlx_app = "shop"
+    queue.dlx_management = FakeManagement(
+        {"arguments": {"x-dead-letter-exchange": "celery_dlx"}, "durable": True}
+    )
+    with pytest.raises(TopologyError) as info:
+        queue(recording_channel()).declare()
+    message = str(info.value)
+    assert (
+        "its dead letters go to 'celery_dlx' by argument (the exchange of earlier versions"
+        in message
+    )
+    assert "set dlx_exchange = 'celery_dlx' and dlx_service_queue = 'celery_dlx.dead'" in message
+    # A queue of another exchange altogether gets no such note.
+    other = _migrated(FakeManagement({"arguments": {"x-dead-letter-exchange": "celery_dlx"}}))
+    with pytest.raises(TopologyError) as info:
+        other(recording_channel()).declare()
+    assert "earlier versions" not in str(info.value)
