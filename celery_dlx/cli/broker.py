@@ -135,8 +135,7 @@ def check_command(
         echo_json(report.to_json())
     else:
         click.echo(
-            f"app {runtime.app.main}: exchange {report.exchange}, "
-            f"service queue {report.service_queue}"
+            f"app {report.app}: exchange {report.exchange}, service queue {report.service_queue}"
         )
         if report.queues:
             rows = [

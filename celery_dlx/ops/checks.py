@@ -77,6 +77,8 @@ class CheckReport:
     #: The candidate management APIs, in order (one per broker URL of a failover list by
     #: default); those before :attr:`management_url` did not answer.
     management_tried: list[str] = field(default_factory=list)
+    #: The Celery app checked (its ``main`` name): ``check`` says which.
+    app: str = ""
 
     @property
     def ok(self) -> bool:
@@ -85,6 +87,7 @@ class CheckReport:
     def to_json(self) -> dict[str, object]:
         return {
             "ok": self.ok,
+            "app": self.app,
             "exchange": self.exchange,
             "service_queue": self.service_queue,
             "queues": self.queues,
@@ -254,7 +257,12 @@ def run_check(
     """
     config = runtime.config
     now = now_ms() if at_ms is None else at_ms
-    report = CheckReport(config.exchange, config.service_queue, management=api is not None)
+    report = CheckReport(
+        config.exchange,
+        config.service_queue,
+        management=api is not None,
+        app=runtime.app.main or "",
+    )
     forgotten = not_installed(runtime.app)
     if forgotten:
         # The cause of everything else wrong: its queues lack the dead-letter exchange because

@@ -155,6 +155,7 @@ def test_check_says_install_was_not_called_instead_of_a_migration(uid: str, vhos
         # What its workers declared: the queue, without any dead-letter argument.
         conn.SimpleQueue(f"work-{uid}").close()
     report = run_json(app, "check", code=4)
+    assert report["app"] == f"forgot-{uid}"
     kinds = [p["kind"] for p in report["problems"]]
     assert kinds[0] == "not-installed" and "no-dead-letter-exchange" not in kinds, kinds
     assert "celery_dlx.install(app) was not called" in report["problems"][0]["detail"]
