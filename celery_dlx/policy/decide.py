@@ -224,8 +224,13 @@ def _park_or_bury(state: DLXState, policy: Policy, countdown: float | None, why:
         delay = countdown if countdown is not None else policy.backoff(state.parks)
         return ToPark(delay=delay, reason=why)
     return ToBury(
-        reason=f"retry budget spent: {state.requeues} requeues, {state.parks} parks ({why})"
+        reason=f"retry budget spent: {_count(state.requeues, 'requeue')}, "
+        f"{_count(state.parks, 'park')} ({why})"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun if n == 1 else noun + 's'}"
 
 
 #: Longest user reason (a ``Requeue``/``Park`` message) a decision carries.

@@ -133,3 +133,11 @@ def test_a_failure_of_celery_dlx_alone_keeps_its_frames() -> None:
 
 def test_a_traceback_never_formatted_is_its_exception_line() -> None:
     assert task_traceback(ValueError("bad")) == "ValueError: bad\n"
+
+
+def test_a_spent_budget_counts_in_words() -> None:
+    policy = Policy(max_requeues=1, max_parks=1)
+    spent = decide(KeyError("x"), DLXState(requeues=1, parks=1), policy)
+    assert str(spent.reason) == "retry budget spent: 1 requeue, 1 park (KeyError)"
+    more = decide(KeyError("x"), DLXState(requeues=2, parks=0), Policy(max_requeues=2, max_parks=0))
+    assert str(more.reason) == "retry budget spent: 2 requeues, 0 parks (KeyError)"
