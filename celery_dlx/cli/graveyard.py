@@ -27,7 +27,7 @@ from celery_dlx.cli.kit import (
 )
 from celery_dlx.fates import now_ms
 from celery_dlx.ops import obituaries, purge
-from celery_dlx.ops.render import ago, clip, dumps, human_seconds, table
+from celery_dlx.ops.render import ago, clip, count, dumps, human_seconds, table
 from celery_dlx.store import graveyard
 
 _PROTO = click.option(
@@ -228,7 +228,7 @@ def groups_command(ctx: click.Context, as_json: bool, new_since: str | None) -> 
     headers = ("CAUSE", "COUNT", "FIRST", "LAST", "TASK/QUEUE", "EXCEPTION", "VERSION", "EXAMPLE")
     if rows:
         click.echo(table(headers, rows, shrink=("EXCEPTION", "TASK/QUEUE")))
-    click.echo(f"{data['count']} causes, {data['total']} obituaries")
+    click.echo(f"{count(data['count'], 'cause')}, {count(data['total'], 'obituary', 'obituaries')}")
 
 
 def _version_label(version: str | None) -> str:
@@ -517,7 +517,9 @@ def purge_command(
         what="purge",
     )
     if targets and not (yes or dry_run):
-        click.confirm(f"Purge {len(targets)} obituaries?", abort=True, err=True)
+        click.confirm(
+            f"Purge {count(len(targets), 'obituary', 'obituaries')}?", abort=True, err=True
+        )
     report = purge.PurgeReport(dry_run=dry_run)
     with progress_bar(len(targets), "purging", show_progress(as_json)) as advance:
         for start in range(0, len(targets), graveyard.CHUNK):

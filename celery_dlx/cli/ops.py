@@ -18,7 +18,7 @@ from celery_dlx.cli.kit import (
     runtime_of,
 )
 from celery_dlx.fates import now_ms
-from celery_dlx.ops.render import ago, human_seconds, table
+from celery_dlx.ops.render import ago, count, human_seconds, table
 
 
 @click.command("parked")
@@ -124,7 +124,7 @@ def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
     g = data["graveyard"]
     click.echo("")
     oldest = f", oldest buried {ago(g['oldest_ms'], now)}" if g["oldest_ms"] else ""
-    click.echo(f"graveyard: {g['count']} obituaries{oldest}")
+    click.echo(f"graveyard: {count(g['count'], 'obituary', 'obituaries')}{oldest}")
     if g["queues"]:
         qrows = [
             (q["queue"], q["count"], ago(q["oldest_ms"], now), ago(q["last_ms"], now))
@@ -135,7 +135,7 @@ def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
     nxt = f", next due {ago(p['next_due_ms'], now)}" if p["next_due_ms"] else ""
     click.echo("")
     click.echo(f"parked: {p['count']} ({p['due_now']} due now{nxt})")
-    click.echo(f"history: {data['history_length']} entries")
+    click.echo(f"history: {count(data['history_length'], 'entry', 'entries')}")
     for bad in data["malformed_counters"]:
         click.echo(f"unreadable counter {bad['key']} {bad['field']}: {bad['reason']}", err=True)
 
@@ -258,9 +258,12 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
             f"{done.present} copied by an earlier run); {done.left} left in place"
         )
     for queue, n in sorted(graves.queues.items()):
-        click.echo(f"{queue}: {n} obituaries")
+        click.echo(f"{queue}: {count(n, 'obituary', 'obituaries')}")
     if dry_run:
-        click.echo(f"{graves.found} obituaries would move ({graves.left} unreadable, left)")
+        click.echo(
+            f"{count(graves.found, 'obituary', 'obituaries')} would move "
+            f"({graves.left} unreadable, left)"
+        )
     else:
         click.echo(
             f"{graves.moved} of {graves.found} obituaries moved ({graves.copied} copied now, "

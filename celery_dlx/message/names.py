@@ -72,6 +72,26 @@ DEFAULT_SERVICE_QUEUE = "celery_dlx.dead"
 DEFAULT_KEY_PREFIX = "dlx"
 
 
+def default_exchange(prefix: str = DEFAULT_KEY_PREFIX) -> str:
+    """The dead-letter exchange of an app that does not set ``dlx_exchange``.
+
+    ``celery_dlx`` for the default key prefix (the name every existing deployment has);
+    ``celery_dlx.<prefix>`` for an app with a key prefix of its own, so two apps on one virtual
+    host never send their dead letters to each other's DLX service (and Redis).
+    """
+    return (
+        DEFAULT_DLX_EXCHANGE if prefix == DEFAULT_KEY_PREFIX else f"{DEFAULT_DLX_EXCHANGE}.{prefix}"
+    )
+
+
+def default_service_queue(prefix: str = DEFAULT_KEY_PREFIX) -> str:
+    """The DLX service queue of an app that does not set ``dlx_service_queue``:
+    ``celery_dlx.dead``, or ``celery_dlx.<prefix>.dead`` for a key prefix of its own."""
+    if prefix == DEFAULT_KEY_PREFIX:
+        return DEFAULT_SERVICE_QUEUE
+    return f"{DEFAULT_DLX_EXCHANGE}.{prefix}.dead"
+
+
 #: Buckets of one queue's parked retries with ``dlx_redis_shards = "queue"``: an entry's bucket
 #: is the CRC-32 of its entry id modulo this, so the keys of one queue spread over as many hash
 #: slots. Fixed: changing it would strand entries in buckets nothing reads.

@@ -7,6 +7,8 @@ Checked, each failure a :class:`Problem` (the command exits non-zero when there 
 * every queue of the app that should dead-letter (all of them under ``dlx_enabled``, those
   declared with a dead-letter exchange otherwise, and every queue named in ``dlx_queues``) exists
   and routes its dead letters to ``dlx_exchange``, by queue argument or by policy;
+* ``celery_dlx.install(app)`` was called if ``dlx_enabled`` is set (its own problem; the app's
+  queues then lacking a dead-letter exchange are not reported as needing a migration);
 * orphan queues (the seeds' alert): messages ready and no consumer for longer than ``for_seconds``.
   How long a queue has had no consumer is the earlier of the broker's ``idle_since`` and the
   first ``check`` that saw it without consumers (kept in Redis, so a ``check`` run from cron
@@ -32,6 +34,7 @@ from celery_dlx.broker.management import (
 from celery_dlx.broker.probe import missing_entities
 from celery_dlx.fates import now_ms
 from celery_dlx.policy.config import DLXConfig
+from celery_dlx.wiring.installed import not_installed, not_installed_message
 from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -44,6 +47,7 @@ NO_DLX = "no-dead-letter-exchange"
 WRONG_DLX = "wrong-dead-letter-exchange"
 ORPHAN = "orphan-queue"
 UNREACHABLE = "management-unreachable"
+NOT_INSTALLED = "not-installed"
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class CheckReport:
     #: The candidate management APIs, in order (one per broker URL of a failover list by
     #: default); those before :attr:`management_url` did not answer.
     management_tried: list[str] = field(default_factory=list)
+    #: The Celery app checked (its ``main`` name): ``check`` says which.
+    app: str = ""
 
     @property
     def ok(self) -> bool:
@@ -81,6 +87,7 @@ class CheckReport:
     def to_json(self) -> dict[str, object]:
         return {
             "ok": self.ok,
+            "app": self.app,
             "exchange": self.exchange,
             "service_queue": self.service_queue,
             "queues": self.queues,
@@ -250,7 +257,19 @@ def run_check(
     """
     config = runtime.config
     now = now_ms() if at_ms is None else at_ms
-    report = CheckReport(config.exchange, config.service_queue, management=api is not None)
+    report = CheckReport(
+        config.exchange,
+        config.service_queue,
+        management=api is not None,
+        app=runtime.app.main or "",
+    )
+    forgotten = not_installed(runtime.app)
+    if forgotten:
+        # The cause of everything else wrong: its queues lack the dead-letter exchange because
+        # nothing of celery_dlx declared them, not because they need a migration.
+        report.problems.append(
+            Problem(NOT_INSTALLED, runtime.app.main or "app", not_installed_message(runtime.app))
+        )
     report.problems.extend(_amqp_checks(runtime.app, config))
     expected = expected_queues(runtime.app, config)
     if api is None:
@@ -282,7 +301,10 @@ def run_check(
         report.queues.append(
             {"name": name, "why": why, "dead_letter_exchange": target, "set_by": where}
         )
-        report.problems.extend(classify_queue(name, info, config.exchange, why))
+        found = classify_queue(name, info, config.exchange, why)
+        if forgotten:
+            found = [p for p in found if p.kind != NO_DLX]  # install() first, then see
+        report.problems.extend(found)
     scope = listed if all_queues else [q for q in listed if _in_scope(q, expected, config)]
     report.orphan_scope = len(scope)
     first_seen = runtime.consumerless.remember(scope, now)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -26,6 +27,18 @@ DELAY_BACKENDS = ("redis", "ttl")
 REDIS_SHARDS = ("auto", "queue", "none")
 #: What to do with a message that died of TTL expiry.
 EXPIRED_ACTIONS = ("park", "bury")
+
+
+def closest(names: Iterable[str], known: Iterable[str]) -> str:
+    """``" (did you mean X?)"`` for misspelt ``names`` that have a close known name (``difflib``;
+    with several, ``name -> X`` for each that has one); empty when none is close."""
+    wrong, choices = list(names), list(known)
+    hints = []
+    for name in wrong:
+        found = difflib.get_close_matches(name.lower(), choices, n=1, cutoff=0.75)
+        if found:
+            hints.append(found[0] if len(wrong) == 1 else f"{name} -> {found[0]}")
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
 
 def _bool(name: str, value: object) -> bool:
@@ -165,8 +178,10 @@ def _queue_policies(name: str, value: object) -> dict[str, QueuePolicy]:
             raise ConfigurationError(f"{where} must be a mapping, got {spec!r}")
         unknown = set(spec) - set(QUEUE_POLICY_KEYS)
         if unknown:
+            hint = closest(sorted(map(str, unknown)), QUEUE_POLICY_KEYS)
             raise ConfigurationError(
-                f"{where} has unknown keys {sorted(unknown)}; allowed: {', '.join(QUEUE_POLICY_KEYS)}"
+                f"{where} has unknown keys {sorted(unknown)}{hint}; allowed: "
+                f"{', '.join(QUEUE_POLICY_KEYS)}"
             )
         checked = QueuePolicy()
         if "backoff" in spec:
@@ -212,6 +227,13 @@ SETTINGS: dict[str, Setting] = {
             "redis://127.0.0.1:6379/0",
             _str,
             "Redis for parked retries, graveyard and history (redis://, rediss://, sentinel://, or a cluster URL with ?cluster=true).",
+        ),
+        Setting(
+            "dlx_redis_required",
+            False,
+            _bool,
+            "A worker whose Redis (dlx_redis_url) does not answer at start refuses to start "
+            "(exit 1) instead of starting with a warning and parking nothing until it answers.",
         ),
         Setting(
             "dlx_redis_min_replicas",
@@ -284,13 +306,16 @@ SETTINGS: dict[str, Setting] = {
             "dlx_exchange",
             DEFAULT_DLX_EXCHANGE,
             _str,
-            "Name of the dead-letter exchange every DLX queue routes to.",
+            "Name of the dead-letter exchange every DLX queue routes to (unset: celery_dlx, or "
+            "celery_dlx.PREFIX when dlx_key_prefix is not the default, so apps with prefixes of "
+            "their own on one virtual host keep their dead letters apart).",
         ),
         Setting(
             "dlx_service_queue",
             DEFAULT_SERVICE_QUEUE,
             _str,
-            "Queue the DLX service consumes dead letters from.",
+            "Queue the DLX service consumes dead letters from (unset: celery_dlx.dead, or "
+            "celery_dlx.PREFIX.dead when dlx_key_prefix is not the default).",
         ),
         Setting(
             "dlx_quorum",

@@ -34,6 +34,7 @@ from celery_dlx.message.names import Keys
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig, load_config
+from celery_dlx.policy.decide import one_line
 from celery_dlx.roles import Parking
 from celery_dlx.store.breaker import Breakers
 from celery_dlx.store.causes import Causes
@@ -53,6 +54,7 @@ from celery_dlx.store.migrate import Migration, migrate_graveyard, migrate_parke
 from celery_dlx.store.parking import ParkingStore
 from celery_dlx.store.ratelimit import WindowBudget
 from celery_dlx.store.seen import Letters
+from celery_dlx.wiring.banner import redacted
 
 logger = logging.getLogger("celery_dlx")
 
@@ -504,7 +506,13 @@ class Runtime:
         try:
             self.parking.load_scripts()
         except Exception as exc:
-            logger.warning("celery_dlx could not reach Redis at start (%s); will retry on use", exc)
+            logger.warning(
+                "celery_dlx could not reach Redis at dlx_redis_url=%s at start (%s: %s); will "
+                "retry on use (dlx_redis_required = True makes a worker refuse to start instead)",
+                redacted(self.config.redis_url),
+                type(exc).__name__,
+                exc,
+            )
         try:
             self.publisher.connect()
             for listener in list(self.listeners) if listeners else ():
@@ -557,7 +565,7 @@ class Runtime:
         )
         if not logger.isEnabledFor(level):  # parks and requeues: info, often not logged at all
             return
-        line = "%s %s[%s] attempt=%d queue=%s cause=%s%s%s"
+        line = "%s %s[%s] attempt=%d queue=%s cause=%s%s%s%s"
         args: tuple[object, ...] = (
             fate,
             event.task or "-",
@@ -567,6 +575,7 @@ class Runtime:
             event.cause or "-",
             f" delay={event.delay:.3f}s" if event.delay is not None else "",
             f" reason={event.reason}" if event.reason else "",
+            error_part(event.exc_type, event.exc_message),
         )
         if fate == BURIED:
             # One traceback per burial in the logs: not again when Celery's tracer logged it.
@@ -594,6 +603,20 @@ class Runtime:
                         listener(event)
             except Exception:
                 logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
+
+
+#: Longest exception message a fate's log line shows.
+LOG_MESSAGE_LIMIT = 200
+
+
+def error_part(exc_type: str | None, exc_message: str | None) -> str:
+    """`` error=Type: message`` of a fate's log line (one line, cut to
+    :data:`LOG_MESSAGE_LIMIT`); empty without an exception of the task's own (a fate the task
+    asked for, ``Park("...")``, is named by the line's reason already)."""
+    if not exc_type or exc_type.startswith("celery_dlx."):
+        return ""
+    message = one_line(exc_message or "", LOG_MESSAGE_LIMIT)
+    return f" error={exc_type}: {message}" if message else f" error={exc_type}"
 
 
 def _unrecorded(event: FateEvent, err: BaseException) -> None:

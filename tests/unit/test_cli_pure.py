@@ -407,3 +407,46 @@ def test_progress_bar_only_for_people(capsys: pytest.CaptureFixture[str]) -> Non
     with progress_bar(5, "replaying", enabled=True) as advance:
         advance(5)
     assert "replaying" in capsys.readouterr().err
+
+
+def test_celery_dlx_without_an_app_is_refused_instead_of_checking_celerys_default_app() -> None:
+    from celery.bin.celery import celery
+
+    result = CliRunner(env={"APP": None}).invoke(celery, ["dlx", "check", "--no-management"])
+    assert result.exit_code == 2, result.output
+    assert "name the Celery app: `celery -A proj dlx ...`" in result.output
+
+
+def test_migrate_policy_dry_run_says_where_dead_letters_would_go() -> None:
+    from celery_dlx.cli.broker import _migrate_text
+
+    data: dict[str, Any] = {
+        "queue": "orders",
+        "method": "policy",
+        "dry_run": True,
+        "dead_letter_exchange": None,  # nothing was written: the broker has none yet
+        "set_by": "none",
+        "policy": {
+            "needed": True,
+            "name": "celery-dlx-orders",
+            "priority": 1,
+            "merged_from": None,
+            "definition": {"dead-letter-exchange": "celery_dlx"},
+        },
+    }
+    text = _migrate_text(data)
+    assert text.startswith("dry run: policy celery-dlx-orders (priority 1) on orders")
+    assert text.endswith("dead letters would go to celery_dlx (by policy)")
+    assert "(set by none)" not in text
+    done = _migrate_text(
+        {**data, "dry_run": False, "dead_letter_exchange": "celery_dlx", "set_by": "policy"}
+    )
+    assert done.endswith("dead letters now go to celery_dlx (set by policy)")
+
+
+def test_counts_are_singular_for_one() -> None:
+    from celery_dlx.ops.render import count
+
+    assert [count(n, "cause") for n in (0, 1, 2)] == ["0 causes", "1 cause", "2 causes"]
+    assert count(1, "obituary", "obituaries") == "1 obituary"
+    assert count(3, "entry", "entries") == "3 entries"

@@ -24,6 +24,7 @@ def test_defaults() -> None:
     assert dict(config.values) == {
         "dlx_enabled": False,
         "dlx_redis_url": "redis://127.0.0.1:6379/0",
+        "dlx_redis_required": False,
         "dlx_redis_min_replicas": None,
         "dlx_redis_replica_timeout": 1.0,
         "dlx_redis_shards": "auto",
@@ -82,6 +83,7 @@ def test_every_setting_is_documented() -> None:
 BAD_VALUES: dict[str, list[Any]] = {
     "dlx_enabled": ["maybe", 1, None, [True]],
     "dlx_redis_url": ["", 6379, None],
+    "dlx_redis_required": ["always", 2, None],
     "dlx_redis_min_replicas": [-1, True, "1", 1.0, None],
     "dlx_redis_replica_timeout": [0, -1, "1s", None],
     "dlx_redis_shards": ["bucket", None, True],
@@ -338,23 +340,38 @@ def test_lookup_names(conf: dict[str, Any], namespace: str | None, expected: int
 
 
 @pytest.mark.parametrize(
-    ("conf", "namespace", "unknown"),
+    ("conf", "namespace", "unknown", "hint"),
     [
-        ({"dlx_max_requeus": 1}, None, ["dlx_max_requeus"]),
-        ({"DLX_MAX_REQUEUS": 1, "DLX_MAX_PARKS": 1}, None, ["DLX_MAX_REQUEUS"]),
-        ({"CELERY_DLX_ENABLE": True}, "CELERY", ["CELERY_DLX_ENABLE"]),
-        ({"dlx_a": 1, "DLX_B": 2, "CELERY_DLX_C": 3}, "CELERY", ["CELERY_DLX_C", "DLX_B", "dlx_a"]),
+        ({"dlx_max_requeus": 1}, None, ["dlx_max_requeus"], " (did you mean dlx_max_requeues?)"),
+        (
+            {"DLX_MAX_REQUEUS": 1, "DLX_MAX_PARKS": 1},
+            None,
+            ["DLX_MAX_REQUEUS"],
+            " (did you mean dlx_max_requeues?)",
+        ),
+        (
+            {"CELERY_DLX_ENABLE": True},
+            "CELERY",
+            ["CELERY_DLX_ENABLE"],
+            " (did you mean dlx_enabled?)",
+        ),
+        (
+            {"dlx_a": 1, "DLX_B": 2, "CELERY_DLX_C": 3},
+            "CELERY",
+            ["CELERY_DLX_C", "DLX_B", "dlx_a"],
+            "",
+        ),
     ],
 )
 def test_unknown_settings_are_rejected_with_the_known_ones(
-    conf: dict[str, Any], namespace: str | None, unknown: list[str]
+    conf: dict[str, Any], namespace: str | None, unknown: list[str], hint: str
 ) -> None:
     assert unknown_settings(conf, namespace) == unknown
     with pytest.raises(ConfigurationError) as info:
         load_config(conf, namespace)
     message = str(info.value)
     assert message.startswith(
-        f"unknown celery_dlx setting(s): {', '.join(unknown)}; known settings: "
+        f"unknown celery_dlx setting(s): {', '.join(unknown)}{hint}; known settings: "
     )
     known = re.search(r"known settings: (.*) \(see", message)
     assert known is not None and known.group(1).split(", ") == sorted(SETTINGS)
