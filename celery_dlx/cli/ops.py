@@ -37,19 +37,63 @@ from celery_dlx.ops.render import ago, count, human_seconds, table
     metavar="ENTRY_ID",
     help="Delete this parked retry (its entry_id, MESSAGE_ID:ATTEMPT); repeatable.",
 )
-@click.option("--yes", "-y", is_flag=True, help="With --purge: do not ask for confirmation.")
+@click.option(
+    "--retry-now",
+    "retry_now",
+    is_flag=True,
+    help="Make the retries named by --id or --cause due now: drained at the next tick.",
+)
+@click.option(
+    "--bury-now",
+    "bury_now",
+    is_flag=True,
+    help="Bury the retries named by --id or --cause now: an obituary each, 'buried by USER'.",
+)
+@click.option(
+    "--id",
+    "entry_ids",
+    multiple=True,
+    metavar="ENTRY_ID",
+    help="With --retry-now or --bury-now: a parked retry (MESSAGE_ID:ATTEMPT); repeatable.",
+)
+@click.option(
+    "--cause",
+    metavar="CAUSE",
+    help="With --retry-now or --bury-now: every parked retry of this cause fingerprint.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="With --retry-now or --bury-now: say what would be done."
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @click.pass_context
 @handle_errors
 def parked_command(
-    ctx: click.Context, limit: int, purge_ids: tuple[str, ...], yes: bool, as_json: bool
+    ctx: click.Context,
+    limit: int,
+    purge_ids: tuple[str, ...],
+    retry_now: bool,
+    bury_now: bool,
+    entry_ids: tuple[str, ...],
+    cause: str | None,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
 ) -> None:
     """Parked retries, soonest due first (and the TTL ladder's queues with dlx_delay_backend=ttl).
 
-    With --purge, deletes the named retries instead (recorded in the history as purged).
+    With --purge, deletes the named retries instead (recorded in the history as purged). With
+    --retry-now or --bury-now, acts on the retries named by --id or --cause, one by one; a retry
+    a drain is publishing at that moment is left to it (reported as claimed). Each action is
+    audited (the failure history and the console's audit log).
     """
     from celery_dlx.ops.inspection import parked_data, purge_parked
 
+    if retry_now or bury_now:
+        _act_on_parked(ctx, "bury-now" if bury_now else "retry-now", entry_ids, cause, dry_run, yes)
+        return
+    if entry_ids or cause or dry_run:
+        raise click.UsageError("--id, --cause and --dry-run go with --retry-now or --bury-now")
     if purge_ids:
         if not yes:
             click.confirm(f"Purge {len(purge_ids)} parked retries?", abort=True, err=True)
@@ -95,6 +139,47 @@ def parked_command(
         click.echo(f"TTL ladder: {sum(r['messages'] for r in data['ladder'])} waiting")
         if ladder:
             click.echo(table(("DELAY QUEUE", "RETURNS TO", "DELAY", "WAITING"), ladder))
+
+
+def _act_on_parked(
+    ctx: click.Context,
+    action: str,
+    entry_ids: tuple[str, ...],
+    cause: str | None,
+    dry_run: bool,
+    yes: bool,
+) -> None:
+    import getpass
+
+    from celery_dlx.ops import parked_actions
+
+    if ctx.params.get("retry_now") and ctx.params.get("bury_now"):
+        raise click.UsageError("--retry-now or --bury-now, not both")
+    if bool(entry_ids) == (cause is not None):
+        raise click.UsageError(f"--{action} needs --id ENTRY_ID (repeatable) or --cause CAUSE")
+    what = f"cause {cause}" if cause else count(len(entry_ids), "parked retry", "parked retries")
+    if not (yes or dry_run):
+        click.confirm(f"{action} {what}?", abort=True, err=True)
+    act = parked_actions.bury_now if action == "bury-now" else parked_actions.retry_now
+    report = act(
+        runtime_of(ctx),
+        list(entry_ids) or None,
+        cause=cause,
+        by=f"cli:{getpass.getuser()}",
+        dry_run=dry_run,
+    )
+    if ctx.params.get("as_json"):
+        echo_json(report.as_dict())
+    else:
+        verb = f"would {action}" if dry_run else action
+        click.echo(
+            f"{verb}: {len(report.done)} done, {len(report.claimed)} claimed by a drain, "
+            f"{len(report.missing)} not found"
+        )
+        for oid in report.obituaries:
+            click.echo(f"buried as {oid}")
+    if report.missing:
+        ctx.exit(EXIT_NOT_FOUND)
 
 
 @click.command("stats")

@@ -805,13 +805,14 @@ class Graveyard:
         )
         return [int(r) for r in done]
 
-    def remove(self, ob: Obituary, event: FateEvent) -> bool:
-        """Delete ``ob`` with ``event`` in the history; False if it was gone."""
+    def remove(self, ob: Obituary, event: FateEvent | None) -> bool:
+        """Delete ``ob`` with ``event`` in the history (None: no entry, a burial taken back
+        before anyone saw it); False if it was gone."""
         found = self._by_shard([ob.id])
         if not found:
             return False
         holder = found[0][0]
-        if not holder.home:
+        if not holder.home and event is not None:
             History(self.client, self.keys).append_many([event])
         return holder.remove(ob, event)
 

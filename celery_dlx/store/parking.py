@@ -20,6 +20,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from redis.exceptions import NoScriptError
@@ -101,6 +102,26 @@ return n
 """
 
 
+# An operator's action on one entry (ARGV: id, due, new due, new metadata), unless a drain holds
+# it: an entry's score is its due time (its metadata's) until a claim re-scores it to its lease
+# end. With new metadata the entry is due at the new time (retry now: score and metadata change
+# together, so a score still tells a claimed entry); with "" it is deleted (bury now). Returns 1
+# if done, 0 if gone or claimed.
+_OPERATE = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
+if ARGV[4] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
+else
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+  redis.call('ZADD', KEYS[1], 'XX', ARGV[3], ARGV[1])
+end
+return 1
+"""
+
+
 def _park_args(messages: Sequence[ParkedMessage]) -> list[Any]:
     """The park scripts' arguments for ``messages``: id, due time, metadata JSON, body each."""
     args: list[Any] = []
@@ -116,9 +137,10 @@ class _Scripts:
         self.claim = client.register_script(_CLAIM)
         self.park_many = client.register_script(_PARK_MANY)
         self.ack = client.register_script(_ACK)
+        self.operate = client.register_script(_OPERATE)
 
     def all(self) -> tuple[Any, ...]:
-        return (self.claim, self.park_many, self.ack)
+        return (self.claim, self.park_many, self.ack, self.operate)
 
 
 class ParkedShard:
@@ -479,6 +501,24 @@ class ParkingStore:
             if found is not None:
                 return found
         return None
+
+    def make_due(self, message: ParkedMessage, now: int | None = None) -> bool:
+        """Make the parked retry ``message`` due now (an operator's "retry now"); False when it
+        is gone or a drain holds it (its score is then its lease end, past its due time)."""
+        at = now_ms() if now is None else now
+        return self._operate(message, at, replace(message, due_ms=at).meta_json())
+
+    def take(self, message: ParkedMessage) -> bool:
+        """Delete the parked retry ``message`` unless a drain holds it (an operator's "bury
+        now"); False when it is gone or claimed."""
+        return self._operate(message, 0, "")
+
+    def _operate(self, message: ParkedMessage, due: int, meta: str) -> bool:
+        args: list[Any] = [message.entry_id, message.due_ms, due, meta]
+        return any(
+            int(self.scripts.operate(keys=shard.keys, args=args))
+            for shard in self.shards.holders(message.entry_id, self.queues())
+        )
 
     def remove(self, entry_ids: Sequence[str]) -> int:
         """Delete parked entries by id, wherever they are (an operator's purge)."""
