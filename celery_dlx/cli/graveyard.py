@@ -51,6 +51,15 @@ _PROTO = click.option(
 )
 @click.option("--oldest-first", is_flag=True, help="Oldest burial first (default: newest).")
 @click.option("--no-decode", is_flag=True, help="Do not load and decode payloads (faster).")
+@click.option(
+    "--status",
+    type=click.Choice(["unresolved", "replayed", "resolved", "failed-again", "all"]),
+    default="unresolved",
+    show_default=True,
+    help="What became of them after a replay: unresolved (nobody replayed them, or their "
+    "replay failed again as a new obituary), replayed (waiting for the outcome), resolved, "
+    "failed-again, or all.",
+)
 @_PROTO
 @json_option
 @click.pass_context
@@ -65,10 +74,12 @@ def list_command(
     limit: int,
     oldest_first: bool,
     no_decode: bool,
+    status: str,
     protos: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """List obituaries, newest first, with a decoded payload preview."""
+    """List obituaries, newest first, with a decoded payload preview (by default the unresolved
+    ones: those replayed and resolved stay until dlx_resolved_retention, with --status)."""
     from celery_dlx.ops.inspection import list_rows, registry_for
 
     runtime = runtime_of(ctx)
@@ -83,6 +94,7 @@ def list_command(
         until=until,
         limit=limit,
         oldest_first=oldest_first,
+        status=status,
     )
     if as_json:
         echo_json(data)
@@ -90,7 +102,7 @@ def list_command(
     now = now_ms()
     rows = [
         (
-            r["id"],
+            r["id"] + (f" (x{r['repeats'] + 1})" if r["repeats"] else ""),
             ago(r["buried_ms"], now),
             r["queue"],
             r["task"] or "-",
@@ -196,11 +208,19 @@ def _show_text(data: dict[str, Any]) -> str:
     help="Only causes first seen with code version VERSION, or after VERSION was first seen "
     "in the graveyard (versions are ordered by when each was first seen).",
 )
+@click.option(
+    "--status",
+    type=click.Choice(["unresolved", "all"]),
+    default="unresolved",
+    show_default=True,
+    help="unresolved: the causes with an obituary nobody replayed (or whose replay failed "
+    "again); all: every cause, those whose obituaries were all replayed too.",
+)
 @click.pass_context
 @handle_errors
-def groups_command(ctx: click.Context, as_json: bool, new_since: str | None) -> None:
-    """Obituaries grouped by cause fingerprint: count, first and last seen, the code version it
-    was first seen with, an example."""
+def groups_command(ctx: click.Context, as_json: bool, new_since: str | None, status: str) -> None:
+    """Obituaries grouped by cause fingerprint: count, how many were resolved by a replay,
+    first and last seen, the code version it was first seen with, an example."""
     from celery_dlx.ops.deploys import UnknownVersion
     from celery_dlx.ops.inspection import groups_data
 
@@ -208,6 +228,9 @@ def groups_command(ctx: click.Context, as_json: bool, new_since: str | None) -> 
         data = groups_data(runtime_of(ctx), new_since=new_since)
     except UnknownVersion as exc:
         raise click.BadParameter(str(exc), param_hint="--new-since") from exc
+    if status == "unresolved":
+        data["groups"] = [g for g in data["groups"] if g["unresolved"]]
+        data["count"] = len(data["groups"])
     if as_json:
         echo_json(data)
         return
@@ -216,6 +239,7 @@ def groups_command(ctx: click.Context, as_json: bool, new_since: str | None) -> 
         (
             g["cause"],
             g["count"],
+            g["resolved"] or "-",
             ago(g["first_ms"], now),
             ago(g["last_ms"], now),
             g["task"] or g["queue"],
@@ -225,7 +249,17 @@ def groups_command(ctx: click.Context, as_json: bool, new_since: str | None) -> 
         )
         for g in data["groups"]
     ]
-    headers = ("CAUSE", "COUNT", "FIRST", "LAST", "TASK/QUEUE", "EXCEPTION", "VERSION", "EXAMPLE")
+    headers = (
+        "CAUSE",
+        "COUNT",
+        "RESOLVED",
+        "FIRST",
+        "LAST",
+        "TASK/QUEUE",
+        "EXCEPTION",
+        "VERSION",
+        "EXAMPLE",
+    )
     if rows:
         click.echo(table(headers, rows, shrink=("EXCEPTION", "TASK/QUEUE")))
     click.echo(f"{count(data['count'], 'cause')}, {count(data['total'], 'obituary', 'obituaries')}")

@@ -76,6 +76,9 @@ class Obituary(KnownAttempt):
         payload_size: body length in bytes.
         replayed_from: the obituary this message was replayed from, if any.
         replays: epoch ms of every replay of this obituary (from the replay ledger).
+        status: what became of it after a replay (:mod:`celery_dlx.store.status`): ``{}`` for
+            an unresolved obituary never replayed, else ``s`` (the status), ``at`` (ms) and
+            ``next`` (the obituary of a failure again) or ``repeats`` (failures before this one).
     """
 
     id: str
@@ -93,6 +96,12 @@ class Obituary(KnownAttempt):
     payload_size: int = 0
     replayed_from: str | None = None
     replays: list[int] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status_name(self) -> str:
+        """``unresolved``, ``replayed``, ``resolved`` or ``failed-again``."""
+        return str(self.status.get("s") or "unresolved")
 
     @classmethod
     def from_fields(cls, **values: Any) -> Obituary:

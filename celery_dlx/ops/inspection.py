@@ -36,6 +36,7 @@ class ObituaryFilters(TypedDict, total=False):
     until: When | None
     limit: int | None
     oldest_first: bool
+    status: str | None
 
 
 class RowPayload(TypedDict):
@@ -66,6 +67,12 @@ class ObituaryRow(TypedDict):
     buried_at: str | None
     replayed_from: str | None
     replays: list[int]
+    #: What became of it after a replay: unresolved, replayed, resolved or failed-again.
+    status: str
+    #: The obituary of its failure again (failed-again), or None.
+    next: str | None
+    #: Failures of its message before this one, replays included (0: its first).
+    repeats: int
     payload: RowPayload
 
 
@@ -96,6 +103,12 @@ class GroupRow(TypedDict):
     first_seen_version: str | None
     last_seen_version: str | None
     versions: dict[str, int]
+    #: Of ``count``: nobody replayed them (or their replay failed again, as another).
+    unresolved: int
+    #: Of ``count``: replayed, waiting for the outcome; resolved; failed again.
+    replayed: int
+    resolved: int
+    failed_again: int
 
 
 class CodeVersion(TypedDict):
@@ -272,6 +285,9 @@ def obituary_row(ob: Obituary, registry: ProtobufRegistry | None = None) -> Obit
         "buried_at": iso(ob.buried_ms),
         "replayed_from": ob.replayed_from,
         "replays": list(ob.replays),
+        "status": ob.status_name,
+        "next": ob.status.get("next") or None,
+        "repeats": int(ob.status.get("repeats") or 0),
         "payload": {
             "size": ob.payload_size,
             "content_type": ob.content_type,
@@ -345,6 +361,10 @@ def group_row(group: Group) -> GroupRow:
         "first_seen_version": group.first_version,
         "last_seen_version": group.last_version,
         "versions": dict(group.versions),
+        "unresolved": group.unresolved,
+        "replayed": group.statuses.get("replayed", 0),
+        "resolved": group.statuses.get("resolved", 0),
+        "failed_again": group.statuses.get("failed-again", 0),
     }
 
 

@@ -14,6 +14,7 @@ from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.store.graveyard import CHUNK, Filters, Group, When, chunks
+from celery_dlx.store.status import STATUSES
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
@@ -45,9 +46,18 @@ def make_filters(
     message_id: str | None = None,
     since: When | None = None,
     until: When | None = None,
+    status: str | None = None,
 ) -> Filters:
-    """A :class:`Filters` from the keyword filters every function here accepts."""
-    return Filters(queue, task, cause, message_id, to_ms(since), to_ms(until))
+    """A :class:`Filters` from the keyword filters every function here accepts (``status``:
+    one of :data:`celery_dlx.store.status.STATUSES`, or ``all`` / None for any).
+
+    Raises:
+        DLXError: an unknown status.
+    """
+    if status is not None and status not in (*STATUSES, "all"):
+        raise DLXError(f"unknown status {status!r}: one of {', '.join((*STATUSES, 'all'))}")
+    chosen = None if status in (None, "all") else status
+    return Filters(queue, task, cause, message_id, to_ms(since), to_ms(until), chosen)
 
 
 def targets(
@@ -84,6 +94,7 @@ def list_obituaries(
     limit: int | None = 100,
     oldest_first: bool = False,
     with_payload: bool = False,
+    status: str | None = None,
 ) -> list[Obituary]:
     """Obituaries matching every given filter, newest first, without consuming anything.
 
@@ -93,9 +104,17 @@ def list_obituaries(
         since, until: burial time bounds (datetime, timedelta ago, or epoch seconds).
         limit: most obituaries returned (None: all).
         with_payload: load the payload bytes too (the listing leaves them out by default).
+        status: only obituaries of this status (``unresolved``, ``replayed``, ``resolved``,
+            ``failed-again``); None or ``all``: any.
     """
     filters = make_filters(
-        queue=queue, task=task, cause=cause, message_id=message_id, since=since, until=until
+        queue=queue,
+        task=task,
+        cause=cause,
+        message_id=message_id,
+        since=since,
+        until=until,
+        status=status,
     )
     yard = _graveyard(runtime)
     ids = yard.ids(filters, limit=limit, oldest_first=oldest_first)

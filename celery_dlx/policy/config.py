@@ -131,6 +131,8 @@ class DLXConfig:
     code_version_setting: str | None
     graveyard_retention: float
     graveyard_max_bytes: int
+    resolve_after: float
+    resolved_retention: float
     cause_ttl: float
     delay_backend: str
     parent_parks: bool

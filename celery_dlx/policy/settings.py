@@ -382,6 +382,23 @@ SETTINGS: dict[str, Setting] = {
             "Seconds an obituary stays in the graveyard before it moves to the failure history only.",
         ),
         Setting(
+            "dlx_resolve_after",
+            3600.0,
+            _seconds,
+            "Seconds after a replay with no new burial of the replayed message before its "
+            "obituary counts as resolved (a DLX task's success resolves it at once; a foreign "
+            "consumer's replay only this way). Longer than the replayed message's retries take "
+            "(the default ladder's take about 5 minutes): a failure after it still marks the "
+            "obituary failed-again.",
+        ),
+        Setting(
+            "dlx_resolved_retention",
+            86400.0,
+            _seconds,
+            "Seconds a resolved obituary stays in the graveyard (list --status resolved) before "
+            "it moves to the failure history only.",
+        ),
+        Setting(
             "dlx_graveyard_max_bytes",
             0,
             _count,

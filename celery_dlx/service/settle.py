@@ -432,7 +432,11 @@ class BatchSettler:
             items.append((ob, buried_event(ob, traceback_logged=verdict.from_worker)))
         # The workers' cause records go with the seen markers (_mark_seen), in one step: a
         # settle retried after a failure between the two finds the record and the obituary.
-        written = self.runtime.graveyard.write_many(items, drop_causes=False)
+        yard = self.runtime.graveyard
+        written = yard.write_many(items, drop_causes=False)
+        # A replayed message buried again: its old obituary failed again (a retried settle
+        # notes it again, idempotently, so a crash between the two loses nothing).
+        yard.note_failed_again([ob for ob, _ in items if ob.replayed_from], now)
         # An obituary already there (a redelivery, or a second copy of the message a crash left
         # behind) is neither written nor announced again.
         return [item for item, new in zip(items, written, strict=True) if new]

@@ -47,6 +47,7 @@ from celery_dlx.errors import StoreError
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Obituary
+from celery_dlx.store import status
 from celery_dlx.store.client import (
     MemoryInfo,
     NotReplicated,
@@ -136,7 +137,7 @@ return 1
 """
 
 # KEYS: records payloads time queue task cause message group groups queues tasks history ledger
-# cause-versions bytes
+# cause-versions bytes status replayed resolved
 # ARGV: id queue task cause version [history field pairs...]
 # Deletes the obituary and its index entries, then appends the history entry when one is given
 # (the single-tag layout: the stream shares the slot; else the caller appends it first); 0 if
@@ -148,6 +149,7 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[13], ARGV[1])
 for i = 3, 7 do redis.call('ZREM', KEYS[i], ARGV[1]) end
+FORGET_STATUS
 if redis.call('HEXISTS', KEYS[14], ARGV[5]) == 1 then
   if redis.call('HINCRBY', KEYS[14], ARGV[5], -1) <= 0 then redis.call('HDEL', KEYS[14], ARGV[5]) end
 end
@@ -168,7 +170,9 @@ return 1
 #: counted against ``dlx_graveyard_max_bytes`` (measured: ``tests/integration/test_graveyard_budget.py``).
 OBITUARY_OVERHEAD = 900
 _WRITE = _WRITE.replace("OVERHEAD", str(OBITUARY_OVERHEAD))
-_REMOVE = _REMOVE.replace("OVERHEAD", str(OBITUARY_OVERHEAD))
+_REMOVE = _REMOVE.replace("OVERHEAD", str(OBITUARY_OVERHEAD)).replace(
+    "FORGET_STATUS\n", status.FORGET_STATUS.lstrip("\n")
+)
 
 
 def text(value: object) -> str:
@@ -202,6 +206,14 @@ class Group:
     first_version: str | None = None
     last_version: str | None = None
     versions: dict[str, int] = field(default_factory=dict)
+    #: Obituaries of the cause still here per status but ``unresolved`` (see
+    #: :mod:`celery_dlx.store.status`): ``replayed``, ``resolved``, ``failed-again``.
+    statuses: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def unresolved(self) -> int:
+        """Obituaries of the cause nobody replayed, or whose replay failed again as another."""
+        return self.count - sum(self.statuses.values())
 
 
 @dataclass
@@ -214,6 +226,8 @@ class Filters:
     message_id: str | None = None
     since_ms: int | None = None
     until_ms: int | None = None
+    #: An obituary status (:data:`celery_dlx.store.status.STATUSES`); None: any.
+    status: str | None = None
 
     def empty(self) -> bool:
         given = (self.queue, self.task, self.cause, self.message_id, self.since_ms, self.until_ms)
@@ -257,6 +271,10 @@ class GraveyardShard:
         self.versions_key = self._key("versions")
         #: String: the bytes of this shard's obituaries, as the budget counts them.
         self.bytes_key = self._key("bytes")
+        #: What became of replayed obituaries (:mod:`celery_dlx.store.status`).
+        self.status_key = self._key("status")
+        self.replayed_key = self._key("replayed")
+        self.resolved_key = self._key("resolved")
 
     def _key(self, suffix: str) -> str:
         return f"{self._base}{suffix}"
@@ -364,27 +382,64 @@ class GraveyardShard:
     def remove(self, ob: Obituary, event: FateEvent | None) -> bool:
         """Delete ``ob`` and, when given, append ``event`` to the history in the same script
         (only the app-tag shard shares the stream's slot); False if it was gone."""
-        keys = [*self._index_keys(ob), self.ledger, self.cause_versions(ob.cause), self.bytes_key]
+        keys = [
+            *self._index_keys(ob),
+            self.ledger,
+            self.cause_versions(ob.cause),
+            self.bytes_key,
+            self.status_key,
+            self.replayed_key,
+            self.resolved_key,
+        ]
         args = [ob.id, ob.queue, ob.task or "", ob.cause, ob.code_version or ""]
         if event is not None and self.home:
             args += history_args(event)
         return bool(self.scripts.remove(keys=keys, args=args))
 
+    def set_status(
+        self, ob: Obituary, new: str, at: int, extra: dict[str, Any], allowed_from: str = ""
+    ) -> bool:
+        """Move ``ob`` to status ``new`` (when its current one is in ``allowed_from``,
+        comma-separated; "" any), merging ``extra`` into its status document."""
+        keys = [
+            self.status_key,
+            self.replayed_key,
+            self.resolved_key,
+            self.group_key(ob.cause),
+            self.records,
+        ]
+        args: list[Any] = [ob.id, new, at, json.dumps(extra), allowed_from]
+        return bool(self.scripts.set_status(keys=keys, args=args))
+
+    def statuses(self, ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The status document of each of ``ids`` (``{}``: unresolved, never replayed)."""
+        if not ids:
+            return []
+        return [status.parse(raw) for raw in self.client.hmget(self.status_key, list(ids))]
+
+    def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
+        """Ids ``replayed`` or ``resolved`` (``kind``) at or before ``cutoff_ms``, oldest first."""
+        key = self.replayed_key if kind == status.REPLAYED else self.resolved_key
+        return [text(i) for i in self.client.zrangebyscore(key, "-inf", cutoff_ms, 0, limit)]
+
     # -- reads ----------------------------------------------------------------------------------
 
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
-        """The obituaries of ``ids`` (None where missing or unreadable), in order."""
+        """The obituaries of ``ids`` (None where missing or unreadable), in order, with their
+        replay times and status."""
         if not ids:
             return []
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(self.records, list(ids))
         pipe.hmget(self.ledger, list(ids))
+        pipe.hmget(self.status_key, list(ids))
         if with_payload:
             pipe.hmget(self.payloads, list(ids))
         results = pipe.execute()
-        payloads = results[2] if with_payload else [None] * len(ids)
+        payloads = results[3] if with_payload else [None] * len(ids)
         out: list[Obituary | None] = []
-        for oid, raw, ledger, body in zip(ids, results[0], results[1], payloads, strict=True):
+        rows = zip(ids, results[0], results[1], results[2], payloads, strict=True)
+        for oid, raw, ledger, state, body in rows:
             if raw is None:
                 out.append(None)
                 continue
@@ -395,6 +450,7 @@ class GraveyardShard:
                 out.append(None)
                 continue
             ob.replays = _ledger_times(ledger)
+            ob.status = status.parse(state)
             out.append(ob)
         return out
 
@@ -460,6 +516,11 @@ class GraveyardShard:
                     first_version=meta.get("first_version"),
                     last_version=meta.get("last_version"),
                     versions={text(v): int(n) for v, n in versions.items() if int(n) > 0},
+                    statuses={
+                        s: int(meta[f"n_{s}"])
+                        for s in status.COUNTED
+                        if int(meta.get(f"n_{s}") or 0) > 0
+                    },
                 )
             )
         return out
@@ -639,6 +700,7 @@ class _Scripts:
         self.write = client.register_script(_WRITE)
         self.write_batch = client.register_script(batched_script(_WRITE))
         self.remove = client.register_script(_REMOVE)
+        self.set_status = client.register_script(status.SET_STATUS)
 
 
 class Graveyard:
@@ -858,9 +920,31 @@ class Graveyard:
         return out
 
     def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
-        """Add replay times to the ledger of each obituary's shard."""
+        """Add replay times to the ledger of each obituary's shard; their status becomes
+        ``replayed`` (:mod:`celery_dlx.store.status`)."""
         for shard, where in self._by_shard([oid for oid, _ in replayed]):
             shard.add_replays([replayed[i] for i in where], to_queue=to_queue)
+        for oid, at in replayed:
+            self.set_status([oid], status.REPLAYED, at, {"next": None})
+
+    def resolve(self, ids: Sequence[str], at: int, by: str) -> list[str]:
+        """The replayed obituaries ``ids`` are ``resolved`` (``by``: what told: ``success``, a
+        DLX task ran the replayed copy; ``quiet``, nothing dead-lettered it again within
+        ``dlx_resolve_after``). Returns the ids changed."""
+        return self.set_status(ids, status.RESOLVED, at, {"by": by}, allowed_from=[status.REPLAYED])
+
+    def note_failed_again(self, buried: Sequence[Obituary], at: int) -> None:
+        """For each new obituary of a replayed message (``replayed_from``), the old one is
+        ``failed-again`` and names it; the new one counts the failures before it
+        (``repeats``)."""
+        for ob in buried:
+            old_id = ob.replayed_from
+            if not old_id:
+                continue
+            (old,) = self.load([old_id])
+            repeats = 1 + int((old.status.get("repeats") or 0) if old is not None else 0)
+            self.set_status([old_id], status.FAILED_AGAIN, at, {"next": ob.id})
+            self.set_status([ob.id], status.UNRESOLVED, at, {"repeats": repeats, "prev": old_id})
 
     def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
         """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
@@ -912,6 +996,38 @@ class Graveyard:
         for shard in self.shards.every():
             pipe.zcard(shard.by_time)
         return sum(int(n) for n in pipe.execute())
+
+    # -- what became of replayed obituaries (celery_dlx.store.status) --------------------------
+
+    def set_status(
+        self,
+        ids: Sequence[str],
+        new: str,
+        at: int,
+        extra: dict[str, Any] | None = None,
+        *,
+        allowed_from: Sequence[str] = (),
+    ) -> list[str]:
+        """Move the obituaries ``ids`` to status ``new`` (those whose current status is one of
+        ``allowed_from``; empty: any), merging ``extra`` into their status documents. Returns
+        the ids changed."""
+        changed: list[str] = []
+        allowed = ",".join(allowed_from)
+        for shard, where in self._by_shard(ids):
+            for ob in shard.load([ids[i] for i in where]):
+                if ob is not None and shard.set_status(ob, new, at, extra or {}, allowed):
+                    changed.append(ob.id)
+        return changed
+
+    def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
+        """Ids of up to ``limit`` obituaries ``replayed`` or ``resolved`` (``kind``) at or
+        before ``cutoff_ms``, oldest first."""
+        found: list[str] = []
+        for shard in self.shards.every():
+            found += shard.since(kind, cutoff_ms, limit - len(found))
+            if len(found) >= limit:
+                break
+        return found
 
     def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
         """Ids of up to ``limit`` obituaries buried at or before ``cutoff_ms``, oldest first."""
@@ -1049,6 +1165,13 @@ def _pages(
             obits = shard.load([oid for _, oid in rows])
             keep = {ob.id for ob in obits if ob is not None and filters.matches(ob)}
             rows = [r for r in rows if r[1] in keep]
+        if filters.status is not None and rows:
+            docs = shard.statuses([oid for _, oid in rows])
+            rows = [
+                r
+                for r, doc in zip(rows, docs, strict=True)
+                if status.status_of(doc) == filters.status
+            ]
         yield from rows
         if len(raw) < page:
             return
@@ -1063,9 +1186,12 @@ def _summed(parts: list[Group]) -> Group:
     started = [g for g in parts if g.first_seen_ms is not None]
     first = min(started, key=lambda g: cast("int", g.first_seen_ms)) if started else None
     versions: dict[str, int] = {}
+    statuses: dict[str, int] = {}
     for g in parts:
         for version, n in g.versions.items():
             versions[version] = versions.get(version, 0) + n
+        for name, n in g.statuses.items():
+            statuses[name] = statuses.get(name, 0) + n
     return Group(
         cause=latest.cause,
         count=sum(g.count for g in parts),
@@ -1081,6 +1207,7 @@ def _summed(parts: list[Group]) -> Group:
         first_version=first.first_version if first is not None else None,
         last_version=latest.last_version,
         versions=versions,
+        statuses=statuses,
     )
 
 

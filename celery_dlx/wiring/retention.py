@@ -55,16 +55,25 @@ def remove_all(
 
 
 def sweep_retention(runtime: Runtime, *, now: int | None = None, limit: int = 1000) -> int:
-    """Move obituaries older than ``dlx_graveyard_retention`` to the history (``archived``).
+    """Move obituaries older than ``dlx_graveyard_retention``, and resolved ones older than
+    ``dlx_resolved_retention``, to the history (``archived``); first, replayed obituaries whose
+    message was not buried again within ``dlx_resolve_after`` become resolved.
 
     Safe to run from several processes at once: each obituary is archived exactly once.
 
     Returns:
-        How many obituaries were archived (at most ``limit``).
+        How many obituaries were archived (at most ``limit`` of each kind).
     """
-    retention = runtime.config.graveyard_retention
-    cutoff = (now_ms() if now is None else now) - int(retention * 1000)
-    old = runtime.graveyard.older_than(cutoff, limit)
+    config, yard = runtime.config, runtime.graveyard
+    at = now_ms() if now is None else now
+    quiet = yard.since("replayed", at - int(config.resolve_after * 1000), limit)
+    yard.resolve(quiet, at, "quiet")
+    retention = config.graveyard_retention
+    old = yard.older_than(at - int(retention * 1000), limit)
     reason = f"older than dlx_graveyard_retention ({retention:g}s)"
     removed, _ = remove_all(runtime, old, ARCHIVED, reason, dry_run=False)
-    return len(removed)
+    kept = config.resolved_retention
+    resolved = yard.since("resolved", at - int(kept * 1000), limit)
+    reason = f"resolved more than dlx_resolved_retention ({kept:g}s) ago"
+    gone, _ = remove_all(runtime, resolved, ARCHIVED, reason, dry_run=False)
+    return len(removed) + len(gone)

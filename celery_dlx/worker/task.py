@@ -707,6 +707,9 @@ class DLXTask(Task[Any, Any]):
                 first_failure_ms=delivery.state.first_failure_ms,
             )
             runtime.record(FateEvent.of(fates.RECOVERED, failure))
+            replayed = delivery.headers.get(REPLAYED_HEADER)
+            if replayed:  # the obituary it was replayed from is resolved
+                runtime.graveyard.resolve([str(replayed)], failure.at_ms or now_ms(), "success")
         except Exception:  # the task succeeded; a history outage must not fail it
             logger.warning(
                 "could not record recovery of %s[%s]", self.name, delivery.message_id, exc_info=True

@@ -110,7 +110,8 @@ def test_canary_stops_while_broken_then_replays_at_the_rate_once_fixed(
         assert canary["queue"] == app.conf.task_default_queue
         assert canary["outcome"] == "failed" and canary["fate"] == "requeued"
         assert canary["succeeded"] is False and "failed again (requeued)" in canary["detail"]
-        ledger = {r["id"]: r["replays"] for r in run_json(app, "list")["obituaries"]}
+        everything = run_json(app, "list", "--status", "all")["obituaries"]
+        ledger = {r["id"]: r["replays"] for r in everything}
         assert bool(ledger[ids[0]]) and not any(ledger[i] for i in ids[1:])
 
         runtime.redis.set(shop["fixed"], 1)  # the cause is fixed halfway

@@ -91,7 +91,7 @@ def test_groups_json_carries_versions_and_new_since_finds_the_new_cause(
     assert unknown.exit_code == 2 and "'v9' was never seen" in unknown.stderr
     assert "'v1', 'v2'" in unknown.stderr
     table = run(deploys["v2"], "groups", "--new-since", "v2").stdout
-    assert "VERSION" in table and "1 causes, 7 obituaries" in table
+    assert "VERSION" in table and "1 cause, 7 obituaries" in table
 
 
 def test_metrics_expose_when_each_cause_was_first_seen(deploys: dict[str, Any]) -> None:
