@@ -198,3 +198,10 @@ class Client:
         assert reply.status == 200, reply.text
         token: str = reply.json()["token"]
         return token
+
+
+def redis_state(runtime: Runtime) -> dict[bytes, bytes]:
+    """Every Redis key of ``runtime``'s key prefix with its ``DUMP``: equal before and after
+    means nothing under the prefix was written."""
+    keys = sorted(runtime.redis.scan_iter(match="{" + runtime.keys.prefix + "*", count=1000))
+    return dict(zip(keys, [runtime.redis.dump(k) for k in keys], strict=True))

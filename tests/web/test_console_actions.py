@@ -80,7 +80,7 @@ def test_api_replay_returns_the_cli_json_and_honours_the_rate_limit(
     over = op.post("/api/replay", json_body={"cause": "backend-down", "rate": 51}, headers=headers)
     assert over.status == 400 and "dlx_web_max_replay_rate" in over.json()["error"]
     zero = op.post("/api/replay", json_body={"cause": "backend-down", "rate": 0}, headers=headers)
-    assert zero.status == 400 and "positive" in zero.json()["error"]
+    assert zero.status == 400 and "'rate' must be more than 0" in zero.json()["error"]
     both = op.post(
         "/api/replay", json_body={"cause": "backend-down", "ids": [obits[0].id]}, headers=headers
     )
