@@ -230,7 +230,7 @@ class Endpoint:
                 raise HTTPException(403, "missing or wrong X-CSRF-Token (GET /api/csrf)")
 
     def query(self, request: Request) -> dict[str, Any]:
-        """The declared query parameters given (an empty one counts as not given).
+        """The declared query parameters given (an empty text counts as not given).
 
         Raises:
             BadRequest: an undeclared parameter, or a value that is not of its declared type.
@@ -243,8 +243,8 @@ class Endpoint:
             raise BadRequest(self._unknown(unknown, "query parameter", list(accepted)))
         out: dict[str, Any] = {}
         for name, raw in given.items():
-            if raw == "":
-                continue
+            if raw == "" and "string" in _types(accepted[name].schema):
+                continue  # an empty text filter filters nothing (a number or flag must be one)
             value = _from_text(raw, accepted[name].schema)
             said = problem(value, accepted[name].schema, repr(name))
             if said:
@@ -270,8 +270,8 @@ class Endpoint:
         return self.check_body(data)
 
     def check_body(self, data: dict[str, Any]) -> dict[str, Any]:
-        """``data`` when it fits :meth:`body_schema` (null counts as not given for a key that is
-        not required).
+        """``data`` when it fits :meth:`body_schema`, without the keys whose schema allows null
+        and that are null (not given, as absent keys are).
 
         Raises:
             BadRequest: an unknown key, a missing or mistyped value.
@@ -281,14 +281,15 @@ class Endpoint:
         if unknown:
             raise BadRequest(self._unknown(unknown, "key", list(fields)))
         for f in fields.values():
-            if f.name not in data or (data[f.name] is None and not f.required):
+            if f.name not in data:
                 if f.required:
                     raise BadRequest(f"{self.label}: {f.name!r} is required ({f.doc})")
-                data.pop(f.name, None)
                 continue
             said = problem(data[f.name], f.schema, repr(f.name))
             if said:
                 raise BadRequest(f"{self.label}: {said}")
+            if data[f.name] is None:
+                del data[f.name]
         return data
 
     def _unknown(self, unknown: list[str], what: str, accepted: list[str]) -> str:

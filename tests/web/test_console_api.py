@@ -75,6 +75,12 @@ def test_unknown_keys_and_wrong_types_are_refused_and_change_nothing(api: dict[s
             ({"ids": [ids[0], 5], "yes": True}, "'ids'[1] must be a string, got 5"),
             ({"ids": ids, "yes": "true"}, "'yes' must be true or false, got \"true\""),
             ({"ids": ids, "yes": True, "dry_run": 1}, "'dry_run' must be true or false, got 1"),
+            # null only where the document allows it (schemathesis found a dry_run: null taken
+            # for "not given")
+            (
+                {"ids": ids, "yes": True, "dry_run": None},
+                "'dry_run' must be true or false, got null",
+            ),
             ({"ids": ["x"] * (MAX_IDS + 1), "yes": True}, "'ids' holds at most 500 items"),
         ],
         "/api/replay": [
@@ -110,6 +116,12 @@ def test_unknown_keys_and_wrong_types_are_refused_and_change_nothing(api: dict[s
     assert "it accepts: queue, task, cause, since, until, limit" in wrong.json()["error"]
     assert viewer.get("/api/parked", params={"limit": "many"}).status == 400
     assert viewer.get("/api/stats", params={"window": "0"}).status == 400
+    empty = viewer.get("/api/stats?window=")  # schemathesis: "" is no number
+    assert empty.status == 400
+    assert empty.json()["error"] == "GET /api/stats: 'window' must be a number, got \"\""
+    assert viewer.get("/api/obituaries?queue=&limit=1").json()["count"] == 1
+    long_ago = viewer.get("/api/obituaries", params={"since": "9" * 30})  # a 500 once
+    assert long_ago.status == 400 and "is too long ago" in long_ago.json()["error"]
     flags = viewer.get("/api/obituaries", params={"oldest_first": "maybe"})
     assert flags.status == 400 and "'oldest_first' must be true or false" in flags.text
     listed = viewer.get("/api/obituaries", params={"limit": "2", "oldest_first": "true"})
