@@ -4,13 +4,14 @@ An :class:`Endpoint` names its method and path, the least role that may call it,
 parameters or JSON body it accepts (:class:`Field` s, each a JSON Schema) and the responses it
 gives (JSON Schemas, those of the CLI's ``--json`` built from the ``TypedDict`` s the ``ops``
 functions return, by :func:`schema_of`). The handler reads its input through the declaration
-(:meth:`Endpoint.query`, :meth:`Endpoint.body`), so an unknown key is a 400 naming the accepted
+(:meth:`Endpoint.query`, :meth:`Endpoint.read`), so an unknown key is a 400 naming the accepted
 ones and a value of the wrong type a 400 naming its key; :mod:`celery_dlx.web.openapi` publishes
 the same declarations as the OpenAPI document. What is checked is what is documented.
 
 Schemas are JSON Schema 2020-12 (OpenAPI 3.1's); :func:`problem` checks the part of it the
 declarations use (``type``, ``items``, ``prefixItems``, ``minItems``/``maxItems``,
-``maxProperties``, ``minLength``/``maxLength``, ``minimum``/``maximum``/``exclusiveMinimum``, ``anyOf``).
+``maxProperties``, ``minLength``/``maxLength``, ``minimum``/``maximum``/``exclusiveMinimum``,
+``anyOf``).
 """
 
 from __future__ import annotations

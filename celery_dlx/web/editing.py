@@ -2,7 +2,8 @@
 confirms to replay the edited copy (:mod:`celery_dlx.ops.edit` does the work and the recording).
 
 Only editors (``--editor-auth``/``dlx_web_editors``) see the page and may post to it (and to
-``POST /api/edit``, the same edit as JSON); operators and viewers get 403. Posts carry the CSRF token and pass the same-origin check as every form.
+``POST /api/edit``, the same edit as JSON, declared by :data:`EDIT`); operators and viewers get
+403. Posts carry the CSRF token and pass the same-origin check as every form.
 """
 
 from __future__ import annotations

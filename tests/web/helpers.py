@@ -200,8 +200,20 @@ class Client:
         return token
 
 
-def redis_state(runtime: Runtime) -> dict[bytes, bytes]:
-    """Every Redis key of ``runtime``'s key prefix with its ``DUMP``: equal before and after
-    means nothing under the prefix was written."""
-    keys = sorted(runtime.redis.scan_iter(match="{" + runtime.keys.prefix + "*", count=1000))
-    return dict(zip(keys, [runtime.redis.dump(k) for k in keys], strict=True))
+def redis_state(runtime: Runtime) -> dict[bytes, object]:
+    """Every Redis key of ``runtime``'s key prefix with its content: equal before and after means
+    nothing under the prefix was written.
+
+    Content, not ``DUMP``: a hash read between two dumps may be rehashed and dump its fields in
+    another order."""
+    client = runtime.redis
+    read = {
+        b"string": client.get,
+        b"hash": client.hgetall,
+        b"list": lambda k: client.lrange(k, 0, -1),
+        b"set": client.smembers,
+        b"zset": lambda k: client.zrange(k, 0, -1, withscores=True),
+        b"stream": lambda k: client.xrange(k),
+    }
+    keys = sorted(client.scan_iter(match="{" + runtime.keys.prefix + "*", count=1000))
+    return {k: read[client.type(k)](k) for k in keys}

@@ -57,8 +57,8 @@ CHECKS = [
     schemathesis.checks.negative_data_rejection,
 ]
 NOT_FOUND_ID = "ob-does-not-exist"
-#: Every Redis key under the test's prefix with its DUMP, and the work queue's depth.
-State = tuple[dict[bytes, bytes], int]
+#: Every Redis key under the test's prefix with its content, and the work queue's depth.
+State = tuple[dict[bytes, object], int]
 
 
 @pytest.fixture
