@@ -28,7 +28,6 @@ from celery_dlx.cli.kit import (
 from celery_dlx.fates import now_ms
 from celery_dlx.ops import obituaries, purge
 from celery_dlx.ops.render import ago, clip, count, dumps, human_seconds, table
-from celery_dlx.store import graveyard
 
 _PROTO = click.option(
     "--proto",
@@ -554,22 +553,12 @@ def purge_command(
         click.confirm(
             f"Purge {count(len(targets), 'obituary', 'obituaries')}?", abort=True, err=True
         )
-    report = purge.PurgeReport(dry_run=dry_run)
     with progress_bar(len(targets), "purging", show_progress(as_json)) as advance:
-        for start in range(0, len(targets), graveyard.CHUNK):
-            chunk = targets[start : start + graveyard.CHUNK]
-            done = purge.purge(runtime, chunk, dry_run=dry_run, keep_whole=keep_whole)
-            report.purged.extend(done.purged)
-            report.missing.extend(done.missing)
-            advance(len(chunk))
-    data = {
-        "dry_run": dry_run,
-        "targets": len(targets),
-        "purged": report.purged,
-        "missing": report.missing,
-    }
+        report = purge.purge_targets(
+            runtime, targets, dry_run=dry_run, keep_whole=keep_whole, progress=advance
+        )
     if as_json:
-        echo_json(data)
+        echo_json(report.to_json())
     else:
         verb = "would purge" if dry_run else "purged"
         click.echo(f"{verb} {len(report.purged)} of {len(targets)}")

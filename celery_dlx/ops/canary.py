@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from celery_dlx.broker import probe
 from celery_dlx.errors import DLXError
@@ -35,6 +36,52 @@ from celery_dlx.wiring.runtime import Runtime
 FAILURE_FATES = (REQUEUED, PARKED, BURIED)
 #: Canary outcomes that let the replay go on.
 SUCCESS_OUTCOMES = ("recovered", "consumed")
+
+
+class CanaryJSON(TypedDict):
+    """The canary of ``replay --json``."""
+
+    obituary_id: str
+    message_id: str
+    queue: str
+    outcome: str
+    succeeded: bool
+    fate: str | None
+    detail: str
+    waited_s: float
+
+
+class IdReason(TypedDict):
+    """An obituary not replayed, and why."""
+
+    id: str
+    reason: str
+
+
+class ReplayJSON(TypedDict):
+    """What ``celery dlx replay --json`` prints (and the console's replay answers).
+
+    ``replayed`` lists what was published; a dry run publishes nothing, so its ``replayed`` is
+    empty and ``would_replay`` lists what a real run would publish (empty on a real run).
+    """
+
+    dry_run: bool
+    targets: int
+    replayed: list[str]
+    would_replay: list[str]
+    skipped: list[IdReason]
+    failed: list[IdReason]
+    missing: list[str]
+    canary: CanaryJSON | None
+    stopped: bool
+    not_replayed: list[str]
+
+
+class RedirectedReplayJSON(ReplayJSON, total=False):
+    """A replay to another queue (``--to-queue``) also says where and from which queues."""
+
+    to_queue: str
+    from_queues: dict[str, int]
 
 
 @dataclass
@@ -53,7 +100,7 @@ class CanaryResult:
     def succeeded(self) -> bool:
         return self.outcome in SUCCESS_OUTCOMES
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> CanaryJSON:
         return {
             "obituary_id": self.obituary_id,
             "message_id": self.message_id,
@@ -81,28 +128,26 @@ class ReplayRun:
         """Nothing failed, nothing was missing, the canary (if any) succeeded."""
         return not (self.report.failed or self.report.missing or self.stopped)
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> RedirectedReplayJSON:
+        """The run as ``--json`` prints it; a redirected replay adds ``to_queue`` and
+        ``from_queues`` (queue it died in -> replays)."""
         r = self.report
-        return {
+        data: RedirectedReplayJSON = {
             "dry_run": r.dry_run,
             "targets": self.targets,
-            "replayed": list(r.replayed),
+            "replayed": [] if r.dry_run else list(r.replayed),
+            "would_replay": list(r.replayed) if r.dry_run else [],
             "skipped": [{"id": i, "reason": why} for i, why in r.skipped],
             "failed": [{"id": i, "reason": why} for i, why in r.failed],
             "missing": list(r.missing),
             "canary": self.canary.to_json() if self.canary else None,
             "stopped": self.stopped,
             "not_replayed": list(self.not_replayed),
-            **redirect_json(r),
         }
-
-
-def redirect_json(report: ReplayReport) -> dict[str, object]:
-    """A redirected replay's ``to_queue`` and ``from_queues`` (queue it died in -> replays), for
-    ``--json``; nothing for a replay to the queues the messages died in."""
-    if not report.to_queue:
-        return {}
-    return {"to_queue": report.to_queue, "from_queues": dict(report.from_queues)}
+        if r.to_queue:
+            data["to_queue"] = r.to_queue
+            data["from_queues"] = dict(r.from_queues)
+        return data
 
 
 def history_tail(runtime: Runtime) -> str:

@@ -22,7 +22,7 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.codecs import ProtobufRegistry, decode_payload
@@ -89,6 +89,28 @@ class EditPlan:
         return lines + diff_lines(self.changes, self.header_changes)
 
 
+class EditJSON(TypedDict):
+    """What ``celery dlx edit --json`` prints (and the console's ``POST /api/edit`` answers):
+    the diff (``changes``, ``headers``: path, before, after, before_absent, after_absent) and
+    whether the edited copy was ``replayed`` (never on a dry run)."""
+
+    obituary_id: str
+    queue: str
+    to_queue: str | None
+    kind: str
+    type_name: str | None
+    old_message_id: str
+    new_message_id: str
+    task_id: str | None
+    payload_replaced: bool
+    changes: list[dict[str, Any]]
+    headers: list[dict[str, Any]]
+    dry_run: bool
+    replayed: bool
+    at_ms: int | None
+    audit_id: str | None
+
+
 @dataclass
 class EditReport:
     """What :func:`edit` did (or, without ``replay`` or on a dry run, would do)."""
@@ -101,7 +123,7 @@ class EditReport:
     audit_id: str | None = None
     errors: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> EditJSON:
         p = self.plan
         return {
             "obituary_id": p.obituary_id,
@@ -381,18 +403,22 @@ def edit(
     report = EditReport(plan, dry_run=dry_run, to_queue=to_queue)
     if not replay or dry_run:
         return report
+    yard = runtime.graveyard
+    marked = yard.mark_replayed([ob.id], now_ms())
     try:
         confirmed = runtime.publisher.publish_many([plan.outgoing])
     except BROKER_ERRORS as exc:
         runtime.reset_publisher()
+        yard.unmark_replayed(marked, now_ms())
         raise EditError(f"edited copy of {ob.id} not replayed: not confirmed ({exc})") from exc
     if not all(confirmed):
+        yard.unmark_replayed(marked, now_ms())
         raise EditError(
             f"edited copy of {ob.id} not replayed: the broker refused it (queue {plan.queue!r} "
             "missing?)"
         )
     at = now_ms()
-    runtime.graveyard.add_replays([(ob.id, at)], to_queue=to_queue or "")
+    yard.add_replays([(ob.id, at)], to_queue=to_queue or "")
     runtime.record(_replayed_event(ob, plan, at, user or "?"))
     report.replayed = True
     report.at_ms = at

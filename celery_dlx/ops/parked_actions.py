@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import TypedDict
 
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import AUDIT, FateEvent, now_ms
@@ -30,6 +31,17 @@ CAUSE_SCAN = 100_000
 AUDIT_MAXLEN = 10000
 
 
+class ParkedActionJSON(TypedDict):
+    """:class:`ParkedActionReport` as JSON (``dlx parked --retry-now/--bury-now --json``)."""
+
+    action: str
+    dry_run: bool
+    done: list[str]
+    claimed: list[str]
+    missing: list[str]
+    obituaries: list[str]
+
+
 @dataclass
 class ParkedActionReport:
     """What :func:`retry_now` or :func:`bury_now` did (or, dry, would do), by entry id.
@@ -45,8 +57,15 @@ class ParkedActionReport:
     missing: list[str] = field(default_factory=list)
     obituaries: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+    def as_dict(self) -> ParkedActionJSON:
+        return {
+            "action": self.action,
+            "dry_run": self.dry_run,
+            "done": list(self.done),
+            "claimed": list(self.claimed),
+            "missing": list(self.missing),
+            "obituaries": list(self.obituaries),
+        }
 
 
 def _targets(

@@ -2,24 +2,49 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from celery_dlx.fates import PURGED
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
-from celery_dlx.store.graveyard import When
+from celery_dlx.store.graveyard import CHUNK, When
 from celery_dlx.wiring.retention import remove_all
 from celery_dlx.wiring.runtime import Runtime
 
 
+class PurgeJSON(TypedDict):
+    """What ``celery dlx purge --json`` prints (and the console's purge answers).
+
+    ``purged`` lists what was deleted; a dry run deletes nothing, so its ``purged`` is empty and
+    ``would_purge`` lists what a real run would delete (empty on a real run).
+    """
+
+    dry_run: bool
+    targets: int
+    purged: list[str]
+    would_purge: list[str]
+    missing: list[str]
+
+
 @dataclass
 class PurgeReport:
-    """What :func:`purge` did (or would do, on a dry run)."""
+    """What :func:`purge` did (or would do, on a dry run: then ``purged`` holds what would be)."""
 
     purged: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     dry_run: bool = False
+    targets: int = 0
+
+    def to_json(self) -> PurgeJSON:
+        return {
+            "dry_run": self.dry_run,
+            "targets": self.targets,
+            "purged": [] if self.dry_run else list(self.purged),
+            "would_purge": list(self.purged) if self.dry_run else [],
+            "missing": list(self.missing),
+        }
 
 
 def purge(
@@ -47,4 +72,27 @@ def purge(
     removed, missing = remove_all(
         runtime, targets, PURGED, "purged by operator", dry_run, keep_whole=keep_whole
     )
-    return PurgeReport(purged=removed, missing=missing, dry_run=dry_run)
+    return PurgeReport(purged=removed, missing=missing, dry_run=dry_run, targets=len(targets))
+
+
+def purge_targets(
+    runtime: Runtime,
+    targets: Sequence[str],
+    *,
+    dry_run: bool = False,
+    keep_whole: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> PurgeReport:
+    """:func:`purge` of obituary ids already chosen, a chunk at a time; ``progress`` is called with
+    the number handled after each chunk."""
+    report = PurgeReport(dry_run=dry_run, targets=len(targets))
+    for start in range(0, len(targets), CHUNK):
+        chunk = list(targets[start : start + CHUNK])
+        removed, missing = remove_all(
+            runtime, chunk, PURGED, "purged by operator", dry_run, keep_whole=keep_whole
+        )
+        report.purged.extend(removed)
+        report.missing.extend(missing)
+        if progress is not None:
+            progress(len(chunk))
+    return report

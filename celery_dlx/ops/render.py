@@ -55,9 +55,14 @@ def parse_when(text: str, option: str = "--since", *, now: datetime | None = Non
         except (ValueError, OverflowError, OSError) as exc:
             raise DLXError(f"{option}: {text!r} is not @<epoch seconds>") from exc
     try:
-        return now - timedelta(seconds=parse_duration(stripped, option))
+        ago = parse_duration(stripped, option)
     except DLXError:
-        pass
+        ago = None
+    if ago is not None:
+        try:
+            return now - timedelta(seconds=ago)
+        except OverflowError as exc:  # before year 1
+            raise DLXError(f"{option}: {text!r} is too long ago") from exc
     try:
         parsed = datetime.fromisoformat(stripped.replace("Z", "+00:00"))
     except ValueError as exc:

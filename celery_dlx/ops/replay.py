@@ -261,14 +261,18 @@ def _replay_chunk(
 ) -> None:
     to = report.to_queue
     copies = [replay_copy(ob, keep_attempts=keep_attempts, to_queue=to) for ob in todo]
+    marked = yard.mark_replayed([ob.id for ob in todo], now_ms())
     try:
         results = runtime.publisher.publish_many(copies)
     except BROKER_ERRORS as exc:
         runtime.reset_publisher()
+        yard.unmark_replayed(marked, now_ms())
         report.failed.extend((ob.id, f"not confirmed: {exc}") for ob in todo)
         return
     at = now_ms()
     done = [ob for ob, ok in zip(todo, results, strict=True) if ok]
+    refused = {ob.id for ob, ok in zip(todo, results, strict=True) if not ok}
+    yard.unmark_replayed([oid for oid in marked if oid in refused], at)
     report.failed.extend(
         (ob.id, f"broker refused it: queue {(to or ob.queue)!r} missing?")
         for ob, ok in zip(todo, results, strict=True)

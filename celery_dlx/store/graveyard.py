@@ -920,18 +920,26 @@ class Graveyard:
         return out
 
     def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
-        """Add replay times to the ledger of each obituary's shard; their status becomes
-        ``replayed`` (:mod:`celery_dlx.store.status`)."""
+        """Add replay times to the ledger of each obituary's shard."""
         for shard, where in self._by_shard([oid for oid, _ in replayed]):
             shard.add_replays([replayed[i] for i in where], to_queue=to_queue)
-        for oid, at in replayed:
-            self.set_status([oid], status.REPLAYED, at, {"next": None})
+
+    def mark_replayed(self, ids: Sequence[str], at: int) -> list[str]:
+        """The obituaries ``ids`` are about to be replayed: ``replayed`` (before the copies go
+        out, so a copy that runs at once finds its obituary waiting for it). Returns the ids
+        changed, to hand to :meth:`unmark_replayed` if the copies do not go out."""
+        return self.set_status(ids, status.REPLAYED, at, {"next": None})
+
+    def unmark_replayed(self, ids: Sequence[str], at: int) -> None:
+        """The copies of ``ids`` did not go out: unresolved again."""
+        self.set_status(ids, status.UNRESOLVED, at, allowed_from=[status.REPLAYED])
 
     def resolve(self, ids: Sequence[str], at: int, by: str) -> list[str]:
         """The replayed obituaries ``ids`` are ``resolved`` (``by``: what told: ``success``, a
         DLX task ran the replayed copy; ``quiet``, nothing dead-lettered it again within
         ``dlx_resolve_after``). Returns the ids changed."""
-        return self.set_status(ids, status.RESOLVED, at, {"by": by}, allowed_from=[status.REPLAYED])
+        allowed = [status.REPLAYED]
+        return self.set_status(ids, status.RESOLVED, at, {"by": by}, allowed_from=allowed)
 
     def note_failed_again(self, buried: Sequence[Obituary], at: int) -> None:
         """For each new obituary of a replayed message (``replayed_from``), the old one is

@@ -13,14 +13,13 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
 from celery_dlx.ops import purge as purge_ops
 from celery_dlx.ops.canary import replay_run
 from celery_dlx.ops.render import iso
-from celery_dlx.store.graveyard import CHUNK
 from celery_dlx.web.audit import AuditEntry, record_action
 from celery_dlx.web.auth import User
 from celery_dlx.wiring.runtime import Runtime
@@ -35,6 +34,21 @@ MAX_IDS = 500
 
 class Busy(DLXError):
     """Another operator action is running."""
+
+
+class JobJSON(TypedDict):
+    """One action as ``GET /api/jobs/<id>`` shows it; ``result`` is None while it runs."""
+
+    id: str
+    user: str
+    role: str
+    action: str
+    target: str
+    params: dict[str, Any]
+    status: str
+    result: dict[str, Any] | None
+    started_at: str | None
+    finished_at: str | None
 
 
 @dataclass
@@ -52,7 +66,7 @@ class Job:
     finished_ms: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JobJSON:
         return {
             "id": self.id,
             "user": self.user.name,
@@ -132,8 +146,8 @@ class Actions:
         if to_queue:
             params["to_queue"] = to_queue
 
-        def run() -> tuple[str, str, dict[str, Any]]:
-            result = replay_run(
+        def work() -> tuple[str, str, dict[str, Any]]:
+            run = replay_run(
                 self.runtime,
                 targets,
                 rate=rate,
@@ -141,11 +155,12 @@ class Actions:
                 force=force,
                 canary_timeout=canary_timeout,
                 to_queue=to_queue,
-            ).to_json()
+            )
+            result = dict(run.to_json())
             status, line = replay_summary(result)
             return status, line, result
 
-        return self._start(user, "replay", target, params, run)
+        return self._start(user, "replay", target, params, work)
 
     def purge(
         self, user: User, targets: list[str], target: str, *, cause: str | None = None
@@ -157,22 +172,12 @@ class Actions:
         """
 
         def run() -> tuple[str, str, dict[str, Any]]:
-            purged: list[str] = []
-            missing: list[str] = []
-            for start in range(0, len(targets), CHUNK):
-                done = purge_ops.purge(self.runtime, targets[start : start + CHUNK])
-                purged.extend(done.purged)
-                missing.extend(done.missing)
-            result = {
-                "dry_run": False,
-                "targets": len(targets),
-                "purged": purged,
-                "missing": missing,
-            }
+            report = purge_ops.purge_targets(self.runtime, targets)
+            purged, missing = report.purged, report.missing
             line = f"purged {len(purged)} of {len(targets)}" + (
                 f"; missing {len(missing)}" if missing else ""
             )
-            return ("incomplete" if missing else "done"), line, result
+            return ("incomplete" if missing else "done"), line, dict(report.to_json())
 
         return self._start(user, "purge", target, {"targets": len(targets), "cause": cause}, run)
 

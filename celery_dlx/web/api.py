@@ -3,69 +3,140 @@
 Reads: ``groups``, ``obituaries`` (``list``), ``obituary?id=`` (``show``), ``parked``,
 ``stats``, ``check``, ``audit``. Writes (operators, ``X-CSRF-Token`` from ``GET /api/csrf``):
 ``POST replay`` and ``POST purge`` take JSON (``ids`` or ``cause``; replay: ``rate``,
-``canary``, ``force``, ``canary_timeout``; purge: ``"yes": true``), wait for the action and
-return what ``dlx replay --json`` / ``dlx purge --json`` print.
+``canary``, ``force``, ``canary_timeout``, ``to_queue``; purge: ``"yes": true``; both
+``dry_run``), wait for the action and return what ``dlx replay --json`` / ``dlx purge --json``
+print.
+
+Each route's :class:`~celery_dlx.web.declare.Endpoint` stands above its handler: the handler reads
+its query or body through it (an unknown key or a mistyped value is a 400 naming it), and
+``/api/openapi.json`` publishes the same declarations.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from celery_dlx.ops import obituaries
+from celery_dlx.ops import obituaries, parked_actions
+from celery_dlx.ops import purge as purge_ops
+from celery_dlx.ops.canary import RedirectedReplayJSON, replay_run
 from celery_dlx.ops.deploys import UnknownVersion
 from celery_dlx.ops.inspection import (
+    GroupList,
     ObituaryFilters,
     ObituaryList,
+    ParkedData,
+    Stats,
     groups_data,
     list_rows,
     parked_data,
     show_data,
     stats_data,
 )
+from celery_dlx.ops.parked_actions import ParkedActionJSON
+from celery_dlx.ops.purge import PurgeJSON
+from celery_dlx.store.status import STATUSES
 from celery_dlx.web import forms
-from celery_dlx.web.actions import Busy
+from celery_dlx.web.actions import MAX_IDS, Busy, JobJSON
 from celery_dlx.web.audit import read_audit
+from celery_dlx.web.auth import OPERATOR
+from celery_dlx.web.declare import ERROR, Endpoint, Field, json_answer
 from celery_dlx.web.guard import user_of
 from celery_dlx.web.pages import console_of
 
 #: Most obituaries one ``/api/obituaries`` call lists.
 MAX_LIST = 500
+#: Longest a replay's canary may be waited for, in seconds.
+MAX_CANARY_TIMEOUT = 600.0
+
+STRING: dict[str, Any] = {"type": "string"}
+FLAG: dict[str, Any] = {"type": "boolean"}
+WHEN: dict[str, Any] = {"type": "string", "examples": ["2h", "2024-05-01T12:00:00Z", "@1714564800"]}
+NOT_FOUND = json_answer("no such obituary or job", ERROR)
 
 
 def _json(data: Any, status: int = 200) -> JSONResponse:
     return JSONResponse(data, status_code=status)
 
 
+def _limit(high: int, default: int) -> Field:
+    return Field(
+        "limit",
+        {"type": "integer", "minimum": 1, "maximum": high},
+        f"most rows (default {default})",
+    )
+
+
+GROUPS = Endpoint(
+    "GET",
+    "/api/groups",
+    "Cause groups, most recently seen first (dlx groups --json)",
+    {200: json_answer("the cause groups", GroupList)},
+    params=(
+        Field("new_since", STRING, "only causes first seen in this code version or later"),
+        Field(
+            "status",
+            {"type": "string", "enum": ["unresolved", "all"]},
+            "unresolved (default): causes with an obituary nobody replayed; all: every cause",
+        ),
+    ),
+)
+
+
 async def groups(request: Request) -> Response:
-    new_since = request.query_params.get("new_since")
+    q = GROUPS.query(request)
     try:
         data = await run_in_threadpool(
-            groups_data, console_of(request).runtime, new_since=new_since
+            groups_data, console_of(request).runtime, new_since=q.get("new_since")
         )
     except UnknownVersion as exc:
         return _json({"error": str(exc)}, 400)
+    if q.get("status", "unresolved") == "unresolved":
+        data["groups"] = [g for g in data["groups"] if g["unresolved"]]
+        data["count"] = len(data["groups"])
     return _json(data)
+
+
+OBITUARIES = Endpoint(
+    "GET",
+    "/api/obituaries",
+    "Obituaries, newest first (dlx list --json)",
+    {200: json_answer("the obituaries", ObituaryList)},
+    params=(
+        Field("queue", STRING, "only those buried from this queue"),
+        Field("task", STRING, "only those of this task"),
+        Field("cause", STRING, "only those of this cause group"),
+        Field("since", WHEN, "buried since: 2h (ago), an ISO time, or @epoch seconds"),
+        Field("until", WHEN, "buried until (as since)"),
+        _limit(MAX_LIST, 50),
+        Field("oldest_first", FLAG, "oldest first"),
+        Field("no_decode", FLAG, "skip decoding the payloads (faster)"),
+        Field(
+            "status",
+            {"type": "string", "enum": [*STATUSES, "all"]},
+            "what became of them after a replay (default unresolved; all: any)",
+        ),
+    ),
+)
 
 
 async def obituary_list(request: Request) -> Response:
     console = console_of(request)
-    p = request.query_params
-    limit = forms.integer(p, "limit", 50, low=1, high=MAX_LIST)
+    q = OBITUARIES.query(request)
     filters: ObituaryFilters = {
-        "queue": forms.text(p, "queue"),
-        "task": forms.text(p, "task"),
-        "cause": forms.text(p, "cause"),
-        "since": None if (s := forms.when_ms(p, "since")) is None else s / 1000,
-        "until": None if (u := forms.when_ms(p, "until")) is None else u / 1000,
-        "limit": limit,
-        "oldest_first": forms.flag(p.get("oldest_first")),
+        "queue": q.get("queue"),
+        "task": q.get("task"),
+        "cause": q.get("cause"),
+        "since": None if (s := forms.when_ms(q, "since")) is None else s / 1000,
+        "until": None if (u := forms.when_ms(q, "until")) is None else u / 1000,
+        "limit": q.get("limit", 50),
+        "oldest_first": q.get("oldest_first", False),
+        "status": q.get("status", "unresolved"),
     }
-    decode = not forms.flag(p.get("no_decode"))
+    decode = not q.get("no_decode", False)
 
     def read() -> ObituaryList:
         return list_rows(
@@ -78,90 +149,217 @@ async def obituary_list(request: Request) -> Response:
     return _json(await run_in_threadpool(read))
 
 
+OBITUARY = Endpoint(
+    "GET",
+    "/api/obituary",
+    "One obituary with its decoded payload (dlx show --json)",
+    {
+        200: json_answer(
+            "every stored field of the obituary, its decoded payload and ISO times",
+            {"type": "object", "required": ["id", "message_id", "queue", "payload"]},
+        ),
+        404: NOT_FOUND,
+    },
+    params=(Field("id", STRING, "an obituary id or a message id"),),
+)
+
+
 async def obituary(request: Request) -> Response:
     console = console_of(request)
-    ident = forms.text(request.query_params, "id") or ""
+    ident = str(OBITUARY.query(request).get("id", "")).strip()
 
     def read() -> dict[str, object] | None:
         ob = obituaries.get_obituary(console.runtime, ident)
         return None if ob is None else show_data(ob, console.registry)
 
-    data = await run_in_threadpool(read)
+    data = await run_in_threadpool(read) if ident else None
     if data is None:
         return _json({"error": "not found", "id": ident}, 404)
     return _json(data)
 
 
+PARKED = Endpoint(
+    "GET",
+    "/api/parked",
+    "Parked retries, soonest due first (dlx parked --json)",
+    {200: json_answer("the parked retries", ParkedData)},
+    params=(_limit(MAX_LIST, 50),),
+)
+
+
 async def parked(request: Request) -> Response:
-    limit = forms.integer(request.query_params, "limit", 50, low=1, high=MAX_LIST)
+    limit = PARKED.query(request).get("limit", 50)
     return _json(await run_in_threadpool(parked_data, console_of(request).runtime, limit=limit))
 
 
+STATS = Endpoint(
+    "GET",
+    "/api/stats",
+    "Fate counts and the stores' sizes (dlx stats --json)",
+    {200: json_answer("the statistics", Stats)},
+    params=(
+        Field(
+            "window",
+            {"type": "number", "exclusiveMinimum": 0, "maximum": 8 * 86400},
+            "seconds of fate counts (default 3600)",
+        ),
+    ),
+)
+
+
 async def stats(request: Request) -> Response:
-    window = forms.number(request.query_params.get("window") or 3600, "window")
-    if not 0 < window <= 8 * 86400:
-        raise forms.BadRequest("window must be between 0 and 8 days (seconds)")
+    window = float(STATS.query(request).get("window", 3600))
     return _json(await run_in_threadpool(stats_data, console_of(request).runtime, window_s=window))
 
 
+CHECK = Endpoint(
+    "GET",
+    "/api/check",
+    "The topology check (dlx check --json)",
+    {
+        200: json_answer(
+            "what was checked and the problems found; error: the check could not run",
+            {"type": "object", "required": ["ok", "problems"]},
+        )
+    },
+)
+
+
 async def check(request: Request) -> Response:
+    CHECK.query(request)
     return _json(await run_in_threadpool(console_of(request).check))
 
 
+AUDIT = Endpoint(
+    "GET",
+    "/api/audit",
+    "The audit log, newest first",
+    {200: json_answer("the latest actions", {"type": "array", "items": {"type": "object"}})},
+    params=(_limit(1000, 100),),
+)
+
+
 async def audit(request: Request) -> Response:
-    limit = forms.integer(request.query_params, "limit", 100, low=1, high=1000)
+    limit = AUDIT.query(request).get("limit", 100)
     return _json(await run_in_threadpool(read_audit, console_of(request).runtime, limit=limit))
 
 
+CSRF = Endpoint(
+    "GET",
+    "/api/csrf",
+    "The caller's CSRF token, for the X-CSRF-Token header of writes",
+    {
+        200: json_answer(
+            "the token",
+            {"type": "object", "required": ["token"], "properties": {"token": STRING}},
+        )
+    },
+)
+
+
 async def csrf(request: Request) -> Response:
+    CSRF.query(request)
     return _json({"token": console_of(request).csrf.token(user_of(request))})
 
 
+JOB = Endpoint(
+    "GET",
+    "/api/jobs/{job_id}",
+    "One action started from the pages (of the latest 100)",
+    {200: json_answer("the action, with its result once it ended", JobJSON), 404: NOT_FOUND},
+)
+
+
 async def job(request: Request) -> Response:
+    JOB.query(request)
     found = console_of(request).actions.job(request.path_params["job_id"])
     if found is None:
         return _json({"error": "not found", "id": request.path_params["job_id"]}, 404)
     return _json(found.to_json())
 
 
-async def _body(request: Request) -> dict[str, Any] | Response:
-    console = console_of(request)
-    user = user_of(request)
-    if not user.can_write:
-        return _json({"error": f"{user.name} is a viewer: viewers cannot replay or purge"}, 403)
-    if not console.csrf.valid(user, request.headers.get("x-csrf-token")):
-        return _json({"error": "missing or wrong X-CSRF-Token (GET /api/csrf)"}, 403)
-    try:
-        data = json.loads(await request.body() or b"{}")
-    except ValueError:
-        return _json({"error": "the body must be a JSON object"}, 400)
-    if not isinstance(data, dict):
-        return _json({"error": "the body must be a JSON object"}, 400)
-    if not isinstance(data.get("ids") or [], list):
-        return _json({"error": "ids must be a list of obituary ids"}, 400)
-    return data
+IDS = Field(
+    "ids",
+    {"type": "array", "items": STRING, "maxItems": MAX_IDS},
+    f"obituary ids (at most {MAX_IDS}); or cause",
+)
+CAUSE = Field("cause", {"type": ["string", "null"]}, "a cause group, all its obituaries; or ids")
+DRY_RUN = Field(
+    "dry_run", FLAG, "say what would be done and change nothing, as the CLI's --dry-run"
+)
+BUSY = json_answer("another operator action is running", ERROR)
+
+REPLAY = Endpoint(
+    "POST",
+    "/api/replay",
+    "Replay obituaries (dlx replay --json)",
+    {
+        200: json_answer(
+            "what was replayed; on a dry run replayed is empty and would_replay lists what a "
+            "real run would publish",
+            RedirectedReplayJSON,
+        ),
+        409: BUSY,
+    },
+    role=OPERATOR,
+    body=(
+        IDS,
+        CAUSE,
+        Field(
+            "rate",
+            {"type": ["number", "null"], "exclusiveMinimum": 0},
+            "replays per second (default 10; at most dlx_web_max_replay_rate)",
+        ),
+        Field("canary", FLAG, "replay one first and go on only if it succeeds"),
+        Field(
+            "canary_timeout",
+            {"type": ["number", "null"], "minimum": 1, "maximum": MAX_CANARY_TIMEOUT},
+            "seconds to wait for the canary's fate (default 120)",
+        ),
+        Field("force", FLAG, "replay obituaries the ledger says were replayed already"),
+        Field(
+            "to_queue",
+            {"type": ["string", "null"], "maxLength": 255},
+            "an existing queue to replay to, instead of the queues the messages died in",
+        ),
+        DRY_RUN,
+    ),
+)
 
 
 async def replay(request: Request) -> Response:
-    got = await _body(request)
-    if isinstance(got, Response):
-        return got
+    got = await REPLAY.read(request)
     console, user = console_of(request), user_of(request)
     rate = forms.replay_rate(got.get("rate"), console.settings.max_replay_rate)
-    timeout = forms.number(got.get("canary_timeout") or 120, "canary_timeout")
+    timeout = float(got.get("canary_timeout", 120.0))
     to_queue = await run_in_threadpool(forms.to_queue, console.runtime, got.get("to_queue"))
     chosen = await run_in_threadpool(
-        forms.targets, console.runtime, list(got.get("ids") or []), got.get("cause")
+        forms.targets, console.runtime, got.get("ids", []), got.get("cause")
     )
+    canary, force = got.get("canary", False), got.get("force", False)
+    if got.get("dry_run", False):
+        # as the CLI's --dry-run: nothing published, recorded or audited
+        run = await run_in_threadpool(
+            lambda: replay_run(
+                console.runtime,
+                chosen.ids,
+                rate=rate,
+                canary=canary,
+                force=force,
+                dry_run=True,
+                to_queue=to_queue,
+            )
+        )
+        return _json(run.to_json())
     try:
         started = console.actions.replay(
             user,
             chosen.ids,
             chosen.label,
             rate=rate,
-            canary=forms.flag(got.get("canary")),
-            force=forms.flag(got.get("force")),
-            canary_timeout=max(1.0, min(timeout, 600.0)),
+            canary=canary,
+            force=force,
+            canary_timeout=timeout,
             cause=chosen.cause,
             to_queue=to_queue,
         )
@@ -171,19 +369,121 @@ async def replay(request: Request) -> Response:
     return _json(started.result)
 
 
+PURGE = Endpoint(
+    "POST",
+    "/api/purge",
+    "Purge obituaries (dlx purge --json)",
+    {
+        200: json_answer(
+            "what was purged; on a dry run purged is empty and would_purge lists what a real "
+            "run would delete",
+            PurgeJSON,
+        ),
+        409: BUSY,
+    },
+    role=OPERATOR,
+    body=(
+        IDS,
+        CAUSE,
+        Field("yes", FLAG, 'the confirmation: a purge needs "yes": true (a dry run does not)'),
+        DRY_RUN,
+    ),
+    confirmation='"yes": true in the body, unless "dry_run": true',
+)
+
+
 async def purge(request: Request) -> Response:
-    got = await _body(request)
-    if isinstance(got, Response):
-        return got
+    got = await PURGE.read(request)
     console, user = console_of(request), user_of(request)
-    if got.get("yes") is not True:
-        return _json({"error": 'purging needs "yes": true in the body'}, 400)
+    dry_run = got.get("dry_run", False)
+    if not dry_run and got.get("yes") is not True:
+        raise forms.BadRequest('purging needs "yes": true in the body (or "dry_run": true)')
     chosen = await run_in_threadpool(
-        forms.targets, console.runtime, list(got.get("ids") or []), got.get("cause")
+        forms.targets, console.runtime, got.get("ids", []), got.get("cause")
     )
+    if dry_run:  # as the CLI's --dry-run: nothing deleted, recorded or audited
+        report = await run_in_threadpool(
+            lambda: purge_ops.purge_targets(console.runtime, chosen.ids, dry_run=True)
+        )
+        answer: PurgeJSON = report.to_json()
+        return _json(answer)
     try:
         started = console.actions.purge(user, chosen.ids, chosen.label, cause=chosen.cause)
     except Busy as exc:
         return _json({"error": str(exc)}, 409)
     await run_in_threadpool(started.done.wait)
     return _json(started.result)
+
+
+PARKED_TARGETS = (
+    Field(
+        "ids",
+        {"type": "array", "items": STRING, "maxItems": MAX_IDS},
+        f"parked retries' entry ids, MESSAGE_ID:ATTEMPT (at most {MAX_IDS}); or cause",
+    ),
+    Field("cause", {"type": ["string", "null"]}, "every parked retry of this cause; or ids"),
+    Field("yes", FLAG, 'the confirmation: "yes": true (a dry run needs none)'),
+    DRY_RUN,
+)
+
+
+def _parked_action(action: str, doc: str) -> Endpoint:
+    return Endpoint(
+        "POST",
+        f"/api/parked/{action}",
+        doc,
+        {200: json_answer("what was done; on a dry run, what would be", ParkedActionJSON)},
+        role=OPERATOR,
+        body=PARKED_TARGETS,
+        confirmation='"yes": true in the body, unless "dry_run": true',
+    )
+
+
+RETRY_NOW = _parked_action(
+    "retry-now", "Make parked retries due now (dlx parked --retry-now --json)"
+)
+BURY_NOW = _parked_action(
+    "bury-now", "Bury parked retries now, reason 'buried by USER' (dlx parked --bury-now --json)"
+)
+
+
+async def _act_on_parked(request: Request, endpoint: Endpoint) -> Response:
+    got = await endpoint.read(request)
+    dry_run = got.get("dry_run", False)
+    if not dry_run and got.get("yes") is not True:
+        raise forms.BadRequest('this needs "yes": true in the body (or "dry_run": true)')
+    ids, cause = got.get("ids") or None, got.get("cause")
+    if bool(ids) == (cause is not None):
+        raise forms.BadRequest('name parked retries by "ids" or by "cause" (one of the two)')
+    act = parked_actions.bury_now if endpoint is BURY_NOW else parked_actions.retry_now
+    runtime, user = console_of(request).runtime, user_of(request)
+    report = await run_in_threadpool(
+        lambda: act(runtime, ids, cause=cause, by=f"web:{user.name}", dry_run=dry_run)
+    )
+    return _json(report.as_dict())
+
+
+async def retry_now(request: Request) -> Response:
+    return await _act_on_parked(request, RETRY_NOW)
+
+
+async def bury_now(request: Request) -> Response:
+    return await _act_on_parked(request, BURY_NOW)
+
+
+#: The routes of this module with their declarations.
+ROUTES = (
+    (GROUPS, groups),
+    (OBITUARIES, obituary_list),
+    (OBITUARY, obituary),
+    (PARKED, parked),
+    (STATS, stats),
+    (CHECK, check),
+    (AUDIT, audit),
+    (CSRF, csrf),
+    (JOB, job),
+    (REPLAY, replay),
+    (PURGE, purge),
+    (RETRY_NOW, retry_now),
+    (BURY_NOW, bury_now),
+)

@@ -15,13 +15,20 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from celery_dlx.errors import DLXError
-from celery_dlx.web import api, editing, pages
+from celery_dlx.web import api, editing, openapi, pages
 from celery_dlx.web.console import Console, WebSettings
 from celery_dlx.web.guard import Guard, SameOrigin, TrustedHosts
 from celery_dlx.web.hosts import HostRule
 from celery_dlx.wiring.runtime import Runtime
 
 STATIC = Path(__file__).resolve().parent / "static"
+
+#: The JSON API's routes with their declarations (published at ``/api/openapi.json``).
+API_ROUTES = (
+    *api.ROUTES,
+    (editing.EDIT, editing.edit_api),
+    (openapi.OPENAPI, openapi.openapi),
+)
 
 
 async def metrics(request: Request) -> Response:
@@ -46,7 +53,9 @@ async def on_dlx_error(request: Request, exc: Exception) -> Response:
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return await _error(request, exc.status_code, str(exc.detail))
+    response = await _error(request, exc.status_code, str(exc.detail))
+    response.headers.update(exc.headers or {})  # a 405's Allow
+    return response
 
 
 async def on_redis_error(request: Request, exc: Exception) -> Response:
@@ -75,18 +84,7 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
         Route("/actions/replay", pages.replay_action, methods=["POST"]),
         Route("/actions/purge", pages.purge_action, methods=["POST"]),
         Route("/actions/close-breaker", pages.close_breaker_action, methods=["POST"]),
-        Route("/api/groups", api.groups),
-        Route("/api/obituaries", api.obituary_list),
-        Route("/api/obituary", api.obituary),
-        Route("/api/parked", api.parked),
-        Route("/api/stats", api.stats),
-        Route("/api/check", api.check),
-        Route("/api/audit", api.audit),
-        Route("/api/csrf", api.csrf),
-        Route("/api/jobs/{job_id}", api.job),
-        Route("/api/replay", api.replay, methods=["POST"]),
-        Route("/api/purge", api.purge, methods=["POST"]),
-        Route("/api/edit", editing.edit_api, methods=["POST"]),
+        *[Route(e.path, handler, methods=[e.method]) for e, handler in API_ROUTES],
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
@@ -107,4 +105,5 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
         },
     )
     app.state.console = console
+    app.state.api_document = openapi.document(e for e, _ in API_ROUTES)
     return app

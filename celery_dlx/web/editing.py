@@ -2,7 +2,8 @@
 confirms to replay the edited copy (:mod:`celery_dlx.ops.edit` does the work and the recording).
 
 Only editors (``--editor-auth``/``dlx_web_editors``) see the page and may post to it (and to
-``POST /api/edit``, the same edit as JSON); operators and viewers get 403. Posts carry the CSRF token and pass the same-origin check as every form.
+``POST /api/edit``, the same edit as JSON, declared by :data:`EDIT`); operators and viewers get
+403. Posts carry the CSRF token and pass the same-origin check as every form.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from starlette.responses import JSONResponse, Response
 from celery_dlx.codecs.editing import ABSENT, Change, EditError, parse_assignment
 from celery_dlx.errors import DLXError
 from celery_dlx.ops import obituaries
-from celery_dlx.ops.edit import EditReport, edit, editable, edits_of
+from celery_dlx.ops.edit import EditJSON, EditReport, edit, editable, edits_of
 from celery_dlx.web import forms
+from celery_dlx.web.auth import EDITOR
+from celery_dlx.web.declare import ERROR, Endpoint, Field, json_answer
 from celery_dlx.web.guard import user_of
 from celery_dlx.web.pages import console_of, error_page, render
 from celery_dlx.web.payload import obituary_view
@@ -183,43 +186,75 @@ async def edit_action(request: Request) -> Response:
     return await _page(request, ident, form, preview=report)
 
 
-def _json_pairs(raw: object, what: str) -> list[tuple[str, Any]]:
-    """``{"path": value}`` or ``[["path", value], ...]`` as pairs, in order."""
-    if raw is None:
-        return []
+def _json_pairs(raw: object) -> list[tuple[str, Any]]:
+    """``{"path": value}`` or ``[["path", value], ...]`` (checked by :data:`EDIT`) as pairs, in
+    order."""
     if isinstance(raw, dict):
-        pairs = list(raw.items())
-    elif isinstance(raw, list) and all(isinstance(p, list) and len(p) == 2 for p in raw):
-        pairs = [(p[0], p[1]) for p in raw]
-    else:
-        raise forms.BadRequest(f"{what} must be an object or a list of [name, value] pairs")
-    if len(pairs) > MAX_ROWS or not all(isinstance(k, str) for k, _ in pairs):
-        raise forms.BadRequest(f"{what}: at most {MAX_ROWS} entries, each named by a string")
-    return [(str(k), v) for k, v in pairs]
+        return [(str(k), v) for k, v in raw.items()]
+    if isinstance(raw, list):
+        return [(str(p[0]), p[1]) for p in raw]
+    return []
+
+
+def _assignments(what: str) -> dict[str, Any]:
+    pair = {"type": "array", "prefixItems": [{"type": "string"}, {}], "minItems": 2, "maxItems": 2}
+    return {
+        "anyOf": [
+            {"type": "object", "maxProperties": MAX_ROWS},
+            {"type": "array", "items": pair, "maxItems": MAX_ROWS},
+            {"type": "null"},
+        ],
+        "examples": [{"kwargs.x": 5} if what == "set" else {"x-tenant": "globex"}],
+    }
+
+
+EDIT = Endpoint(
+    "POST",
+    "/api/edit",
+    "Edit a buried message and replay the edited copy (dlx edit --json)",
+    {
+        200: json_answer("the diff, and whether the edited copy was replayed", EditJSON),
+        404: json_answer("no such obituary", ERROR),
+    },
+    role=EDITOR,
+    body=(
+        Field("id", {"type": "string", "minLength": 1}, "an obituary id or message id", True),
+        Field(
+            "set",
+            _assignments("set"),
+            f"payload paths and their JSON values, applied in order (at most {MAX_ROWS})",
+        ),
+        Field(
+            "headers",
+            _assignments("headers"),
+            f"headers and their JSON values, null removes one (at most {MAX_ROWS})",
+        ),
+        Field(
+            "to_queue",
+            {"type": ["string", "null"], "maxLength": 255},
+            "an existing queue to replay the edited copy to",
+        ),
+        Field("replay", {"type": "boolean"}, "publish the edited copy (else: the diff only)"),
+        Field(
+            "dry_run",
+            {"type": "boolean"},
+            "the diff only, nothing published or recorded, as the CLI's --dry-run",
+        ),
+    ),
+    confirmation='"replay": true in the body publishes; without it (or with "dry_run": true) '
+    "only the diff is returned",
+)
 
 
 async def edit_api(request: Request) -> Response:
     """``POST /api/edit`` (editors, ``X-CSRF-Token``): ``{"id", "set", "headers", "to_queue",
     "replay", "dry_run"}``; answers what ``dlx edit --json`` prints."""
+    data = await EDIT.read(request)
     console = console_of(request)
     user = user_of(request)
-    if not user.can_edit:
-        return JSONResponse(
-            {"error": f"{user.name} is not an editor: only editors may edit a message"}, 403
-        )
-    if not console.csrf.valid(user, request.headers.get("x-csrf-token")):
-        return JSONResponse({"error": "missing or wrong X-CSRF-Token (GET /api/csrf)"}, 403)
+    ident: str = data["id"]
+    sets, headers = _json_pairs(data.get("set")), _json_pairs(data.get("headers"))
     try:
-        data = json.loads(await request.body() or b"{}")
-    except ValueError:
-        data = None
-    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
-        return JSONResponse({"error": 'the body must be a JSON object with "id"'}, 400)
-    ident = data["id"]
-    try:
-        sets = _json_pairs(data.get("set"), "set")
-        headers = _json_pairs(data.get("headers"), "headers")
-        to_queue = data.get("to_queue") or None
         report = await run_in_threadpool(
             lambda: edit(
                 console.runtime,
@@ -227,9 +262,9 @@ async def edit_api(request: Request) -> Response:
                 sets=sets,
                 headers=headers,
                 registry=console.registry,
-                replay=forms.flag(data.get("replay")),
-                dry_run=forms.flag(data.get("dry_run")),
-                to_queue=str(to_queue) if to_queue is not None else None,
+                replay=data.get("replay", False),
+                dry_run=data.get("dry_run", False),
+                to_queue=data.get("to_queue") or None,
                 user=user.name,
                 role=user.role,
             )

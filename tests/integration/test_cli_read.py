@@ -412,9 +412,11 @@ def test_purge_asks_writes_history_and_filters(uid: str, key_prefix: str) -> Non
     assert dry == {
         "dry_run": True,
         "targets": 2,
-        "purged": ["celery-ob-0", "celery-ob-1"],
+        "purged": [],
+        "would_purge": ["celery-ob-0", "celery-ob-1"],
         "missing": [],
     }
+    assert obituaries.count(runtime) == 3
     accepted = run(app, "purge", "--cause", "charge-declined", "--keep-whole", input="y\n")
     assert accepted.exit_code == 0 and "purged 2 of 2" in accepted.stdout
     assert [ob.id for ob in obituaries.list_obituaries(runtime)] == ["other-ob"]
@@ -426,6 +428,7 @@ def test_purge_asks_writes_history_and_filters(uid: str, key_prefix: str) -> Non
         "dry_run": False,
         "targets": 2,
         "purged": ["other-ob"],
+        "would_purge": [],
         "missing": ["celery-ob-0"],
     }
     nothing = run(app, "purge", "--yes")

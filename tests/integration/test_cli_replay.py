@@ -159,13 +159,14 @@ def test_replay_copy_goes_to_its_queue_through_the_default_exchange(
     bury(runtime, [first, second])
 
     dry = run_json(app, "replay", first.id, "--dry-run")
-    assert dry["dry_run"] is True and dry["replayed"] == [first.id]
+    assert dry["dry_run"] is True and dry["would_replay"] == [first.id] and dry["replayed"] == []
     assert channel.queue_declare(plain, passive=True).message_count == 0
     assert obituaries.get_obituary(runtime, first.id).replays == []  # type: ignore[union-attr]
 
     reset = run_json(app, "replay", first.id)
     kept = run_json(app, "replay", second.id, "--keep-attempts")
     assert reset["replayed"] == [first.id] and kept["replayed"] == [second.id]
+    assert reset["would_replay"] == [] and reset["dry_run"] is False
     got = [channel.basic_get(plain, no_ack=True) for _ in range(2)]
     by_id = {m.headers["id"]: m for m in got}
     fresh, same = by_id[first.message_id], by_id[second.message_id]

@@ -56,9 +56,12 @@ def test_parse_when_forms() -> None:
     assert parse_when("2024-05-01T10:00", now=now) == datetime(2024, 5, 1, 10, tzinfo=timezone.utc)
     assert parse_when("2024-05-01T10:00+02:00", now=now).hour == 10
     assert parse_when("@1714564800", now=now) == datetime(2024, 5, 1, 12, tzinfo=timezone.utc)
-    for bad in ("yesterday", "@soon"):
+    for bad in ("yesterday", "@soon", "@1e300"):
         with pytest.raises(DLXError, match="--since"):
             parse_when(bad, now=now)
+    # found by the console's fuzz test: a duration past year 1 was an OverflowError (a 500)
+    with pytest.raises(DLXError, match="--since: '999999999999999999999999999999' is too long ago"):
+        parse_when("999999999999999999999999999999", now=now)
 
 
 def test_times_and_ages() -> None:

@@ -198,3 +198,22 @@ class Client:
         assert reply.status == 200, reply.text
         token: str = reply.json()["token"]
         return token
+
+
+def redis_state(runtime: Runtime) -> dict[bytes, object]:
+    """Every Redis key of ``runtime``'s key prefix with its content: equal before and after means
+    nothing under the prefix was written.
+
+    Content, not ``DUMP``: a hash read between two dumps may be rehashed and dump its fields in
+    another order."""
+    client = runtime.redis
+    read = {
+        b"string": client.get,
+        b"hash": client.hgetall,
+        b"list": lambda k: client.lrange(k, 0, -1),
+        b"set": client.smembers,
+        b"zset": lambda k: client.zrange(k, 0, -1, withscores=True),
+        b"stream": lambda k: client.xrange(k),
+    }
+    keys = sorted(client.scan_iter(match="{" + runtime.keys.prefix + "*", count=1000))
+    return {k: read[client.type(k)](k) for k in keys}

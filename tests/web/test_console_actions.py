@@ -80,7 +80,7 @@ def test_api_replay_returns_the_cli_json_and_honours_the_rate_limit(
     over = op.post("/api/replay", json_body={"cause": "backend-down", "rate": 51}, headers=headers)
     assert over.status == 400 and "dlx_web_max_replay_rate" in over.json()["error"]
     zero = op.post("/api/replay", json_body={"cause": "backend-down", "rate": 0}, headers=headers)
-    assert zero.status == 400 and "positive" in zero.json()["error"]
+    assert zero.status == 400 and "'rate' must be more than 0" in zero.json()["error"]
     both = op.post(
         "/api/replay", json_body={"cause": "backend-down", "ids": [obits[0].id]}, headers=headers
     )
@@ -94,6 +94,7 @@ def test_api_replay_returns_the_cli_json_and_honours_the_rate_limit(
             "dry_run",
             "targets",
             "replayed",
+            "would_replay",
             "skipped",
             "failed",
             "missing",
@@ -102,6 +103,7 @@ def test_api_replay_returns_the_cli_json_and_honours_the_rate_limit(
             "not_replayed",
         }
         assert data["replayed"] == [obits[1].id] and data["targets"] == 1
+        assert data["would_replay"] == [] and data["dry_run"] is False
         wait_until(lambda: runtime.redis.llen(console["done"]) == 1, timeout=60, what="1 run")
         again = op.post(
             "/api/replay", json_body={"ids": [obits[1].id], "rate": 5}, headers=headers
@@ -148,6 +150,7 @@ def test_purge_needs_the_typed_confirmation(console: dict[str, Any]) -> None:
     assert op.post("/api/purge", json_body={"cause": "backend-down"}, headers=headers).status == 400
     done = op.post("/api/purge", json_body={"cause": "backend-down", "yes": True}, headers=headers)
     assert done.status == 200 and done.json()["targets"] == 1 and len(done.json()["purged"]) == 1
+    assert done.json()["would_purge"] == [] and done.json()["dry_run"] is False
 
 
 def test_one_action_at_a_time(console: dict[str, Any]) -> None:
