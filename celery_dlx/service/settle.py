@@ -70,6 +70,9 @@ logger = logging.getLogger(__name__)
 #: service gave up, at a stop, leaves its entries; the oldest are forgotten first, at worst
 #: costing a duplicate copy).
 TRIED_MEMORY = 100_000
+#: Most task names whose kind (DLX task or not) a settler remembers (foreign producers may name
+#: any number of tasks).
+TASK_MEMORY = 10_000
 
 
 @dataclass
@@ -161,6 +164,8 @@ class BatchSettler:
         # the broker confirmed, or whose fate a try wrote (then failed, and is being retried).
         self._tried: OrderedDict[str, Verdict] = OrderedDict()
         self._tried_lock = threading.Lock()
+        # Task name -> whether the app runs it as a DLX task (see _dlx_task).
+        self._dlx_tasks: dict[str, bool] = {}
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -197,14 +202,22 @@ class BatchSettler:
             for w in [*ours, *live]:
                 verdict = tried.get(w.letter.key)
                 w.verdict = self._decide(w, now) if verdict is None else verdict
+            # The writes that make the batch's fates durable come first: a requeued copy runs its
+            # task at once, so one published before a write Redis then refuses would run again
+            # when the batch (held unacked) is settled again.
+            parks = [w for w in live if isinstance(w.verdict, ParkVerdict)]
+            self._park(parks, now)
+            self.runtime.record_many([_retry_event(w, now) for w in parks], log=False)
+            burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
             requeues = [w for w in live if isinstance(w.verdict, RequeueVerdict)]
             self._requeue(requeues, now)
             if requeues:
                 faults.point("service.published")
-            self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
-            retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
-            self.runtime.record_many(retried, log=False)
-            burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
+            requeued = [w for w in requeues if isinstance(w.verdict, RequeueVerdict)]
+            self.runtime.record_many([_retry_event(w, now) for w in requeued], log=False)
+            # A copy the broker refused (its queue is gone) is buried after all.
+            burials += self._bury([w for w in requeues if isinstance(w.verdict, BuryVerdict)], now)
+            retried = [_retry_event(w, now) for w in [*parks, *requeued]]
             if burials:
                 faults.point("service.buried")
             # The buried entries went to the history with the obituaries, atomically.
@@ -286,11 +299,35 @@ class BatchSettler:
 
     def _decide(self, work: _Work, now: int) -> Verdict:
         try:
-            return decide_letter(work.letter, self.config, work.record, now)
+            return decide_letter(
+                work.letter,
+                self.config,
+                work.record,
+                now,
+                dlx_task=self._dlx_task(work.letter.task),
+            )
         except Exception as exc:  # a letter nobody foresaw is buried with the reason, never lost
             logger.exception("DLX service could not decide dead letter %s", work.letter.identity)
             why = f"undecodable: {type(exc).__name__}: {exc}"
             return bury_verdict(work.letter, self.config, why, now, failed=False)
+
+    def _dlx_task(self, name: str | None) -> bool:
+        """True when ``name`` is a task this app runs as a DLX task (its worker rejects a message
+        into the dead-letter exchange only to bury it)."""
+        if not name:
+            return False
+        found = self._dlx_tasks.get(name)
+        if found is None:
+            try:
+                task = self.app.tasks.get(name)
+            except Exception:  # an app that cannot load its tasks: decide as for a foreign one
+                logger.debug("DLX service could not look up task %s", name, exc_info=True)
+                task = None
+            handles = getattr(task, "dlx_handles_failures", None)
+            found = bool(handles(self.app)) if callable(handles) else False
+            if len(self._dlx_tasks) < TASK_MEMORY:
+                self._dlx_tasks[name] = found
+        return found
 
     @property
     def publisher(self) -> Publisher:
