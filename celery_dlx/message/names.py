@@ -128,6 +128,11 @@ class Keys:
         self.replay_ledger = f"{base}:replay:ledger"
         #: Hash: queue -> epoch ms a ``check`` first saw it with messages and no consumer.
         self.consumerless = f"{base}:check:consumerless"
+        #: String: written (expiring at once) by ``check`` to learn whether Redis takes a write.
+        self.check_probe = f"{base}:check:probe"
+        #: Hash: fate -> copies workers could not write (Redis refused the park) that the DLX
+        #: service wrote for them (``store/refusals.py``).
+        self.refused = f"{base}:refused"
         #: Rate-limit budgets (Sentry events per cause...): ``budget(name)`` + what is counted.
         self.budget_prefix = f"{base}:budget:"
         #: String per message: a task rejected it with requeue=True itself (not a crash).

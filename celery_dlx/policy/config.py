@@ -102,6 +102,8 @@ class DLXConfig:
     #: ``dlx_code_version`` as set; :attr:`code_version` falls back to the environment.
     code_version_setting: str | None
     graveyard_retention: float
+    #: ``dlx_graveyard_max_bytes``: 0 derives it from Redis maxmemory (:func:`graveyard_budget`).
+    graveyard_max_bytes: int
     cause_ttl: float
     delay_backend: str
     parent_parks: bool

@@ -355,6 +355,12 @@ SETTINGS: dict[str, Setting] = {
             "Seconds an obituary stays in the graveyard before it moves to the failure history only.",
         ),
         Setting(
+            "dlx_graveyard_max_bytes",
+            0,
+            _count,
+            "Bytes of Redis memory the graveyard may use; past it dead letters wait in the DLX service queue (on the broker's disk) while parks and drains go on. 0: half of Redis maxmemory when maxmemory is set, else unlimited (`celery dlx check` reports usage against it).",
+        ),
+        Setting(
             "dlx_cause_ttl",
             7 * 86400.0,
             _seconds,

@@ -62,6 +62,7 @@ from celery_dlx.policy.verdicts import (
 )
 from celery_dlx.roles import Parking, Publisher
 from celery_dlx.service.stats import ServiceStats
+from celery_dlx.store.refusals import Refusals
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
@@ -234,6 +235,20 @@ class BatchSettler:
         self.runtime.log_fates([*retried, *buried])
         self._forget(works)
         self._count([*ours, *live], len(works) - len(live) - len(ours))
+        self._count_refused(live)
+
+    def _count_refused(self, live: list[_Work]) -> None:
+        """Count the copies workers could not write themselves (``x-dlx-fate``), now written."""
+        refused = Counter(w.letter.worker_fate for w in live if w.letter.worker_fate)
+        if not refused:
+            return
+        self.stats.add(refused_copies=sum(refused.values()))
+        try:
+            Refusals(self.runtime.redis, self.runtime.keys).add(
+                {str(fate): n for fate, n in refused.items()}
+            )
+        except Exception:  # a count; the fates are written
+            logger.debug("could not count %d refused copies", sum(refused.values()), exc_info=True)
 
     def _count(self, live: list[_Work], duplicates: int) -> None:
         kinds = Counter(type(w.verdict) for w in live)
@@ -323,7 +338,7 @@ class BatchSettler:
             except Exception:  # an app that cannot load its tasks: decide as for a foreign one
                 logger.debug("DLX service could not look up task %s", name, exc_info=True)
                 task = None
-            handles = getattr(task, "dlx_handles_failures", None)
+            handles = getattr(task, "fates_enabled_for", None)
             found = bool(handles(self.app)) if callable(handles) else False
             if len(self._dlx_tasks) < TASK_MEMORY:
                 self._dlx_tasks[name] = found

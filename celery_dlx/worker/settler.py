@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 
+from celery_dlx import faults
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.fate_copy import fate_copy
 from celery_dlx.message.outgoing import Outgoing
@@ -189,6 +190,8 @@ class Settler:
                     requeues,
                     lambda: runtime.requeue_recorded_many([(h.copy, h.event) for _, h in requeues]),
                 )
+        if any(outcomes[i] is None for i, _ in parks):
+            faults.point("worker.parked")
         for (request, handover), outcome in zip(batch, outcomes, strict=True):
             try:
                 if outcome is None:

@@ -26,7 +26,7 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 from celery.utils.imports import symbol_by_name
 
-from celery_dlx import fates
+from celery_dlx import fates, faults
 from celery_dlx.broker.copies import celery_copy
 from celery_dlx.compat import RunSettled, Tracer, settles, settling_tracer
 from celery_dlx.errors import MalformedHeader
@@ -187,7 +187,7 @@ class DLXTask(Task[Any, Any]):
             resolve_task_options(cls, get_runtime(app).config)
 
     @classmethod
-    def dlx_handles_failures(cls, app: Celery) -> bool:
+    def fates_enabled_for(cls, app: Celery) -> bool:
         """True when ``app`` runs this task as a DLX task: its failures become fates, and its
         worker rejects a message into the dead-letter exchange only to bury it (the DLX service
         reads a rejection without a cause record as a burial)."""
@@ -542,6 +542,7 @@ class DLXTask(Task[Any, Any]):
                 if hand_over:
                     return ParkHandover(parked, event, bool(delivery.x_death_problem))
                 runtime.park_recorded(parked, event)
+                faults.point("worker.parked")
                 return None
             if hand_over:
                 return RequeueHandover(copy, event, bool(delivery.x_death_problem))
