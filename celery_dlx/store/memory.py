@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
 
 from celery_dlx.store.client import RedisClient, is_cluster
 
@@ -76,10 +76,8 @@ def _probe(server: Any, key: str) -> tuple[bool, str | None]:
     """Whether Redis takes a write now (a key that expires at once), and its refusal if not."""
     try:
         server.set(key, b"1", px=PROBE_TTL_MS)
-    except RedisError as exc:
-        if "OOM" not in str(exc) and "READONLY" not in str(exc):
-            raise
-        return False, str(exc)
+    except (OutOfMemoryError, ReadOnlyError) as exc:
+        return False, f"{type(exc).__name__}: {exc}"
     return True, None
 
 
