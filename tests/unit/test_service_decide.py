@@ -23,11 +23,11 @@ from celery_dlx.message.names import (
 from celery_dlx.policy.config import load_config
 from celery_dlx.policy.deadletter import EXPIRED_CAUSE, PUBLISHED, UNKNOWN, read_dead_letter
 from celery_dlx.policy.verdicts import (
+    UNKNOWN_VERDICT,
     BuryVerdict,
     ParkVerdict,
     RequeueVerdict,
     build_obituary,
-    UNKNOWN_VERDICT,
     bury_verdict,
     decide_letter,
 )
