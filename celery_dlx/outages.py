@@ -4,7 +4,8 @@ A failure storm against a full Redis refuses every write for minutes: a line (or
 refused write buried the worker's log under tens of megabytes of the same WARNING. An
 :class:`OutageLog` logs the first failure of an outage at once, then at most one line per
 :data:`WINDOW` seconds and cause (``Redis refused 1,234 writes in the last 60 s: OOM command not
-allowed ...``), and one line when writes succeed again, with the total.
+allowed ...``), and one line when writes succeed again (none failed for :data:`QUIET` seconds),
+with the total.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 
 #: Seconds between two summary lines of one ongoing outage.
 WINDOW = 60.0
+#: Seconds without a failure before a success ends an outage: a Redis at its ``maxmemory`` takes
+#: a write now and then (a refusal frees a little) and refuses the next; that is one outage.
+QUIET = 10.0
 #: Longest cause text kept in a line (a Redis error message is one line; a repr may be long).
 CAUSE_LIMIT = 200
 
@@ -42,6 +46,7 @@ class OutageLog:
         logger: where the lines go.
         what: what failed, as a plural noun phrase ("cause records stashed", "parks").
         window: seconds between two summary lines of an ongoing outage.
+        quiet: seconds without a failure before a success ends the outage.
         clock: a monotonic clock (tests pass their own).
 
     Thread-safe; one instance per process and kind of write.
@@ -53,13 +58,16 @@ class OutageLog:
         what: str,
         *,
         window: float = WINDOW,
+        quiet: float = QUIET,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.logger = logger
         self.what = what
         self.window = window
+        self.quiet = quiet
         self.clock = clock
         self.since: float | None = None
+        self.last_failure = 0.0
         self._causes: dict[str, _Cause] = {}
         self._lock = threading.Lock()
 
@@ -83,6 +91,7 @@ class OutageLog:
         with self._lock:
             if self.since is None:
                 self.since = now
+            self.last_failure = now
             entry = self._causes.get(cause)
             first = entry is None
             if entry is None:
@@ -115,10 +124,14 @@ class OutageLog:
             )
 
     def succeeded(self) -> None:
-        """End the outage, if one is going on: one line with how long and how many failures."""
+        """End the outage, if one is going on and nothing failed for ``quiet`` seconds: one line
+        with how long and how many failures."""
         if self.since is None:  # the common case, without the lock
             return
+        now = self.clock()
         with self._lock:
+            if now - self.last_failure < self.quiet:
+                return  # a write that slipped through in the middle of the outage
             since, self.since = self.since, None
             causes, self._causes = self._causes, {}
         if since is None:
@@ -127,7 +140,7 @@ class OutageLog:
         self.logger.warning(
             "celery_dlx: %s succeeding again after %.1f s (%s failures: %s)",
             self.what,
-            self.clock() - since,
+            now - since,
             f"{total:,}",
             "; ".join(f"{c.total:,} x {name}" for name, c in causes.items()),
         )
