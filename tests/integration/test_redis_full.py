@@ -170,3 +170,62 @@ def test_a_redelivered_original_whose_park_exists_gets_no_second_lineage(
             assert not list(client.scan_iter(match="*graveyard*"))
         finally:
             client.close()
+
+
+def test_a_batch_held_by_a_refused_write_has_published_no_requeued_copy(
+    uid: str, tmp_path: Path, broker: Any
+) -> None:
+    """The service writes a batch's parks and burials before it publishes its requeued copies:
+    a batch Redis refuses is held unacked without having run any of its tasks again, and once
+    Redis has room it is settled once (a retry publishes no second copy)."""
+    from kombu import Exchange, Producer, Queue
+
+    from celery_dlx.service.settle import BatchSettler
+    from tests.integration.dlx_apps import make_app
+
+    billing, orders, source = f"billing-{uid}", f"orders-{uid}", f"in-{uid}"
+    with small_redis(tmp_path / "redis", maxmemory_mb=64) as server:
+        client = server.client()
+        app = make_app(
+            uid,
+            dlx_redis_url=server.url,
+            dlx_queues={
+                billing: {"max_requeues": 1, "max_parks": 0},
+                orders: {"max_requeues": 0, "max_parks": 1, "backoff": [3600]},
+            },
+        )
+        channel = broker.channel()
+        for name in (billing, orders, source):
+            Queue(name, Exchange(""), routing_key=name, durable=False)(channel).declare()
+        producer = Producer(channel)
+        for i, dead_in in enumerate((billing, orders, billing)):
+            producer.publish(
+                b"{}",
+                routing_key=source,
+                message_id=f"m{i}-{uid}",
+                headers={"x-death": [{"queue": dead_in, "reason": "rejected", "count": 1}]},
+            )
+        inbox = Queue(source, Exchange(""), routing_key=source)(channel)
+        messages = [
+            wait_for(lambda: inbox.get(no_ack=False), "a dead letter", 10) for _ in range(3)
+        ]
+        runtime = get_runtime(app)
+        settler = BatchSettler(app, runtime=runtime)
+        try:
+            fill(client)
+            try:
+                settler.settle(messages)
+            except Exception as exc:
+                assert "maxmemory" in str(exc), exc
+            else:
+                raise AssertionError("Redis took the batch's writes")
+            assert queue_depth(channel, billing) == 0  # nothing ran again
+            make_room(client)
+            settler.settle(messages)
+            assert (queue_depth(channel, billing), runtime.parking.count()) == (2, 1)
+            settler.settle(messages)  # a redelivered batch: no second fate
+            assert (queue_depth(channel, billing), runtime.parking.count()) == (2, 1)
+            for message in messages:
+                message.ack()
+        finally:
+            client.close()
