@@ -115,6 +115,8 @@ _REFUSED_WRITES = {
     fates.PARKED: "parks",
     fates.REQUEUED: "requeued copies",
     fates.RECOVERED: "recoveries (history entries of tasks that succeeded)",
+    "breaker": "breaker closings (after a held task succeeded)",
+    "requeue-note": "notes of a task's own Reject(requeue=True)",
 }
 
 
@@ -319,13 +321,8 @@ class DLXTask(Task[Any, Any]):
     def _expect_redelivery(self, runtime: Runtime, delivery: Delivery) -> None:
         try:
             runtime.causes.note_requeue(delivery.message_id, OWN_REDELIVERY_TTL)
-        except Exception:
-            logger.warning(
-                "could not note the requeue of %s[%s]: its redelivery counts as a crash",
-                self.name,
-                delivery.message_id,
-                exc_info=True,
-            )
+        except Exception as err:
+            _refusals(self.app, "requeue-note").failed(err, "their redeliveries count as crashes")
 
     def _parked_before(self, runtime: Runtime, delivery: Delivery) -> bool:
         """True when this redelivered message's failure was parked already: the broker lost the
@@ -410,10 +407,9 @@ class DLXTask(Task[Any, Any]):
             cause = cause.decode("utf-8", "replace")
         try:
             close_breaker(runtime, delivery.queue, str(cause), options.breaker.release_rate)
-        except Exception:  # the task succeeded; held messages still come back after their hold
-            logger.warning(
-                "could not close the breaker of %s on %s", cause, delivery.queue, exc_info=True
-            )
+        except Exception as err:  # the task succeeded; held messages still come back after
+            # their hold. No traceback for a task that succeeded: one line per outage.
+            _refusals(self.app, "breaker").failed(err, "held messages come back after their hold")
 
     def _set_details(self, **details: Any) -> None:
         """celery_dlx's details of this run, stored with its state (``_store_details``)."""
