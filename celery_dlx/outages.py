@@ -32,6 +32,13 @@ def cause_of(exc: BaseException) -> str:
     return f"{name}: {text}"[:CAUSE_LIMIT] if text else name
 
 
+def later(delay: float, call: Callable[[], None]) -> None:
+    """Call ``call`` in ``delay`` seconds on a daemon timer thread."""
+    timer = threading.Timer(delay, call)
+    timer.daemon = True
+    timer.start()
+
+
 @dataclass
 class _Cause:
     count: int = 0
@@ -48,6 +55,8 @@ class OutageLog:
         window: seconds between two summary lines of an ongoing outage.
         quiet: seconds without a failure before a success ends the outage.
         clock: a monotonic clock (tests pass their own).
+        timer: runs a callable after a delay: a success inside the quiet time looks again once
+            it is over, so the end is logged though no write follows (None: no second look).
 
     Thread-safe; one instance per process and kind of write.
     """
@@ -60,8 +69,11 @@ class OutageLog:
         window: float = WINDOW,
         quiet: float = QUIET,
         clock: Callable[[], float] = time.monotonic,
+        timer: Callable[[float, Callable[[], None]], None] | None = later,
     ) -> None:
         self.logger = logger
+        self.timer = timer
+        self._looking = False
         self.what = what
         self.window = window
         self.quiet = quiet
@@ -125,16 +137,25 @@ class OutageLog:
 
     def succeeded(self) -> None:
         """End the outage, if one is going on and nothing failed for ``quiet`` seconds: one line
-        with how long and how many failures."""
+        with how long and how many failures. Inside the quiet time (a write that slipped through
+        in the middle of the outage), look again once it is over."""
         if self.since is None:  # the common case, without the lock
             return
         now = self.clock()
         with self._lock:
-            if now - self.last_failure < self.quiet:
-                return  # a write that slipped through in the middle of the outage
-            since, self.since = self.since, None
-            causes, self._causes = self._causes, {}
-        if since is None:
+            since = self.since
+            wait = self.quiet - (now - self.last_failure)
+            if since is None:
+                return
+            if wait > 0:
+                look = self.timer is not None and not self._looking
+                self._looking = self._looking or look
+            else:
+                self.since = None
+                causes, self._causes = self._causes, {}
+        if wait > 0:
+            if look and self.timer is not None:
+                self.timer(wait + 0.1, self._look_again)
             return
         total = sum(c.total for c in causes.values())
         self.logger.warning(
@@ -144,6 +165,11 @@ class OutageLog:
             f"{total:,}",
             "; ".join(f"{c.total:,} x {name}" for name, c in causes.items()),
         )
+
+    def _look_again(self) -> None:
+        with self._lock:
+            self._looking = False
+        self.succeeded()
 
 
 def outage_log(owner: object, attr: str, logger: logging.Logger, what: str) -> OutageLog:

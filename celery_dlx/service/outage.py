@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from celery_dlx.broker.errors import BROKER_ERRORS
+from celery_dlx.outages import later
 from celery_dlx.service.stats import ServiceStats
 from celery_dlx.store.errors import STORE_ERRORS
 
@@ -38,11 +39,18 @@ class Outage:
     """Logs the start and the end of an outage once, however many retries (and threads) see it."""
 
     def __init__(
-        self, what: str, *, quiet: float = QUIET, clock: Callable[[], float] = time.monotonic
+        self,
+        what: str,
+        *,
+        quiet: float = QUIET,
+        clock: Callable[[], float] = time.monotonic,
+        timer: Callable[[float, Callable[[], None]], None] | None = later,
     ) -> None:
         self.what = what
         self.quiet = quiet
         self.clock = clock
+        self.timer = timer
+        self._looking = False
         self.since: float | None = None
         self.last_failure = 0.0
         self.failures = 0
@@ -78,14 +86,30 @@ class Outage:
 
     def end(self) -> None:
         """Note a success: the outage ends (one line) once nothing failed for ``quiet`` seconds;
-        a batch that slipped through in the middle of it only resets the retry delay."""
+        a batch that slipped through in the middle of it only resets the retry delay (and the
+        outage is looked at again once the quiet time is over, so its end is logged though no
+        batch follows)."""
         now = self.clock()
         with self._lock:
             since, failures = self.since, self.failures
             self.tries = 0
-            if since is None or now - self.last_failure < self.quiet:
+            if since is None:
                 return
-            self.since = None
+            wait = self.quiet - (now - self.last_failure)
+            if wait > 0:
+                look = self.timer is not None and not self._looking
+                self._looking = self._looking or look
+            else:
+                self.since = None
+        if wait > 0:
+            if look and self.timer is not None:
+                self.timer(wait + 0.1, self._look_again)
+            return
         logger.warning(
             "DLX service: %s back after %.1fs (%d failed tries)", self.what, now - since, failures
         )
+
+    def _look_again(self) -> None:
+        with self._lock:
+            self._looking = False
+        self.end()

@@ -29,7 +29,14 @@ def test_a_storm_of_refusals_is_one_line_then_one_per_window(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = Clock()
-    log = OutageLog(logging.getLogger("t.outage"), "parks", window=60, clock=clock)
+    looks: list[tuple[float, object]] = []
+    log = OutageLog(
+        logging.getLogger("t.outage"),
+        "parks",
+        window=60,
+        clock=clock,
+        timer=lambda delay, call: looks.append((delay, call)),
+    )
     refused = OOM("OOM command not allowed when used memory > 'maxmemory'.\nmore")
     with caplog.at_level(logging.WARNING, "t.outage"):
         for n in range(1_235):
@@ -38,9 +45,12 @@ def test_a_storm_of_refusals_is_one_line_then_one_per_window(
         assert log.failing and log.total() == 1_235
         clock.now = 130.0
         log.succeeded()  # a write slipping through at the limit: still the same outage
-        assert log.failing
-        clock.now = 140.0
         log.succeeded()
+        assert log.failing
+        # ... looked at again once the quiet time is over (once), even if no write follows
+        assert [round(d, 1) for d, _ in looks] == [3.5]
+        clock.now = 140.0
+        looks[0][1]()  # type: ignore[operator]
         log.succeeded()  # no outage: nothing
     text = lines(caplog)
     assert len(text) == 4, text
@@ -56,7 +66,7 @@ def test_a_storm_of_refusals_is_one_line_then_one_per_window(
 
 
 def test_each_cause_has_its_own_first_line(caplog: pytest.LogCaptureFixture) -> None:
-    log = OutageLog(logging.getLogger("t.causes"), "writes", clock=Clock())
+    log = OutageLog(logging.getLogger("t.causes"), "writes", clock=Clock(), timer=None)
     with caplog.at_level(logging.WARNING, "t.causes"):
         for _ in range(3):
             log.failed(OOM("full"))

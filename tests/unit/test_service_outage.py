@@ -16,7 +16,11 @@ class OutOfMemoryError(Exception):
 
 def test_a_flapping_full_redis_is_one_outage(caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
-    outage, stats = Outage("Redis", quiet=10.0, clock=lambda: now[0]), ServiceStats()
+    looks: list[object] = []
+    outage = Outage(
+        "Redis", quiet=10.0, clock=lambda: now[0], timer=lambda _, call: looks.append(call)
+    )
+    stats = ServiceStats()
     refused = OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
     with caplog.at_level(logging.WARNING, "celery_dlx.service.outage"):
         for _ in range(50):  # refused, one batch slips through, refused again...
@@ -24,8 +28,10 @@ def test_a_flapping_full_redis_is_one_outage(caplog: pytest.LogCaptureFixture) -
             now[0] += 2.0
             outage.end()
         assert outage.tries == 0  # each success resets the retry delay
+        assert len(looks) == 1  # looked at again once the quiet time is over, once
         now[0] += 10.0
-        outage.end()
+        looks[0]()  # type: ignore[operator]
+        outage.end()  # over: nothing more
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2, lines
     assert "unavailable (OutOfMemoryError" in lines[0]
