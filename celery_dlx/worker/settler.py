@@ -44,7 +44,7 @@ from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.fate_copy import fate_copy
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.outages import outage_log
+from celery_dlx.outages import OutageLog, outage_log
 from celery_dlx.wiring.runtime import get_runtime
 
 if TYPE_CHECKING:
@@ -192,6 +192,9 @@ class Settler:
                 )
         if any(outcomes[i] is None for i, _ in parks):
             faults.point("worker.parked")
+            _refusals(self.app, PARKED).succeeded()
+        if any(outcomes[i] is None for i, _ in requeues):
+            _refusals(self.app, REQUEUED).succeeded()
         for (request, handover), outcome in zip(batch, outcomes, strict=True):
             try:
                 if outcome is None:
@@ -214,9 +217,7 @@ class Settler:
             fate, delay = PARKED, max(0.0, (parked.due_ms - parked.parked_ms) / 1000)
         else:
             copy, fate, delay = handover.copy, REQUEUED, None
-        refusals = outage_log(
-            self.app, f"_celery_dlx_settler_refused_{fate}", logger, f"{fate} copies"
-        )
+        refusals = _refusals(self.app, fate)
         queue = handover.event.queue or copy.routing_key
         routed = fate_copy(
             copy, fate=fate, exchange=runtime.config.exchange, queue=queue, delay=delay
@@ -230,6 +231,11 @@ class Settler:
             return
         refusals.failed(err, "sent to the DLX service, which writes it once it can")
         request.acknowledge()
+
+
+def _refusals(app: Celery, fate: str) -> OutageLog:
+    """The main process's outage log of the ``fate`` copies it could not write."""
+    return outage_log(app, f"_celery_dlx_settler_refused_{fate}", logger, f"{fate} copies")
 
 
 def _fill(

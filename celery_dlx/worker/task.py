@@ -539,6 +539,7 @@ class DLXTask(Task[Any, Any]):
                     return ParkHandover(parked, event, bool(delivery.x_death_problem))
                 runtime.park_recorded(parked, event)
                 faults.point("worker.parked")
+                _refusals(self.app, plan.fate).succeeded()
                 return None
             if hand_over:
                 return RequeueHandover(copy, event, bool(delivery.x_death_problem))
@@ -546,6 +547,7 @@ class DLXTask(Task[Any, Any]):
         except Exception as err:
             self._fallback(runtime, delivery, plan, copy, err)
             return None
+        _refusals(self.app, plan.fate).succeeded()
         runtime.record_settled(event)
         return None
 
@@ -825,6 +827,7 @@ class DLXTask(Task[Any, Any]):
                 first_failure_ms=delivery.state.first_failure_ms,
             )
             runtime.record(FateEvent.of(fates.RECOVERED, failure))
+            _refusals(self.app, fates.RECOVERED).succeeded()
         except Exception as err:  # the task succeeded; a history outage must not fail it
             # Never a traceback for a task that succeeded; one line per outage, with counts.
             _refusals(self.app, fates.RECOVERED).failed(err, "the task's success is not recorded")
