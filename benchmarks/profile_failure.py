@@ -23,8 +23,8 @@ child waiting for a job) are not a cost and are shown apart. Each figure is
 ``samples / sampling rate / failures``: microseconds per failure spent in that stage, by the
 process that runs it; parent and child run in parallel, so the sum is work, not latency.
 
-``--markdown`` prints the table as markdown with the run's command, commit and load: what
-docs/benchmarks.md's "Per-stage cost of one failure" section shows. ``--detail`` adds the older
+``--markdown`` prints the table as markdown with the run's command, commit and load (P10's
+section of docs/benchmarks.md names the command). ``--detail`` adds the older
 inclusive table (stages nest). ``--mode plain`` profiles Celery's own countdown retry, ``--mode
 success`` plain Celery running as many tasks that succeed (the P10 baseline), for comparison.
 

@@ -1,25 +1,26 @@
-"""Run every benchmark and rewrite the summary table of docs/benchmarks.md from this run.
+"""Run the benchmarks, keep each piece's log in benchmarks/results/ and render docs/benchmarks.md's tables.
 
 Each benchmark script runs as its own process (its output is printed as it goes and kept in
 ``--log``); every script prints one ``SUMMARY {json}`` line per table row (``_common.summary``):
-metric, target, median and verdict, with the load average when it was measured. The table in
-docs/benchmarks.md between ``<!-- summary:start -->`` and ``<!-- summary:end -->`` is replaced
-with these rows, the command, the date and the machine's load before and after.
+metric, target, median and verdict, with the load average when it was measured. A log starts with
+a ``RUN {json}`` line (command, mode, start, commit, load) and ends with an ``END {json}`` line.
+
+After a run, the log is split into one log per piece, ``benchmarks/results/<piece>.log`` (the
+latest run of each piece only: git keeps the earlier ones), and the piece's table in
+docs/benchmarks.md (between ``<!-- results:P1 -->`` and ``<!-- /results:P1 -->``) is rendered from
+it: one row per figure, celery_dlx's median and rounds beside the baseline's and the peer's
+(Dramatiq, Celery autoretry) of the same run, the target and the verdict, under a line naming the
+run (command, start, commit, load). ``--tables`` renders the tables from the logs in
+benchmarks/results/ without running anything.
 
 ``--quick`` is a smoke run: small counts, 3 rounds each, minutes instead of hours; its figures
-are labelled as such. ``--only P1,P10`` runs some benchmarks (the table then keeps the other
-rows of the previous run). chaos.py is not run: it restarts RabbitMQ and Redis.
-
-Benchmarks run in pieces (issue 23 item 7): each of P1, P2, P3, P6, P7 and P10 runs alone in at
-most 20 minutes in full mode, its baseline and peer in the same run (``--only P10 --log
-FILE``), and ``--from-log A.log B.log ...`` assembles the table from several such runs, each row
-saying which run it came from (command, start time, commit, load). A row of a benchmark that
-several logs ran comes from the last of them on the command line. Every log starts with a
-``RUN {json}`` line (command, mode, start, commit, load) and ends with an ``END {json}`` line.
-P7S (P7 on a private 2-worker Spark standalone cluster) runs only when ``--only`` names it.
+are labelled as such. ``--only P1,P10`` runs some pieces; each of P1, P2, P3, P6, P7 and P10 runs
+alone in at most 20 minutes in full mode, its baseline and peer in the same run. chaos.py is not
+run: it restarts RabbitMQ and Redis. P7S (P7 on a private 2-worker Spark standalone cluster) runs
+only when ``--only`` names it.
 
 Run: .venv/bin/python benchmarks/run_all.py [--quick] [--only P1,P10] [--no-docs] [--log FILE]
-     .venv/bin/python benchmarks/run_all.py --from-log P10.log P1.log ...
+     .venv/bin/python benchmarks/run_all.py --tables [LOG ...]
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DOC = ROOT / "docs" / "benchmarks.md"
-START, END = "<!-- summary:start -->", "<!-- summary:end -->"
+#: The latest log of each piece, ``<piece>.log``.
+RESULTS = HERE / "results"
 
 #: (id, script, full-mode arguments, quick-mode arguments), in the order they run: the timed
 #: benchmarks first, while the machine is as quiet as it will be, then the ones that count or size
@@ -223,132 +226,153 @@ def table(rows: list[dict[str, str]], quick: bool = False) -> list[str]:
     return out
 
 
-def rewrite_doc(rows: list[dict[str, str]], header: list[str], quick: bool) -> None:
-    text = DOC.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{DOC} has no {START} ... {END} markers")
-    before, rest = text.split(START, 1)
-    _, after = rest.split(END, 1)
-    body = "\n".join([START, *header, "", *table(rows, quick), END])
-    DOC.write_text(before + body + after)
-
-
-def previous_rows() -> list[dict[str, str]]:
-    """The rows of the table now in the doc (kept for benchmarks this run skips)."""
-    text = DOC.read_text()
-    if START not in text:
-        return []
-    block = text.split(START, 1)[1].split(END, 1)[0]
-    rows = []
-    for line in block.splitlines():
-        if not line.startswith("| ") or line.startswith(("| |", "| ---")):
-            continue
-        parts = [p.strip().replace("\\|", "|") for p in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
-        if len(parts) in (len(COLUMNS) - 1, len(COLUMNS)):  # tables before the run column too
-            row = dict(zip(COLUMNS, parts, strict=False))
-            # A verdict cell already carries its noisy note: keep it as it is.
-            rows.append(row)
-    return rows
-
-
-def read_log(path: Path) -> tuple[dict[str, str], list[dict[str, str]]]:
-    """A run's metadata (``RUN`` and ``END`` lines) and its rows, each tagged with the run."""
-    lines = path.read_text().splitlines()
-    meta = json.loads(lines[0][len("RUN ") :]) if lines and lines[0].startswith("RUN ") else {}
-    meta = {
-        **meta,
-        **next((json.loads(x[4:]) for x in reversed(lines) if x.startswith("END ")), {}),
-    }
-    rows = [json.loads(x[len("SUMMARY ") :]) for x in lines if x.startswith("SUMMARY ")]
-    if not rows or "command" not in meta:
-        raise SystemExit(f"{path}: no RUN header or no SUMMARY lines")
-    if not meta.get("finished"):
-        print(f"warning: {path} has no END line (the run did not finish)")
-    for row in rows:
-        row.setdefault("mode", meta.get("mode", "full"))
-        row["run"] = run_label(meta)
-    return meta, rows
-
-
-def from_logs(paths: list[Path]) -> None:
-    """Rewrite the doc's table from finished runs' logs: per benchmark, the last log that ran it."""
-    runs: list[dict[str, str]] = []
-    by_bench: dict[str, list[dict[str, str]]] = {}
-    for path in paths:
-        meta, rows = read_log(path)
-        runs.append(meta)
-        ran: dict[str, list[dict[str, str]]] = {}
-        for row in rows:
-            ran.setdefault(base_id(row["bench"]), []).append(row)
-        by_bench.update(ran)  # a later log's rows of a benchmark replace an earlier one's
-    write([row for bench_rows in by_bench.values() for row in bench_rows], runs)
-
-
 def base_id(bench: str) -> str:
     """A script's extra ids (P3b of p3_memory.py) go with its own."""
     return re.sub(r"[a-z]+$", "", bench)
 
 
-def write(rows: list[dict[str, str]], runs: list[dict[str, str]]) -> None:
-    ran = {base_id(r["bench"]) for r in rows}
-    kept = [r for r in previous_rows() if base_id(r["bench"]) not in ran]
-    commits = sorted({meta.get("commit", "?") for meta in runs})
-    lines = []
-    for meta in runs:
-        took = meta.get("seconds")
-        lines.append(
-            f"- {run_label(meta)}, {meta.get('mode', '?')} mode"
-            + (f", took {float(took) / 60:.0f} min" if took else "")
-        )
-    header = [
-        f"Assembled by `run_all.py` from {len(runs)} run(s) on a 2-core machine, on commit"
-        f"{'s' if len(commits) > 1 else ''} {', '.join(commits)}"
-        + (" (NOT one commit: compare with care)" if len(commits) > 1 else "")
-        + ". Each row's last column says which run it is from (command, start, commit, load "
-        "average 1/5/15 min at the start and the end); the load column is the load when the row "
-        "was measured. Wall-clock figures on a shared machine are noisy: timing verdicts measured "
-        "in a quick run or at a load above 1 are marked `noisy`: they say how this run went, not "
-        "whether the target is met; the rows of P3 (memory), P8 (log lines, events) and P9 "
-        "(bytes) do not depend on the load.",
-        "",
-        "Runs:",
-        "",
-        *lines,
-    ]
-    if kept:
-        header.append(
-            "\nRows of " + ", ".join(sorted({r["bench"] for r in kept})) + " are from earlier "
-            "runs (these did not run them); their run column says which, when it is known."
-        )
-    for row in kept:
-        row["run"] = row.get("run") or "an earlier run (not recorded)"
-    order = [b[0] for b in BENCHMARKS]
-    merged = sorted(
-        rows + kept,
-        key=lambda r: order.index(base_id(r["bench"])) if base_id(r["bench"]) in order else 99,
+def split_log(text: str) -> dict[str, str]:
+    """One run's log as one log per piece: its ``RUN`` line, the piece's output, its ``END`` line.
+
+    A piece's output starts at its ``### python benchmarks/...`` header; which piece it is comes
+    from its ``TOOK`` line, or (logs older than those lines) from its ``SUMMARY`` rows.
+    """
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("RUN "):
+        raise ValueError("no RUN line at the top: not a run_all.py log")
+    end = next((x for x in reversed(lines) if x.startswith("END ")), None)
+    sections: list[list[str]] = []
+    for line in lines[1:]:
+        if line.startswith("### python benchmarks/"):
+            sections.append([])
+        if sections and not line.startswith("END "):
+            sections[-1].append(line)
+    pieces: dict[str, str] = {}
+    for section in sections:
+        took = [json.loads(x[5:])["bench"] for x in section if x.startswith("TOOK ")]
+        rows = [json.loads(x[8:])["bench"] for x in section if x.startswith("SUMMARY ")]
+        piece = took[0] if took else base_id(rows[0]) if rows else None
+        if piece is None:
+            continue
+        while section and not section[-1].strip():
+            section.pop()
+        pieces[piece] = "\n".join([lines[0], "", *section, *([end] if end else [])]) + "\n"
+    return pieces
+
+
+def save_results(log: Path) -> list[Path]:
+    """Split a run's log into benchmarks/results/<piece>.log, replacing those pieces' logs."""
+    RESULTS.mkdir(exist_ok=True)
+    written = []
+    for piece, text in split_log(log.read_text()).items():
+        path = RESULTS / f"{piece}.log"
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+def read_log(path: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """A piece's log: the run's metadata (``RUN``, ``END`` and ``TOOK`` lines) and its rows."""
+    lines = path.read_text().splitlines()
+    meta: dict[str, Any] = (
+        json.loads(lines[0][len("RUN ") :]) if lines and lines[0].startswith("RUN ") else {}
     )
-    # Each row's own mode says whether it is from a quick run (kept rows carry their verdict).
-    rewrite_doc(merged, header, quick=False)
-    print(f"rewrote the summary table of {DOC}")
+    for line in lines:
+        if line.startswith("END "):
+            meta.update(json.loads(line[4:]))
+        elif line.startswith("TOOK "):
+            meta["took"] = json.loads(line[5:])["seconds"]
+    rows = [json.loads(x[len("SUMMARY ") :]) for x in lines if x.startswith("SUMMARY ")]
+    if not rows or "command" not in meta:
+        raise SystemExit(f"{path}: no RUN header or no SUMMARY lines")
+    for row in rows:
+        row.setdefault("mode", meta.get("mode", "full"))
+    return meta, rows
+
+
+#: Pieces whose ``measured`` text is one figure list, not celery_dlx's figure then its baselines.
+NOT_SPLIT = {"P9"}
+
+
+def piece_table(piece: str, meta: dict[str, Any], rows: list[dict[str, str]], log: str) -> str:
+    """The Markdown of one piece's results: which run, then a row per figure."""
+    took = meta.get("took")
+    run = (
+        f"Latest run: `{meta.get('command', '?')}`, {meta.get('mode', '?')} mode, started "
+        f"{meta.get('started', '?')}, commit {meta.get('commit') or 'not recorded'}, load "
+        f"{meta.get('load_before', '?')} -> {meta.get('load_after', '?')}"
+        + (f", {float(took) / 60:.0f} min" if took else "")
+        + f"; log `{log}`."
+    )
+    out = [
+        run,
+        "",
+        "| metric | target | celery_dlx: median (rounds) | baseline and peer, same run | verdict |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        measured = str(row.get("measured", ""))
+        ours, _, theirs = (measured, "", "") if piece in NOT_SPLIT else measured.partition("; ")
+        quick = row.get("mode") == "quick"
+        cells = [row.get("metric", ""), row.get("target", ""), ours, theirs or "-"]
+        cells.append(verdict({**row, "bench": piece}, quick))
+        out.append("| " + " | ".join(cell(c) for c in cells) + " |")
+    return "\n".join(out)
+
+
+def marker(piece: str) -> tuple[str, str]:
+    return f"<!-- results:{piece} -->", f"<!-- /results:{piece} -->"
+
+
+def render_tables(logs: list[Path], doc: Path = DOC) -> list[str]:
+    """Rewrite the results table of each piece a log ran (the last log of a piece wins).
+
+    Returns the pieces rendered. Raises SystemExit when the doc has no block for a piece.
+    """
+    latest: dict[str, tuple[dict[str, Any], list[dict[str, str]], Path]] = {}
+    for path in logs:
+        meta, rows = read_log(path)
+        for piece in dict.fromkeys(base_id(r["bench"]) for r in rows):
+            mine = [r for r in rows if base_id(r["bench"]) == piece]
+            latest[piece] = (meta, mine, path)
+    text = doc.read_text()
+    for piece, (meta, rows, path) in latest.items():
+        start, end = marker(piece)
+        if start not in text or end not in text:
+            raise SystemExit(f"{doc} has no {start} ... {end} block for {path}")
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        before, rest = text.split(start, 1)
+        _, after = rest.split(end, 1)
+        body = piece_table(piece, meta, rows, str(shown))
+        text = f"{before}{start}\n{body}\n{end}{after}"
+    doc.write_text(text)
+    return list(latest)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small counts, 3 rounds")
     parser.add_argument("--only", default="", help="benchmark ids, e.g. P1,P10")
-    parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
+    parser.add_argument(
+        "--no-docs",
+        action="store_true",
+        help="keep the log only: do not replace benchmarks/results/ nor the doc's tables",
+    )
     parser.add_argument("--log", default=None, help="keep the full output here")
     parser.add_argument(
-        "--from-log",
-        nargs="+",
+        "--tables",
+        nargs="*",
         default=None,
         metavar="LOG",
-        help="run nothing: rewrite the doc's table from the SUMMARY lines of earlier runs' "
-        "--log files (per benchmark, the last log on the command line that ran it)",
+        help="run nothing: render docs/benchmarks.md's tables from these piece logs (default: "
+        "benchmarks/results/*.log; a piece's last log on the command line wins)",
     )
     args = parser.parse_args()
-    if args.from_log:
-        from_logs([Path(p) for p in args.from_log])
+    if args.tables is not None:
+        logs = [Path(p) for p in args.tables] or sorted(RESULTS.glob("*.log"))
+        if not logs:
+            raise SystemExit(f"no logs given and none in {RESULTS}")
+        print(f"rendered the tables of {', '.join(render_tables(logs))} in {DOC}")
         return
     only = {b.strip().upper() for b in args.only.split(",") if b.strip()}
     unknown = only - {b[0] for b in BENCHMARKS}
@@ -415,7 +439,8 @@ def main() -> None:
     print(f"load before {load_before}, after {load_after}; took {seconds}s; log {log_path}")
     if args.no_docs:
         return
-    from_logs([log_path])
+    saved = save_results(log_path)
+    print(f"rendered the tables of {', '.join(render_tables(saved))} in {DOC}")
 
 
 if __name__ == "__main__":

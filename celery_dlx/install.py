@@ -22,6 +22,7 @@ from celery_dlx.broker.topology import as_dlx_queue, management_of_app
 from celery_dlx.compat import app_task_or_amqp_made
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.integrations import install_integrations
+from celery_dlx.wiring.installed import mark_installed, not_installed, not_installed_message
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ def install(app: Celery) -> None:
         configure(app)
 
     app.on_after_configure.connect(on_configure, weak=False)
+    mark_installed(app)
     if app.configured:  # type: ignore[attr-defined]  # celery-types omits Celery.configured
         configure(app)
     _INSTALLED.add(app)
@@ -141,6 +143,38 @@ signals.worker_process_init.connect(_warm, dispatch_uid="celery_dlx.install.warm
 signals.worker_ready.connect(_warm, dispatch_uid="celery_dlx.install.warm")
 
 
+# -- an app that asks for celery_dlx without install() -------------------------------------------
+# Nothing of celery_dlx runs in a process that never imports it. The `celery` command imports it
+# (its `dlx` subcommand is a `celery.commands` entry point, loaded by every `celery ...` run), and
+# so does a module that imports celery_dlx and forgets to call install(); there, these receivers
+# say so: the worker once at start (an ERROR), a producer at its first publish (a warning).
+
+
+#: Apps a producer has looked at (one look per app and process: a publish costs a set lookup).
+_LOOKED_AT: weakref.WeakSet[Celery] = weakref.WeakSet()
+
+
+def _worker_starting(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    # celeryd_after_setup: the worker's logging is set up, its banner not printed yet.
+    app = getattr(instance, "app", None)
+    if app is not None and not_installed(app):
+        logger.error("%s", not_installed_message(app))
+
+
+def _first_publish(sender: Any = None, **_: Any) -> None:
+    # before_task_publish names the task, not the app: the publishing app is the current one.
+    app = app_or_default()
+    if app in _INSTALLED or app in _LOOKED_AT:
+        return
+    _LOOKED_AT.add(app)
+    if not_installed(app):
+        logger.warning("%s", not_installed_message(app))
+
+
+signals.celeryd_after_setup.connect(_worker_starting, dispatch_uid="celery_dlx.install.forgotten")
+signals.before_task_publish.connect(_first_publish, dispatch_uid="celery_dlx.install.forgotten")
+
+
 def _is_prefork(consumer: Any) -> bool:
     """True when ``consumer``'s worker runs its tasks in prefork pool processes."""
     from celery.concurrency.prefork import TaskPool
@@ -170,10 +204,13 @@ def configure(app: Celery) -> None:
     from celery_dlx.worker.events import TaskEventsStep
     from celery_dlx.worker.loopwake import LoopWakeStep
     from celery_dlx.worker.settler import SettlerStep
+    from celery_dlx.worker.startup import StartupStep
 
     # Celery's step registries are sets: adding a step twice (configure runs again) keeps one.
     app.steps["worker"].update(
         {
+            # What celery_dlx does in this worker, after Celery's banner; dlx_redis_required.
+            StartupStep,
             # The drain runs in the workers under a Redis lease: no beat entry, no tick messages.
             DrainerStep,
             # Parks of the pool's runs are written by the main process, in batches

@@ -9,10 +9,8 @@ which one an app gets is chosen once, by its settings, in :class:`~celery_dlx.wi
 role                  what it keeps                               implementations
 ====================  ==========================================  ====================================
 :class:`Parking`      retries waiting for their due time          ``store.parking.ParkingStore``
-                                                                  (Redis sorted set),
-                                                                  ``store.sharded.ShardedParking``
-                                                                  (one per queue bucket, for a
-                                                                  Redis Cluster),
+                                                                  (Redis sorted sets, one shard
+                                                                  or per queue bucket),
                                                                   ``broker.ladder.LadderParking``
                                                                   (the broker's TTL delay queues)
 ``Graveyard``         obituaries, their indexes and cause groups  ``store.graveyard.Graveyard``

@@ -66,16 +66,29 @@ def mirror_key(key: str) -> str:
     return key + ":export"
 
 
+def redis_full(exc: BaseException) -> bool:
+    """True when Redis refused a write at its ``maxmemory`` (redis-py's ``OutOfMemoryError``)."""
+    return type(exc).__name__ == "OutOfMemoryError" or "OOM command" in str(exc)
+
+
 def mirror_checkpoint(client: Any, key: str, fields: dict[str, str]) -> None:
-    """Copy the checkpoint into Redis so other tools see what has been exported."""
-    client.hset(mirror_key(key), mapping=fields)
+    """Copy the checkpoint into Redis so other tools see what has been exported; skipped with a
+    warning on a full Redis (the checkpoint in ``--out`` is the one that counts)."""
+    try:
+        client.hset(mirror_key(key), mapping=fields)
+    except Exception as exc:
+        if not redis_full(exc):
+            raise
+        logger.warning("Redis is full (maxmemory): the checkpoint is not mirrored to %s", key)
 
 
 class ExportLock:
     """A Redis lock per history stream, so two exports never interleave checkpoints or trims.
 
     Held with a short TTL renewed by a heartbeat thread: an export killed with -9 frees it within
-    ``LOCK_TTL`` seconds.
+    ``LOCK_TTL`` seconds. On a Redis at its ``maxmemory`` the lock cannot be written: the export
+    goes on without it (it is what makes room, with ``--trim``), and the checkpoint in ``--out``
+    still refuses the commit of a second export that ran meanwhile.
     """
 
     def __init__(self, client: Any, key: str, ttl: float = LOCK_TTL) -> None:
@@ -85,14 +98,28 @@ class ExportLock:
         self.token = secrets.token_hex(12)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: False when Redis was full and the export runs without the lock.
+        self.held = False
 
     def __enter__(self) -> ExportLock:
-        if not self.client.set(self.key, self.token, nx=True, px=self.ttl_ms):
+        try:
+            taken = self.client.set(self.key, self.token, nx=True, px=self.ttl_ms)
+        except Exception as exc:
+            if not redis_full(exc):
+                raise
+            logger.warning(
+                "Redis is full (maxmemory): exporting without the lock %s; the checkpoint in "
+                "--out refuses the commit of another export that runs meanwhile",
+                self.key,
+            )
+            return self
+        if not taken:
             left = max(0, int(self.client.pttl(self.key)))
             raise LockedError(
                 f"another export of this stream holds {self.key}; wait for it (the lock expires "
                 f"within {left / 1000:.0f}s if that export died)"
             )
+        self.held = True
         self._thread = threading.Thread(target=self._beat, name="dlx-export-lock", daemon=True)
         self._thread.start()
         return self
@@ -108,7 +135,8 @@ class ExportLock:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.client.eval(_RELEASE, 1, self.key, self.token)
+        if self.held:
+            self.client.eval(_RELEASE, 1, self.key, self.token)
 
 
 def now_ms() -> int:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole check on a fresh machine: services, virtualenv, lint, type check, every test.
+# The whole check on a fresh machine: services, virtualenv, lint, type check, the documentation
+# site, every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-services.sh
@@ -8,6 +9,7 @@ echo "== ruff"; .venv/bin/ruff check celery_dlx celery_dlx_spark tests benchmark
 .venv/bin/ruff format --check celery_dlx celery_dlx_spark tests benchmarks example_project
 echo "== mypy"; .venv/bin/mypy
 echo "== import contract"; .venv/bin/lint-imports
+echo "== docs"; bash scripts/docs.sh
 # Celery's own test_tasks.py and test_group_chains.py through the compatibility gate (tests/compat).
 export DLX_COMPAT="${DLX_COMPAT:-1}"
 # Two test processes (pytest-xdist), a file per process at a time: most of a test's time is spent

@@ -9,8 +9,8 @@ step of ``dlx_ttl_ladder``; delays beyond the last step wait the last step (logg
 
 Pure functions (names, arguments, rounding) sit next to :class:`Ladder`, the one I/O object: it
 declares a delay queue on demand (redeclared at least every :data:`DECLARE_REFRESH` seconds, which
-re-arms its ``x-expires``) and publishes with confirms to the default exchange. See
-docs/delays.md.
+re-arms its ``x-expires``) and publishes with confirms to the default exchange. See the
+delays page of the documentation.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import amqp
 from amqp.exceptions import PreconditionFailed
 
 from celery_dlx.broker.publish import ConfirmingPublisher
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import PublishError, TopologyError
 from celery_dlx.message.parked import ParkedMessage, park_each
 from celery_dlx.policy.durations import EXPIRES_MARGIN_MS, ladder_ms
@@ -291,7 +292,7 @@ def _mismatch_hint(target: DelayQueue, exc: BaseException) -> str:
         f"delay queue {target.name!r} exists with other arguments ({exc}); was dlx_quorum "
         f"changed? It is deleted by RabbitMQ {format_seconds(expires_ms(target.step_ms))}s after "
         f"its last use (x-expires); or delete it once it is empty. Parks for "
-        f"{target.queue!r} fail until then (the DLX service keeps them). See docs/delays.md."
+        f"{target.queue!r} fail until then (the DLX service keeps them). See {doc_url('delays')}"
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from celery_dlx.broker.management import (
     management_for,
 )
 from celery_dlx.compat import queue_attrs
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError, TopologyError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_SERVICE_QUEUE
 
@@ -146,18 +148,41 @@ def management_of_app(app: Celery) -> Management:
         conn.release()
 
 
-def migration_hint(queue: str, exchange: str, app: str = "proj", detail: str = "") -> str:
-    """The 406 error's text: what happened and the two ways out, with this app's name."""
+def vhost_of(channel: Any) -> str:
+    """The virtual host of ``channel``'s connection ("/" when it cannot say)."""
+    vhost = getattr(getattr(channel, "connection", None), "virtual_host", None)
+    return vhost if isinstance(vhost, str) and vhost else "/"
+
+
+def migration_hint(
+    queue: str, exchange: str, app: str = "proj", detail: str = "", vhost: str = "/"
+) -> str:
+    """The 406 error's text: what happened and the two ways out, with this app's name (and the
+    ``rabbitmqctl`` line with its virtual host: without ``-p`` it would write the policy
+    into ``/``)."""
     policy = policy_name(queue)
     return (
         f"queue {queue!r} already exists with other arguments (RabbitMQ answered 406 "
         f"PRECONDITION_FAILED){detail}. To add the dead-letter exchange without losing messages "
         f"either: (1) add a policy: `celery -A {app} dlx migrate {queue} --policy` (or rabbitmqctl "
-        f'set_policy {policy} \'^{queue}$\' \'{{"dead-letter-exchange":"{exchange}",'
+        f"set_policy -p {shlex.quote(vhost)} {policy} '^{queue}$' "
+        f'\'{{"dead-letter-exchange":"{exchange}",'
         f'"dead-letter-routing-key":"{queue}"}}\' --apply-to queues), which changes nothing else; '
         f"the app then declares the queue as it is, no code change; or (2) rename: "
         f"`celery -A {app} dlx migrate {queue} --rename`, which declares a new queue and moves the "
-        f"messages (then consume the new queue). See docs/migration.md."
+        f"messages (then consume the new queue). See {doc_url('migration')}"
+    )
+
+
+def _renamed_exchange(target: str | None, exchange: str) -> str:
+    """What to say when ``target`` is the exchange an app with a key prefix of its own used
+    before its default exchange followed the prefix (``celery_dlx`` -> ``celery_dlx.PREFIX``)."""
+    if target != DEFAULT_DLX_EXCHANGE or not exchange.startswith(f"{DEFAULT_DLX_EXCHANGE}."):
+        return ""
+    return (
+        f" (the exchange of earlier versions: an app with a dlx_key_prefix of its own now "
+        f"dead-letters to {exchange!r}; to keep the old names set dlx_exchange = "
+        f"{DEFAULT_DLX_EXCHANGE!r} and dlx_service_queue = {DEFAULT_SERVICE_QUEUE!r})"
     )
 
 
@@ -263,7 +288,9 @@ class DLXQueue(Queue):
             return str(super().declare(nowait=nowait, channel=channel))
         except PreconditionFailed as exc:
             raise TopologyError(
-                migration_hint(str(self.name), dlx, app_reference(self.dlx_app))
+                migration_hint(
+                    str(self.name), dlx, app_reference(self.dlx_app), vhost=vhost_of(channel)
+                )
             ) from exc
 
     def _check_policy(self, channel: Any, exchange: str) -> None:
@@ -271,13 +298,14 @@ class DLXQueue(Queue):
         a declaration without the dead-letter arguments; else raise the migration error."""
         name = str(self.name)
         app = app_reference(self.dlx_app)
+        vhost = vhost_of(channel)
         if self.dlx_management is None:
-            raise TopologyError(migration_hint(name, exchange, app))
+            raise TopologyError(migration_hint(name, exchange, app, vhost=vhost))
         try:
             info = self.dlx_management.queue(name)
         except ManagementError as exc:
             detail = f" and the management API could not say whether a policy covers it ({exc})"
-            raise TopologyError(migration_hint(name, exchange, app, detail)) from exc
+            raise TopologyError(migration_hint(name, exchange, app, detail, vhost)) from exc
         target, where = dead_letter_exchange_of(info or {})
         if target == exchange and where == "argument":
             detail = (
@@ -286,17 +314,17 @@ class DLXQueue(Queue):
                 f"auto_delete={(info or {}).get('auto_delete')}, "
                 f"arguments={(info or {}).get('arguments')}"
             )
-            raise TopologyError(migration_hint(name, exchange, app, detail))
+            raise TopologyError(migration_hint(name, exchange, app, detail, vhost))
         if target != exchange or where not in ("policy", "operator-policy"):
             shown = f"to {target!r} by {where}" if target else "nowhere"
-            detail = f"; its dead letters go {shown}"
-            raise TopologyError(migration_hint(name, exchange, app, detail))
+            detail = f"; its dead letters go {shown}{_renamed_exchange(target, exchange)}"
+            raise TopologyError(migration_hint(name, exchange, app, detail, vhost))
         if not _probe(channel, self, without_policy_arguments(self.queue_arguments or {})):
             raise TopologyError(
                 f"queue {name!r} gets its dead-letter exchange from policy "
                 f"{(info or {}).get('policy')!r}, but other arguments differ too (queue type, "
                 f"length limit...): declare it as it is, Queue({name!r}, no_declare=True), or "
-                f"`celery -A {app} dlx migrate {name} --rename`. See docs/migration.md."
+                f"`celery -A {app} dlx migrate {name} --rename`. See {doc_url('migration')}"
             )
 
 
@@ -414,5 +442,7 @@ def declare_topology(
         try:
             declared.append(str(bound.declare()))
         except PreconditionFailed as exc:
-            raise TopologyError(migration_hint(queue.name, exchange, app_reference(None))) from exc
+            raise TopologyError(
+                migration_hint(queue.name, exchange, app_reference(None), vhost=vhost_of(channel))
+            ) from exc
     return declared

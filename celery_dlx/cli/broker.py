@@ -22,7 +22,8 @@ from celery_dlx.cli.kit import (
     runtime_of,
     show_progress,
 )
-from celery_dlx.ops.render import table
+from celery_dlx.docs_url import doc_url
+from celery_dlx.ops.render import count, table
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -150,7 +151,9 @@ def check_command(
     if as_json:
         echo_json(report.to_json())
     else:
-        click.echo(f"exchange {report.exchange}, service queue {report.service_queue}")
+        click.echo(
+            f"app {report.app}: exchange {report.exchange}, service queue {report.service_queue}"
+        )
         if report.queues:
             rows = [
                 (q["name"], q["dead_letter_exchange"] or "-", q.get("set_by", "-"), q["why"])
@@ -243,7 +246,9 @@ def migrate_command(
     from celery_dlx.ops.migrate import QueueNotFound, migrate_policy, remove_policy
 
     if method is None:
-        raise click.UsageError("choose --policy or --rename (docs/cli.md compares them)")
+        raise click.UsageError(
+            f"choose --policy or --rename ({doc_url('migration')} compares them)"
+        )
     if remove and method != "policy":
         raise click.UsageError("--remove goes with --policy (it deletes the policy migrate wrote)")
     runtime = runtime_of(ctx)
@@ -310,16 +315,22 @@ def _migrate_text(data: dict[str, Any]) -> str:
         if not p["needed"]:
             return f"{prefix}nothing to do for {data['queue']}: {p['reason']}"
         merged = f", merging policy {p['merged_from']}" if p["merged_from"] else ""
+        head = f"{prefix}policy {p['name']} (priority {p['priority']}{merged}) on {data['queue']}"
+        if data.get("dry_run"):
+            # Nothing was written: the broker still reports the queue as it was.
+            target = p["definition"].get("dead-letter-exchange", "-")
+            return f"{head}: {p['definition']}; dead letters would go to {target} (by policy)"
         return (
-            f"{prefix}policy {p['name']} (priority {p['priority']}{merged}) on {data['queue']}: "
-            f"{p['definition']}; dead letters now go to {data['dead_letter_exchange'] or '-'} "
-            f"(set by {data['set_by']})"
+            f"{head}: {p['definition']}; dead letters now go to "
+            f"{data['dead_letter_exchange'] or '-'} (set by {data['set_by']})"
         )
     lines = [f"{prefix}{data['queue']} -> {data['new_queue']} with {data['arguments']}"]
     lines += [f"  bound {b['source']} {b['routing_key']!r}" for b in data["bound"]]
     lines += [f"  unbound old {b['source']} {b['routing_key']!r}" for b in data["unbound"]]
     if not data.get("dry_run"):
-        lines.append(f"moved {data['moved']} messages, {data['left']} left on {data['queue']}")
+        lines.append(
+            f"moved {count(data['moved'], 'message')}, {data['left']} left on {data['queue']}"
+        )
         lines.append(
             f"next: point consumers at {data['new_queue']} (task_queues), then producers that "
             f"publish to {data['queue']!r} directly; delete {data['queue']} when it stays empty"

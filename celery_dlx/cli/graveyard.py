@@ -27,7 +27,7 @@ from celery_dlx.cli.kit import (
 )
 from celery_dlx.fates import now_ms
 from celery_dlx.ops import obituaries, purge
-from celery_dlx.ops.render import ago, clip, dumps, human_seconds, table
+from celery_dlx.ops.render import ago, clip, count, dumps, human_seconds, table
 from celery_dlx.store import graveyard
 
 _PROTO = click.option(
@@ -41,7 +41,14 @@ _PROTO = click.option(
 
 @click.command("list")
 @filter_options
-@click.option("--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Most obituaries to show.",
+)
 @click.option("--oldest-first", is_flag=True, help="Oldest burial first (default: newest).")
 @click.option("--no-decode", is_flag=True, help="Do not load and decode payloads (faster).")
 @_PROTO
@@ -221,7 +228,7 @@ def groups_command(ctx: click.Context, as_json: bool, new_since: str | None) -> 
     headers = ("CAUSE", "COUNT", "FIRST", "LAST", "TASK/QUEUE", "EXCEPTION", "VERSION", "EXAMPLE")
     if rows:
         click.echo(table(headers, rows, shrink=("EXCEPTION", "TASK/QUEUE")))
-    click.echo(f"{data['count']} causes, {data['total']} obituaries")
+    click.echo(f"{count(data['count'], 'cause')}, {count(data['total'], 'obituary', 'obituaries')}")
 
 
 def _version_label(version: str | None) -> str:
@@ -469,6 +476,12 @@ def edit_command(
 @click.option("--all", "everything", is_flag=True, help="Purge the whole graveyard.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--dry-run", is_flag=True, help="Say what would be purged; delete nothing.")
+@click.option(
+    "--keep-whole",
+    is_flag=True,
+    help="Keep each whole obituary (traceback, headers, payload) in its `purged` history entry "
+    "(default: its summary only, so the purge frees the bytes it removes).",
+)
 @json_option
 @click.pass_context
 @handle_errors
@@ -483,9 +496,11 @@ def purge_command(
     everything: bool,
     yes: bool,
     dry_run: bool,
+    keep_whole: bool,
     as_json: bool,
 ) -> None:
-    """Delete obituaries (ids or filters); each goes whole to the failure history as `purged`."""
+    """Delete obituaries (ids or filters); each leaves its summary in the failure history as
+    `purged`. Works on a Redis at maxmemory (it deletes first)."""
     from celery_dlx.ops.replay import resolve_targets
 
     require_targets("purge", ids, everything, queue, task, cause, since, until)
@@ -502,12 +517,14 @@ def purge_command(
         what="purge",
     )
     if targets and not (yes or dry_run):
-        click.confirm(f"Purge {len(targets)} obituaries?", abort=True, err=True)
+        click.confirm(
+            f"Purge {count(len(targets), 'obituary', 'obituaries')}?", abort=True, err=True
+        )
     report = purge.PurgeReport(dry_run=dry_run)
     with progress_bar(len(targets), "purging", show_progress(as_json)) as advance:
         for start in range(0, len(targets), graveyard.CHUNK):
             chunk = targets[start : start + graveyard.CHUNK]
-            done = purge.purge(runtime, chunk, dry_run=dry_run)
+            done = purge.purge(runtime, chunk, dry_run=dry_run, keep_whole=keep_whole)
             report.purged.extend(done.purged)
             report.missing.extend(done.missing)
             advance(len(chunk))

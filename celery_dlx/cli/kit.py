@@ -64,13 +64,18 @@ def handle_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from celery_dlx.broker.errors import UNREACHABLE
-        from celery_dlx.store.errors import STORE_ERRORS
+        from celery_dlx.store.errors import STORE_ERRORS, is_full
 
         try:
             return func(*args, **kwargs)
         except DLXError as exc:
             raise click.ClickException(str(exc)) from exc
         except STORE_ERRORS as exc:
+            if is_full(exc):
+                raise click.ClickException(
+                    f"Redis is full ({exc}): it refuses writes at its maxmemory; make room with "
+                    "`dlx purge` (it deletes first, so it runs on a full Redis) or raise maxmemory"
+                ) from exc
             raise click.ClickException(
                 f"Redis unreachable or refused ({exc}); check dlx_redis_url"
             ) from exc

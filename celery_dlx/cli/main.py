@@ -61,10 +61,19 @@ def dlx(ctx: click.Context, /, app_name: str | None, **_: object) -> None:
         from celery.bin.base import CLIContext
 
         ctx.obj = CLIContext(app=load_app(app_name), no_color=False, workdir=None)
-    elif getattr(ctx.obj, "app", None) is None:
+    elif getattr(ctx.obj, "app", None) is None or _no_app_named(ctx):
         raise click.UsageError(
-            "name the Celery app: `celery -A proj dlx ...` or `celery-dlx -A proj`"
+            "name the Celery app: `celery -A proj dlx ...` or `celery-dlx -A proj` "
+            "(without -A, celery gives its empty default app, with none of your settings)"
         )
+
+
+def _no_app_named(ctx: click.Context) -> bool:
+    """True under ``celery dlx ...`` run without ``-A``/``--app`` (nor ``APP`` in the
+    environment): celery then hands its default app over, which has none of the user's
+    settings, queues or tasks."""
+    root = ctx.find_root()
+    return root is not ctx and "app" in root.params and not root.params["app"]
 
 
 def app_of(ctx: click.Context) -> Celery:

@@ -18,11 +18,18 @@ from celery_dlx.cli.kit import (
     runtime_of,
 )
 from celery_dlx.fates import now_ms
-from celery_dlx.ops.render import ago, human_seconds, table
+from celery_dlx.ops.render import ago, count, human_seconds, table
 
 
 @click.command("parked")
-@click.option("--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Most parked retries to show, soonest due first.",
+)
 @click.option(
     "--purge",
     "purge_ids",
@@ -30,19 +37,63 @@ from celery_dlx.ops.render import ago, human_seconds, table
     metavar="ENTRY_ID",
     help="Delete this parked retry (its entry_id, MESSAGE_ID:ATTEMPT); repeatable.",
 )
-@click.option("--yes", "-y", is_flag=True, help="With --purge: do not ask for confirmation.")
+@click.option(
+    "--retry-now",
+    "retry_now",
+    is_flag=True,
+    help="Make the retries named by --id or --cause due now: drained at the next tick.",
+)
+@click.option(
+    "--bury-now",
+    "bury_now",
+    is_flag=True,
+    help="Bury the retries named by --id or --cause now: an obituary each, 'buried by USER'.",
+)
+@click.option(
+    "--id",
+    "entry_ids",
+    multiple=True,
+    metavar="ENTRY_ID",
+    help="With --retry-now or --bury-now: a parked retry (MESSAGE_ID:ATTEMPT); repeatable.",
+)
+@click.option(
+    "--cause",
+    metavar="CAUSE",
+    help="With --retry-now or --bury-now: every parked retry of this cause fingerprint.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="With --retry-now or --bury-now: say what would be done."
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @click.pass_context
 @handle_errors
 def parked_command(
-    ctx: click.Context, limit: int, purge_ids: tuple[str, ...], yes: bool, as_json: bool
+    ctx: click.Context,
+    limit: int,
+    purge_ids: tuple[str, ...],
+    retry_now: bool,
+    bury_now: bool,
+    entry_ids: tuple[str, ...],
+    cause: str | None,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
 ) -> None:
     """Parked retries, soonest due first (and the TTL ladder's queues with dlx_delay_backend=ttl).
 
-    With --purge, deletes the named retries instead (recorded in the history as purged).
+    With --purge, deletes the named retries instead (recorded in the history as purged). With
+    --retry-now or --bury-now, acts on the retries named by --id or --cause, one by one; a retry
+    a drain is publishing at that moment is left to it (reported as claimed). Each action is
+    audited (the failure history and the console's audit log).
     """
     from celery_dlx.ops.inspection import parked_data, purge_parked
 
+    if retry_now or bury_now:
+        _act_on_parked(ctx, "bury-now" if bury_now else "retry-now", entry_ids, cause, dry_run, yes)
+        return
+    if entry_ids or cause or dry_run:
+        raise click.UsageError("--id, --cause and --dry-run go with --retry-now or --bury-now")
     if purge_ids:
         if not yes:
             click.confirm(f"Purge {len(purge_ids)} parked retries?", abort=True, err=True)
@@ -90,6 +141,47 @@ def parked_command(
             click.echo(table(("DELAY QUEUE", "RETURNS TO", "DELAY", "WAITING"), ladder))
 
 
+def _act_on_parked(
+    ctx: click.Context,
+    action: str,
+    entry_ids: tuple[str, ...],
+    cause: str | None,
+    dry_run: bool,
+    yes: bool,
+) -> None:
+    import getpass
+
+    from celery_dlx.ops import parked_actions
+
+    if ctx.params.get("retry_now") and ctx.params.get("bury_now"):
+        raise click.UsageError("--retry-now or --bury-now, not both")
+    if bool(entry_ids) == (cause is not None):
+        raise click.UsageError(f"--{action} needs --id ENTRY_ID (repeatable) or --cause CAUSE")
+    what = f"cause {cause}" if cause else count(len(entry_ids), "parked retry", "parked retries")
+    if not (yes or dry_run):
+        click.confirm(f"{action} {what}?", abort=True, err=True)
+    act = parked_actions.bury_now if action == "bury-now" else parked_actions.retry_now
+    report = act(
+        runtime_of(ctx),
+        list(entry_ids) or None,
+        cause=cause,
+        by=f"cli:{getpass.getuser()}",
+        dry_run=dry_run,
+    )
+    if ctx.params.get("as_json"):
+        echo_json(report.as_dict())
+    else:
+        verb = f"would {action}" if dry_run else action
+        click.echo(
+            f"{verb}: {len(report.done)} done, {len(report.claimed)} claimed by a drain, "
+            f"{len(report.missing)} not found"
+        )
+        for oid in report.obituaries:
+            click.echo(f"buried as {oid}")
+    if report.missing:
+        ctx.exit(EXIT_NOT_FOUND)
+
+
 @click.command("stats")
 @click.option(
     "--window",
@@ -117,7 +209,7 @@ def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
     g = data["graveyard"]
     click.echo("")
     oldest = f", oldest buried {ago(g['oldest_ms'], now)}" if g["oldest_ms"] else ""
-    click.echo(f"graveyard: {g['count']} obituaries{oldest}")
+    click.echo(f"graveyard: {count(g['count'], 'obituary', 'obituaries')}{oldest}")
     if g["queues"]:
         qrows = [
             (q["queue"], q["count"], ago(q["oldest_ms"], now), ago(q["last_ms"], now))
@@ -128,7 +220,7 @@ def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
     nxt = f", next due {ago(p['next_due_ms'], now)}" if p["next_due_ms"] else ""
     click.echo("")
     click.echo(f"parked: {p['count']} ({p['due_now']} due now{nxt})")
-    click.echo(f"history: {data['history_length']} entries")
+    click.echo(f"history: {count(data['history_length'], 'entry', 'entries')}")
     for bad in data["malformed_counters"]:
         click.echo(f"unreadable counter {bad['key']} {bad['field']}: {bad['reason']}", err=True)
 
@@ -236,12 +328,12 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
     interruption (nothing is lost). The failure history keeps its single-tag key.
     """
     runtime = runtime_of(ctx)
-    done = runtime.migrate_parked_keys(dry_run=dry_run)
-    graves = runtime.migrate_graveyard_keys(dry_run=dry_run)
+    done, graves = runtime.migrate_keys(dry_run=dry_run)
     if as_json:
-        echo_json({"dry_run": dry_run, **done.__dict__, "graveyard": graves.__dict__})
+        parked = {k: v for k, v in done.__dict__.items() if k != "gone"}  # a park is never gone
+        echo_json({"dry_run": dry_run, **parked, "graveyard": graves.__dict__})
         return
-    for queue, n in sorted((done.queues or {}).items()):
+    for queue, n in sorted(done.queues.items()):
         click.echo(f"{queue}: {n}")
     if dry_run:
         click.echo(f"{done.found} parked retries would move ({done.left} unreadable, left)")
@@ -251,9 +343,12 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
             f"{done.present} copied by an earlier run); {done.left} left in place"
         )
     for queue, n in sorted(graves.queues.items()):
-        click.echo(f"{queue}: {n} obituaries")
+        click.echo(f"{queue}: {count(n, 'obituary', 'obituaries')}")
     if dry_run:
-        click.echo(f"{graves.found} obituaries would move ({graves.left} unreadable, left)")
+        click.echo(
+            f"{count(graves.found, 'obituary', 'obituaries')} would move "
+            f"({graves.left} unreadable, left)"
+        )
     else:
         click.echo(
             f"{graves.moved} of {graves.found} obituaries moved ({graves.copied} copied now, "

@@ -220,7 +220,9 @@ def _claim(runtime: Runtime, now_ms: int | None) -> list[ParkedMessage] | None:
     except STORE_ERRORS as exc:
         # One line per outage, not one per beat tick.
         if not runtime.drain_failing:
-            logger.warning("drain could not claim parked retries from Redis: %s", exc)
+            logger.warning(
+                "drain could not claim parked retries from Redis (dlx_redis_url): %s", exc
+            )
         runtime.drain_failing = True
         return None
     if runtime.drain_failing:
@@ -270,7 +272,9 @@ def _settle(runtime: Runtime, published: _Published) -> tuple[int, bool]:
         if refused:
             store.release(refused, due_ms=published.published_ms + int(RELEASE_DELAY * 1000))
     except STORE_ERRORS as exc:
-        logger.warning("drain could not settle %d parked retries in Redis: %s", len(sent), exc)
+        logger.warning(
+            "drain could not settle %d parked retries in Redis (dlx_redis_url): %s", len(sent), exc
+        )
         failed = True
     if stale:
         logger.warning(

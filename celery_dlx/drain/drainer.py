@@ -83,7 +83,7 @@ class Drainer:
             held = self.lease.acquire()
         except STORE_ERRORS as exc:
             if not self._redis_failing:
-                logger.warning("drainer cannot reach Redis for its lease: %s", exc)
+                logger.warning("drainer cannot reach Redis (dlx_redis_url) for its lease: %s", exc)
             self._redis_failing = True
             self.held = False
             return False

@@ -82,6 +82,26 @@ DEFAULT_SERVICE_QUEUE = "celery_dlx.dead"
 DEFAULT_KEY_PREFIX = "dlx"
 
 
+def default_exchange(prefix: str = DEFAULT_KEY_PREFIX) -> str:
+    """The dead-letter exchange of an app that does not set ``dlx_exchange``.
+
+    ``celery_dlx`` for the default key prefix (the name every existing deployment has);
+    ``celery_dlx.<prefix>`` for an app with a key prefix of its own, so two apps on one virtual
+    host never send their dead letters to each other's DLX service (and Redis).
+    """
+    return (
+        DEFAULT_DLX_EXCHANGE if prefix == DEFAULT_KEY_PREFIX else f"{DEFAULT_DLX_EXCHANGE}.{prefix}"
+    )
+
+
+def default_service_queue(prefix: str = DEFAULT_KEY_PREFIX) -> str:
+    """The DLX service queue of an app that does not set ``dlx_service_queue``:
+    ``celery_dlx.dead``, or ``celery_dlx.<prefix>.dead`` for a key prefix of its own."""
+    if prefix == DEFAULT_KEY_PREFIX:
+        return DEFAULT_SERVICE_QUEUE
+    return f"{DEFAULT_DLX_EXCHANGE}.{prefix}.dead"
+
+
 #: Buckets of one queue's parked retries with ``dlx_redis_shards = "queue"``: an entry's bucket
 #: is the CRC-32 of its entry id modulo this, so the keys of one queue spread over as many hash
 #: slots. Fixed: changing it would strand entries in buckets nothing reads.
@@ -150,17 +170,26 @@ class Keys:
         self.breakers_open = f"{base}:breaker:open"
         self._breaker_prefix = f"{base}:breaker:"
 
+    @property
+    def home_tag(self) -> str:
+        """The app's hash tag, ``{prefix}``: every key of the single-tag layout."""
+        return "{" + self.prefix + "}"
+
+    def queue_tag(self, queue: str, bucket: int) -> str:
+        """The hash tag of one bucket of ``queue``'s keys, ``{prefix:q:QUEUE:BUCKET}``
+        (``dlx_redis_shards = "queue"``), so a Redis Cluster spreads them over its masters,
+        those of one busy queue too."""
+        return "{" + f"{self.prefix}:q:{queue}:{bucket}" + "}"
+
     def parked_shard(self, queue: str, bucket: int) -> ParkedKeys:
         """The parked-retry keys of one bucket of ``queue`` (``0 <= bucket <``
-        :data:`PARKED_BUCKETS`), under a hash tag of their own (``{prefix:q:QUEUE:BUCKET}``), so a
-        Redis Cluster spreads retries over its masters, those of one busy queue too
-        (``dlx_redis_shards = "queue"``)."""
-        return ParkedKeys("{" + f"{self.prefix}:q:{queue}:{bucket}" + "}")
+        :data:`PARKED_BUCKETS`)."""
+        return ParkedKeys(self.queue_tag(queue, bucket))
 
     @property
     def parked_legacy(self) -> ParkedKeys:
         """The parked-retry keys of the single-tag layout (every queue under ``{prefix}``)."""
-        return ParkedKeys("{" + self.prefix + "}")
+        return ParkedKeys(self.home_tag)
 
     def breaker_state(self, member: str) -> str:
         """The state hash of one breaker (``member`` is ``QUEUE\tCAUSE``)."""

@@ -204,6 +204,18 @@ class Obituary(KnownAttempt):
         )
         return FateEvent.of(fate, failure, extra=extra)
 
+    def leaving_note(self) -> dict[str, object]:
+        """What a removed obituary leaves in its history entry beside the entry's own fields
+        (queue, task, message id, attempt, cause, exception type, reason, importance, first
+        failure): the rest of what identifies it, without traceback, headers or payload."""
+        return {
+            "id": self.id,
+            "exc_message": self.exc_message[:200],
+            "buried_ms": self.buried_ms,
+            "payload_size": self.payload_size,
+            "code_version": self.code_version,
+        }
+
     def summary(self) -> dict[str, object]:
         """A small JSON-safe view for logs, events and integrations (no payload, no headers)."""
         return {

@@ -7,7 +7,12 @@ Checked, each failure a :class:`Problem` (the command exits non-zero when there 
 * every queue of the app that should dead-letter (all of them under ``dlx_enabled``, those
   declared with a dead-letter exchange otherwise, and every queue named in ``dlx_queues``) exists
   and routes its dead letters to ``dlx_exchange``, by queue argument or by policy;
-* orphan queues (the seeds' alert): messages ready and no consumer for longer than ``for_seconds``;
+* ``celery_dlx.install(app)`` was called if ``dlx_enabled`` is set (its own problem; the app's
+  queues then lacking a dead-letter exchange are not reported as needing a migration);
+* orphan queues (the seeds' alert): messages ready and no consumer for longer than ``for_seconds``.
+  How long a queue has had no consumer is the earlier of the broker's ``idle_since`` and the
+  first ``check`` that saw it without consumers (kept in Redis, so a ``check`` run from cron
+  measures it even while producers keep the queue busy);
 * the stall of a failure storm (:data:`STALL_KINDS`, exit 7 in the CLI): Redis refusing writes
   (full at ``maxmemory`` with ``noeviction``: parks, cause records and burials are refused, and
   dead letters wait in the service queue), a DLX service queue holding more than
@@ -15,9 +20,6 @@ Checked, each failure a :class:`Problem` (the command exits non-zero when there 
   also carries Redis memory against ``maxmemory`` and the graveyard budget
   (``dlx_graveyard_max_bytes``), the writes Redis refused for memory (``INFO errorstats``) and the
   parks workers could not write that the DLX service wrote for them.
-  How long a queue has had no consumer is the earlier of the broker's ``idle_since`` and the
-  first ``check`` that saw it without consumers (kept in Redis, so a ``check`` run from cron
-  measures it even while producers keep the queue busy).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from celery_dlx.fates import now_ms
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.store.memory import RedisMemory, read_memory
 from celery_dlx.store.refusals import Refusals
+from celery_dlx.wiring.installed import not_installed, not_installed_message
 from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -63,6 +66,7 @@ STALL_KINDS = frozenset({REDIS_FULL, BACKLOG, REDIS_UNREADABLE})
 FULL_SHARE = 0.95
 #: Default of ``--max-backlog``: dead letters waiting in the service queue that make a problem.
 MAX_BACKLOG = 10_000
+NOT_INSTALLED = "not-installed"
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,8 @@ class CheckReport:
     #: Copies workers could not write (Redis refused the park), written by the DLX service: fate
     #: -> count since the key was made.
     refused: dict[str, int] = field(default_factory=dict)
+    #: The Celery app checked (its ``main`` name): ``check`` says which.
+    app: str = ""
 
     @property
     def ok(self) -> bool:
@@ -115,6 +121,7 @@ class CheckReport:
     def to_json(self) -> dict[str, object]:
         return {
             "ok": self.ok,
+            "app": self.app,
             "exchange": self.exchange,
             "service_queue": self.service_queue,
             "queues": self.queues,
@@ -402,7 +409,19 @@ def run_check(
     """
     config = runtime.config
     now = now_ms() if at_ms is None else at_ms
-    report = CheckReport(config.exchange, config.service_queue, management=api is not None)
+    report = CheckReport(
+        config.exchange,
+        config.service_queue,
+        management=api is not None,
+        app=runtime.app.main or "",
+    )
+    forgotten = not_installed(runtime.app)
+    if forgotten:
+        # The cause of everything else wrong: its queues lack the dead-letter exchange because
+        # nothing of celery_dlx declared them, not because they need a migration.
+        report.problems.append(
+            Problem(NOT_INSTALLED, runtime.app.main or "app", not_installed_message(runtime.app))
+        )
     report.problems.extend(_amqp_checks(runtime.app, config))
     _check_redis(runtime, report)
     expected = expected_queues(runtime.app, config)
@@ -438,7 +457,10 @@ def run_check(
         report.queues.append(
             {"name": name, "why": why, "dead_letter_exchange": target, "set_by": where}
         )
-        report.problems.extend(classify_queue(name, info, config.exchange, why))
+        found = classify_queue(name, info, config.exchange, why)
+        if forgotten:
+            found = [p for p in found if p.kind != NO_DLX]  # install() first, then see
+        report.problems.extend(found)
     scope = listed if all_queues else [q for q in listed if _in_scope(q, expected, config)]
     report.orphan_scope = len(scope)
     try:

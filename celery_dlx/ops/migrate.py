@@ -2,7 +2,7 @@
 
 RabbitMQ refuses to redeclare a queue with other arguments (406 PRECONDITION_FAILED), so a queue
 created before celery_dlx cannot simply be declared again with ``x-dead-letter-exchange``. Two
-ways out (docs/cli.md weighs them):
+ways out (docs/migration.md weighs them):
 
 * **policy** (:func:`migrate_policy`): a RabbitMQ policy matching only this queue sets
   ``dead-letter-exchange`` and ``dead-letter-routing-key``. Nothing moves and no consumer

@@ -17,7 +17,7 @@ from celery_dlx.store.graveyard import CHUNK, Filters, Group, When, chunks
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
-    from celery_dlx.store.sharded_graveyard import AnyGraveyard
+    from celery_dlx.store.graveyard import Graveyard
 
 
 def to_ms(value: When | None, *, now: int | None = None) -> int | None:
@@ -68,7 +68,7 @@ def targets(
     return _graveyard(runtime).ids(filters, limit=None, oldest_first=True)
 
 
-def _graveyard(runtime: Runtime) -> AnyGraveyard:
+def _graveyard(runtime: Runtime) -> Graveyard:
     return runtime.graveyard
 
 

@@ -1,4 +1,4 @@
-"""Purging obituaries: each leaves a ``purged`` history entry holding its whole JSON."""
+"""Purging obituaries: each leaves a ``purged`` history entry holding its summary."""
 
 from __future__ import annotations
 
@@ -33,13 +33,18 @@ def purge(
     until: When | None = None,
     everything: bool = False,
     dry_run: bool = False,
+    keep_whole: bool = False,
 ) -> PurgeReport:
-    """Delete obituaries; each leaves a ``purged`` history entry holding its whole JSON.
+    """Delete obituaries; each leaves a ``purged`` history entry holding its identity and facts
+    (:meth:`~celery_dlx.message.obituary.Obituary.leaving_note`: no traceback, headers or payload),
+    or with ``keep_whole`` its whole JSON, so by default a purge frees what it removes.
 
     Raises:
         DLXError: neither ids nor a filter (without ``everything``).
     """
     filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
     targets = obituaries.targets(runtime, ids, filters, everything, "purge")
-    removed, missing = remove_all(runtime, targets, PURGED, "purged by operator", dry_run)
+    removed, missing = remove_all(
+        runtime, targets, PURGED, "purged by operator", dry_run, keep_whole=keep_whole
+    )
     return PurgeReport(purged=removed, missing=missing, dry_run=dry_run)

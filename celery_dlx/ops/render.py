@@ -68,6 +68,12 @@ def parse_when(text: str, option: str = "--since", *, now: datetime | None = Non
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``"1 cause"``, ``"2 causes"``: ``n`` and ``noun``, plural unless ``n`` is 1 (``plural``
+    when the noun does not take an s: ``count(n, "entry", "entries")``)."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
 def iso(ms: int | None) -> str | None:
     """Epoch milliseconds as an ISO-8601 UTC time with milliseconds (``...Z``); None stays None."""
     if ms is None:

@@ -35,7 +35,7 @@ from celery_dlx.store.graveyard import CHUNK, When, chunks
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
-    from celery_dlx.store.sharded_graveyard import AnyGraveyard
+    from celery_dlx.store.graveyard import Graveyard
 
 
 @dataclass
@@ -253,7 +253,7 @@ def replay_targets(
 
 def _replay_chunk(
     runtime: Runtime,
-    yard: AnyGraveyard,
+    yard: Graveyard,
     todo: list[Obituary],
     keep_attempts: bool,
     force: bool,

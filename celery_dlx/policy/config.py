@@ -13,10 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError
+from celery_dlx.message.names import default_exchange, default_service_queue
 from celery_dlx.policy.breaker import BreakerSettings
 from celery_dlx.policy.decide import Backoff, Policy
-from celery_dlx.policy.settings import SENTRY_SETTINGS, SETTINGS, QueuePolicy, sentry_missing
+from celery_dlx.policy.settings import (
+    SENTRY_SETTINGS,
+    SETTINGS,
+    QueuePolicy,
+    closest,
+    sentry_missing,
+)
 
 
 def _check_extras(values: Mapping[str, Any], explicit: frozenset[str]) -> None:
@@ -37,6 +45,25 @@ def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[
         except Exception:  # some conf objects raise on odd keys
             continue
     return False, None
+
+
+def enabled_setting(conf: Mapping[str, Any], namespace: str | None = None) -> bool:
+    """True when ``conf`` sets ``dlx_enabled`` (under any of its names) to a true value, or to a
+    value that is not a boolean at all (asked for, if wrongly)."""
+    found, value = _lookup(conf, "dlx_enabled", namespace)
+    if not found:
+        return False
+    try:
+        return bool(SETTINGS["dlx_enabled"].check("dlx_enabled", value))
+    except ConfigurationError:
+        return True
+
+
+def _setting_name(key: str, namespace: str | None) -> str:
+    """``dlx_max_parkz`` of ``DLX_MAX_PARKZ`` or ``CELERY_DLX_MAX_PARKZ`` (the namespace's)."""
+    if namespace and key.startswith(f"{namespace}_"):
+        key = key[len(namespace) + 1 :]
+    return key.lower()
 
 
 def unknown_settings(conf: Mapping[str, Any], namespace: str | None = None) -> list[str]:
@@ -73,6 +100,7 @@ class DLXConfig:
 
     enabled: bool
     redis_url: str
+    redis_required: bool
     #: ``dlx_redis_min_replicas`` as set (None: the default of the URL, see
     #: :meth:`celery_dlx.store.client.Replicas.for_url`).
     redis_min_replicas: int | None
@@ -102,7 +130,6 @@ class DLXConfig:
     #: ``dlx_code_version`` as set; :attr:`code_version` falls back to the environment.
     code_version_setting: str | None
     graveyard_retention: float
-    #: ``dlx_graveyard_max_bytes``: 0 derives it from Redis maxmemory (:func:`graveyard_budget`).
     graveyard_max_bytes: int
     cause_ttl: float
     delay_backend: str
@@ -180,9 +207,10 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
     """
     unknown = unknown_settings(conf, namespace)
     if unknown:
+        hint = closest([_setting_name(key, namespace) for key in unknown], SETTINGS)
         raise ConfigurationError(
-            f"unknown celery_dlx setting(s): {', '.join(unknown)}; known settings: "
-            f"{', '.join(sorted(SETTINGS))} (see docs/configuration.md)"
+            f"unknown celery_dlx setting(s): {', '.join(unknown)}{hint}; known settings: "
+            f"{', '.join(sorted(SETTINGS))} (see {doc_url('configuration')})"
         )
     values: dict[str, Any] = {}
     explicit: set[str] = set()
@@ -197,6 +225,12 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
             "dlx_delivery_limit needs quorum queues: set dlx_quorum = True or remove dlx_delivery_limit"
         )
     _check_extras(values, frozenset(explicit))
+    # An app with a key prefix of its own gets broker names of its own (the default prefix keeps
+    # celery_dlx and celery_dlx.dead), so two apps on one virtual host stay apart.
+    if "dlx_exchange" not in explicit:
+        values["dlx_exchange"] = default_exchange(values["dlx_key_prefix"])
+    if "dlx_service_queue" not in explicit:
+        values["dlx_service_queue"] = default_service_queue(values["dlx_key_prefix"])
     return DLXConfig(
         **{field_name(name): value for name, value in values.items()},
         explicit=frozenset(explicit),

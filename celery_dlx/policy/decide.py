@@ -224,8 +224,39 @@ def _park_or_bury(state: DLXState, policy: Policy, countdown: float | None, why:
         delay = countdown if countdown is not None else policy.backoff(state.parks)
         return ToPark(delay=delay, reason=why)
     return ToBury(
-        reason=f"retry budget spent: {state.requeues} requeues, {state.parks} parks ({why})"
+        reason=f"retry budget spent: {_count(state.requeues, 'requeue')}, "
+        f"{_count(state.parks, 'park')} ({why})"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun if n == 1 else noun + 's'}"
+
+
+#: Longest user reason (a ``Requeue``/``Park`` message) a decision carries.
+REASON_LIMIT = 200
+
+
+def one_line(text: str, limit: int = REASON_LIMIT) -> str:
+    """``text`` on one line (runs of white space made one space), cut to ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"
+
+
+def reason_of(exc: BaseException) -> str:
+    """What a requeue or park names as its reason: the exception's type, or for a fate the task
+    asked for, the user's own words (``Requeue("upstream busy")`` -> ``Requeue: upstream busy``;
+    ``self.retry()`` -> ``retry``), never a class of celery_dlx's own making."""
+    if isinstance(exc, Park) and not exc.budgeted:  # self.retry() (RetryPark)
+        return "retry"
+    name = type(exc).__name__
+    if isinstance(exc, FateRequest):
+        message = str(exc)
+        default = isinstance(exc, Park) and (
+            message == "park" or message == f"park for {exc.countdown}s"
+        )
+        return f"{name}: {one_line(message)}" if message and not default else name
+    return name
 
 
 def decide(exc: BaseException, state: DLXState, policy: Policy) -> Decision:
@@ -235,7 +266,7 @@ def decide(exc: BaseException, state: DLXState, policy: Policy) -> Decision:
     then park while the park budget lasts, then bury. ``park`` failures skip the requeues.
     """
     kind = classify(exc, policy)
-    why = type(exc).__name__
+    why = reason_of(exc)
     if kind == "bury":
         reason = exc.reason if isinstance(exc, Bury) else f"permanent failure: {why}"
         return ToBury(reason=reason)

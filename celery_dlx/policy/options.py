@@ -10,7 +10,7 @@ from celery_dlx.errors import ConfigurationError
 from celery_dlx.policy.breaker import BreakerSettings, parse_breaker
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.decide import Policy, parse_backoff, parse_matchers
-from celery_dlx.policy.settings import IMPORTANCES
+from celery_dlx.policy.settings import IMPORTANCES, closest
 
 #: Options a task may set; each falls back to the ``dlx_*`` setting of the same name.
 TASK_OPTIONS = (
@@ -73,7 +73,8 @@ def resolve_task_options(
     unknown = unknown_task_options(task_cls)
     if unknown:
         raise ConfigurationError(
-            f"task {name}: unknown option(s) {', '.join(unknown)}; known: {', '.join(TASK_OPTIONS)}"
+            f"task {name}: unknown option(s) {', '.join(unknown)}"
+            f"{closest(unknown, TASK_OPTIONS)}; known: {', '.join(TASK_OPTIONS)}"
         )
     base = config.policy(queue)
 

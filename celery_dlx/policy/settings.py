@@ -6,11 +6,13 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypedDict
 
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.message.names import DEFAULT_DLX_EXCHANGE, DEFAULT_KEY_PREFIX, DEFAULT_SERVICE_QUEUE
 from celery_dlx.policy import durations
@@ -25,6 +27,18 @@ DELAY_BACKENDS = ("redis", "ttl")
 REDIS_SHARDS = ("auto", "queue", "none")
 #: What to do with a message that died of TTL expiry.
 EXPIRED_ACTIONS = ("park", "bury")
+
+
+def closest(names: Iterable[str], known: Iterable[str]) -> str:
+    """``" (did you mean X?)"`` for misspelt ``names`` that have a close known name (``difflib``;
+    with several, ``name -> X`` for each that has one); empty when none is close."""
+    wrong, choices = list(names), list(known)
+    hints = []
+    for name in wrong:
+        found = difflib.get_close_matches(name.lower(), choices, n=1, cutoff=0.75)
+        if found:
+            hints.append(found[0] if len(wrong) == 1 else f"{name} -> {found[0]}")
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
 
 def _bool(name: str, value: object) -> bool:
@@ -164,8 +178,10 @@ def _queue_policies(name: str, value: object) -> dict[str, QueuePolicy]:
             raise ConfigurationError(f"{where} must be a mapping, got {spec!r}")
         unknown = set(spec) - set(QUEUE_POLICY_KEYS)
         if unknown:
+            hint = closest(sorted(map(str, unknown)), QUEUE_POLICY_KEYS)
             raise ConfigurationError(
-                f"{where} has unknown keys {sorted(unknown)}; allowed: {', '.join(QUEUE_POLICY_KEYS)}"
+                f"{where} has unknown keys {sorted(unknown)}{hint}; allowed: "
+                f"{', '.join(QUEUE_POLICY_KEYS)}"
             )
         checked = QueuePolicy()
         if "backoff" in spec:
@@ -213,6 +229,13 @@ SETTINGS: dict[str, Setting] = {
             "Redis for parked retries, graveyard and history (redis://, rediss://, sentinel://, or a cluster URL with ?cluster=true).",
         ),
         Setting(
+            "dlx_redis_required",
+            False,
+            _bool,
+            "A worker whose Redis (dlx_redis_url) does not answer at start refuses to start "
+            "(exit 1) instead of starting with a warning and parking nothing until it answers.",
+        ),
+        Setting(
             "dlx_redis_min_replicas",
             None,  # the URL's default; not validated unless set
             _count,
@@ -228,13 +251,14 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "dlx_redis_shards",
-            "none",
+            "auto",
             _choice(REDIS_SHARDS),
-            "How parked retries and obituaries are spread over Redis Cluster slots: none (every "
-            "key under {prefix}: one slot, one master), queue (8 hash tags per queue for parked "
-            "retries, 4 of them for obituaries, {prefix:q:QUEUE:BUCKET}: set it on a cluster, "
-            "then run `dlx migrate-keys`), or auto (queue on a cluster URL, none elsewhere). See "
-            "operations.md.",
+            "How parked retries and obituaries are spread over Redis Cluster slots: auto (the "
+            "default: queue on a ?cluster=true URL, none elsewhere), queue (8 hash tags per queue "
+            "for parked retries, 4 of them for obituaries, {prefix:q:QUEUE:BUCKET}, so a cluster "
+            "spreads them over its masters), or none (every key under {prefix}: one slot, one "
+            "master). After a change to queue, `dlx migrate-keys` moves what the old layout "
+            f"holds (it is read meanwhile). See {doc_url('operations')}.",
         ),
         Setting(
             "dlx_key_prefix",
@@ -282,13 +306,16 @@ SETTINGS: dict[str, Setting] = {
             "dlx_exchange",
             DEFAULT_DLX_EXCHANGE,
             _str,
-            "Name of the dead-letter exchange every DLX queue routes to.",
+            "Name of the dead-letter exchange every DLX queue routes to (unset: celery_dlx, or "
+            "celery_dlx.PREFIX when dlx_key_prefix is not the default, so apps with prefixes of "
+            "their own on one virtual host keep their dead letters apart).",
         ),
         Setting(
             "dlx_service_queue",
             DEFAULT_SERVICE_QUEUE,
             _str,
-            "Queue the DLX service consumes dead letters from.",
+            "Queue the DLX service consumes dead letters from (unset: celery_dlx.dead, or "
+            "celery_dlx.PREFIX.dead when dlx_key_prefix is not the default).",
         ),
         Setting(
             "dlx_quorum",
@@ -316,7 +343,7 @@ SETTINGS: dict[str, Setting] = {
             '{"failures": 50, "window": 60, "hold": 300, "probe": 60, "release_rate": 50} holds '
             "new failures of a cause that failed more than failures times in window seconds on a "
             "queue, without spending their budget, and releases one canary every probe seconds "
-            "(docs/monitoring.md).",
+            f"({doc_url('monitoring')}).",
         ),
         Setting(
             "dlx_expired",
@@ -358,7 +385,12 @@ SETTINGS: dict[str, Setting] = {
             "dlx_graveyard_max_bytes",
             0,
             _count,
-            "Bytes of Redis memory the graveyard may use; past it dead letters wait in the DLX service queue (on the broker's disk) while parks and drains go on. 0: half of Redis maxmemory when maxmemory is set, else unlimited (`celery dlx check` reports usage against it).",
+            "Bytes the graveyard may hold (obituary records and payloads, plus a fixed 900 B each "
+            "for their indexes); 0 (the default): half of Redis' maxmemory, or no limit when "
+            "Redis has none. Past it, and whenever Redis uses more than 90% of maxmemory, the "
+            "DLX service buries nothing and dead letters wait in its queue, so parked retries "
+            "keep their room; `dlx check` fails and /metrics says so until `dlx purge` or the "
+            "retention makes room.",
         ),
         Setting(
             "dlx_cause_ttl",

@@ -68,7 +68,7 @@ class DLXService(BatchSettler):
         self.prefetch = prefetch or int(self.config.service_prefetch)
         self.batch_limit = max(1, min(BATCH_LIMIT, self.prefetch // (SETTLERS + 1)))
         self._stop = threading.Event()
-        self._settle_outage = Outage("Redis or the broker")
+        self._settle_outage = Outage("Redis (dlx_redis_url) or the broker (broker_url)")
         self._inbox: list[Delivery] = []
         self._last_sweep = 0.0
         self._sweep_failing = False

@@ -34,6 +34,7 @@ def run_service(
     drain: bool = True,
     install_signals: bool = True,
     on_start: Callable[[DLXService], None] | None = None,
+    announce: bool = True,
 ) -> ServiceStats:
     """Run the DLX service until SIGTERM/SIGINT (or ``idle_timeout``), in ``processes`` processes.
 
@@ -42,12 +43,15 @@ def run_service(
     redeliveries); the parent forwards the signal and returns their summed counts. A signal lets
     every process finish and ack the batches in hand. With ``drain``, every process also runs the
     drainer under the drain lease, stopped (and its lease released) when the service stops.
+    With ``announce``, the first log lines say what runs: broker, virtual host, Redis, queue.
 
     Raises:
         DLXError: ``processes`` above 1 where ``fork`` is unavailable, or below 1.
     """
     if processes < 1:
         raise DLXError(f"the DLX service needs at least one process (--processes), got {processes}")
+    if announce:
+        _log_start(app, drain=drain, processes=processes)
     if processes > 1:
         return _run_processes(
             app, processes, prefetch=prefetch, idle_timeout=idle_timeout, drain=drain
@@ -70,6 +74,20 @@ def run_service(
     return stats
 
 
+def _log_start(app: Celery, *, drain: bool, processes: int) -> None:
+    """The service's first lines: broker, virtual host, Redis, queue, drain (no password)."""
+    from celery_dlx.wiring.banner import service_lines
+    from celery_dlx.wiring.runtime import get_runtime
+
+    try:
+        lines = service_lines(app, get_runtime(app).config, drain=drain, processes=processes)
+    except Exception:  # a broker URL kombu cannot parse is the consumer's to report
+        logger.debug("could not describe the DLX service", exc_info=True)
+        return
+    for line in lines:
+        logger.info("%s", line)
+
+
 def _start_drainer(app: Celery) -> DrainerThread:
     """Start the drainer thread, as the workers' bootstep does."""
     drainer = DrainerThread(app)
@@ -84,7 +102,9 @@ def _start_drainer(app: Celery) -> DrainerThread:
 def _child(
     app: Celery, prefetch: int | None, idle_timeout: float | None, drain: bool, out: Any
 ) -> None:
-    stats = run_service(app, prefetch=prefetch, idle_timeout=idle_timeout, drain=drain)
+    stats = run_service(
+        app, prefetch=prefetch, idle_timeout=idle_timeout, drain=drain, announce=False
+    )
     out.put(stats.as_dict())
 
 

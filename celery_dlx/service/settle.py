@@ -482,10 +482,13 @@ class BatchSettler:
                 w.letter, verdict, buried_ms=now, code_version=code_version, hostname=self.hostname
             )
             items.append((ob, buried_event(ob, traceback_logged=verdict.from_worker)))
-        written = self.runtime.graveyard.write_many(items)
+        # The workers' cause records go with the seen markers (_mark_seen), in one step: a
+        # settle retried after a failure between the two finds the record and the obituary.
+        written = self.runtime.graveyard.write_many(items, drop_causes=False)
         # An obituary already there (a redelivery, or a second copy of the message a crash left
         # behind) is neither written nor announced again.
         return [item for item, new in zip(items, written, strict=True) if new]
 
     def _mark_seen(self, works: list[_Work]) -> None:
-        self.runtime.letters.mark([w.letter.key for w in works])
+        buried = [w.letter.identity for w in works if isinstance(w.verdict, BuryVerdict)]
+        self.runtime.letters.mark([w.letter.key for w in works], drop_causes=buried)

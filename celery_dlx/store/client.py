@@ -115,6 +115,27 @@ def mget_many(client: RedisClient, *key_lists: Sequence[str]) -> list[list[Any]]
     return [list(r) for r in pipe.execute()]
 
 
+@dataclass(frozen=True)
+class MemoryInfo:
+    """What ``INFO memory`` says: bytes used, ``maxmemory`` (0: none) and its policy."""
+
+    used: int
+    maxmemory: int
+    policy: str
+
+
+def memory_info(client: RedisClient) -> MemoryInfo:
+    """Redis' memory use (on a Cluster, the node redis-py asks by default)."""
+    info: dict[str, Any] = client.info("memory")
+    if is_cluster(client) and info and all(isinstance(v, dict) for v in info.values()):
+        info = next(iter(info.values()))  # per node: the first answers for the budget
+    return MemoryInfo(
+        used=int(info.get("used_memory", 0)),
+        maxmemory=int(info.get("maxmemory", 0)),
+        policy=str(info.get("maxmemory_policy", "")),
+    )
+
+
 #: URL schemes of a master found through Sentinel.
 SENTINEL_SCHEMES = ("sentinel", "sentinels")
 

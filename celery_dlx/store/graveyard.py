@@ -1,7 +1,8 @@
 """The graveyard: obituaries of buried messages in Redis, listed and grouped without consuming them.
 
-Layout, every key under ``keys.graveyard(...)`` (so under the ``{prefix}`` hash tag, one Redis
-Cluster slot):
+Each shard (:mod:`celery_dlx.store.shards`: the app's tag, or a bucket of one queue) has these
+keys, under ``{prefix}:graveyard:`` or ``{prefix:q:QUEUE:BUCKET}:graveyard:`` (one Redis Cluster
+slot per shard):
 
 ==========================  ================================================================
 key                         content
@@ -22,54 +23,88 @@ key                         content
 ``tasks``
 ==========================  ================================================================
 
-An obituary and its ``buried`` history entry are written by one Lua script, idempotently by id;
-an obituary leaves (purge, retention) by one Lua script that appends its whole JSON to the failure
-history first, so nothing is evicted silently. The replay ledger (``keys.replay_ledger``) maps an
-obituary id to the times it was replayed (and, under ``to``, the queue of each replay that went
-elsewhere than the queue it died in).
-
-The plain functions at the bottom (``list_obituaries``, ``get_obituary``, ``groups``, ``replay``,
-``purge``, ``sweep_retention``) take a :class:`~celery_dlx.wiring.runtime.Runtime` and return data; the
-command line sits on them.
+An obituary is written by one Lua script, idempotently by id; an obituary leaves (purge,
+retention) by one Lua script, with its history entry, so nothing leaves silently. The replay
+ledger (``keys.replay_ledger``, or the bucket's ``replay:ledger``) maps an obituary id to the
+times it was replayed (and, under ``to``, the queue of each replay that went elsewhere than the
+queue it died in).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+from redis.exceptions import RedisError
+
+from celery_dlx.errors import StoreError
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.store.client import (
+    MemoryInfo,
+    NotReplicated,
     RedisClient,
+    Replicas,
     batched_script,
+    execute_replicated,
     is_cluster,
+    memory_info,
     run_script_batch,
     run_script_many,
 )
-from celery_dlx.store.history import history_args
+from celery_dlx.store.history import History, history_args
+from celery_dlx.store.shards import Layout, ShardSet, grouped
 
 logger = logging.getLogger(__name__)
 
 #: Obituaries loaded per round trip when listing, replaying, purging or sweeping.
 CHUNK = 100
 
-#: Replies per cause of :meth:`Graveyard.queue_group_reads`.
+#: Replies per cause of :meth:`GraveyardShard.queue_group_reads`.
 GROUP_READS = 5
 
+#: Buckets of one queue's graveyard in the per-queue layout: an obituary's bucket is the CRC-32
+#: of its id modulo this. Fixed: changing it would strand obituaries in buckets nothing reads.
+BUCKETS = 4
+
+#: Most ids of a cause examined for one console page under a queue or task filter.
+SCAN_CAP = 10000
+
+#: The share of Redis' ``maxmemory`` the graveyard may hold by default (``dlx_graveyard_max_bytes
+#: = 0``): half, so a storm of burials leaves the other half to parked retries and the history.
+DEFAULT_SHARE = 0.5
+
+#: The share of ``maxmemory`` burials never take, whatever the budget says: with Redis this full,
+#: the room left is the parked retries' and the drain's.
+RESERVE = 0.1
+
 # KEYS: records payloads time queue task cause message group groups queues tasks history causerec
-# cause-versions versions
-# ARGV: id score record payload facts version ("" = unknown), facts = JSON [queue, task, cause, exc_type, exc_message,
-# history field, value, ...] (one argument instead of thirty: packing arguments costs the client).
-# Writes nothing and returns 0 when the id is there already (a redelivered dead letter).
+# cause-versions versions bytes
+# ARGV: id score record payload facts version home limit, facts = JSON [queue, task, cause, exc_type,
+# exc_message, history field, value, ...] (one argument instead of thirty: packing arguments
+# costs the client); version "" = unknown; home "1" or "2" when the history stream and the
+# worker's cause record share this shard's slot (the single-tag layout): the script then appends
+# the ``buried`` entry, and with "1" deletes the cause record, itself; "0": the caller does (KEYS[12]
+# and KEYS[13] are then any key of the shard's slot, never touched).
+# Writes nothing and returns 0 when the id is there already (a redelivered dead letter), and -1
+# when the shard's byte count (KEYS[16]) would pass ARGV[8] (-1: no limit): checked before the
+# first write, which is one Redis refuses at maxmemory, so a full Redis refuses the burial too.
 _WRITE = """
-redis.call('DEL', KEYS[13])
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+local home, drop = ARGV[7] ~= '0', ARGV[7] == '1'
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  if drop then redis.call('DEL', KEYS[13]) end
+  return 0
+end
+local size = string.len(ARGV[3]) + string.len(ARGV[4]) + OVERHEAD
+local limit = tonumber(ARGV[8])
+if limit >= 0 and tonumber(redis.call('GET', KEYS[16]) or '0') + size > limit then return -1 end
 local f = cjson.decode(ARGV[5])
 local id, at, queue, task, cause = ARGV[1], ARGV[2], f[1], f[2], f[3]
 redis.call('HSET', KEYS[1], id, ARGV[3])
@@ -94,17 +129,21 @@ redis.call('HINCRBY', KEYS[14], version, 1)
 redis.call('ZADD', KEYS[15], 'LT', at, version)
 redis.call('HINCRBY', KEYS[8], 'total', 1)
 redis.call('ZADD', KEYS[9], 'GT', at, cause)
-redis.call('XADD', KEYS[12], '*', unpack(f, 6))
+redis.call('INCRBY', KEYS[16], size)
+if home then redis.call('XADD', KEYS[12], '*', unpack(f, 6)) end
+if drop then redis.call('DEL', KEYS[13]) end
 return 1
 """
 
 # KEYS: records payloads time queue task cause message group groups queues tasks history ledger
-# cause-versions
-# ARGV: id queue task cause version <history field pairs...>
-# Appends the history entry and deletes the obituary and its index entries; 0 if already gone.
+# cause-versions bytes
+# ARGV: id queue task cause version [history field pairs...]
+# Deletes the obituary and its index entries, then appends the history entry when one is given
+# (the single-tag layout: the stream shares the slot; else the caller appends it first); 0 if
+# already gone. It deletes first, so it runs on a Redis at maxmemory.
 _REMOVE = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('XADD', KEYS[12], '*', unpack(ARGV, 6))
+local size = redis.call('HSTRLEN', KEYS[1], ARGV[1]) + redis.call('HSTRLEN', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[13], ARGV[1])
@@ -120,16 +159,16 @@ if redis.call('ZCARD', KEYS[4]) == 0 then redis.call('ZREM', KEYS[10], ARGV[2]) 
 if ARGV[3] ~= '' and redis.call('ZCARD', KEYS[5]) == 0 then
   redis.call('ZREM', KEYS[11], ARGV[3])
 end
+if redis.call('DECRBY', KEYS[15], size + OVERHEAD) < 0 then redis.call('SET', KEYS[15], 0) end
+if #ARGV > 5 then redis.call('XADD', KEYS[12], '*', unpack(ARGV, 6)) end
 return 1
 """
 
-# The same scripts for one queue's shard (:mod:`celery_dlx.store.sharded_graveyard`): the history
-# stream and the worker's cause record live under the app's tag, another slot, so these leave
-# them to the caller (KEYS[12] and KEYS[13] are then any key of the shard's slot, never touched).
-_WRITE_SHARD = _WRITE.replace("redis.call('DEL', KEYS[13])\n", "").replace(
-    "redis.call('XADD', KEYS[12], '*', unpack(f, 6))\n", ""
-)
-_REMOVE_SHARD = _REMOVE.replace("redis.call('XADD', KEYS[12], '*', unpack(ARGV, 6))\n", "")
+#: Bytes an obituary's indexes, group and version entries add to its record and payload, as
+#: counted against ``dlx_graveyard_max_bytes`` (measured: ``tests/integration/test_graveyard_budget.py``).
+OBITUARY_OVERHEAD = 900
+_WRITE = _WRITE.replace("OVERHEAD", str(OBITUARY_OVERHEAD))
+_REMOVE = _REMOVE.replace("OVERHEAD", str(OBITUARY_OVERHEAD))
 
 
 def text(value: object) -> str:
@@ -189,24 +228,26 @@ class Filters:
         )
 
 
-class Graveyard:
-    """Obituary storage over a Redis client (bytes responses) and a key layout.
+class GraveyardShard:
+    """The obituaries under one hash tag: the app's (``{prefix}:graveyard:*``) or one bucket of
+    a queue (``{prefix:q:QUEUE:BUCKET}:graveyard:*``), with the replay ledger of its obituaries.
 
     Args:
-        client: ``redis.Redis`` or ``RedisCluster``.
-        keys: the key layout (prefix).
-        tag: the hash tag of one queue's bucket (``{prefix:q:QUEUE:BUCKET}``,
-            :mod:`celery_dlx.store.sharded_graveyard`): the graveyard keys and the replay
-            ledger go under it, and the scripts leave the history and the worker's cause record
-            (under the app's tag) to the caller. None: the single-tag layout above.
+        client: ``redis.Redis`` or ``RedisCluster`` (bytes responses).
+        keys: the app's key layout.
+        tag: the shard's hash tag.
+        scripts: the graveyard's registered scripts.
     """
 
-    def __init__(self, client: RedisClient, keys: Keys, *, tag: str | None = None) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, tag: str, scripts: _Scripts) -> None:
         self.client = client
         self.keys = keys
         self.tag = tag
-        self._base = keys.graveyard_prefix if tag is None else f"{tag}:graveyard:"
-        self.ledger = keys.replay_ledger if tag is None else f"{tag}:replay:ledger"
+        #: True for the app's tag, where the history stream and the cause records live too.
+        self.home = tag == keys.home_tag
+        self.scripts = scripts
+        self._base = keys.graveyard_prefix if self.home else f"{tag}:graveyard:"
+        self.ledger = keys.replay_ledger if self.home else f"{tag}:replay:ledger"
         self.records = self._key("records")
         self.payloads = self._key("payloads")
         self.by_time = self._key("time")
@@ -214,11 +255,8 @@ class Graveyard:
         self.queues_key = self._key("queues")
         self.tasks_key = self._key("tasks")
         self.versions_key = self._key("versions")
-        self._write = client.register_script(_WRITE if tag is None else _WRITE_SHARD)
-        self._write_batch = client.register_script(
-            batched_script(_WRITE if tag is None else _WRITE_SHARD)
-        )
-        self._remove = client.register_script(_REMOVE if tag is None else _REMOVE_SHARD)
+        #: String: the bytes of this shard's obituaries, as the budget counts them.
+        self.bytes_key = self._key("bytes")
 
     def _key(self, suffix: str) -> str:
         return f"{self._base}{suffix}"
@@ -241,6 +279,10 @@ class Graveyard:
     def cause_versions(self, cause: str) -> str:
         return self._key(f"versions:{cause}")
 
+    def name_key(self, kind: str) -> str:
+        """The zset of ``kind`` (``groups``, ``queues`` or ``tasks``) -> last burial (ms)."""
+        return self._key(kind)
+
     def _index_keys(self, ob: Obituary) -> list[str]:
         return [
             self.records,
@@ -254,61 +296,81 @@ class Graveyard:
             self.groups_key,
             self.queues_key,
             self.tasks_key,
-            self.keys.history if self.tag is None else self.records,
+            self.keys.history if self.home else self.records,
         ]
 
-    def write_many(self, items: Sequence[tuple[Obituary, FateEvent]]) -> list[bool]:
-        """Write obituaries with their ``buried`` history entries, in one round trip.
-
-        The worker's cause record of each message is deleted in the same script.
-
-        Returns:
-            Per obituary, True if it was written now, False if it was there already.
-        """
-        if not items:
-            return []
-        calls = self.write_calls(items)
-        if is_cluster(self.client):  # a call each, as redis-py runs scripts on a Cluster
-            return [bool(r) for r in run_script_many(self.client, self._write, calls)]
-        return [bool(r) for r in run_script_batch(self._write_batch, calls)]
+    # -- writes ---------------------------------------------------------------------------------
 
     def write_calls(
-        self, items: Sequence[tuple[Obituary, FateEvent]]
+        self,
+        items: Sequence[tuple[Obituary, FateEvent]],
+        limit: int = -1,
+        *,
+        drop_causes: bool = True,
     ) -> list[tuple[list[str], list[Any]]]:
-        """The ``(keys, args)`` of the burial script for each of ``items``."""
-        calls = []
-        for ob, event in items:
-            facts = [ob.queue, ob.task or "", ob.cause, ob.exc_type, ob.exc_message[:500]]
-            facts.extend(history_args(event))
-            args = [
-                ob.id,
-                ob.buried_ms,
-                ob.record_json(),
-                ob.payload or b"",
-                json.dumps(facts),
-                ob.code_version or "",
-            ]
-            keys = [
-                *self._index_keys(ob),
-                self.keys.cause(ob.message_id) if self.tag is None else self.records,
-                self.cause_versions(ob.cause),
-                self.versions_key,
-            ]
-            calls.append((keys, args))
-        return calls
-
-    def remove(self, ob: Obituary, event: FateEvent) -> bool:
-        """Append ``event`` to the history and delete ``ob``, atomically; False if it was gone."""
-        keys = [*self._index_keys(ob), self.ledger, self.cause_versions(ob.cause)]
-        args = [
-            ob.id,
-            ob.queue,
-            ob.task or "",
-            ob.cause,
-            ob.code_version or "",
-            *history_args(event),
+        """The ``(keys, args)`` of the burial script for each of ``items``; ``limit``: the
+        most bytes this shard may hold after each (-1: no limit); ``drop_causes``: delete the
+        worker's cause record of each message too (in the app-tag shard)."""
+        return [
+            self._write_call(ob, ob.record_json(), ob.payload or b"", event, limit, drop_causes)
+            for ob, event in items
         ]
-        return bool(self._remove(keys=keys, args=args))
+
+    def _write_call(
+        self,
+        ob: Obituary,
+        record: Any,
+        payload: Any,
+        event: FateEvent | None,
+        limit: int = -1,
+        drop_cause: bool = True,
+    ) -> tuple[list[str], list[Any]]:
+        facts: list[Any] = [ob.queue, ob.task or "", ob.cause, ob.exc_type, ob.exc_message[:500]]
+        if event is not None:
+            facts.extend(history_args(event))
+        home = self.home and event is not None
+        args = [ob.id, ob.buried_ms, record, payload, json.dumps(facts), ob.code_version or ""]
+        args += ["0" if not home else "1" if drop_cause else "2", limit]
+        keys = [
+            *self._index_keys(ob),
+            self.keys.cause(ob.message_id) if self.home else self.records,
+            self.cause_versions(ob.cause),
+            self.versions_key,
+            self.bytes_key,
+        ]
+        return keys, args
+
+    def write(self, calls: Sequence[tuple[list[str], list[Any]]]) -> list[int]:
+        """Run the burial script for ``calls`` in one round trip; per call, 1 if written, 0 if
+        there already, -1 if refused (past the budget)."""
+        if is_cluster(self.client):  # a call each, as redis-py runs scripts on a Cluster
+            return [int(r) for r in run_script_many(self.client, self.scripts.write, calls)]
+        return [int(r) for r in run_script_batch(self.scripts.write_batch, calls)]
+
+    def queue_write(self, pipe: Any, calls: Sequence[tuple[list[str], list[Any]]]) -> None:
+        """Queue ``calls`` of the burial script on ``pipe`` (a replicated block's)."""
+        for keys, args in calls:
+            self.scripts.write(keys=keys, args=args, client=pipe)
+
+    def copy_in(self, ob: Obituary, record: Any, payload: Any, ledger: Any) -> bool:
+        """Write one obituary's stored record here, with its ledger entry and no history entry
+        (a move between layouts); False if it is here already."""
+        keys, args = self._write_call(ob, record, payload, None)
+        (copied,) = self.write([(keys, args)])
+        if ledger is not None:
+            self.client.hset(self.ledger, ob.id, ledger)
+        return copied == 1
+
+    def remove(self, ob: Obituary, event: FateEvent | None) -> bool:
+        """Delete ``ob`` and, when given, append ``event`` to the history in the same script
+        (only the app-tag shard shares the stream's slot); False if it was gone."""
+        keys = [*self._index_keys(ob), self.ledger, self.cause_versions(ob.cause), self.bytes_key]
+        args = [ob.id, ob.queue, ob.task or "", ob.cause, ob.code_version or ""]
+        if event is not None and self.home:
+            args += history_args(event)
+        return bool(self.scripts.remove(keys=keys, args=args))
+
+    # -- reads ----------------------------------------------------------------------------------
 
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
         """The obituaries of ``ids`` (None where missing or unreadable), in order."""
@@ -336,35 +398,21 @@ class Graveyard:
             out.append(ob)
         return out
 
-    def ids(self, filters: Filters, *, limit: int | None, oldest_first: bool = False) -> list[str]:
-        """Obituary ids matching ``filters``, newest first unless ``oldest_first``."""
-        index = self.driving_index(filters)
-        low = "-inf" if filters.since_ms is None else filters.since_ms
-        high = "+inf" if filters.until_ms is None else filters.until_ms
-        needs_check = _needs_post_filter(filters)
-        out: list[str] = []
-        offset = 0
-        page = CHUNK if limit is None else max(CHUNK, limit)
-        while limit is None or len(out) < limit:
-            if oldest_first:
-                raw = self.client.zrangebyscore(index, low, high, start=offset, num=page)
-            else:
-                raw = self.client.zrevrangebyscore(index, high, low, start=offset, num=page)
-            if not raw:
-                break
-            offset += len(raw)
-            found = [text(r) for r in raw]
-            if needs_check:
-                obits = self.load(found)
-                found = [ob.id for ob in obits if ob is not None and filters.matches(ob)]
-            out.extend(found)
-            if len(raw) < page:
-                break
-        return out if limit is None else out[:limit]
+    def count(self) -> int:
+        return int(self.client.zcard(self.by_time))
 
-    def name_key(self, kind: str) -> str:
-        """The zset of ``kind`` (``groups``, ``queues`` or ``tasks``) -> last burial (ms)."""
-        return self._key(kind)
+    def stored_page(self, skip: int, count: int) -> list[tuple[str, Any, Any, Any]]:
+        """``(id, record, payload, ledger entry)`` as stored, of ``count`` obituaries from rank
+        ``skip``, oldest first."""
+        ids = [text(i) for i in self.client.zrange(self.by_time, skip, skip + count - 1)]
+        if not ids:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.records, ids)
+        pipe.hmget(self.payloads, ids)
+        pipe.hmget(self.ledger, ids)
+        records, payloads, ledgers = pipe.execute()
+        return list(zip(ids, records, payloads, ledgers, strict=True))
 
     def driving_index(self, filters: Filters) -> str:
         """The index a listing under ``filters`` reads (the narrowest given)."""
@@ -377,46 +425,6 @@ class Graveyard:
         if filters.queue is not None:
             return self.by_queue(filters.queue)
         return self.by_time
-
-    def count(self) -> int:
-        return int(self.client.zcard(self.by_time))
-
-    def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
-        """Ids of up to ``limit`` obituaries buried at or before ``cutoff_ms``, oldest first."""
-        return [
-            text(i) for i in self.client.zrangebyscore(self.by_time, "-inf", cutoff_ms, 0, limit)
-        ]
-
-    def latest_of_message(self, message_id: str) -> str | None:
-        """The id of the latest obituary of ``message_id``, or None."""
-        latest = self.client.zrevrange(self.by_message(message_id), 0, 0)
-        return text(latest[0]) if latest else None
-
-    def cause_names(self, offset: int, limit: int) -> tuple[int, list[str]]:
-        """How many causes there are, and a page of them, most recently seen first."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self.groups_key)
-        pipe.zrevrange(self.groups_key, offset, offset + limit - 1)
-        total, page = pipe.execute()
-        return int(total), [text(c) for c in page]
-
-    def top_causes(self, limit: int) -> list[str]:
-        """The ``limit`` most recently seen causes, latest first (``groups`` is scored by each
-        cause's last burial)."""
-        return [text(c) for c in self.client.zrevrange(self.groups_key, 0, limit - 1)]
-
-    def groups(self) -> list[Group]:
-        """Every cause still in the graveyard, most recently seen first."""
-        return self.groups_of([text(c) for c in self.client.zrevrange(self.groups_key, 0, -1)])
-
-    def groups_of(self, causes: list[str]) -> list[Group]:
-        """The :class:`Group` of each of ``causes`` still in the graveyard, in their order (one
-        round trip: a page of causes never loads the others)."""
-        if not causes:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        self.queue_group_reads(pipe, causes)
-        return self.groups_from(causes, pipe.execute())
 
     def queue_group_reads(self, pipe: Any, causes: list[str]) -> None:
         """Queue on ``pipe`` the reads :meth:`groups_from` takes (:data:`GROUP_READS` per cause)."""
@@ -457,7 +465,7 @@ class Graveyard:
         return out
 
     def version_times(self) -> dict[str, int]:
-        """Every code version seen in this graveyard -> when it was first seen (ms)."""
+        """Every code version seen in this shard -> when it was first seen (ms)."""
         scored = cast(
             "list[tuple[bytes, float]]",
             self.client.zrange(self.versions_key, 0, -1, withscores=True),
@@ -501,6 +509,579 @@ class Graveyard:
             return []
         raws = self.client.hmget(self.ledger, list(ids))
         return [{int(at): q for at, q in _ledger_redirects(raw).items()} for raw in raws]
+
+    def scan_cause(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage:
+        """One page of a cause's ids, newest first, by this shard's indexes alone: without a
+        queue or task filter one ``ZREVRANGEBYSCORE ... LIMIT`` (``matching`` exact); with one,
+        the cause's ids checked against that queue's or task's index (``ZMSCORE``, no record
+        read), at most :data:`SCAN_CAP` ids for one page (``capped`` says so), ``offset`` then
+        counting the cause's ids, not matches."""
+        client, index = self.client, self.by_cause(cause)
+        high = "+inf" if filters.until_ms is None else filters.until_ms
+        low = "-inf" if filters.since_ms is None else filters.since_ms
+        members = [self.by_queue(filters.queue)] if filters.queue else []
+        members += [self.by_task(filters.task)] if filters.task else []
+        page = CausePage()
+        if not members:
+            raw = client.zrevrangebyscore(index, high, low, start=offset, num=limit + 1)
+            ids = [text(r) for r in raw]
+            page.matching = int(client.zcount(index, low, high))
+            page.next_offset = offset + limit if len(ids) > limit else None
+            page.scanned = min(len(ids), limit)
+            page.ids = ids[:limit]
+            return page
+        position, chunk = offset, 1000
+        while len(page.ids) < limit and page.scanned < SCAN_CAP:
+            found = [
+                text(r)
+                for r in client.zrevrangebyscore(index, high, low, start=position, num=chunk)
+            ]
+            if not found:
+                return page
+            pipe = client.pipeline(transaction=False)
+            for key in members:
+                pipe.zmscore(key, found)
+            scores = pipe.execute()
+            for i, oid in enumerate(found):
+                position += 1
+                page.scanned += 1
+                if all(s[i] is not None for s in scores):
+                    page.ids.append(oid)
+                    if len(page.ids) >= limit:
+                        break
+            else:
+                if len(found) < chunk:
+                    return page
+        page.next_offset = position
+        page.capped = len(page.ids) < limit
+        return page
+
+
+class GraveyardFull(StoreError, RedisError):
+    """A burial refused before it wrote anything: the graveyard is at its budget, or Redis is
+    near its ``maxmemory``. Not now: the dead letter stays in RabbitMQ and is retried."""
+
+
+class Budget:
+    """How many bytes the graveyard may hold.
+
+    Args:
+        max_bytes: ``dlx_graveyard_max_bytes``: a number of bytes; 0, a share of Redis'
+            ``maxmemory`` (:data:`DEFAULT_SHARE`), or no limit where it has none; None, no limit.
+        reserve: the share of ``maxmemory`` kept for everything but new obituaries (parked
+            retries, the history): a burial is refused once ``used_memory`` passes the rest.
+        ttl: seconds a reading of ``INFO memory`` is reused.
+    """
+
+    def __init__(
+        self, max_bytes: int | None = None, *, reserve: float = RESERVE, ttl: float = 1.0
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.reserve = reserve
+        self.ttl = ttl
+        self._memory: tuple[float, MemoryInfo] | None = None
+
+    def memory(self, client: RedisClient) -> MemoryInfo:
+        """Redis' ``INFO memory`` (reused for :attr:`ttl` seconds)."""
+        now = time.monotonic()
+        if self._memory is None or now - self._memory[0] > self.ttl:
+            self._memory = (now, memory_info(client))
+        return self._memory[1]
+
+    def limit(self, memory: MemoryInfo | None = None) -> int:
+        """The budget in bytes, or -1 for none."""
+        if self.max_bytes is None:
+            return -1
+        if self.max_bytes > 0:
+            return self.max_bytes
+        if memory is None and self._memory is not None:
+            memory = self._memory[1]
+        if memory is None or not memory.maxmemory:
+            return -1
+        return int(memory.maxmemory * DEFAULT_SHARE)
+
+    def check(self, client: RedisClient) -> int:
+        """The budget for a burial now (-1: none).
+
+        Raises:
+            GraveyardFull: ``used_memory`` is past ``maxmemory`` less the reserve.
+        """
+        if self.max_bytes is None:
+            return -1
+        memory = self.memory(client)
+        if memory.maxmemory and memory.used > memory.maxmemory * (1 - self.reserve):
+            raise GraveyardFull(
+                f"Redis uses {memory.used:,} of its {memory.maxmemory:,}-byte maxmemory: "
+                f"burials stop at {1 - self.reserve:.0%} so parked retries keep their room; the "
+                "dead letters wait in the DLX service queue until `dlx purge` or the retention "
+                "makes room"
+            )
+        return self.limit(memory)
+
+
+@dataclass
+class CausePage:
+    """One page of a cause's obituary ids (:meth:`Graveyard.cause_page`): ``next_offset`` None
+    at the end, ``matching`` None where not counted, ``scanned`` ids examined, ``capped`` when
+    the scan stopped at :data:`SCAN_CAP` before the page was full."""
+
+    ids: list[str] = field(default_factory=list)
+    next_offset: int | None = None
+    matching: int | None = None
+    scanned: int = 0
+    capped: bool = False
+
+
+class _Scripts:
+    """The graveyard scripts, registered once per graveyard (every shard runs the same ones)."""
+
+    def __init__(self, client: RedisClient) -> None:
+        self.write = client.register_script(_WRITE)
+        self.write_batch = client.register_script(batched_script(_WRITE))
+        self.remove = client.register_script(_REMOVE)
+
+
+class Graveyard:
+    """Obituaries in Redis, in the single-tag layout or sharded by queue (same methods).
+
+    Reads go over every shard (:mod:`celery_dlx.store.shards`): listings merge each shard's index
+    a page at a time by burial time (:func:`heapq.merge`); counts, names and versions are summed
+    or merged; a cause's group is the sum of its per-shard groups. An obituary id tells its
+    bucket (its CRC-32), not its queue, so a load asks that bucket of every queue (one ``HMGET``
+    each, pipelined): its cost grows with the number of queues, not with the graveyard.
+
+    In the single-tag layout a burial, its ``buried`` history entry and the deletion of the
+    worker's cause record are one script. Per queue, the history and the cause records live
+    under the app's tag (another slot): a burial appends its entry right after its script wrote
+    the obituary (a crash between the two leaves the obituary without its entry), a removal
+    appends its entry before its script deletes the obituary (a crash between leaves it in
+    place with an extra entry: nothing leaves without its record in the history). Each queue
+    bucket's burials wait for ``dlx_redis_min_replicas`` on their own master.
+
+    The graveyard has a budget (:class:`Budget`): past it, or with Redis near its
+    ``maxmemory``, a burial raises :class:`GraveyardFull` before it writes anything, and the dead
+    letter waits in RabbitMQ, so a storm of burials never takes the memory parked retries need.
+
+    Args:
+        client: ``redis.Redis`` or ``RedisCluster`` (bytes responses).
+        keys: the app's key layout.
+        replicas: the replicas a burial in a queue's bucket must reach.
+        per_queue: keys per queue (``dlx_redis_shards``).
+        budget: the bytes the graveyard may hold (default: none).
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        keys: Keys,
+        replicas: Replicas | None = None,
+        *,
+        per_queue: bool = False,
+        budget: Budget | None = None,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.replicas = replicas or Replicas()
+        self.budget = budget or Budget()
+        self.scripts = _Scripts(client)
+        self.shards: ShardSet[GraveyardShard] = ShardSet(
+            client,
+            Layout(keys, per_queue=per_queue, buckets=BUCKETS),
+            keys.graveyard("shards"),
+            "graveyard",
+            lambda tag: GraveyardShard(client, keys, tag, self.scripts),
+            self.replicas,
+        )
+
+    def shard(self, queue: str, obituary_id: str) -> GraveyardShard:
+        """The shard ``queue``'s obituary ``obituary_id`` is written to."""
+        return self.shards.shard(queue, obituary_id)
+
+    def queues(self) -> list[str]:
+        """The queues with graveyard keys of their own (per-queue layout), sorted."""
+        return self.shards.queues()
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def write_many(
+        self, items: Sequence[tuple[Obituary, FateEvent]], *, drop_causes: bool = True
+    ) -> list[bool]:
+        """Write obituaries with their ``buried`` history entries, and delete the workers'
+        cause records of their messages (unless ``drop_causes`` is False: the DLX service drops
+        them with its seen markers, in one step, :meth:`~celery_dlx.store.seen.Letters.mark`).
+
+        Returns:
+            Per obituary, True if it was written now, False if it was there already.
+
+        Raises:
+            NotReplicated: written in a queue's bucket, but fewer replicas than
+                ``dlx_redis_min_replicas`` confirmed it (its history entry is appended: the
+                retry finds the obituary there and writes nothing).
+            redis.RedisError: not written (or not known to be); the caller retries.
+        """
+        if not items:
+            return []
+        self.shards.add_queues(ob.queue for ob, _ in items)
+        out = [False] * len(items)
+        unconfirmed: NotReplicated | None = None
+        refused_at: set[int] = set()
+        groups = grouped((self.shard(ob.queue, ob.id), i) for i, (ob, _) in enumerate(items))
+        limits = self._limits([shard for shard, _ in groups])
+        for (shard, where), limit in zip(groups, limits, strict=True):
+            try:
+                written = self._write(shard, [items[i] for i in where], limit, drop_causes)
+            except NotReplicated as exc:
+                written, unconfirmed = [1] * len(where), unconfirmed or exc
+            for i, done in zip(where, written, strict=True):
+                out[i] = done == 1
+                if done < 0:
+                    refused_at.add(i)
+        if self.shards.layout.per_queue:
+            pipe = self.client.pipeline(transaction=False)
+            new = (event for (_, event), ok in zip(items, out, strict=True) if ok)
+            History(self.client, self.keys).append_many(new, pipe=pipe)
+            for (ob, _), i in zip(items, range(len(items)), strict=True):
+                if drop_causes and i not in refused_at:  # one DEL each, as a cluster pipeline asks
+                    pipe.delete(self.keys.cause(ob.message_id))
+            pipe.execute()
+        if unconfirmed is not None:
+            raise unconfirmed
+        if refused_at:
+            raise GraveyardFull(
+                f"{len(refused_at)} of {len(items)} burial(s) refused: the graveyard holds "
+                f"{self.used_bytes():,} bytes of its {self.budget.limit():,}-byte budget "
+                "(dlx_graveyard_max_bytes); the dead letters wait in the DLX service queue until "
+                "`dlx purge` or the retention makes room"
+            )
+        return out
+
+    def used_bytes(self) -> int:
+        """The bytes of every obituary, as the budget counts them."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards.every():
+            pipe.get(shard.bytes_key)
+        return sum(int(n or 0) for n in pipe.execute())
+
+    def _limits(self, shards: Sequence[GraveyardShard]) -> list[int]:
+        """The byte limit each of ``shards`` gets for one batch (-1: none). One shard compares
+        the budget with its own count; several share what the budget has left.
+
+        Raises:
+            GraveyardFull: Redis is so near its ``maxmemory`` that a burial would take the
+                room kept for parked retries.
+        """
+        limit = self.budget.check(self.client)
+        if limit < 0:
+            return [-1] * len(shards)
+        every = self.shards.every()
+        if len(every) == 1:
+            return [limit] * len(shards)
+        pipe = self.client.pipeline(transaction=False)
+        for shard in [*every, *shards]:
+            pipe.get(shard.bytes_key)
+        counts = [int(n or 0) for n in pipe.execute()]
+        left = limit - sum(counts[: len(every)])
+        return [own + left for own in counts[len(every) :]]
+
+    def _write(
+        self,
+        shard: GraveyardShard,
+        items: Sequence[tuple[Obituary, FateEvent]],
+        limit: int,
+        drop_causes: bool,
+    ) -> list[int]:
+        """One shard's burials; a queue bucket's confirmed by its master's replicas."""
+        calls = shard.write_calls(items, limit, drop_causes=drop_causes)
+        wanted = 0 if shard.home else self.replicas.wanted(self.client, shard.records)
+        if not wanted:
+            return shard.write(calls)
+        done = execute_replicated(
+            self.client,
+            shard.records,
+            lambda pipe: shard.queue_write(pipe, calls),
+            wanted,
+            self.replicas.timeout,
+            what=f"{len(calls)} obituaries of {shard.tag}",
+        )
+        return [int(r) for r in done]
+
+    def remove(self, ob: Obituary, event: FateEvent | None) -> bool:
+        """Delete ``ob`` with ``event`` in the history (None: no entry, a burial taken back
+        before anyone saw it); False if it was gone."""
+        found = self._by_shard([ob.id])
+        if not found:
+            return False
+        holder = found[0][0]
+        if not holder.home and event is not None:
+            History(self.client, self.keys).append_many([event])
+        return holder.remove(ob, event)
+
+    # -- where an id lives ------------------------------------------------------------------------
+
+    def locate(self, ids: Sequence[str]) -> list[GraveyardShard | None]:
+        """Per id, the shard that holds it, or None."""
+        if not ids:
+            return []
+        queues = self.queues()
+        if not queues:  # the app-tag shard only
+            found = self.client.hmget(self.shards.home.records, list(ids))
+            return [self.shards.home if raw is not None else None for raw in found]
+        asks = [
+            (shard, where)
+            for shard, where in grouped(
+                (s, i) for i, oid in enumerate(ids) for s in self.shards.holders(oid, queues)
+            )
+        ]
+        pipe = self.client.pipeline(transaction=False)
+        for shard, where in asks:
+            pipe.hmget(shard.records, [ids[i] for i in where])
+        holders: list[GraveyardShard | None] = [None] * len(ids)
+        for (shard, where), raws in zip(asks, pipe.execute(), strict=True):
+            for i, raw in zip(where, raws, strict=True):
+                if raw is not None and holders[i] is None:
+                    holders[i] = shard
+        return holders
+
+    def _by_shard(self, ids: Sequence[str]) -> list[tuple[GraveyardShard, list[int]]]:
+        if not self.shards.layout.per_queue:  # one shard: no lookup first
+            return [(self.shards.home, list(range(len(ids))))] if ids else []
+        located = self.locate(ids)
+        return grouped((s, i) for i, s in enumerate(located) if s is not None)
+
+    def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
+        """The obituaries of ``ids`` (None where missing or unreadable), in order."""
+        out: list[Obituary | None] = [None] * len(ids)
+        for shard, where in self._by_shard(ids):
+            found = shard.load([ids[i] for i in where], with_payload=with_payload)
+            for i, ob in zip(where, found, strict=True):
+                out[i] = ob
+        return out
+
+    def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
+        """Add replay times to the ledger of each obituary's shard."""
+        for shard, where in self._by_shard([oid for oid, _ in replayed]):
+            shard.add_replays([replayed[i] for i in where], to_queue=to_queue)
+
+    def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
+        """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
+        out: list[dict[int, str]] = [{} for _ in ids]
+        for shard, where in self._by_shard(ids):
+            for i, found in zip(where, shard.redirects([ids[i] for i in where]), strict=True):
+                out[i] = found
+        return out
+
+    def latest_of_message(self, message_id: str) -> str | None:
+        """The id of the latest obituary of ``message_id``, or None."""
+        best: tuple[float, str] | None = None
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards.every():
+            pipe.zrevrange(shard.by_message(message_id), 0, 0, withscores=True)
+        for rows in pipe.execute():
+            for oid, score in rows:
+                if best is None or score > best[0]:
+                    best = (score, text(oid))
+        return None if best is None else best[1]
+
+    # -- merged reads ---------------------------------------------------------------------------
+
+    def ids(self, filters: Filters, *, limit: int | None, oldest_first: bool = False) -> list[str]:
+        """Obituary ids matching ``filters``, newest first unless ``oldest_first`` (each
+        shard's index read a page at a time, merged lazily)."""
+        shards = self.shards.every(filters.queue)
+        page = CHUNK if limit is None else max(CHUNK, limit)
+        sign = 1 if oldest_first else -1
+        # Every shard's first page in one pipelined round trip (per master); later pages as
+        # the merge reaches them.
+        pipe = self.client.pipeline(transaction=False)
+        for shard in shards:
+            _read_page(pipe, shard.driving_index(filters), filters, 0, page, oldest_first)
+        firsts = pipe.execute()
+        rows = (
+            _pages(s, filters, page, oldest_first, first)
+            for s, first in zip(shards, firsts, strict=True)
+        )
+        out: list[str] = []
+        for _, oid in heapq.merge(*rows, key=lambda r: sign * r[0]):
+            out.append(oid)
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    def count(self) -> int:
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards.every():
+            pipe.zcard(shard.by_time)
+        return sum(int(n) for n in pipe.execute())
+
+    def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
+        """Ids of up to ``limit`` obituaries buried at or before ``cutoff_ms``, oldest first."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards.every():
+            pipe.zrangebyscore(shard.by_time, "-inf", cutoff_ms, 0, limit, withscores=True)
+        rows = [(s, text(i)) for found in pipe.execute() for i, s in found]
+        return [oid for _, oid in sorted(rows)[:limit]]
+
+    def _latest(self, key: str, limit: int | None) -> list[tuple[str, int]]:
+        """``(member, score)`` of the ``key`` zset (``groups``, ``queues``, ``tasks``) of every
+        shard, max score per member, latest first."""
+        stop = -1 if limit is None else limit - 1
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards.every():
+            pipe.zrevrange(shard.name_key(key), 0, stop, withscores=True)
+        best: dict[str, int] = {}
+        for rows in pipe.execute():
+            for member, score in rows:
+                name = text(member)
+                best[name] = max(best.get(name, 0), int(score))
+        ordered = sorted(best.items(), key=lambda ms: (-ms[1], ms[0]))
+        return ordered if limit is None else ordered[:limit]
+
+    def top_causes(self, limit: int) -> list[str]:
+        """The ``limit`` most recently seen causes, latest first."""
+        return [c for c, _ in self._latest("groups", limit)]
+
+    def cause_names(self, offset: int, limit: int) -> tuple[int, list[str]]:
+        """How many causes there are, and a page of them, most recently seen first."""
+        every = self._latest("groups", None)
+        return len(every), [c for c, _ in every[offset : offset + limit]]
+
+    def groups(self) -> list[Group]:
+        """Every cause still in the graveyard, most recently seen first."""
+        return self.groups_of([c for c, _ in self._latest("groups", None)])
+
+    def groups_of(self, causes: list[str]) -> list[Group]:
+        """The :class:`Group` of each of ``causes`` still in the graveyard, in their order,
+        summed over the shards (one round trip: a page of causes never loads the others)."""
+        if not causes:
+            return []
+        shards = self.shards.every()
+        pipe = self.client.pipeline(transaction=False)
+        for shard in shards:
+            shard.queue_group_reads(pipe, causes)
+        results = pipe.execute()
+        step = GROUP_READS * len(causes)
+        parts: dict[str, list[Group]] = {}
+        for i, shard in enumerate(shards):
+            for group in shard.groups_from(causes, results[i * step : (i + 1) * step]):
+                parts.setdefault(group.cause, []).append(group)
+        return [_summed(parts[c]) for c in causes if c in parts]
+
+    def cause_page(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage:
+        """One page of a cause's obituary ids, newest first (the console's cause page).
+        ``filters`` may add a queue, a task and time bounds.
+
+        One shard is paged by its indexes alone (:meth:`GraveyardShard.scan_cause`). Over
+        several, the shards' matches are merged; ``matching`` is exact without a queue or task
+        filter, else None.
+        """
+        shards = self.shards.every()
+        if len(shards) == 1:
+            return shards[0].scan_cause(cause, filters, offset, limit)
+        wanted = Filters(
+            queue=filters.queue,
+            task=filters.task,
+            cause=cause,
+            since_ms=filters.since_ms,
+            until_ms=filters.until_ms,
+        )
+        ids = self.ids(wanted, limit=offset + limit + 1)
+        page = CausePage(ids=ids[offset : offset + limit])
+        page.next_offset = offset + limit if len(ids) > offset + limit else None
+        page.scanned = len(page.ids)
+        if filters.queue is not None or filters.task is not None:
+            return page
+        low = "-inf" if filters.since_ms is None else filters.since_ms
+        high = "+inf" if filters.until_ms is None else filters.until_ms
+        pipe = self.client.pipeline(transaction=False)
+        for shard in shards:
+            pipe.zcount(shard.by_cause(cause), low, high)
+        page.matching = sum(int(n) for n in pipe.execute())
+        return page
+
+    def version_times(self) -> dict[str, int]:
+        """Every code version seen in the graveyard -> when it was first seen (ms)."""
+        out: dict[str, int] = {}
+        for shard in self.shards.every():
+            for version, ms in shard.version_times().items():
+                out[version] = min(out.get(version, ms), ms)
+        return out
+
+    def names(self, kind: str) -> list[tuple[str, int, int]]:
+        """``(name, obituaries, last burial ms)`` per queue (``kind="queue"``) or task."""
+        counts: dict[str, list[int]] = {}
+        for shard in self.shards.every():
+            for name, n, last in shard.names(kind):
+                seen = counts.setdefault(name, [0, 0])
+                seen[0] += n
+                seen[1] = max(seen[1], last)
+        rows = [(n, c, last) for n, (c, last) in counts.items()]
+        return sorted(rows, key=lambda r: (-r[2], r[0]))
+
+
+def _read_page(
+    client: Any, index: str, filters: Filters, offset: int, page: int, oldest_first: bool
+) -> Any:
+    """One page of ``index`` within the filters' time bounds, with scores (on ``client``, or
+    queued on a pipeline)."""
+    low = "-inf" if filters.since_ms is None else filters.since_ms
+    high = "+inf" if filters.until_ms is None else filters.until_ms
+    if oldest_first:
+        return client.zrangebyscore(index, low, high, offset, page, withscores=True)
+    return client.zrevrangebyscore(index, high, low, offset, page, withscores=True)
+
+
+def _pages(
+    shard: GraveyardShard, filters: Filters, page: int, oldest_first: bool, first: Any
+) -> Iterator[tuple[float, str]]:
+    """``(burial ms, id)`` of one shard's matches in order, read a page at a time (``first``:
+    its first page, read already)."""
+    index = shard.driving_index(filters)
+    check = _needs_post_filter(filters)
+    offset = 0
+    raw = first
+    while True:
+        if raw is None:
+            raw = _read_page(shard.client, index, filters, offset, page, oldest_first)
+        scored = cast("list[tuple[bytes, float]]", raw)
+        rows = [(float(s), text(i)) for i, s in scored]
+        offset += len(rows)
+        if check and rows:
+            obits = shard.load([oid for _, oid in rows])
+            keep = {ob.id for ob in obits if ob is not None and filters.matches(ob)}
+            rows = [r for r in rows if r[1] in keep]
+        yield from rows
+        if len(raw) < page:
+            return
+        raw = None
+
+
+def _summed(parts: list[Group]) -> Group:
+    """One cause's group from its per-shard groups."""
+    if len(parts) == 1:
+        return parts[0]
+    latest = max(parts, key=lambda g: g.last_ms)
+    started = [g for g in parts if g.first_seen_ms is not None]
+    first = min(started, key=lambda g: cast("int", g.first_seen_ms)) if started else None
+    versions: dict[str, int] = {}
+    for g in parts:
+        for version, n in g.versions.items():
+            versions[version] = versions.get(version, 0) + n
+    return Group(
+        cause=latest.cause,
+        count=sum(g.count for g in parts),
+        total=sum(g.total for g in parts),
+        first_ms=min(g.first_ms for g in parts),
+        last_ms=latest.last_ms,
+        example_id=latest.example_id,
+        exc_type=latest.exc_type,
+        exc_message=latest.exc_message,
+        task=latest.task,
+        queue=latest.queue,
+        first_seen_ms=first.first_seen_ms if first is not None else None,
+        first_version=first.first_version if first is not None else None,
+        last_version=latest.last_version,
+        versions=versions,
+    )
 
 
 def _ledger_redirects(raw: Any) -> dict[str, str]:

@@ -1,7 +1,8 @@
-"""Redis parking store: delayed retries wait in a sorted set scored by due time.
+"""Redis parking store: delayed retries wait in sorted sets scored by due time.
 
-Layout (see :class:`celery_dlx.message.names.Keys`): ``parked:due`` (zset id -> due ms), ``parked:meta``
-(hash id -> JSON) and ``parked:body`` (hash id -> raw bytes). Claiming is atomic (Lua): due entries
+Each shard (:mod:`celery_dlx.store.shards`: the app's tag, or a bucket of one queue) has three
+keys (:class:`~celery_dlx.message.names.ParkedKeys`): ``parked:due`` (zset id -> due ms),
+``parked:meta`` (hash id -> JSON) and ``parked:body`` (hash id -> raw bytes). Claiming is atomic (Lua): due entries
 are re-scored to ``now + lease`` and returned, so a drain that dies after claiming leaves them to be
 claimed again when the lease runs out. An entry is deleted only after its publish is confirmed.
 Parking is idempotent per message id and attempt.
@@ -14,14 +15,18 @@ connection (:func:`~celery_dlx.store.client.execute_replicated`), and raises
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from redis.exceptions import NoScriptError
 
 from celery_dlx.fates import FateEvent, now_ms
-from celery_dlx.message.names import Keys, ParkedKeys
+from celery_dlx.message.names import PARKED_BUCKETS, Keys, ParkedKeys
 from celery_dlx.message.parked import ParkedMessage, park_each
 from celery_dlx.store.client import (
     RedisClient,
@@ -30,8 +35,12 @@ from celery_dlx.store.client import (
     is_cluster,
 )
 from celery_dlx.store.counters import add_counts
+from celery_dlx.store.shards import Layout, ShardSet, grouped
 
 logger = logging.getLogger(__name__)
+
+#: Entries read per shard and round trip by the merged reads (``peek``, ``soonest``).
+PAGE = 200
 
 # Claim up to ARGV[3] entries due at ARGV[1] (ms): move their score to ARGV[2] (lease end) and
 # return [id, claimed-score, meta, body, ...]. Entries whose meta vanished are dropped from the zset.
@@ -52,25 +61,12 @@ end
 return out
 """
 
-# Park one entry unless it exists, so a second park of the same id and attempt changes nothing.
-# Returns 1 if stored, 0 if it was already there. An entry already there is written back as it is:
-# that write is replicated, so the caller's WAIT also covers an entry another client parked and
-# had not seen replicated (a worker whose WAIT failed, then the DLX service parking its letter).
-_PARK = """
-local held = redis.call('HGET', KEYS[2], ARGV[1])
-if held then
-  redis.call('HSET', KEYS[2], ARGV[1], held)
-  return 0
-end
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[4])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-return 1
-"""
-
-# _PARK for a batch (ARGV: id, due, meta, body of each entry in turn), in one call: a script call
-# per entry costs the client a command to pack and a reply to parse, and the server a script run.
-# Returns 1 or 0 per entry, as _PARK would.
+# Park each entry (ARGV: id, due, meta, body of each in turn) unless it exists, so a second park
+# of the same id and attempt changes nothing; returns 1 (stored) or 0 (there already) per entry.
+# An entry already there is written back as it is: that write is replicated, so the caller's WAIT
+# also covers an entry another client parked and had not seen replicated (a worker whose WAIT
+# failed, then the DLX service parking its letter). One call per batch: a call per entry costs
+# the client a command to pack and a reply to parse, and the server a script run.
 _PARK_MANY = """
 local out = {}
 for i = 1, #ARGV, 4 do
@@ -106,6 +102,26 @@ return n
 """
 
 
+# An operator's action on one entry (ARGV: id, due, new due, new metadata), unless a drain holds
+# it: an entry's score is its due time (its metadata's) until a claim re-scores it to its lease
+# end. With new metadata the entry is due at the new time (retry now: score and metadata change
+# together, so a score still tells a claimed entry); with "" it is deleted (bury now). Returns 1
+# if done, 0 if gone or claimed.
+_OPERATE = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
+if ARGV[4] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
+else
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+  redis.call('ZADD', KEYS[1], 'XX', ARGV[3], ARGV[1])
+end
+return 1
+"""
+
+
 def _park_args(messages: Sequence[ParkedMessage]) -> list[Any]:
     """The park scripts' arguments for ``messages``: id, due time, metadata JSON, body each."""
     args: list[Any] = []
@@ -114,50 +130,43 @@ def _park_args(messages: Sequence[ParkedMessage]) -> list[Any]:
     return args
 
 
-class ParkingStore:
-    """Parked retries in Redis.
+class _Scripts:
+    """The parking scripts, registered once per store (every shard runs the same ones)."""
+
+    def __init__(self, client: RedisClient) -> None:
+        self.claim = client.register_script(_CLAIM)
+        self.park_many = client.register_script(_PARK_MANY)
+        self.ack = client.register_script(_ACK)
+        self.operate = client.register_script(_OPERATE)
+
+    def all(self) -> tuple[Any, ...]:
+        return (self.claim, self.park_many, self.ack, self.operate)
+
+
+class ParkedShard:
+    """The parked retries under one hash tag: three keys and the scripts over them.
 
     Args:
         client: a ``redis.Redis`` (or ``RedisCluster``) client; bytes responses.
-        keys: the key layout (prefix).
-        replicas: the replicas a park must reach before it counts (default none).
+        parked: the three keys.
+        scripts: the store's registered scripts.
+        replicas: the replicas a park must reach before it counts.
     """
 
     def __init__(
-        self,
-        client: RedisClient,
-        keys: Keys | None = None,
-        replicas: Replicas | None = None,
-        *,
-        parked: ParkedKeys | None = None,
+        self, client: RedisClient, parked: ParkedKeys, scripts: _Scripts, replicas: Replicas
     ) -> None:
         self.client = client
-        self.keys = keys or Keys()
-        self.replicas = replicas or Replicas()
-        #: The three keys this store reads and writes: the app's single-tag ones by default, or
-        #: one queue's (:class:`~celery_dlx.store.sharded.ShardedParking`).
-        self.parked = parked or self.keys.parked_legacy
-        self._claim = client.register_script(_CLAIM)
-        self._park = client.register_script(_PARK)
-        self._park_many = client.register_script(_PARK_MANY)
-        self._ack = client.register_script(_ACK)
+        self.parked = parked
+        self.scripts = scripts
+        self.replicas = replicas
+        self.keys = [parked.due, parked.meta, parked.body]
 
-    def load_scripts(self) -> None:
-        """Load the Lua scripts into Redis now (the first call otherwise pays for it)."""
-        for script in (self._claim, self._park, self._park_many, self._ack):
-            self.client.script_load(script.script)  # redis-py computed script.sha already
-
-    @property
-    def _kk(self) -> list[str]:
-        return [self.parked.due, self.parked.meta, self.parked.body]
-
-    def _wanted(self) -> int:
+    def wanted(self) -> int:
         """How many replicas a park must reach (``dlx_redis_min_replicas``, resolved)."""
         return self.replicas.wanted(self.client, self.parked.due)
 
-    def _replicated(
-        self, queue: Any, wanted: int, what: str, *, transaction: bool = False
-    ) -> list[Any]:
+    def replicated(self, queue: Any, wanted: int, what: str, *, transaction: bool = False) -> Any:
         return execute_replicated(
             self.client,
             self.parked.due,
@@ -169,51 +178,49 @@ class ParkingStore:
             raise_on_error=not transaction,
         )
 
-    def park(self, message: ParkedMessage) -> bool:
-        """Store ``message`` until ``message.due_ms``. Returns False if that id+attempt is parked.
-
-        Raises:
-            NotReplicated: stored on the master, but fewer replicas than
-                ``dlx_redis_min_replicas`` confirmed it: not a park to ack on.
-            redis.RedisError: not stored (or not known to be).
-        """
-        args = _park_args([message])
-        wanted = self._wanted()
-        if not wanted:
-            return bool(self._park(keys=self._kk, args=args))
-        (stored,) = self._replicated(
-            lambda pipe: self._park(keys=self._kk, args=args, client=pipe),
-            wanted,
-            f"the park of {message.entry_id}",
-        )
-        return bool(stored)
-
     def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
-        """Park a batch in one Redis round trip (one script call); per message, False if
-        already parked.
+        """Park a batch in one script call; per message, False if it was parked already."""
+        what = (
+            f"the park of {messages[0].entry_id}"
+            if len(messages) == 1
+            else f"a batch of {len(messages)} park(s)"
+        )
+        return self.put(_park_args(messages), what)
 
-        Raises:
-            NotReplicated: stored on the master, but fewer replicas than
-                ``dlx_redis_min_replicas`` confirmed the batch: none of it counts as parked.
-            redis.RedisError: not stored (or not known to be).
-        """
-        if not messages:
-            return []
-        args = _park_args(messages)
-        wanted = self._wanted()
+    def put(self, args: Sequence[Any], what: str) -> list[bool]:
+        """Store entries given as they are stored (id, score, metadata, body each) unless
+        there; per entry, False if it was there already. Confirmed by the replicas wanted."""
+        script = self.scripts.park_many
+        wanted = self.wanted()
         if not wanted:
-            return [bool(r) for r in self._park_many(keys=self._kk, args=args)]
-        what = f"a batch of {len(messages)} park(s)"
-        (stored,) = self._replicated(
-            lambda pipe: self._park_many(keys=self._kk, args=args, client=pipe), wanted, what
+            return [bool(r) for r in script(keys=self.keys, args=list(args))]
+        (stored,) = self.replicated(
+            lambda pipe: script(keys=self.keys, args=list(args), client=pipe), wanted, what
         )
         return [bool(r) for r in stored]
 
-    def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
-        """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims."""
-        now = now_ms() if now is None else now
+    def page(self, start: int, count: int) -> list[tuple[str, int, Any, Any]]:
+        """``(entry id, score, metadata, body)`` of ``count`` entries from rank ``start`` in
+        due order, as stored (metadata None where it vanished)."""
+        rows = cast(
+            "list[tuple[bytes, float]]",
+            self.client.zrange(self.parked.due, start, start + count - 1, withscores=True),
+        )
+        if not rows:
+            return []
+        ids = [r for r, _ in rows]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.parked.meta, ids)
+        pipe.hmget(self.parked.body, ids)
+        metas, bodies = pipe.execute()
+        return [
+            (i.decode() if isinstance(i, bytes) else str(i), int(score), meta, body)
+            for (i, score), meta, body in zip(rows, metas, bodies, strict=True)
+        ]
+
+    def claim(self, limit: int, lease_ms: int, now: int) -> list[ParkedMessage]:
         lease_end = now + lease_ms
-        raw = self._claim(keys=self._kk, args=[now, lease_end, limit])
+        raw = self.scripts.claim(keys=self.keys, args=[now, lease_end, limit])
         out = []
         for i in range(0, len(raw), 3):
             try:
@@ -224,50 +231,21 @@ class ParkingStore:
         return out
 
     def ack(self, messages: Iterable[ParkedMessage]) -> int:
-        """Delete claimed entries whose publish was confirmed. Returns how many were deleted."""
-        args: list[Any] = []
-        for m in messages:
-            args.extend((m.entry_id, m.lease_score))
-        if not args:
-            return 0
-        return int(self._ack(keys=self._kk, args=args))
+        return self.delete_if_scored([(m.entry_id, m.lease_score) for m in messages])
 
-    def release(self, messages: Iterable[ParkedMessage], due_ms: int | None = None) -> None:
-        """Make claimed entries due again (at ``due_ms``, default now) after a failed publish."""
-        when = now_ms() if due_ms is None else due_ms
+    def delete_if_scored(self, entries: Sequence[tuple[str, int]]) -> int:
+        """Delete each ``(entry id, score)`` whose score is still that one (an entry a drain
+        claimed meanwhile is left to it); how many were deleted."""
+        args = [x for pair in entries for x in pair]
+        return int(self.scripts.ack(keys=self.keys, args=args)) if args else 0
+
+    def release(self, messages: Iterable[ParkedMessage], due_ms: int) -> None:
         pipe = self.client.pipeline(transaction=False)
         for m in messages:
-            pipe.zadd(self.parked.due, {m.entry_id: when}, xx=True)
+            pipe.zadd(self.parked.due, {m.entry_id: due_ms}, xx=True)
         pipe.execute()
 
-    def count(self) -> int:
-        """How many retries are parked (claimed ones included)."""
-        return int(self.client.zcard(self.parked.due))
-
-    def due_count(self, now: int | None = None) -> int:
-        return int(self.client.zcount(self.parked.due, "-inf", now_ms() if now is None else now))
-
-    def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
-        """Parked retries by due time, without claiming them."""
-        ids = cast(
-            "list[tuple[bytes, float]]",
-            self.client.zrange(self.parked.due, offset, offset + limit - 1, withscores=True),
-        )
-        if not ids:
-            return []
-        metas = self.client.hmget(self.parked.meta, [i for i, _ in ids])
-        out = []
-        for (_, score), meta in zip(ids, metas, strict=True):
-            if meta is None:
-                continue
-            msg = ParkedMessage.from_stored(meta, b"", lease_score=int(score))
-            out.append(msg)
-        return out
-
     def remove(self, entry_ids: Sequence[str]) -> int:
-        """Delete parked entries by id (an operator's purge)."""
-        if not entry_ids:
-            return 0
         pipe = self.client.pipeline(transaction=False)
         pipe.zrem(self.parked.due, *entry_ids)
         pipe.hdel(self.parked.meta, *entry_ids)
@@ -275,7 +253,6 @@ class ParkingStore:
         return int(pipe.execute()[0])
 
     def entry(self, entry_id: str) -> ParkedMessage | None:
-        """The parked retry ``entry_id`` with its body, or None (gone, or unreadable)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hget(self.parked.meta, entry_id)
         pipe.hget(self.parked.body, entry_id)
@@ -287,30 +264,273 @@ class ParkingStore:
         except (ValueError, TypeError, KeyError):
             return None
 
+    def rows(self, page: int) -> Iterator[tuple[float, str, ParkedShard]]:
+        """``(score, entry id, self)`` in due order, read a page at a time."""
+        start = 0
+        while True:
+            rows = cast(
+                "list[tuple[bytes, float]]",
+                self.client.zrange(self.parked.due, start, start + page - 1, withscores=True),
+            )
+            for entry, score in rows:
+                yield score, entry.decode() if isinstance(entry, bytes) else str(entry), self
+            if len(rows) < page:
+                return
+            start += len(rows)
+
+
+class ParkingStore:
+    """Parked retries in Redis, in the single-tag layout or sharded by queue.
+
+    Args:
+        client: a ``redis.Redis`` (or ``RedisCluster``) client; bytes responses.
+        keys: the key layout (prefix).
+        replicas: the replicas a park must reach before it counts (default none).
+        per_queue: keys per queue (``dlx_redis_shards``), so a Redis Cluster spreads them.
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        keys: Keys | None = None,
+        replicas: Replicas | None = None,
+        *,
+        per_queue: bool = False,
+    ) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+        self.replicas = replicas or Replicas()
+        self.scripts = _Scripts(client)
+        layout = Layout(self.keys, per_queue=per_queue, buckets=PARKED_BUCKETS)
+        self.shards: ShardSet[ParkedShard] = ShardSet(
+            client,
+            layout,
+            self.keys.parked_queues,
+            "parked",
+            lambda tag: ParkedShard(client, ParkedKeys(tag), self.scripts, self.replicas),
+            self.replicas,
+        )
+        self._lock = threading.Lock()
+        # In the per-queue layout, entries this process claimed from the app-tag shard (what an
+        # older version parked there), by (entry id, lease score): acked and released there.
+        self._from_home: set[tuple[str, int]] = set()
+        self._turn = itertools.count()
+
+    @property
+    def per_queue(self) -> bool:
+        return self.shards.layout.per_queue
+
+    def load_scripts(self) -> None:
+        """Load the Lua scripts into Redis now (the first call otherwise pays for it); ``SCRIPT
+        LOAD`` reaches every master of a cluster."""
+        for script in self.scripts.all():
+            self.client.script_load(script.script)  # redis-py computed script.sha already
+
+    def queues(self) -> list[str]:
+        """The queues with parked-retry keys of their own (per-queue layout), sorted."""
+        return self.shards.queues()
+
+    def shard(self, queue: str, entry_id: str) -> ParkedShard:
+        """The shard ``queue``'s entry ``entry_id`` is parked in."""
+        return self.shards.shard(queue, entry_id)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def park(self, message: ParkedMessage) -> bool:
+        """Store ``message`` until ``message.due_ms``. Returns False if that id+attempt is parked.
+
+        Raises:
+            NotReplicated: stored on the master, but fewer replicas than
+                ``dlx_redis_min_replicas`` confirmed it: not a park to ack on.
+            redis.RedisError: not stored (or not known to be).
+        """
+        (stored,) = self.park_many([message])
+        return stored
+
+    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
+        """Park a batch, one script call per shard; per message, False if already parked.
+
+        Raises:
+            NotReplicated: stored on the master, but fewer replicas than
+                ``dlx_redis_min_replicas`` confirmed it: not parks to ack on.
+            redis.RedisError: not stored (or not known to be); with several shards, the first
+                that failed (the others may have gone in: a park is idempotent).
+        """
+        if not messages:
+            return []
+        self.shards.add_queues(m.queue for m in messages)
+        out = [False] * len(messages)
+        for shard, where in grouped(
+            (self.shard(m.queue, m.entry_id), i) for i, m in enumerate(messages)
+        ):
+            stored = shard.park_many([messages[i] for i in where])
+            for i, ok in zip(where, stored, strict=True):
+                out[i] = ok
+        return out
+
+    # -- the drain ------------------------------------------------------------------------------
+
+    def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
+        """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims.
+
+        Over several shards, a share per shard first (so one queue with a backlog does not
+        starve the others), the rest from shards that had more; the shard a round starts from
+        turns from call to call.
+        """
+        now = now_ms() if now is None else now
+        every = self.shards.every()
+        if len(every) == 1:
+            return every[0].claim(limit, lease_ms, now)
+        # One pipelined count first (a round trip per master), so a claim runs only where
+        # something is due, not once per bucket of every queue.
+        pipe = self.client.pipeline(transaction=False)
+        for shard in every:
+            pipe.zcount(shard.parked.due, "-inf", now)
+        due = [s for s, n in zip(every, pipe.execute(), strict=True) if int(n)]
+        if not due:
+            return []
+        start = next(self._turn) % len(due)
+        due = due[start:] + due[:start]
+        share = max(1, -(-limit // len(due)))
+        out: list[ParkedMessage] = []
+        full: list[ParkedShard] = []
+        for shard in due:
+            if len(out) >= limit:
+                break
+            got = self._claim_from(shard, min(share, limit - len(out)), lease_ms, now)
+            out.extend(got)
+            if len(got) == share:
+                full.append(shard)
+        for shard in full:
+            if len(out) >= limit:
+                break
+            out.extend(self._claim_from(shard, limit - len(out), lease_ms, now))
+        return out
+
+    def _claim_from(
+        self, shard: ParkedShard, limit: int, lease_ms: int, now: int
+    ) -> list[ParkedMessage]:
+        got = shard.claim(limit, lease_ms, now)
+        if shard is self.shards.home and self.per_queue and got:
+            with self._lock:
+                self._from_home.update((m.entry_id, m.lease_score) for m in got)
+        return got
+
+    def ack(self, messages: Iterable[ParkedMessage]) -> int:
+        """Delete claimed entries whose publish was confirmed. Returns how many were deleted."""
+        listed = list(messages)
+        return sum(shard.ack([listed[i] for i in where]) for shard, where in self._grouped(listed))
+
+    def release(self, messages: Iterable[ParkedMessage], due_ms: int | None = None) -> None:
+        """Make claimed entries due again (at ``due_ms``, default now) after a failed publish."""
+        when = now_ms() if due_ms is None else due_ms
+        listed = list(messages)
+        for shard, where in self._grouped(listed):
+            shard.release([listed[i] for i in where], when)
+
+    def _grouped(self, listed: list[ParkedMessage]) -> list[tuple[ParkedShard, list[int]]]:
+        """Claimed entries grouped by the shard they were claimed from."""
+        pairs = []
+        with self._lock:
+            for i, m in enumerate(listed):
+                mark = (m.entry_id, m.lease_score)
+                if mark in self._from_home:
+                    self._from_home.discard(mark)
+                    pairs.append((self.shards.home, i))
+                else:
+                    pairs.append((self.shard(m.queue, m.entry_id), i))
+        return grouped(pairs)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def count(self) -> int:
+        """How many retries are parked (claimed ones included), over every shard."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards.every():
+            pipe.zcard(shard.parked.due)
+        return sum(int(n) for n in pipe.execute())
+
+    def due_count(self, now: int | None = None) -> int:
+        now = now_ms() if now is None else now
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.shards.every():
+            pipe.zcount(shard.parked.due, "-inf", now)
+        return sum(int(n) for n in pipe.execute())
+
+    def _merged(self, page: int) -> Iterator[tuple[float, str, ParkedShard]]:
+        return heapq.merge(*(s.rows(page) for s in self.shards.every()), key=lambda r: r[0])
+
+    def _metas(self, rows: list[tuple[float, str, ParkedShard]]) -> Iterator[ParkedMessage]:
+        """The stored entries of ``rows`` (without bodies), in order; gone or unreadable ones
+        are skipped."""
+        metas: list[Any] = [None] * len(rows)
+        for shard, where in grouped((shard, i) for i, (_, _, shard) in enumerate(rows)):
+            found = self.client.hmget(shard.parked.meta, [rows[i][1] for i in where])
+            for i, meta in zip(where, found, strict=True):
+                metas[i] = meta
+        for (score, _, _), meta in zip(rows, metas, strict=True):
+            if meta is None:
+                continue
+            try:
+                yield ParkedMessage.from_stored(meta, b"", lease_score=int(score))
+            except (ValueError, TypeError, KeyError):
+                continue
+
+    def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
+        """Parked retries by due time, without claiming them (merged lazily over the shards)."""
+        page = max(1, min(PAGE, limit + offset))
+        rows = list(itertools.islice(self._merged(page), offset, offset + limit))
+        return list(self._metas(rows))
+
     def soonest(self, limit: int, batch: int = 1000) -> Iterator[ParkedMessage]:
         """The ``limit`` soonest-due retries (without bodies), in due order; entries gone or
         unreadable are skipped. ``lease_score`` is each one's due (or lease end) in ms."""
+        merged = self._merged(min(PAGE, batch, max(limit, 1)))
         read = 0
         while read < limit:
-            rows = cast(
-                "list[tuple[bytes, float]]",
-                self.client.zrange(
-                    self.parked.due, read, min(limit, read + batch) - 1, withscores=True
-                ),
-            )
+            rows = list(itertools.islice(merged, min(batch, limit - read)))
             if not rows:
                 return
-            metas = self.client.hmget(self.parked.meta, [r for r, _ in rows])
-            for (_, score), meta in zip(rows, metas, strict=True):
-                if meta is None:
-                    continue
-                try:
-                    yield ParkedMessage.from_stored(meta, b"", lease_score=int(score))
-                except (ValueError, TypeError, KeyError):
-                    continue
+            yield from self._metas(rows)
             read += len(rows)
-            if len(rows) < batch:
-                return
+
+    def entry(self, entry_id: str) -> ParkedMessage | None:
+        """The parked retry ``entry_id`` with its body, or None (gone, or unreadable)."""
+        for shard in self.shards.holders(entry_id, self.queues()):
+            found = shard.entry(entry_id)
+            if found is not None:
+                return found
+        return None
+
+    def make_due(self, message: ParkedMessage, now: int | None = None) -> bool:
+        """Make the parked retry ``message`` due now (an operator's "retry now"); False when it
+        is gone or a drain holds it (its score is then its lease end, past its due time)."""
+        at = now_ms() if now is None else now
+        return self._operate(message, at, replace(message, due_ms=at).meta_json())
+
+    def take(self, message: ParkedMessage) -> bool:
+        """Delete the parked retry ``message`` unless a drain holds it (an operator's "bury
+        now"); False when it is gone or claimed."""
+        return self._operate(message, 0, "")
+
+    def _operate(self, message: ParkedMessage, due: int, meta: str) -> bool:
+        args: list[Any] = [message.entry_id, message.due_ms, due, meta]
+        return any(
+            int(self.scripts.operate(keys=shard.keys, args=args))
+            for shard in self.shards.holders(message.entry_id, self.queues())
+        )
+
+    def remove(self, entry_ids: Sequence[str]) -> int:
+        """Delete parked entries by id, wherever they are (an operator's purge)."""
+        if not entry_ids:
+            return 0
+        queues = self.queues()
+        pairs = [
+            (shard, i)
+            for i, entry_id in enumerate(entry_ids)
+            for shard in self.shards.holders(entry_id, queues)
+        ]
+        return sum(shard.remove([entry_ids[i] for i in where]) for shard, where in grouped(pairs))
 
     def park_recorded(
         self, message: ParkedMessage, events: Sequence[FateEvent]
@@ -320,8 +540,8 @@ class ParkingStore:
 
         Returns:
             True when the park and the record went in; the history's error when the park went in
-            and its record did not; False when the record was not attempted (a Redis Cluster:
-            the caller records the events itself).
+            and its record did not; False when the record was not attempted (per-queue layout or
+            a Redis Cluster: the caller records the events itself).
 
         Raises:
             NotReplicated: the park and its record went to the master, but fewer replicas than
@@ -338,7 +558,9 @@ class ParkingStore:
         self, messages: Sequence[ParkedMessage], events: Sequence[FateEvent]
     ) -> tuple[list[BaseException | None], bool | BaseException]:
         """Park ``messages`` and append ``events`` (their fates) to the history and counters,
-        all in one ``MULTI``/``EXEC`` (one round trip, one ``WAIT`` where replicas are wanted).
+        all in one ``MULTI``/``EXEC`` (one round trip, one ``WAIT`` where replicas are wanted)
+        in the single-tag layout; in the per-queue layout (or on a Cluster), park each and leave
+        the events to the caller.
 
         Returns:
             Per message, None when it is parked (or was already) or the error that kept it out;
@@ -349,17 +571,13 @@ class ParkingStore:
                 ``dlx_redis_min_replicas`` confirmed it: none of it counts as parked.
             redis.RedisError, ...: the transaction failed (nothing is parked or recorded).
         """
-        if is_cluster(self.client):
-            outcomes: list[BaseException | None] = []
-            for message in messages:
-                try:
-                    self.park(message)
-                    outcomes.append(None)
-                except Exception as err:
-                    outcomes.append(err)
-            return outcomes, False
+        if self.per_queue or is_cluster(self.client):
+            # The history lives under the app's tag, another slot than a queue's shard (and a
+            # Cluster pipeline takes no script): park each; the caller records the events.
+            return park_each(self.park, messages), False
         from celery_dlx.store.history import History
 
+        home = self.shards.home
         history = History(self.client, self.keys)
         payload = ""
 
@@ -369,18 +587,18 @@ class ParkingStore:
             # write costs the client, and this runs on the worker's main process.
             nonlocal payload
             args = _park_args(messages)
-            pipe.evalsha(self._park_many.sha, len(self._kk), *self._kk, *args)
+            pipe.evalsha(self.scripts.park_many.sha, len(home.keys), *home.keys, *args)
             payload = history.queue_batch(pipe, events) if events else ""
             add_counts(pipe, self.keys, events)
 
-        wanted = self._wanted()
+        wanted = home.wanted()
         if wanted:
             what = (
                 f"the park of {messages[0].entry_id}"
                 if len(messages) == 1
                 else f"the parks of {len(messages)} messages"
             )
-            results = self._replicated(queue, wanted, what, transaction=True)
+            results = home.replicated(queue, wanted, what, transaction=True)
         else:
             pipe = self.client.pipeline(transaction=True)
             queue(pipe)

@@ -17,10 +17,15 @@ from celery_dlx.store.client import RedisClient, mget_many
 #: How long a handled dead letter's key is remembered, to ack a redelivery without a second fate.
 SEEN_TTL_MS = 24 * 3600 * 1000
 
-# Set every key of KEYS with a time to live of ARGV[1] ms: the batch's "handled" markers.
+# Set the first ARGV[2] keys of KEYS with a time to live of ARGV[1] ms (the batch's "handled"
+# markers) and delete the rest (the workers' cause records of the letters it buried), in one step:
+# a settle retried after a failure finds both or neither.
 _MARK_SEEN = """
-for _, key in ipairs(KEYS) do redis.call('SET', key, '1', 'PX', ARGV[1]) end
-return #KEYS
+local marks = tonumber(ARGV[2])
+for i, key in ipairs(KEYS) do
+  if i <= marks then redis.call('SET', key, '1', 'PX', ARGV[1]) else redis.call('DEL', key) end
+end
+return marks
 """
 
 
@@ -44,7 +49,17 @@ class Letters:
         )
         return [m is not None for m in seen], [CauseRecord.from_json(r) for r in records]
 
-    def mark(self, letter_keys: Sequence[str], ttl_ms: int = SEEN_TTL_MS) -> None:
-        """Remember that these letters were settled (for ``ttl_ms``)."""
-        if letter_keys:
-            self._mark(keys=[self.keys.seen(k) for k in letter_keys], args=[ttl_ms])
+    def mark(
+        self,
+        letter_keys: Sequence[str],
+        ttl_ms: int = SEEN_TTL_MS,
+        *,
+        drop_causes: Sequence[str] = (),
+    ) -> None:
+        """Remember that these letters were settled (for ``ttl_ms``) and, in the same step,
+        forget the cause records of the identities ``drop_causes`` (their obituaries are
+        written)."""
+        keys = [self.keys.seen(k) for k in letter_keys]
+        keys += [self.keys.cause(i) for i in drop_causes]
+        if keys:
+            self._mark(keys=keys, args=[ttl_ms, len(letter_keys)])

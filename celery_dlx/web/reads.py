@@ -8,7 +8,7 @@ graveyard); rows have the shapes of :mod:`celery_dlx.ops.inspection` (the CLI's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.fates import now_ms
@@ -16,21 +16,19 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops import deploys
 from celery_dlx.ops.inspection import GroupRow, ObituaryRow, group_row, obituary_row
 from celery_dlx.ops.render import iso
-from celery_dlx.store.graveyard import Filters, Graveyard, text
+from celery_dlx.store.graveyard import Filters
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
-    from celery_dlx.store.sharded_graveyard import AnyGraveyard
+    from celery_dlx.store.graveyard import Graveyard
 
 #: Most rows on one page.
 MAX_PAGE = 200
-#: Most ids of a cause examined for one page under a queue or task filter.
-SCAN_CAP = 10000
 #: Most parked retries read to count them per queue.
 PARKED_SCAN = 20000
 
 
-def yard_of(runtime: Runtime) -> AnyGraveyard:
+def yard_of(runtime: Runtime) -> Graveyard:
     return runtime.graveyard
 
 
@@ -112,79 +110,26 @@ def group_page(
 
     Without a queue or task filter the page is one ``ZREVRANGEBYSCORE ... LIMIT`` on the
     cause's index and ``matching`` is exact. A queue or task filter checks the ids against that
-    queue's or task's index (``ZMSCORE``, no record read), at most :data:`SCAN_CAP` ids for one
+    queue's or task's index (``ZMSCORE``, no record read), at most :data:`~celery_dlx.store.graveyard.SCAN_CAP` ids for one
     page (``capped`` says so), and ``offset`` then counts the cause's ids, not matches. Every
     obituary of a cause has the same exception type (it is part of the fingerprint), so the
     exception filter keeps all or nothing.
     """
     yard = yard_of(runtime)
     limit = max(1, min(limit, MAX_PAGE))
-    high = "+inf" if filters.until_ms is None else filters.until_ms
-    low = "-inf" if filters.since_ms is None else filters.since_ms
     page = GroupPage(offset=offset)
     if filters.exception:
-        found = yard.groups_of([cause])
-        if not found or found[0].exc_type != filters.exception:
+        group = yard.groups_of([cause])
+        if not group or group[0].exc_type != filters.exception:
             page.matching = 0
             return page
-    if not isinstance(yard, Graveyard):  # sharded by queue: merged over the queues' buckets
-        wanted = Filters(
-            filters.queue, filters.task, None, None, filters.since_ms, filters.until_ms
-        )
-        chosen, page.next_offset, page.matching = yard.cause_page(cause, wanted, offset, limit)
-        page.scanned = len(chosen)
-        obits = yard.load(chosen, with_payload=True)
-        page.rows = [obituary_row(ob, registry) for ob in obits if ob is not None]
-        return page
-    client, index = yard.client, yard.by_cause(cause)
-    members = [yard.by_queue(filters.queue)] if filters.queue else []
-    members += [yard.by_task(filters.task)] if filters.task else []
-    if not members:
-        raw = client.zrevrangebyscore(index, high, low, start=offset, num=limit + 1)
-        ids = [text(r) for r in raw]
-        page.matching = int(client.zcount(index, low, high))
-        page.next_offset = offset + limit if len(ids) > limit else None
-        page.scanned = min(len(ids), limit)
-        chosen = ids[:limit]
-    else:
-        chosen, page.next_offset, page.scanned = _scan_members(
-            client, index, members, high, low, offset, limit
-        )
-        page.capped = page.next_offset is not None and len(chosen) < limit
-    obits = yard.load(chosen, with_payload=True)
+    wanted = Filters(filters.queue, filters.task, None, None, filters.since_ms, filters.until_ms)
+    found = yard.cause_page(cause, wanted, offset, limit)
+    page.next_offset, page.matching = found.next_offset, found.matching
+    page.scanned, page.capped = found.scanned, found.capped
+    obits = yard.load(found.ids, with_payload=True)
     page.rows = [obituary_row(ob, registry) for ob in obits if ob is not None]
     return page
-
-
-def _scan_members(
-    client: Any, index: str, members: list[str], high: Any, low: Any, offset: int, limit: int
-) -> tuple[list[str], int | None, int]:
-    """Ids of ``index`` (newest first from ``offset``) that are also in every ``members`` set:
-    ``(ids, next offset or None when the index is exhausted, ids examined)``."""
-    chosen: list[str] = []
-    position = offset
-    scanned = 0
-    chunk = 1000
-    while len(chosen) < limit and scanned < SCAN_CAP:
-        raw = client.zrevrangebyscore(index, high, low, start=position, num=chunk)
-        found = [text(r) for r in raw]
-        if not found:
-            return chosen, None, scanned
-        pipe = client.pipeline(transaction=False)
-        for key in members:
-            pipe.zmscore(key, found)
-        scores = pipe.execute()
-        for i, oid in enumerate(found):
-            position += 1
-            scanned += 1
-            if all(s[i] is not None for s in scores):
-                chosen.append(oid)
-                if len(chosen) >= limit:
-                    break
-        else:
-            if len(found) < chunk:
-                return chosen, None, scanned
-    return chosen, position, scanned
 
 
 class QueueParked(TypedDict):

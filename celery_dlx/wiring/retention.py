@@ -10,15 +10,27 @@ from celery_dlx.wiring.runtime import Runtime
 
 
 def remove_all(
-    runtime: Runtime, ids: Iterable[str], fate: str, reason: str, dry_run: bool
+    runtime: Runtime,
+    ids: Iterable[str],
+    fate: str,
+    reason: str,
+    dry_run: bool,
+    *,
+    keep_whole: bool = False,
 ) -> tuple[list[str], list[str]]:
     """Remove the obituaries ``ids`` from the graveyard, each with its ``fate`` (``purged``,
-    ``archived``) in the history; ``(removed, missing)``. ``dry_run`` removes nothing."""
+    ``archived``) in the history; ``(removed, missing)``. ``dry_run`` removes nothing.
+
+    The history entry holds the obituary's identity and facts
+    (:meth:`~celery_dlx.message.obituary.Obituary.leaving_note`: no traceback, headers or
+    payload), or with ``keep_whole`` its whole JSON: by default the bytes removed are freed, so a purge makes
+    room on a full Redis (the removal deletes before it appends)."""
     yard = runtime.graveyard
     removed: list[str] = []
     missing: list[str] = []
+    with_payload = keep_whole and not dry_run
     for chunk in chunks(list(ids), CHUNK):
-        for oid, ob in zip(chunk, yard.load(chunk, with_payload=not dry_run), strict=True):
+        for oid, ob in zip(chunk, yard.load(chunk, with_payload=with_payload), strict=True):
             if ob is None:
                 missing.append(oid)
                 continue
@@ -29,7 +41,10 @@ def remove_all(
                 fate,
                 now_ms(),
                 reason=reason,
-                extra={"obituary_id": ob.id, "obituary": ob.json_safe()},
+                extra={
+                    "obituary_id": ob.id,
+                    "obituary": ob.json_safe() if keep_whole else ob.leaving_note(),
+                },
             )
             if yard.remove(ob, event):
                 runtime.record(event, history=False)

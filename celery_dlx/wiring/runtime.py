@@ -34,6 +34,7 @@ from celery_dlx.message.names import Keys
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig, load_config
+from celery_dlx.policy.decide import one_line
 from celery_dlx.roles import Parking
 from celery_dlx.store.breaker import Breakers
 from celery_dlx.store.causes import Causes
@@ -46,19 +47,14 @@ from celery_dlx.store.client import (
     redis_client,
 )
 from celery_dlx.store.consumerless import Consumerless
-from celery_dlx.store.graveyard import Graveyard
+from celery_dlx.store.graveyard import Budget, Graveyard
 from celery_dlx.store.history import History
 from celery_dlx.store.lease import DrainLease
+from celery_dlx.store.migrate import Migration, migrate_graveyard, migrate_parked
 from celery_dlx.store.parking import ParkingStore
 from celery_dlx.store.ratelimit import WindowBudget
 from celery_dlx.store.seen import Letters
-from celery_dlx.store.sharded import Migration, ShardedParking
-from celery_dlx.store.sharded_graveyard import (
-    AnyGraveyard,
-    GraveyardMigration,
-    ShardedGraveyard,
-)
-from celery_dlx.store.sharded_graveyard import migrate as migrate_graveyard
+from celery_dlx.wiring.banner import redacted
 
 logger = logging.getLogger("celery_dlx")
 
@@ -85,9 +81,11 @@ class Runtime:
         # Per thread: the client of a replicated() block (one held connection), if any.
         self._local = threading.local()
         self._cluster_replicas = ClusterReplicas()
-        self._sharded: ShardedParking | None = None
-        self._sharded_graveyard: ShardedGraveyard | None = None
         self._store: ParkingStore | None = None
+        self._graveyard: Graveyard | None = None
+        #: The graveyard's budget (``dlx_graveyard_max_bytes``), shared by every client's
+        #: graveyard of this process (it caches Redis' ``INFO memory``).
+        self.graveyard_budget = Budget(config.graveyard_max_bytes)
         #: (pid, switch) of :meth:`follow_worker_events`.
         self._events_switch: tuple[int, Callable[[], bool]] | None = None
 
@@ -99,9 +97,8 @@ class Runtime:
             self._publisher = None
             self._connection = None
             self._ladder = None
-            self._sharded = None
-            self._sharded_graveyard = None
             self._store = None
+            self._graveyard = None
             self._local = threading.local()
 
     @property
@@ -167,62 +164,49 @@ class Runtime:
         return shards == "queue" or (shards == "auto" and is_cluster_url(self.config.redis_url))
 
     @property
-    def store(self) -> ParkingStore | ShardedParking:
+    def store(self) -> ParkingStore:
         """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend):
-        one sorted set under the app's tag, or with :attr:`sharded` one per queue
-        (:class:`~celery_dlx.store.sharded.ShardedParking`, one per process).
+        one sorted set under the app's tag, or with :attr:`sharded` a few per queue. One per
+        process (a park in a pool process asks for it on every run; making it hashes its
+        scripts).
 
         Its parks count once ``dlx_redis_min_replicas`` replicas hold them (``WAIT``; inside
-        :meth:`replicated`, the block's; sharded, each queue's own master's, since a queue's
-        keys need not be on the block's master)."""
-        if self.sharded:
-            self._check_fork()
-            if self._sharded is None:
-                if self._redis is None:
-                    self._redis = redis_client(self.config.redis_url)
-                self._sharded = ShardedParking(self._redis, self.keys, self.replicas)
-            return self._sharded
-        if getattr(self._local, "redis", None) is not None:  # inside replicated(): its client
-            return ParkingStore(self.redis, self.keys, Replicas(0))
-        # One per process (a park in a pool process asks for it on every run; making it hashes
-        # its four scripts).
-        client = self.redis
+        :meth:`replicated`, the block's in the single-tag layout; per queue, each bucket's own
+        master's, since a queue's keys need not be on the block's master)."""
+        if not self.sharded and getattr(self._local, "redis", None) is not None:
+            return ParkingStore(self.redis, self.keys, Replicas(0))  # inside replicated()
+        client = self._client()
         if self._store is None or self._store.client is not client:
-            self._store = ParkingStore(client, self.keys, self.replicas)
+            self._store = ParkingStore(client, self.keys, self.replicas, per_queue=self.sharded)
         return self._store
 
-    def migrate_parked_keys(self, *, dry_run: bool = False) -> Migration:
-        """Move parked retries from the single-tag layout (``{prefix}:parked:...``) to the keys
-        of their queue (``dlx migrate-keys``): copy, then delete, per entry; run again after an
-        interruption to finish (nothing is lost, nothing is parked twice).
+    def _client(self) -> RedisClient:
+        """The process's client, never a :meth:`replicated` block's one connection."""
+        self._check_fork()
+        if self._redis is None:
+            self._redis = redis_client(self.config.redis_url)
+        return self._redis
+
+    def migrate_keys(self, *, dry_run: bool = False) -> tuple[Migration, Migration]:
+        """Move parked retries and obituaries from the single-tag layout to the keys of their
+        queue (``dlx migrate-keys``): copy, then delete, per entry; run again after an
+        interruption to finish (nothing is lost, nothing is parked twice). Until then every read
+        reads both layouts.
 
         Raises:
             ConfigurationError: ``dlx_redis_shards`` resolves to ``none`` (no other layout).
         """
-        store = self.store
-        if not isinstance(store, ShardedParking):
+        if not self.sharded:
             raise ConfigurationError(
-                "dlx migrate-keys moves parked retries to keys per queue, and dlx_redis_shards "
-                f"is {self.config.redis_shards!r} on {self.config.redis_url.split('@')[-1]}: "
+                "dlx migrate-keys moves parked retries and obituaries to keys per queue, and "
+                f"dlx_redis_shards is {self.config.redis_shards!r} on "
+                f"{self.config.redis_url.split('@')[-1]}: "
                 'set dlx_redis_shards = "queue" (or use a ?cluster=true URL with "auto") first'
             )
-        return store.migrate_legacy(dry_run=dry_run)
-
-    def migrate_graveyard_keys(self, *, dry_run: bool = False) -> GraveyardMigration:
-        """Move obituaries from the single-tag graveyard to the buckets of their queue (``dlx
-        migrate-keys``): copy, then delete, per obituary; run again after an interruption to
-        finish. Until then every graveyard read reads both layouts.
-
-        Raises:
-            ConfigurationError: ``dlx_redis_shards`` resolves to ``none`` (no other layout).
-        """
-        yard = self.graveyard
-        if not isinstance(yard, ShardedGraveyard):
-            raise ConfigurationError(
-                "dlx migrate-keys moves obituaries to keys per queue, and dlx_redis_shards "
-                f'is {self.config.redis_shards!r}: set it to "queue" (or "auto" on a cluster) first'
-            )
-        return migrate_graveyard(yard, dry_run=dry_run)
+        return (
+            migrate_parked(self.store, dry_run=dry_run),
+            migrate_graveyard(self.graveyard, dry_run=dry_run),
+        )
 
     @property
     def parking(self) -> Parking:
@@ -233,19 +217,19 @@ class Runtime:
         return self.store
 
     @property
-    def graveyard(self) -> AnyGraveyard:
-        """Obituaries: under the app's tag, or with :attr:`sharded` in buckets per queue
-        (:class:`~celery_dlx.store.sharded_graveyard.ShardedGraveyard`, one per process)."""
-        if self.sharded:
-            self._check_fork()
-            if self._sharded_graveyard is None:
-                # The process's client, never a replicated() block's one connection (to the
-                # app's master only): each bucket waits for its own master's replicas.
-                if self._redis is None:
-                    self._redis = redis_client(self.config.redis_url)
-                self._sharded_graveyard = ShardedGraveyard(self._redis, self.keys, self.replicas)
-            return self._sharded_graveyard
-        return Graveyard(self.redis, self.keys)
+    def graveyard(self) -> Graveyard:
+        """Obituaries: under the app's tag, or with :attr:`sharded` in buckets per queue (one
+        per process; in the single-tag layout inside :meth:`replicated`, on the block's client).
+        """
+        budget = self.graveyard_budget
+        if not self.sharded and getattr(self._local, "redis", None) is not None:
+            return Graveyard(self.redis, self.keys, budget=budget)
+        client = self._client()
+        if self._graveyard is None or self._graveyard.client is not client:
+            self._graveyard = Graveyard(
+                client, self.keys, self.replicas, per_queue=self.sharded, budget=budget
+            )
+        return self._graveyard
 
     @property
     def causes(self) -> Causes:
@@ -522,7 +506,13 @@ class Runtime:
         try:
             self.parking.load_scripts()
         except Exception as exc:
-            logger.warning("celery_dlx could not reach Redis at start (%s); will retry on use", exc)
+            logger.warning(
+                "celery_dlx could not reach Redis at dlx_redis_url=%s at start (%s: %s); will "
+                "retry on use (dlx_redis_required = True makes a worker refuse to start instead)",
+                redacted(self.config.redis_url),
+                type(exc).__name__,
+                exc,
+            )
         try:
             self.publisher.connect()
             for listener in list(self.listeners) if listeners else ():
@@ -575,7 +565,7 @@ class Runtime:
         )
         if not logger.isEnabledFor(level):  # parks and requeues: info, often not logged at all
             return
-        line = "%s %s[%s] attempt=%d queue=%s cause=%s%s%s"
+        line = "%s %s[%s] attempt=%d queue=%s cause=%s%s%s%s"
         args: tuple[object, ...] = (
             fate,
             event.task or "-",
@@ -585,6 +575,7 @@ class Runtime:
             event.cause or "-",
             f" delay={event.delay:.3f}s" if event.delay is not None else "",
             f" reason={event.reason}" if event.reason else "",
+            error_part(event.exc_type, event.exc_message),
         )
         if fate == BURIED:
             # One traceback per burial in the logs: not again when Celery's tracer logged it.
@@ -612,6 +603,20 @@ class Runtime:
                         listener(event)
             except Exception:
                 logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
+
+
+#: Longest exception message a fate's log line shows.
+LOG_MESSAGE_LIMIT = 200
+
+
+def error_part(exc_type: str | None, exc_message: str | None) -> str:
+    """`` error=Type: message`` of a fate's log line (one line, cut to
+    :data:`LOG_MESSAGE_LIMIT`); empty without an exception of the task's own (a fate the task
+    asked for, ``Park("...")``, is named by the line's reason already)."""
+    if not exc_type or exc_type.startswith("celery_dlx."):
+        return ""
+    message = one_line(exc_message or "", LOG_MESSAGE_LIMIT)
+    return f" error={exc_type}: {message}" if message else f" error={exc_type}"
 
 
 def _unrecorded(event: FateEvent, err: BaseException) -> None:

@@ -17,7 +17,6 @@ import contextlib
 import functools
 import logging
 import socket
-import traceback as tb
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from billiard.einfo import ExceptionInfo
@@ -58,7 +57,7 @@ from celery_dlx.results import store_details
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
-from celery_dlx.worker.einfo import LazyExceptionInfo
+from celery_dlx.worker.einfo import LazyExceptionInfo, task_traceback
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
 from celery_dlx.worker.settler import Handover, ParkHandover, RequeueHandover, hands_over
 
@@ -654,9 +653,8 @@ class DLXTask(Task[Any, Any]):
             exc_type=exc_type,
             exc_message=exc_message,
             reason=reason,
-            traceback=(einfo.traceback or "")
-            if einfo is not None
-            else "".join(tb.format_exception_only(type(root), root)),
+            # The task's failure from its own frames on (not celery_dlx's, nor Celery's).
+            traceback=task_traceback(root),
             first_failure_ms=delivery.state.first_failure_ms or at,
             at_ms=at,
         )

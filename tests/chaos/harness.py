@@ -98,6 +98,9 @@ class ChaosPlan:
     keep_logs: bool = False
     #: The broker (and virtual host) of the run, for this process and the ones it starts.
     broker_url: str = BROKER_URL
+    #: A private RabbitMQ node (:class:`tests.chaos.servers.RabbitNode`) serving
+    #: ``broker_url``: the only kind ``rabbit_restarts`` may restart in the test suite.
+    rabbit_node: Any = None
 
 
 @dataclass
@@ -264,6 +267,14 @@ def ledger_check(
                 violations.append(f"{message.id} ({message.kind}) buried {buried}x, not once")
             if done:
                 violations.append(f"{message.id} ({message.kind}) done {done}x")
+            # Chaos or not, a failure runs its budget once: the runs a kill cut short (started,
+            # never finished) are the only ones allowed past it.
+            failed = sum(1 for e in mine if e["outcome"] == "failed")
+            if failed > want_runs:
+                violations.append(
+                    f"{message.id} ({message.kind}) failed {failed}x, past its budget of "
+                    f"{want_runs} ({started - len(mine)} run(s) cut short by a kill)"
+                )
         start = published_at.get(message.id, 0.0)
         end = max(
             [start, *(e["at"] for e in mine), *(ms / 1000 for ms in burials.get(message.id, []))]
@@ -348,7 +359,7 @@ class ChaosRun:
         self.rng = random.Random(plan.seed)
         self.messages = make_messages(plan, self.rng)
         self.redis = RedisServer(workdir / "redis")
-        self.rabbit = P.Rabbit()
+        self.rabbit = P.Rabbit(plan.rabbit_node)
         self.ledger = redis.Redis.from_url(LEDGER_URL)
         self.logdir = workdir / "logs"
         self.logdir.mkdir(parents=True, exist_ok=True)

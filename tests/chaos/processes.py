@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -199,13 +200,22 @@ class Proc:
 
 
 class Rabbit:
-    """The RabbitMQ node: restarted with ``rabbitmqctl``, and always started again."""
+    """The RabbitMQ node: restarted with ``rabbitmqctl``, and always started again.
 
-    def __init__(self) -> None:
+    Args:
+        node: a private node (:class:`tests.chaos.servers.RabbitNode`) whose ``ctl`` is used;
+            None: the machine's node (only ``benchmarks/chaos.py`` restarts that one).
+    """
+
+    def __init__(self, node: Any = None) -> None:
+        self.node = node
         self.stopped = False
         self.restarts = 0
 
     def _ctl(self, *args: str) -> None:
+        if self.node is not None:
+            self.node.ctl(*args, timeout=RABBITMQCTL_TIMEOUT)
+            return
         subprocess.run(
             ["rabbitmqctl", *args],
             check=True,

@@ -1,6 +1,7 @@
 """The compat gate's watchdog: a run of Celery's suite that hangs is killed and fails the gate fast.
 
-A hang that swallows pytest-timeout's interrupt (the probe hang of docs/reliability.md did) would
+A hang that swallows pytest-timeout's interrupt (as the queue probe did before it stopped closing
+its channel after an interrupted read, tests/integration/test_topology_probe.py) would
 otherwise hold the README's test command until CI's 90-minute limit. These tests hang real
 processes (pytest itself in the second) and check what the gate does with them.
 """

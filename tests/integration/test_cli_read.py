@@ -415,7 +415,7 @@ def test_purge_asks_writes_history_and_filters(uid: str, key_prefix: str) -> Non
         "purged": ["celery-ob-0", "celery-ob-1"],
         "missing": [],
     }
-    accepted = run(app, "purge", "--cause", "charge-declined", input="y\n")
+    accepted = run(app, "purge", "--cause", "charge-declined", "--keep-whole", input="y\n")
     assert accepted.exit_code == 0 and "purged 2 of 2" in accepted.stdout
     assert [ob.id for ob in obituaries.list_obituaries(runtime)] == ["other-ob"]
     purged = [f for _, f in runtime.history.read() if f["fate"] == PURGED]

@@ -133,13 +133,13 @@ def test_purge_keeps_version_stats_right(deploys: dict[str, Any]) -> None:
     assert [r["queue"] for r in data["groups"]] == [new]
     yard = runtime.graveyard
     cause = data["groups"][0]["cause"]
-    assert not runtime.redis.exists(yard.cause_versions(rows[old]["cause"]))
-    assert runtime.redis.hgetall(yard.cause_versions(cause)) == {b"v2": b"2"}
+    assert not runtime.redis.exists(yard.shards.home.cause_versions(rows[old]["cause"]))
+    assert runtime.redis.hgetall(yard.shards.home.cause_versions(cause)) == {b"v2": b"2"}
     # Versions stay known after their obituaries left: --new-since v1 still answers.
     assert [r["queue"] for r in run_json(app, "groups", "--new-since", "v1")["groups"]] == [new]
     run(app, "purge", "--yes", "--all")
     assert run_json(app, "groups")["groups"] == []
-    assert not [k for k in runtime.redis.scan_iter(match=yard.cause_versions("*"))]
+    assert not [k for k in runtime.redis.scan_iter(match=yard.shards.home.cause_versions("*"))]
 
 
 def test_a_group_started_before_version_stats_gets_no_made_up_first_version(
@@ -158,8 +158,8 @@ def test_a_group_started_before_version_stats_gets_no_made_up_first_version(
         ob.code_version = "v0"
     yard.write_many([(ob, buried_event(ob)) for ob in old])
     cause = old[0].cause
-    redis_client.hdel(yard.group_key(cause), "first_version", "last_version")
-    redis_client.delete(yard.cause_versions(cause))
+    redis_client.hdel(yard.shards.home.group_key(cause), "first_version", "last_version")
+    redis_client.delete(yard.shards.home.cause_versions(cause))
     new = celery_obituary(5)
     new.code_version = "v1"
     yard.write_many([(new, buried_event(new))])

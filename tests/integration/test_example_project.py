@@ -123,7 +123,7 @@ def test_demo_prints_every_fate_and_cleans_up(demo: Any, redis_client: Any, brok
     assert fate.startswith("buried: undecodable: DecodeError") and path == "bury" and state == "-"
     assert row("A-1009 event") == ("done", "1", "ok", "-")
     assert row("A-1010 event") == (
-        "buried: retry budget spent: 1 requeues, 1 parks (Rejected)",
+        "buried: retry budget spent: 1 requeue, 1 park (Rejected)",
         "3",
         "requeue > park > bury",
         "-",

@@ -174,13 +174,15 @@ def test_groups_summarise_causes_still_in_the_graveyard(runtime: Runtime) -> Non
 
 
 @BOTH_LAYOUTS
-def test_purge_records_the_whole_obituary_in_the_history(runtime: Runtime) -> None:
+def test_purge_records_the_obituary_in_the_history_whole_when_asked(
+    runtime: Runtime,
+) -> None:
     bury(runtime, make(1, payload=b"\x00\xffraw"), make(2), make(3, queue="audit"))
     with pytest.raises(DLXError, match="needs obituary ids or a filter"):
         purge.purge(runtime)
     dry = purge.purge(runtime, queue="billing", dry_run=True)
     assert dry.purged == ["ob-1", "ob-2"] and obituaries.count(runtime) == 3
-    report = purge.purge(runtime, ["ob-1", "missing"])
+    report = purge.purge(runtime, ["ob-1", "missing"], keep_whole=True)
     assert (report.purged, report.missing) == (["ob-1"], ["missing"])
     purged = [r for r in history(runtime) if r["fate"] == PURGED]
     assert len(purged) == 1
@@ -190,6 +192,10 @@ def test_purge_records_the_whole_obituary_in_the_history(runtime: Runtime) -> No
     assert obituaries.list_obituaries(runtime, message_id="m-1") == []
     assert purge.purge(runtime, everything=True).purged == ["ob-2", "ob-3"]
     assert obituaries.count(runtime) == 0 and obituaries.queues(runtime) == []
+    # By default the history keeps the obituary's summary: no traceback, headers or payload.
+    summary = json.loads([r for r in history(runtime) if r["fate"] == PURGED][1]["obituary"])
+    assert summary == make(2).leaving_note()
+    assert "traceback" not in summary and "payload" not in summary and "headers" not in summary
 
 
 @BOTH_LAYOUTS
@@ -331,9 +337,9 @@ def test_a_batch_is_written_by_one_script_call_as_one_call_each_would_write_it(
             client.set(Keys(prefix).cause("m-2"), b"{}")
         assert runtime.graveyard.write_many(before) == [True]
         assert runtime.graveyard.write_many(items) == [True, True, False, False, True]
-        yard = Graveyard(client, Keys(other))
-        assert run_script_many(client, yard._write, yard.write_calls(before)) == [1]
-        replies = run_script_many(client, yard._write, yard.write_calls(items))
+        yard = Graveyard(client, Keys(other)).shards.home
+        assert run_script_many(client, yard.scripts.write, yard.write_calls(before)) == [1]
+        replies = run_script_many(client, yard.scripts.write, yard.write_calls(items))
         assert [bool(r) for r in replies] == [True, True, False, False, True]
         assert client.exists(Keys(key_prefix).cause("m-2")) == 0
         assert _contents(client, other) == _contents(client, key_prefix)

@@ -1,6 +1,6 @@
 """The graveyard sharded by queue on a real 3-master Redis Cluster (issue 24, item 1).
 
-:class:`~celery_dlx.store.sharded_graveyard.ShardedGraveyard` (what ``dlx_redis_shards = "queue"``
+:class:`~celery_dlx.store.graveyard.Graveyard` sharded by queue (what ``dlx_redis_shards = "queue"``
 or ``"auto"`` on a cluster URL selects) is measured against the single-tag one: the same
 obituaries go to a single-tag graveyard (one app prefix) and to a sharded one (another): the
 bytes per master are measured (``MEMORY USAGE`` of every key of each prefix), and every read of
@@ -27,7 +27,7 @@ from celery_dlx.service.loop import DLXService
 from celery_dlx.service.settle import buried_event
 from celery_dlx.store.client import NotReplicated
 from celery_dlx.store.graveyard import Filters, Graveyard
-from celery_dlx.store.sharded_graveyard import ShardedGraveyard, _copy, migrate
+from celery_dlx.store.migrate import migrate_graveyard as migrate
 from celery_dlx.web import reads
 from celery_dlx.web.metrics import DLXCollector
 from celery_dlx.wiring.runtime import Runtime, get_runtime
@@ -87,7 +87,7 @@ def obituaries(queues: list[str], per_queue: int = PER_QUEUE) -> list[Obituary]:
     return out
 
 
-def bury(yard: Graveyard | ShardedGraveyard, obits: list[Obituary]) -> list[bool]:
+def bury(yard: Graveyard, obits: list[Obituary]) -> list[bool]:
     return yard.write_many([(ob, buried_event(ob)) for ob in obits])
 
 
@@ -116,7 +116,7 @@ def history_kinds(rt: Runtime) -> list[str]:
     return [fields[b"fate"].decode() for _, fields in entries]
 
 
-def same_reads(one: Graveyard, many: ShardedGraveyard) -> None:
+def same_reads(one: Graveyard, many: Graveyard) -> None:
     """Every read of the sharded graveyard answers as the single-tag one does."""
     assert many.count() == one.count()
     for filters in (
@@ -148,9 +148,12 @@ def same_reads(one: Graveyard, many: ShardedGraveyard) -> None:
 def test_burials_of_six_queues_spread_over_three_masters_and_read_as_one(
     cluster: RedisClusterServers,
 ) -> None:
-    single_rt, sharded_rt = runtime_on(cluster, "gy-one"), runtime_on(cluster, "gy-many")
+    single_rt, sharded_rt = (
+        runtime_on(cluster, "gy-one", dlx_redis_shards="none"),
+        runtime_on(cluster, "gy-many"),
+    )
     one = Graveyard(single_rt.redis, single_rt.keys)
-    many = ShardedGraveyard(sharded_rt.redis, sharded_rt.keys)
+    many = Graveyard(sharded_rt.redis, sharded_rt.keys, per_queue=True)
     obits = obituaries(QUEUES)
     assert all(bury(one, obits)) and all(bury(many, obits))
     assert not any(bury(many, obits[:5]))  # a redelivered dead letter writes nothing
@@ -191,18 +194,18 @@ def test_burials_of_six_queues_spread_over_three_masters_and_read_as_one(
 def test_migration_copies_then_deletes_each_obituary_and_reads_both_meanwhile(
     cluster: RedisClusterServers,
 ) -> None:
-    rt = runtime_on(cluster, "gy-mig")
+    rt = runtime_on(cluster, "gy-mig", dlx_redis_shards="none")
     old = Graveyard(rt.redis, rt.keys)
     queues = QUEUES[:3]
     obits = obituaries(queues, per_queue=10)
     assert all(bury(old, obits))
     old.add_replays([(obits[0].id, 7)])
-    oracle = runtime_on(cluster, "gy-mig-oracle")
+    oracle = runtime_on(cluster, "gy-mig-oracle", dlx_redis_shards="none")
     expected = Graveyard(oracle.redis, oracle.keys)
     bury(expected, obits)
     expected.add_replays([(obits[0].id, 7)])
 
-    many = ShardedGraveyard(rt.redis, rt.keys)
+    many = Graveyard(rt.redis, rt.keys, per_queue=True)
     assert many.count() == len(obits)  # read-both: the old keys are read before the move
     same_reads(expected, many)
     dry = migrate(many, dry_run=True)
@@ -212,9 +215,9 @@ def test_migration_copies_then_deletes_each_obituary_and_reads_both_meanwhile(
 
     # an interrupted run: some obituaries copied, their originals still there
     for ob in obits[:4]:
-        many._index([ob.queue])
-        raw = rt.redis.hget(old.records, ob.id)
-        assert _copy(many.shard(ob.queue, ob.id), ob, raw, PAYLOAD, None)
+        many.shards.add_queues([ob.queue])
+        raw = rt.redis.hget(old.shards.home.records, ob.id)
+        assert many.shard(ob.queue, ob.id).copy_in(ob, raw, PAYLOAD, None)
     moved = migrate(many, batch=7)
     assert (moved.found, moved.copied, moved.present, moved.moved, moved.left) == (
         len(obits),
@@ -239,7 +242,7 @@ def test_cli_console_replay_and_purge_read_every_shard(
     cluster: RedisClusterServers, uid: str, broker: Any, cleanup_queues: list[str]
 ) -> None:
     rt = runtime_on(cluster, f"gy-cli-{uid}", dlx_redis_shards="auto")
-    assert isinstance(rt.graveyard, ShardedGraveyard)
+    assert rt.graveyard.shards.layout.per_queue
     queues = [f"cli{i}-{uid}" for i in range(6)]
     obits = obituaries(queues, per_queue=6)
     assert all(bury(rt.graveyard, obits))
@@ -297,7 +300,7 @@ def test_cli_console_replay_and_purge_read_every_shard(
 
 def test_migrate_keys_moves_old_layout_obituaries(cluster: RedisClusterServers, uid: str) -> None:
     prefix = f"gy-keys-{uid}"
-    old = runtime_on(cluster, prefix)
+    old = runtime_on(cluster, prefix, dlx_redis_shards="none")
     obits = obituaries(QUEUES[:2], per_queue=5)
     assert all(bury(old.graveyard, obits))
     rt = runtime_on(cluster, prefix, dlx_redis_shards="queue")
@@ -323,12 +326,12 @@ def test_a_burial_waits_for_the_replicas_of_its_own_master(
         dlx_redis_replica_timeout=0.1,
     )
     yard = rt.graveyard
-    assert isinstance(yard, ShardedGraveyard)
+    assert yard.shards.layout.per_queue
     ob = obituaries(QUEUES[:1], per_queue=1)[0]
     with pytest.raises(NotReplicated, match="graveyard queue"):
         bury(yard, [ob])
     assert yard.count() == 0 and yard.queues() == [ob.queue]  # the index first, unconfirmed
-    yard._indexed.add(ob.queue)  # as if its replicas had confirmed the index
+    yard.shards._indexed.add(ob.queue)  # as if its replicas had confirmed the index
     with pytest.raises(NotReplicated, match="obituaries of"):
         bury(yard, [ob])
     assert yard.count() == 1  # stored on its bucket's master, just not confirmed
@@ -379,8 +382,8 @@ def test_the_dlx_service_buries_dead_letters_of_six_queues_into_their_shards(
     assert svc.stats.buried == n * len(queues) and svc.stats.outages == 0
 
     yard = rt.graveyard
-    assert isinstance(yard, ShardedGraveyard) and yard.queues() == sorted(queues)
-    assert yard.legacy.count() == 0 and yard.count() == n * len(queues)
+    assert yard.shards.layout.per_queue and yard.queues() == sorted(queues)
+    assert yard.shards.home.count() == 0 and yard.count() == n * len(queues)
     assert sorted((q, c) for q, c, _ in yard.names("queue")) == [(q, n) for q in sorted(queues)]
     assert history_kinds(rt).count("buried") == n * len(queues)
     found = reading.get_obituary(rt, f"{queues[4]}-7")  # by message id, over every shard

@@ -11,7 +11,7 @@ import redis
 from celery import Celery
 
 from celery_dlx.store.client import NotReplicated
-from celery_dlx.store.sharded import ShardedParking
+from celery_dlx.store.parking import ParkingStore
 from celery_dlx.wiring.runtime import get_runtime
 from tests.conftest import BROKER_URL
 from tests.integration.test_redis_failover import (
@@ -41,7 +41,7 @@ def test_a_sharded_park_waits_for_the_replica_of_its_bucket_master(
         )
         runtime = get_runtime(app)
         store = runtime.parking
-        assert isinstance(store, ShardedParking)
+        assert isinstance(store, ParkingStore) and store.per_queue
         client = runtime.redis
         index_master = owner(client, runtime.keys.parked_queues)
         # A message whose bucket lives on another master than the app's tag (and the index).

@@ -2,8 +2,8 @@
 
 Measured: the parks of 8 queues, by the bytes Redis reports (``MEMORY USAGE`` of every key of
 the app's prefix, found by ``SCAN`` on each master). With the single-tag layout
-(``dlx_redis_shards = "none"``, the default) every byte sits on one master; with ``"auto"`` on a
-cluster URL (keys per queue and bucket) no master holds more than half. Then the drain returns every parked
+(``dlx_redis_shards = "none"``) every byte sits on one master; with ``"auto"`` (the default) on
+a cluster URL (keys per queue and bucket) no master holds more than half. Then the drain returns every parked
 retry to its queue across the masters, and ``dlx parked`` lists every shard; data parked by the
 old layout is read, moved by ``dlx migrate-keys`` and drained.
 """
@@ -22,7 +22,7 @@ from kombu import Queue
 from celery_dlx.drain.core import run_drain
 from celery_dlx.fates import now_ms
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.store.sharded import ShardedParking
+from celery_dlx.store.parking import ParkingStore
 from celery_dlx.wiring.runtime import get_runtime
 from tests.chaos.servers import RedisClusterServers, redis_cluster
 from tests.conftest import BROKER_URL
@@ -98,13 +98,13 @@ def test_parks_of_eight_queues_spread_over_three_masters_and_drain_from_each(
     queues = [f"sh{i}-{uid}" for i in range(QUEUES)]
     due = now_ms() - 60_000
 
-    before = get_runtime(app_on(cluster, f"one-{uid}"))  # the default: one tag per app
+    before = get_runtime(app_on(cluster, f"one-{uid}", dlx_redis_shards="none"))  # one tag
     assert not before.sharded
     assert all(before.parking.park_many(retries(queues, due)))
     single = bytes_per_master(cluster, f"one-{uid}")
 
     runtime = get_runtime(app_on(cluster, f"many-{uid}", dlx_redis_shards="auto"))
-    assert runtime.sharded and isinstance(runtime.parking, ShardedParking)
+    assert runtime.sharded and isinstance(runtime.parking, ParkingStore) and runtime.store.per_queue
     assert all(runtime.parking.park_many(retries(queues, due)))
     spread = bytes_per_master(cluster, f"many-{uid}")
     print(f"\nbytes per master, single tag: {single} ({share(single):.1%} on the largest)")

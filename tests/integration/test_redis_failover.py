@@ -475,6 +475,7 @@ def test_on_a_redis_cluster_a_park_waits_for_the_replica_of_the_master_owning_it
         app.conf.update(
             dlx_redis_url=f"redis://127.0.0.1:{nodes[0].port}/0?cluster=true",
             dlx_redis_replica_timeout=0.2,  # dlx_redis_min_replicas: the default, 1 per master
+            dlx_redis_shards="none",  # the single-tag layout (per queue: test_redis_cluster_shard*)
             dlx_key_prefix=f"test-{uid}",
             dlx_exchange=dlx,
             dlx_service_queue=dead,

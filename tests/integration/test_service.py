@@ -201,7 +201,7 @@ def test_foreign_consumer_rejects_are_retried_after_the_delays_then_buried(
         assert sorted(fates) == sorted([REQUEUED, PARKED, DRAINED, PARKED, DRAINED, BURIED])
         (ob,) = obituaries.list_obituaries(runtime, message_id=message_id, with_payload=True)
         assert ob.queue == names["billing"] and ob.origin == "foreign" and ob.task is None
-        assert ob.reason.startswith("retry budget spent: 1 requeues, 2 parks")
+        assert ob.reason.startswith("retry budget spent: 1 requeue, 2 parks")
         assert ob.attempt == 4 and ob.importance == "page" and ob.death_reason == "rejected"
         assert [a.fate for a in ob.attempts] == [REQUEUED, PARKED, PARKED, BURIED]
         times = [a.at_ms for a in ob.attempts]

@@ -15,8 +15,8 @@ import pytest
 from celery_dlx.fates import PARKED, FateEvent, now_ms
 from celery_dlx.message.names import PARKED_BUCKETS, Keys
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.store.migrate import migrate_parked
 from celery_dlx.store.parking import ParkingStore
-from celery_dlx.store.sharded import ShardedParking
 from celery_dlx.wiring.runtime import get_runtime
 from tests.integration.cli_helpers import run
 from tests.integration.dlx_apps import make_app
@@ -58,7 +58,7 @@ def test_keys_of_a_queue_bucket_share_one_tag_and_differ_from_the_app_tag() -> N
 def test_parks_spread_over_queue_buckets_and_reads_merge_them_by_due(
     redis_client: Any, sharded_keys: Keys
 ) -> None:
-    store = ShardedParking(redis_client, sharded_keys)
+    store = ParkingStore(redis_client, sharded_keys, per_queue=True)
     now = now_ms()
     queues = ["alpha", "beta", "gamma"]
     messages = [parked(f"m{i}", queues[i % 3], now - 1000 + i) for i in range(60)]
@@ -98,7 +98,7 @@ def test_the_single_tag_layout_is_read_drained_and_migrated_without_loss(
     now = now_ms()
     for i in range(25):
         assert old.park(parked(f"o{i}", f"q{i % 4}", now - 100 + i))
-    store = ShardedParking(redis_client, sharded_keys)
+    store = ParkingStore(redis_client, sharded_keys, per_queue=True)
     assert store.park(parked("new", "q0", now - 1000))
     # Read-both: the old entries are listed, counted and claimed (and acked where they are).
     assert store.count() == 26 and [m.message_id for m in store.peek(2)] == ["new", "o0"]
@@ -106,7 +106,7 @@ def test_the_single_tag_layout_is_read_drained_and_migrated_without_loss(
     assert {m.message_id for m in claimed} <= {"new", "o0", "o1", "o2", "o3"}
     assert store.ack(claimed) == 3 and store.count() == 23
 
-    dry = store.migrate_legacy(dry_run=True)
+    dry = migrate_parked(store, dry_run=True)
     legacy_left = old.count()
     assert dry.found == legacy_left and dry.moved == 0 and old.count() == legacy_left
     assert sum((dry.queues or {}).values()) == legacy_left
@@ -119,10 +119,10 @@ def test_the_single_tag_layout_is_read_drained_and_migrated_without_loss(
     redis_client.hset(target.body, "o5:1", body)
     redis_client.zadd(target.due, {"o5:1": now - 95})
 
-    done = store.migrate_legacy(batch=4)
+    done = migrate_parked(store, batch=4)
     assert done.found == legacy_left and done.moved == legacy_left and done.present == 1
     assert old.count() == 0 and store.count() == 23
-    assert store.migrate_legacy().found == 0  # idempotent
+    assert migrate_parked(store).found == 0  # idempotent
     moved = store.entry("o5:1")
     assert moved is not None and moved.body == b"body-o5" and moved.due_ms == now - 95
     everything = store.claim(100, lease_ms=60_000, now=now)
@@ -140,7 +140,7 @@ def test_the_setting_picks_the_sharded_store_and_migrate_keys_moves_old_parks(
         get_runtime(old_app).parking.park(parked(f"m{i}", "orders", now + i))
     app = make_app(uid, dlx_key_prefix=sharded_keys.prefix, dlx_redis_shards="queue")
     runtime = get_runtime(app)
-    assert runtime.sharded and isinstance(runtime.parking, ShardedParking)
+    assert runtime.sharded and isinstance(runtime.parking, ParkingStore) and runtime.store.per_queue
     assert runtime.parking is runtime.parking  # one per process (it remembers its claims)
 
     refused = run(old_app, "migrate-keys")

@@ -63,14 +63,13 @@ def test_park_many_is_one_script_call_and_idempotent_like_park(
     again = _parked("m1", due_ms=T0 + 60_000)
     again.body = b"a different body"
     calls: list[int] = []
-    batch_script = store._park_many
+    batch_script = store.scripts.park_many
 
     def counted(**kwargs: Any) -> Any:
         calls.append(len(kwargs["args"]))
         return batch_script(**kwargs)
 
-    monkeypatch.setattr(store, "_park_many", counted)
-    monkeypatch.setattr(store, "_park", None)  # the one-entry script is not used
+    monkeypatch.setattr(store.scripts, "park_many", counted)
     stored = store.park_many([_parked("m0"), first, again, _parked("m2", attempt=3)])
     assert stored == [False, True, False, True]
     assert calls == [16]  # one call, four arguments per entry

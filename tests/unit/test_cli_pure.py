@@ -15,6 +15,7 @@ from kombu import Connection
 
 from celery_dlx.broker.management import dead_letter_exchange_of, management_for
 from celery_dlx.cli.main import dlx
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import DLXError
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.ops import checks
@@ -321,7 +322,7 @@ def invoke(*args: str) -> Any:
 
 def test_usage_errors_exit_2_before_touching_a_service() -> None:
     for args, text in (
-        (["migrate", "q"], "--policy or --rename"),
+        (["migrate", "q"], f"--policy or --rename ({doc_url('migration')} compares them)"),
         (["list", "--since", "later"], "--since"),
         (["check", "--for", "soon"], "--for"),
         (["replay", "--rate", "0", "x"], "--rate"),
@@ -374,7 +375,7 @@ def test_every_command_is_registered_with_help() -> None:
 
 def test_replay_without_targets_is_refused_clearly() -> None:
     result = invoke("replay", "--json")
-    # a usage error: exit 2, as docs/cli.md and celery_dlx.cli.kit say (it was 1)
+    # a usage error: exit 2, as the command line page and celery_dlx.cli.kit say
     assert result.exit_code == 2 and "--all" in result.stderr
     assert result.stdout == ""
 
@@ -406,3 +407,46 @@ def test_progress_bar_only_for_people(capsys: pytest.CaptureFixture[str]) -> Non
     with progress_bar(5, "replaying", enabled=True) as advance:
         advance(5)
     assert "replaying" in capsys.readouterr().err
+
+
+def test_celery_dlx_without_an_app_is_refused_instead_of_checking_celerys_default_app() -> None:
+    from celery.bin.celery import celery
+
+    result = CliRunner(env={"APP": None}).invoke(celery, ["dlx", "check", "--no-management"])
+    assert result.exit_code == 2, result.output
+    assert "name the Celery app: `celery -A proj dlx ...`" in result.output
+
+
+def test_migrate_policy_dry_run_says_where_dead_letters_would_go() -> None:
+    from celery_dlx.cli.broker import _migrate_text
+
+    data: dict[str, Any] = {
+        "queue": "orders",
+        "method": "policy",
+        "dry_run": True,
+        "dead_letter_exchange": None,  # nothing was written: the broker has none yet
+        "set_by": "none",
+        "policy": {
+            "needed": True,
+            "name": "celery-dlx-orders",
+            "priority": 1,
+            "merged_from": None,
+            "definition": {"dead-letter-exchange": "celery_dlx"},
+        },
+    }
+    text = _migrate_text(data)
+    assert text.startswith("dry run: policy celery-dlx-orders (priority 1) on orders")
+    assert text.endswith("dead letters would go to celery_dlx (by policy)")
+    assert "(set by none)" not in text
+    done = _migrate_text(
+        {**data, "dry_run": False, "dead_letter_exchange": "celery_dlx", "set_by": "policy"}
+    )
+    assert done.endswith("dead letters now go to celery_dlx (set by policy)")
+
+
+def test_counts_are_singular_for_one() -> None:
+    from celery_dlx.ops.render import count
+
+    assert [count(n, "cause") for n in (0, 1, 2)] == ["0 causes", "1 cause", "2 causes"]
+    assert count(1, "obituary", "obituaries") == "1 obituary"
+    assert count(3, "entry", "entries") == "3 entries"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.policy.config import DLXConfig, load_config, unknown_settings
 from celery_dlx.policy.decide import ExponentialBackoff, ListBackoff, Policy
@@ -23,9 +24,10 @@ def test_defaults() -> None:
     assert dict(config.values) == {
         "dlx_enabled": False,
         "dlx_redis_url": "redis://127.0.0.1:6379/0",
+        "dlx_redis_required": False,
         "dlx_redis_min_replicas": None,
         "dlx_redis_replica_timeout": 1.0,
-        "dlx_redis_shards": "none",
+        "dlx_redis_shards": "auto",
         "dlx_key_prefix": "dlx",
         "dlx_max_requeues": 2,
         "dlx_max_parks": 5,
@@ -81,6 +83,7 @@ def test_every_setting_is_documented() -> None:
 BAD_VALUES: dict[str, list[Any]] = {
     "dlx_enabled": ["maybe", 1, None, [True]],
     "dlx_redis_url": ["", 6379, None],
+    "dlx_redis_required": ["always", 2, None],
     "dlx_redis_min_replicas": [-1, True, "1", 1.0, None],
     "dlx_redis_replica_timeout": [0, -1, "1s", None],
     "dlx_redis_shards": ["bucket", None, True],
@@ -111,7 +114,7 @@ BAD_VALUES: dict[str, list[Any]] = {
     "dlx_obituary_task": ["", 5],
     "dlx_code_version": ["", 1.0],
     "dlx_graveyard_retention": [0, -1, "30d"],
-    "dlx_graveyard_max_bytes": [-1, 1.5, "48mb", True],
+    "dlx_graveyard_max_bytes": [-1, "50mb", 1.5, None],
     "dlx_cause_ttl": [0, -5, None],
     "dlx_delay_backend": ["rabbit", None],
     "dlx_ttl_ladder": [[], "1,5,10", [5, 1], [1, 1], [0, 5], None],
@@ -337,26 +340,42 @@ def test_lookup_names(conf: dict[str, Any], namespace: str | None, expected: int
 
 
 @pytest.mark.parametrize(
-    ("conf", "namespace", "unknown"),
+    ("conf", "namespace", "unknown", "hint"),
     [
-        ({"dlx_max_requeus": 1}, None, ["dlx_max_requeus"]),
-        ({"DLX_MAX_REQUEUS": 1, "DLX_MAX_PARKS": 1}, None, ["DLX_MAX_REQUEUS"]),
-        ({"CELERY_DLX_ENABLE": True}, "CELERY", ["CELERY_DLX_ENABLE"]),
-        ({"dlx_a": 1, "DLX_B": 2, "CELERY_DLX_C": 3}, "CELERY", ["CELERY_DLX_C", "DLX_B", "dlx_a"]),
+        ({"dlx_max_requeus": 1}, None, ["dlx_max_requeus"], " (did you mean dlx_max_requeues?)"),
+        (
+            {"DLX_MAX_REQUEUS": 1, "DLX_MAX_PARKS": 1},
+            None,
+            ["DLX_MAX_REQUEUS"],
+            " (did you mean dlx_max_requeues?)",
+        ),
+        (
+            {"CELERY_DLX_ENABLE": True},
+            "CELERY",
+            ["CELERY_DLX_ENABLE"],
+            " (did you mean dlx_enabled?)",
+        ),
+        (
+            {"dlx_a": 1, "DLX_B": 2, "CELERY_DLX_C": 3},
+            "CELERY",
+            ["CELERY_DLX_C", "DLX_B", "dlx_a"],
+            "",
+        ),
     ],
 )
 def test_unknown_settings_are_rejected_with_the_known_ones(
-    conf: dict[str, Any], namespace: str | None, unknown: list[str]
+    conf: dict[str, Any], namespace: str | None, unknown: list[str], hint: str
 ) -> None:
     assert unknown_settings(conf, namespace) == unknown
     with pytest.raises(ConfigurationError) as info:
         load_config(conf, namespace)
     message = str(info.value)
     assert message.startswith(
-        f"unknown celery_dlx setting(s): {', '.join(unknown)}; known settings: "
+        f"unknown celery_dlx setting(s): {', '.join(unknown)}{hint}; known settings: "
     )
     known = re.search(r"known settings: (.*) \(see", message)
     assert known is not None and known.group(1).split(", ") == sorted(SETTINGS)
+    assert message.endswith(f"(see {doc_url('configuration')})")
 
 
 @pytest.mark.parametrize(

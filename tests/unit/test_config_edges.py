@@ -79,3 +79,37 @@ def test_delivery_limit_without_quorum_is_a_configuration_error() -> None:
 def test_ttl_ladder_steps_below_a_millisecond_are_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match=r"^dlx_ttl_ladder steps must be at least 0.001 s"):
         load_config({"dlx_ttl_ladder": [0.0004, 1]})
+
+
+def test_a_typo_names_the_closest_setting() -> None:
+    from celery_dlx.errors import ConfigurationError
+    from celery_dlx.policy.config import load_config
+
+    with pytest.raises(ConfigurationError) as info:
+        load_config({"dlx_max_parkz": 3})
+    assert str(info.value).startswith(
+        "unknown celery_dlx setting(s): dlx_max_parkz (did you mean dlx_max_parks?); known"
+    )
+    with pytest.raises(ConfigurationError) as info:
+        load_config({"CELERY_DLX_REDIS_ULR": "redis://x"}, namespace="CELERY")
+    assert "(did you mean dlx_redis_url?)" in str(info.value)
+    with pytest.raises(ConfigurationError) as info:
+        load_config({"dlx_frobnicate": 1})  # nothing close: no guess
+    assert "did you mean" not in str(info.value)
+    with pytest.raises(ConfigurationError) as info:
+        load_config({"dlx_queues": {"orders": {"max_park": 1, "backof": [1]}}})
+    assert "(did you mean backof -> backoff, max_park -> max_parks?)" in str(info.value)
+
+
+def test_a_task_option_typo_names_the_closest_option() -> None:
+    from celery_dlx.errors import ConfigurationError
+    from celery_dlx.policy.config import load_config
+    from celery_dlx.policy.options import resolve_task_options
+
+    class Task:
+        name = "proj.charge"
+        dlx_bury_onn = (ValueError,)
+
+    with pytest.raises(ConfigurationError) as info:
+        resolve_task_options(Task, load_config({}))
+    assert "unknown option(s) dlx_bury_onn (did you mean dlx_bury_on?)" in str(info.value)

@@ -256,14 +256,17 @@ def test_misspelt_option_on_an_explicit_dlx_task_fails_at_finalize(
     add_task(app, base=DLXTask, dlx_max_requeus=1)
     with pytest.raises(ConfigurationError) as info:
         app.finalize()
-    assert str(info.value).startswith("task proj.add: unknown option(s) dlx_max_requeus; known: ")
+    assert str(info.value).startswith(
+        "task proj.add: unknown option(s) dlx_max_requeus (did you mean dlx_max_requeues?); known: "
+    )
 
 
 def test_misspelt_option_on_a_flagged_task_fails_at_finalize() -> None:
     app = make_app(dlx_enabled=True)
     add_task(app, dlx_bakoff=[1, 2])
     with pytest.raises(
-        ConfigurationError, match=r"^task proj.add: unknown option\(s\) dlx_bakoff;"
+        ConfigurationError,
+        match=r"^task proj.add: unknown option\(s\) dlx_bakoff \(did you mean dlx_backoff\?\);",
     ):
         app.finalize()
 
@@ -296,7 +299,8 @@ def test_unknown_setting_fails_when_the_app_is_configured() -> None:
     app = make_app(dlx_enabled=True, dlx_max_requeus=1)
     add_task(app)
     with pytest.raises(
-        ConfigurationError, match=r"^unknown celery_dlx setting\(s\): dlx_max_requeus;"
+        ConfigurationError,
+        match=r"^unknown celery_dlx setting\(s\): dlx_max_requeus \(did you mean dlx_max_requeues\?\);",
     ):
         app.finalize()
 

@@ -24,6 +24,7 @@ from celery_dlx.broker.ladder import (
     format_seconds,
     round_up,
 )
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError, PublishError, TopologyError
 from celery_dlx.fates import PARKED, FateEvent
 from celery_dlx.message.parked import ParkedMessage
@@ -312,6 +313,7 @@ def test_a_delay_queue_with_other_arguments_is_a_topology_error_naming_the_setti
         Ladder([0.2, 0.5, 1]).park(broker, parked())  # type: ignore[arg-type]
     message = str(err.value)
     assert "orders_dlq_0.5" in message and "dlx_quorum" in message and "x-expires" in message
+    assert message.endswith(f"See {doc_url('delays')}")
     assert broker.published == []
 
 

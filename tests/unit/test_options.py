@@ -113,23 +113,23 @@ def test_options_are_inherited(config: DLXConfig) -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "unknown"),
+    ("options", "unknown", "hint"),
     [
-        ({"dlx_max_requeus": 1}, ["dlx_max_requeus"]),
-        ({"dlx_backof": [1], "dlx_max_parks": 1}, ["dlx_backof"]),
-        ({"dlx_retries": 3, "dlx_enabled": True}, ["dlx_enabled", "dlx_retries"]),
-        ({"dlx_park_on_": [TimeoutError]}, ["dlx_park_on_"]),
+        ({"dlx_max_requeus": 1}, ["dlx_max_requeus"], " (did you mean dlx_max_requeues?)"),
+        ({"dlx_backof": [1], "dlx_max_parks": 1}, ["dlx_backof"], " (did you mean dlx_backoff?)"),
+        ({"dlx_retries": 3, "dlx_enabled": True}, ["dlx_enabled", "dlx_retries"], ""),
+        ({"dlx_park_on_": [TimeoutError]}, ["dlx_park_on_"], " (did you mean dlx_park_on?)"),
     ],
 )
 def test_unknown_option_names_the_task_and_option(
-    config: DLXConfig, options: dict[str, Any], unknown: list[str]
+    config: DLXConfig, options: dict[str, Any], unknown: list[str], hint: str
 ) -> None:
     cls = task_class(**options)
     assert unknown_task_options(cls) == unknown
     with pytest.raises(ConfigurationError) as info:
         resolve_task_options(cls, config)
     assert str(info.value) == (
-        f"task proj.charge: unknown option(s) {', '.join(unknown)}; "
+        f"task proj.charge: unknown option(s) {', '.join(unknown)}{hint}; "
         f"known: {', '.join(TASK_OPTIONS)}"
     )
 

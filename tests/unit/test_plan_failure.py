@@ -81,6 +81,6 @@ def test_bury_with_a_cause_names_and_raises_the_cause() -> None:
 def test_retry_park_is_not_bounded_by_the_park_budget() -> None:
     """self.retry() is bounded by Celery's max_retries (checked by DLXTask.retry)."""
     spent = DLXState(attempt=4, requeues=2, parks=2)
-    assert plan(RetryPark(countdown=0.5), spent).decision == ToPark(delay=0.5, reason="RetryPark")
-    assert plan(RetryPark(), spent).decision == ToPark(delay=30.0, reason="RetryPark")
+    assert plan(RetryPark(countdown=0.5), spent).decision == ToPark(delay=0.5, reason="retry")
+    assert plan(RetryPark(), spent).decision == ToPark(delay=30.0, reason="retry")
     assert plan(Park(countdown=0.5), spent).buried

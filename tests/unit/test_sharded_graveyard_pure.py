@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from celery_dlx.store.graveyard import Group
-from celery_dlx.store.sharded_graveyard import BUCKETS, _summed, bucket_of
+from celery_dlx.message.names import Keys
+from celery_dlx.store.graveyard import BUCKETS, Group, _summed
+from celery_dlx.store.shards import Layout
+
+bucket_of = Layout(Keys("app"), per_queue=True, buckets=BUCKETS).bucket
 
 
 def part(**fields: object) -> Group:

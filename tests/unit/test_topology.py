@@ -24,6 +24,7 @@ from celery_dlx.broker.topology import (
     policy_name,
     service_queue,
 )
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import ConfigurationError, TopologyError
 
 QUORUM = {
@@ -323,7 +324,8 @@ def test_dlx_queue_406_becomes_a_topology_error_with_a_migration_hint() -> None:
     message = str(info.value)
     assert "queue 'work' already exists with other arguments" in message
     assert "celery -A proj dlx migrate work --policy" in message
-    assert "set_policy celery-dlx-work '^work$'" in message, "the policy name migrate writes"
+    assert "set_policy -p / celery-dlx-work '^work$'" in message, "the policy name migrate writes"
+    assert message.endswith(f"See {doc_url('migration')}"), "the page by URL: no docs/ in a wheel"
     assert isinstance(info.value.__cause__, PreconditionFailed)
 
 
@@ -358,7 +360,13 @@ def test_migrate_and_the_error_name_the_same_policy() -> None:
     from celery_dlx.ops import migrate
 
     assert migrate.policy_name("orders") == policy_name("orders") == "celery-dlx-orders"
-    assert f"set_policy {policy_name('orders')} " in migration_hint("orders", "celery_dlx")
+    assert f"set_policy -p / {policy_name('orders')} " in migration_hint("orders", "celery_dlx")
+
+
+def test_the_rabbitmqctl_line_names_the_virtual_host() -> None:
+    hint = migration_hint("orders", "celery_dlx", vhost="shop")
+    assert "rabbitmqctl set_policy -p shop celery-dlx-orders '^orders$' " in hint
+    assert "set_policy -p 'my shop' " in migration_hint("orders", "x", vhost="my shop")
 
 
 def test_no_declare_queue_declares_nothing() -> None:
@@ -463,7 +471,7 @@ def test_without_a_matching_policy_the_406_is_refused_with_the_hint(
         _migrated(api)(channel).declare()
     message = str(info.value)
     assert expected in message
-    assert "set_policy celery-dlx-orders '^orders$'" in message
+    assert "set_policy -p / celery-dlx-orders '^orders$'" in message
     assert declared_queues(channel) == [("proj.dead", {})], "the caller's channel declared nothing"
 
 
@@ -483,3 +491,27 @@ def test_a_dlx_queue_reports_kombus_fields_only_and_copies_keep_its_own() -> Non
     twin = copy(queue)
     assert (twin.dlx_service_queue, twin.dlx_app) == ("dead", "proj")
     assert twin.dlx_management is queue.dlx_management
+
+
+def test_a_queue_left_on_the_exchange_of_earlier_versions_says_how_to_keep_it(
+    refused_with_arguments: list[dict[str, Any]],
+) -> None:
+    # An app with dlx_key_prefix = "shop" whose queue still dead-letters to celery_dlx by argument.
+    queue = dlx_queue("orders", dlx="celery_dlx.shop", service="celery_dlx.shop.dead")
+    queue.dlx_app = "shop"
+    queue.dlx_management = FakeManagement(
+        {"arguments": {"x-dead-letter-exchange": "celery_dlx"}, "durable": True}
+    )
+    with pytest.raises(TopologyError) as info:
+        queue(recording_channel()).declare()
+    message = str(info.value)
+    assert (
+        "its dead letters go to 'celery_dlx' by argument (the exchange of earlier versions"
+        in message
+    )
+    assert "set dlx_exchange = 'celery_dlx' and dlx_service_queue = 'celery_dlx.dead'" in message
+    # A queue of another exchange altogether gets no such note.
+    other = _migrated(FakeManagement({"arguments": {"x-dead-letter-exchange": "celery_dlx"}}))
+    with pytest.raises(TopologyError) as info:
+        other(recording_channel()).declare()
+    assert "earlier versions" not in str(info.value)

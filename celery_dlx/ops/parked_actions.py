@@ -1,0 +1,172 @@
+"""Parked retries one by one: "retry now" and "bury now", by entry id or by cause, audited.
+
+A retry made due now is drained at the drain's next tick, as if its backoff had run out; one
+being drained at this moment (claimed) is left to that drain. A retry buried now leaves the
+parked set for the graveyard with the reason "buried by <who>", through the same obituary the
+DLX service would write; if a drain claims it meanwhile, the burial is taken back and the retry
+reported as claimed, so it never has two fates. Each action is one ``audit`` entry in the
+failure history and in the console's audit stream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from celery_dlx.errors import DLXError
+from celery_dlx.fates import AUDIT, FateEvent, now_ms
+from celery_dlx.message.failure import Failure
+from celery_dlx.message.obituary import Obituary
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.policy.deadletter import read_dead_letter
+from celery_dlx.policy.verdicts import build_obituary, bury_verdict
+from celery_dlx.service.settle import buried_event
+from celery_dlx.wiring.runtime import Runtime
+
+#: Parked retries read to find those of a cause.
+CAUSE_SCAN = 100_000
+#: Entries kept in the audit stream (as the console's actions).
+AUDIT_MAXLEN = 10000
+
+
+@dataclass
+class ParkedActionReport:
+    """What :func:`retry_now` or :func:`bury_now` did (or, dry, would do), by entry id.
+
+    ``done``: retried or buried (on a dry run, those it would act on); ``claimed``: being drained
+    right now, left to the drain; ``missing``: not parked (any more).
+    """
+
+    action: str
+    dry_run: bool = False
+    done: list[str] = field(default_factory=list)
+    claimed: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    obituaries: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _targets(
+    runtime: Runtime, entry_ids: Sequence[str] | None, cause: str | None
+) -> list[ParkedMessage | str]:
+    """The parked retries to act on (with bodies), or the ids not found."""
+    if bool(entry_ids) == (cause is not None):
+        raise DLXError("name parked retries by entry id or by --cause (one of the two)")
+    parking = runtime.parking
+    if cause is not None:
+        ids = [m.entry_id for m in parking.soonest(CAUSE_SCAN) if m.cause == cause]
+    else:
+        ids = list(dict.fromkeys(entry_ids or ()))
+    out: list[ParkedMessage | str] = []
+    for entry_id in ids:
+        found = parking.entry(entry_id)
+        out.append(found if found is not None else entry_id)
+    return out
+
+
+def retry_now(
+    runtime: Runtime,
+    entry_ids: Sequence[str] | None = None,
+    *,
+    cause: str | None = None,
+    by: str = "operator",
+    dry_run: bool = False,
+) -> ParkedActionReport:
+    """Make parked retries due now (drained at the next tick).
+
+    Raises:
+        DLXError: neither ids nor a cause, or both.
+    """
+    report = ParkedActionReport("retry-now", dry_run)
+    now = now_ms()
+    for target in _targets(runtime, entry_ids, cause):
+        if isinstance(target, str):
+            report.missing.append(target)
+        elif dry_run or runtime.store.make_due(target, now):
+            report.done.append(target.entry_id)
+        else:
+            report.claimed.append(target.entry_id)
+    _audit(runtime, report, by, cause)
+    return report
+
+
+def bury_now(
+    runtime: Runtime,
+    entry_ids: Sequence[str] | None = None,
+    *,
+    cause: str | None = None,
+    by: str = "operator",
+    dry_run: bool = False,
+) -> ParkedActionReport:
+    """Bury parked retries now: an obituary each (reason "buried by ``by``"), the retry gone.
+
+    Raises:
+        DLXError: neither ids nor a cause, or both.
+    """
+    report = ParkedActionReport("bury-now", dry_run)
+    now = now_ms()
+    store, yard = runtime.store, runtime.graveyard
+    for target in _targets(runtime, entry_ids, cause):
+        if isinstance(target, str):
+            report.missing.append(target)
+            continue
+        if dry_run:
+            report.done.append(target.entry_id)
+            continue
+        ob = _obituary(runtime, target, f"buried by {by}", now)
+        event = buried_event(ob)
+        written = yard.write_many([(ob, event)])[0]
+        if store.take(target):
+            report.done.append(target.entry_id)
+            report.obituaries.append(ob.id)
+            if written:
+                runtime.record(event, history=False)
+        else:  # a drain claimed it meanwhile: it goes back to its queue, so no burial
+            if written:
+                yard.remove(ob, None)
+            report.claimed.append(target.entry_id)
+    _audit(runtime, report, by, cause)
+    return report
+
+
+def _obituary(runtime: Runtime, message: ParkedMessage, reason: str, now: int) -> Obituary:
+    letter = read_dead_letter(
+        message.body, message.headers, message.properties, routing_key=message.queue
+    )
+    verdict = bury_verdict(letter, runtime.config, reason, now, failed=False)
+    return build_obituary(
+        letter, verdict, buried_ms=now, code_version=runtime.config.code_version, hostname=None
+    )
+
+
+def _audit(runtime: Runtime, report: ParkedActionReport, by: str, cause: str | None) -> None:
+    if report.dry_run or not (report.done or report.claimed):
+        return
+    target = f"cause {cause}" if cause else ", ".join(report.done + report.claimed)
+    summary = f"{len(report.done)} {report.action}, {len(report.claimed)} claimed by a drain"
+    at = now_ms()
+    fields = {
+        "at_ms": str(at),
+        "user": by,
+        "role": "operator",
+        "action": f"parked-{report.action}",
+        "target": target[:500],
+        "params": json.dumps({"cause": cause}, sort_keys=True),
+        "status": "done",
+        "summary": summary,
+        "result": json.dumps(report.as_dict(), sort_keys=True),
+        "job": "",
+    }
+    failure = Failure(
+        queue="*",
+        message_id=f"audit:parked-{report.action}:{at}",
+        attempt=0,
+        cause=cause or "",
+        reason=f"{by} {report.action} {target[:200]}: {summary}",
+        importance="notify",
+        at_ms=at,
+    )
+    runtime.history.append_audit(fields, FateEvent.of(AUDIT, failure), maxlen=AUDIT_MAXLEN)
