@@ -41,6 +41,7 @@ from celery_dlx.broker.management import (
 from celery_dlx.broker.probe import missing_entities, queue_counts
 from celery_dlx.fates import now_ms
 from celery_dlx.policy.config import DLXConfig
+from celery_dlx.store.graveyard import RESERVE
 from celery_dlx.store.memory import RedisMemory, read_memory
 from celery_dlx.store.refusals import Refusals
 from celery_dlx.wiring.installed import not_installed, not_installed_message
@@ -59,9 +60,10 @@ UNREACHABLE = "management-unreachable"
 REDIS_FULL = "redis-full"
 REDIS_EVICTS = "redis-evicts"
 REDIS_UNREADABLE = "redis-unreadable"
+GRAVEYARD_FULL = "graveyard-full"
 BACKLOG = "dlx-backlog"
 #: Problems of a stall (the CLI exits 7 for them, 4 for the others).
-STALL_KINDS = frozenset({REDIS_FULL, BACKLOG, REDIS_UNREADABLE})
+STALL_KINDS = frozenset({REDIS_FULL, BACKLOG, REDIS_UNREADABLE, GRAVEYARD_FULL})
 #: Share of ``maxmemory`` from which Redis counts as full (a write may be refused any moment).
 FULL_SHARE = 0.95
 #: Default of ``--max-backlog``: dead letters waiting in the service queue that make a problem.
@@ -100,6 +102,8 @@ class CheckReport:
     redis: dict[str, object] | None = None
     #: The graveyard's budget in bytes (``dlx_graveyard_max_bytes``, or derived); None: unlimited.
     graveyard_budget: int | None = None
+    #: The bytes the graveyard holds, as its budget counts them (None: unread).
+    graveyard_bytes: int | None = None
     #: The DLX service queue: ``messages`` (ready, and unacked when the management API says),
     #: ``consumers``, ``oldest_age_s`` (None: unknown).
     backlog: dict[str, object] | None = None
@@ -133,6 +137,7 @@ class CheckReport:
             "stalled": self.stalled,
             "redis": self.redis,
             "graveyard_budget": self.graveyard_budget,
+            "graveyard_bytes": self.graveyard_bytes,
             "backlog": self.backlog,
             "refused": self.refused,
         }
@@ -275,14 +280,6 @@ def _binding_problem(api: Management, exchange: str, service: str) -> list[Probl
     ]
 
 
-def graveyard_budget(max_bytes: int, maxmemory: int) -> int | None:
-    """The graveyard's budget in bytes: ``dlx_graveyard_max_bytes`` when set, else half of Redis
-    ``maxmemory`` (the other half kept for parks, drains and the history), else None: unlimited."""
-    if max_bytes:
-        return max_bytes
-    return maxmemory // 2 if maxmemory else None
-
-
 def _mb(n: int) -> str:
     return f"{n / 1048576:.1f} MB"
 
@@ -318,6 +315,33 @@ def memory_problems(memory: RedisMemory) -> list[Problem]:
     return out
 
 
+def graveyard_problems(used_bytes: int, budget: int | None, memory: RedisMemory) -> list[Problem]:
+    """The graveyard at its budget, or Redis past the share burials leave to parked retries
+    (``1 - RESERVE`` of ``maxmemory``): the DLX service buries nothing and dead letters wait in
+    its queue (parks and drains go on)."""
+    over_budget = budget is not None and used_bytes >= budget
+    limit = memory.maxmemory * (1 - RESERVE)
+    over_memory = bool(memory.maxmemory) and memory.used > limit
+    if not (over_budget or over_memory):
+        return []
+    why = (
+        f"the graveyard holds {_mb(used_bytes)} of its {_mb(budget or 0)} budget "
+        "(dlx_graveyard_max_bytes)"
+        if over_budget
+        else f"Redis uses {_mb(memory.used)}, past the {1 - RESERVE:.0%} of maxmemory burials may "
+        "take"
+    )
+    return [
+        Problem(
+            GRAVEYARD_FULL,
+            "graveyard",
+            f"{why}: the DLX service buries nothing and dead letters wait in its queue (parks "
+            "and drains go on); make room with `celery dlx purge` or a shorter "
+            "dlx_graveyard_retention, or raise the budget",
+        )
+    ]
+
+
 def backlog_problems(
     queue: str, messages: int, oldest_age_s: float | None, max_backlog: int
 ) -> list[Problem]:
@@ -349,8 +373,18 @@ def _check_redis(runtime: Runtime, report: CheckReport) -> None:
         )
         return
     report.redis = memory.to_json()
-    report.graveyard_budget = graveyard_budget(runtime.config.graveyard_max_bytes, memory.maxmemory)
     report.problems.extend(memory_problems(memory))
+    try:
+        budget = runtime.graveyard_budget
+        limit = budget.limit(budget.memory(runtime.redis))
+        report.graveyard_budget = limit if limit >= 0 else None
+        report.graveyard_bytes = runtime.graveyard.used_bytes()
+    except Exception as exc:  # the rest of the report stands
+        logger.debug("could not read the graveyard's bytes: %s", exc)
+    else:
+        full = graveyard_problems(report.graveyard_bytes, report.graveyard_budget, memory)
+        if not any(p.kind == REDIS_FULL for p in report.problems):
+            report.problems.extend(full)
     try:
         report.refused = Refusals(runtime.redis, runtime.keys).read()
     except Exception:  # a count, never a reason to fail the check

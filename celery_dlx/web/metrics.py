@@ -23,6 +23,7 @@ metric                                   labels, meaning
 ``celery_dlx_redis_refused_writes``      commands Redis refused for memory since it started (OOM)
 ``celery_dlx_graveyard_budget_bytes``    ``dlx_graveyard_max_bytes``, or half of ``maxmemory``
                                          (absent: unlimited)
+``celery_dlx_graveyard_bytes``           bytes the graveyard holds, as its budget counts them
 ``celery_dlx_refused_copies``            ``fate``: parks and requeues workers could not write,
                                          written by the DLX service
 ``celery_dlx_service_queue_messages``    dead letters ready in the DLX service queue (absent when
@@ -42,7 +43,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from celery_dlx.broker.probe import queue_counts
-from celery_dlx.ops.checks import FULL_SHARE, graveyard_budget
+from celery_dlx.ops.checks import FULL_SHARE
 from celery_dlx.store.memory import read_memory
 from celery_dlx.store.refusals import Refusals
 from celery_dlx.web.reads import parked_summary, yard_of
@@ -87,7 +88,8 @@ class DLXCollector(Collector):
         (what ``celery dlx check`` reports; no write here, a scrape only reads)."""
         runtime = self.runtime
         memory = read_memory(runtime.redis)
-        budget = graveyard_budget(runtime.config.graveyard_max_bytes, memory.maxmemory)
+        limit = runtime.graveyard_budget.limit(runtime.graveyard_budget.memory(runtime.redis))
+        budget = limit if limit >= 0 else None
         full = memory.share is not None and memory.share >= FULL_SHARE
         for name, text, value in (
             ("celery_dlx_redis_used_memory_bytes", "Redis used_memory", memory.used),
@@ -108,6 +110,11 @@ class DLXCollector(Collector):
             )
             gauge.add_metric([], budget)
             yield gauge
+        used = GaugeMetricFamily(
+            "celery_dlx_graveyard_bytes", "Bytes the graveyard holds, as its budget counts them"
+        )
+        used.add_metric([], runtime.graveyard.used_bytes())
+        yield used
         refused = GaugeMetricFamily(
             "celery_dlx_refused_copies",
             "Parks and requeues workers could not write, written by the DLX service",

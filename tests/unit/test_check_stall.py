@@ -6,26 +6,19 @@ import pytest
 
 from celery_dlx.ops.checks import (
     BACKLOG,
+    GRAVEYARD_FULL,
     REDIS_EVICTS,
     REDIS_FULL,
     STALL_KINDS,
     CheckReport,
     Problem,
     backlog_problems,
-    graveyard_budget,
+    graveyard_problems,
     memory_problems,
 )
 from celery_dlx.store.memory import RedisMemory, _oom_count
 
 MB = 1048576
-
-
-@pytest.mark.parametrize(
-    ("max_bytes", "maxmemory", "budget"),
-    [(0, 0, None), (0, 48 * MB, 24 * MB), (10 * MB, 48 * MB, 10 * MB), (10 * MB, 0, 10 * MB)],
-)
-def test_the_graveyard_budget(max_bytes: int, maxmemory: int, budget: int | None) -> None:
-    assert graveyard_budget(max_bytes, maxmemory) == budget
 
 
 def memory(used: int, maxmemory: int = 48 * MB, **kw: object) -> RedisMemory:
@@ -51,6 +44,18 @@ def test_an_evicting_redis_is_a_problem_not_a_stall() -> None:
     assert REDIS_EVICTS not in STALL_KINDS
     unlimited = RedisMemory(used=1, maxmemory=0, policy="allkeys-lru", refused_writes=0)
     assert memory_problems(unlimited) == []  # never evicts without maxmemory
+
+
+def test_a_graveyard_at_its_budget_is_a_stall() -> None:
+    roomy = memory(20 * MB)
+    assert graveyard_problems(10 * MB, 24 * MB, roomy) == []
+    assert graveyard_problems(10 * MB, None, roomy) == []  # unlimited
+    (problem,) = graveyard_problems(24 * MB, 24 * MB, roomy)
+    assert problem.kind == GRAVEYARD_FULL and "24.0 MB of its 24.0 MB budget" in problem.detail
+    # Past 90% of maxmemory burials stop whatever the budget: the rest is the parks' room.
+    (problem,) = graveyard_problems(1 * MB, None, memory(44 * MB))
+    assert problem.kind == GRAVEYARD_FULL and "past the 90% of maxmemory" in problem.detail
+    assert GRAVEYARD_FULL in STALL_KINDS
 
 
 def test_a_backlog_over_its_limit_is_a_stall() -> None:
