@@ -316,10 +316,11 @@ def memory_problems(memory: RedisMemory) -> list[Problem]:
 
 
 def graveyard_problems(used_bytes: int, budget: int | None, memory: RedisMemory) -> list[Problem]:
-    """The graveyard at its budget, or Redis past the share burials leave to parked retries
-    (``1 - RESERVE`` of ``maxmemory``): the DLX service buries nothing and dead letters wait in
-    its queue (parks and drains go on)."""
-    over_budget = budget is not None and used_bytes >= budget
+    """The graveyard at its budget (within :data:`FULL_SHARE`), or Redis past the share burials
+    leave to parked retries (``1 - RESERVE`` of ``maxmemory``): the DLX service buries nothing
+    and dead letters wait in its queue (parks and drains go on)."""
+    # Within FULL_SHARE of the budget the next obituaries no longer fit (a few KB each).
+    over_budget = budget is not None and used_bytes >= budget * FULL_SHARE
     limit = memory.maxmemory * (1 - RESERVE)
     over_memory = bool(memory.maxmemory) and memory.used > limit
     if not (over_budget or over_memory):

@@ -60,6 +60,7 @@ def fill(client: redis.Redis, filler_bytes: int = 4 * 1048576) -> int:
     may pass), until :func:`make_room`. Returns the filler keys written."""
     value = b"x" * FILLER_SIZE
     n = filler_bytes // FILLER_SIZE
+    client.config_set("maxmemory", 0)  # room for the filler, whatever Redis holds already
     pipe = client.pipeline(transaction=False)
     for i in range(n):
         pipe.set(f"{FILLER_PREFIX}{i}", value)

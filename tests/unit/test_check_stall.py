@@ -50,8 +50,8 @@ def test_a_graveyard_at_its_budget_is_a_stall() -> None:
     roomy = memory(20 * MB)
     assert graveyard_problems(10 * MB, 24 * MB, roomy) == []
     assert graveyard_problems(10 * MB, None, roomy) == []  # unlimited
-    (problem,) = graveyard_problems(24 * MB, 24 * MB, roomy)
-    assert problem.kind == GRAVEYARD_FULL and "24.0 MB of its 24.0 MB budget" in problem.detail
+    (problem,) = graveyard_problems(23 * MB, 24 * MB, roomy)  # the next obituaries do not fit
+    assert problem.kind == GRAVEYARD_FULL and "23.0 MB of its 24.0 MB budget" in problem.detail
     # Past 90% of maxmemory burials stop whatever the budget: the rest is the parks' room.
     (problem,) = graveyard_problems(1 * MB, None, memory(44 * MB))
     assert problem.kind == GRAVEYARD_FULL and "past the 90% of maxmemory" in problem.detail
