@@ -1,8 +1,10 @@
 """Settling a batch of dead letters: read, look up, decide, write; the ack is the caller's.
 
 Each batch is read (:mod:`celery_dlx.policy.deadletter`, pure), looked up in Redis in one round
-trip (already handled? the worker's cause record?), decided, then written: requeued copies
-published with confirms, parked retries stored, obituaries written with their history entries.
+trip (already handled? the worker's cause record?), decided, then written: parked retries
+stored and obituaries written with their history entries first, then requeued copies published
+with confirms (a copy runs its task at once: published before a write Redis refuses, it would
+run again when the held batch is settled again), the seen markers last.
 A redelivered dead letter is recognised by its key (queue, message id, attempt, history) and
 given no second fate, but only when its message id is provable (``message_id``, Celery's task
 id, or the ``x-dlx-id`` celery_dlx stamps on copies): look-alike messages without one are never
