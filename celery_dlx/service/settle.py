@@ -471,8 +471,14 @@ class BatchSettler:
             history = read_state({HISTORY_HEADER: existing.headers.get(HISTORY_HEADER)}).history
         except Exception:  # an unreadable entry is not ours
             return False
+        if existing.queue != letter.queue:
+            return False
+        if letter.worker_fate == PARKED:
+            # A park the worker sent because its write seemed to fail (a reply lost as Redis
+            # went down): an entry with the copy's own history is that write, which did land.
+            return history == letter.state.history
         # The entry this letter was drained from carries exactly the letter's history.
-        return existing.queue == letter.queue and history != letter.state.history
+        return history != letter.state.history
 
     def _bury(self, works: list[_Work], now: int) -> list[tuple[Obituary, FateEvent]]:
         items = []

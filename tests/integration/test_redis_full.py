@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from celery_dlx.message.headers import state_headers
 from celery_dlx.store.graveyard import Filters
 from celery_dlx.wiring.runtime import get_runtime
 from tests.chaos.storm import (
@@ -229,3 +230,44 @@ def test_a_batch_held_by_a_refused_write_has_published_no_requeued_copy(
                 message.ack()
         finally:
             client.close()
+
+
+def test_a_park_sent_to_the_service_whose_write_did_land_is_parked_once(
+    uid: str, broker: Any
+) -> None:
+    """A worker's park write that landed while its reply was lost (Redis went down) was also
+    sent to the service as a fate copy: the service finds the entry with the copy's own history
+    and parks nothing more (one lineage)."""
+    from kombu import Exchange, Producer, Queue
+
+    from celery_dlx.message.fate_copy import fate_copy
+    from celery_dlx.message.headers import DLXState
+    from celery_dlx.message.parked import ParkedMessage
+    from celery_dlx.service.settle import BatchSettler
+    from tests.integration.dlx_apps import make_app
+
+    app = make_app(uid)
+    runtime = get_runtime(app)
+    work, source = f"work-{uid}", f"in-{uid}"
+    state = DLXState().after_failure(fate="parked", at_ms=1_000, cause="c", queue=work)
+    parked = ParkedMessage(
+        message_id=f"m-{uid}",
+        attempt=state.attempt,
+        queue=work,
+        body=b"{}",
+        headers=dict(state_headers(state)),
+        due_ms=10**13,
+        parked_ms=1_000,
+    )
+    assert runtime.parking.park(parked)  # the write that landed
+    copy = fate_copy(parked.outgoing(), fate="parked", exchange="", queue=work, delay=3600)
+    channel = broker.channel()
+    Queue(source, Exchange(""), routing_key=source, durable=False)(channel).declare()
+    Producer(channel).publish(
+        copy.body, routing_key=source, headers=copy.headers, message_id=f"m-{uid}"
+    )
+    inbox = Queue(source, Exchange(""), routing_key=source)(channel)
+    message = wait_for(lambda: inbox.get(no_ack=False), "the fate copy", 10)
+    BatchSettler(app, runtime=runtime).settle([message])
+    message.ack()
+    assert [e.entry_id for e in runtime.parking.peek()] == [parked.entry_id]
