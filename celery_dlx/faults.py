@@ -12,6 +12,8 @@ Points (each sits in a window where a crash must lose nothing):
 - ``drain.published``: retries published and confirmed, not yet deleted from Redis.
 - ``service.published``: the DLX service's requeued copies confirmed, dead letters not yet acked.
 - ``service.buried``: obituaries written to the graveyard, dead letters not yet acked.
+- ``worker.parked``: a worker's park written to Redis, its original not yet acked (the broker
+  redelivers the original: the park must be recognised, not given a second retry).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ FAULT_ENV = "DLX_FAULT"
 #: Environment variable naming a file each crash is logged to before the exit.
 FAULT_LOG_ENV = "DLX_FAULT_LOG"
 #: Every crash point in the code.
-POINTS = frozenset({"drain.claimed", "drain.published", "service.published", "service.buried"})
+POINTS = frozenset(
+    {"drain.claimed", "drain.published", "service.published", "service.buried", "worker.parked"}
+)
 
 # Reach counts per point, in this process (a test hook: the only mutable module state).
 _reached: dict[str, int] = {}

@@ -4,7 +4,7 @@ management API (queues without a dead-letter exchange, orphans; policy or rename
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from celery import Celery
@@ -13,6 +13,7 @@ from celery_dlx.broker.management import Management
 from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
     EXIT_PROBLEMS,
+    EXIT_STALLED,
     duration,
     echo_json,
     handle_errors,
@@ -24,6 +25,9 @@ from celery_dlx.cli.kit import (
 from celery_dlx.docs_url import doc_url
 from celery_dlx.ops.render import count, table
 from celery_dlx.wiring.runtime import Runtime
+
+if TYPE_CHECKING:
+    from celery_dlx.ops.checks import CheckReport
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -104,6 +108,13 @@ def management_api(
 )
 @click.option("--all-queues", is_flag=True, help="Look for orphans among every queue of the vhost.")
 @click.option(
+    "--max-backlog",
+    type=click.IntRange(min=0),
+    default=10_000,
+    show_default=True,
+    help="Dead letters waiting in the DLX service queue that make a stall (0: never).",
+)
+@click.option(
     "--no-management",
     is_flag=True,
     help="Check over AMQP only (no arguments, bindings or orphans).",
@@ -116,13 +127,16 @@ def check_command(
     ctx: click.Context,
     for_seconds: float,
     all_queues: bool,
+    max_backlog: int,
     no_management: bool,
     management_url: tuple[str, ...],
     management_user: str | None,
     management_password: str | None,
     as_json: bool,
 ) -> None:
-    """Check the dead-letter topology and look for orphan queues; exit 4 when something is wrong."""
+    """Check the dead-letter topology, orphan queues, Redis memory and the DLX service's backlog;
+    exit 4 when something is wrong, 7 when the dead-letter path is stalled (Redis full, or the
+    service queue over --max-backlog)."""
     from celery_dlx.ops.checks import run_check
 
     runtime = runtime_of(ctx)
@@ -131,7 +145,9 @@ def check_command(
         if no_management
         else management_apis(runtime.app, management_url, management_user, management_password)
     )
-    report = run_check(runtime, api, for_seconds=for_seconds, all_queues=all_queues)
+    report = run_check(
+        runtime, api, for_seconds=for_seconds, all_queues=all_queues, max_backlog=max_backlog
+    )
     if as_json:
         echo_json(report.to_json())
     else:
@@ -151,11 +167,43 @@ def check_command(
                 f"management API {report.management_url} "
                 f"(of {len(report.management_tried)}: {', '.join(report.management_tried)})"
             )
+        for line in _state_lines(report):
+            click.echo(line)
         for p in report.problems:
             click.echo(f"PROBLEM {p.kind} {p.subject}: {p.detail}")
         click.echo("ok" if report.ok else f"{len(report.problems)} problem(s)")
+    if report.stalled:
+        ctx.exit(EXIT_STALLED)
     if not report.ok:
         ctx.exit(EXIT_PROBLEMS)
+
+
+def _state_lines(report: CheckReport) -> list[str]:
+    """Redis memory, the graveyard budget, the service queue's backlog, refused copies."""
+    lines = []
+    redis = report.redis
+    if redis is not None:
+        used, limit = int(str(redis["used_memory"])), int(str(redis["maxmemory"]))
+        budget = report.graveyard_budget
+        lines.append(
+            f"redis {used / 1048576:.1f} MB used of "
+            + (f"maxmemory {limit / 1048576:.1f} MB" if limit else "no maxmemory")
+            + f" ({redis['maxmemory_policy']}), graveyard budget "
+            + (f"{budget / 1048576:.1f} MB" if budget else "unlimited")
+            + f", {int(str(redis['refused_writes'])):,} writes refused for memory"
+            + ("" if redis["writable"] is not False else ", refusing writes now")
+        )
+    if report.backlog is not None:
+        age = report.backlog.get("oldest_age_s")
+        lines.append(
+            f"service queue {report.service_queue}: {report.backlog['messages']:,} dead letters, "
+            f"{report.backlog['consumers']} consumer(s)"
+            + (f", the oldest {float(str(age)):.0f} s old" if age is not None else "")
+        )
+    if report.refused:
+        counts = ", ".join(f"{n:,} {fate}" for fate, n in sorted(report.refused.items()))
+        lines.append(f"copies workers could not write, written by the DLX service: {counts}")
+    return lines
 
 
 @click.command("migrate")

@@ -39,6 +39,8 @@ EXIT_NOT_FOUND = 3
 EXIT_PROBLEMS = 4
 EXIT_INCOMPLETE = 5
 EXIT_CANARY = 6
+#: ``check``: the dead-letter path is stalled (Redis full, or the service queue over its limit).
+EXIT_STALLED = 7
 
 F = TypeVar("F", bound=Callable[..., Any])
 

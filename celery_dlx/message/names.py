@@ -33,6 +33,14 @@ HELD_HEADER = "x-dlx-held"
 #: distinct).
 HOLDS_HEADER = "x-dlx-holds"
 
+#: Header on a copy a DLX worker sent to the dead-letter exchange itself because it could not carry
+#: out the fate it decided (Redis refused the park or the cause record, or the broker the requeued
+#: copy): ``parked`` or ``requeued``; the DLX service carries it out, with the copy's own state.
+#: A burial goes with :data:`REASON_HEADER` instead.
+FATE_HEADER = "x-dlx-fate"
+#: Header with the park delay (seconds, a decimal string) of a ``parked`` :data:`FATE_HEADER` copy.
+DELAY_HEADER = "x-dlx-delay"
+
 #: Every header celery_dlx owns: a replay drops them (a fresh budget, and a replayed copy of a
 #: once-held message is no canary of a breaker) unless ``--keep-attempts``.
 OWN_HEADERS = frozenset(
@@ -51,6 +59,8 @@ OWN_HEADERS = frozenset(
         IDENTITY_HEADER,
         HELD_HEADER,
         HOLDS_HEADER,
+        FATE_HEADER,
+        DELAY_HEADER,
     }
 )
 
@@ -138,6 +148,11 @@ class Keys:
         self.replay_ledger = f"{base}:replay:ledger"
         #: Hash: queue -> epoch ms a ``check`` first saw it with messages and no consumer.
         self.consumerless = f"{base}:check:consumerless"
+        #: String: written (expiring at once) by ``check`` to learn whether Redis takes a write.
+        self.check_probe = f"{base}:check:probe"
+        #: Hash: fate -> copies workers could not write (Redis refused the park) that the DLX
+        #: service wrote for them (``store/refusals.py``).
+        self.refused = f"{base}:refused"
         #: Rate-limit budgets (Sentry events per cause...): ``budget(name)`` + what is counted.
         self.budget_prefix = f"{base}:budget:"
         #: String per message: a task rejected it with requeue=True itself (not a crash).

@@ -12,7 +12,14 @@ Checked, each failure a :class:`Problem` (the command exits non-zero when there 
 * orphan queues (the seeds' alert): messages ready and no consumer for longer than ``for_seconds``.
   How long a queue has had no consumer is the earlier of the broker's ``idle_since`` and the
   first ``check`` that saw it without consumers (kept in Redis, so a ``check`` run from cron
-  measures it even while producers keep the queue busy).
+  measures it even while producers keep the queue busy);
+* the stall of a failure storm (:data:`STALL_KINDS`, exit 7 in the CLI): Redis refusing writes
+  (full at ``maxmemory`` with ``noeviction``: parks, cause records and burials are refused, and
+  dead letters wait in the service queue), a DLX service queue holding more than
+  ``max_backlog`` messages; and a ``maxmemory-policy`` that may evict parked retries. The report
+  also carries Redis memory against ``maxmemory`` and the graveyard budget
+  (``dlx_graveyard_max_bytes``), the writes Redis refused for memory (``INFO errorstats``) and the
+  parks workers could not write that the DLX service wrote for them.
 """
 
 from __future__ import annotations
@@ -31,9 +38,12 @@ from celery_dlx.broker.management import (
     dead_letter_exchange_of,
     first_answering,
 )
-from celery_dlx.broker.probe import missing_entities
+from celery_dlx.broker.probe import missing_entities, queue_counts
 from celery_dlx.fates import now_ms
 from celery_dlx.policy.config import DLXConfig
+from celery_dlx.store.graveyard import RESERVE
+from celery_dlx.store.memory import RedisMemory, read_memory
+from celery_dlx.store.refusals import Refusals
 from celery_dlx.wiring.installed import not_installed, not_installed_message
 from celery_dlx.wiring.runtime import Runtime
 
@@ -47,6 +57,17 @@ NO_DLX = "no-dead-letter-exchange"
 WRONG_DLX = "wrong-dead-letter-exchange"
 ORPHAN = "orphan-queue"
 UNREACHABLE = "management-unreachable"
+REDIS_FULL = "redis-full"
+REDIS_EVICTS = "redis-evicts"
+REDIS_UNREADABLE = "redis-unreadable"
+GRAVEYARD_FULL = "graveyard-full"
+BACKLOG = "dlx-backlog"
+#: Problems of a stall (the CLI exits 7 for them, 4 for the others).
+STALL_KINDS = frozenset({REDIS_FULL, BACKLOG, REDIS_UNREADABLE, GRAVEYARD_FULL})
+#: Share of ``maxmemory`` from which Redis counts as full (a write may be refused any moment).
+FULL_SHARE = 0.95
+#: Default of ``--max-backlog``: dead letters waiting in the service queue that make a problem.
+MAX_BACKLOG = 10_000
 NOT_INSTALLED = "not-installed"
 
 
@@ -77,12 +98,29 @@ class CheckReport:
     #: The candidate management APIs, in order (one per broker URL of a failover list by
     #: default); those before :attr:`management_url` did not answer.
     management_tried: list[str] = field(default_factory=list)
+    #: Redis memory (:meth:`celery_dlx.store.memory.RedisMemory.to_json`), None if unread.
+    redis: dict[str, object] | None = None
+    #: The graveyard's budget in bytes (``dlx_graveyard_max_bytes``, or derived); None: unlimited.
+    graveyard_budget: int | None = None
+    #: The bytes the graveyard holds, as its budget counts them (None: unread).
+    graveyard_bytes: int | None = None
+    #: The DLX service queue: ``messages`` (ready, and unacked when the management API says),
+    #: ``consumers``, ``oldest_age_s`` (None: unknown).
+    backlog: dict[str, object] | None = None
+    #: Copies workers could not write (Redis refused the park), written by the DLX service: fate
+    #: -> count since the key was made.
+    refused: dict[str, int] = field(default_factory=dict)
     #: The Celery app checked (its ``main`` name): ``check`` says which.
     app: str = ""
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def stalled(self) -> bool:
+        """True when a problem is a stall (:data:`STALL_KINDS`)."""
+        return any(p.kind in STALL_KINDS for p in self.problems)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -96,6 +134,12 @@ class CheckReport:
             "management_url": self.management_url,
             "management_tried": self.management_tried,
             "problems": [p.to_json() for p in self.problems],
+            "stalled": self.stalled,
+            "redis": self.redis,
+            "graveyard_budget": self.graveyard_budget,
+            "graveyard_bytes": self.graveyard_bytes,
+            "backlog": self.backlog,
+            "refused": self.refused,
         }
 
 
@@ -236,6 +280,147 @@ def _binding_problem(api: Management, exchange: str, service: str) -> list[Probl
     ]
 
 
+def _mb(n: int) -> str:
+    return f"{n / 1048576:.1f} MB"
+
+
+def memory_problems(memory: RedisMemory) -> list[Problem]:
+    """Redis full (refusing writes, or within :data:`FULL_SHARE` of ``maxmemory``), or set to
+    evict keys (parked retries among them)."""
+    out = []
+    full = memory.writable is False or (memory.share is not None and memory.share >= FULL_SHARE)
+    if full:
+        limit = _mb(memory.maxmemory) if memory.maxmemory else "no maxmemory"
+        why = f": {memory.refusal}" if memory.refusal else ""
+        out.append(
+            Problem(
+                REDIS_FULL,
+                memory.node or "redis",
+                f"Redis is full ({_mb(memory.used)} used of {limit}; "
+                f"{memory.refused_writes:,} writes refused for memory since it started{why}): "
+                "parks, cause records and burials are refused and dead letters wait in the "
+                "service queue; make room (`celery dlx purge`, a shorter dlx_graveyard_retention) "
+                "or raise maxmemory",
+            )
+        )
+    if memory.maxmemory and memory.policy not in ("noeviction", ""):
+        out.append(
+            Problem(
+                REDIS_EVICTS,
+                memory.node or "redis",
+                f"maxmemory-policy is {memory.policy}: Redis may evict parked retries and "
+                "obituaries when full (lost messages); set maxmemory-policy noeviction",
+            )
+        )
+    return out
+
+
+def graveyard_problems(used_bytes: int, budget: int | None, memory: RedisMemory) -> list[Problem]:
+    """The graveyard at its budget (within :data:`FULL_SHARE`), or Redis past the share burials
+    leave to parked retries (``1 - RESERVE`` of ``maxmemory``): the DLX service buries nothing
+    and dead letters wait in its queue (parks and drains go on)."""
+    # Within FULL_SHARE of the budget the next obituaries no longer fit (a few KB each).
+    over_budget = budget is not None and used_bytes >= budget * FULL_SHARE
+    limit = memory.maxmemory * (1 - RESERVE)
+    over_memory = bool(memory.maxmemory) and memory.used > limit
+    if not (over_budget or over_memory):
+        return []
+    why = (
+        f"the graveyard holds {_mb(used_bytes)} of its {_mb(budget or 0)} budget "
+        "(dlx_graveyard_max_bytes)"
+        if over_budget
+        else f"Redis uses {_mb(memory.used)}, past the {1 - RESERVE:.0%} of maxmemory burials may "
+        "take"
+    )
+    return [
+        Problem(
+            GRAVEYARD_FULL,
+            "graveyard",
+            f"{why}: the DLX service buries nothing and dead letters wait in its queue (parks "
+            "and drains go on); make room with `celery dlx purge` or a shorter "
+            "dlx_graveyard_retention, or raise the budget",
+        )
+    ]
+
+
+def backlog_problems(
+    queue: str, messages: int, oldest_age_s: float | None, max_backlog: int
+) -> list[Problem]:
+    """The DLX service queue holding more than ``max_backlog`` dead letters (0: not checked)."""
+    if not max_backlog or messages <= max_backlog:
+        return []
+    age = f", the oldest {oldest_age_s:.0f} s old" if oldest_age_s is not None else ""
+    return [
+        Problem(
+            BACKLOG,
+            queue,
+            f"{messages:,} dead letters wait in the DLX service queue{age} (more than "
+            f"--max-backlog {max_backlog:,}): is the DLX service running, and is Redis full?",
+        )
+    ]
+
+
+def _check_redis(runtime: Runtime, report: CheckReport) -> None:
+    """Redis memory against maxmemory and the graveyard budget, refused writes, refused parks."""
+    try:
+        memory = read_memory(runtime.redis, runtime.keys.check_probe)
+    except Exception as exc:  # reported as a problem, not a traceback
+        report.problems.append(
+            Problem(
+                REDIS_UNREADABLE,
+                "redis",
+                f"Redis (dlx_redis_url) did not answer: {type(exc).__name__}: {exc}",
+            )
+        )
+        return
+    report.redis = memory.to_json()
+    report.problems.extend(memory_problems(memory))
+    try:
+        budget = runtime.graveyard_budget
+        limit = budget.limit(budget.memory(runtime.redis))
+        report.graveyard_budget = limit if limit >= 0 else None
+        report.graveyard_bytes = runtime.graveyard.used_bytes()
+    except Exception as exc:  # the rest of the report stands
+        logger.debug("could not read the graveyard's bytes: %s", exc)
+    else:
+        full = graveyard_problems(report.graveyard_bytes, report.graveyard_budget, memory)
+        if not any(p.kind == REDIS_FULL for p in report.problems):
+            report.problems.extend(full)
+    try:
+        report.refused = Refusals(runtime.redis, runtime.keys).read()
+    except Exception:  # a count, never a reason to fail the check
+        logger.debug("could not read the refused-write counts", exc_info=True)
+
+
+def _check_backlog(
+    runtime: Runtime, report: CheckReport, api: Management | None, max_backlog: int
+) -> None:
+    """The service queue's backlog: the management API's view when it answers (ready and
+    unacked, and the oldest message's age when its messages carry a timestamp), else a passive
+    declare (ready only)."""
+    queue = runtime.config.service_queue
+    info = None
+    if api is not None:
+        try:
+            info = api.queue(queue)
+        except ManagementError:
+            info = None
+    oldest: float | None = None
+    if info is not None:
+        messages = int(str(info.get("messages") or 0))
+        consumers = int(str(info.get("consumers") or 0))
+        head = info.get("head_message_timestamp")
+        if isinstance(head, (int, float)) and head > 0:
+            oldest = max(0.0, now_ms() / 1000 - float(head))
+    else:
+        counts = queue_counts(runtime.app, [queue], retries=1).get(queue)
+        if counts is None:
+            return  # missing: reported by the AMQP checks
+        messages, consumers = counts
+    report.backlog = {"messages": messages, "consumers": consumers, "oldest_age_s": oldest}
+    report.problems.extend(backlog_problems(queue, messages, oldest, max_backlog))
+
+
 def run_check(
     runtime: Runtime,
     api: Management | Sequence[Management] | None,
@@ -243,6 +428,7 @@ def run_check(
     for_seconds: float = 900.0,
     all_queues: bool = False,
     at_ms: int | None = None,
+    max_backlog: int = MAX_BACKLOG,
 ) -> CheckReport:
     """Check the topology and look for orphan queues (see the module's docstring).
 
@@ -254,6 +440,7 @@ def run_check(
         for_seconds: how long a queue may have ready messages and no consumer.
         all_queues: look for orphans among every queue of the virtual host, not only the app's
             queues, ``dlx_queues`` and queues dead-lettering to ``dlx_exchange``.
+        max_backlog: dead letters in the DLX service queue that make a problem (0: none do).
     """
     config = runtime.config
     now = now_ms() if at_ms is None else at_ms
@@ -271,11 +458,13 @@ def run_check(
             Problem(NOT_INSTALLED, runtime.app.main or "app", not_installed_message(runtime.app))
         )
     report.problems.extend(_amqp_checks(runtime.app, config))
+    _check_redis(runtime, report)
     expected = expected_queues(runtime.app, config)
     if api is None:
         report.queues = [
             {"name": n, "why": w, "dead_letter_exchange": None} for n, w in expected.items()
         ]
+        _check_backlog(runtime, report, None, max_backlog)
         return report
     candidates = [api] if isinstance(api, Management) else list(api)
     report.management_tried = [c.url for c in candidates]
@@ -283,7 +472,9 @@ def run_check(
         api = first_answering(candidates)
     except ManagementError as exc:
         report.problems.append(Problem(UNREACHABLE, ", ".join(report.management_tried), str(exc)))
+        _check_backlog(runtime, report, None, max_backlog)
         return report
+    _check_backlog(runtime, report, api, max_backlog)
     report.management_url = api.url
     try:
         listed = [q for q in api.queues() if not q.get("exclusive") and not q.get("auto_delete")]
@@ -307,7 +498,11 @@ def run_check(
         report.problems.extend(found)
     scope = listed if all_queues else [q for q in listed if _in_scope(q, expected, config)]
     report.orphan_scope = len(scope)
-    first_seen = runtime.consumerless.remember(scope, now)
+    try:
+        first_seen = runtime.consumerless.remember(scope, now)
+    except Exception as exc:  # a full Redis refuses the write: the broker's idle_since only
+        logger.debug("could not remember consumerless queues: %s", exc)
+        first_seen = {}
     report.problems.extend(
         find_orphans(scope, for_seconds=for_seconds, now=now, first_seen=first_seen)
     )

@@ -9,6 +9,7 @@ service does with a letter is decided in :mod:`celery_dlx.policy.verdicts`.
 from __future__ import annotations
 
 import hashlib
+import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from celery_dlx.errors import MalformedHeader
+from celery_dlx.fates import PARKED, REQUEUED
 from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.headers import (
     Death,
@@ -27,6 +29,8 @@ from celery_dlx.message.headers import (
     read_state,
 )
 from celery_dlx.message.names import (
+    DELAY_HEADER,
+    FATE_HEADER,
     IDENTITY_HEADER,
     QUEUE_HEADER,
     REASON_HEADER,
@@ -34,7 +38,8 @@ from celery_dlx.message.names import (
     UNDECODABLE_PROPERTY,
 )
 
-#: ``death_reason`` of a message a worker buried by publishing a clean copy (no ``x-death``).
+#: ``death_reason`` of a message a worker buried by publishing a clean copy (no ``x-death``), or
+#: sent with the park or requeue it could not write (``x-dlx-fate``).
 PUBLISHED = "published"
 #: ``death_reason`` of a message that reached the dead-letter exchange without ``x-death`` and
 #: without celery_dlx's reason header: someone published it there directly.
@@ -68,9 +73,14 @@ class DeadLetter:
     (:meth:`copy_headers`), so later deaths of one of them are provably that one.
 
     ``burial_key`` is the obituary id: a message is buried once in its life, so for a provable
-    identity it names the message in its queue (with the replay it came from and the first failure
-    its copies carry), not the death: two copies of one message left by a crash (a retry
-    published twice) get one obituary.
+    identity it names the message in its queue (with the replay it came from), from what every
+    copy of it carries, never from the time of a failure: two copies of one message left by a
+    crash (a retry published twice, or an original redelivered after its park was written, whose
+    second lineage started at another time) get one obituary.
+
+    ``worker_fate`` is the fate a DLX worker decided but could not carry out (``parked`` or
+    ``requeued``, :data:`~celery_dlx.message.names.FATE_HEADER`), sent with the copy's own state;
+    ``worker_delay`` the park's delay in seconds.
     """
 
     body: bytes
@@ -92,11 +102,15 @@ class DeadLetter:
     x_death: list[Any] = field(default_factory=list)
     provable: bool = True
     burial_key: str = ""
+    worker_fate: str | None = None
+    worker_delay: float | None = None
 
     def copy_headers(self, state: DLXState) -> dict[str, object]:
         """The headers of a requeued or parked copy: cleaned, ``state`` written, identity stamped
         when the message had no provable one."""
         headers = clean_headers(self.headers, state)
+        for name in (FATE_HEADER, DELAY_HEADER):  # carried out once, by whoever reads it
+            headers.pop(name, None)
         if not self.provable:
             headers[IDENTITY_HEADER] = self.identity
         return headers
@@ -141,15 +155,36 @@ def letter_key(
     return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
 
 
-def burial_key(
-    queue: str, identity: str, replayed: str | None, first_failure_ms: int | None = None
-) -> str:
-    """The obituary id of a message with a provable identity: one per message, queue, replay and
-    lineage (the first failure its copies carry: a publisher sending the same id again later
-    starts another lineage)."""
-    lineage = "" if first_failure_ms is None else str(first_failure_ms)
-    raw = "\x1f".join(("buried", queue, identity, replayed or "", lineage))
+def burial_key(queue: str, identity: str, replayed: str | None) -> str:
+    """The obituary id of a message with a provable identity: one per message, queue and replay.
+
+    Nothing of a failure's time goes in: an original redelivered after a crash may have been
+    given a second lineage (its copies stamped with another first failure), and both lineages
+    must name one obituary. A publisher reusing a message id while its obituary is kept reuses
+    the obituary too (the burial is recognised as already written).
+    """
+    raw = "\x1f".join(("buried", queue, identity, replayed or ""))
     return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
+
+
+def _worker_fate(headers: Mapping[str, Any]) -> tuple[str | None, float | None]:
+    """The fate a worker asked the DLX service to carry out, and its delay (None: none asked).
+
+    An unknown fate or an unreadable delay reads as none asked: the letter is then decided as
+    any other.
+    """
+    fate = text_or_none(headers.get(FATE_HEADER))
+    if fate not in (PARKED, REQUEUED):
+        return None, None
+    if fate == REQUEUED:
+        return fate, None
+    try:
+        delay = float(text_or_none(headers.get(DELAY_HEADER)) or "nan")
+    except ValueError:
+        return None, None
+    if not math.isfinite(delay) or delay < 0:
+        return None, None
+    return fate, delay
 
 
 def _first_death(headers: Mapping[str, Any]) -> tuple[list[Death], str | None]:
@@ -231,9 +266,9 @@ def read_dead_letter(
     if not queue:
         problems.append("undecodable: no x-death, x-dlx-queue or routing key names its queue")
         queue = "unknown"
-    death_reason = (
-        deaths[0].reason if deaths else (PUBLISHED if bury_reason is not None else UNKNOWN)
-    )
+    worker_fate, worker_delay = _worker_fate(hdrs) if bury_reason is None else (None, None)
+    published = bury_reason is not None or worker_fate is not None
+    death_reason = deaths[0].reason if deaths else (PUBLISHED if published else UNKNOWN)
     replayed = text_or_none(hdrs.get(REPLAYED_HEADER))
     if provable:
         key = letter_key(queue, identity, state, replayed)
@@ -263,9 +298,7 @@ def read_dead_letter(
         if isinstance(raw_x_death, (list, tuple))
         else ([] if raw_x_death is None else [raw_x_death]),
         provable=provable,
-        burial_key=(
-            burial_key(queue, identity, replayed, state.first_failure_ms if state else None)
-            if provable
-            else key
-        ),
+        burial_key=burial_key(queue, identity, replayed) if provable else key,
+        worker_fate=worker_fate,
+        worker_delay=worker_delay,
     )

@@ -214,8 +214,42 @@ def _from_policy(letter: DeadLetter, config: DLXConfig, exc: BaseException, now:
     return RequeueVerdict(new_state, failure)
 
 
+def worker_retry(letter: DeadLetter, config: DLXConfig) -> ParkVerdict | RequeueVerdict:
+    """The park or requeue a DLX worker decided and could not write (``letter.worker_fate``).
+
+    The copy carries the state after its failure (the attempt counted, the history written), so
+    the service writes it as it is: no second count, no second decision.
+    """
+    state = letter.state
+    fate = letter.worker_fate
+    failure = _retry_failure(
+        letter,
+        state,
+        config,
+        cause=state.cause or "",
+        exc_type=state.exc_type or "",
+        exc_message=state.exc_message or "",
+        reason=f"{fate} by a worker that could not write it: written by the DLX service",
+    )
+    if fate == PARKED:
+        return ParkVerdict(letter.worker_delay or 0.0, state, failure)
+    return RequeueVerdict(state, failure)
+
+
+#: Burial reason of a dead letter a DLX task rejected and no cause record explains.
+UNKNOWN_VERDICT = (
+    "rejected by a DLX task with no cause record (the worker decided to bury it and its record "
+    "was refused or has expired): buried, never run again"
+)
+
+
 def decide_letter(
-    letter: DeadLetter, config: DLXConfig, record: CauseRecord | None, now: int
+    letter: DeadLetter,
+    config: DLXConfig,
+    record: CauseRecord | None,
+    now: int,
+    *,
+    dlx_task: bool = False,
 ) -> Verdict:
     """The fate of a dead letter.
 
@@ -225,6 +259,10 @@ def decide_letter(
         record: the worker's cause record for the message, if it stashed one: the worker decided
             to bury, so the message is buried, never parked again.
         now: epoch milliseconds.
+        dlx_task: the letter is a message of a task this app runs as a DLX task. Such a worker
+            rejects a message into the dead-letter exchange only to bury it (a park or requeue it
+            cannot write goes as a copy naming its fate), so a rejection without a record is a
+            burial whose record is missing: buried, never turned into a requeue.
     """
     if record is not None:
         return bury_from_record(letter, record, config, now)
@@ -233,6 +271,8 @@ def decide_letter(
         return bury_verdict(letter, config, why, now, failed=True)
     if letter.problem:
         return bury_verdict(letter, config, letter.problem, now, failed=True)
+    if letter.worker_fate is not None:
+        return worker_retry(letter, config)
     reason = letter.death_reason
     if reason == UNKNOWN:
         why = "no x-death: published to the dead-letter exchange directly, origin unknown"
@@ -247,6 +287,8 @@ def decide_letter(
         return _expired_park(letter, config, now)
     if reason == "maxlen":
         return _from_policy(letter, config, Park(message="queue full (maxlen)"), now)
+    if dlx_task and reason == "rejected":
+        return bury_verdict(letter, config, UNKNOWN_VERDICT, now, failed=True)
     return _from_policy(letter, config, Rejected(f"rejected by a consumer of {letter.queue}"), now)
 
 

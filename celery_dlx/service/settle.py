@@ -1,8 +1,10 @@
 """Settling a batch of dead letters: read, look up, decide, write; the ack is the caller's.
 
 Each batch is read (:mod:`celery_dlx.policy.deadletter`, pure), looked up in Redis in one round
-trip (already handled? the worker's cause record?), decided, then written: requeued copies
-published with confirms, parked retries stored, obituaries written with their history entries.
+trip (already handled? the worker's cause record?), decided, then written: parked retries
+stored and obituaries written with their history entries first, then requeued copies published
+with confirms (a copy runs its task at once: published before a write Redis refuses, it would
+run again when the held batch is settled again), the seen markers last.
 A redelivered dead letter is recognised by its key (queue, message id, attempt, history) and
 given no second fate, but only when its message id is provable (``message_id``, Celery's task
 id, or the ``x-dlx-id`` celery_dlx stamps on copies): look-alike messages without one are never
@@ -62,6 +64,7 @@ from celery_dlx.policy.verdicts import (
 )
 from celery_dlx.roles import Parking, Publisher
 from celery_dlx.service.stats import ServiceStats
+from celery_dlx.store.refusals import Refusals
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,9 @@ logger = logging.getLogger(__name__)
 #: service gave up, at a stop, leaves its entries; the oldest are forgotten first, at worst
 #: costing a duplicate copy).
 TRIED_MEMORY = 100_000
+#: Most task names whose kind (DLX task or not) a settler remembers (foreign producers may name
+#: any number of tasks).
+TASK_MEMORY = 10_000
 
 
 @dataclass
@@ -161,6 +167,8 @@ class BatchSettler:
         # the broker confirmed, or whose fate a try wrote (then failed, and is being retried).
         self._tried: OrderedDict[str, Verdict] = OrderedDict()
         self._tried_lock = threading.Lock()
+        # Task name -> whether the app runs it as a DLX task (see _dlx_task).
+        self._dlx_tasks: dict[str, bool] = {}
 
     # -- one batch ---------------------------------------------------------------------------
 
@@ -197,14 +205,22 @@ class BatchSettler:
             for w in [*ours, *live]:
                 verdict = tried.get(w.letter.key)
                 w.verdict = self._decide(w, now) if verdict is None else verdict
+            # The writes that make the batch's fates durable come first: a requeued copy runs its
+            # task at once, so one published before a write Redis then refuses would run again
+            # when the batch (held unacked) is settled again.
+            parks = [w for w in live if isinstance(w.verdict, ParkVerdict)]
+            self._park(parks, now)
+            self.runtime.record_many([_retry_event(w, now) for w in parks], log=False)
+            burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
             requeues = [w for w in live if isinstance(w.verdict, RequeueVerdict)]
             self._requeue(requeues, now)
             if requeues:
                 faults.point("service.published")
-            self._park([w for w in live if isinstance(w.verdict, ParkVerdict)], now)
-            retried = [_retry_event(w, now) for w in live if not isinstance(w.verdict, BuryVerdict)]
-            self.runtime.record_many(retried, log=False)
-            burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
+            requeued = [w for w in requeues if isinstance(w.verdict, RequeueVerdict)]
+            self.runtime.record_many([_retry_event(w, now) for w in requeued], log=False)
+            # A copy the broker refused (its queue is gone) is buried after all.
+            burials += self._bury([w for w in requeues if isinstance(w.verdict, BuryVerdict)], now)
+            retried = [_retry_event(w, now) for w in [*parks, *requeued]]
             if burials:
                 faults.point("service.buried")
             # The buried entries went to the history with the obituaries, atomically.
@@ -221,6 +237,20 @@ class BatchSettler:
         self.runtime.log_fates([*retried, *buried])
         self._forget(works)
         self._count([*ours, *live], len(works) - len(live) - len(ours))
+        self._count_refused(live)
+
+    def _count_refused(self, live: list[_Work]) -> None:
+        """Count the copies workers could not write themselves (``x-dlx-fate``), now written."""
+        refused = Counter(w.letter.worker_fate for w in live if w.letter.worker_fate)
+        if not refused:
+            return
+        self.stats.add(refused_copies=sum(refused.values()))
+        try:
+            Refusals(self.runtime.redis, self.runtime.keys).add(
+                {str(fate): n for fate, n in refused.items()}
+            )
+        except Exception:  # a count; the fates are written
+            logger.debug("could not count %d refused copies", sum(refused.values()), exc_info=True)
 
     def _count(self, live: list[_Work], duplicates: int) -> None:
         kinds = Counter(type(w.verdict) for w in live)
@@ -286,11 +316,35 @@ class BatchSettler:
 
     def _decide(self, work: _Work, now: int) -> Verdict:
         try:
-            return decide_letter(work.letter, self.config, work.record, now)
+            return decide_letter(
+                work.letter,
+                self.config,
+                work.record,
+                now,
+                dlx_task=self._dlx_task(work.letter.task),
+            )
         except Exception as exc:  # a letter nobody foresaw is buried with the reason, never lost
             logger.exception("DLX service could not decide dead letter %s", work.letter.identity)
             why = f"undecodable: {type(exc).__name__}: {exc}"
             return bury_verdict(work.letter, self.config, why, now, failed=False)
+
+    def _dlx_task(self, name: str | None) -> bool:
+        """True when ``name`` is a task this app runs as a DLX task (its worker rejects a message
+        into the dead-letter exchange only to bury it)."""
+        if not name:
+            return False
+        found = self._dlx_tasks.get(name)
+        if found is None:
+            try:
+                task = self.app.tasks.get(name)
+            except Exception:  # an app that cannot load its tasks: decide as for a foreign one
+                logger.debug("DLX service could not look up task %s", name, exc_info=True)
+                task = None
+            handles = getattr(task, "fates_enabled_for", None)
+            found = bool(handles(self.app)) if callable(handles) else False
+            if len(self._dlx_tasks) < TASK_MEMORY:
+                self._dlx_tasks[name] = found
+        return found
 
     @property
     def publisher(self) -> Publisher:
@@ -417,8 +471,14 @@ class BatchSettler:
             history = read_state({HISTORY_HEADER: existing.headers.get(HISTORY_HEADER)}).history
         except Exception:  # an unreadable entry is not ours
             return False
+        if existing.queue != letter.queue:
+            return False
+        if letter.worker_fate == PARKED:
+            # A park the worker sent because its write seemed to fail (a reply lost as Redis
+            # went down): an entry with the copy's own history is that write, which did land.
+            return history == letter.state.history
         # The entry this letter was drained from carries exactly the letter's history.
-        return existing.queue == letter.queue and history != letter.state.history
+        return history != letter.state.history
 
     def _bury(self, works: list[_Work], now: int) -> list[tuple[Obituary, FateEvent]]:
         items = []

@@ -17,6 +17,8 @@ class ServiceStats:
     duplicates: int = 0
     #: Redelivered dead letters without a provable identity, given a fate again (maybe twice).
     unproven_redeliveries: int = 0
+    #: Parks and requeues workers could not write (Redis or the broker refused them), written here.
+    refused_copies: int = 0
     batches: int = 0
     archived: int = 0
     outages: int = 0

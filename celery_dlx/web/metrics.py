@@ -17,6 +17,18 @@ metric                                   labels, meaning
 ``celery_dlx_parked_sampled``            parked retries read for the per-queue numbers
 ``celery_dlx_fate_changes``              ``queue``, ``fate``, ``window`` (5m, 1h): fate changes
                                          within the window, from the per-minute counters
+``celery_dlx_redis_used_memory_bytes``   Redis ``used_memory`` (the fullest master of a cluster)
+``celery_dlx_redis_maxmemory_bytes``     Redis ``maxmemory`` (0: none set)
+``celery_dlx_redis_full``                1 when Redis is within 95% of ``maxmemory`` (writes refused)
+``celery_dlx_redis_refused_writes``      commands Redis refused for memory since it started (OOM)
+``celery_dlx_graveyard_budget_bytes``    ``dlx_graveyard_max_bytes``, or half of ``maxmemory``
+                                         (absent: unlimited)
+``celery_dlx_graveyard_bytes``           bytes the graveyard holds, as its budget counts them
+``celery_dlx_refused_copies``            ``fate``: parks and requeues workers could not write,
+                                         written by the DLX service
+``celery_dlx_service_queue_messages``    dead letters ready in the DLX service queue (absent when
+                                         the broker cannot be read)
+``celery_dlx_service_queue_consumers``   consumers of the DLX service queue
 ``celery_dlx_scrape_error``              1 when Redis could not be read (the rest is then absent)
 =======================================  ==========================================================
 """
@@ -30,6 +42,10 @@ from typing import Literal
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from celery_dlx.broker.probe import queue_counts
+from celery_dlx.ops.checks import FULL_SHARE
+from celery_dlx.store.memory import read_memory
+from celery_dlx.store.refusals import Refusals
 from celery_dlx.web.reads import parked_summary, yard_of
 from celery_dlx.wiring.runtime import Runtime
 
@@ -63,6 +79,71 @@ class DLXCollector(Collector):
         yield from families
 
     def _families(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._memory()
+        yield from self._service_queue()
+        yield from self._store()
+
+    def _memory(self) -> Iterator[GaugeMetricFamily]:
+        """Redis memory against maxmemory and the graveyard budget; refused writes and copies
+        (what ``celery dlx check`` reports; no write here, a scrape only reads)."""
+        runtime = self.runtime
+        memory = read_memory(runtime.redis)
+        limit = runtime.graveyard_budget.limit(runtime.graveyard_budget.memory(runtime.redis))
+        budget = limit if limit >= 0 else None
+        full = memory.share is not None and memory.share >= FULL_SHARE
+        for name, text, value in (
+            ("celery_dlx_redis_used_memory_bytes", "Redis used_memory", memory.used),
+            ("celery_dlx_redis_maxmemory_bytes", "Redis maxmemory (0: none)", memory.maxmemory),
+            ("celery_dlx_redis_full", "1 when Redis is within 95% of maxmemory", int(full)),
+            (
+                "celery_dlx_redis_refused_writes",
+                "Commands Redis refused for memory (OOM) since it started",
+                memory.refused_writes,
+            ),
+        ):
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], value)
+            yield gauge
+        if budget is not None:
+            gauge = GaugeMetricFamily(
+                "celery_dlx_graveyard_budget_bytes", "Bytes of Redis the graveyard may use"
+            )
+            gauge.add_metric([], budget)
+            yield gauge
+        used = GaugeMetricFamily(
+            "celery_dlx_graveyard_bytes", "Bytes the graveyard holds, as its budget counts them"
+        )
+        used.add_metric([], runtime.graveyard.used_bytes())
+        yield used
+        refused = GaugeMetricFamily(
+            "celery_dlx_refused_copies",
+            "Parks and requeues workers could not write, written by the DLX service",
+            labels=["fate"],
+        )
+        for fate, n in sorted(Refusals(runtime.redis, runtime.keys).read().items()):
+            refused.add_metric([fate], n)
+        yield refused
+
+    def _service_queue(self) -> Iterator[GaugeMetricFamily]:
+        """The DLX service queue's ready messages and consumers (absent when the broker cannot
+        be read: the Redis metrics still are)."""
+        queue = self.runtime.config.service_queue
+        try:
+            counts = queue_counts(self.runtime.app, [queue], retries=1).get(queue)
+        except Exception as exc:
+            logger.debug("celery_dlx metrics: could not read %s: %s", queue, exc)
+            return
+        if counts is None:
+            return
+        for name, text, value in (
+            ("celery_dlx_service_queue_messages", "Dead letters ready in the DLX service queue", 0),
+            ("celery_dlx_service_queue_consumers", "Consumers of the DLX service queue", 1),
+        ):
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], counts[value])
+            yield gauge
+
+    def _store(self) -> Iterator[GaugeMetricFamily]:
         runtime = self.runtime
         yard = yard_of(runtime)
         per_queue = GaugeMetricFamily(

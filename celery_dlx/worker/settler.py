@@ -39,9 +39,12 @@ from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 
-from celery_dlx.fates import FateEvent
+from celery_dlx import faults
+from celery_dlx.fates import PARKED, REQUEUED, FateEvent
+from celery_dlx.message.fate_copy import fate_copy
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.outages import OutageLog, outage_log
 from celery_dlx.wiring.runtime import get_runtime
 
 if TYPE_CHECKING:
@@ -187,6 +190,11 @@ class Settler:
                     requeues,
                     lambda: runtime.requeue_recorded_many([(h.copy, h.event) for _, h in requeues]),
                 )
+        if any(outcomes[i] is None for i, _ in parks):
+            faults.point("worker.parked")
+            _refusals(self.app, PARKED).succeeded()
+        if any(outcomes[i] is None for i, _ in requeues):
+            _refusals(self.app, REQUEUED).succeeded()
         for (request, handover), outcome in zip(batch, outcomes, strict=True):
             try:
                 if outcome is None:
@@ -197,17 +205,37 @@ class Settler:
                 logger.exception("celery_dlx could not settle %s", handover.event.message_id)
 
     def _fall_back(self, request: Request, handover: Handover, err: BaseException) -> None:
-        """The copy could not be written: the original goes to the dead-letter path, where the
-        DLX service applies the queue's policy once Redis or the broker answers again (as the
-        pool process does)."""
-        logger.warning(
-            "could not %s %s[%s] (%r); handing it to the dead-letter path",
-            "park" if isinstance(handover, ParkHandover) else "requeue",
-            handover.event.task or "-",
-            handover.event.message_id,
-            err,
+        """The copy could not be written: it goes to the DLX service naming its fate, which the
+        service writes once Redis or the broker answers again (as the pool process does), and the
+        original is acked. Not rejected into the dead-letter exchange: a DLX task's rejection
+        means a burial. When the broker refuses that copy too, the original goes back to its
+        queue."""
+        runtime = get_runtime(self.app)
+        if isinstance(handover, ParkHandover):
+            parked = handover.message
+            copy = parked.outgoing()
+            fate, delay = PARKED, max(0.0, (parked.due_ms - parked.parked_ms) / 1000)
+        else:
+            copy, fate, delay = handover.copy, REQUEUED, None
+        refusals = _refusals(self.app, fate)
+        queue = handover.event.queue or copy.routing_key
+        routed = fate_copy(
+            copy, fate=fate, exchange=runtime.config.exchange, queue=queue, delay=delay
         )
-        request.reject(requeue=handover.requeue_on_failure)
+        try:
+            runtime.publisher.publish(routed)
+        except Exception:
+            runtime.reset_publisher()
+            refusals.failed(err, "the broker refused the copy for the DLX service too")
+            request.reject(requeue=True)
+            return
+        refusals.failed(err, "sent to the DLX service, which writes it once it can")
+        request.acknowledge()
+
+
+def _refusals(app: Celery, fate: str) -> OutageLog:
+    """The main process's outage log of the ``fate`` copies it could not write."""
+    return outage_log(app, f"_celery_dlx_settler_refused_{fate}", logger, f"{fate} copies")
 
 
 def _fill(

@@ -25,24 +25,31 @@ from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 from celery.utils.imports import symbol_by_name
 
-from celery_dlx import fates
+from celery_dlx import fates, faults
 from celery_dlx.broker.copies import celery_copy
 from celery_dlx.compat import RunSettled, Tracer, settles, settling_tracer
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.failure import Failure
+from celery_dlx.message.fate_copy import fate_copy
 from celery_dlx.message.headers import (
     DLXState,
     HistoryEntry,
     fingerprint,
+    read_state,
 )
+from celery_dlx.message.lineage import follows, next_park_id
 from celery_dlx.message.names import (
+    EXC_MESSAGE_LIMIT,
+    HISTORY_LIMIT,
     QUEUE_HEADER,
     REASON_HEADER,
     REPLAYED_HEADER,
 )
+from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.outages import OutageLog, outage_log
 from celery_dlx.policy.breaker import HELD_HEADER
 from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
@@ -99,6 +106,22 @@ def _settling_request(request_cls: object) -> bool:
 
     resolved = symbol_by_name(request_cls) if isinstance(request_cls, str) else request_cls
     return isinstance(resolved, type) and issubclass(resolved, DLXRequest)
+
+
+#: What each kind of refused write is called in the outage log lines.
+_REFUSED_WRITES = {
+    fates.BURIED: "cause records of burials (stashed for the DLX service)",
+    fates.PARKED: "parks",
+    fates.REQUEUED: "requeued copies",
+    fates.RECOVERED: "recoveries (history entries of tasks that succeeded)",
+    "breaker": "breaker closings (after a held task succeeded)",
+    "requeue-note": "notes of a task's own Reject(requeue=True)",
+}
+
+
+def _refusals(app: Celery, fate: str) -> OutageLog:
+    """This process's outage log of refused writes of ``fate``: one line per outage and cause."""
+    return outage_log(app, f"_celery_dlx_refused_{fate}", logger, _REFUSED_WRITES[fate])
 
 
 def _permanent(exc: BaseException, reason: str) -> Bury:
@@ -165,6 +188,13 @@ class DLXTask(Task[Any, Any]):
             resolve_task_options(cls, get_runtime(app).config)
 
     @classmethod
+    def fates_enabled_for(cls, app: Celery) -> bool:
+        """True when ``app`` runs this task as a DLX task: its failures become fates, and its
+        worker rejects a message into the dead-letter exchange only to bury it (the DLX service
+        reads a rejection without a cause record as a burial)."""
+        return cls._dlx_enabled_for(app)
+
+    @classmethod
     def _dlx_enabled_for(cls, app: Celery, runtime: Runtime | None = None) -> bool:
         if cls._dlx_always:
             return True
@@ -191,6 +221,8 @@ class DLXTask(Task[Any, Any]):
                 self._fail_without_running(MalformedHeader(delivery.problem))
                 raise
         if delivery.redelivered and not self._redelivery_was_asked(runtime, delivery):
+            if self._parked_before(runtime, delivery):
+                self._end_settled()
             self._fail(
                 runtime,
                 delivery,
@@ -288,13 +320,40 @@ class DLXTask(Task[Any, Any]):
     def _expect_redelivery(self, runtime: Runtime, delivery: Delivery) -> None:
         try:
             runtime.causes.note_requeue(delivery.message_id, OWN_REDELIVERY_TTL)
-        except Exception:
-            logger.warning(
-                "could not note the requeue of %s[%s]: its redelivery counts as a crash",
-                self.name,
-                delivery.message_id,
-                exc_info=True,
-            )
+        except Exception as err:
+            _refusals(self.app, "requeue-note").failed(err, "their redeliveries count as crashes")
+
+    def _parked_before(self, runtime: Runtime, delivery: Delivery) -> bool:
+        """True when this redelivered message's failure was parked already: the broker lost the
+        ack that followed the park (it stopped, or the connection dropped). Its retry is the
+        parked copy; a second retry of the original would start a second lineage."""
+        entry_id = next_park_id(delivery.message_id, delivery.state)
+        try:
+            entry = runtime.parking.entry(entry_id)
+            if entry is None:
+                return False
+            parked = read_state(entry.headers)
+        except Exception:  # unreadable, or Redis down: a crash it is (the safe side)
+            logger.debug("could not look up the park %s", entry_id, exc_info=True)
+            return False
+        if not follows(parked, entry.queue, delivery.state, delivery.queue):
+            return False
+        logger.info(
+            "%s[%s] attempt=%d queue=%s redelivered after its park was written (entry %s): acked "
+            "without a second retry",
+            self.name,
+            delivery.message_id,
+            delivery.state.attempt,
+            delivery.queue,
+            entry_id,
+        )
+        return True
+
+    def _end_settled(self) -> NoReturn:
+        """End a run whose fate is settled already, acking its message, without a traceback."""
+        if settles(self.__dict__.get("_dlx_tracer")):
+            raise RunSettled(None) from None
+        raise Ignore() from None
 
     def _fail(
         self, runtime: Runtime, delivery: Delivery, exc: BaseException, einfo: ExceptionInfo | None
@@ -347,10 +406,9 @@ class DLXTask(Task[Any, Any]):
             cause = cause.decode("utf-8", "replace")
         try:
             close_breaker(runtime, delivery.queue, str(cause), options.breaker.release_rate)
-        except Exception:  # the task succeeded; held messages still come back after their hold
-            logger.warning(
-                "could not close the breaker of %s on %s", cause, delivery.queue, exc_info=True
-            )
+        except Exception as err:  # the task succeeded; held messages still come back after
+            # their hold. No traceback for a task that succeeded: one line per outage.
+            _refusals(self.app, "breaker").failed(err, "held messages come back after their hold")
 
     def _set_details(self, **details: Any) -> None:
         """celery_dlx's details of this run, stored with its state (``_store_details``)."""
@@ -407,7 +465,7 @@ class DLXTask(Task[Any, Any]):
         FAILURE with that exception, errbacks and chord errors once; the message is rejected
         into the dead-letter exchange (acks_late without acks_on_failure)."""
         assert isinstance(plan.decision, ToBury)
-        self._bury(
+        published = self._bury(
             runtime,
             delivery,
             options,
@@ -427,6 +485,13 @@ class DLXTask(Task[Any, Any]):
         if root is not exc:
             # Raised from here, it would print the fate request as its context.
             root.__suppress_context__ = True
+        if published:
+            # In the graveyard's queue already: the original is acked, not rejected (a second
+            # dead letter), and the run fails for Celery all the same.
+            self._fail_without_running(
+                root if isinstance(root, Exception) else RuntimeError(repr(root))
+            )
+            raise Ignore() from None
         self._store_details(failure=True)
         raise root
 
@@ -472,12 +537,16 @@ class DLXTask(Task[Any, Any]):
                 if hand_over:
                     return ParkHandover(parked, event, bool(delivery.x_death_problem))
                 runtime.park_recorded(parked, event)
+                faults.point("worker.parked")
+                _refusals(self.app, plan.fate).succeeded()
                 return None
             if hand_over:
                 return RequeueHandover(copy, event, bool(delivery.x_death_problem))
             runtime.publisher.publish(copy)
         except Exception as err:
-            self._fallback(runtime, delivery, plan.fate, err)
+            self._fallback(runtime, delivery, plan, copy, err)
+            return None
+        _refusals(self.app, plan.fate).succeeded()
         runtime.record_settled(event)
         return None
 
@@ -530,24 +599,35 @@ class DLXTask(Task[Any, Any]):
             return FateEvent.of(plan.fate, failure, delay=plan.delay, extra={"breaker": breaker})
         return FateEvent.of(plan.fate, failure, delay=plan.delay)
 
-    def _fallback(self, runtime: Runtime, delivery: Delivery, fate: str, err: Exception) -> None:
-        """The copy could not be stored or published: hand the original to the dead-letter path.
+    def _fallback(
+        self,
+        runtime: Runtime,
+        delivery: Delivery,
+        plan: FailurePlan,
+        copy: Outgoing,
+        err: Exception,
+    ) -> None:
+        """The copy could not be stored or published: send it to the DLX service, naming its fate.
 
-        The DLX service applies the queue's policy once Redis and the broker answer again, so
-        nothing is lost. A message with a malformed x-death must never be dead-lettered by
-        reject (RabbitMQ 3.10 crashes the queue on it): it goes back to its queue instead.
+        The service writes the park (or publishes the requeue) once Redis and the broker answer
+        again, so nothing is lost and nothing is decided twice; the original is then acked. Not
+        rejected into the dead-letter exchange: a DLX task's rejection means a burial. When the
+        broker refuses that copy too, the original goes back to its queue (its redelivery
+        counts as a crash, as the policy says).
         """
-        logger.warning(
-            "could not %s %s[%s] (%r); handing it to the dead-letter path",
-            "park" if fate == fates.PARKED else "requeue",
-            self.name,
-            delivery.message_id,
-            err,
+        fate = plan.fate
+        refusals = _refusals(self.app, fate)
+        delay = plan.delay if fate == fates.PARKED else None
+        routed = fate_copy(
+            copy, fate=fate, exchange=runtime.config.exchange, queue=delivery.queue, delay=delay
         )
-        runtime.reset_publisher()
-        if delivery.x_death_problem:
-            raise Reject(err, requeue=True)
-        raise Reject(err, requeue=False)
+        try:
+            runtime.publisher.publish(routed)
+        except Exception as again:
+            runtime.reset_publisher()
+            refusals.failed(err, "the broker refused the copy for the DLX service too")
+            raise Reject(again, requeue=True) from None
+        refusals.failed(err, "sent to the DLX service, which writes it once it can")
 
     def _bury(
         self,
@@ -561,7 +641,9 @@ class DLXTask(Task[Any, Any]):
         einfo: ExceptionInfo | None,
         at: int,
         root: BaseException,
-    ) -> None:
+    ) -> bool:
+        """Stash the cause record of a burial; True when Redis refused it and the message was
+        buried by publishing instead (it must then be acked, not rejected)."""
         failure = self._burial(
             runtime,
             delivery,
@@ -578,14 +660,34 @@ class DLXTask(Task[Any, Any]):
         )
         history = (*delivery.state.history, HistoryEntry(at, fates.BURIED, cause))
         record = CauseRecord(failure, history)
+        refusals = _refusals(self.app, fates.BURIED)
         try:
             runtime.causes.stash(delivery.message_id, record, runtime.config.cause_ttl)
-        except Exception as err:  # the DLX service still buries it, with the x-death reason only
-            logger.warning(
-                "could not stash the cause of %s[%s]: %r", self.name, delivery.message_id, err
-            )
+        except Exception as err:
+            if delivery.x_death_problem:  # published below in any case
+                refusals.failed(err)
+            else:
+                # Rejected without its record, the message would reach the DLX service as a
+                # plain rejection: the decision to bury goes with the message instead.
+                refusals.failed(err, "buried by publishing to the DLX service instead")
+                state = DLXState(
+                    attempt=delivery.state.attempt + 1,
+                    requeues=delivery.state.requeues,
+                    parks=delivery.state.parks,
+                    history=history[-HISTORY_LIMIT:],
+                    queue=delivery.queue,
+                    first_failure_ms=delivery.state.first_failure_ms or at,
+                    cause=cause,
+                    exc_type=exc_type,
+                    exc_message=exc_message[:EXC_MESSAGE_LIMIT] if exc_message else None,
+                )
+                self._send_to_graveyard(runtime, delivery, reason, state, requeue=False)
+                return True
+        else:
+            refusals.succeeded()
         if delivery.x_death_problem:
             self._publish_to_graveyard(runtime, delivery, reason)
+        return False
 
     def _quarantine(self, runtime: Runtime, delivery: Delivery, reason: str) -> None:
         """Bury a message whose headers cannot be trusted, by publishing a clean copy."""
@@ -621,10 +723,18 @@ class DLXTask(Task[Any, Any]):
             )
         self._publish_to_graveyard(runtime, delivery, f"undecodable: {reason}")
 
-    def _publish_to_graveyard(self, runtime: Runtime, delivery: Delivery, reason: str) -> None:
+    def _send_to_graveyard(
+        self, runtime: Runtime, delivery: Delivery, reason: str, state: DLXState, *, requeue: bool
+    ) -> None:
+        """Publish the burial copy (``reason`` in its bury-reason header) to the DLX service.
+
+        Raises:
+            Reject: the broker refused it: the original goes back to its queue (``requeue``), or
+                to the dead-letter exchange, where the service buries a DLX task's rejection.
+        """
         copy = celery_copy(
             self.request,
-            state=DLXState(attempt=delivery.state.attempt, queue=delivery.queue),
+            state=state,
             routing_key=delivery.queue,
             exchange=runtime.config.exchange,
             default_serializer=self.serializer or self.app.conf.task_serializer,
@@ -633,15 +743,21 @@ class DLXTask(Task[Any, Any]):
         try:
             runtime.publisher.publish(copy)
         except Exception as err:
-            # Never reject it into a dead-letter exchange; put it back and try again later.
             logger.warning(
-                "could not bury %s[%s] by publishing (%r); returning it to its queue",
+                "could not bury %s[%s] by publishing (%r); %s",
                 self.name,
                 delivery.message_id,
                 err,
+                "returning it to its queue" if requeue else "rejecting it to the DLX service",
             )
             runtime.reset_publisher()
-            raise Reject(err, requeue=True) from err
+            raise Reject(err, requeue=requeue) from err
+
+    def _publish_to_graveyard(self, runtime: Runtime, delivery: Delivery, reason: str) -> None:
+        # Never rejected into a dead-letter exchange (its x-death is malformed): back to its
+        # queue when the broker refuses the copy, to be tried again later.
+        state = DLXState(attempt=delivery.state.attempt, queue=delivery.queue)
+        self._send_to_graveyard(runtime, delivery, reason, state, requeue=True)
         # The DLX service logs (and alerts on) the burial itself, once, with the obituary.
         logger.warning(
             "quarantined %s[%s] attempt=%d queue=%s reason=%s: sent to the graveyard",
@@ -654,7 +770,9 @@ class DLXTask(Task[Any, Any]):
         raise Ignore()
 
     def _fail_without_running(self, exc: Exception) -> None:
-        """Result FAILURE and ``task_failure`` for a message buried before its task ran."""
+        """Result FAILURE and ``task_failure`` for a message buried by publishing (before its task
+        ran, or after it failed and Redis refused the cause record): the original is acked, so
+        Celery's own failure handling does not run."""
         req = self.request
         self._store_details(failure=True)
         try:
@@ -710,10 +828,10 @@ class DLXTask(Task[Any, Any]):
             replayed = delivery.headers.get(REPLAYED_HEADER)
             if replayed:  # the obituary it was replayed from is resolved
                 runtime.graveyard.resolve([str(replayed)], failure.at_ms or now_ms(), "success")
-        except Exception:  # the task succeeded; a history outage must not fail it
-            logger.warning(
-                "could not record recovery of %s[%s]", self.name, delivery.message_id, exc_info=True
-            )
+            _refusals(self.app, fates.RECOVERED).succeeded()
+        except Exception as err:  # the task succeeded; a history outage must not fail it
+            # Never a traceback for a task that succeeded; one line per outage, with counts.
+            _refusals(self.app, fates.RECOVERED).failed(err, "the task's success is not recorded")
 
 
 class AutoDLXTask(DLXTask):

@@ -104,4 +104,7 @@ def test_no_other_module_formats_counter_keys_or_fields() -> None:
         name = path.relative_to(PACKAGE).as_posix()
         text = path.read_text(encoding="utf-8")
         if name not in {"store/counters.py", "message/names.py"}:
-            assert "counter_prefix" not in text and "hincrby" not in text, name
+            assert "counter_prefix" not in text, name
+        # store/refusals.py counts refused copies in a hash of its own (no per-minute counter).
+        if name not in {"store/counters.py", "message/names.py", "store/refusals.py"}:
+            assert "hincrby" not in text, name

@@ -12,10 +12,18 @@ from hypothesis import strategies as st
 
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import DLXState, HistoryEntry, fingerprint, state_headers
-from celery_dlx.message.names import ATTEMPT_HEADER, QUEUE_HEADER, REASON_HEADER, REPLAYED_HEADER
+from celery_dlx.message.names import (
+    ATTEMPT_HEADER,
+    DELAY_HEADER,
+    FATE_HEADER,
+    QUEUE_HEADER,
+    REASON_HEADER,
+    REPLAYED_HEADER,
+)
 from celery_dlx.policy.config import load_config
 from celery_dlx.policy.deadletter import EXPIRED_CAUSE, PUBLISHED, UNKNOWN, read_dead_letter
 from celery_dlx.policy.verdicts import (
+    UNKNOWN_VERDICT,
     BuryVerdict,
     ParkVerdict,
     RequeueVerdict,
@@ -157,10 +165,11 @@ def test_a_provable_message_has_one_obituary_id_whatever_its_death() -> None:
     assert len({a.burial_key, other_queue.burial_key, replayed.burial_key}) == 3
     look_alike = letter(props={}, body=b"payload")
     assert look_alike.burial_key == look_alike.key  # no provable identity: per delivery
-    # the same id published again later is another lineage: its own obituary
+    # Two lineages of one message (an original redelivered after its park was written, stamped
+    # with another first failure): one obituary id, whatever the time of a failure.
     first = letter({"x-death": [death()], **state_headers(DLXState(attempt=2, first_failure_ms=5))})
     again = letter({"x-death": [death()], **state_headers(DLXState(attempt=2, first_failure_ms=9))})
-    assert first.burial_key != again.burial_key
+    assert first.burial_key == again.burial_key
 
 
 def test_a_correlation_id_is_not_an_identity() -> None:
@@ -482,3 +491,78 @@ def test_foreign_obituary_carries_everything() -> None:
     record = json.loads(ob.record_json())
     assert record["headers"]["custom"] == {"__bytes__": "0001"}
     assert record["x_death"][0]["time"] == {"__datetime__": "2024-01-02T03:04:05+00:00"}
+
+
+# -- a worker's decision travels with the message -----------------------------------------------
+
+
+def test_a_dlx_task_rejection_without_a_record_is_buried_never_requeued() -> None:
+    """A DLX worker rejects only to bury: without its cause record the letter is still buried."""
+    cfg = config(dlx_queues={"billing": {"max_requeues": 3}})
+    celery_letter = letter({"x-death": [death()], "task": "billing.charge"})
+    assert isinstance(decide_letter(celery_letter, cfg, None, NOW), RequeueVerdict)  # foreign
+    verdict = decide_letter(celery_letter, cfg, None, NOW, dlx_task=True)
+    assert isinstance(verdict, BuryVerdict)
+    assert verdict.reason == UNKNOWN_VERDICT and verdict.attempt == 1
+    # Other deaths of a DLX task's message keep their own rules (a TTL expiry is no burial).
+    expired = letter({"x-death": [death(reason="expired")], "task": "billing.charge"})
+    assert isinstance(decide_letter(expired, cfg, None, NOW, dlx_task=True), ParkVerdict)
+
+
+def test_a_graveyard_copy_is_buried_whatever_the_policy() -> None:
+    """The copy a worker publishes when Redis refused its cause record (the bury-reason header)."""
+    cfg = config(dlx_queues={"billing": {"max_requeues": 3}})
+    state = DLXState(attempt=0, queue="billing")
+    copy = letter({REASON_HEADER: "permanent failure: ValueError", **state_headers(state)})
+    assert copy.death_reason == PUBLISHED and copy.worker_fate is None
+    for dlx_task in (False, True):
+        verdict = decide_letter(copy, cfg, None, NOW, dlx_task=dlx_task)
+        assert isinstance(verdict, BuryVerdict)
+        assert verdict.reason == "permanent failure: ValueError"
+
+
+@pytest.mark.parametrize("dlx_task", [False, True])
+def test_a_park_the_worker_could_not_write_is_parked_with_its_own_state(dlx_task: bool) -> None:
+    state = DLXState(
+        attempt=2,
+        parks=2,
+        history=(HistoryEntry(1, "parked", "c"), HistoryEntry(2, "parked", "c")),
+        queue="billing",
+        first_failure_ms=1,
+        cause="c",
+        exc_type="IOError",
+        exc_message="flaky",
+    )
+    headers = {FATE_HEADER: "parked", DELAY_HEADER: "1.5", **state_headers(state)}
+    dl = letter(headers)
+    assert (dl.death_reason, dl.worker_fate, dl.worker_delay) == (PUBLISHED, "parked", 1.5)
+    verdict = decide_letter(dl, config(), None, NOW, dlx_task=dlx_task)
+    assert isinstance(verdict, ParkVerdict)
+    # Counted by the worker already: not counted again, the worker's delay kept.
+    assert (verdict.delay, verdict.state, verdict.attempt) == (1.5, state, 2)
+    assert verdict.failure.exc_type == "IOError"
+    copy = dl.copy_headers(verdict.state)
+    assert FATE_HEADER not in copy and DELAY_HEADER not in copy
+    assert copy[ATTEMPT_HEADER] == 2
+
+
+def test_a_requeue_the_worker_could_not_publish_is_requeued_as_it_is() -> None:
+    state = DLXState(attempt=1, requeues=1, queue="billing", first_failure_ms=1, cause="c")
+    dl = letter({FATE_HEADER: b"requeued", **state_headers(state)})
+    verdict = decide_letter(dl, config(), None, NOW)
+    assert isinstance(verdict, RequeueVerdict) and verdict.state == state
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {FATE_HEADER: "buried"},  # not a fate a copy asks for
+        {FATE_HEADER: "parked"},  # no delay
+        {FATE_HEADER: "parked", DELAY_HEADER: "-1"},
+        {FATE_HEADER: "parked", DELAY_HEADER: "inf"},
+        {FATE_HEADER: "parked", DELAY_HEADER: "soon"},
+    ],
+)
+def test_an_unreadable_fate_request_is_decided_as_any_letter(headers: dict[str, Any]) -> None:
+    dl = letter({"x-death": [death()], **headers})
+    assert dl.worker_fate is None and dl.death_reason == "rejected"

@@ -1,6 +1,7 @@
 """The settler's batch: parks and requeues written by their own means in one pass, each
-original acked only when its own copy went in, the others handed to the dead-letter path (or
-back to their queue when their ``x-death`` is malformed), whatever order they arrived in.
+original acked only when its own copy went in or, when it could not be written, once the copy
+went to the DLX service naming its fate (back to its queue when the broker refuses that too),
+whatever order they arrived in; never rejected into the dead-letter exchange.
 
 Pure unit tests: the runtime and the requests are stand-ins recording what they are asked."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from celery import Celery
 from celery_dlx.errors import PublishError
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.failure import Failure
+from celery_dlx.message.names import DELAY_HEADER, FATE_HEADER
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.worker import settler as settler_module
@@ -35,6 +38,19 @@ class FakeRequest:
         self.outcome = "requeued" if requeue else "dead-lettered"
 
 
+class FakePublisher:
+    """Records the fate copies sent to the DLX service; refuses all when ``down``."""
+
+    def __init__(self) -> None:
+        self.sent: list[Outgoing] = []
+        self.down = False
+
+    def publish(self, message: Outgoing) -> None:
+        if self.down:
+            raise ConnectionError("broker down")
+        self.sent.append(message)
+
+
 class FakeRuntime:
     """Parks fail for the message ids in ``bad_parks``, publishes for ``bad_copies``;
     ``broken`` makes the named write raise as a whole."""
@@ -49,6 +65,12 @@ class FakeRuntime:
         self.calls: list[tuple[str, list[str]]] = []
         self.node: str | None = None
         self.nodes: list[str | None] = []
+        self.config = SimpleNamespace(exchange="celery_dlx")
+        self.publisher = FakePublisher()
+        self.resets = 0
+
+    def reset_publisher(self) -> None:
+        self.resets += 1
 
     @contextlib.contextmanager
     def acting_for(self, node: str | None) -> Iterator[None]:
@@ -109,9 +131,13 @@ def test_parks_and_requeues_of_one_batch_are_written_once_each_and_acked_in_plac
     outcomes = _settle(runtime, handovers, monkeypatch)
     assert runtime.calls == [("park", ["p1", "p2"]), ("requeue", ["r1", "r2", "r3"])]
     assert runtime.nodes == ["w1@host", "w1@host"]  # their events name the worker
-    # r1's copy was not confirmed: dead-lettered; p2's park failed and its x-death is
-    # malformed: back to its queue, never dead-lettered
-    assert outcomes == ["dead-lettered", "acked", "acked", "requeued", "acked"]
+    # r1's copy was not confirmed, p2's park failed: each went to the DLX service naming its
+    # fate, and the original was acked; nothing was rejected into the dead-letter exchange
+    assert outcomes == ["acked"] * 5
+    sent = {m.headers[FATE_HEADER]: m for m in runtime.publisher.sent}
+    assert sorted(sent) == [PARKED, REQUEUED]
+    assert all(m.exchange == "celery_dlx" and m.routing_key == "q" for m in sent.values())
+    assert sent[PARKED].headers[DELAY_HEADER] == "0.000"
 
 
 @pytest.mark.parametrize("broken", ["park", "requeue"])
@@ -120,7 +146,15 @@ def test_a_write_that_raises_falls_back_for_its_own_kind_only(
 ) -> None:
     runtime = FakeRuntime(broken=broken)
     outcomes = _settle(runtime, [_park("p1"), _requeue("r1", True), _park("p2")], monkeypatch)
-    if broken == "park":
-        assert outcomes == ["dead-lettered", "acked", "dead-lettered"]
-    else:
-        assert outcomes == ["acked", "requeued", "acked"]
+    assert outcomes == ["acked", "acked", "acked"]
+    expected = [PARKED, PARKED] if broken == "park" else [REQUEUED]
+    assert [m.headers[FATE_HEADER] for m in runtime.publisher.sent] == expected
+
+
+def test_a_copy_the_broker_refuses_too_goes_back_to_its_queue(monkeypatch: Any) -> None:
+    """Never into the dead-letter exchange: the DLX service would read that as a burial."""
+    runtime = FakeRuntime(broken="park")
+    runtime.publisher.down = True
+    outcomes = _settle(runtime, [_park("p1"), _requeue("r1")], monkeypatch)
+    assert outcomes == ["requeued", "acked"]
+    assert runtime.resets == 1

@@ -1,0 +1,44 @@
+"""Which copy of a message a redelivered original already became: pure, from what copies share.
+
+RabbitMQ stopped between a worker's park and its ack: the broker redelivers the original, whose
+failure the park already counted. Given a retry of its own (a ``Redelivered`` requeue, stamped
+with another first failure), the message lived on as two lineages, each running its budget and
+each buried. A copy and the delivery it came from share the message id and follow each other by
+attempt: the park of attempt ``n`` is stored under ``<message id>:<n + 1>``, and its history is the
+delivery's with one entry more. Nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from celery_dlx.message.headers import DLXState
+from celery_dlx.message.names import HISTORY_LIMIT
+
+
+def park_entry_id(message_id: str, attempt: int) -> str:
+    """The parking store's entry id of the park of ``message_id`` whose copy carries ``attempt``
+    (:attr:`celery_dlx.message.parked.ParkedMessage.entry_id`)."""
+    if attempt < 0:
+        raise ValueError(f"an attempt is a count of failed runs (>= 0), got {attempt}")
+    return f"{message_id}:{attempt}"
+
+
+def next_park_id(message_id: str, delivery: DLXState) -> str:
+    """The entry id the park of a failure of this delivery is stored under."""
+    return park_entry_id(message_id, delivery.attempt + 1)
+
+
+def follows(copy: DLXState, copy_queue: str, delivery: DLXState, queue: str) -> bool:
+    """True when ``copy`` (a parked entry's state) is the retry of a failure of ``delivery``.
+
+    Same queue, one attempt more, and the delivery's history with one entry more (histories are
+    capped at :data:`HISTORY_LIMIT` entries, the oldest dropped first). A copy of another
+    lineage of the same message id (a publisher reusing the id, an earlier death) has another
+    history and does not follow.
+    """
+    if copy_queue != queue or copy.attempt != delivery.attempt + 1 or not copy.history:
+        return False
+    kept = len(copy.history) - 1
+    expected = (*delivery.history,)[-kept:] if kept else ()
+    if kept < min(len(delivery.history), HISTORY_LIMIT - 1):
+        return False
+    return copy.history[:-1] == expected
