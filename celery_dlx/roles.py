@@ -128,6 +128,10 @@ class Causes(Protocol):
 
     def take_requeue(self, message_id: str) -> bool: ...
 
+    def claim_run(self, step: str, ttl_seconds: float) -> bool: ...
+
+    def was_copied(self, queue: str, message_id: str, attempt: int) -> bool: ...
+
 
 class Publisher(Protocol):
     """Publishes copies and learns, per copy, whether the broker routed and confirmed it."""

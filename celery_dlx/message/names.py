@@ -155,6 +155,14 @@ class Keys:
         self.refused = f"{base}:refused"
         #: Rate-limit budgets (Sentry events per cause...): ``budget(name)`` + what is counted.
         self.budget_prefix = f"{base}:budget:"
+        #: String per run of a retried copy (message, attempt, the fate that made the copy): set
+        #: when the run starts, so a second copy of the same step (a drain or DLX service that
+        #: died between its confirmed publish and its delete) is acked, not run again.
+        self.run_prefix = f"{base}:run:"
+        #: String per requeued copy (queue, message, the copy's attempt), written with its
+        #: ``requeued`` history entry: a redelivered original (its ack lost after the copy was
+        #: out) is the copy's, not a crash to count again.
+        self.copied_prefix = f"{base}:copied:"
         #: String per message: a task rejected it with requeue=True itself (not a crash).
         self.requeued_by_task_prefix = f"{base}:requeued-by-task:"
         #: Stream: the web console's audit log (who did what, when, with which result).
@@ -212,6 +220,14 @@ class Keys:
     def seen(self, identity: str) -> str:
         """The DLX service's marker of one handled dead letter."""
         return f"{self.seen_prefix}{identity}"
+
+    def copied(self, queue: str, message_id: str, attempt: int) -> str:
+        """The marker of a requeued copy of ``message_id`` in ``queue`` at ``attempt``."""
+        return f"{self.copied_prefix}{queue}:{message_id}:{attempt}"
+
+    def run(self, step: str) -> str:
+        """The marker of one run of a retried copy (``step``: message id, attempt, fate time)."""
+        return f"{self.run_prefix}{step}"
 
     def requeued_by_task(self, message_id: str) -> str:
         """The marker of a task's own ``Reject(requeue=True)``: its redelivery is not a crash."""

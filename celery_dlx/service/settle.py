@@ -64,6 +64,7 @@ from celery_dlx.policy.verdicts import (
 )
 from celery_dlx.roles import Parking, Publisher
 from celery_dlx.service.stats import ServiceStats
+from celery_dlx.store.graveyard import GraveyardFull
 from celery_dlx.store.refusals import Refusals
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
@@ -493,7 +494,13 @@ class BatchSettler:
         # The workers' cause records go with the seen markers (_mark_seen), in one step: a
         # settle retried after a failure between the two finds the record and the obituary.
         yard = self.runtime.graveyard
-        written = yard.write_many(items, drop_causes=False)
+        try:
+            written = yard.write_many(items, drop_causes=False)
+        except GraveyardFull as full:
+            # The obituaries written before the refusal are those letters' fates: marked now,
+            # so a purge before the batch is tried again cannot make them buried twice.
+            self._mark_seen([w for w, done in zip(works, full.settled, strict=False) if done])
+            raise
         # A replayed message buried again: its old obituary failed again (a retried settle
         # notes it again, idempotently, so a crash between the two loses nothing).
         yard.note_failed_again([ob for ob, _ in items if ob.replayed_from], now)

@@ -38,6 +38,16 @@ class Causes:
         """Remember that this worker published the requeue copy of ``message_id``."""
         self.client.set(self.keys.requeued_by_task(message_id), 1, ex=ttl_seconds)
 
+    def was_copied(self, queue: str, message_id: str, attempt: int) -> bool:
+        """Whether a requeued copy of ``message_id`` at ``attempt`` went out (its ``requeued``
+        history entry was written with a marker, :meth:`celery_dlx.store.history.History.write`)."""
+        return bool(self.client.exists(self.keys.copied(queue, message_id, attempt)))
+
+    def claim_run(self, step: str, ttl_seconds: float) -> bool:
+        """Note that the copy ``step`` (message id, attempt, the time of the fate that made the
+        copy) starts running; False when a run of it started before (a duplicate copy)."""
+        return bool(self.client.set(self.keys.run(step), 1, nx=True, px=int(ttl_seconds * 1000)))
+
     def take_requeue(self, message_id: str) -> bool:
         """Whether a requeue of ``message_id`` was noted (and forget it)."""
         return bool(self.client.delete(self.keys.requeued_by_task(message_id)))

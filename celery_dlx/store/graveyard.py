@@ -620,7 +620,12 @@ class GraveyardShard:
 
 class GraveyardFull(StoreError, RedisError):
     """A burial refused before it wrote anything: the graveyard is at its budget, or Redis is
-    near its ``maxmemory``. Not now: the dead letter stays in RabbitMQ and is retried."""
+    near its ``maxmemory``. Not now: the dead letter stays in RabbitMQ and is retried.
+
+    ``settled``: per item of the refused batch, whether its obituary is there all the same
+    (written before the refusal, or before this batch): those dead letters have their fate."""
+
+    settled: list[bool] = []
 
 
 class Budget:
@@ -809,12 +814,14 @@ class Graveyard:
         if unconfirmed is not None:
             raise unconfirmed
         if refused_at:
-            raise GraveyardFull(
+            full = GraveyardFull(
                 f"{len(refused_at)} of {len(items)} burial(s) refused: the graveyard holds "
                 f"{self.used_bytes():,} bytes of its {self.budget.limit():,}-byte budget "
                 "(dlx_graveyard_max_bytes); the dead letters wait in the DLX service queue until "
                 "`dlx purge` or the retention makes room"
             )
+            full.settled = [i not in refused_at for i in range(len(items))]
+            raise full
         return out
 
     def used_bytes(self) -> int:

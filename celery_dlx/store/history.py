@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from redis.exceptions import NoScriptError, RedisError
 
-from celery_dlx.fates import FateEvent
+from celery_dlx.fates import REQUEUED, FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient, is_cluster
 from celery_dlx.store.counters import Counts, add_counts, read_window
@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
     from redis.cluster import ClusterPipeline
     from redis.typing import EncodableT, FieldT
+
+#: How long a requeued copy's marker (``Keys.copied``) is kept: past any redelivery of its original.
+COPIED_TTL_MS = 24 * 3600 * 1000
 
 #: Fields every history entry has, in order.
 HISTORY_FIELDS = (
@@ -265,6 +268,10 @@ class History:
         else:
             appended = self.append_many(events, pipe) if history else 0
         add_counts(pipe, self.keys, events)
+        for event in events:  # after the counters: the replies read above stay where they were
+            if event.fate == REQUEUED:
+                marker = self.keys.copied(event.queue, event.message_id, event.attempt)
+                pipe.set(marker, 1, px=COPIED_TTL_MS)
         try:
             results = pipe.execute(raise_on_error=False)
         except Exception:

@@ -43,6 +43,7 @@ from celery_dlx.message.lineage import follows, next_park_id
 from celery_dlx.message.names import (
     EXC_MESSAGE_LIMIT,
     HISTORY_LIMIT,
+    HOLDS_HEADER,
     QUEUE_HEADER,
     REASON_HEADER,
     REPLAYED_HEADER,
@@ -221,7 +222,7 @@ class DLXTask(Task[Any, Any]):
                 self._fail_without_running(MalformedHeader(delivery.problem))
                 raise
         if delivery.redelivered and not self._redelivery_was_asked(runtime, delivery):
-            if self._parked_before(runtime, delivery):
+            if self._parked_before(runtime, delivery) or self._requeued_before(runtime, delivery):
                 self._end_settled()
             self._fail(
                 runtime,
@@ -231,6 +232,10 @@ class DLXTask(Task[Any, Any]):
                 ),
                 None,
             )
+        # A retried copy runs once (a redelivery has its own rules above).
+        retried = delivery.state.attempt > 0 and not delivery.redelivered
+        if retried and not self._first_run_of_copy(runtime, delivery):
+            self._end_settled()
         try:
             result = super().__call__(*args, **kwargs)
         except Reject as exc:
@@ -348,6 +353,54 @@ class DLXTask(Task[Any, Any]):
             entry_id,
         )
         return True
+
+    def _first_run_of_copy(self, runtime: Runtime, delivery: Delivery) -> bool:
+        """False for a second copy of one retry step: a drain or the DLX service died between
+        the confirmed publish of a retry and its delete, and published it again (at-least-once).
+        Running it would run the failure once more than its budget, so it is acked unrun. A
+        step is the message, its attempt and the time of the fate that made the copy (each new
+        requeue, park or hold adds a history entry); Redis down: it runs (the safe side)."""
+        state = delivery.state
+        last = state.history[-1].at_ms if state.history else 0
+        holds = delivery.headers.get(HOLDS_HEADER, 0)
+        step = f"{delivery.queue}:{delivery.message_id}:{state.attempt}:{last}:{holds}"
+        try:
+            first = runtime.causes.claim_run(step, runtime.config.cause_ttl)
+        except Exception:
+            logger.debug("could not note the run of %s", step, exc_info=True)
+            return True
+        if not first:
+            logger.warning(
+                "%s[%s] attempt=%d queue=%s: a second copy of this retry (a drain or the DLX "
+                "service published it again after a crash); acked without running it",
+                self.name,
+                delivery.message_id,
+                state.attempt,
+                delivery.queue,
+            )
+        return first
+
+    def _requeued_before(self, runtime: Runtime, delivery: Delivery) -> bool:
+        """True when this redelivered message's failure was requeued already: its copy went out
+        and the broker lost the ack that followed (it restarted). The copy is its retry; a
+        second one would run the failure past its budget."""
+        try:
+            copied = runtime.causes.was_copied(
+                delivery.queue, delivery.message_id, delivery.state.attempt + 1
+            )
+        except Exception:  # Redis down: a crash it is (the safe side)
+            logger.debug("could not look up the requeue of %s", delivery.message_id, exc_info=True)
+            return False
+        if copied:
+            logger.info(
+                "%s[%s] attempt=%d queue=%s redelivered after its requeued copy went out: acked "
+                "without a second retry",
+                self.name,
+                delivery.message_id,
+                delivery.state.attempt,
+                delivery.queue,
+            )
+        return copied
 
     def _end_settled(self) -> NoReturn:
         """End a run whose fate is settled already, acking its message, without a traceback."""
