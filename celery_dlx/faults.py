@@ -10,10 +10,15 @@ Points (each sits in a window where a crash must lose nothing):
 
 - ``drain.claimed``: parked retries claimed in Redis, not yet published.
 - ``drain.published``: retries published and confirmed, not yet deleted from Redis.
+- ``service.parked``: the DLX service's parks (and their history) written, the rest of its batch
+  not yet.
 - ``service.published``: the DLX service's requeued copies confirmed, dead letters not yet acked.
 - ``service.buried``: obituaries written to the graveyard, dead letters not yet acked.
 - ``worker.parked``: a worker's park written to Redis, its original not yet acked (the broker
   redelivers the original: the park must be recognised, not given a second retry).
+- ``worker.requeued``: a worker's requeued copy confirmed and recorded, its original not yet
+  acked.
+- ``worker.stashed``: a worker's cause record stashed, its original not yet rejected to the DLX.
 """
 
 from __future__ import annotations
@@ -28,7 +33,16 @@ FAULT_ENV = "DLX_FAULT"
 FAULT_LOG_ENV = "DLX_FAULT_LOG"
 #: Every crash point in the code.
 POINTS = frozenset(
-    {"drain.claimed", "drain.published", "service.published", "service.buried", "worker.parked"}
+    {
+        "drain.claimed",
+        "drain.published",
+        "service.parked",
+        "service.published",
+        "service.buried",
+        "worker.parked",
+        "worker.requeued",
+        "worker.stashed",
+    }
 )
 
 # Reach counts per point, in this process (a test hook: the only mutable module state).

@@ -212,6 +212,8 @@ class BatchSettler:
             parks = [w for w in live if isinstance(w.verdict, ParkVerdict)]
             self._park(parks, now)
             self.runtime.record_many([_retry_event(w, now) for w in parks], log=False)
+            if parks:
+                faults.point("service.parked")
             burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
             requeues = [w for w in live if isinstance(w.verdict, RequeueVerdict)]
             self._requeue(requeues, now)

@@ -28,11 +28,12 @@ from kombu import Connection
 from celery_dlx.broker.frames import connection_for
 from celery_dlx.broker.ladder import Ladder, LadderParking
 from celery_dlx.broker.publish import ConfirmingPublisher
-from celery_dlx.errors import ConfigurationError, PublishError
+from celery_dlx.errors import ConfigurationError, PublishError, StoreError
 from celery_dlx.fates import BURIED, DRAINED, FateEvent
 from celery_dlx.message.names import Keys
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.outages import outage_log
 from celery_dlx.policy.config import DLXConfig, load_config
 from celery_dlx.policy.decide import one_line
 from celery_dlx.roles import Parking
@@ -297,7 +298,7 @@ class Runtime:
             return
         self._log(event)  # parked: not before, a failed park falls back to the dead-letter path
         if recorded is not True:
-            _unrecorded(event, recorded)
+            self._unrecorded([event], recorded)
         self._notify(event)
 
     def park_recorded_many(
@@ -327,8 +328,8 @@ class Runtime:
             return outcomes
         for event in done:
             self._log(event)
-            if recorded is not True:
-                _unrecorded(event, recorded)
+        if recorded is not True and done:
+            self._unrecorded(done, recorded)
         self._notify_many(done)
         return outcomes
 
@@ -384,11 +385,9 @@ class Runtime:
                 failed, counters_failed = self.history.write(done)
             except Exception as err:
                 failed, counters_failed = err, False
-            if counters_failed:
-                logger.warning("celery_dlx counter update failed for %d events", len(done))
+            self._counted(len(done), counters_failed)
             if failed is not None:
-                for event in done:
-                    _unrecorded(event, failed)
+                self._unrecorded(done, failed)
             else:
                 self._notify_many(done)
         return outcomes
@@ -418,7 +417,7 @@ class Runtime:
         try:
             self.record(event)
         except Exception as err:
-            _unrecorded(event, err)
+            self._unrecorded([event], err)
 
     @property
     def history(self) -> History:
@@ -471,8 +470,8 @@ class Runtime:
         self._log(event)
         try:
             self._count([event])
-        except Exception:  # counters must never decide a fate
-            logger.warning("celery_dlx counter update failed", exc_info=True)
+        except Exception as err:  # counters must never decide a fate
+            self._counted(1, True, err)
         self._notify(event)
 
     def _record_best_effort(self, event: FateEvent) -> None:
@@ -544,12 +543,27 @@ class Runtime:
             for event in events:
                 self._log(event)
         failed, counters_failed = self.history.write(events, history=history)
-        if counters_failed:
-            logger.warning("celery_dlx counter update failed for %d events", len(events))
+        self._counted(len(events), counters_failed)
         if failed is not None:
             raise failed
         for event in events:
             self._notify(event)
+
+    def _counted(self, n: int, failed: bool, err: BaseException | None = None) -> None:
+        """Note whether ``n`` fates were counted: one WARNING per outage (with counts), not one
+        per write (a full Redis refuses every write of a storm)."""
+        log = outage_log(self, "_counter_outage", logger, "fate counter updates")
+        if failed:
+            log.failed(err or StoreError("Redis refused the counter update"), f"{n} not counted")
+        else:
+            log.succeeded()
+
+    def _unrecorded(self, events: Sequence[FateEvent], err: BaseException) -> None:
+        """Fates settled (their copies are out) but missing from the history: one WARNING per
+        outage, with counts, naming the first message."""
+        first = events[0]
+        log = outage_log(self, "_history_outage", logger, "failure history appends")
+        log.failed(err, f"{first.fate} of {first.task or '-'}[{first.message_id}] not recorded")
 
     def log_fates(self, events: Sequence[FateEvent]) -> None:
         """Log ``events``, one line per fate change, for a caller that recorded them with
@@ -617,16 +631,6 @@ def error_part(exc_type: str | None, exc_message: str | None) -> str:
         return ""
     message = one_line(exc_message or "", LOG_MESSAGE_LIMIT)
     return f" error={exc_type}: {message}" if message else f" error={exc_type}"
-
-
-def _unrecorded(event: FateEvent, err: BaseException) -> None:
-    logger.warning(
-        "celery_dlx could not record the %s fate of %s[%s] in the history: %r",
-        event.fate,
-        event.task or "-",
-        event.message_id,
-        err,
-    )
 
 
 def get_runtime(app: Celery) -> Runtime:

@@ -194,6 +194,7 @@ class Settler:
             faults.point("worker.parked")
             _refusals(self.app, PARKED).succeeded()
         if any(outcomes[i] is None for i, _ in requeues):
+            faults.point("worker.requeued")
             _refusals(self.app, REQUEUED).succeeded()
         for (request, handover), outcome in zip(batch, outcomes, strict=True):
             try:

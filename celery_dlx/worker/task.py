@@ -601,6 +601,7 @@ class DLXTask(Task[Any, Any]):
             return None
         _refusals(self.app, plan.fate).succeeded()
         runtime.record_settled(event)
+        faults.point("worker.requeued")
         return None
 
     def _hands_over(self) -> bool:
@@ -738,6 +739,7 @@ class DLXTask(Task[Any, Any]):
                 return True
         else:
             refusals.succeeded()
+            faults.point("worker.stashed")
         if delivery.x_death_problem:
             self._publish_to_graveyard(runtime, delivery, reason)
         return False
