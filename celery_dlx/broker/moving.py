@@ -170,3 +170,24 @@ def _take(channel: Any, queue: str, n: int) -> list[Any]:
             break
         out.append(msg)
     return out
+
+
+def drain_overflow(
+    app: Celery, service_queue: str, *, quorum: bool = False, requeue: bool = False
+) -> tuple[int, int]:
+    """The overflow queue of ``service_queue`` (declared if missing): with ``requeue``, move its
+    messages back to ``service_queue`` first (:func:`move_messages`).
+
+    Returns:
+        How many moved, and how many wait there after.
+    """
+    from celery_dlx.broker.topology import overflow_name, overflow_queue
+
+    name = overflow_name(service_queue)
+    with connection_for(app, write=True) as conn:
+        conn.ensure_connection(max_retries=3)
+        channel = cast(AMQPChannel, conn.default_channel)
+        overflow_queue(service_queue, quorum=quorum)(channel).declare()
+        moved = move_messages(conn, name, service_queue) if requeue else 0
+        declared = cast(queue_declare_ok_t, channel.queue_declare(name, passive=True))
+        return moved, int(declared.message_count)

@@ -106,6 +106,19 @@ def service_queue(
     )
 
 
+def overflow_queue(service: str = DEFAULT_SERVICE_QUEUE, *, quorum: bool = False) -> Queue:
+    """The durable queue dead letters wait in while their cause holds
+    ``dlx_graveyard_max_per_cause`` obituaries: ``<service queue>.overflow``, bound to nothing
+    (the DLX service publishes to it by name; ``dlx overflow --requeue`` takes them back)."""
+    args = {"x-queue-type": "quorum"} if quorum else None
+    return Queue(overflow_name(service), durable=True, auto_delete=False, queue_arguments=args)
+
+
+def overflow_name(service: str) -> str:
+    """The name of the overflow queue of the service queue ``service``."""
+    return f"{service}.overflow"
+
+
 #: Prefix of the policies ``celery dlx migrate --policy`` writes (one per queue).
 POLICY_PREFIX = "celery-dlx-"
 #: Queue arguments a policy's ``dead-letter-exchange``/``dead-letter-routing-key`` stand for.

@@ -356,5 +356,32 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
         )
 
 
+@click.command("overflow")
+@click.option(
+    "--requeue",
+    is_flag=True,
+    help="Hand the waiting dead letters back to the DLX service (do it once their cause has "
+    "room: after a purge or a replay).",
+)
+@json_option
+@click.pass_context
+@handle_errors
+def overflow_command(ctx: click.Context, requeue: bool, as_json: bool) -> None:
+    """Dead letters waiting in the overflow queue: their cause held dlx_graveyard_max_per_cause
+    obituaries when they died. Nothing there is dropped."""
+    from celery_dlx.ops.overflow import overflow
+
+    data = overflow(runtime_of(ctx), requeue=requeue)
+    if as_json:
+        echo_json(data)
+        return
+    if requeue:
+        click.echo(f"{count(data['requeued'], 'dead letter')} handed back to the DLX service")
+    click.echo(
+        f"{count(data['waiting'], 'dead letter')} waiting in {data['queue']} "
+        f"(dlx_graveyard_max_per_cause = {data['max_per_cause']})"
+    )
+
+
 #: The commands this module adds to the ``dlx`` group.
-COMMANDS = (parked_command, stats_command, export_command, migrate_keys_command)
+COMMANDS = (parked_command, stats_command, export_command, migrate_keys_command, overflow_command)

@@ -131,6 +131,7 @@ class DLXConfig:
     code_version_setting: str | None
     graveyard_retention: float
     graveyard_max_bytes: int
+    graveyard_max_per_cause: int
     resolve_after: float
     resolved_retention: float
     cause_ttl: float

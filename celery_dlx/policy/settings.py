@@ -382,6 +382,17 @@ SETTINGS: dict[str, Setting] = {
             "Seconds an obituary stays in the graveyard before it moves to the failure history only.",
         ),
         Setting(
+            "dlx_graveyard_max_per_cause",
+            10000,
+            _count,
+            "Most obituaries one cause keeps in the graveyard (per shard with dlx_redis_shards); "
+            "0: no cap. As Sidekiq's dead_max_jobs (10,000), so one storm cannot take the whole "
+            "graveyard budget from every other cause; unlike it nothing is dropped: past the cap "
+            "the DLX service moves the cause's dead letters, whole, to the queue "
+            "<dlx_service_queue>.overflow in RabbitMQ, and `dlx overflow --requeue` hands them "
+            "back to the service once the cause has room (after a purge or a replay).",
+        ),
+        Setting(
             "dlx_resolve_after",
             3600.0,
             _seconds,

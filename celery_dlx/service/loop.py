@@ -17,12 +17,13 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from celery import Celery
 
 from celery_dlx.broker.consume import Delivery, QueueConsumer, ack_all
 from celery_dlx.broker.errors import BROKER_ERRORS
-from celery_dlx.broker.topology import service_queue
+from celery_dlx.broker.topology import overflow_queue, service_queue
 from celery_dlx.errors import TopologyError
 from celery_dlx.service.outage import RETRY_DELAYS, TRANSIENT_ERRORS, Outage
 from celery_dlx.service.settle import BatchSettler
@@ -116,10 +117,16 @@ class DLXService(BatchSettler):
             "(dlx_service_queue, dlx_quorum)"
         )
         # celery_dlx's frame reader: no header a dead letter carries can stop the service.
+        overflow = overflow_queue(config.service_queue, quorum=config.quorum)
+
+        def declare(channel: Any) -> Any:
+            overflow(channel).declare()  # where a cause past its cap waits (see settle)
+            return queue(channel).declare()
+
         with QueueConsumer(
             self.app,
             config.service_queue,
-            lambda channel: queue(channel).declare(),
+            declare,
             self.prefetch,
             self._inbox,
             mismatch=mismatch,

@@ -45,10 +45,12 @@ from celery import Celery
 from celery_dlx import faults
 from celery_dlx.broker.consume import Delivery, ack_all
 from celery_dlx.broker.hook import send_to_hook
+from celery_dlx.broker.topology import overflow_name
+from celery_dlx.errors import PublishError
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.headers import read_state
-from celery_dlx.message.names import HISTORY_HEADER
+from celery_dlx.message.names import HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.message.parked import ParkedMessage
@@ -88,6 +90,8 @@ class _Work:
     verdict: Verdict | None = None
     record: CauseRecord | None = None
     duplicate: bool = False
+    #: Moved to the overflow queue: its cause holds dlx_graveyard_max_per_cause obituaries.
+    overflowed: bool = False
 
 
 def buried_event(ob: Obituary, *, traceback_logged: bool = False) -> FateEvent:
@@ -269,7 +273,7 @@ class BatchSettler:
             batches=1,
             duplicates=duplicates,
             unproven_redeliveries=unproven,
-            buried=kinds[BuryVerdict],
+            buried=kinds[BuryVerdict] - sum(1 for w in live if w.overflowed),
             parked=kinds[ParkVerdict],
             requeued=kinds[RequeueVerdict],
         )
@@ -496,13 +500,16 @@ class BatchSettler:
         # The workers' cause records go with the seen markers (_mark_seen), in one step: a
         # settle retried after a failure between the two finds the record and the obituary.
         yard = self.runtime.graveyard
+        over: list[int] = []
         try:
-            written = yard.write_many(items, drop_causes=False)
+            written = yard.write_many(items, drop_causes=False, over_cap=over)
         except GraveyardFull as full:
             # The obituaries written before the refusal are those letters' fates: marked now,
             # so a purge before the batch is tried again cannot make them buried twice.
             self._mark_seen([w for w, done in zip(works, full.settled, strict=False) if done])
             raise
+        if over:
+            self._overflow([works[i] for i in over])
         # A replayed message buried again: its old obituary failed again (a retried settle
         # notes it again, idempotently, so a crash between the two loses nothing).
         yard.note_failed_again([ob for ob, _ in items if ob.replayed_from], now)
@@ -510,6 +517,40 @@ class BatchSettler:
         # behind) is neither written nor announced again.
         return [item for item, new in zip(items, written, strict=True) if new]
 
+    def _overflow(self, works: list[_Work]) -> None:
+        """Move dead letters whose cause holds ``dlx_graveyard_max_per_cause`` obituaries to
+        the overflow queue, whole, with their burial decided (``x-dlx-reason``): nothing is
+        dropped, and the other causes' burials go on. ``dlx overflow --requeue`` hands them back.
+
+        Raises:
+            PublishError: the broker did not confirm every copy: the batch is tried again.
+        """
+        queue = overflow_name(self.config.service_queue)
+        copies = []
+        for w in works:
+            verdict = w.verdict
+            assert isinstance(verdict, BuryVerdict)
+            headers = {k: v for k, v in w.letter.headers.items() if not k.startswith("x-death")}
+            headers.update({QUEUE_HEADER: w.letter.queue, REASON_HEADER: verdict.reason})
+            props = copy_properties(w.letter.properties)
+            copies.append(Outgoing(w.letter.body, queue, "", headers, props))
+        if not all(self.publisher.publish_many(copies)):
+            raise PublishError(f"the overflow queue {queue!r} did not take every dead letter")
+        for w in works:
+            w.overflowed = True
+        self.stats.add(overflowed=len(works))
+        logger.warning(
+            "DLX service: %d dead letter(s) of a cause at dlx_graveyard_max_per_cause (%d) moved "
+            "to %s; `dlx overflow --requeue` hands them back once the cause has room",
+            len(works),
+            self.config.graveyard_max_per_cause,
+            queue,
+        )
+
     def _mark_seen(self, works: list[_Work]) -> None:
-        buried = [w.letter.identity for w in works if isinstance(w.verdict, BuryVerdict)]
-        self.runtime.letters.mark([w.letter.key for w in works], drop_causes=buried)
+        # A letter moved to the overflow queue is not marked: its copy comes back with the same
+        # key (and its cause record kept for it); a redelivery of it moves it there again, a
+        # duplicate its burial's obituary id makes harmless.
+        settled = [w for w in works if not w.overflowed]
+        buried = [w.letter.identity for w in settled if isinstance(w.verdict, BuryVerdict)]
+        self.runtime.letters.mark([w.letter.key for w in settled], drop_causes=buried)

@@ -19,6 +19,8 @@ class ServiceStats:
     unproven_redeliveries: int = 0
     #: Parks and requeues workers could not write (Redis or the broker refused them), written here.
     refused_copies: int = 0
+    #: Dead letters moved to the overflow queue (their cause at dlx_graveyard_max_per_cause).
+    overflowed: int = 0
     batches: int = 0
     archived: int = 0
     outages: int = 0

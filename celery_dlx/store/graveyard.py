@@ -88,7 +88,7 @@ RESERVE = 0.1
 
 # KEYS: records payloads time queue task cause message group groups queues tasks history causerec
 # cause-versions versions bytes
-# ARGV: id score record payload facts version home limit, facts = JSON [queue, task, cause, exc_type,
+# ARGV: id score record payload facts version home limit cap, facts = JSON [queue, task, cause, exc_type,
 # exc_message, history field, value, ...] (one argument instead of thirty: packing arguments
 # costs the client); version "" = unknown; home "1" or "2" when the history stream and the
 # worker's cause record share this shard's slot (the single-tag layout): the script then appends
@@ -106,6 +106,8 @@ end
 local size = string.len(ARGV[3]) + string.len(ARGV[4]) + OVERHEAD
 local limit = tonumber(ARGV[8])
 if limit >= 0 and tonumber(redis.call('GET', KEYS[16]) or '0') + size > limit then return -1 end
+local cap = tonumber(ARGV[9])
+if cap > 0 and redis.call('ZCARD', KEYS[6]) >= cap then return -2 end
 local f = cjson.decode(ARGV[5])
 local id, at, queue, task, cause = ARGV[1], ARGV[2], f[1], f[2], f[3]
 redis.call('HSET', KEYS[1], id, ARGV[3])
@@ -257,6 +259,8 @@ class GraveyardShard:
         self.client = client
         self.keys = keys
         self.tag = tag
+        #: Most obituaries of one cause here (``dlx_graveyard_max_per_cause``; 0: no cap).
+        self.cap = 0
         #: True for the app's tag, where the history stream and the cause records live too.
         self.home = tag == keys.home_tag
         self.scripts = scripts
@@ -342,6 +346,7 @@ class GraveyardShard:
         event: FateEvent | None,
         limit: int = -1,
         drop_cause: bool = True,
+        cap: int | None = None,
     ) -> tuple[list[str], list[Any]]:
         facts: list[Any] = [ob.queue, ob.task or "", ob.cause, ob.exc_type, ob.exc_message[:500]]
         if event is not None:
@@ -349,6 +354,7 @@ class GraveyardShard:
         home = self.home and event is not None
         args = [ob.id, ob.buried_ms, record, payload, json.dumps(facts), ob.code_version or ""]
         args += ["0" if not home else "1" if drop_cause else "2", limit]
+        args.append(self.cap if cap is None else cap)
         keys = [
             *self._index_keys(ob),
             self.keys.cause(ob.message_id) if self.home else self.records,
@@ -373,7 +379,7 @@ class GraveyardShard:
     def copy_in(self, ob: Obituary, record: Any, payload: Any, ledger: Any) -> bool:
         """Write one obituary's stored record here, with its ledger entry and no history entry
         (a move between layouts); False if it is here already."""
-        keys, args = self._write_call(ob, record, payload, None)
+        keys, args = self._write_call(ob, record, payload, None, cap=0)
         (copied,) = self.write([(keys, args)])
         if ledger is not None:
             self.client.hset(self.ledger, ob.id, ledger)
@@ -745,20 +751,27 @@ class Graveyard:
         *,
         per_queue: bool = False,
         budget: Budget | None = None,
+        max_per_cause: int = 0,
     ) -> None:
         self.client = client
         self.keys = keys
         self.replicas = replicas or Replicas()
         self.budget = budget or Budget()
+        self.max_per_cause = max_per_cause
         self.scripts = _Scripts(client)
         self.shards: ShardSet[GraveyardShard] = ShardSet(
             client,
             Layout(keys, per_queue=per_queue, buckets=BUCKETS),
             keys.graveyard("shards"),
             "graveyard",
-            lambda tag: GraveyardShard(client, keys, tag, self.scripts),
+            lambda tag: self._shard_of(tag),
             self.replicas,
         )
+
+    def _shard_of(self, tag: str) -> GraveyardShard:
+        shard = GraveyardShard(self.client, self.keys, tag, self.scripts)
+        shard.cap = self.max_per_cause
+        return shard
 
     def shard(self, queue: str, obituary_id: str) -> GraveyardShard:
         """The shard ``queue``'s obituary ``obituary_id`` is written to."""
@@ -771,14 +784,20 @@ class Graveyard:
     # -- writes ---------------------------------------------------------------------------------
 
     def write_many(
-        self, items: Sequence[tuple[Obituary, FateEvent]], *, drop_causes: bool = True
+        self,
+        items: Sequence[tuple[Obituary, FateEvent]],
+        *,
+        drop_causes: bool = True,
+        over_cap: list[int] | None = None,
     ) -> list[bool]:
         """Write obituaries with their ``buried`` history entries, and delete the workers'
         cause records of their messages (unless ``drop_causes`` is False: the DLX service drops
         them with its seen markers, in one step, :meth:`~celery_dlx.store.seen.Letters.mark`).
 
         Returns:
-            Per obituary, True if it was written now, False if it was there already.
+            Per obituary, True if it was written now, False if it was there already or (its
+            index then appended to ``over_cap``) its cause holds ``dlx_graveyard_max_per_cause``
+            obituaries already.
 
         Raises:
             NotReplicated: written in a queue's bucket, but fewer replicas than
@@ -801,8 +820,10 @@ class Graveyard:
                 written, unconfirmed = [1] * len(where), unconfirmed or exc
             for i, done in zip(where, written, strict=True):
                 out[i] = done == 1
-                if done < 0:
+                if done == -1:
                     refused_at.add(i)
+                elif done == -2 and over_cap is not None:
+                    over_cap.append(i)
         if self.shards.layout.per_queue:
             pipe = self.client.pipeline(transaction=False)
             new = (event for (_, event), ok in zip(items, out, strict=True) if ok)

@@ -224,11 +224,21 @@ class Runtime:
         """
         budget = self.graveyard_budget
         if not self.sharded and getattr(self._local, "redis", None) is not None:
-            return Graveyard(self.redis, self.keys, budget=budget)
+            return Graveyard(
+                self.redis,
+                self.keys,
+                budget=budget,
+                max_per_cause=self.config.graveyard_max_per_cause,
+            )
         client = self._client()
         if self._graveyard is None or self._graveyard.client is not client:
             self._graveyard = Graveyard(
-                client, self.keys, self.replicas, per_queue=self.sharded, budget=budget
+                client,
+                self.keys,
+                self.replicas,
+                per_queue=self.sharded,
+                budget=budget,
+                max_per_cause=self.config.graveyard_max_per_cause,
             )
         return self._graveyard
 
