@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 
 from celery_dlx.fates import PARKED, REQUEUED, Park
 from celery_dlx.message.cause import CauseRecord
-from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.failure import Failure, MaybeAttempt
 from celery_dlx.message.headers import (
     DLXState,
@@ -35,7 +34,6 @@ from celery_dlx.policy.deadletter import (
 from celery_dlx.policy.decide import ToBury, ToPark, ToRequeue, decide
 
 
-@dict_init
 @dataclass(frozen=True)
 class BuryVerdict(MaybeAttempt):
     """Bury: write an obituary with these facts.
@@ -53,7 +51,6 @@ class BuryVerdict(MaybeAttempt):
         return self.failure.at_ms
 
 
-@dict_init
 @dataclass(frozen=True)
 class ParkVerdict(MaybeAttempt):
     """Park for ``delay`` seconds with ``state`` written into the copy's headers.
@@ -68,7 +65,6 @@ class ParkVerdict(MaybeAttempt):
     counted: bool = True
 
 
-@dict_init
 @dataclass(frozen=True)
 class RequeueVerdict(MaybeAttempt):
     """Publish a copy with ``state`` at the tail of the queue (``failure``: the event's facts)."""
