@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.failure import Failure, MaybeAttempt
 from celery_dlx.message.headers import HistoryEntry
 
@@ -22,6 +23,7 @@ from celery_dlx.message.headers import HistoryEntry
 EXC_MESSAGE_LIMIT = 2000
 
 
+@dict_init
 @dataclass(frozen=True)
 class CauseRecord(MaybeAttempt):
     """The worker's account of one burial: its :class:`Failure` and the message's history.

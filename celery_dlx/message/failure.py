@@ -20,7 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from celery_dlx.message.dictinit import dict_init
 
+
+@dict_init
 @dataclass(frozen=True)
 class Failure:
     """The facts of one failure of one message.

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from celery_dlx.errors import MalformedHeader
+from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.names import (
     ATTEMPT_HEADER,
     BROKER_HEADER_PREFIXES,
@@ -39,6 +40,7 @@ from celery_dlx.message.names import (
 DEATH_REASONS = frozenset({"rejected", "expired", "maxlen", "delivery_limit"})
 
 
+@dict_init
 @dataclass(frozen=True)
 class HistoryEntry:
     """One failed attempt: when (epoch ms), which fate followed, and the cause fingerprint."""
@@ -51,6 +53,7 @@ class HistoryEntry:
         return [self.at_ms, self.fate, self.cause]
 
 
+@dict_init
 @dataclass(frozen=True)
 class DLXState:
     """What celery_dlx's own headers say about a message."""
@@ -260,6 +263,7 @@ def clean_headers(
     return out
 
 
+@dict_init
 @dataclass(frozen=True)
 class Death:
     """One ``x-death`` table, as RabbitMQ writes it."""

@@ -128,7 +128,7 @@ def dumps(doc: Mapping[str, object]) -> str:
     dead letter (its obituary or parked entry, ``benchmarks/tricks_cpu.py --part write``) takes
     290,674 instructions with this encoder and 538,132 with ``json.dumps(to_jsonable(doc))``
     (commit 0c23bad against d3d96ef); a whole dead letter in a DLX service process
-    (``benchmarks/p6_cpu.py --instructions 300,1300``) about 963,000 against 1,220,000: 21% of
+    (``benchmarks/p6_cpu.py --instructions 300,1300``) 962,509 against 1,220,262: 21% of
     it. ``to_jsonable`` walks every value in Python, the encoder only the few it must tag.
     """
     _tags.count = 0

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from celery_dlx.errors import MalformedHeader
+from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.headers import (
     Death,
     DLXState,
@@ -48,6 +49,7 @@ class Rejected(Exception):
     """A consumer rejected the message (``x-death`` reason ``rejected``); its error is unknown."""
 
 
+@dict_init
 @dataclass(frozen=True)
 class DeadLetter:
     """What the DLX service knows about one dead letter before any I/O.

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import BURIED, PARKED, REQUEUED, Bury, FateRequest, Park, Requeue
+from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.failure import Failure, KnownAttempt
 from celery_dlx.message.headers import DLXState, exception_type_name, fingerprint
 from celery_dlx.policy import durations
@@ -24,6 +25,7 @@ from celery_dlx.policy import durations
 Matcher = type[BaseException] | Callable[[BaseException], bool]
 
 
+@dict_init
 @dataclass(frozen=True)
 class ToRequeue:
     """Publish a copy at the tail of the same queue."""
@@ -31,6 +33,7 @@ class ToRequeue:
     reason: str = ""
 
 
+@dict_init
 @dataclass(frozen=True)
 class ToPark:
     """Store the message and republish it after ``delay`` seconds."""
@@ -39,6 +42,7 @@ class ToPark:
     reason: str = ""
 
 
+@dict_init
 @dataclass(frozen=True)
 class ToBury:
     """Send the message to the graveyard."""
@@ -172,6 +176,7 @@ def parse_matchers(value: object, name: str) -> tuple[Matcher, ...]:
     return tuple(out)
 
 
+@dict_init
 @dataclass(frozen=True)
 class Policy:
     """A task's or queue's failure policy."""
@@ -285,6 +290,7 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+@dict_init
 @dataclass(frozen=True)
 class FailurePlan(KnownAttempt):
     """What to do with a failed run, worked out before any I/O (:func:`plan_failure`).

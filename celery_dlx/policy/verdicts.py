@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from celery_dlx.fates import PARKED, REQUEUED, Park
 from celery_dlx.message.cause import CauseRecord
+from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.failure import Failure, MaybeAttempt
 from celery_dlx.message.headers import (
     DLXState,
@@ -34,6 +35,7 @@ from celery_dlx.policy.deadletter import (
 from celery_dlx.policy.decide import ToBury, ToPark, ToRequeue, decide
 
 
+@dict_init
 @dataclass(frozen=True)
 class BuryVerdict(MaybeAttempt):
     """Bury: write an obituary with these facts.
@@ -51,6 +53,7 @@ class BuryVerdict(MaybeAttempt):
         return self.failure.at_ms
 
 
+@dict_init
 @dataclass(frozen=True)
 class ParkVerdict(MaybeAttempt):
     """Park for ``delay`` seconds with ``state`` written into the copy's headers.
@@ -65,6 +68,7 @@ class ParkVerdict(MaybeAttempt):
     counted: bool = True
 
 
+@dict_init
 @dataclass(frozen=True)
 class RequeueVerdict(MaybeAttempt):
     """Publish a copy with ``state`` at the tail of the queue (``failure``: the event's facts)."""

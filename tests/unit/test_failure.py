@@ -21,7 +21,7 @@ from celery_dlx.message.failure import FAILURE_FIELDS, Failure
 from celery_dlx.message.headers import DLXState, HistoryEntry, state_headers
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.policy.config import load_config
-from celery_dlx.policy.deadletter import DeadLetter, read_dead_letter
+from celery_dlx.policy.deadletter import read_dead_letter
 from celery_dlx.policy.verdicts import (
     BuryVerdict,
     ParkVerdict,
@@ -341,21 +341,3 @@ def test_but_copies_a_failure_with_changes() -> None:
         changed.reason = "other"  # type: ignore[misc]
     with pytest.raises(TypeError, match="nope"):
         failure.but(nope=1)
-
-
-def test_a_history_entry_is_frozen_and_hashable() -> None:
-    entry = HistoryEntry(1, "parked", "c")
-    assert hash(entry) == hash(HistoryEntry(1, "parked", "c"))
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        entry.fate = "buried"  # type: ignore[misc]
-
-
-def test_the_package_records_read_as_before() -> None:
-    failure = Failure(queue="q", attempt=2, cause="c")
-    assert failure.task is None and failure.queue == "q" and failure.attempt == 2
-    assert failure.but(attempt=3) == Failure(queue="q", attempt=3, cause="c")
-    state = DLXState(attempt=1, history=(HistoryEntry(5, "parked"),))
-    assert state.after_failure(fate="parked", at_ms=6, cause="c", queue="q").parks == 1
-    letter = DeadLetter(b"", {}, {}, "id", "q", "rejected", "k")
-    assert letter.state == DLXState() and letter.x_death == [] and letter.provable
-    assert DeadLetter(b"", {}, {}, "id", "q", "rejected", "k").x_death is not letter.x_death
