@@ -33,6 +33,7 @@ from kombu import Connection
 from celery_dlx.broker.buffered import buffered
 from celery_dlx.message.fieldtable import header_table_span, read_properties
 from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
+from celery_dlx.message.properties import read_basic_properties
 
 #: Methods whose frame is followed by a content header and body.
 _CONTENT_METHODS = frozenset({spec.Basic.Return, spec.Basic.Deliver, spec.Basic.GetOk})
@@ -47,14 +48,19 @@ def decode_content_header(buf: bytes) -> tuple[int, int, dict[str, object]]:
     """``(class id, body size, properties)`` of a content header frame's payload; never raises
     for a well-framed header, whatever its property list holds.
 
-    Read by py-amqp's decoder; what that cannot decode by celery_dlx's total reader.
+    Read by :func:`~celery_dlx.message.properties.read_basic_properties` (what py-amqp's decoder
+    gives, faster); a list it leaves aside by py-amqp's decoder; what that cannot decode by
+    celery_dlx's total reader.
     """
     class_id, body_size = unpack_from(">HxxQ", buf, 0)
     try:
-        properties, _ = decode_properties_basic(buf, _PROPERTIES_AT)
-    except Exception:  # anything py-amqp cannot decode: read by celery_dlx's total reader
-        return class_id, body_size, read_properties(buf, _PROPERTIES_AT)
-    span = header_table_span(buf, _PROPERTIES_AT)
+        properties, span = read_basic_properties(buf, _PROPERTIES_AT)
+    except Exception:  # not a list the fast reader takes: py-amqp's decoder reads it
+        try:
+            properties, _ = decode_properties_basic(buf, _PROPERTIES_AT)
+        except Exception:  # anything py-amqp cannot decode: read by celery_dlx's total reader
+            return class_id, body_size, read_properties(buf, _PROPERTIES_AT)
+        span = header_table_span(buf, _PROPERTIES_AT)
     if span is not None:
         properties[WIRE_HEADERS_PROPERTY] = bytes(buf[span[0] : span[1]])
     return class_id, body_size, properties

@@ -31,7 +31,6 @@ from celery_dlx.broker.publish import amqp_message
 from celery_dlx.message.fieldtable import (
     MAX_DEPTH,
     FieldTableError,
-    header_table_span,
     read_properties,
     read_table,
     read_value,
@@ -592,27 +591,3 @@ def test_user_origin_needs_no_round_trip_for_the_usual_producers_tables() -> Non
         assert calls == []
         assert fieldtable.user_origin(short(b"n") + b"l" + struct.pack(">q", 7)) is not None
         assert len(calls) == 1
-
-
-def test_celery_task_headers_decode_as_py_amqp_decodes_them_with_their_raw_table() -> None:
-    headers = {
-        "lang": "py",
-        "task": "proj.tasks.charge",
-        "id": "c9f1e3a0",
-        "eta": None,
-        "retries": 0,
-        "timelimit": [None, None],
-        "ignore_result": False,
-        "stamps": {},
-    }
-    props = bytes(
-        amqp.Message(b"", application_headers=headers, delivery_mode=2)._serialize_properties()
-    )
-    span = header_table_span(props, 0)
-    assert span is not None and props[span[0] : span[1]].startswith(b"\x04langS")
-    frame = struct.pack(">HHQ", amqp.spec.Basic.CLASS_ID, 0, 0) + props
-    _, _, decoded = decode_content_header(frame)
-    assert decoded["application_headers"] == headers
-    assert decoded[WIRE_HEADERS_PROPERTY] == props[span[0] : span[1]]
-    theirs, _ = serialization.decode_properties_basic(props, 0)
-    assert {k: v for k, v in decoded.items() if k != WIRE_HEADERS_PROPERTY} == theirs
