@@ -1,9 +1,9 @@
 """A P6 dead letter's own work, counted: instructions per dead letter of each step, no I/O.
 
 The per-dead-letter path of the DLX service without its broker and Redis round trips, on the
-two letters of a P6 backlog (``p6_service.py``: a 1 KiB JSON body, two user headers, RabbitMQ's
-``x-death`` and ``x-first-death-*``/``x-last-death-*`` headers; one letter of a queue that
-buries, one of a queue that parks). ``--part`` picks the steps:
+two letters of a P6 backlog (``p6_service.py``: a 1 KiB JSON body, two user headers, the
+``x-death`` and ``x-first-death-*``/``x-last-death-*`` headers RabbitMQ adds, here written by
+py-amqp's encoder; one letter of a queue that buries, one of a queue that parks). ``--part`` picks the steps:
 
 - ``receive``: the content header frame decoded by celery_dlx's frame reader
   (``broker.frames.decode_content_header``);
