@@ -40,7 +40,8 @@ POOLS = ("prefork", "solo", "threads")
 
 
 def worker_command(mode: str, uid: str, pool: str) -> list[str]:
-    """The command line of one worker: one process (or one pool child / one thread)."""
+    """The command line of one worker: one process (or one pool child / one thread; Celery's
+    ``-c`` from ``BENCH_CONCURRENCY`` when set)."""
     if is_dramatiq(mode):
         return [
             sys.executable,
@@ -62,7 +63,7 @@ def worker_command(mode: str, uid: str, pool: str) -> list[str]:
         "-P",
         pool,
         "-c",
-        "1",
+        os.environ.get("BENCH_CONCURRENCY", "1"),
         "-l",
         "ERROR",
         "--without-gossip",

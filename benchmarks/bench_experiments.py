@@ -15,13 +15,15 @@ requeue and park that end without a traceback (``compat.settling_tracer``); what
   hands over without writing it (no Redis transaction, no history, counters or fate line), so
   every park is lost. What is left is the failure path without its durable write: the pool
   process's decision and copy, the handover, the main process's bookkeeping and the ack.
+- ``no_linger``: the settler writes what has arrived at once (``settler.LINGER = 0``) instead of
+  waiting up to 3 ms for more parks to join the batch (and holding their acks as long).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-KNOWN = {"no_events", "events_always", "child_parks", "no_park_write"}
+KNOWN = {"no_events", "events_always", "child_parks", "no_park_write", "no_linger"}
 
 
 def apply(app: Any, experiments: set[str]) -> None:
@@ -34,6 +36,10 @@ def apply(app: Any, experiments: set[str]) -> None:
         app.conf.dlx_events_follow_worker = False
     if "child_parks" in experiments:
         app.conf.dlx_parent_parks = False
+    if "no_linger" in experiments:
+        from celery_dlx.worker import settler
+
+        settler.LINGER = 0.0  # read by the settler's thread at each batch
     if "no_park_write" in experiments:
         from celery_dlx.wiring.runtime import Runtime
 

@@ -123,6 +123,13 @@ def dumps(doc: Mapping[str, object]) -> str:
 
     The fast path lets json's encoder tag values as it meets them; a table using a tag's key, a
     non-text key or a nested non-dict mapping takes the slow, total path.
+
+    Counted gain (a speed trick stays where it saves 5% of its path): the stored JSON of a P6
+    dead letter (its obituary or parked entry, ``benchmarks/tricks_cpu.py --part write``) takes
+    290,674 instructions with this encoder and 538,132 with ``json.dumps(to_jsonable(doc))``
+    (commit 0c23bad against d3d96ef); a whole dead letter in a DLX service process
+    (``benchmarks/p6_cpu.py --instructions 300,1300``) 962,509 against 1,220,262: 21% of
+    it. ``to_jsonable`` walks every value in Python, the encoder only the few it must tag.
     """
     _tags.count = 0
     try:
