@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 
 find_python() {
   if [ -n "${PYTHON_LOWEST:-}" ]; then echo "$PYTHON_LOWEST"; return; fi
-  if command -v python3.10 >/dev/null 2>&1; then command -v python3.10; return; fi
+  # (a pyenv shim is on PATH for every version pyenv has, but runs only the active ones)
+  if python3.10 -c "" >/dev/null 2>&1; then command -v python3.10; return; fi
   local root="${PYENV_ROOT:-$HOME/.pyenv}" p
   for p in "$root"/versions/3.10*/bin/python; do
     if [ -x "$p" ]; then echo "$p"; return; fi

@@ -11,12 +11,14 @@ if [ ! -x .venv-tox/bin/tox ]; then
   python3 -m venv .venv-tox
   .venv-tox/bin/python -m pip install -q "tox>=4.11"
 fi
-# tox finds each environment's Python (python3.10 ... python3.13) on PATH: add pyenv's.
+# tox finds each environment's Python (python3.10 ... python3.13) on PATH: put pyenv's first
+# where none runs (a pyenv shim is on PATH for every version pyenv has, but runs only the active
+# ones).
 root="${PYENV_ROOT:-$HOME/.pyenv}"
 for minor in 3.10 3.11 3.12 3.13; do
-  if ! command -v "python$minor" >/dev/null 2>&1; then
+  if ! "python$minor" -c "" >/dev/null 2>&1; then
     for p in "$root"/versions/"$minor".*/bin; do
-      if [ -x "$p/python$minor" ]; then PATH="$PATH:$p"; break; fi
+      if [ -x "$p/python$minor" ]; then PATH="$p:$PATH"; break; fi
     done
   fi
 done
