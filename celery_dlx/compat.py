@@ -261,10 +261,10 @@ def hub_wakes_for_other_threads() -> bool:
     """True when kombu's ``Hub.call_soon``, called from another thread than the loop's, makes
     the loop's poll return (so an ack a thread asks for is written at once).
 
-    Feature detection (kombu 5.3.4-5.6.2 checked: no; 5.7.0: yes): kombu 5.7 gave its ``Hub`` a
-    socket pair written by ``call_soon`` from other threads (``Hub._create_waker``, a private
-    name: no public attribute or version constant says so). Before, such a callback waited for
-    the loop's next event or timer, up to ten seconds.
+    Feature detection (kombu 5.3.0, 5.3.4 and 5.6.2 checked: no; 5.7.0: yes): kombu 5.7 gave its
+    ``Hub`` a socket pair written by ``call_soon`` from other threads (``Hub._create_waker``, a
+    private name: no public attribute says so). Before, such a callback waited for the loop's
+    next event or timer, up to ten seconds.
     """
     from kombu.asynchronous.hub import Hub
 
