@@ -24,6 +24,8 @@ reader now goes to its own connections only (``celery_dlx/broker/frames.py``, th
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -207,3 +209,63 @@ def settling_tracer(tracer: Tracer) -> Tracer:
 def settles(tracer: object) -> bool:
     """True for a tracer made by :func:`settling_tracer` (one that catches :class:`RunSettled`)."""
     return bool(getattr(tracer, _SETTLING_ATTR, False))
+
+
+# -- version gates: behaviour that differs between the releases setup.cfg allows ------------------
+# Each is checked on both sides by the matrix (tox.ini; docs/compatibility.md) and by
+# tests/unit/test_compat_versions.py.
+
+
+@functools.cache
+def _requires_argument(function: Callable[..., object], name: str) -> bool:
+    parameter = inspect.signature(function).parameters.get(name)
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+@functools.cache
+def _accepts_keyword(function: Callable[..., object], name: str) -> bool:
+    return name in inspect.signature(function).parameters
+
+
+def pool_connection(pool: Any) -> Any:
+    """A connection from redis-py's connection ``pool`` (given back with ``pool.release``).
+
+    Version gate (redis-py 5.0.0-8.1.0 checked): before 5.3, ``ConnectionPool.get_connection``
+    requires a command name (which it ignores); from 5.3 the name is deprecated and warns.
+    """
+    if _requires_argument(type(pool).get_connection, "command_name"):
+        return pool.get_connection("WAIT")
+    return pool.get_connection()
+
+
+def read_reply(connection: Any, timeout: float) -> Any:
+    """The next reply on redis-py ``connection``, waiting at most ``timeout`` seconds for it.
+
+    Version gate (redis-py 5.0.0-8.1.0 checked): ``Connection.read_response(timeout=)`` is new in
+    redis-py 8.0; before, ``can_read(timeout)`` waits for the reply, then ``read_response()``
+    reads it (with the connection's own socket timeout, the reply being there already).
+
+    Raises:
+        redis.TimeoutError: no reply within ``timeout`` seconds.
+    """
+    if _accepts_keyword(type(connection).read_response, "timeout"):
+        return connection.read_response(timeout=timeout)
+    if not connection.can_read(timeout=timeout):
+        from redis.exceptions import TimeoutError as RedisTimeout
+
+        raise RedisTimeout(f"no reply from Redis within {timeout:g} seconds")
+    return connection.read_response()
+
+
+def hub_wakes_for_other_threads() -> bool:
+    """True when kombu's ``Hub.call_soon``, called from another thread than the loop's, makes
+    the loop's poll return (so an ack a thread asks for is written at once).
+
+    Feature detection (kombu 5.3.0, 5.3.4 and 5.6.2 checked: no; 5.7.0: yes): kombu 5.7 gave its
+    ``Hub`` a socket pair written by ``call_soon`` from other threads (``Hub._create_waker``, a
+    private name: no public attribute says so). Before, such a callback waited for the loop's
+    next event or timer, up to ten seconds.
+    """
+    from kombu.asynchronous.hub import Hub
+
+    return hasattr(Hub, "_create_waker")

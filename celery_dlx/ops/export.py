@@ -34,11 +34,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Any, Protocol, TypedDict, Unpack
+from typing import IO, TYPE_CHECKING, Any, Protocol, TypedDict
 
 from celery import Celery
 
 from celery_dlx.errors import DLXError
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; only annotations use it
+    from typing_extensions import Unpack
 
 #: Environment variable naming an entry file to run instead of the generated one.
 JOB_ENV = "CELERY_DLX_SPARK_JOB"

@@ -8,7 +8,7 @@ JSON-safe dicts; the command line prints them as tables or as JSON. Payloads are
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from celery_dlx.codecs import Decoded, ProtobufRegistry, decode_payload, registry_from_config
 from celery_dlx.fates import now_ms
@@ -18,6 +18,9 @@ from celery_dlx.ops import deploys, obituaries
 from celery_dlx.ops.render import iso, preview
 from celery_dlx.store.graveyard import Group, When
 from celery_dlx.wiring.runtime import Runtime
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; only annotations use it
+    from typing_extensions import Unpack
 
 #: Bytes of each payload decoded for a listing (``show`` decodes up to the codecs' default).
 LIST_DECODE_LIMIT = 4096

@@ -24,6 +24,7 @@ from redis.cluster import RedisCluster
 from redis.connection import ConnectionPool
 from redis.exceptions import AskError, RedisError
 
+from celery_dlx.compat import pool_connection, read_reply
 from celery_dlx.errors import StoreError
 
 #: A client of ``dlx_redis_url`` (a sentinel URL gives a plain ``Redis`` of the master); bytes
@@ -265,7 +266,7 @@ class _HeldConnection:
 
     def __init__(self, pool: ConnectionPool) -> None:
         self.pool = pool
-        self.connection: Any = pool.get_connection()
+        self.connection: Any = pool_connection(pool)
 
     def get_connection(self, *_args: Any, **_kwargs: Any) -> Any:
         return self.connection
@@ -338,7 +339,7 @@ class OneConnection:
         """
         connection = self._held.connection
         connection.send_command("WAIT", wanted, max(1, round(timeout * 1000)))
-        confirmed = int(connection.read_response(timeout=timeout + WAIT_READ_MARGIN))
+        confirmed = int(read_reply(connection, timeout + WAIT_READ_MARGIN))
         if confirmed < wanted:
             raise NotReplicated(what, wanted, confirmed, timeout)
 

@@ -15,9 +15,12 @@ task's ack (or reject) asked on the loop thread writes a byte to it, once per tu
 so the loop's next poll returns at once and its next turn runs the ack. kombu's loop and Celery's
 ack are used as they are; the fix proposed upstream is in ``docs/upstream.md``.
 
-Only on the solo pool: prefork's acks are asked for when a pool process's result is read, in the
-poll's own callbacks, whose ``call_soon`` runs on the next turn; the threads pool's come from its
-threads, and ``call_soon`` from another thread wakes the loop itself.
+On the solo pool; and on every pool below kombu 5.7. Prefork's acks are asked for when a pool
+process's result is read, in the poll's own callbacks, whose ``call_soon`` runs on the next turn;
+the threads pool's come from its threads, as the settler's do (``celery_dlx.worker.settler``), and
+from kombu 5.7 on ``call_soon`` from another thread wakes the loop itself. Before 5.7 it does not
+(:func:`celery_dlx.compat.hub_wakes_for_other_threads`): such an ack waited up to ten seconds
+too, so there the pipe is written from those threads as well.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import bootsteps
 
+from celery_dlx.compat import hub_wakes_for_other_threads
 from celery_dlx.wiring.runtime import get_runtime
 
 if TYPE_CHECKING:
@@ -59,7 +63,9 @@ class LoopWake:
     """A pipe whose read end is a reader of the worker's event loop: :meth:`nudge` makes the
     loop's next poll return at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, other_threads: bool = False) -> None:
+        #: nudges from other threads than the loop's write to the pipe too (kombu before 5.7)
+        self.other_threads = other_threads
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
@@ -75,19 +81,21 @@ class LoopWake:
         hub.add_reader(self._read_fd, self._on_readable)
 
     def nudge(self) -> None:
-        """Make the loop's next poll return at once (on the loop's thread; elsewhere kombu's
-        ``call_soon`` wakes the loop itself)."""
-        if self.armed or threading.get_ident() != self._thread:
+        """Make the loop's next poll return at once (on the loop's thread; from another thread
+        only with ``other_threads``, else kombu's ``call_soon`` wakes the loop itself)."""
+        if self.armed or (not self.other_threads and threading.get_ident() != self._thread):
             return
         self.armed = True
         with contextlib.suppress(BlockingIOError):  # full: the loop wakes anyway
             os.write(self._write_fd, b"\0")
 
     def _on_readable(self) -> None:
-        self.armed = False
+        # Drain first: cleared first, a byte another thread wrote in between would be drained
+        # here with the flag left set, and no nudge would write again.
         with contextlib.suppress(BlockingIOError):
             while os.read(self._read_fd, 4096):
                 pass
+        self.armed = False
 
     def close(self, hub: Hub | None = None) -> None:
         if hub is not None:
@@ -115,11 +123,11 @@ class LoopWakeStep(bootsteps.StartStopStep):
         return bool(
             get_runtime(parent.app).config.enabled
             and getattr(parent, "use_eventloop", False)
-            and pool_name == "solo"
+            and (pool_name == "solo" or not hub_wakes_for_other_threads())
         )
 
     def create(self, parent: WorkController) -> LoopWakeStep:  # type: ignore[override]  # celery-stubs say None; Celery keeps what create returns as the step's obj
-        self.wake = LoopWake()
+        self.wake = LoopWake(other_threads=not hub_wakes_for_other_threads())
         parent.app.__dict__[_WAKE_ATTR] = self.wake
         return self
 

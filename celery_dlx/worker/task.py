@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from billiard.einfo import ExceptionInfo
 from celery import Celery, Task, signals
+from celery.app.task import Context
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 from celery.utils.imports import symbol_by_name
@@ -131,7 +132,13 @@ def _permanent(exc: BaseException, reason: str) -> Bury:
     return bury
 
 
-class DLXTask(Task[Any, Any]):
+if TYPE_CHECKING:
+    _Task = Task[Any, Any]
+else:  # Celery's Task is subscriptable (generic) only from 5.7.0; celery-types makes it so for mypy
+    _Task = Task
+
+
+class DLXTask(_Task):
     """A task whose failures are requeued at the tail, parked in Redis, or buried.
 
     Options (class attributes or ``@app.task(...)`` keywords; each falls back to the ``dlx_*``
@@ -204,6 +211,16 @@ class DLXTask(Task[Any, Any]):
         if name.startswith(INTERNAL_TASK_PREFIXES):
             return False
         return bool((runtime or get_runtime(app)).config.enabled)
+
+    def push_request(self, *args: Any, **kwargs: Any) -> None:
+        """Celery 5.5's ``Task.push_request``: the pushed request keeps the current one's fields.
+
+        Celery's ``Task.__call__`` pushes a request of its own (the args and kwargs of the call).
+        The tracer calls a task with a ``__call__`` of its own, as DLXTask has, after pushing the
+        run's request; before Celery 5.5 the ``super().__call__`` below then gave the task body an
+        empty request (id None, retries 0) in eager mode and in-process workers.
+        """
+        self.request_stack.push(Context(*args, **{**self.request.__dict__, **kwargs}))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         req = self.request

@@ -12,17 +12,18 @@ from typing import Any
 
 import amqp
 from celery.bin.base import CLIContext
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from celery_dlx.broker.topology import dead_letter_arguments, service_queue
 from celery_dlx.cli.main import dlx
+from tests.cli_runner import cli_runner
 from tests.fixtures.codecs.protos import compile_descriptor_set, compile_python
 
 
 def run(app: Any, *args: str, input: str | None = None, columns: int = 200) -> Result:
     """Run ``celery dlx ARGS`` on ``app`` with Click's runner (stderr kept apart), in a terminal
     ``columns`` wide."""
-    runner = CliRunner(env={"COLUMNS": str(columns)})
+    runner = cli_runner(env={"COLUMNS": str(columns)})
     obj = CLIContext(app=app, no_color=True, workdir=None)
     return runner.invoke(dlx, list(args), obj=obj, input=input, catch_exceptions=False)
 

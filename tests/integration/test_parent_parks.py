@@ -6,6 +6,7 @@ Redis; the log line of each park says which process wrote it."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery.events.receiver import EventReceiver
 
 from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
 from celery_dlx.wiring.runtime import get_runtime
@@ -131,6 +133,15 @@ def wait_for_third_runs(redis_client: Any, uid: str, ids: set[str]) -> None:
     )
 
 
+#: The receiver's queue is declared here and consumed by the thread's channel: not exclusive
+#: (Celery 5.5 made it exclusive by default, with the option; before, it never was).
+_NOT_EXCLUSIVE = (
+    {"queue_exclusive": False}
+    if "queue_exclusive" in inspect.signature(EventReceiver.__init__).parameters
+    else {}
+)
+
+
 @contextlib.contextmanager
 def parked_events(app: Any) -> Iterator[dict[str, str]]:
     """The ``task-parked`` events sent while in the block: the node name per task id (a Celery
@@ -140,8 +151,8 @@ def parked_events(app: Any) -> Iterator[dict[str, str]]:
         receiver = app.events.Receiver(
             conn,
             handlers={"task-parked": lambda e: seen.setdefault(e["uuid"], e["hostname"])},
-            queue_exclusive=False,  # declared here, consumed by the thread's channel
             queue_expires=60,
+            **_NOT_EXCLUSIVE,
         )
         receiver.queue(conn.default_channel).declare()
         thread = threading.Thread(

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.bin.base import CLIContext
-from click.testing import CliRunner
 from kombu import Connection
 
 from celery_dlx.broker.management import dead_letter_exchange_of, management_for
@@ -23,6 +22,7 @@ from celery_dlx.ops.canary import CanaryResult, ReplayRun, watch_canary
 from celery_dlx.ops.migrate import MigrationError, effective_policy, plan_policy, plan_rename
 from celery_dlx.ops.render import ago, human_seconds, iso, parse_duration, parse_when, table
 from celery_dlx.ops.replay import ReplayReport
+from tests.cli_runner import cli_runner
 
 
 @pytest.mark.parametrize(
@@ -320,7 +320,7 @@ def test_replay_run_json_and_completeness() -> None:
 def invoke(*args: str) -> Any:
     app = Celery("t", set_as_current=False)
     obj = CLIContext(app=app, no_color=True, workdir=None)
-    return CliRunner().invoke(dlx, list(args), obj=obj)
+    return cli_runner().invoke(dlx, list(args), obj=obj)
 
 
 def test_usage_errors_exit_2_before_touching_a_service() -> None:
@@ -355,6 +355,7 @@ def test_every_command_is_registered_with_help() -> None:
         "migrate",
         "migrate-keys",
         "export",
+        "overflow",
         "web",
         "breakers",
     }
@@ -384,11 +385,12 @@ def test_replay_without_targets_is_refused_clearly() -> None:
 
 
 def test_export_prints_the_spark_submit_command_from_the_app_settings() -> None:
+    pytest.importorskip("pyspark", reason="spark-submit comes with the spark extra")
     app = Celery("t", set_as_current=False)
     app.conf.update(dlx_redis_url="redis://10.1.2.3:6380/4", dlx_key_prefix="shop")
     obj = CLIContext(app=app, no_color=True, workdir=None)
     args = ["export", "--out", "/data/dlx", "--trim", "--print-command", "--json"]
-    result = CliRunner().invoke(dlx, args, obj=obj)
+    result = cli_runner().invoke(dlx, args, obj=obj)
     assert result.exit_code == 0, result.output
     command = json.loads(result.stdout)
     assert (
@@ -415,7 +417,7 @@ def test_progress_bar_only_for_people(capsys: pytest.CaptureFixture[str]) -> Non
 def test_celery_dlx_without_an_app_is_refused_instead_of_checking_celerys_default_app() -> None:
     from celery.bin.celery import celery
 
-    result = CliRunner(env={"APP": None}).invoke(celery, ["dlx", "check", "--no-management"])
+    result = cli_runner(env={"APP": None}).invoke(celery, ["dlx", "check", "--no-management"])
     assert result.exit_code == 2, result.output
     assert "name the Celery app: `celery -A proj dlx ...`" in result.output
 
