@@ -163,7 +163,7 @@ if redis.call('ZCARD', KEYS[4]) == 0 then redis.call('ZREM', KEYS[10], ARGV[2]) 
 if ARGV[3] ~= '' and redis.call('ZCARD', KEYS[5]) == 0 then
   redis.call('ZREM', KEYS[11], ARGV[3])
 end
-if redis.call('DECRBY', KEYS[15], size + OVERHEAD) < 0 then redis.call('SET', KEYS[15], 0) end
+if redis.call('DECRBY', KEYS[15], size + OVERHEAD) <= 0 then redis.call('DEL', KEYS[15]) end
 if #ARGV > 5 then redis.call('XADD', KEYS[12], '*', unpack(ARGV, 6)) end
 return 1
 """

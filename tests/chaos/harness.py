@@ -236,9 +236,18 @@ def end_of(
 
 
 def republishers_died(start: float, end: float, events: list[P.Event]) -> int:
-    """How many DLX services and drains died (kill -9 or a crash point) within ``start`` ..
-    ``end``: each may have published one retry a second time."""
-    kinds = (P.KILL_SERVICE, P.KILL_DRAIN, f"{P.FAULT_PREFIX}service.", f"{P.FAULT_PREFIX}drain.")
+    """How many processes that publish retries (DLX services, drains, workers) or brokers died
+    (kill -9, a crash point, a restart) within ``start`` .. ``end``: each may have published one
+    retry a second time."""
+    kinds = (
+        P.KILL_SERVICE,
+        P.KILL_DRAIN,
+        P.KILL_WORKER,
+        P.RESTART_RABBITMQ,
+        f"{P.FAULT_PREFIX}service.",
+        f"{P.FAULT_PREFIX}drain.",
+        f"{P.FAULT_PREFIX}worker.",
+    )
     return sum(
         1
         for e in events
@@ -288,19 +297,20 @@ def ledger_check(
             if done:
                 violations.append(f"{message.id} ({message.kind}) done {done}x")
             # Chaos or not, a failure runs its budget once: the runs a kill cut short (started,
-            # never finished) are the only ones allowed past it. A foreign consumer cannot tell
-            # a second copy of one retry from the first (a Celery worker can, and acks it
-            # unrun), so a DLX service or drain that died between a confirmed publish and its
-            # ack may give it one more run each time (at-least-once, DESIGN.md guarantee 1).
+            # never finished) are not counted, and each death of a process that publishes
+            # retries, or of the broker, during the message's life may add one run: a foreign
+            # consumer cannot tell a second copy of one retry from the first (a Celery worker
+            # acks an identical one unrun), and a restart between a confirmed publish and its
+            # ack can leave two lineages (at-least-once, DESIGN.md guarantee 1). Anything past
+            # that is a violation.
             failed = sum(1 for e in mine if e["outcome"] == "failed")
             allowed = want_runs
-            if message.kind == "foreign":
-                allowed += republishers_died(start, end_of(message, mine, burials, start), events)
+            allowed += republishers_died(start, end_of(message, mine, burials, start), events)
             if failed > allowed:
                 violations.append(
                     f"{message.id} ({message.kind}) failed {failed}x, past its budget of "
                     f"{want_runs} ({started - len(mine)} run(s) cut short by a kill, "
-                    f"{allowed - want_runs} republisher death(s))"
+                    f"{allowed - want_runs} publisher or broker death(s) in its life)"
                 )
         end = end_of(message, mine, burials, start)
         if disturbed(start, end, events):

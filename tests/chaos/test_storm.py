@@ -213,7 +213,7 @@ def storm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Storm]:
                         and len(_message_ids(runtime)) + len(result.purged_messages) >= POISON
                     ),
                     "the rest buried and every flaky task done",
-                    90,
+                    240,
                 )
                 result.buried_messages = list(_message_ids(runtime).values())
                 result.check_after = dlx_check(names, server.url)
