@@ -10,7 +10,7 @@ the same declarations as the OpenAPI document. What is checked is what is docume
 
 Schemas are JSON Schema 2020-12 (OpenAPI 3.1's); :func:`problem` checks the part of it the
 declarations use (``type``, ``items``, ``prefixItems``, ``minItems``/``maxItems``,
-``maxProperties``, ``minLength``/``maxLength``, ``minimum``/``maximum``/``exclusiveMinimum``,
+``maxProperties``, ``enum``, ``minLength``/``maxLength``, ``minimum``/``maximum``/``exclusiveMinimum``,
 ``anyOf``).
 """
 
@@ -95,6 +95,8 @@ def problem(value: object, schema: Schema, where: str) -> str | None:
     if not _typed(value, schema):
         wanted = " or ".join(_NAMED[t] for t in _types(schema))
         return f"{where} must be {wanted}, got {_shown(value)}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{where} must be one of {', '.join(map(str, schema['enum']))}, got {_shown(value)}"
     if isinstance(value, list):
         return _list_problem(value, schema, where)
     if isinstance(value, dict) and len(value) > schema.get("maxProperties", len(value)):

@@ -47,7 +47,15 @@ from tests.chaos.storm import (
 from tests.chaos.storm_app import FLAKY_BACKOFF, LEDGER_URL, Names, make_storm_app
 from tests.conftest import BROKER_URL, forget
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("DLX_CHAOS_MULTI") != "1",
+        reason="the failure storm on a private Redis, about a minute alone: set DLX_CHAOS_MULTI=1 "
+        "(bash scripts/test-chaos.sh)",
+    ),
+]
 
 POISON = 2500
 FLAKY = 100
@@ -159,7 +167,7 @@ def storm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Storm]:
             worker = start_worker(names, server.url, workdir / "worker.log")
             service = start_service(names, server.url, workdir / "service.log")
             try:
-                wait_for(lambda: " ready." in worker.text(), "the worker", 60)
+                wait_for(lambda: " ready." in worker.text(), "the worker", 180)
                 app = make_storm_app(uid, server.url)
                 runtime = get_runtime(app)
                 payload = "x" * 1024
@@ -171,7 +179,7 @@ def storm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Storm]:
                             task_id=f"p{i}-{uid}",
                             producer=producer,
                         )
-                wait_for(lambda: shared.hlen(names.runs) == POISON, "every poison's run", 90)
+                wait_for(lambda: shared.hlen(names.runs) == POISON, "every poison's run", 300)
                 # The stall: burials stop, dead letters wait in the service queue.
                 result.stalled = bool(
                     wait_for(
@@ -179,7 +187,7 @@ def storm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Storm]:
                             _burials_stopped(runtime, client) and _depth(conn, names.service) > 0
                         ),
                         "burials to stop",
-                        60,
+                        180,
                     )
                 )
                 # Unrelated flaky tasks fail during the stall: each is due again after its 1 s
@@ -190,7 +198,7 @@ def storm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Storm]:
                             "storm.flaky", (f"f{n}",), task_id=f"f{n}-{uid}", producer=producer
                         )
                 wait_for(
-                    lambda: shared.hlen(names.runs) == POISON + FLAKY, "the flaky tasks' runs", 60
+                    lambda: shared.hlen(names.runs) == POISON + FLAKY, "the flaky tasks' runs", 180
                 )
                 # Judged by test_unrelated_flaky_tasks_are_done_within_their_backoff.
                 with contextlib.suppress(AssertionError):
@@ -213,7 +221,7 @@ def storm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Storm]:
                         and len(_message_ids(runtime)) + len(result.purged_messages) >= POISON
                     ),
                     "the rest buried and every flaky task done",
-                    240,
+                    300,
                 )
                 result.buried_messages = list(_message_ids(runtime).values())
                 result.check_after = dlx_check(names, server.url)
