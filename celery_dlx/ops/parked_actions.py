@@ -11,7 +11,7 @@ failure history and in the console's audit stream.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -86,6 +86,28 @@ def _targets(
     return out
 
 
+def _act(
+    runtime: Runtime,
+    action: str,
+    entry_ids: Sequence[str] | None,
+    cause: str | None,
+    by: str,
+    dry_run: bool,
+    one: Callable[[ParkedMessage, ParkedActionReport], bool],
+) -> ParkedActionReport:
+    """Run ``one`` on each target (True: done, False: a drain holds it), then audit."""
+    report = ParkedActionReport(action, dry_run)
+    for target in _targets(runtime, entry_ids, cause):
+        if isinstance(target, str):
+            report.missing.append(target)
+        elif dry_run or one(target, report):
+            report.done.append(target.entry_id)
+        else:
+            report.claimed.append(target.entry_id)
+    _audit(runtime, report, by, cause)
+    return report
+
+
 def retry_now(
     runtime: Runtime,
     entry_ids: Sequence[str] | None = None,
@@ -99,17 +121,16 @@ def retry_now(
     Raises:
         DLXError: neither ids nor a cause, or both.
     """
-    report = ParkedActionReport("retry-now", dry_run)
     now = now_ms()
-    for target in _targets(runtime, entry_ids, cause):
-        if isinstance(target, str):
-            report.missing.append(target)
-        elif dry_run or runtime.store.make_due(target, now):
-            report.done.append(target.entry_id)
-        else:
-            report.claimed.append(target.entry_id)
-    _audit(runtime, report, by, cause)
-    return report
+    return _act(
+        runtime,
+        "retry-now",
+        entry_ids,
+        cause,
+        by,
+        dry_run,
+        lambda target, _: runtime.store.make_due(target, now),
+    )
 
 
 def bury_now(
@@ -125,30 +146,24 @@ def bury_now(
     Raises:
         DLXError: neither ids nor a cause, or both.
     """
-    report = ParkedActionReport("bury-now", dry_run)
     now = now_ms()
-    store, yard = runtime.store, runtime.graveyard
-    for target in _targets(runtime, entry_ids, cause):
-        if isinstance(target, str):
-            report.missing.append(target)
-            continue
-        if dry_run:
-            report.done.append(target.entry_id)
-            continue
+    yard = runtime.graveyard
+
+    def bury(target: ParkedMessage, report: ParkedActionReport) -> bool:
         ob = _obituary(runtime, target, f"buried by {by}", now)
         event = buried_event(ob)
         written = yard.write_many([(ob, event)])[0]
-        if store.take(target):
-            report.done.append(target.entry_id)
-            report.obituaries.append(ob.id)
-            if written:
-                runtime.record(event, history=False)
-        else:  # a drain claimed it meanwhile: it goes back to its queue, so no burial
+        if not runtime.store.take(target):
+            # A drain claimed it meanwhile: it goes back to its queue, so no burial.
             if written:
                 yard.remove(ob, None)
-            report.claimed.append(target.entry_id)
-    _audit(runtime, report, by, cause)
-    return report
+            return False
+        report.obituaries.append(ob.id)
+        if written:
+            runtime.record(event, history=False)
+        return True
+
+    return _act(runtime, "bury-now", entry_ids, cause, by, dry_run, bury)
 
 
 def _obituary(runtime: Runtime, message: ParkedMessage, reason: str, now: int) -> Obituary:
