@@ -13,6 +13,26 @@ from __future__ import annotations
 from celery_dlx.message.headers import DLXState
 from celery_dlx.message.names import HISTORY_LIMIT
 
+#: A marker's value that names no lineage (written by the DLX service, which writes a worker's copy
+#: as it is, or by an earlier release): it matches every delivery but a replayed one.
+ANY_LINEAGE = "?"
+
+
+def lineage(state: DLXState, replayed: str | None) -> str:
+    """What every copy of one lineage of a message shares: the obituary it was replayed from (a
+    replay starts a lineage of its own under the same message id) and the time of its first
+    failure (carried by every copy after it; none before the first failure)."""
+    return f"{replayed or ''}:{state.first_failure_ms or ''}"
+
+
+def same_lineage(marker: str, delivery_lineage: str) -> bool:
+    """True when a copy marker written with ``marker`` (:func:`lineage`, or
+    :data:`ANY_LINEAGE`) was made from a delivery of ``delivery_lineage``."""
+    if marker == delivery_lineage:
+        return True
+    replayed = delivery_lineage.split(":", 1)[0]
+    return marker in (ANY_LINEAGE, "1") and not replayed
+
 
 def park_entry_id(message_id: str, attempt: int) -> str:
     """The parking store's entry id of the park of ``message_id`` whose copy carries ``attempt``

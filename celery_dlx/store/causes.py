@@ -11,8 +11,10 @@ so a redelivery of the original after a crash is not counted as a crash.
 from __future__ import annotations
 
 from celery_dlx.message.cause import CauseRecord
+from celery_dlx.message.lineage import same_lineage
 from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient
+from celery_dlx.store.history import COPIED_TTL_MS
 
 
 class Causes:
@@ -38,10 +40,22 @@ class Causes:
         """Remember that this worker published the requeue copy of ``message_id``."""
         self.client.set(self.keys.requeued_by_task(message_id), 1, ex=ttl_seconds)
 
-    def was_copied(self, queue: str, message_id: str, attempt: int) -> bool:
-        """Whether a requeued copy of ``message_id`` at ``attempt`` went out (its ``requeued``
-        history entry was written with a marker, :meth:`celery_dlx.store.history.History.write`)."""
-        return bool(self.client.exists(self.keys.copied(queue, message_id, attempt)))
+    def was_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> bool:
+        """Whether the retry of ``message_id`` at ``attempt`` in ``queue`` exists already, made
+        from a delivery of ``lineage`` (:func:`celery_dlx.message.lineage.lineage`): its
+        ``requeued`` or ``parked`` fate was written with a marker
+        (:func:`celery_dlx.store.history.mark_copies`), or its copy went to the DLX service
+        (:meth:`mark_copied`)."""
+        marker = self.client.get(self.keys.copied(queue, message_id, attempt))
+        if marker is None:
+            return False
+        text = marker.decode("utf-8", "replace") if isinstance(marker, bytes) else str(marker)
+        return same_lineage(text, lineage)
+
+    def mark_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> None:
+        """Note that the retry of ``message_id`` at ``attempt`` went to the DLX service, which
+        writes it: a redelivery of its original is then not given a second one."""
+        self.client.set(self.keys.copied(queue, message_id, attempt), lineage, px=COPIED_TTL_MS)
 
     def claim_run(self, step: str, ttl_seconds: float) -> bool:
         """Note that the copy ``step`` (message id, attempt, the time of the fate that made the

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from redis.exceptions import NoScriptError, RedisError
 
-from celery_dlx.fates import REQUEUED, FateEvent
+from celery_dlx.fates import PARKED, REQUEUED, FateEvent
+from celery_dlx.message.lineage import ANY_LINEAGE
 from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient, is_cluster
 from celery_dlx.store.counters import Counts, add_counts, read_window
@@ -44,8 +46,39 @@ if TYPE_CHECKING:
     from redis.cluster import ClusterPipeline
     from redis.typing import EncodableT, FieldT
 
-#: How long a requeued copy's marker (``Keys.copied``) is kept: past any redelivery of its original.
+logger = logging.getLogger(__name__)
+
+#: How long a retry's marker (``Keys.copied``) is kept: past any redelivery of its original.
 COPIED_TTL_MS = 24 * 3600 * 1000
+
+
+def mark_copies(pipe: Any, keys: Keys, events: Iterable[FateEvent]) -> None:
+    """Queue in ``pipe`` the marker of each requeue and park of ``events``: the retry of that
+    attempt exists (a copy in its queue, or parked, or drained since), so a redelivery of the
+    original the broker lost the ack of gets no second one (``DLXTask._retried_before``). Its value
+    is the lineage of the delivery the retry was made from (``extra["lineage"]``, set by the
+    worker; :data:`~celery_dlx.message.lineage.ANY_LINEAGE` from the DLX service)."""
+    for event in events:
+        if event.fate in (REQUEUED, PARKED):
+            marker = keys.copied(event.queue, event.message_id, event.attempt)
+            pipe.set(marker, event.extra.get("lineage", ANY_LINEAGE), px=COPIED_TTL_MS)
+
+
+def forget_copies(client: RedisClient, keys: Keys, events: Sequence[FateEvent]) -> None:
+    """Delete the markers :func:`mark_copies` queued for ``events`` whose writes failed (best
+    effort: logged when Redis refuses it too)."""
+    if not events:
+        return
+    try:
+        client.delete(*(keys.copied(e.queue, e.message_id, e.attempt) for e in events))
+    except Exception:
+        logger.warning(
+            "could not take back the retry markers of %d failed park(s): a redelivery of one "
+            "of them within a day would be acked unrun",
+            len(events),
+            exc_info=True,
+        )
+
 
 #: Fields every history entry has, in order.
 HISTORY_FIELDS = (
@@ -268,10 +301,7 @@ class History:
         else:
             appended = self.append_many(events, pipe) if history else 0
         add_counts(pipe, self.keys, events)
-        for event in events:  # after the counters: the replies read above stay where they were
-            if event.fate == REQUEUED:
-                marker = self.keys.copied(event.queue, event.message_id, event.attempt)
-                pipe.set(marker, 1, px=COPIED_TTL_MS)
+        mark_copies(pipe, self.keys, events)  # after the counters: replies stay where they were
         try:
             results = pipe.execute(raise_on_error=False)
         except Exception:

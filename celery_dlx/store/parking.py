@@ -575,7 +575,7 @@ class ParkingStore:
             # The history lives under the app's tag, another slot than a queue's shard (and a
             # Cluster pipeline takes no script): park each; the caller records the events.
             return park_each(self.park, messages), False
-        from celery_dlx.store.history import History
+        from celery_dlx.store.history import History, forget_copies, mark_copies
 
         home = self.shards.home
         history = History(self.client, self.keys)
@@ -590,6 +590,7 @@ class ParkingStore:
             pipe.evalsha(self.scripts.park_many.sha, len(home.keys), *home.keys, *args)
             payload = history.queue_batch(pipe, events) if events else ""
             add_counts(pipe, self.keys, events)
+            mark_copies(pipe, self.keys, events)
 
         wanted = home.wanted()
         if wanted:
@@ -612,5 +613,9 @@ class ParkingStore:
             outcomes = [None] * len(messages)  # 1 parked now, 0 parked before
         if payload and rest and isinstance(rest[0], NoScriptError):
             rest[0] = history.append_loading(payload)
+        if any(outcomes) and len(events) == len(messages):
+            # Their markers went in beside parks that did not: a redelivery must retry them.
+            unparked = [e for e, o in zip(events, outcomes, strict=True) if o is not None]
+            forget_copies(self.client, self.keys, unparked)
         failed = next((r for r in rest if isinstance(r, Exception)), None)
         return outcomes, True if failed is None else failed

@@ -42,10 +42,11 @@ from celery import bootsteps
 from celery_dlx import faults
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.fate_copy import fate_copy
+from celery_dlx.message.lineage import ANY_LINEAGE
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.outages import OutageLog, outage_log
-from celery_dlx.wiring.runtime import get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -231,7 +232,21 @@ class Settler:
             request.reject(requeue=True)
             return
         refusals.failed(err, "sent to the DLX service, which writes it once it can")
+        note_handed_over(runtime, handover.event)
         request.acknowledge()
+
+
+def note_handed_over(runtime: Runtime, event: FateEvent) -> None:
+    """Mark the retry ``event`` announces as made, once its copy went to the DLX service: a
+    redelivery of the original (the broker lost its ack) is then acked unrun instead of given a
+    second retry, a second lineage. Best effort: without the marker a redelivery counts as a
+    crash, as before."""
+    try:
+        runtime.causes.mark_copied(
+            event.queue, event.message_id, event.attempt, event.extra.get("lineage", ANY_LINEAGE)
+        )
+    except Exception:
+        logger.debug("could not mark the retry of %s as made", event.message_id, exc_info=True)
 
 
 def _refusals(app: Celery, fate: str) -> OutageLog:

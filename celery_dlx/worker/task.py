@@ -40,7 +40,7 @@ from celery_dlx.message.headers import (
     fingerprint,
     read_state,
 )
-from celery_dlx.message.lineage import follows, next_park_id
+from celery_dlx.message.lineage import follows, lineage, next_park_id
 from celery_dlx.message.names import (
     EXC_MESSAGE_LIMIT,
     HISTORY_LIMIT,
@@ -61,7 +61,13 @@ from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
 from celery_dlx.worker.einfo import LazyExceptionInfo, task_traceback
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
-from celery_dlx.worker.settler import Handover, ParkHandover, RequeueHandover, hands_over
+from celery_dlx.worker.settler import (
+    Handover,
+    ParkHandover,
+    RequeueHandover,
+    hands_over,
+    note_handed_over,
+)
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -119,6 +125,14 @@ _REFUSED_WRITES = {
     "breaker": "breaker closings (after a held task succeeded)",
     "requeue-note": "notes of a task's own Reject(requeue=True)",
 }
+
+
+def _replayed(delivery: Delivery) -> str | None:
+    """The obituary a delivery was replayed from (its own lineage), or None."""
+    found = delivery.headers.get(REPLAYED_HEADER)
+    if isinstance(found, bytes):
+        return found.decode("utf-8", "replace")
+    return None if found is None else str(found)
 
 
 def _refusals(app: Celery, fate: str) -> OutageLog:
@@ -239,7 +253,7 @@ class DLXTask(_Task):
                 self._fail_without_running(MalformedHeader(delivery.problem))
                 raise
         if delivery.redelivered and not self._redelivery_was_asked(runtime, delivery):
-            if self._parked_before(runtime, delivery) or self._requeued_before(runtime, delivery):
+            if self._parked_before(runtime, delivery) or self._retried_before(runtime, delivery):
                 self._end_settled()
             self._fail(
                 runtime,
@@ -397,21 +411,25 @@ class DLXTask(_Task):
             )
         return first
 
-    def _requeued_before(self, runtime: Runtime, delivery: Delivery) -> bool:
-        """True when this redelivered message's failure was requeued already: its copy went out
-        and the broker lost the ack that followed (it restarted). The copy is its retry; a
-        second one would run the failure past its budget."""
+    def _retried_before(self, runtime: Runtime, delivery: Delivery) -> bool:
+        """True when this redelivered message's failure has its retry already: its copy went out,
+        was parked (and maybe drained since) or went to the DLX service, and the broker lost the
+        ack that followed (it restarted). That copy is its retry; a second one would start a
+        second lineage and run the failure past its budget."""
         try:
             copied = runtime.causes.was_copied(
-                delivery.queue, delivery.message_id, delivery.state.attempt + 1
+                delivery.queue,
+                delivery.message_id,
+                delivery.state.attempt + 1,
+                lineage(delivery.state, _replayed(delivery)),
             )
         except Exception:  # Redis down: a crash it is (the safe side)
             logger.debug("could not look up the requeue of %s", delivery.message_id, exc_info=True)
             return False
         if copied:
             logger.info(
-                "%s[%s] attempt=%d queue=%s redelivered after its requeued copy went out: acked "
-                "without a second retry",
+                "%s[%s] attempt=%d queue=%s redelivered after its retry was made: acked without a "
+                "second retry",
                 self.name,
                 delivery.message_id,
                 delivery.state.attempt,
@@ -614,7 +632,7 @@ class DLXTask(_Task):
                 return RequeueHandover(copy, event, bool(delivery.x_death_problem))
             runtime.publisher.publish(copy)
         except Exception as err:
-            self._fallback(runtime, delivery, plan, copy, err)
+            self._fallback(runtime, delivery, plan, copy, event, err)
             return None
         _refusals(self.app, plan.fate).succeeded()
         runtime.record_settled(event)
@@ -664,11 +682,12 @@ class DLXTask(_Task):
             importance=options.importance,
             exc_message=plan.exc_message[:500],
         )
+        # The lineage of the delivery the retry is made from goes into the retry's marker.
+        extra = {"lineage": lineage(delivery.state, _replayed(delivery))}
         if held is not None:
             # The event (history, Flower, listeners) says the breaker opened, once, with the cause.
-            breaker = "opened" if held.opened else ("canary" if held.canary else "held")
-            return FateEvent.of(plan.fate, failure, delay=plan.delay, extra={"breaker": breaker})
-        return FateEvent.of(plan.fate, failure, delay=plan.delay)
+            extra["breaker"] = "opened" if held.opened else ("canary" if held.canary else "held")
+        return FateEvent.of(plan.fate, failure, delay=plan.delay, extra=extra)
 
     def _fallback(
         self,
@@ -676,6 +695,7 @@ class DLXTask(_Task):
         delivery: Delivery,
         plan: FailurePlan,
         copy: Outgoing,
+        event: FateEvent,
         err: Exception,
     ) -> None:
         """The copy could not be stored or published: send it to the DLX service, naming its fate.
@@ -699,6 +719,7 @@ class DLXTask(_Task):
             refusals.failed(err, "the broker refused the copy for the DLX service too")
             raise Reject(again, requeue=True) from None
         refusals.failed(err, "sent to the DLX service, which writes it once it can")
+        note_handed_over(runtime, event)
 
     def _bury(
         self,

@@ -52,6 +52,10 @@ POOL_SETTLE = 5.0
 RABBITMQCTL_TIMEOUT = 180
 
 
+#: The log level of the run's workers and service (``DLX_CHAOS_LOGLEVEL``; INFO shows each fate).
+LOGLEVEL = os.environ.get("DLX_CHAOS_LOGLEVEL", "WARNING")
+
+
 def command(kind: str, name: str, concurrency: int) -> list[str]:
     """The command line of one process of ``kind``."""
     if kind == WORKER:
@@ -67,7 +71,7 @@ def command(kind: str, name: str, concurrency: int) -> list[str]:
             "-c",
             str(concurrency),
             "-l",
-            "WARNING",
+            LOGLEVEL,
             "--without-gossip",
             "--without-mingle",
             "--without-heartbeat",
@@ -86,7 +90,7 @@ def command(kind: str, name: str, concurrency: int) -> list[str]:
             # the drain role is its own process here: a service kill is not also a drain kill
             "--no-drain",
             "-l",
-            "WARNING",
+            LOGLEVEL,
         ]
     return [sys.executable, "-m", "tests.chaos.roles", kind]
 

@@ -81,9 +81,12 @@ PLAN = ChaosPlan(
 def test_every_poison_is_buried_once_and_no_failure_runs_past_its_budget(
     rabbit: RabbitNode, seed: int
 ) -> None:
-    plan = replace(PLAN, seed=seed, broker_url=rabbit.url, rabbit_node=rabbit)
+    keep = os.environ.get("DLX_CHAOS_KEEP_LOGS") == "1"
+    plan = replace(PLAN, seed=seed, broker_url=rabbit.url, rabbit_node=rabbit, keep_logs=keep)
     report = run_chaos(plan)
     print("\n".join([f"multi-process chaos, seed {seed}:", *report.lines()]))
+    if report.logdir:
+        print(f"logs: {report.logdir}")
 
     assert report.unsent == 0 and report.sent == plan.messages
     assert report.lost == 0, f"lost: {report.lost_ids[:20]}"

@@ -173,6 +173,54 @@ def test_a_redelivered_original_whose_park_exists_gets_no_second_lineage(
             client.close()
 
 
+def test_a_redelivered_original_whose_park_was_drained_gets_no_second_lineage(
+    uid: str, tmp_path: Path, redis_client: Any, broker: Any
+) -> None:
+    """As above, but the park is drained (its copy back in the queue) before the original comes
+    back, as when RabbitMQ stays down longer than the backoff: no entry left to find, the retry's
+    marker (written with the park, in its transaction) tells the next worker the retry exists."""
+    names = Names(uid)
+    with small_redis(tmp_path / "redis", maxmemory_mb=64) as server:
+        first = start_worker(
+            names,
+            server.url,
+            tmp_path / "first.log",
+            concurrency=1,
+            DLX_FAULT="worker.parked@1",
+            DLX_FAULT_LOG=str(tmp_path / "faults.log"),
+        )
+        second = service = None
+        try:
+            wait_for(lambda: _ready(first), "the first worker", 60)
+            app = make_storm_app(uid, server.url)
+            app.send_task("storm.flaky", ("f0",), task_id=f"f0-{uid}")
+            wait_for(lambda: not first.alive, "the crash after the park", 60)
+            runtime = get_runtime(app)
+            assert [e.entry_id for e in runtime.parking.peek()] == [f"f0-{uid}:1"]
+            # The service's drain publishes the parked copy behind the redelivered original.
+            service = start_service(names, server.url, tmp_path / "service.log")
+            wait_for(lambda: runtime.parking.count() == 0, "the park drained", 60)
+            wait_for(lambda: queue_depth(broker.channel(), names.work) == 2, "both copies", 30)
+            second = start_worker(names, server.url, tmp_path / "second.log", concurrency=1)
+            wait_for(
+                lambda: redis_client.hget(names.done_at, "f0") is not None,
+                "the retry's success",
+                60,
+            )
+            wait_for(lambda: queue_depth(broker.channel(), names.work) == 0, "an empty queue", 30)
+        finally:
+            first.stop()
+            for proc in (second, service):
+                if proc is not None:
+                    proc.stop()
+        # Two runs: the failure and the drained copy's success; the original acked unrun.
+        runs = ledger(redis_client, names)["f0"]["runs"]
+        assert runs == 2.0, second.text()[-3000:] if second else ""
+        text = second.text() if second else ""
+        assert "redelivered after its retry was made" in text, text[-3000:]
+        assert "Redelivered" not in text, text[-3000:]
+
+
 def test_a_batch_held_by_a_refused_write_has_published_no_requeued_copy(
     uid: str, tmp_path: Path, broker: Any
 ) -> None:

@@ -365,6 +365,9 @@ class DownRedis:
     def expire(self, *args: Any) -> None:
         return None
 
+    def set(self, *args: Any, **kwargs: Any) -> None:  # a retry's marker
+        return None
+
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6399. Connection refused.")
 

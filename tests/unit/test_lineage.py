@@ -6,7 +6,14 @@ import pytest
 
 from celery_dlx.message.fate_copy import fate_copy
 from celery_dlx.message.headers import DLXState, HistoryEntry, read_state, state_headers
-from celery_dlx.message.lineage import follows, next_park_id, park_entry_id
+from celery_dlx.message.lineage import (
+    ANY_LINEAGE,
+    follows,
+    lineage,
+    next_park_id,
+    park_entry_id,
+    same_lineage,
+)
 from celery_dlx.message.names import DELAY_HEADER, FATE_HEADER, HISTORY_LIMIT, QUEUE_HEADER
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
@@ -75,3 +82,17 @@ def test_a_fate_copy_refuses_what_the_service_could_not_carry_out(
         fate_copy(
             Outgoing(body=b"", routing_key="q"), fate=fate, exchange="x", queue="q", delay=delay
         )
+
+
+def test_a_retry_marker_matches_its_own_lineage_only() -> None:
+    first = DLXState(attempt=1, first_failure_ms=1_700_000_000_000)
+    mine = lineage(first, None)
+    assert same_lineage(mine, mine)
+    # the same message replayed from its obituary starts a lineage of its own
+    assert not same_lineage(mine, lineage(first, "ob-1"))
+    assert not same_lineage(lineage(DLXState(), "ob-1"), lineage(DLXState(), None))
+    # another first failure: another lineage of the same message id
+    assert not same_lineage(mine, lineage(DLXState(attempt=1, first_failure_ms=1), None))
+    # a marker the DLX service wrote (or an older release's) names no lineage: any but a replay
+    assert same_lineage(ANY_LINEAGE, mine) and same_lineage("1", mine)
+    assert not same_lineage(ANY_LINEAGE, lineage(first, "ob-1"))
