@@ -5,7 +5,8 @@ being drained at this moment (claimed) is left to that drain. A retry buried now
 parked set for the graveyard with the reason "buried by <who>", through the same obituary the
 DLX service would write; if a drain claims it meanwhile, the burial is taken back and the retry
 reported as claimed, so it never has two fates. Each action is one ``audit`` entry in the
-failure history and in the console's audit stream.
+failure history and in the console's audit stream (the console's pages, which record their
+actions themselves with the operator's role and job, pass ``audit=False``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def _act(
     cause: str | None,
     by: str,
     dry_run: bool,
+    audit: bool,
     one: Callable[[ParkedMessage, ParkedActionReport], bool],
 ) -> ParkedActionReport:
     """Run ``one`` on each target (True: done, False: a drain holds it), then audit."""
@@ -104,7 +106,8 @@ def _act(
             report.done.append(target.entry_id)
         else:
             report.claimed.append(target.entry_id)
-    _audit(runtime, report, by, cause)
+    if audit:
+        _audit(runtime, report, by, cause)
     return report
 
 
@@ -115,8 +118,10 @@ def retry_now(
     cause: str | None = None,
     by: str = "operator",
     dry_run: bool = False,
+    audit: bool = True,
 ) -> ParkedActionReport:
-    """Make parked retries due now (drained at the next tick).
+    """Make parked retries due now (drained at the next tick); ``audit=False`` leaves the
+    audit entry to the caller.
 
     Raises:
         DLXError: neither ids nor a cause, or both.
@@ -129,6 +134,7 @@ def retry_now(
         cause,
         by,
         dry_run,
+        audit,
         lambda target, _: runtime.store.make_due(target, now),
     )
 
@@ -140,8 +146,10 @@ def bury_now(
     cause: str | None = None,
     by: str = "operator",
     dry_run: bool = False,
+    audit: bool = True,
 ) -> ParkedActionReport:
-    """Bury parked retries now: an obituary each (reason "buried by ``by``"), the retry gone.
+    """Bury parked retries now: an obituary each (reason "buried by ``by``"), the retry gone;
+    ``audit=False`` leaves the audit entry to the caller.
 
     Raises:
         DLXError: neither ids nor a cause, or both.
@@ -163,7 +171,7 @@ def bury_now(
             runtime.record(event, history=False)
         return True
 
-    return _act(runtime, "bury-now", entry_ids, cause, by, dry_run, bury)
+    return _act(runtime, "bury-now", entry_ids, cause, by, dry_run, audit, bury)
 
 
 def _obituary(runtime: Runtime, message: ParkedMessage, reason: str, now: int) -> Obituary:

@@ -582,14 +582,16 @@ class GraveyardShard:
         queue or task filter one ``ZREVRANGEBYSCORE ... LIMIT`` (``matching`` exact); with one,
         the cause's ids checked against that queue's or task's index (``ZMSCORE``, no record
         read), at most :data:`SCAN_CAP` ids for one page (``capped`` says so), ``offset`` then
-        counting the cause's ids, not matches."""
+        counting the cause's ids, not matches. A status filter is checked the same way, against
+        the status hash (``HMGET``)."""
         client, index = self.client, self.by_cause(cause)
         high = "+inf" if filters.until_ms is None else filters.until_ms
         low = "-inf" if filters.since_ms is None else filters.since_ms
         members = [self.by_queue(filters.queue)] if filters.queue else []
         members += [self.by_task(filters.task)] if filters.task else []
+        wanted = filters.status
         page = CausePage()
-        if not members:
+        if not members and wanted is None:
             raw = client.zrevrangebyscore(index, high, low, start=offset, num=limit + 1)
             ids = [text(r) for r in raw]
             page.matching = int(client.zcount(index, low, high))
@@ -608,11 +610,16 @@ class GraveyardShard:
             pipe = client.pipeline(transaction=False)
             for key in members:
                 pipe.zmscore(key, found)
+            if wanted is not None:
+                pipe.hmget(self.status_key, found)
             scores = pipe.execute()
+            docs = [status.parse(raw) for raw in scores.pop()] if wanted is not None else []
             for i, oid in enumerate(found):
                 position += 1
                 page.scanned += 1
-                if all(s[i] is not None for s in scores):
+                if all(s[i] is not None for s in scores) and (
+                    wanted is None or status.status_of(docs[i]) == wanted
+                ):
                     page.ids.append(oid)
                     if len(page.ids) >= limit:
                         break
@@ -1120,11 +1127,11 @@ class Graveyard:
 
     def cause_page(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage:
         """One page of a cause's obituary ids, newest first (the console's cause page).
-        ``filters`` may add a queue, a task and time bounds.
+        ``filters`` may add a queue, a task, a status and time bounds.
 
         One shard is paged by its indexes alone (:meth:`GraveyardShard.scan_cause`). Over
-        several, the shards' matches are merged; ``matching`` is exact without a queue or task
-        filter, else None.
+        several, the shards' matches are merged; ``matching`` is exact without a queue, task
+        or status filter, else None.
         """
         shards = self.shards.every()
         if len(shards) == 1:
@@ -1135,12 +1142,13 @@ class Graveyard:
             cause=cause,
             since_ms=filters.since_ms,
             until_ms=filters.until_ms,
+            status=filters.status,
         )
         ids = self.ids(wanted, limit=offset + limit + 1)
         page = CausePage(ids=ids[offset : offset + limit])
         page.next_offset = offset + limit if len(ids) > offset + limit else None
         page.scanned = len(page.ids)
-        if filters.queue is not None or filters.task is not None:
+        if filters.queue is not None or filters.task is not None or filters.status is not None:
             return page
         low = "-inf" if filters.since_ms is None else filters.since_ms
         high = "+inf" if filters.until_ms is None else filters.until_ms

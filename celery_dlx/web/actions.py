@@ -17,6 +17,7 @@ from typing import Any, TypedDict
 
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
+from celery_dlx.ops import parked_actions
 from celery_dlx.ops import purge as purge_ops
 from celery_dlx.ops.canary import replay_run
 from celery_dlx.ops.render import iso
@@ -97,6 +98,18 @@ def replay_summary(result: dict[str, Any]) -> tuple[str, str]:
         return "stopped", line + f"; stopped, {len(result['not_replayed'])} not replayed"
     incomplete = result["failed"] or result["missing"]
     return ("incomplete" if incomplete else "done"), line
+
+
+def parked_summary(result: dict[str, Any]) -> tuple[str, str]:
+    """``(status, one line)`` of a ``ParkedActionReport.as_dict()``."""
+    done, claimed, missing = result["done"], result["claimed"], result["missing"]
+    verb = "retried now" if result["action"] == "retry-now" else "buried now"
+    line = f"{verb} {len(done)} of {len(done) + len(claimed) + len(missing)}"
+    if claimed:
+        line += f"; {len(claimed)} claimed by a drain, left to it"
+    if missing:
+        line += f"; missing {len(missing)}"
+    return ("incomplete" if claimed or missing else "done"), line
 
 
 class Actions:
@@ -180,6 +193,27 @@ class Actions:
             return ("incomplete" if missing else "done"), line, dict(report.to_json())
 
         return self._start(user, "purge", target, {"targets": len(targets), "cause": cause}, run)
+
+    def parked(
+        self, user: User, action: str, ids: list[str], cause: str | None, target: str
+    ) -> Job:
+        """Start ``retry-now`` or ``bury-now`` (:mod:`celery_dlx.ops.parked_actions`) of the
+        parked retries ``ids``, or of every one of ``cause``; a burial's reason names the
+        operator as the API's does (``buried by web:<name>``).
+
+        Raises:
+            Busy: another action is running.
+        """
+        act = parked_actions.bury_now if action == "bury-now" else parked_actions.retry_now
+        params: dict[str, Any] = {"targets": len(ids), "cause": cause}
+
+        def run() -> tuple[str, str, dict[str, Any]]:
+            report = act(self.runtime, ids or None, cause=cause, by=f"web:{user.name}", audit=False)
+            result = dict(report.as_dict())
+            status, line = parked_summary(result)
+            return status, line, result
+
+        return self._start(user, f"parked-{action}", target, params, run)
 
     def _start(
         self,

@@ -83,6 +83,7 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
         Route("/actions/edit", editing.edit_action, methods=["POST"]),
         Route("/actions/replay", pages.replay_action, methods=["POST"]),
         Route("/actions/purge", pages.purge_action, methods=["POST"]),
+        Route("/actions/parked", pages.parked_action, methods=["POST"]),
         Route("/actions/close-breaker", pages.close_breaker_action, methods=["POST"]),
         *[Route(e.path, handler, methods=[e.method]) for e, handler in API_ROUTES],
         Route("/metrics", metrics),

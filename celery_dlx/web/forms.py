@@ -9,9 +9,17 @@ from celery_dlx.errors import DLXError
 from celery_dlx.ops.obituaries import to_ms
 from celery_dlx.ops.render import parse_when
 from celery_dlx.ops.replay import check_target_queue, resolve_targets
+from celery_dlx.store.status import STATUSES, UNRESOLVED
 from celery_dlx.web.actions import MAX_IDS as MAX_IDS
-from celery_dlx.web.reads import MAX_PAGE, GroupFilters
+from celery_dlx.web.reads import ALL, MAX_PAGE, GroupFilters
 from celery_dlx.wiring.runtime import Runtime
+
+#: The obituary statuses a listing filters by (``dlx list --status``), and a cause list's
+#: (``dlx groups --status``); the default of both is unresolved.
+OBITUARY_STATUSES = (*STATUSES, ALL)
+CAUSE_STATUSES = (UNRESOLVED, ALL)
+#: What the Parked page can do to parked retries (``dlx parked --retry-now/--bury-now``).
+PARKED_ACTIONS = ("retry-now", "bury-now")
 
 
 class BadRequest(DLXError):
@@ -56,6 +64,20 @@ def text(params: Mapping[str, object], name: str) -> str | None:
     return str(raw).strip() or None if raw is not None else None
 
 
+def choice(params: Mapping[str, object], name: str, choices: Sequence[str], default: str) -> str:
+    """``params[name]``, one of ``choices`` (``default`` when absent or empty).
+
+    Raises:
+        BadRequest: another value.
+    """
+    value = text(params, name)
+    if value is None:
+        return default
+    if value not in choices:
+        raise BadRequest(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def group_filters(params: Mapping[str, object]) -> GroupFilters:
     return GroupFilters(
         queue=text(params, "queue"),
@@ -63,6 +85,7 @@ def group_filters(params: Mapping[str, object]) -> GroupFilters:
         exception=text(params, "exception"),
         since_ms=when_ms(params, "since"),
         until_ms=when_ms(params, "until"),
+        status=choice(params, "status", OBITUARY_STATUSES, UNRESOLVED),
     )
 
 
@@ -129,6 +152,35 @@ def to_queue(runtime: Runtime, raw: object) -> str | None:
         return check_target_queue(runtime, name)
     except DLXError as exc:
         raise BadRequest(str(exc)) from exc
+
+
+@dataclass
+class ParkedTargets:
+    """Parked retries an action applies to: entry ids, or every retry of a cause."""
+
+    ids: list[str]
+    cause: str | None
+
+    @property
+    def label(self) -> str:
+        if self.cause is not None:
+            return f"parked retries of cause {self.cause}"
+        return self.ids[0] if len(self.ids) == 1 else f"{len(self.ids)} parked retries"
+
+
+def parked_targets(ids: Sequence[object], cause: object) -> ParkedTargets:
+    """The parked retries named by entry ids (at most :data:`MAX_IDS`) or by a cause.
+
+    Raises:
+        BadRequest: neither, both, or too many ids.
+    """
+    given = list(dict.fromkeys(str(i).strip() for i in ids if str(i).strip()))
+    cause_text = str(cause).strip() if cause else ""
+    if bool(given) == bool(cause_text):
+        raise BadRequest("name parked retries by entry ids or by a cause (one of the two)")
+    if len(given) > MAX_IDS:
+        raise BadRequest(f"at most {MAX_IDS} parked retries at once; use the whole cause instead")
+    return ParkedTargets(given, cause_text or None)
 
 
 def flag(raw: object) -> bool:

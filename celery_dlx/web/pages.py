@@ -9,9 +9,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from celery_dlx.ops import obituaries
+from celery_dlx.ops import obituaries, parked_actions
 from celery_dlx.ops.edit import edits_of
 from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
+from celery_dlx.ops.render import iso
+from celery_dlx.store.status import UNRESOLVED
 from celery_dlx.web import forms
 from celery_dlx.web.actions import Busy
 from celery_dlx.web.audit import read_audit
@@ -82,8 +84,11 @@ async def overview(request: Request) -> Response:
 async def causes(request: Request) -> Response:
     console = console_of(request)
     offset, limit = forms.page_bounds(request.query_params)
-    data = await run_in_threadpool(causes_page, console.runtime, offset=offset, limit=limit)
-    return render(request, "causes.html", data=data)
+    status = forms.choice(request.query_params, "status", forms.CAUSE_STATUSES, UNRESOLVED)
+    data = await run_in_threadpool(
+        lambda: causes_page(console.runtime, offset=offset, limit=limit, status=status)
+    )
+    return render(request, "causes.html", data=data, statuses=forms.CAUSE_STATUSES)
 
 
 async def group(request: Request) -> Response:
@@ -116,6 +121,7 @@ async def group(request: Request) -> Response:
         filters=filters,
         params=dict(params),
         limit=limit,
+        statuses=forms.OBITUARY_STATUSES,
         phrase=forms.purge_phrase(info["count"]),
         max_rate=console.settings.max_replay_rate,
     )
@@ -134,6 +140,14 @@ async def obituary(request: Request) -> Response:
         redirects = console.runtime.graveyard.redirects([ob.id])[0]
         view = obituary_view(ob, console.registry, redirects)
         view["edits"] = edits_of(console.runtime, ob.id)
+        view["status"] = {
+            "name": ob.status_name,
+            "at": iso(ob.status.get("at")),
+            "next": ob.status.get("next") or None,
+            "prev": ob.status.get("prev") or None,
+            "repeats": int(ob.status.get("repeats") or 0),
+            "by": ob.status.get("by") or None,
+        }
         return view
 
     data = await run_in_threadpool(read)
@@ -157,6 +171,45 @@ async def parked(request: Request) -> Response:
 
     summary, data = await run_in_threadpool(read)
     return render(request, "parked.html", summary=summary, data=data)
+
+
+async def parked_action(request: Request) -> Response:
+    """``POST /actions/parked`` (``csrf``, ``action`` retry-now or bury-now, ``ids`` or
+    ``cause``): without ``step=confirm``, the dry run's preview with the form that confirms it;
+    with it, the action as a job of the operator, audited, as ``dlx parked --retry-now/--bury-now``.
+    """
+    got = await _form(request)
+    if isinstance(got, Response):
+        return got
+    form, console, user = got
+    action = forms.text(form, "action")
+    if action not in forms.PARKED_ACTIONS:
+        return error_page(request, 400, "which action? (retry-now or bury-now)")
+    chosen = forms.parked_targets(form.getlist("ids"), form.get("cause"))
+    if forms.text(form, "step") != "confirm":
+        act = parked_actions.bury_now if action == "bury-now" else parked_actions.retry_now
+        report = await run_in_threadpool(
+            lambda: act(
+                console.runtime,
+                chosen.ids or None,
+                cause=chosen.cause,
+                by=f"web:{user.name}",
+                dry_run=True,
+            )
+        )
+        return render(
+            request,
+            "parked_action.html",
+            action=action,
+            verb="Retry now" if action == "retry-now" else "Bury now",
+            chosen=chosen,
+            report=report.as_dict(),
+        )
+    try:
+        started = console.actions.parked(user, action, chosen.ids, chosen.cause, chosen.label)
+    except Busy as exc:
+        return error_page(request, 409, str(exc))
+    return RedirectResponse(f"/jobs/{started.id}", status_code=303)
 
 
 async def audit(request: Request) -> Response:

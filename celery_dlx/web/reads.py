@@ -16,7 +16,8 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops import deploys
 from celery_dlx.ops.inspection import GroupRow, ObituaryRow, group_row, obituary_row
 from celery_dlx.ops.render import iso
-from celery_dlx.store.graveyard import Filters
+from celery_dlx.store.graveyard import Filters, Group
+from celery_dlx.store.status import UNRESOLVED
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
@@ -26,20 +27,45 @@ if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to 
 MAX_PAGE = 200
 #: Most parked retries read to count them per queue.
 PARKED_SCAN = 20000
+#: Most causes read to find those with an unresolved obituary.
+CAUSE_SCAN = 100_000
+#: The status filter's value for any status (as ``--status all``).
+ALL = "all"
+
+
+def status_count(group: Group, status: str) -> int:
+    """How many of ``group``'s obituaries have ``status``."""
+    return group.unresolved if status == UNRESOLVED else group.statuses.get(status, 0)
 
 
 def yard_of(runtime: Runtime) -> Graveyard:
     return runtime.graveyard
 
 
-def causes_page(runtime: Runtime, *, offset: int = 0, limit: int = 50) -> dict[str, object]:
+def _unresolved_causes(yard: Graveyard, offset: int, limit: int) -> tuple[int, list[Group]]:
+    """How many causes have an unresolved obituary, and a page of their groups (every group is
+    read, :data:`MAX_PAGE` causes a round trip, as ``dlx groups`` does)."""
+    _, names = yard.cause_names(0, CAUSE_SCAN)
+    matching: list[Group] = []
+    for start in range(0, len(names), MAX_PAGE):
+        matching += [g for g in yard.groups_of(names[start : start + MAX_PAGE]) if g.unresolved]
+    return len(matching), matching[offset : offset + limit]
+
+
+def causes_page(
+    runtime: Runtime, *, offset: int = 0, limit: int = 50, status: str = UNRESOLVED
+) -> dict[str, object]:
     """One page of cause groups, most recently seen first (rows of ``dlx groups --json``, plus
-    ``importance`` of the latest obituary)."""
+    ``importance`` of the latest obituary). ``status``: ``unresolved`` (the causes with an
+    obituary nobody replayed, as ``dlx groups``) or ``all``."""
     yard = yard_of(runtime)
     limit = max(1, min(limit, MAX_PAGE))
-    causes_total, causes = yard.cause_names(offset, limit)
+    if status == UNRESOLVED:
+        causes_total, groups = _unresolved_causes(yard, offset, limit)
+    else:
+        causes_total, causes = yard.cause_names(offset, limit)
+        groups = yard.groups_of(causes)
     total = yard.count()
-    groups = yard.groups_of(causes)
     examples = yard.load([g.example_id for g in groups])
     newest = deploys.newest_version(yard.version_times())
     rows: list[dict[str, object]] = []
@@ -56,6 +82,7 @@ def causes_page(runtime: Runtime, *, offset: int = 0, limit: int = 50) -> dict[s
         "total": int(total),
         "offset": offset,
         "limit": limit,
+        "status": status,
     }
 
 
@@ -85,6 +112,8 @@ class GroupFilters:
     exception: str | None = None
     since_ms: int | None = None
     until_ms: int | None = None
+    #: An obituary status (:data:`~celery_dlx.store.status.STATUSES`), or ``all``.
+    status: str = UNRESOLVED
 
 
 @dataclass
@@ -113,19 +142,39 @@ def group_page(
     queue's or task's index (``ZMSCORE``, no record read), at most :data:`~celery_dlx.store.graveyard.SCAN_CAP` ids for one
     page (``capped`` says so), and ``offset`` then counts the cause's ids, not matches. Every
     obituary of a cause has the same exception type (it is part of the fingerprint), so the
-    exception filter keeps all or nothing.
+    exception filter keeps all or nothing. The cause's status counts settle a status filter
+    that keeps all or nothing, and count ``matching`` for a status filter alone.
     """
     yard = yard_of(runtime)
     limit = max(1, min(limit, MAX_PAGE))
     page = GroupPage(offset=offset)
-    if filters.exception:
-        group = yard.groups_of([cause])
-        if not group or group[0].exc_type != filters.exception:
+    found_group = yard.groups_of([cause])
+    group = found_group[0] if found_group else None
+    if filters.exception and (group is None or group.exc_type != filters.exception):
+        page.matching = 0
+        return page
+    status_of = None if filters.status == ALL else filters.status
+    if status_of is not None and group is not None:
+        having = status_count(group, status_of)
+        if having == 0:
             page.matching = 0
             return page
-    wanted = Filters(filters.queue, filters.task, None, None, filters.since_ms, filters.until_ms)
+        if having == group.count:  # every obituary has it: no filter, the exact count stays
+            status_of = None
+    wanted = Filters(
+        filters.queue,
+        filters.task,
+        None,
+        None,
+        filters.since_ms,
+        filters.until_ms,
+        status=status_of,
+    )
     found = yard.cause_page(cause, wanted, offset, limit)
     page.next_offset, page.matching = found.next_offset, found.matching
+    alone = (filters.queue, filters.task, filters.since_ms, filters.until_ms) == (None,) * 4
+    if status_of is not None and alone and group is not None:
+        page.matching = status_count(group, status_of)
     page.scanned, page.capped = found.scanned, found.capped
     obits = yard.load(found.ids, with_payload=True)
     page.rows = [obituary_row(ob, registry) for ob in obits if ob is not None]
@@ -145,6 +194,16 @@ class QueueParked(TypedDict):
     oldest_due_at: str | None
 
 
+class CauseParked(TypedDict):
+    """One cause's parked retries in :func:`parked_summary`."""
+
+    cause: str
+    count: int
+    due_now: int
+    task: str | None
+    queue: str
+
+
 class ParkedSummary(TypedDict):
     """What :func:`parked_summary` returns."""
 
@@ -154,6 +213,8 @@ class ParkedSummary(TypedDict):
     complete: bool
     oldest_lateness_s: float | None
     queues: list[QueueParked]
+    #: Per cause, most parked first (among the ``sampled`` retries).
+    causes: list[CauseParked]
 
 
 def _tally(per: dict[str, QueueParked], message: ParkedMessage, now: int) -> None:
@@ -182,14 +243,35 @@ def _tally(per: dict[str, QueueParked], message: ParkedMessage, now: int) -> Non
         q["next_due_ms"] = due
 
 
-def _scan_parked(runtime: Runtime, now: int) -> tuple[dict[str, QueueParked], int]:
-    """Per-queue rows of the :data:`PARKED_SCAN` soonest-due retries, and how many were read."""
+def _tally_cause(per: dict[str, CauseParked], message: ParkedMessage, now: int) -> None:
+    """Count one parked retry into its cause's row."""
+    c = per.setdefault(
+        message.cause,
+        {
+            "cause": message.cause,
+            "count": 0,
+            "due_now": 0,
+            "task": message.task,
+            "queue": message.queue,
+        },
+    )
+    c["count"] += 1
+    c["due_now"] += message.due_ms <= now
+
+
+def _scan_parked(
+    runtime: Runtime, now: int
+) -> tuple[dict[str, QueueParked], dict[str, CauseParked], int]:
+    """Per-queue and per-cause rows of the :data:`PARKED_SCAN` soonest-due retries, and how
+    many were read."""
     per: dict[str, QueueParked] = {}
+    causes: dict[str, CauseParked] = {}
     read = 0
     for message in runtime.parking.soonest(PARKED_SCAN):
         _tally(per, message, now)
+        _tally_cause(causes, message, now)
         read += 1
-    return per, read
+    return per, causes, read
 
 
 def parked_summary(runtime: Runtime, *, at_ms: int | None = None) -> ParkedSummary:
@@ -200,7 +282,7 @@ def parked_summary(runtime: Runtime, *, at_ms: int | None = None) -> ParkedSumma
     retry is among them while fewer than that are due). ``count`` and ``due_now`` are exact.
     """
     now = now_ms() if at_ms is None else at_ms
-    per, read = _scan_parked(runtime, now)
+    per, causes, read = _scan_parked(runtime, now)
     queues = []
     for q in sorted(per.values(), key=lambda r: r["queue"]):
         oldest = q["oldest_due_ms"]
@@ -218,6 +300,7 @@ def parked_summary(runtime: Runtime, *, at_ms: int | None = None) -> ParkedSumma
         "complete": read >= total,
         "oldest_lateness_s": max(lateness) if lateness else None,
         "queues": queues,
+        "causes": sorted(causes.values(), key=lambda c: (-c["count"], c["cause"])),
     }
 
 
