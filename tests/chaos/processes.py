@@ -46,8 +46,8 @@ RESTART_RABBITMQ = "restart RabbitMQ (stop_app/start_app)"
 #: Prefix of the events of a crash point firing (``DLX_FAULT``), e.g. "crash at service.buried".
 FAULT_PREFIX = "crash at "
 
-#: Seconds after a worker's start before its pool children may be killed.
-POOL_SETTLE = 5.0
+#: Seconds after a worker said it is ready before its pool children may be killed.
+POOL_SETTLE = 2.0
 #: Seconds RabbitMQ commands may take.
 RABBITMQCTL_TIMEOUT = 180
 
@@ -122,6 +122,8 @@ class Proc:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.started_at = 0.0
+        self.log_offset = 0
+        self.ready_at = 0.0
 
     def fault_fired(self) -> str | None:
         """The armed fault this (exited) process died of, if it did (popped), else None."""
@@ -141,6 +143,8 @@ class Proc:
             env["DLX_FAULT"] = self.faults[0]
         else:
             env.pop("DLX_FAULT", None)
+        self.log_offset = self.log.stat().st_size if self.log.exists() else 0
+        self.ready_at = 0.0
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 command(self.kind, self.name, self.concurrency),
@@ -165,13 +169,28 @@ class Proc:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
 
+    def settled(self) -> bool:
+        """True once this start's worker said it is ready, at least ``POOL_SETTLE`` s ago."""
+        if not self.ready_at:
+            try:
+                with self.log.open("rb") as log:
+                    log.seek(self.log_offset)
+                    ready = b" ready." in log.read()
+            except OSError:
+                ready = False
+            if not ready:
+                return False
+            self.ready_at = time.monotonic()
+        return time.monotonic() - self.ready_at >= POOL_SETTLE
+
     def kill_pool_child(self, rng: random.Random) -> bool:
         """SIGKILL one pool child of a worker (its main process starts another); False if none."""
         if not self.alive or self.proc is None:
             return False
-        if time.monotonic() - self.started_at < POOL_SETTLE:
+        if not self.settled():
             # Celery gives up ("Could not start worker processes") when a child dies while the
-            # pool is still starting: a Celery limit, not what this run measures.
+            # pool is still starting (a broker restart can delay that well past the start): a
+            # Celery limit, not what this run measures.
             return False
         try:
             children = psutil.Process(self.proc.pid).children()
