@@ -1,4 +1,5 @@
-"""kombu internals celery_dlx relies on (checked on kombu 5.3.0, 5.3.4, 5.6.2 and 5.7.0).
+"""kombu internals celery_dlx relies on (checked on kombu 5.7.0, installed here, and 5.3.0, the
+lowest stack's in ``tests/constraints/lowest.txt``, by reading its sources).
 
 Canaries: ``tests/unit/test_compat.py`` (kombu section) and ``tests/unit/test_compat_canaries.py``.
 """

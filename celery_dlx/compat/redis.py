@@ -1,5 +1,6 @@
-"""redis-py internals celery_dlx relies on, and its version gates (checked on redis-py 5.0.0,
-5.3.0, 6.4.0, 7.0.0 and 8.1.0).
+"""redis-py internals celery_dlx relies on, and its version gates (checked on redis-py 8.1.0,
+installed here, and 5.0.0, the lowest stack's in ``tests/constraints/lowest.txt``, by reading its
+sources; the gates name the releases where behaviour changes).
 
 Canaries: ``tests/unit/test_compat_versions.py`` (both sides of each gate) and
 ``tests/unit/test_compat_canaries.py`` (redis-py section).

@@ -1,4 +1,5 @@
-"""sentry-sdk internals celery_dlx relies on (checked on sentry-sdk 2.0.1 and 2.75.0).
+"""sentry-sdk internals celery_dlx relies on (checked on sentry-sdk 2.75.0, installed here; 2.0.1,
+the lowest stack's in ``tests/constraints/lowest.txt``, is run by the matrix).
 
 Canary: ``tests/unit/test_compat.py`` (sentry-sdk section).
 """
