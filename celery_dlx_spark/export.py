@@ -51,6 +51,7 @@ from celery_dlx_spark import records as dlx_records
 from celery_dlx_spark import source as dlx_source
 from celery_dlx_spark import storage as dlx_storage
 from celery_dlx_spark import stream as dlx_stream
+from celery_dlx_spark.compat import join_gateway
 from celery_dlx_spark.progress import Progress
 
 #: Entries per executor range the default range count aims at.
@@ -515,7 +516,7 @@ def build_session(master: str | None, conf: list[str]) -> Any:
     Raises:
         ExportError: see :func:`choose_master`.
     """
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     settings = dict(item.split("=", 1) for item in conf)
@@ -524,7 +525,7 @@ def build_session(master: str | None, conf: list[str]) -> Any:
     # spark-submit's --master, --conf and spark-defaults.conf: join (or, run with plain python,
     # start) that JVM first, so SparkConf sees them before anything decides the master
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-    SparkContext._ensure_initialized()
+    join_gateway()
     configured = SparkConf().get("spark.master", None)
     chosen = choose_master(requested, configured, submitted)
     builder = SparkSession.builder.appName("celery-dlx-export")

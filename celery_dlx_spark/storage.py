@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from celery_dlx_spark.compat import hadoop_configuration, jvm_of
+
 #: Name of the checkpoint file in the output directory.
 CHECKPOINT = "_checkpoint.json"
 #: Where a Hadoop checkpoint is staged before it replaces the old one (read if the rename died).
@@ -111,10 +113,10 @@ class HadoopStorage:
 
     def __init__(self, spark: Any, root: str) -> None:
         self.root = root.rstrip("/")
-        jvm = spark.sparkContext._jvm
+        jvm = jvm_of(spark)
         self._jvm = jvm
         self._path_class = jvm.org.apache.hadoop.fs.Path
-        conf = spark.sparkContext._jsc.hadoopConfiguration()
+        conf = hadoop_configuration(spark)
         self._fs = self._path_class(self.root).getFileSystem(conf)
         self._fs.mkdirs(self._path_class(self.root))
 

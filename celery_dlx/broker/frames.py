@@ -7,7 +7,8 @@ that is not UTF-8, tables nested past the recursion limit, an unknown field type
 never reaches the consumer; the broker redelivers it to the next one, which dies the same way.
 
 py-amqp takes the frame reader as an argument of its ``Connection`` (``frame_handler``), which
-kombu passes on from ``transport_options``. :func:`frame_handler` is py-amqp's reader with the
+kombu passes on from ``transport_options``. :func:`frame_handler` is py-amqp's reader (a copy of
+it that relies on py-amqp's internals: :func:`celery_dlx.compat.amqp.frame_reader`) with the
 content header decoded by py-amqp's own decoder first and, where that raises, by
 :func:`celery_dlx.message.fieldtable.read_properties`, which never does. Either way the raw
 header table goes into the properties (``x-dlx-wire-headers``), so copies keep every header as its
@@ -18,30 +19,21 @@ decoder.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 from struct import unpack_from
-from typing import Any
 
 import amqp
-from amqp import spec
-from amqp.exceptions import UnexpectedFrame
-from amqp.serialization import decode_properties_basic
 from celery import Celery
 from kombu import Connection
 
 from celery_dlx.broker.buffered import buffered
+from celery_dlx.compat.amqp import Callback, Frame, decode_properties, frame_reader
 from celery_dlx.message.fieldtable import header_table_span, read_properties
 from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
 from celery_dlx.message.properties import read_basic_properties
 
-#: Methods whose frame is followed by a content header and body.
-_CONTENT_METHODS = frozenset({spec.Basic.Return, spec.Basic.Deliver, spec.Basic.GetOk})
 #: Offset of the property list in a content header frame (class, weight, body size).
 _PROPERTIES_AT = 12
-
-Frame = tuple[int, int, Any]
-Callback = Callable[[int, tuple[int, int], Any, Any], Any]
 
 
 def decode_content_header(buf: bytes) -> tuple[int, int, dict[str, object]]:
@@ -57,7 +49,7 @@ def decode_content_header(buf: bytes) -> tuple[int, int, dict[str, object]]:
         properties, span = read_basic_properties(buf, _PROPERTIES_AT)
     except Exception:  # not a list the fast reader takes: py-amqp's decoder reads it
         try:
-            properties, _ = decode_properties_basic(buf, _PROPERTIES_AT)
+            properties, _ = decode_properties(buf, _PROPERTIES_AT)
         except Exception:  # anything py-amqp cannot decode: read by celery_dlx's total reader
             return class_id, body_size, read_properties(buf, _PROPERTIES_AT)
         span = header_table_span(buf, _PROPERTIES_AT)
@@ -68,47 +60,8 @@ def decode_content_header(buf: bytes) -> tuple[int, int, dict[str, object]]:
 
 def read_frames(connection: amqp.Connection, callback: Callback) -> Callable[[Frame], bool]:
     """py-amqp's ``method_framing.frame_handler`` with :func:`decode_content_header` for the
-    content header frame."""
-    expected_types: defaultdict[int, int] = defaultdict(lambda: 1)
-    partial_messages: dict[int, Any] = {}  # amqp.Message (celery-types omits its frame API)
-
-    def on_frame(frame: Frame) -> bool:
-        frame_type, channel, buf = frame
-        connection.bytes_recv += 1
-        if frame_type not in (expected_types[channel], 8):
-            raise UnexpectedFrame(
-                f"Received frame {frame_type} while expecting type: {expected_types[channel]}"
-            )
-        if frame_type == 1:
-            method_sig = unpack_from(">HH", buf, 0)
-            if method_sig in _CONTENT_METHODS:
-                partial_messages[channel] = amqp.Message(frame_method=method_sig, frame_args=buf)
-                expected_types[channel] = 2
-                return False
-            callback(channel, method_sig, buf, None)
-        elif frame_type == 2:
-            msg = partial_messages[channel]
-            _class_id, msg.body_size, msg.properties = decode_content_header(buf)
-            if msg.body_size:
-                expected_types[channel] = 3
-                return False
-            msg.ready = True
-            expected_types[channel] = 1
-            partial_messages.pop(channel, None)
-            callback(channel, msg.frame_method, msg.frame_args, msg)
-        elif frame_type == 3:
-            msg = partial_messages[channel]
-            msg.inbound_body(buf)
-            if not msg.ready:
-                return False
-            expected_types[channel] = 1
-            partial_messages.pop(channel, None)
-            callback(channel, msg.frame_method, msg.frame_args, msg)
-        elif frame_type == 8:
-            return False
-        return True
-
-    return on_frame
+    content header frame (:func:`celery_dlx.compat.amqp.frame_reader`)."""
+    return frame_reader(connection, callback, decode_content_header)
 
 
 class FrameHandler:

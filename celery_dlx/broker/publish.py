@@ -17,27 +17,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-import amqp
 from kombu import Connection
 from kombu.transport.pyamqp import Channel as AMQPChannel
 
+from celery_dlx.compat.amqp import EncodedMessage
 from celery_dlx.errors import PublishError
 from celery_dlx.message.outgoing import INT32_MAX, PUBLISH_SEQ_HEADER, Outgoing, copy_properties
 
 logger = logging.getLogger(__name__)
-
-
-class EncodedMessage(amqp.Message):
-    """An ``amqp.Message`` whose property list celery_dlx encoded itself
-    (:func:`~celery_dlx.message.fieldtable.write_properties`): py-amqp sends those bytes as they
-    are. ``properties`` still holds the decoded view (headers included) for readers."""
-
-    def __init__(self, body: bytes, encoded_properties: bytes, **properties: object) -> None:
-        super().__init__(body, **properties)
-        self.encoded_properties = encoded_properties
-
-    def _serialize_properties(self) -> bytes:
-        return self.encoded_properties
 
 
 def amqp_message(message: Outgoing, seq: int) -> EncodedMessage:

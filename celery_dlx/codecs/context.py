@@ -9,6 +9,7 @@ from typing import Any
 
 from celery_dlx.codecs.registry import ProtobufRegistry
 from celery_dlx.codecs.result import RunnerUp
+from celery_dlx.compat.python import is_text_codec
 
 #: Media types that declare JSON (besides any ``*/*+json``).
 JSON_TYPES = frozenset({"application/json", "text/json", "application/x-json"})
@@ -67,7 +68,7 @@ def charset_of(content_encoding: str | None) -> str | None:
     except (LookupError, ValueError):
         return None
     # Codecs such as "hex" or "rot13" are bytes/str transforms, not text encodings.
-    return name if getattr(info, "_is_text_encoding", True) else None
+    return name if is_text_codec(info) else None
 
 
 @dataclass

@@ -21,10 +21,9 @@ from urllib.parse import parse_qs, urlparse
 from redis import Redis
 from redis.client import Pipeline
 from redis.cluster import RedisCluster
-from redis.connection import ConnectionPool
 from redis.exceptions import AskError, RedisError
 
-from celery_dlx.compat import pool_connection, read_reply
+from celery_dlx.compat.redis import HeldConnectionPool, held_client, read_reply, refresh_slot_map
 from celery_dlx.errors import StoreError
 
 #: A client of ``dlx_redis_url`` (a sentinel URL gives a plain ``Redis`` of the master); bytes
@@ -261,28 +260,6 @@ class Replicas:
         return min(1, self.topology.count(master_of(client, key)))
 
 
-class _HeldConnection:
-    """A connection pool that lends one connection it holds, again and again, to one thread."""
-
-    def __init__(self, pool: ConnectionPool) -> None:
-        self.pool = pool
-        self.connection: Any = pool_connection(pool)
-
-    def get_connection(self, *_args: Any, **_kwargs: Any) -> Any:
-        return self.connection
-
-    def release(self, _connection: Any) -> None:
-        """Kept until :meth:`close`."""
-
-    def close(self, *, broken: bool) -> None:
-        if broken:  # replies may be left unread, or the master it reached may be a stale one
-            self.connection.disconnect()
-        self.pool.release(self.connection)
-
-    def __getattr__(self, name: str) -> Any:  # encoder, connection kwargs...: the pool's
-        return getattr(self.pool, name)
-
-
 def master_of(client: RedisClient, key: str) -> Redis:
     """The plain client of the master holding ``key``: ``client`` itself, or on a Redis
     Cluster the node owning the key's slot (``WAIT`` must reach that very node, on the write's
@@ -295,7 +272,7 @@ def master_of(client: RedisClient, key: str) -> Redis:
     cluster: Any = client  # redis-py leaves get_node_from_key unannotated
     node = cluster.get_node_from_key(key)
     if node.redis_connection is None:
-        client.nodes_manager.initialize()
+        refresh_slot_map(client)
         node = cluster.get_node_from_key(key)
     return cast(Redis, node.redis_connection)
 
@@ -318,16 +295,16 @@ class OneConnection:
 
     def __init__(self, client: RedisClient, key: str) -> None:
         self._origin = client
-        self._held = _HeldConnection(master_of(client, key).connection_pool)
+        self._held = HeldConnectionPool(master_of(client, key).connection_pool)
         #: A plain client whose every command goes over the held connection.
-        self.client = Redis(connection_pool=cast(ConnectionPool, self._held))
+        self.client = held_client(self._held)
 
     def __enter__(self) -> OneConnection:
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, AskError) and isinstance(self._origin, RedisCluster):
-            self._origin.nodes_manager.initialize()  # MOVED or ASK: the slot map is stale
+            refresh_slot_map(self._origin)  # MOVED or ASK: the slot map is stale
         self._held.close(broken=exc is not None)
 
     def wait(self, wanted: int, timeout: float, what: str) -> None:

@@ -13,10 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery.utils.objects import Bunch
-from celery.worker.consumer import Consumer
 
 from celery_dlx.broker.frames import tolerant
-from celery_dlx.compat import divert_reject
+from celery_dlx.compat.celery import ConsumerHooks, divert_reject
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.message.headers import DLXState, clean_headers, dead_letter_refusal, read_state
 from celery_dlx.message.names import (
@@ -97,18 +96,16 @@ def bury_raw(app: Celery, message: RawMessage, queue: str, reason: str) -> bool:
     return True
 
 
-class DLXConsumer(Consumer):
+class DLXConsumer(ConsumerHooks):
     """Celery's consumer with undecodable, unknown and invalid messages buried, not dropped."""
 
-    def connection_for_read(self, heartbeat: float | None = None) -> Any:
+    def dlx_read_connection(self, connection: Any) -> Any:
         # celery_dlx's frame reader on the consumer's own connection: a header py-amqp raises on
         # (a 1969 timestamp, a name that is not UTF-8) would stop the worker, which Celery calls
         # unrecoverable; and copies keep each header's field type.
-        return self.ensure_connected(tolerant(self.app.connection_for_read(heartbeat=heartbeat)))
+        return tolerant(connection)
 
-    def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[..., object]:
-        handler = super().create_task_handler(*args, **kwargs)
-
+    def dlx_task_handler(self, handler: Callable[..., object]) -> Callable[..., object]:
         def on_task_received(message: Message) -> Any:
             problem = (message.properties or {}).get(UNDECODABLE_PROPERTY)
             if problem is None:
@@ -158,7 +155,7 @@ class DLXConsumer(Consumer):
         except Exception:  # a result backend outage must not stop the consumer
             logger.warning("could not store FAILURE for %s", task_id, exc_info=True)
 
-    def on_decode_error(self, message: Message, exc: Exception) -> None:
+    def dlx_decode_error(self, message: Message, exc: Exception) -> None:
         if self._bury_raw(message, f"undecodable: {type(exc).__name__}: {exc}"):
             self._mark_failed(message, exc)
             message.ack()
@@ -167,21 +164,19 @@ class DLXConsumer(Consumer):
         else:
             message.reject(requeue=False)
 
-    def on_unknown_message(self, body: object, message: Message) -> None:
+    def dlx_unknown_message(self, message: Message) -> bool:
         # Buried: acked here, without Celery's "Received and deleted unknown message" warning
         # (the message was not deleted, and the quarantine line already said where it went).
         if self._bury_raw(message, "undecodable: not a Celery task message (no task header)"):
             message.ack_log_error(logger, getattr(self, "connection_errors", ()))
-            return
+            return True
         if dead_letter_refusal(message.headers):
             divert_reject(message, lambda log, errors, requeue=False: message.requeue())
-        super().on_unknown_message(body, message)
+        return False
 
-    def on_unknown_task(self, body: object, message: Message, exc: Exception) -> None:
+    def dlx_unknown_task(self, message: Message, exc: Exception) -> None:
         self._divert(message, f"unknown task: {exc}")
-        super().on_unknown_task(body, message, exc)
 
-    def on_invalid_task(self, body: object, message: Message, exc: Exception) -> None:
+    def dlx_invalid_task(self, message: Message, exc: Exception) -> None:
         self._divert(message, f"undecodable: invalid task message: {exc}")
         self._mark_failed(message, exc)
-        super().on_invalid_task(body, message, exc)

@@ -1,15 +1,18 @@
-"""``LazyExceptionInfo``: billiard's ``ExceptionInfo`` of a handled failure, built when first read;
-and :func:`task_traceback`, the text of a failure as the task's author wants to read it."""
+"""``LazyExceptionInfo``: billiard's ``ExceptionInfo`` of a handled failure, built when first read
+(:class:`celery_dlx.compat.billiard.LazyExceptionInfo`); and :func:`task_traceback`, the text of a
+failure as the task's author wants to read it."""
 
 from __future__ import annotations
 
 import os
-import sys
 import traceback
 from types import TracebackType
 
 import celery
-from billiard.einfo import ExceptionInfo
+
+from celery_dlx.compat.billiard import LazyExceptionInfo
+
+__all__ = ["LazyExceptionInfo", "task_traceback"]
 
 #: Folders whose frames call a task (celery_dlx's and Celery's own): a burial's traceback starts
 #: below them, at the task's first frame.
@@ -33,31 +36,3 @@ def task_traceback(exc: BaseException) -> str:
         first = first.tb_next
     shown = first if first is not None else exc.__traceback__
     return "".join(traceback.format_exception(type(exc), exc, shown))
-
-
-class LazyExceptionInfo(ExceptionInfo):
-    """billiard's ``ExceptionInfo`` of the exception being handled, built when first read.
-
-    A requeue or park reads it only when the result backend stores the traceback or a
-    ``task_retry`` receiver looks at ``einfo``; a burial always reads it (the obituary's
-    traceback). Building one copies and formats the whole traceback, the largest single cost of
-    a handled failure, so it is not built for nothing. Pickles as the built ``ExceptionInfo``.
-    """
-
-    def __init__(self) -> None:  # billiard's __init__ runs on first read
-        self._exc_info = sys.exc_info()
-
-    def __getattribute__(self, name: str) -> object:
-        if name in _EINFO_ATTRS:
-            pending = object.__getattribute__(self, "__dict__").pop("_exc_info", None)
-            if pending is not None:
-                ExceptionInfo.__init__(self, pending)
-        return object.__getattribute__(self, name)
-
-    def __getstate__(self) -> dict[str, object]:
-        _ = self.traceback  # built before it leaves the process
-        return self.__dict__
-
-
-#: What billiard's ExceptionInfo sets (class attributes, so ``__getattr__`` would never see them).
-_EINFO_ATTRS = frozenset({"type", "exception", "tb", "traceback", "internal", "exc_info"})

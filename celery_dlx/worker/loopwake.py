@@ -19,7 +19,7 @@ On the solo pool; and on every pool below kombu 5.7. Prefork's acks are asked fo
 process's result is read, in the poll's own callbacks, whose ``call_soon`` runs on the next turn;
 the threads pool's come from its threads, as the settler's do (``celery_dlx.worker.settler``), and
 from kombu 5.7 on ``call_soon`` from another thread wakes the loop itself. Before 5.7 it does not
-(:func:`celery_dlx.compat.hub_wakes_for_other_threads`): such an ack waited up to ten seconds
+(:func:`celery_dlx.compat.kombu.hub_wakes_for_other_threads`): such an ack waited up to ten seconds
 too, so there the pipe is written from those threads as well.
 """
 
@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from celery import bootsteps
 
-from celery_dlx.compat import hub_wakes_for_other_threads
+from celery_dlx.compat.celery import worker_pool_name
+from celery_dlx.compat.kombu import hub_wakes_for_other_threads
 from celery_dlx.wiring.runtime import get_runtime
 
 if TYPE_CHECKING:
@@ -118,8 +119,7 @@ class LoopWakeStep(bootsteps.StartStopStep):
         self.hub: Hub | None = None
 
     def include_if(self, parent: WorkController) -> bool:
-        pool = getattr(parent, "pool_cls", None)
-        pool_name = (getattr(pool, "__module__", "") or "").rsplit(".", 1)[-1]
+        pool_name = worker_pool_name(parent)
         return bool(
             get_runtime(parent.app).config.enabled
             and getattr(parent, "use_eventloop", False)

@@ -9,37 +9,31 @@ loop (:mod:`celery_dlx.worker.loopwake`), so that kombu's loop writes it on its 
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
-from celery.worker.request import Request
-
-from celery_dlx.compat import HandedOver
+from celery_dlx.compat.celery import (
+    HandedOver,
+    NotifyingRequest,
+    divert_acknowledge,
+    set_request_header,
+)
 from celery_dlx.worker.events import TASK_EVENTS_KEY, sends_task_events
 from celery_dlx.worker.loopwake import loop_wake_of
 from celery_dlx.worker.settler import ParkHandover, RequeueHandover, Settler, settler_of
 
 
-class DLXRequest(Request):
+class DLXRequest(NotifyingRequest):
     """A task request whose handed-over park or requeue is settled by the worker's main
     process, and which tells its run whether the worker sends task events
     (:data:`~celery_dlx.worker.events.TASK_EVENTS_KEY`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.request_dict[TASK_EVENTS_KEY] = bool(
-            self.task.send_events and sends_task_events(self.eventer)
+        set_request_header(
+            self, TASK_EVENTS_KEY, bool(self.task.send_events and sends_task_events(self.eventer))
         )
 
-    def acknowledge(self) -> None:
-        super().acknowledge()
-        self._wake_loop()
-
-    def reject(self, requeue: bool = False) -> None:
-        super().reject(requeue=requeue)
-        self._wake_loop()
-
-    def _wake_loop(self) -> None:
+    def after_ack_or_reject(self) -> None:
         """On the solo pool, make the loop write the ack or reject just queued on its next turn."""
         wake = loop_wake_of(self.task.app)
         if wake is not None:
@@ -53,7 +47,8 @@ class DLXRequest(Request):
             # Celery acks an Ignore (after its own bookkeeping): this request's acknowledge
             # passes the handover on instead, once. A success never comes here, and runs
             # Celery's own acknowledge.
-            self.__dict__["acknowledge"] = partial(_hand_over, self, exc.handover)
+            handover = exc.handover
+            divert_acknowledge(self, lambda: _hand_over(self, handover))
         return super().on_failure(
             exc_info, send_failed_event=send_failed_event, return_ok=return_ok
         )
@@ -62,7 +57,6 @@ class DLXRequest(Request):
 def _hand_over(request: DLXRequest, handover: ParkHandover | RequeueHandover) -> None:
     """``request.acknowledge()`` of a run that handed its park or requeue over: the settler writes
     the copy, then acks the message through Celery's own ``acknowledge``."""
-    del request.__dict__["acknowledge"]
     if request.acknowledged:
         return
     # Without a running settler (it cannot happen: a pool process hands over only to one),

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from celery import bootsteps
 
 from celery_dlx import faults
+from celery_dlx.compat.celery import acknowledge_from_thread, reject_from_thread, worker_pool_name
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.fate_copy import fate_copy
 from celery_dlx.message.lineage import ANY_LINEAGE
@@ -114,7 +115,8 @@ class Settler:
 
     The acks go through Celery's own: ``Request.acknowledge`` schedules ``basic.ack`` on the
     worker's event loop with ``Hub.call_soon``, which, called from this thread, wakes the loop
-    (as the acks of the threads pool's runs do). Asked from the loop thread itself, inside one of
+    (as the acks of the threads pool's runs do; :func:`celery_dlx.compat.celery.
+    acknowledge_from_thread` says how). Asked from the loop thread itself, inside one of
     its callbacks, the ack would wait for the loop's next event: up to a second, a prefetch slot
     held all along (seen with a worker at prefetch 1 that had nothing else to do).
     """
@@ -200,7 +202,7 @@ class Settler:
         for (request, handover), outcome in zip(batch, outcomes, strict=True):
             try:
                 if outcome is None:
-                    request.acknowledge()
+                    acknowledge_from_thread(request)
                 else:
                     self._fall_back(request, handover, outcome)
             except Exception:  # one message's ack must not keep the others waiting
@@ -229,11 +231,11 @@ class Settler:
         except Exception:
             runtime.reset_publisher()
             refusals.failed(err, "the broker refused the copy for the DLX service too")
-            request.reject(requeue=True)
+            reject_from_thread(request, requeue=True)
             return
         refusals.failed(err, "sent to the DLX service, which writes it once it can")
         note_handed_over(runtime, handover.event)
-        request.acknowledge()
+        acknowledge_from_thread(request)
 
 
 def note_handed_over(runtime: Runtime, event: FateEvent) -> None:
@@ -282,8 +284,7 @@ class SettlerStep(bootsteps.StartStopStep):
 
     def include_if(self, parent: WorkController) -> bool:
         config = get_runtime(parent.app).config
-        pool = getattr(parent, "pool_cls", None)
-        pool_name = (getattr(pool, "__module__", "") or "").rsplit(".", 1)[-1]
+        pool_name = worker_pool_name(parent)
         return bool(
             config.enabled
             and config.parent_parks

@@ -13,9 +13,9 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.worker.consumer import Consumer
-from celery.worker.strategy import default
 
-from celery_dlx.compat import consumer_tags
+from celery_dlx.compat.celery import default_strategy as default
+from celery_dlx.compat.celery import task_queue_tags
 from celery_dlx.message.names import DELIVERY_QUEUE_HEADER
 
 #: kombu's ``Message`` as Celery's consumer hands it over.
@@ -24,10 +24,9 @@ Message = Any
 
 def _queue_of(consumer: Consumer, message: Message) -> str | None:
     tag = (message.delivery_info or {}).get("consumer_tag")
-    task_consumer = getattr(consumer, "task_consumer", None)
-    if not tag or task_consumer is None:
+    if not tag:
         return None
-    for queue, active_tag in consumer_tags(task_consumer).items():
+    for queue, active_tag in task_queue_tags(consumer).items():
         if active_tag == tag:
             return queue
     return None

@@ -21,14 +21,19 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from billiard.einfo import ExceptionInfo
 from celery import Celery, Task, signals
-from celery.app.task import Context
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
 from celery.utils.imports import symbol_by_name
 
 from celery_dlx import fates, faults
 from celery_dlx.broker.copies import celery_copy
-from celery_dlx.compat import RunSettled, Tracer, settles, settling_tracer
+from celery_dlx.compat.celery import (
+    RunSettled,
+    TracerHook,
+    push_request_keeping_fields,
+    settles,
+    tracer_of,
+)
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
@@ -152,7 +157,7 @@ else:  # Celery's Task is subscriptable (generic) only from 5.7.0; celery-types 
     _Task = Task
 
 
-class DLXTask(_Task):
+class DLXTask(TracerHook, _Task):
     """A task whose failures are requeued at the tail, parked in Redis, or buried.
 
     Options (class attributes or ``@app.task(...)`` keywords; each falls back to the ``dlx_*``
@@ -189,18 +194,10 @@ class DLXTask(_Task):
     dlx_importance: object = None
     dlx_breaker: object = None
 
-    @property
-    def __trace__(self) -> Tracer | None:
-        """Celery's tracer of this task in a worker, which sets it (``build_tracer``) before the
-        first run; for a DLX task, one that ends a requeued or parked run without a traceback."""
-        tracer: Tracer | None = self.__dict__.get("_dlx_tracer")
-        return tracer
-
-    @__trace__.setter
-    def __trace__(self, tracer: Tracer | None) -> None:
-        if tracer is not None and self._dlx_enabled_for(self.app):
-            tracer = settling_tracer(tracer)
-        self.__dict__["_dlx_tracer"] = tracer
+    def _dlx_settles_runs(self) -> bool:
+        """The worker's tracer of this task ends requeued and parked runs without a traceback
+        (:class:`~celery_dlx.compat.celery.TracerHook`) when it runs as a DLX task."""
+        return self._dlx_enabled_for(self.app)
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
@@ -234,7 +231,7 @@ class DLXTask(_Task):
         run's request; before Celery 5.5 the ``super().__call__`` below then gave the task body an
         empty request (id None, retries 0) in eager mode and in-process workers.
         """
-        self.request_stack.push(Context(*args, **{**self.request.__dict__, **kwargs}))
+        push_request_keeping_fields(self, *args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         req = self.request
@@ -439,7 +436,7 @@ class DLXTask(_Task):
 
     def _end_settled(self) -> NoReturn:
         """End a run whose fate is settled already, acking its message, without a traceback."""
-        if settles(self.__dict__.get("_dlx_tracer")):
+        if settles(tracer_of(self)):
             raise RunSettled(None) from None
         raise Ignore() from None
 
@@ -477,7 +474,7 @@ class DLXTask(_Task):
         event = self._fate_event(delivery, options, plan, held)
         handover = self._send_copy(runtime, delivery, plan, exc, event, held)
         self._mark_retry(plan.root, einfo)
-        if settles(self.__dict__.get("_dlx_tracer")):  # the worker runs it through that tracer
+        if settles(tracer_of(self)):  # the worker runs it through that tracer
             raise RunSettled(handover) from None
         # Under another tracer: without the failure as context, since Celery's tracer formats
         # the Ignore's traceback (for a line it logs at INFO).
@@ -643,11 +640,7 @@ class DLXTask(_Task):
         """True when this run's park or requeue goes to the worker's main process: it settles
         them (``dlx_parent_parks``), runs this task's requests as :class:`DLXRequest`, and hears of
         this run's end through celery_dlx's tracer."""
-        return (
-            hands_over(self.app)
-            and settles(self.__dict__.get("_dlx_tracer"))
-            and _settling_request(self.Request)
-        )
+        return hands_over(self.app) and settles(tracer_of(self)) and _settling_request(self.Request)
 
     def _failure(self, delivery: Delivery, importance: str, **facts: Any) -> Failure:
         """The worker's failure record of ``delivery``: built here for every fate (the facts each

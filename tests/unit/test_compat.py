@@ -1,7 +1,8 @@
 """Every private internal fenced in celery_dlx.compat, checked against the installed libraries.
 
 A failure here means an upgrade of the library named in the message removed or changed an
-internal celery_dlx relies on: fix the function in celery_dlx/compat.py before releasing.
+internal celery_dlx relies on: fix the function in celery_dlx/compat/ (the module of that
+library) before releasing.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ NO_BROKER = "amqp://nobody:nothing@127.0.0.1:1//"
 def broken(dist: str, internal: str) -> str:
     return (
         f"{dist} {version(dist)} changed {internal}, which celery_dlx relies on: "
-        f"update celery_dlx/compat.py for this version"
+        f"update celery_dlx/compat/ for this version"
     )
 
 
