@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The failure storm and the multi-process chaos test (issue 36), about 7 minutes: 2,500 poison
+# The failure storm and the multi-process chaos test, about 3 minutes: 2,500 poison
 # tasks filling a private Redis at its maxmemory; then three prefork workers, a separate DLX
 # service, a drain and a foreign consumer under kill -9, Redis kill -9 with AOF, a private
 # RabbitMQ 3.10 node stopped and started (on free ports, stopped by node name after), every crash

@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         os.environ.get("DLX_CHAOS_MULTI") != "1",
-        reason="multi-process chaos on a private RabbitMQ node, about 2 minutes a seed: set "
+        reason="multi-process chaos on a private RabbitMQ node, under a minute a seed: set "
         "DLX_CHAOS_MULTI=1 (bash scripts/test-chaos.sh)",
     ),
 ]
