@@ -157,6 +157,8 @@ class ChaosReport:
     violations: list[str] = field(default_factory=list)
     #: Failures run past their budget (no allowance), each with the events of its life.
     past_budget: list[str] = field(default_factory=list)
+    #: What was still parked when a run did not settle (see :func:`stuck_parked`).
+    stuck_parked: list[str] = field(default_factory=list)
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
     lost_ids: list[str] = field(default_factory=list)
     duplicate_ids: list[str] = field(default_factory=list)
@@ -200,6 +202,7 @@ class ChaosReport:
         for kind, counts in sorted(self.by_kind.items()):
             out.append(f"  {kind:8} {json.dumps(counts, sort_keys=True)}")
         out.extend(f"  past budget: {line}" for line in self.past_budget)
+        out.extend(f"  still parked: {line}" for line in self.stuck_parked)
         if self.lost_ids:
             out.append(f"lost ids (first 20): {self.lost_ids[:20]}")
         if self.duplicate_ids:
@@ -260,6 +263,21 @@ def life_of(
         if start - DISTURB_MARGIN <= e.wall <= end + DISTURB_MARGIN
     ]
     return f"runs {runs}; events {seen}"
+
+
+def stuck_parked(runtime: Any, limit: int = 20) -> list[str]:
+    """What is still parked (for a run that did not settle): entry id, due or lease time relative
+    to now, and whether its metadata and body exist."""
+    out = []
+    now = time.time() * 1000
+    for shard in runtime.parking.shards.every():
+        keys = shard.parked
+        for member, score in runtime.redis.zrange(keys.due, 0, limit - 1, withscores=True):
+            has_meta = runtime.redis.hexists(keys.meta, member)
+            has_body = runtime.redis.hexists(keys.body, member)
+            name = member.decode() if isinstance(member, bytes) else str(member)
+            out.append(f"{name} at {(score - now) / 1000:+.1f}s meta={has_meta} body={has_body}")
+    return out
 
 
 def republishers_died(start: float, end: float, events: list[P.Event]) -> int:
@@ -437,6 +455,7 @@ class ChaosRun:
         self.published_at: dict[str, float] = {}
         self._app: Any = None
         self.unsent: list[str] = []
+        self.stuck: list[str] = []
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -549,6 +568,10 @@ class ChaosRun:
             except redis.RedisError as exc:
                 logger.warning("settle check failed (%r)", exc)
             time.sleep(1.0)
+        try:
+            self.stuck = stuck_parked(runtime)
+        except redis.RedisError as exc:
+            self.stuck = [f"could not read the parked entries ({exc!r})"]
         return False
 
     def pending(self, runtime: Any, conn: Connection) -> set[str]:
@@ -714,6 +737,7 @@ def run_chaos(plan: ChaosPlan, uid: str | None = None) -> ChaosReport:
         report.publish_seconds = publish_seconds
         report.settle_seconds = settle_seconds
         report.settled = settled
+        report.stuck_parked = run.stuck
         report.logdir = str(run.logdir) if plan.keep_logs else ""
         report.total_seconds = time.monotonic() - started
         return report
