@@ -124,7 +124,9 @@ def main() -> int:
     total = package_lines()
     core = sum(sizes.values())
     print(f"celery_dlx: {total} lines in all")
-    print(f"core (loaded by a ready worker): {len(sizes)} modules, {core} lines ({core / total:.0%})")
+    print(
+        f"core (loaded by a ready worker): {len(sizes)} modules, {core} lines ({core / total:.0%})"
+    )
     return 0
 
 
