@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from celery_dlx import Obituary, Runtime
 from celery_dlx.codecs import ProtobufRegistry, decode_payload
 from celery_dlx.codecs.editing import (
     ABSENT,
@@ -40,7 +39,14 @@ from celery_dlx.codecs.editing import (
     unwrap,
 )
 from celery_dlx.codecs.result import KIND_CELERY, KIND_PROTOBUF, Decoded
-from celery_dlx.ops import BROKER_HEADER_PREFIXES, BROKER_HEADERS, Outgoing, obituaries
+from celery_dlx.ops import (
+    BROKER_HEADER_PREFIXES,
+    BROKER_HEADERS,
+    Obituary,
+    Outgoing,
+    Runtime,
+    obituaries,
+)
 from celery_dlx.ops.audit import record_audit
 from celery_dlx.ops.replay import NotReplayed, check_target_queue, replay_copy, replay_one
 
