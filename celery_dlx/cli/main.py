@@ -9,9 +9,10 @@ commands live in :mod:`celery_dlx.cli.graveyard`, the operational ones in
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 
 import click
 from celery import Celery
@@ -20,6 +21,52 @@ from celery_dlx.errors import DLXError
 
 #: Log format of the standalone commands (the worker has its own).
 LOG_FORMAT = "[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
+
+
+#: Where the group's other commands live: (module, a command or a sequence of them).
+COMMAND_SOURCES: tuple[tuple[str, str], ...] = (
+    ("celery_dlx.cli.graveyard", "COMMANDS"),
+    ("celery_dlx.cli.ops", "COMMANDS"),
+    ("celery_dlx.cli.broker", "COMMANDS"),
+    ("celery_dlx.cli.breakers", "COMMANDS"),
+    ("celery_dlx.web.command", "web_command"),
+)
+
+
+class LazyCommands(MutableMapping[str, click.Command]):
+    """The ``dlx`` group's commands, whose modules are imported the first time one is looked up.
+
+    Celery's command line imports every ``celery.commands`` entry point whenever it starts, a
+    worker's included: the worker then loads this module only, not the graveyard, operations and
+    console commands (nor what they import) that no worker runs.
+    """
+
+    def __init__(self, sources: Sequence[tuple[str, str]]) -> None:
+        self._commands: dict[str, click.Command] = {}
+        self._sources = list(sources)
+
+    def _loaded(self) -> dict[str, click.Command]:
+        while self._sources:
+            module, attribute = self._sources.pop(0)
+            found = getattr(importlib.import_module(module), attribute)
+            for command in found if isinstance(found, (list, tuple)) else (found,):
+                self._commands[command.name] = command
+        return self._commands
+
+    def __getitem__(self, name: str) -> click.Command:
+        return self._loaded()[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._commands[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
 
 
 class DLXGroup(click.Group):
@@ -45,7 +92,7 @@ def load_app(name: str) -> Celery:
         raise click.UsageError(f"cannot load the Celery app {name!r} (-A/--app): {exc}") from exc
 
 
-@click.group(name="dlx", cls=DLXGroup)
+@click.group(name="dlx", cls=DLXGroup, commands=LazyCommands(COMMAND_SOURCES))
 @click.option(
     "-A",
     "--app",
@@ -150,21 +197,6 @@ def service(
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(stats.as_dict(), sort_keys=True))
-
-
-def _add_commands() -> None:
-    from celery_dlx.cli import breakers as cli_breakers
-    from celery_dlx.cli import broker as cli_broker
-    from celery_dlx.cli import graveyard as cli_graveyard
-    from celery_dlx.cli import ops as cli_ops
-    from celery_dlx.web.command import web_command
-
-    commands = (*cli_graveyard.COMMANDS, *cli_ops.COMMANDS, *cli_broker.COMMANDS)
-    for command in (*commands, *cli_breakers.COMMANDS, web_command):
-        dlx.add_command(command)
-
-
-_add_commands()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

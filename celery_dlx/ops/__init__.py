@@ -1,0 +1,48 @@
+"""The operations: plain functions over an app's runtime that return data.
+
+One module per concern (:mod:`~celery_dlx.ops.obituaries`, :mod:`~celery_dlx.ops.replay`,
+:mod:`~celery_dlx.ops.purge`, :mod:`~celery_dlx.ops.inspection`, :mod:`~celery_dlx.ops.checks`,
+:mod:`~celery_dlx.ops.audit`...); the command line and the console are thin layers over them.
+The names below are what a caller of the operations needs beside their functions: the app's
+runtime they all take, the clock, the records they take and return, the obituary statuses, the
+errors a store read may raise and the settings table.
+
+The optional products, the console (:mod:`celery_dlx.web`), payload editing
+(:mod:`celery_dlx.ops.edit`, :mod:`celery_dlx.codecs.editing`, :mod:`celery_dlx.codecs.fit`) and
+the Spark launcher (:mod:`celery_dlx.ops.export`), import nothing of celery_dlx but
+:mod:`celery_dlx`, :mod:`celery_dlx.errors`, this package and its modules, and the payload codecs
+(:mod:`celery_dlx.codecs`): a contract in ``pyproject.toml`` says so, and ``lint-imports``
+checks it.
+"""
+
+from __future__ import annotations
+
+from celery_dlx.fates import now_ms
+from celery_dlx.message.names import BROKER_HEADER_PREFIXES, BROKER_HEADERS
+from celery_dlx.message.obituary import Obituary
+from celery_dlx.message.outgoing import Outgoing
+from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.policy.config import DLXConfig
+from celery_dlx.policy.settings import SETTINGS
+from celery_dlx.store.errors import STORE_ERRORS
+from celery_dlx.store.graveyard import Filters, Graveyard
+from celery_dlx.store.status import STATUSES, UNRESOLVED
+from celery_dlx.wiring.runtime import Runtime, get_runtime
+
+__all__ = [
+    "BROKER_HEADERS",
+    "BROKER_HEADER_PREFIXES",
+    "SETTINGS",
+    "STATUSES",
+    "STORE_ERRORS",
+    "UNRESOLVED",
+    "DLXConfig",
+    "Filters",
+    "Graveyard",
+    "Obituary",
+    "Outgoing",
+    "ParkedMessage",
+    "Runtime",
+    "get_runtime",
+    "now_ms",
+]

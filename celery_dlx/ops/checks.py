@@ -37,6 +37,7 @@ from celery_dlx.broker.management import (
     ManagementError,
     dead_letter_exchange_of,
     first_answering,
+    management_for,
 )
 from celery_dlx.broker.probe import missing_entities, queue_counts
 from celery_dlx.fates import now_ms
@@ -360,6 +361,40 @@ def backlog_problems(
     ]
 
 
+def management_of(runtime: Runtime) -> Management | None:
+    """The management API of the app's broker, or None when it cannot be had (the checks then
+    run over AMQP only, as their report says)."""
+    try:
+        conn = runtime.app.connection_for_write()
+        try:
+            return management_for(conn)
+        finally:
+            conn.release()
+    except Exception:  # no management API
+        return None
+
+
+def redis_memory(runtime: Runtime) -> RedisMemory:
+    """The memory of the app's Redis, read without the probe write of :func:`run_check`."""
+    return read_memory(runtime.redis)
+
+
+def refused_copies(runtime: Runtime) -> dict[str, int]:
+    """Parks and requeues workers could not write, which the DLX service wrote, per fate."""
+    return Refusals(runtime.redis, runtime.keys).read()
+
+
+def service_queue_counts(runtime: Runtime) -> tuple[int, int] | None:
+    """Ready messages and consumers of the DLX service queue (a passive declare, retried
+    once), or None when the queue is missing.
+
+    Raises:
+        the broker's errors when it cannot be reached.
+    """
+    queue = runtime.config.service_queue
+    return queue_counts(runtime.app, [queue], retries=1).get(queue)
+
+
 def _check_redis(runtime: Runtime, report: CheckReport) -> None:
     """Redis memory against maxmemory and the graveyard budget, refused writes, refused parks."""
     try:
@@ -387,7 +422,7 @@ def _check_redis(runtime: Runtime, report: CheckReport) -> None:
         if not any(p.kind == REDIS_FULL for p in report.problems):
             report.problems.extend(full)
     try:
-        report.refused = Refusals(runtime.redis, runtime.keys).read()
+        report.refused = refused_copies(runtime)
     except Exception:  # a count, never a reason to fail the check
         logger.debug("could not read the refused-write counts", exc_info=True)
 
@@ -413,7 +448,7 @@ def _check_backlog(
         if isinstance(head, (int, float)) and head > 0:
             oldest = max(0.0, now_ms() / 1000 - float(head))
     else:
-        counts = queue_counts(runtime.app, [queue], retries=1).get(queue)
+        counts = service_queue_counts(runtime)
         if counts is None:
             return  # missing: reported by the AMQP checks
         messages, consumers = counts

@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.codecs import ProtobufRegistry, decode_payload
 from celery_dlx.codecs.editing import (
     ABSENT,
@@ -40,21 +39,21 @@ from celery_dlx.codecs.editing import (
     unwrap,
 )
 from celery_dlx.codecs.result import KIND_CELERY, KIND_PROTOBUF, Decoded
-from celery_dlx.fates import AUDIT, REPLAYED, FateEvent, now_ms
-from celery_dlx.message.failure import Failure
-from celery_dlx.message.names import BROKER_HEADER_PREFIXES, BROKER_HEADERS
-from celery_dlx.message.obituary import Obituary
-from celery_dlx.message.outgoing import Outgoing
-from celery_dlx.ops import obituaries
-from celery_dlx.ops.replay import check_target_queue, replay_copy
-from celery_dlx.wiring.runtime import Runtime
+from celery_dlx.ops import (
+    BROKER_HEADER_PREFIXES,
+    BROKER_HEADERS,
+    Obituary,
+    Outgoing,
+    Runtime,
+    obituaries,
+)
+from celery_dlx.ops.audit import record_audit
+from celery_dlx.ops.replay import NotReplayed, check_target_queue, replay_copy, replay_one
 
 #: Header an edited copy carries: the id of the obituary it was edited from.
 EDITED_FROM_HEADER = "x-dlx-edited-from"
 #: The audit log's action name of an edit.
 EDIT_ACTION = "edit"
-#: Entries kept in the audit stream (the console's limit too).
-AUDIT_MAXLEN = 10000
 #: Headers of a Celery task message an edit may not set: the edit gives them new values.
 CELERY_ID_HEADERS = ("id", "root_id")
 
@@ -403,30 +402,20 @@ def edit(
     report = EditReport(plan, dry_run=dry_run, to_queue=to_queue)
     if not replay or dry_run:
         return report
-    yard = runtime.graveyard
-    marked = yard.mark_replayed([ob.id], now_ms())
+    reason, extra = _replayed_entry(ob, plan, user or "?")
     try:
-        confirmed = runtime.publisher.publish_many([plan.outgoing])
-    except BROKER_ERRORS as exc:
-        runtime.reset_publisher()
-        yard.unmark_replayed(marked, now_ms())
-        raise EditError(f"edited copy of {ob.id} not replayed: not confirmed ({exc})") from exc
-    if not all(confirmed):
-        yard.unmark_replayed(marked, now_ms())
-        raise EditError(
-            f"edited copy of {ob.id} not replayed: the broker refused it (queue {plan.queue!r} "
-            "missing?)"
-        )
-    at = now_ms()
-    yard.add_replays([(ob.id, at)], to_queue=to_queue or "")
-    runtime.record(_replayed_event(ob, plan, at, user or "?"))
+        at = replay_one(runtime, ob, plan.outgoing, to_queue=to_queue, reason=reason, extra=extra)
+    except NotReplayed as exc:
+        detail = f"{exc} (queue {plan.queue!r} missing?)" if exc.refused else str(exc)
+        raise EditError(f"edited copy of {ob.id} not replayed: {detail}") from exc.__cause__
     report.replayed = True
     report.at_ms = at
     report.audit_id = _audit(runtime, ob, plan, at, user or "?", role)
     return report
 
 
-def _replayed_event(ob: Obituary, plan: EditPlan, at: int, user: str) -> FateEvent:
+def _replayed_entry(ob: Obituary, plan: EditPlan, user: str) -> tuple[str, dict[str, object]]:
+    """The reason and extra fields of the edited copy's ``replayed`` history entry."""
     what = ", ".join(plan.paths + [f"header {h}" for h in plan.header_names])
     if plan.replaced_payload:
         what = "payload replaced" + (f", {what}" if what else "")
@@ -448,19 +437,7 @@ def _replayed_event(ob: Obituary, plan: EditPlan, at: int, user: str) -> FateEve
     if plan.queue != ob.queue:
         reason += f" to queue {plan.queue} (died in {ob.queue})"
         extra.update(from_queue=ob.queue, to_queue=plan.queue)
-    failure = Failure(
-        task=ob.task,
-        queue=ob.queue,
-        message_id=ob.message_id,
-        attempt=0,
-        cause=ob.cause,
-        exc_type=ob.exc_type,
-        reason=reason,
-        importance=ob.importance,
-        first_failure_ms=ob.first_failure_ms,
-        at_ms=at,
-    )
-    return FateEvent.of(REPLAYED, failure, extra=extra)
+    return reason, extra
 
 
 def _audit(runtime: Runtime, ob: Obituary, plan: EditPlan, at: int, user: str, role: str) -> str:
@@ -493,16 +470,15 @@ def _audit(runtime: Runtime, ob: Obituary, plan: EditPlan, at: int, user: str, r
         "result": json.dumps(result, sort_keys=True, default=str)[:100_000],
         "job": "",
     }
-    failure = Failure(
+    return record_audit(
+        runtime,
+        fields,
         queue=ob.queue,
-        message_id=f"audit:edit:{ob.id}",
-        attempt=0,
         cause=ob.cause,
+        message_id=f"audit:edit:{ob.id}",
         reason=f"{user} ({role}) {EDIT_ACTION} {ob.id}: {summary}",
-        importance="notify",
         at_ms=at,
     )
-    return runtime.history.append_audit(fields, FateEvent.of(AUDIT, failure), maxlen=AUDIT_MAXLEN)
 
 
 def edits_of(runtime: Runtime, obituary_id: str, *, scan: int = 1000) -> list[dict[str, object]]:

@@ -262,7 +262,7 @@ def find_spark_submit(spark_submit: str | None = None) -> str:
 
 def export_settings(app: Celery) -> tuple[str, str]:
     """``(dlx_redis_url, dlx_key_prefix)`` of a Celery app."""
-    from celery_dlx.wiring.runtime import get_runtime
+    from celery_dlx.ops import get_runtime
 
     config = get_runtime(app).config
     return config.redis_url, config.key_prefix

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from celery_dlx.errors import DLXError
-from celery_dlx.fates import AUDIT, FateEvent, now_ms
-from celery_dlx.message.failure import Failure
+from celery_dlx.fates import now_ms
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.ops.audit import record_audit
 from celery_dlx.policy.deadletter import read_dead_letter
 from celery_dlx.policy.verdicts import build_obituary, bury_verdict
 from celery_dlx.service.settle import buried_event
@@ -28,8 +28,6 @@ from celery_dlx.wiring.runtime import Runtime
 
 #: Parked retries read to find those of a cause.
 CAUSE_SCAN = 100_000
-#: Entries kept in the audit stream (as the console's actions).
-AUDIT_MAXLEN = 10000
 
 
 class ParkedActionJSON(TypedDict):
@@ -202,13 +200,12 @@ def _audit(runtime: Runtime, report: ParkedActionReport, by: str, cause: str | N
         "result": json.dumps(report.as_dict(), sort_keys=True),
         "job": "",
     }
-    failure = Failure(
+    record_audit(
+        runtime,
+        fields,
         queue="*",
-        message_id=f"audit:parked-{report.action}:{at}",
-        attempt=0,
         cause=cause or "",
+        message_id=f"audit:parked-{report.action}:{at}",
         reason=f"{by} {report.action} {target[:200]}: {summary}",
-        importance="notify",
         at_ms=at,
     )
-    runtime.history.append_audit(fields, FateEvent.of(AUDIT, failure), maxlen=AUDIT_MAXLEN)

@@ -136,6 +136,66 @@ def _replayed_event(
     )
 
 
+class NotReplayed(DLXError):
+    """A copy :func:`replay_one` published was not confirmed: ``refused`` when the broker
+    refused it (its queue missing?), else the publish failed (the error is ``__cause__``)."""
+
+    def __init__(self, detail: str, *, refused: bool) -> None:
+        super().__init__(detail)
+        self.refused = refused
+
+
+def replay_one(
+    runtime: Runtime,
+    ob: Obituary,
+    copy: Outgoing,
+    *,
+    to_queue: str | None,
+    reason: str,
+    extra: dict[str, object],
+) -> int:
+    """Publish ``copy`` of obituary ``ob`` (a copy :func:`replay_copy` made, then changed) as
+    its replay, with a confirm, and record it: the ledger's replay and a ``replayed`` history
+    entry with ``reason`` and ``extra`` and a fresh attempt budget.
+
+    The obituary is marked replayed before the publish and unmarked when the copy is not
+    confirmed, so two replays of it never run at once.
+
+    Returns:
+        When the replay was recorded (epoch ms).
+
+    Raises:
+        NotReplayed: the broker did not confirm the copy (nothing recorded).
+    """
+    yard = runtime.graveyard
+    marked = yard.mark_replayed([ob.id], now_ms())
+    try:
+        confirmed = runtime.publisher.publish_many([copy])
+    except BROKER_ERRORS as exc:
+        runtime.reset_publisher()
+        yard.unmark_replayed(marked, now_ms())
+        raise NotReplayed(f"not confirmed ({exc})", refused=False) from exc
+    if not all(confirmed):
+        yard.unmark_replayed(marked, now_ms())
+        raise NotReplayed("the broker refused it", refused=True)
+    at = now_ms()
+    yard.add_replays([(ob.id, at)], to_queue=to_queue or "")
+    failure = Failure(
+        task=ob.task,
+        queue=ob.queue,
+        message_id=ob.message_id,
+        attempt=0,
+        cause=ob.cause,
+        exc_type=ob.exc_type,
+        reason=reason,
+        importance=ob.importance,
+        first_failure_ms=ob.first_failure_ms,
+        at_ms=at,
+    )
+    runtime.record(FateEvent.of(REPLAYED, failure, extra=extra))
+    return at
+
+
 class _Pacer:
     """Spaces operations to at most ``rate`` per second (None: no limit)."""
 

@@ -15,15 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from celery_dlx.errors import DLXError
-from celery_dlx.fates import now_ms
-from celery_dlx.ops import parked_actions
+from celery_dlx import DLXError, Runtime
+from celery_dlx.ops import now_ms, parked_actions
 from celery_dlx.ops import purge as purge_ops
 from celery_dlx.ops.canary import replay_run
 from celery_dlx.ops.render import iso
 from celery_dlx.web.audit import AuditEntry, record_action
 from celery_dlx.web.auth import User
-from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

@@ -14,12 +14,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from celery_dlx.errors import DLXError
+from celery_dlx import DLXError, Runtime
 from celery_dlx.web import api, editing, openapi, pages
 from celery_dlx.web.console import Console, WebSettings
 from celery_dlx.web.guard import Guard, SameOrigin, TrustedHosts
 from celery_dlx.web.hosts import HostRule
-from celery_dlx.wiring.runtime import Runtime
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -68,7 +67,7 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
     Raises:
         ConfigurationError: malformed accounts.
     """
-    from celery_dlx.store.errors import STORE_ERRORS
+    from celery_dlx.ops import STORE_ERRORS
 
     console = Console(runtime, settings)
     routes = [

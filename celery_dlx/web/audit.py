@@ -1,8 +1,9 @@
 """The console's audit log: who did what, when, and with which result.
 
 Each finished operator action is one entry of a Redis stream (``{prefix}:web:audit``, capped
-at :data:`AUDIT_MAXLEN`) and one ``audit`` entry of the failure history (fields as every
-history entry, the operator and the result in ``reason``). The messages an action touched have
+at :data:`~celery_dlx.ops.audit.AUDIT_MAXLEN`) and one ``audit`` entry of the failure history
+(fields as every history entry, the operator and the result in ``reason``), written by
+:func:`celery_dlx.ops.audit.record_audit`. The messages an action touched have
 their own ``replayed``/``purged`` history entries, written by :mod:`celery_dlx.ops`.
 """
 
@@ -12,15 +13,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from celery_dlx.fates import AUDIT, FateEvent, now_ms
-from celery_dlx.message.failure import Failure
+from celery_dlx import Runtime
+from celery_dlx.ops import now_ms
+from celery_dlx.ops.audit import record_audit
 from celery_dlx.ops.render import iso
-from celery_dlx.wiring.runtime import Runtime
-
-#: The history entry's fate for an operator action.
-AUDIT_FATE = AUDIT
-#: Entries kept in the audit stream (approximately).
-AUDIT_MAXLEN = 10000
 
 
 @dataclass
@@ -76,17 +72,15 @@ def _json_object(raw: str | None) -> dict[str, object]:
 def record_action(runtime: Runtime, entry: AuditEntry) -> str:
     """Append ``entry`` to the audit stream and an ``audit`` entry to the failure history."""
     entry.at_ms = entry.at_ms or now_ms()
-    failure = Failure(
+    return record_audit(
+        runtime,
+        entry.fields(),
         queue=entry.params.get("queue") or "*",
-        message_id=f"audit:{entry.job}",
-        attempt=0,
         cause=entry.params.get("cause") or "",
+        message_id=f"audit:{entry.job}",
         reason=f"{entry.user} ({entry.role}) {entry.action} {entry.target}: {entry.summary}",
-        importance="notify",
         at_ms=entry.at_ms,
     )
-    event = FateEvent.of(AUDIT, failure)
-    return runtime.history.append_audit(entry.fields(), event, maxlen=AUDIT_MAXLEN)
 
 
 def read_audit(runtime: Runtime, *, limit: int = 100) -> list[dict[str, object]]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery_dlx.fates import now_ms
+from celery_dlx import Runtime
+from celery_dlx.ops import now_ms
 from celery_dlx.ops.breakers import close_breakers, open_breakers
 from celery_dlx.web.audit import AuditEntry, record_action
 from celery_dlx.web.auth import User
-from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from celery_dlx import Runtime
 from celery_dlx.ops.breakers import open_breakers
-from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ def web_command(
         raise click.ClickException(
             f"the console needs the web extra: pip install 'celery-dlx[web]' ({exc})"
         ) from exc
-    from celery_dlx.wiring.runtime import get_runtime
+    from celery_dlx import get_runtime
 
     try:
         runtime = get_runtime(ctx.obj.app)

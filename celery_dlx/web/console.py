@@ -11,17 +11,15 @@ from urllib.parse import urlencode
 import jinja2
 from prometheus_client import CollectorRegistry
 
+from celery_dlx import Runtime
 from celery_dlx.codecs import ProtobufRegistry
-from celery_dlx.fates import now_ms
+from celery_dlx.ops import SETTINGS, DLXConfig, now_ms
 from celery_dlx.ops.inspection import registry_for
 from celery_dlx.ops.render import ago
-from celery_dlx.policy.config import DLXConfig
-from celery_dlx.policy.settings import SETTINGS
 from celery_dlx.web.actions import Actions
 from celery_dlx.web.auth import Accounts, Csrf
 from celery_dlx.web.breakers import BreakerCollector
 from celery_dlx.web.metrics import DLXCollector
-from celery_dlx.wiring.runtime import Runtime
 
 #: Largest request body accepted (forms and JSON), in bytes.
 MAX_BODY = 64 * 1024
@@ -136,18 +134,9 @@ class Console:
 def run_checks(runtime: Runtime) -> dict[str, object]:
     """:func:`celery_dlx.ops.checks.run_check` with the broker's management API when it can be
     had; ``error`` is set when the check itself could not run."""
-    from celery_dlx.broker.management import management_for
-    from celery_dlx.ops.checks import run_check
+    from celery_dlx.ops.checks import management_of, run_check
 
-    api = None
-    try:
-        conn = runtime.app.connection_for_write()
-        try:
-            api = management_for(conn)
-        finally:
-            conn.release()
-    except Exception:  # no management API: checked over AMQP only, as the report says
-        api = None
+    api = management_of(runtime)
     data: dict[str, object]
     try:
         data = run_check(runtime, api).to_json()

@@ -42,12 +42,9 @@ from typing import Literal
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from celery_dlx.broker.probe import queue_counts
-from celery_dlx.ops.checks import FULL_SHARE
-from celery_dlx.store.memory import read_memory
-from celery_dlx.store.refusals import Refusals
+from celery_dlx import Runtime
+from celery_dlx.ops.checks import FULL_SHARE, redis_memory, refused_copies, service_queue_counts
 from celery_dlx.web.reads import parked_summary, yard_of
-from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +84,7 @@ class DLXCollector(Collector):
         """Redis memory against maxmemory and the graveyard budget; refused writes and copies
         (what ``celery dlx check`` reports; no write here, a scrape only reads)."""
         runtime = self.runtime
-        memory = read_memory(runtime.redis)
+        memory = redis_memory(runtime)
         limit = runtime.graveyard_budget.limit(runtime.graveyard_budget.memory(runtime.redis))
         budget = limit if limit >= 0 else None
         full = memory.share is not None and memory.share >= FULL_SHARE
@@ -120,7 +117,7 @@ class DLXCollector(Collector):
             "Parks and requeues workers could not write, written by the DLX service",
             labels=["fate"],
         )
-        for fate, n in sorted(Refusals(runtime.redis, runtime.keys).read().items()):
+        for fate, n in sorted(refused_copies(runtime).items()):
             refused.add_metric([fate], n)
         yield refused
 
@@ -129,7 +126,7 @@ class DLXCollector(Collector):
         be read: the Redis metrics still are)."""
         queue = self.runtime.config.service_queue
         try:
-            counts = queue_counts(self.runtime.app, [queue], retries=1).get(queue)
+            counts = service_queue_counts(self.runtime)
         except Exception as exc:
             logger.debug("celery_dlx metrics: could not read %s: %s", queue, exc)
             return

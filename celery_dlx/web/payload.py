@@ -13,9 +13,9 @@ import binascii
 from collections.abc import Mapping
 from typing import TypedDict
 
+from celery_dlx import Obituary
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.codecs.wire import dump, scan
-from celery_dlx.message.obituary import Obituary
 from celery_dlx.ops.inspection import show_data
 from celery_dlx.ops.render import dumps, iso
 

@@ -10,18 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict
 
+from celery_dlx import Group, Runtime
 from celery_dlx.codecs import ProtobufRegistry
-from celery_dlx.fates import now_ms
-from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.ops import deploys
+from celery_dlx.ops import UNRESOLVED, Filters, ParkedMessage, deploys, now_ms
 from celery_dlx.ops.inspection import GroupRow, ObituaryRow, group_row, obituary_row
 from celery_dlx.ops.render import iso
-from celery_dlx.store.graveyard import Filters, Group
-from celery_dlx.store.status import UNRESOLVED
-from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
-    from celery_dlx.store.graveyard import Graveyard
+    from celery_dlx.ops import Graveyard
 
 #: Most rows on one page.
 MAX_PAGE = 200

@@ -7,10 +7,9 @@ import threading
 import time
 from typing import Any
 
-from celery_dlx.errors import ConfigurationError
+from celery_dlx import ConfigurationError, Runtime
 from celery_dlx.web.auth import Accounts, check_listen
 from celery_dlx.web.console import WebSettings
-from celery_dlx.wiring.runtime import Runtime
 
 
 def _server(runtime: Runtime, settings: WebSettings, log_level: str) -> Any:
