@@ -717,6 +717,10 @@ def run_chaos(plan: ChaosPlan, uid: str | None = None) -> ChaosReport:
         settled = run.settle(runtime)
         settle_seconds = time.monotonic() - settle_start
         monkey.stop()
+        if not settled:  # kept, with every process's stacks: what was it waiting on?
+            P.dump_stacks(run.procs, run.logdir)
+            kept = Path(tempfile.mkdtemp(prefix="dlx-chaos-unsettled-")) / "logs"
+            shutil.copytree(run.logdir, kept)
         P.stop_all(run.procs, _stop_order)
         with Connection(plan.broker_url) as fresh:
             report = run.account(runtime, fresh)
@@ -739,5 +743,7 @@ def run_chaos(plan: ChaosPlan, uid: str | None = None) -> ChaosReport:
         report.settled = settled
         report.stuck_parked = run.stuck
         report.logdir = str(run.logdir) if plan.keep_logs else ""
+        if not settled:
+            report.logdir = str(kept)
         report.total_seconds = time.monotonic() - started
         return report

@@ -409,6 +409,32 @@ class Monkey:
         return out
 
 
+def dump_stacks(procs: list[Proc], logdir: Path) -> None:
+    """Write every live process's Python stacks (py-spy, each thread, its children too) to
+    ``<logdir>/<name>.stacks``: what a run that did not settle was waiting on."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        return
+    for proc in procs:
+        if not proc.alive or proc.proc is None:
+            continue
+        try:
+            pids = [proc.proc.pid, *(c.pid for c in psutil.Process(proc.proc.pid).children())]
+        except psutil.NoSuchProcess:
+            continue
+        with (logdir / f"{proc.name}.stacks").open("w") as out:
+            for pid in pids:
+                out.write(f"== pid {pid}\n")
+                out.flush()
+                subprocess.run(
+                    [str(spy), "dump", "--pid", str(pid)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=60,
+                    check=False,
+                )
+
+
 def stop_all(procs: list[Proc], order: Callable[[Proc], int]) -> None:
     """Stop every process, in ``order`` (consumers before what feeds them)."""
     for proc in sorted(procs, key=order):
