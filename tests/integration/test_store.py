@@ -233,8 +233,10 @@ def test_park_recorded_parks_appends_counts_and_notifies_in_one_transaction(
 
     monkeypatch.setattr(type(runtime.redis.pipeline()), "execute", execute)
     runtime.park_recorded(message, _parked_event(message))
-    # One pipeline, no SCRIPT EXISTS: the park script, the history's batch script, the counter.
-    assert sent == [["EVALSHA", "EVALSHA", "HINCRBY", "EXPIRE"]]
+    # One pipeline, no SCRIPT EXISTS: the park script, the history's batch script, the counter,
+    # the retry's marker (a redelivered original finds it after the park was drained).
+    assert sent == [["EVALSHA", "EVALSHA", "HINCRBY", "EXPIRE", "SET"]]
+    assert redis_client.exists(runtime.keys.copied("orders", "m1", 1))
     assert [m.entry_id for m in runtime.store.claim(10, LEASE, now=T0 + 60_000)] == ["m1:1"]
     ((_, entry),) = runtime.history.read(count=10)
     assert (entry["fate"], entry["message_id"], entry["queue"]) == ("parked", "m1", "orders")
