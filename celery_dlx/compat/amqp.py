@@ -52,6 +52,11 @@ HeaderDecoder = Callable[[bytes], tuple[int, int, dict[str, object]]]
 class BufferedTransport(TCPTransport):
     """py-amqp's plain TCP transport, reading the socket in chunks.
 
+    Counted gain (callgrind, ``benchmarks/tricks_io.py --part consume``): a consumer of P6 dead
+    letters (prefetch 1,000, celery_dlx's frame reader) executes 223,258 instructions per
+    delivery with it against 321,994 with py-amqp's ``TCPTransport`` (-31% of the consume path;
+    the kernel's work in the ``recv`` calls it saves is not in the count).
+
     A frame is consumed from the buffer only once it is whole, so a read that times out (or fails)
     midway leaves the bytes received so far in the buffer, and the next read goes on from there.
 

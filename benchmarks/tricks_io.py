@@ -1,0 +1,394 @@
+"""The two I/O speed tricks against their plain code, counted: ``--part consume`` or ``linger``.
+
+``consume``: the DLX service consumer's chunked socket reads (``celery_dlx.broker.buffered``)
+against py-amqp's own transport. A process under valgrind's callgrind connects to the broker
+with celery_dlx's frame reader, consumes a queue of P6-shaped dead letters (a 1 KiB JSON body,
+two user headers, ``x-death`` and the ``x-first-death-*``/``x-last-death-*`` headers) with
+the service's prefetch (1,000) and one ``basic.ack(multiple=True)`` per 333 deliveries, and
+waits as ``QueueConsumer.wait`` does: ``drain_events`` and then, with the chunked transport,
+every frame already buffered (``drain_buffered``). It runs over ``LOW`` and then ``HIGH``
+messages; the difference of the two counts over ``HIGH - LOW`` is one delivery's instructions,
+connecting, declaring and shutting down left out. callgrind counts the process's own
+instructions: the kernel's work in ``recv`` (nine calls per delivery with py-amqp's transport)
+is not in the count.
+
+``linger``: the settler's linger (``celery_dlx.worker.settler.LINGER``) on and off
+(``BENCH_EXPERIMENTS=no_linger``) in a prefork worker at ``-c 1`` and ``-c 2``
+(``BENCH_CONCURRENCY``), on a P10 failure flood (``p10_intake.py``: ``--tasks`` tasks each
+parked once, prefetch 10) and on P1 (``p1_clog.py``: ``--poison`` poison messages ahead of
+``--good`` good ones). The workers write to a private Redis this script starts (a free port, no
+persistence), whose ``INFO commandstats`` counts the Redis transactions (``EXEC``) and all
+commands the worker sends per failure; the drain runs hourly (``BENCH_DRAIN_INTERVAL``) so its
+polls do not count. Beside them, secondary and timed: the worker main process's CPU time
+(psutil, user + system, all its threads) from its first run to the last failure's park,
+divided by the failures (P10) or by all messages (P1). The rounds alternate the settings.
+
+Run: ``.venv/bin/python benchmarks/tricks_io.py --part consume [--messages 500,2500]
+[--rounds 3]`` or ``.venv/bin/python benchmarks/tricks_io.py --part linger [--tasks 5000]
+[--good 1000 --poison 100] [--concurrency 1,2] [--rounds 3]``; ``--json PATH`` writes every
+figure to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import BROKER_URL, ROOT, callgrind, collected, load, median, say
+
+# -- consume --------------------------------------------------------------------------------------
+
+#: The counted process: argv is ``QUEUE MESSAGES CHUNKED``; imports celery_dlx from PYTHONPATH.
+CONSUMER = """
+import sys
+from kombu import Connection
+from celery_dlx.broker.buffered import BufferedTransport, buffered, drain_buffered
+from celery_dlx.broker.consume import ack_all
+from celery_dlx.broker.frames import tolerant
+
+url, queue, messages, chunked = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+PREFETCH, ACK_EVERY = 1000, 333
+conn = Connection(url)
+conn = tolerant(buffered(conn) if chunked else conn)
+conn.ensure_connection(max_retries=1)
+channel = conn.channel()
+channel.auto_decode = False
+assert isinstance(conn.connection.transport, BufferedTransport) == chunked
+channel.basic_qos(0, PREFETCH, False)
+inbox = []
+channel.basic_consume(queue, callback=inbox.append)
+received = 0
+while received < messages:
+    try:
+        conn.drain_events(timeout=30)
+    except TimeoutError:
+        raise SystemExit(f"no delivery in 30 s after {received + len(inbox)}")
+    drain_buffered(conn.connection)  # QueueConsumer.wait: nothing on py-amqp's transport
+    if len(inbox) >= ACK_EVERY or received + len(inbox) >= messages:
+        assert "x-dlx-wire-headers" in inbox[-1].properties  # read by celery_dlx's frame reader
+        ack_all(inbox)
+        received += len(inbox)
+        inbox.clear()
+conn.release()
+"""
+
+
+def fill(queue: str, messages: int) -> None:
+    """Declare ``queue`` and publish ``messages`` P6-shaped dead letters to it."""
+    from datetime import datetime, timezone
+
+    import amqp
+    from kombu import Connection
+
+    when = datetime(2026, 9, 21, 7, 8, 9, tzinfo=timezone.utc)
+    with Connection(BROKER_URL) as conn:
+        channel = conn.connection.channel()
+        channel.queue_declare(queue, auto_delete=False)
+        for i in range(messages):
+            body = json.dumps({"invoice": i, "customer": f"c-{i % 977}", "pad": "x" * 964})
+            death = {
+                "count": 1,
+                "reason": "rejected",
+                "queue": "p6-bury",
+                "time": when,
+                "exchange": "",
+                "routing-keys": ["p6-bury"],
+            }
+            headers: dict[str, Any] = {
+                "source": "billing-go",
+                "trace-id": f"{i:016x}",
+                "x-death": [death],
+            }
+            for end in ("first", "last"):
+                headers.update(
+                    {
+                        f"x-{end}-death-exchange": "",
+                        f"x-{end}-death-queue": "p6-bury",
+                        f"x-{end}-death-reason": "rejected",
+                    }
+                )
+            message = amqp.Message(
+                body.encode(),
+                application_headers=headers,
+                message_id=f"p6-bury-{i}",
+                content_type="application/json",
+                content_encoding="utf-8",
+                delivery_mode=2,
+            )
+            channel.basic_publish(message, exchange="", routing_key=queue)
+        channel.close()
+
+
+def delete_queue(queue: str) -> None:
+    from kombu import Connection
+
+    with Connection(BROKER_URL) as conn:
+        channel = conn.connection.channel()
+        channel.queue_delete(queue)
+        channel.close()
+
+
+def count_consume(messages: int, chunked: bool) -> int:
+    """Instructions of one consumer process over a fresh queue of ``messages`` dead letters."""
+    queue = f"tricks-io-{uuid.uuid4().hex[:10]}"
+    fill(queue, messages)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tricks-io-") as logs:
+            log = f"{logs}/callgrind.log"
+            subprocess.run(
+                [
+                    *callgrind(log),
+                    sys.executable,
+                    "-c",
+                    CONSUMER,
+                    BROKER_URL,
+                    queue,
+                    str(messages),
+                    "1" if chunked else "0",
+                ],
+                env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0"},
+                cwd="/tmp",
+                check=True,
+            )
+            text = Path(log).read_text()
+    finally:
+        delete_queue(queue)
+    found = collected(text)
+    if found is None:
+        raise RuntimeError(f"callgrind counted nothing: {text[-500:]}")
+    return found
+
+
+def consume(args: argparse.Namespace) -> dict[str, Any]:
+    low, high = (int(n) for n in args.messages.split(","))
+    if not 0 <= low < high:
+        raise SystemExit("--messages needs LOW,HIGH with 0 <= LOW < HIGH")
+    say(
+        f"consume: instructions per delivery ({low:,} and {high:,} dead letters, prefetch 1,000), "
+        f"load {load()}"
+    )
+    names = {True: "chunked (BufferedTransport)", False: "py-amqp's TCPTransport"}
+    per: dict[bool, list[float]] = {True: [], False: []}
+    for n in range(1, args.rounds + 1):
+        for chunked in (False, True):
+            a, b = count_consume(low, chunked), count_consume(high, chunked)
+            per[chunked].append((b - a) / (high - low))
+            say(
+                f"round {n}: {names[chunked]}: {per[chunked][-1]:,.0f} per delivery "
+                f"(runs {a:,} and {b:,})  [load {load()}]"
+            )
+    plain, chunked_ = median(per[False]), median(per[True])
+    for flag, values in per.items():
+        listed = ", ".join(f"{v:,.0f}" for v in values)
+        say(f"{names[flag]}: median {median(values):,.0f} instructions per delivery ({listed})")
+    say(f"chunked / py-amqp: {chunked_ / plain:.3f} (saves {1 - chunked_ / plain:.1%})")
+    return {
+        "part": "consume",
+        "messages": [low, high],
+        "py_amqp": per[False],
+        "chunked": per[True],
+        "saved": 1 - chunked_ / plain,
+    }
+
+
+# -- linger ---------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrivateRedis:
+    """A Redis server of this script's own (no persistence), stopped by its PID."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="tricks-io-redis-")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        import redis
+
+        self.client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+    def commands(self) -> dict[str, int]:
+        """Calls per command so far (``INFO commandstats``)."""
+        stats = self.client.info("commandstats")
+        return {name[len("cmdstat_") :]: int(v["calls"]) for name, v in stats.items()}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def parked(client: Any, uid: str) -> int:
+    """Retries parked under the benchmark's key prefix (every shard's ``parked:due``)."""
+    keys = list(client.scan_iter(match="{bench-" + uid + "*:parked:due", count=1000))
+    return sum(int(client.zcard(k)) for k in keys)
+
+
+def main_cpu(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def linger_run(
+    server: PrivateRedis, bench: str, experiment: str, args: argparse.Namespace
+) -> dict[str, float]:
+    """One worker over one backlog: Redis commands and main-process CPU per failure."""
+    from _workers import bench_worker, cleanup, publish, wait_count
+
+    uid = uuid.uuid4().hex[:10]
+    client = server.client
+    if bench == "p10":
+        failures, total = args.tasks, args.tasks
+        publish("dlx", uid, "bench.park_hour", [()] * args.tasks)
+        counter = "{bench-" + uid + "}:bench:runs"
+    else:
+        failures, total = args.poison, args.poison + args.good
+        publish(
+            "dlx",
+            uid,
+            "bench.work",
+            [(True, args.good)] * args.poison + [(False, args.good)] * args.good,
+        )
+        counter = "{bench-" + uid + "}:bench:done"
+    env = {"BENCH_DRAIN_INTERVAL": "3600"}
+    if experiment:
+        env["BENCH_EXPERIMENTS"] = experiment
+    try:
+        before = server.commands()
+        with bench_worker("dlx", uid, prefetch=10, extra_env=env) as proc:
+            first = "{bench-" + uid + "}:bench:" + ("runs" if bench == "p10" else "first")
+            deadline = time.monotonic() + 300
+            while not client.exists(first):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"worker did not start (rc {proc.poll()})")
+                time.sleep(0.01)
+            cpu0, t0 = main_cpu(proc.pid), time.monotonic()
+            wait_count(client, counter, args.good if bench == "p1" else total, 3600, proc)
+            deadline = time.monotonic() + 120
+            while parked(client, uid) < failures:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{parked(client, uid)} of {failures} parked after 120 s")
+                time.sleep(0.01)
+            cpu1, t1 = main_cpu(proc.pid), time.monotonic()
+        after = server.commands()
+    finally:
+        cleanup(uid)
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return {
+        "exec": delta.get("exec", 0) / failures,
+        "evalsha": delta.get("evalsha", 0) / failures,
+        "commands": sum(delta.values()) / failures,
+        "main_cpu_us": (cpu1 - cpu0) / (failures if bench == "p10" else total) * 1e6,
+        "seconds": t1 - t0,
+    }
+
+
+def linger(args: argparse.Namespace) -> dict[str, Any]:
+    server = PrivateRedis()
+    os.environ["DLX_BENCH_REDIS"] = server.url  # the workers' and the publishers' Redis
+    import _common
+
+    _common.REDIS_URL = server.url
+    results: dict[str, Any] = {"part": "linger", "cells": {}}
+    cells = [
+        (bench, c, setting)
+        for bench in args.benches.split(",")
+        for c in args.concurrency.split(",")
+        for setting in ("on", "off")
+    ]
+    say(
+        f"linger: P10 {args.tasks:,} parks; P1 {args.poison} poison + {args.good} good; "
+        f"Redis on port {server.port}, load {load()}"
+    )
+    try:
+        for n in range(1, args.rounds + 1):
+            for bench, c, setting in cells:
+                os.environ["BENCH_CONCURRENCY"] = c
+                figures = linger_run(server, bench, "no_linger" if setting == "off" else "", args)
+                results["cells"].setdefault(f"{bench} -c {c} linger {setting}", []).append(figures)
+                say(
+                    f"round {n}: {bench} -c {c} linger {setting}: "
+                    f"EXEC {figures['exec']:.3f}, EVALSHA {figures['evalsha']:.3f}, "
+                    f"commands {figures['commands']:.2f} per failure; main process "
+                    f"{figures['main_cpu_us']:,.0f} us CPU per "
+                    f"{'failure' if bench == 'p10' else 'message'} "
+                    f"({figures['seconds']:.1f}s)  [load {load()}]"
+                )
+    finally:
+        server.stop()
+    for name, rows in results["cells"].items():
+        medians = {k: median([r[k] for r in rows]) for k in rows[0]}
+        results.setdefault("medians", {})[name] = medians
+        say(
+            f"{name}: median EXEC {medians['exec']:.3f}, EVALSHA {medians['evalsha']:.3f}, "
+            f"commands {medians['commands']:.2f} per failure; main process "
+            f"{medians['main_cpu_us']:,.0f} us CPU ("
+            + ", ".join(f"{r['main_cpu_us']:,.0f}" for r in rows)
+            + ")"
+        )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("consume", "linger"), required=True)
+    parser.add_argument("--messages", default="500,2500", help="consume: LOW,HIGH dead letters")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--benches", default="p10,p1", help="linger: p10, p1 or both")
+    parser.add_argument("--tasks", type=int, default=5000, help="linger: P10's failures")
+    parser.add_argument("--poison", type=int, default=100, help="linger: P1's poison messages")
+    parser.add_argument("--good", type=int, default=1000, help="linger: P1's good messages")
+    parser.add_argument("--concurrency", default="1,2", help="linger: -c values")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args()
+    results = consume(args) if args.part == "consume" else linger(args)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
