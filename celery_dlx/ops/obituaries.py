@@ -18,7 +18,7 @@ from celery_dlx.store.status import STATUSES
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
-    from celery_dlx.store.graveyard import Graveyard
+    from celery_dlx.roles import Graveyard
 
 
 def to_ms(value: When | None, *, now: int | None = None) -> int | None:

@@ -25,11 +25,13 @@ from collections.abc import Callable, Iterator, Sequence
 from celery import Celery
 from kombu import Connection
 
+from celery_dlx import roles
 from celery_dlx.broker.frames import connection_for
 from celery_dlx.broker.ladder import Ladder, LadderParking
 from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.errors import ConfigurationError, PublishError, StoreError
 from celery_dlx.fates import BURIED, DRAINED, FateEvent
+from celery_dlx.message.memory import RedisMemory
 from celery_dlx.message.names import Keys
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
@@ -51,9 +53,11 @@ from celery_dlx.store.consumerless import Consumerless
 from celery_dlx.store.graveyard import Budget, Graveyard
 from celery_dlx.store.history import History
 from celery_dlx.store.lease import DrainLease
+from celery_dlx.store.memory import read_memory
 from celery_dlx.store.migrate import Migration, migrate_graveyard, migrate_parked
 from celery_dlx.store.parking import ParkingStore
 from celery_dlx.store.ratelimit import WindowBudget
+from celery_dlx.store.refusals import Refusals
 from celery_dlx.store.seen import Letters
 from celery_dlx.wiring.banner import redacted
 
@@ -165,7 +169,7 @@ class Runtime:
         return shards == "queue" or (shards == "auto" and is_cluster_url(self.config.redis_url))
 
     @property
-    def store(self) -> ParkingStore:
+    def store(self) -> roles.ParkedStore:
         """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend):
         one sorted set under the app's tag, or with :attr:`sharded` a few per queue. One per
         process (a park in a pool process asks for it on every run; making it hashes its
@@ -174,6 +178,9 @@ class Runtime:
         Its parks count once ``dlx_redis_min_replicas`` replicas hold them (``WAIT``; inside
         :meth:`replicated`, the block's in the single-tag layout; per queue, each bucket's own
         master's, since a queue's keys need not be on the block's master)."""
+        return self._parking_store()
+
+    def _parking_store(self) -> ParkingStore:
         if not self.sharded and getattr(self._local, "redis", None) is not None:
             return ParkingStore(self.redis, self.keys, Replicas(0))  # inside replicated()
         client = self._client()
@@ -205,8 +212,8 @@ class Runtime:
                 'set dlx_redis_shards = "queue" (or use a ?cluster=true URL with "auto") first'
             )
         return (
-            migrate_parked(self.store, dry_run=dry_run),
-            migrate_graveyard(self.graveyard, dry_run=dry_run),
+            migrate_parked(self._parking_store(), dry_run=dry_run),
+            migrate_graveyard(self._yard(), dry_run=dry_run),
         )
 
     @property
@@ -214,14 +221,17 @@ class Runtime:
         """Where parked retries wait: the Redis sorted set, or with ``dlx_delay_backend = "ttl"``
         the broker's delay queues (chosen here, once; nothing else asks which)."""
         if self.config.delay_backend == "ttl":
-            return LadderParking(self.ladder, lambda: self.publisher, lambda: self.store)
-        return self.store
+            return LadderParking(self.ladder, self._own_publisher, self._parking_store)
+        return self._parking_store()
 
     @property
-    def graveyard(self) -> Graveyard:
+    def graveyard(self) -> roles.Graveyard:
         """Obituaries: under the app's tag, or with :attr:`sharded` in buckets per queue (one
         per process; in the single-tag layout inside :meth:`replicated`, on the block's client).
         """
+        return self._yard()
+
+    def _yard(self) -> Graveyard:
         budget = self.graveyard_budget
         if not self.sharded and getattr(self._local, "redis", None) is not None:
             return Graveyard(
@@ -243,28 +253,43 @@ class Runtime:
         return self._graveyard
 
     @property
-    def causes(self) -> Causes:
+    def causes(self) -> roles.Causes:
         return Causes(self.redis, self.keys)
 
     @property
-    def breakers(self) -> Breakers:
+    def breakers(self) -> roles.Breakers:
         """The per-cause breakers (``dlx_breaker``), shared through Redis by every worker."""
         return Breakers(self.redis, self.keys)
 
     @property
-    def letters(self) -> Letters:
+    def letters(self) -> roles.Letters:
         """The DLX service's seen markers and its batch lookup of cause records."""
         return Letters(self.redis, self.keys)
 
     @property
-    def consumerless(self) -> Consumerless:
+    def consumerless(self) -> roles.Consumerless:
+        """Queues seen with messages and no consumer, and since when (``dlx check``)."""
         return Consumerless(self.redis, self.keys)
 
-    def budget(self, name: str, limit: int, window: float) -> WindowBudget:
+    @property
+    def refusals(self) -> roles.Refusals:
+        """The copies workers could not write, counted by the DLX service that wrote them."""
+        return Refusals(self.redis, self.keys)
+
+    def redis_memory(self, *, probe: bool = False) -> RedisMemory:
+        """Redis' memory (the fullest master of a cluster); with ``probe``, a short-lived write
+        tells whether Redis takes one now.
+
+        Raises:
+            redis.RedisError: Redis did not answer.
+        """
+        return read_memory(self.redis, self.keys.check_probe if probe else None)
+
+    def budget(self, name: str, limit: int, window: float) -> roles.WindowBudget:
         """A budget of ``limit`` uses per ``window`` seconds, shared by every process."""
         return WindowBudget(lambda: self.redis, self.keys, name, limit, window)
 
-    def drain_lease(self, seconds: float, token: str) -> DrainLease:
+    def drain_lease(self, seconds: float, token: str) -> roles.DrainLease:
         """This process's hold on the drain lease of the app's key prefix."""
         return DrainLease(self.redis, self.keys.drain_lease, seconds, token)
 
@@ -430,19 +455,23 @@ class Runtime:
             self._unrecorded([event], err)
 
     @property
-    def history(self) -> History:
+    def history(self) -> roles.History:
+        """The failure history, the per-minute fate counters and the operators' audit stream."""
         return History(self.redis, self.keys)
 
     @property
-    def publisher(self) -> ConfirmingPublisher:
+    def publisher(self) -> roles.Publisher:
         """This process's confirm-mode publisher on its own broker connection."""
+        return self._own_publisher()
+
+    def _own_publisher(self) -> ConfirmingPublisher:
         self._check_fork()
         if self._publisher is None:
             self._connection = connection_for(self.app, write=True)
             self._publisher = ConfirmingPublisher(self._connection)
         return self._publisher
 
-    def open_publisher(self) -> ConfirmingPublisher:
+    def open_publisher(self) -> roles.Publisher:
         """A confirm-mode publisher on a connection of its own, which its ``close()`` releases
         (a DLX service's settling thread has one each)."""
         return ConfirmingPublisher(connection_for(self.app, write=True), owns_connection=True)
