@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
+from celery_dlx.message.graveyard import CHUNK, Filters, Group, When, chunks
 from celery_dlx.message.obituary import Obituary
-from celery_dlx.store.graveyard import CHUNK, Filters, Group, When, chunks
-from celery_dlx.store.status import STATUSES
+from celery_dlx.message.status import STATUSES
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose

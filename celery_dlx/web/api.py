@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from celery_dlx.message.status import STATUSES
 from celery_dlx.ops import obituaries, parked_actions
 from celery_dlx.ops import purge as purge_ops
 from celery_dlx.ops.canary import RedirectedReplayJSON, replay_run
@@ -38,7 +39,6 @@ from celery_dlx.ops.inspection import (
 )
 from celery_dlx.ops.parked_actions import ParkedActionJSON
 from celery_dlx.ops.purge import PurgeJSON
-from celery_dlx.store.status import STATUSES
 from celery_dlx.web import forms
 from celery_dlx.web.actions import MAX_IDS, Busy, JobJSON
 from celery_dlx.web.audit import read_audit

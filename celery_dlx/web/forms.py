@@ -6,10 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from celery_dlx.errors import DLXError
+from celery_dlx.message.status import STATUSES, UNRESOLVED
 from celery_dlx.ops.obituaries import to_ms
 from celery_dlx.ops.render import parse_when
 from celery_dlx.ops.replay import check_target_queue, resolve_targets
-from celery_dlx.store.status import STATUSES, UNRESOLVED
 from celery_dlx.web.actions import MAX_IDS as MAX_IDS
 from celery_dlx.web.reads import ALL, MAX_PAGE, GroupFilters
 from celery_dlx.wiring.runtime import Runtime

@@ -44,8 +44,6 @@ from prometheus_client.registry import Collector
 
 from celery_dlx.broker.probe import queue_counts
 from celery_dlx.ops.checks import FULL_SHARE
-from celery_dlx.store.memory import read_memory
-from celery_dlx.store.refusals import Refusals
 from celery_dlx.web.reads import parked_summary, yard_of
 from celery_dlx.wiring.runtime import Runtime
 
@@ -87,7 +85,7 @@ class DLXCollector(Collector):
         """Redis memory against maxmemory and the graveyard budget; refused writes and copies
         (what ``celery dlx check`` reports; no write here, a scrape only reads)."""
         runtime = self.runtime
-        memory = read_memory(runtime.redis)
+        memory = runtime.redis_memory()
         limit = runtime.graveyard_budget.limit(runtime.graveyard_budget.memory(runtime.redis))
         budget = limit if limit >= 0 else None
         full = memory.share is not None and memory.share >= FULL_SHARE
@@ -120,7 +118,7 @@ class DLXCollector(Collector):
             "Parks and requeues workers could not write, written by the DLX service",
             labels=["fate"],
         )
-        for fate, n in sorted(Refusals(runtime.redis, runtime.keys).read().items()):
+        for fate, n in sorted(runtime.refusals.read().items()):
             refused.add_metric([fate], n)
         yield refused
 

@@ -9,11 +9,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from celery_dlx.message.status import UNRESOLVED
 from celery_dlx.ops import obituaries, parked_actions
 from celery_dlx.ops.edit import edits_of
 from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
 from celery_dlx.ops.render import iso
-from celery_dlx.store.status import UNRESOLVED
 from celery_dlx.web import forms
 from celery_dlx.web.actions import Busy
 from celery_dlx.web.audit import read_audit

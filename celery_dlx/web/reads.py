@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, TypedDict
 
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.fates import now_ms
+from celery_dlx.message.graveyard import Filters, Group
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.message.status import UNRESOLVED
 from celery_dlx.ops import deploys
 from celery_dlx.ops.inspection import GroupRow, ObituaryRow, group_row, obituary_row
 from celery_dlx.ops.render import iso
-from celery_dlx.store.graveyard import Filters, Group
-from celery_dlx.store.status import UNRESOLVED
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose

@@ -8,6 +8,7 @@ one that no layer names, directly or through a package above it.
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import re
 from collections.abc import Iterable, Iterator
@@ -84,3 +85,33 @@ def test_the_package_s_modules_are_all_listed() -> None:
     found = set(modules(ROOT / PACKAGE, PACKAGE))
     assert {"celery_dlx.fates", "celery_dlx.compat.kombu", "celery_dlx.message.event"} <= found
     assert "celery_dlx.store.shards" in found
+
+
+def _contract(name_start: str) -> dict[str, object]:
+    (found,) = [c for c in contracts() if str(c["name"]).startswith(name_start)]
+    return found
+
+
+def test_above_the_root_no_module_of_store_is_importable_but_its_errors() -> None:
+    # The whole store package is forbidden (a new store module is covered by itself), and the
+    # one import allowed is of the store's exception classes.
+    roles = _contract("cli, web, ops, workers, the service and the drain reach state only")
+    assert roles["forbidden_modules"] == ["celery_dlx.store"]
+    ignored = roles.get("ignore_imports", [])
+    assert isinstance(ignored, list)
+    assert {rule.split("->")[1].strip() for rule in ignored} <= {"celery_dlx.store.errors"}
+
+
+def test_the_store_s_errors_hold_no_client() -> None:
+    tree = ast.parse((ROOT / PACKAGE / "store" / "errors.py").read_text())
+    imported = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module is not None
+    }
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert imported <= {"__future__", "redis.exceptions", "celery_dlx.errors"}, imported
+    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    for cls in classes:
+        bases = {b.id for b in cls.bases if isinstance(b, ast.Name)}
+        assert bases <= {"StoreError", "RedisError"}, (cls.name, bases)
