@@ -37,6 +37,7 @@ from celery_dlx.worker.task import DLXTask
 
 if TYPE_CHECKING:
     from celery_dlx.broker.ladder import delay_queue_name
+    from celery_dlx.message.graveyard import Group
     from celery_dlx.message.obituary import Obituary
     from celery_dlx.ops.canary import ReplayRun, replay_run
     from celery_dlx.ops.export import ExportError, ExportResult, run_export
@@ -48,14 +49,13 @@ if TYPE_CHECKING:
     from celery_dlx.ops.replay import ReplayReport, replay, resolve_targets
     from celery_dlx.results import dlx_details
     from celery_dlx.store.counters import Threshold, breaches, read_window
-    from celery_dlx.store.graveyard import Group
 
 __version__ = "0.1.0"
 
 #: Public names loaded on first use: name -> (module, attribute).
 _LAZY: dict[str, tuple[str, str]] = {
     "Obituary": ("celery_dlx.message.obituary", "Obituary"),
-    "Group": ("celery_dlx.store.graveyard", "Group"),
+    "Group": ("celery_dlx.message.graveyard", "Group"),
     "list_obituaries": ("celery_dlx.ops.obituaries", "list_obituaries"),
     "get_obituary": ("celery_dlx.ops.obituaries", "get_obituary"),
     "obituary_groups": ("celery_dlx.ops.obituaries", "groups"),

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from celery_dlx.message.event import FateEvent, now_ms
 
-from celery_dlx.message.failure import Failure, KnownAttempt
+__all__ = [
+    "ARCHIVED",
+    "AUDIT",
+    "BURIED",
+    "DONE",
+    "DRAINED",
+    "FATE_CHANGES",
+    "HISTORY_KINDS",
+    "PARKED",
+    "PURGED",
+    "RECOVERED",
+    "REPLAYED",
+    "REQUEUED",
+    "Bury",
+    "FateEvent",
+    "FateRequest",
+    "Park",
+    "Requeue",
+    "now_ms",
+]
 
 #: The message was handled (acked).
 DONE = "done"
@@ -78,89 +95,3 @@ class Bury(FateRequest):
 
     def __reduce__(self) -> tuple[type[Bury], tuple[str]]:
         return (type(self), (self.reason,))
-
-
-def now_ms() -> int:
-    """Wall-clock time in epoch milliseconds (Redis scores and history use it)."""
-    return int(time.time() * 1000)
-
-
-@dataclass
-class FateEvent(KnownAttempt):
-    """One fate change of one message, as logged, counted, recorded and sent to integrations.
-
-    It carries the :class:`~celery_dlx.message.failure.Failure` its origin built, read as
-    ``event.cause``, ``event.attempt``...; an unknown ``at_ms`` is stamped now, an unknown
-    ``attempt`` reads 0. Build one with :meth:`of` (or :meth:`from_fields`).
-    """
-
-    fate: str
-    failure: Failure
-    delay: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.failure.at_ms is None or self.failure.attempt is None:
-            self.failure = self.failure.but(
-                at_ms=now_ms() if self.failure.at_ms is None else self.failure.at_ms,
-                attempt=self.failure.attempt or 0,
-            )
-
-    @classmethod
-    def of(
-        cls,
-        fate: str,
-        failure: Failure,
-        *,
-        delay: float | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> FateEvent:
-        """The fate change ``fate`` of the message that met ``failure``."""
-        return cls(fate, failure, delay, {} if extra is None else extra)
-
-    @classmethod
-    def from_fields(
-        cls,
-        fate: str,
-        *,
-        delay: float | None = None,
-        extra: dict[str, Any] | None = None,
-        **facts: Any,
-    ) -> FateEvent:
-        """The event of ``fate`` with the :class:`Failure` fields ``facts`` (``importance``
-        defaults to ``notify``, as a fate event's always has)."""
-        return cls.of(fate, Failure(**{"importance": "notify", **facts}), delay=delay, extra=extra)
-
-    @property
-    def at_ms(self) -> int:
-        return self.failure.at_ms or 0
-
-    @at_ms.setter
-    def at_ms(self, value: int) -> None:
-        self._set(at_ms=value)
-
-    def as_dict(self) -> dict[str, object]:
-        """The flat dict of the event (events, Sentry, logs): its own and its failure's fields."""
-        own = asdict(self)
-        merged = {**own.pop("failure"), **own}
-        return {name: merged[name] for name in _EVENT_KEYS}
-
-
-#: The keys of :meth:`FateEvent.as_dict`, in their order (the flat form the event always had).
-_EVENT_KEYS = (
-    "fate",
-    "queue",
-    "message_id",
-    "attempt",
-    "task",
-    "cause",
-    "exc_type",
-    "exc_message",
-    "reason",
-    "delay",
-    "importance",
-    "traceback",
-    "first_failure_ms",
-    "at_ms",
-    "extra",
-)

@@ -5,29 +5,43 @@ that decide and report (worker, DLX service, operations, console, command line) 
 client, a key name or a channel. Each role has its implementations in ``store/`` or ``broker/``;
 which one an app gets is chosen once, by its settings, in :class:`~celery_dlx.wiring.Runtime`.
 
-====================  ==========================================  ====================================
-role                  what it keeps                               implementations
-====================  ==========================================  ====================================
-:class:`Parking`      retries waiting for their due time          ``store.parking.ParkingStore``
-                                                                  (Redis sorted sets, one shard
-                                                                  or per queue bucket),
-                                                                  ``broker.ladder.LadderParking``
-                                                                  (the broker's TTL delay queues)
-``Graveyard``         obituaries, their indexes and cause groups  ``store.graveyard.Graveyard``
-:class:`History`      the failure history stream and counters     ``store.history.History``
-:class:`Causes`       what a worker knows of a burial             ``store.causes.Causes``
-:class:`Publisher`    confirmed copies                            ``broker.publish.ConfirmingPublisher``
-:class:`Breakers`     per-cause breakers (automatic hold)         ``store.breaker.Breakers``
-====================  ==========================================  ====================================
+======================  ==========================================  ==================================
+role                    what it keeps                               implementations
+======================  ==========================================  ==================================
+:class:`Parking`        retries waiting for their due time          ``store.parking.ParkingStore``
+                                                                    (Redis sorted sets, one shard
+                                                                    or per queue bucket),
+                                                                    ``broker.ladder.LadderParking``
+                                                                    (the broker's TTL delay queues)
+:class:`ParkedStore`    what every parking backend reads and        ``store.parking.ParkingStore``
+                        drains in Redis; an operator's make-due
+                        and take
+:class:`Graveyard`      obituaries, their indexes and cause groups  ``store.graveyard.Graveyard``
+:class:`History`        the failure history stream and counters     ``store.history.History``
+:class:`Causes`         what a worker knows of a burial             ``store.causes.Causes``
+:class:`Letters`        the DLX service's seen markers              ``store.seen.Letters``
+:class:`Publisher`      confirmed copies                            ``broker.publish.ConfirmingPublisher``
+:class:`Breakers`       per-cause breakers (automatic hold)         ``store.breaker.Breakers``
+:class:`DrainLease`     one drainer per key prefix                  ``store.lease.DrainLease``
+:class:`WindowBudget`   uses per time window, shared                ``store.ratelimit.WindowBudget``
+:class:`Consumerless`   queues seen without consumers, since when   ``store.consumerless.Consumerless``
+:class:`Refusals`       copies workers could not write              ``store.refusals.Refusals``
+======================  ==========================================  ==================================
+
+The records they take and return are pure values of :mod:`celery_dlx.message` (obituaries,
+parked retries, :mod:`~celery_dlx.message.graveyard`'s filters and groups, fate counts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.cause import CauseRecord
+from celery_dlx.message.counts import Counts
+from celery_dlx.message.graveyard import CausePage, Filters, Group
+from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.breaker import BreakerSettings, Hold
@@ -97,14 +111,122 @@ class Parking(Protocol):
         ...
 
 
+class ParkedStore(Parking, Protocol):
+    """The Redis side of parking, which every delay backend reads and drains: :class:`Parking`
+    plus what an operator does to one parked retry."""
+
+    def make_due(self, message: ParkedMessage, now: int | None = None) -> bool:
+        """Make a parked retry due now; False if it was gone."""
+        ...
+
+    def take(self, message: ParkedMessage) -> bool:
+        """Delete a parked retry unless a drain claimed it; True if it was taken."""
+        ...
+
+
+class Graveyard(Protocol):
+    """Obituaries of buried messages: written by the DLX service, listed, grouped, replayed and
+    purged by operators, without consuming anything."""
+
+    def write_many(
+        self,
+        items: Sequence[tuple[Obituary, FateEvent]],
+        *,
+        drop_causes: bool = True,
+        over_cap: list[int] | None = None,
+    ) -> list[bool]:
+        """Write obituaries with their ``buried`` history entries; per obituary, True if written
+        now (False: there already, or over its cause's cap, its index then in ``over_cap``)."""
+        ...
+
+    def remove(self, ob: Obituary, event: FateEvent | None) -> bool:
+        """Delete ``ob`` with ``event`` in the history; False if it was gone."""
+        ...
+
+    def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
+        """The obituaries of ``ids`` (None where missing or unreadable), in order."""
+        ...
+
+    def ids(self, filters: Filters, *, limit: int | None, oldest_first: bool = False) -> list[str]:
+        """Obituary ids matching ``filters``, newest first unless ``oldest_first``."""
+        ...
+
+    def count(self) -> int: ...
+
+    def used_bytes(self) -> int:
+        """The bytes of every obituary, as the budget counts them."""
+        ...
+
+    def queues(self) -> list[str]:
+        """The queues with graveyard keys of their own (per-queue layout), sorted."""
+        ...
+
+    def latest_of_message(self, message_id: str) -> str | None: ...
+
+    def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
+        """Add replay times (obituary id, ms) to the replay ledger."""
+        ...
+
+    def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
+        """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
+        ...
+
+    def mark_replayed(self, ids: Sequence[str], at: int) -> list[str]: ...
+
+    def unmark_replayed(self, ids: Sequence[str], at: int) -> None: ...
+
+    def resolve(self, ids: Sequence[str], at: int, by: str) -> list[str]: ...
+
+    def note_failed_again(self, buried: Sequence[Obituary], at: int) -> None: ...
+
+    def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
+        """Ids ``replayed`` or ``resolved`` (``kind``) at or before ``cutoff_ms``, oldest first."""
+        ...
+
+    def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
+        """Ids buried at or before ``cutoff_ms``, oldest first."""
+        ...
+
+    def top_causes(self, limit: int) -> list[str]: ...
+
+    def cause_names(self, offset: int, limit: int) -> tuple[int, list[str]]: ...
+
+    def groups(self) -> list[Group]: ...
+
+    def groups_of(self, causes: list[str]) -> list[Group]: ...
+
+    def cause_page(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage: ...
+
+    def version_times(self) -> dict[str, int]: ...
+
+    def names(self, kind: str) -> list[tuple[str, int, int]]:
+        """``(name, obituaries, last burial ms)`` per queue (``kind="queue"``) or task."""
+        ...
+
+
 class History(Protocol):
-    """The failure history (every fate change) and the per-minute fate counters."""
+    """The failure history (every fate change), the per-minute fate counters and the operators'
+    audit stream."""
 
     def write(
         self, events: Sequence[FateEvent], *, history: bool = True
-    ) -> tuple[BaseException | None, bool]: ...
+    ) -> tuple[BaseException | None, bool]:
+        """Append ``events`` and count them in one round trip: the first append refused (None
+        when all went in), and whether the counters failed."""
+        ...
 
-    def append_many(self, events: Iterable[FateEvent], pipe: object = None) -> int: ...
+    def append_many(self, events: Iterable[FateEvent]) -> int: ...
+
+    def append_audit(self, fields: Mapping[str, str], event: FateEvent, *, maxlen: int) -> str:
+        """An operator action in the audit stream and its ``audit`` history entry; the audit
+        entry's id."""
+        ...
+
+    def audit(self, limit: int = 100) -> list[tuple[str, dict[str, str]]]: ...
+
+    def read(
+        self, start: str = "-", end: str = "+", count: int | None = None
+    ) -> list[tuple[str, dict[str, str]]]: ...
 
     def tail(self) -> str: ...
 
@@ -113,6 +235,12 @@ class History(Protocol):
     ) -> list[tuple[str, dict[str, str]]]: ...
 
     def length(self) -> int: ...
+
+    def dump(self, path: str, *, after: str | None = None, page: int = 10000) -> int: ...
+
+    def counts(self, window_s: float, *, at_ms: int | None = None) -> Counts:
+        """The per-minute fate counters over the last ``window_s`` seconds."""
+        ...
 
 
 class Causes(Protocol):
@@ -133,6 +261,51 @@ class Causes(Protocol):
     def was_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> bool: ...
 
     def mark_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> None: ...
+
+
+class Letters(Protocol):
+    """The DLX service's seen markers of settled dead letters, and its batch lookup of the cause
+    records workers stashed."""
+
+    def lookup(
+        self, letter_keys: Sequence[str], identities: Sequence[str]
+    ) -> tuple[list[bool], list[CauseRecord | None]]: ...
+
+    def mark(
+        self, letter_keys: Sequence[str], ttl_ms: int = ..., *, drop_causes: Sequence[str] = ()
+    ) -> None: ...
+
+
+class DrainLease(Protocol):
+    """One drainer's hold on the drain lease of its key prefix."""
+
+    def acquire(self) -> bool:
+        """Take the lease if free, renew it if ours; True when held."""
+        ...
+
+    def release(self) -> bool: ...
+
+
+class WindowBudget(Protocol):
+    """At most a number of uses per key within a time window, shared by every process."""
+
+    def spend(self, what: str) -> tuple[bool, int]:
+        """Use one unit for ``what``: ``(allowed, uses in this window including this one)``."""
+        ...
+
+
+class Consumerless(Protocol):
+    """Queues seen with messages and no consumer, and since when (``dlx check``)."""
+
+    def remember(self, queues: Iterable[Mapping[str, object]], now: int) -> dict[str, int]: ...
+
+
+class Refusals(Protocol):
+    """Copies workers could not write (per fate), counted by the DLX service that wrote them."""
+
+    def add(self, counts: Mapping[str, int]) -> None: ...
+
+    def read(self) -> dict[str, int]: ...
 
 
 class Publisher(Protocol):

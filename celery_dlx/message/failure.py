@@ -4,7 +4,7 @@ A :class:`Failure` is what a worker, the DLX service, the drain or an operator's
 one failed (or replayed, purged, drained...) message: which task or queue, which message and
 attempt, the cause and exception, why, how much it matters, and when. Each origin builds one
 :class:`Failure` and derives what it needs from it: the fate event
-(:class:`celery_dlx.fates.FateEvent`), the worker's cause record
+(:class:`celery_dlx.message.event.FateEvent`), the worker's cause record
 (:class:`celery_dlx.message.cause.CauseRecord`), the DLX service's verdicts and the obituary
 (:class:`celery_dlx.message.obituary.Obituary`). They carry it as ``failure`` and read its fields
 through :class:`FailureFacts`, so ``event.cause`` or ``ob.traceback`` read as before.

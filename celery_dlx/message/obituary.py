@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_dlx.fates import FateEvent
 from celery_dlx.message import jsoncodec
+from celery_dlx.message.event import FateEvent
 from celery_dlx.message.failure import Failure, KnownAttempt, split_facts
 
 logger = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_dlx.fates import now_ms
 from celery_dlx.message import jsoncodec
+from celery_dlx.message.event import now_ms
 from celery_dlx.message.outgoing import Outgoing
 
 

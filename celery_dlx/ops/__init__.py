@@ -18,15 +18,16 @@ checks it.
 from __future__ import annotations
 
 from celery_dlx.fates import now_ms
+from celery_dlx.message.graveyard import Filters
 from celery_dlx.message.names import BROKER_HEADER_PREFIXES, BROKER_HEADERS
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.message.status import STATUSES, UNRESOLVED
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.settings import SETTINGS
+from celery_dlx.roles import Graveyard
 from celery_dlx.store.errors import STORE_ERRORS
-from celery_dlx.store.graveyard import Filters, Graveyard
-from celery_dlx.store.status import STATUSES, UNRESOLVED
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 __all__ = [

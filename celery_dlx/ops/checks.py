@@ -41,10 +41,9 @@ from celery_dlx.broker.management import (
 )
 from celery_dlx.broker.probe import missing_entities, queue_counts
 from celery_dlx.fates import now_ms
+from celery_dlx.message.graveyard import RESERVE
+from celery_dlx.message.memory import RedisMemory
 from celery_dlx.policy.config import DLXConfig
-from celery_dlx.store.graveyard import RESERVE
-from celery_dlx.store.memory import RedisMemory, read_memory
-from celery_dlx.store.refusals import Refusals
 from celery_dlx.wiring.installed import not_installed, not_installed_message
 from celery_dlx.wiring.runtime import Runtime
 
@@ -99,7 +98,7 @@ class CheckReport:
     #: The candidate management APIs, in order (one per broker URL of a failover list by
     #: default); those before :attr:`management_url` did not answer.
     management_tried: list[str] = field(default_factory=list)
-    #: Redis memory (:meth:`celery_dlx.store.memory.RedisMemory.to_json`), None if unread.
+    #: Redis memory (:meth:`celery_dlx.message.memory.RedisMemory.to_json`), None if unread.
     redis: dict[str, object] | None = None
     #: The graveyard's budget in bytes (``dlx_graveyard_max_bytes``, or derived); None: unlimited.
     graveyard_budget: int | None = None
@@ -376,12 +375,12 @@ def management_of(runtime: Runtime) -> Management | None:
 
 def redis_memory(runtime: Runtime) -> RedisMemory:
     """The memory of the app's Redis, read without the probe write of :func:`run_check`."""
-    return read_memory(runtime.redis)
+    return runtime.redis_memory()
 
 
 def refused_copies(runtime: Runtime) -> dict[str, int]:
     """Parks and requeues workers could not write, which the DLX service wrote, per fate."""
-    return Refusals(runtime.redis, runtime.keys).read()
+    return runtime.refusals.read()
 
 
 def service_queue_counts(runtime: Runtime) -> tuple[int, int] | None:
@@ -398,7 +397,7 @@ def service_queue_counts(runtime: Runtime) -> tuple[int, int] | None:
 def _check_redis(runtime: Runtime, report: CheckReport) -> None:
     """Redis memory against maxmemory and the graveyard budget, refused writes, refused parks."""
     try:
-        memory = read_memory(runtime.redis, runtime.keys.check_probe)
+        memory = runtime.redis_memory(probe=True)
     except Exception as exc:  # reported as a problem, not a traceback
         report.problems.append(
             Problem(

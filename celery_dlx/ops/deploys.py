@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from celery_dlx.errors import DLXError
-from celery_dlx.store.graveyard import Group
+from celery_dlx.message.graveyard import Group
 
 
 class UnknownVersion(DLXError, LookupError):

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from celery_dlx.codecs import Decoded, ProtobufRegistry, decode_payload, registry_from_config
 from celery_dlx.fates import now_ms
+from celery_dlx.message.graveyard import Group, When
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops import deploys, obituaries
 from celery_dlx.ops.render import iso, preview
-from celery_dlx.store.graveyard import Group, When
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; only annotations use it

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
+from celery_dlx.message.graveyard import CHUNK, Filters, Group, When, chunks
 from celery_dlx.message.obituary import Obituary
-from celery_dlx.store.graveyard import CHUNK, Filters, Group, When, chunks
-from celery_dlx.store.status import STATUSES
+from celery_dlx.message.status import STATUSES
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
-    from celery_dlx.store.graveyard import Graveyard
+    from celery_dlx.roles import Graveyard
 
 
 def to_ms(value: When | None, *, now: int | None = None) -> int | None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from celery_dlx.fates import PURGED
+from celery_dlx.message.graveyard import CHUNK, When
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
-from celery_dlx.store.graveyard import CHUNK, When
 from celery_dlx.wiring.retention import remove_all
 from celery_dlx.wiring.runtime import Runtime
 

@@ -24,6 +24,7 @@ from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import REPLAYED, FateEvent, now_ms
 from celery_dlx.message.failure import Failure
+from celery_dlx.message.graveyard import CHUNK, When, chunks
 from celery_dlx.message.headers import clean_headers
 from celery_dlx.message.names import OWN_HEADERS, QUEUE_HEADER, REPLAYED_HEADER
 from celery_dlx.message.obituary import Obituary
@@ -31,11 +32,10 @@ from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.obituaries import make_filters
 from celery_dlx.ops.render import iso
-from celery_dlx.store.graveyard import CHUNK, When, chunks
 from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
-    from celery_dlx.store.graveyard import Graveyard
+    from celery_dlx.roles import Graveyard
 
 
 @dataclass

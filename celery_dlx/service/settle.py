@@ -66,8 +66,7 @@ from celery_dlx.policy.verdicts import (
 )
 from celery_dlx.roles import Parking, Publisher
 from celery_dlx.service.stats import ServiceStats
-from celery_dlx.store.graveyard import GraveyardFull
-from celery_dlx.store.refusals import Refusals
+from celery_dlx.store.errors import GraveyardFull
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)
@@ -253,9 +252,7 @@ class BatchSettler:
             return
         self.stats.add(refused_copies=sum(refused.values()))
         try:
-            Refusals(self.runtime.redis, self.runtime.keys).add(
-                {str(fate): n for fate, n in refused.items()}
-            )
+            self.runtime.refusals.add({str(fate): n for fate, n in refused.items()})
         except Exception:  # a count; the fates are written
             logger.debug("could not count %d refused copies", sum(refused.values()), exc_info=True)
 

@@ -1,9 +1,15 @@
 """The errors of the Redis store, for callers that must tell a store outage from a bug without
-importing the Redis client library."""
+importing the Redis client library.
+
+The one module of ``store/`` the layers above the composition root import (an import contract
+says so): exception classes only, no client.
+"""
 
 from __future__ import annotations
 
 from redis.exceptions import RedisError
+
+from celery_dlx.errors import StoreError
 
 #: What a store call raises when Redis is unreachable or refuses a command.
 STORE_ERRORS: tuple[type[BaseException], ...] = (RedisError,)
@@ -15,3 +21,13 @@ def is_full(exc: BaseException) -> bool:
     graveyard refused a burial past its budget."""
     names = {type(e).__name__ for e in (exc, exc.__cause__) if e is not None}
     return bool(names & {"OutOfMemoryError", "GraveyardFull"}) or "OOM command" in str(exc)
+
+
+class GraveyardFull(StoreError, RedisError):
+    """A burial refused before it wrote anything: the graveyard is at its budget, or Redis is
+    near its ``maxmemory``. Not now: the dead letter stays in RabbitMQ and is retried.
+
+    ``settled``: per item of the refused batch, whether its obituary is there all the same
+    (written before the refusal, or before this batch): those dead letters have their fate."""
+
+    settled: list[bool] = []

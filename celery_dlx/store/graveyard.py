@@ -37,14 +37,19 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any, cast
 
-from redis.exceptions import RedisError
-
-from celery_dlx.errors import StoreError
 from celery_dlx.fates import FateEvent
+from celery_dlx.message.graveyard import (
+    CHUNK,
+    DEFAULT_SHARE,
+    RESERVE,
+    CausePage,
+    Filters,
+    Group,
+    When,
+    chunks,
+)
 from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.store import status
@@ -60,13 +65,31 @@ from celery_dlx.store.client import (
     run_script_batch,
     run_script_many,
 )
+from celery_dlx.store.errors import GraveyardFull
 from celery_dlx.store.history import History, history_args
 from celery_dlx.store.shards import Layout, ShardSet, grouped
 
 logger = logging.getLogger(__name__)
 
-#: Obituaries loaded per round trip when listing, replaying, purging or sweeping.
-CHUNK = 100
+#: The records and errors of the graveyard, importable from here as before.
+__all__ = [
+    "BUCKETS",
+    "CHUNK",
+    "DEFAULT_SHARE",
+    "GROUP_READS",
+    "RESERVE",
+    "SCAN_CAP",
+    "Budget",
+    "CausePage",
+    "Filters",
+    "Graveyard",
+    "GraveyardFull",
+    "GraveyardShard",
+    "Group",
+    "When",
+    "chunks",
+    "text",
+]
 
 #: Replies per cause of :meth:`GraveyardShard.queue_group_reads`.
 GROUP_READS = 5
@@ -77,14 +100,6 @@ BUCKETS = 4
 
 #: Most ids of a cause examined for one console page under a queue or task filter.
 SCAN_CAP = 10000
-
-#: The share of Redis' ``maxmemory`` the graveyard may hold by default (``dlx_graveyard_max_bytes
-#: = 0``): half, so a storm of burials leaves the other half to parked retries and the history.
-DEFAULT_SHARE = 0.5
-
-#: The share of ``maxmemory`` burials never take, whatever the budget says: with Redis this full,
-#: the room left is the parked retries' and the drain's.
-RESERVE = 0.1
 
 # KEYS: records payloads time queue task cause message group groups queues tasks history causerec
 # cause-versions versions bytes
@@ -179,69 +194,6 @@ _REMOVE = _REMOVE.replace("OVERHEAD", str(OBITUARY_OVERHEAD)).replace(
 
 def text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-@dataclass
-class Group:
-    """The obituaries of one cause fingerprint still in the graveyard.
-
-    ``count`` is how many are there now, ``total`` how many were ever buried with this cause
-    since the group was last empty; ``example_id`` is the latest obituary.
-
-    ``first_seen_ms``, ``first_version`` and ``last_version`` are the time and code versions of
-    the first and latest burial since the group was last empty (None for a group started before
-    version stats were kept); ``versions`` counts the obituaries still here per code version,
-    ``""`` for those buried without one.
-    """
-
-    cause: str
-    count: int
-    total: int
-    first_ms: int
-    last_ms: int
-    example_id: str
-    exc_type: str
-    exc_message: str
-    task: str | None
-    queue: str
-    first_seen_ms: int | None = None
-    first_version: str | None = None
-    last_version: str | None = None
-    versions: dict[str, int] = field(default_factory=dict)
-    #: Obituaries of the cause still here per status but ``unresolved`` (see
-    #: :mod:`celery_dlx.store.status`): ``replayed``, ``resolved``, ``failed-again``.
-    statuses: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def unresolved(self) -> int:
-        """Obituaries of the cause nobody replayed, or whose replay failed again as another."""
-        return self.count - sum(self.statuses.values())
-
-
-@dataclass
-class Filters:
-    """Which obituaries an operation applies to; every given filter must match."""
-
-    queue: str | None = None
-    task: str | None = None
-    cause: str | None = None
-    message_id: str | None = None
-    since_ms: int | None = None
-    until_ms: int | None = None
-    #: An obituary status (:data:`celery_dlx.store.status.STATUSES`); None: any.
-    status: str | None = None
-
-    def empty(self) -> bool:
-        given = (self.queue, self.task, self.cause, self.message_id, self.since_ms, self.until_ms)
-        return all(v is None for v in given)
-
-    def matches(self, ob: Obituary) -> bool:
-        return (
-            (self.queue is None or ob.queue == self.queue)
-            and (self.task is None or ob.task == self.task)
-            and (self.cause is None or ob.cause == self.cause)
-            and (self.message_id is None or ob.message_id == self.message_id)
-        )
 
 
 class GraveyardShard:
@@ -631,16 +583,6 @@ class GraveyardShard:
         return page
 
 
-class GraveyardFull(StoreError, RedisError):
-    """A burial refused before it wrote anything: the graveyard is at its budget, or Redis is
-    near its ``maxmemory``. Not now: the dead letter stays in RabbitMQ and is retried.
-
-    ``settled``: per item of the refused batch, whether its obituary is there all the same
-    (written before the refusal, or before this batch): those dead letters have their fate."""
-
-    settled: list[bool] = []
-
-
 class Budget:
     """How many bytes the graveyard may hold.
 
@@ -696,19 +638,6 @@ class Budget:
                 "makes room"
             )
         return self.limit(memory)
-
-
-@dataclass
-class CausePage:
-    """One page of a cause's obituary ids (:meth:`Graveyard.cause_page`): ``next_offset`` None
-    at the end, ``matching`` None where not counted, ``scanned`` ids examined, ``capped`` when
-    the scan stopped at :data:`SCAN_CAP` before the page was full."""
-
-    ids: list[str] = field(default_factory=list)
-    next_offset: int | None = None
-    matching: int | None = None
-    scanned: int = 0
-    capped: bool = False
 
 
 class _Scripts:
@@ -1276,12 +1205,3 @@ def _ledger_times(raw: Any) -> list[int]:
 def _needs_post_filter(filters: Filters) -> bool:
     given = [f for f in (filters.message_id, filters.cause, filters.task, filters.queue) if f]
     return len(given) > 1
-
-
-def chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
-#: What ``since`` and ``until`` accept: a datetime, a timedelta (that long ago), or epoch seconds.
-When = datetime | timedelta | float | int

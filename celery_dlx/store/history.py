@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING, Any, cast
 from redis.exceptions import NoScriptError, RedisError
 
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
+from celery_dlx.message.counts import Counts
 from celery_dlx.message.lineage import ANY_LINEAGE
 from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient, is_cluster
-from celery_dlx.store.counters import Counts, add_counts, read_window
+from celery_dlx.store.counters import add_counts, read_window
 
 if TYPE_CHECKING:
     from redis.client import Pipeline

@@ -9,50 +9,17 @@ On a Redis Cluster each master is read and the fullest is reported.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
 
+from celery_dlx.message.memory import RedisMemory
 from celery_dlx.store.client import RedisClient, is_cluster
+
+__all__ = ["PROBE_TTL_MS", "RedisMemory", "read_memory"]
 
 #: Milliseconds the probe key lives (it is written only to learn whether a write is taken).
 PROBE_TTL_MS = 1000
-
-
-@dataclass(frozen=True)
-class RedisMemory:
-    """One Redis server's memory, as ``INFO`` reports it.
-
-    ``refused_writes``: commands refused with ``OOM`` since the server started (``INFO
-    errorstats``); ``writable``: the probe write was taken (None: not probed);
-    ``refusal``: Redis's answer when it was not.
-    """
-
-    used: int
-    maxmemory: int
-    policy: str
-    refused_writes: int
-    writable: bool | None = None
-    refusal: str | None = None
-    node: str = ""
-
-    @property
-    def share(self) -> float | None:
-        """``used / maxmemory``; None when no ``maxmemory`` is set."""
-        return self.used / self.maxmemory if self.maxmemory else None
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "node": self.node,
-            "used_memory": self.used,
-            "maxmemory": self.maxmemory,
-            "maxmemory_policy": self.policy,
-            "used_share": self.share,
-            "refused_writes": self.refused_writes,
-            "writable": self.writable,
-            "refusal": self.refusal,
-        }
 
 
 def _int(info: dict[str, Any], name: str) -> int:

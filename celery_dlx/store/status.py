@@ -15,21 +15,31 @@ a cause says how many of its messages were resolved without reading them.
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from celery_dlx.message.status import (
+    COUNTED,
+    FAILED_AGAIN,
+    REPLAYED,
+    RESOLVED,
+    STATUSES,
+    UNRESOLVED,
+    check,
+    parse,
+    status_of,
+)
 
-#: An obituary nobody replayed (or replayed and failed again: its new obituary).
-UNRESOLVED = "unresolved"
-#: Replayed, waiting for the outcome.
-REPLAYED = "replayed"
-#: The replayed copy ran (or was not dead-lettered again within ``dlx_resolve_after``).
-RESOLVED = "resolved"
-#: The replayed copy was buried again: ``next`` names the new obituary.
-FAILED_AGAIN = "failed-again"
-#: Every status, in the order of an obituary's life.
-STATUSES = (UNRESOLVED, REPLAYED, RESOLVED, FAILED_AGAIN)
-#: The statuses counted in a cause's group hash (``n_<status>``).
-COUNTED = (REPLAYED, RESOLVED, FAILED_AGAIN)
+__all__ = [
+    "COUNTED",
+    "FAILED_AGAIN",
+    "FORGET_STATUS",
+    "REPLAYED",
+    "RESOLVED",
+    "SET_STATUS",
+    "STATUSES",
+    "UNRESOLVED",
+    "check",
+    "parse",
+    "status_of",
+]
 
 # KEYS: status replayed resolved group records; ARGV: id status at extra-json allowed-from.
 # Moves one obituary (if it is still there) to ``status``, merging ``extra`` into its document,
@@ -71,29 +81,3 @@ end
 redis.call('ZREM', KEYS[17], ARGV[1])
 redis.call('ZREM', KEYS[18], ARGV[1])
 """
-
-
-def parse(raw: Any) -> dict[str, Any]:
-    """A stored status document (``{}`` for none or an unreadable one)."""
-    if raw is None:
-        return {}
-    try:
-        doc = json.loads(raw)
-    except (TypeError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def status_of(doc: dict[str, Any]) -> str:
-    return str(doc.get("s") or UNRESOLVED)
-
-
-def check(status: str) -> str:
-    """``status`` if it names one (or ``all``).
-
-    Raises:
-        ValueError: it does not.
-    """
-    if status not in (*STATUSES, "all"):
-        raise ValueError(f"unknown status {status!r}: one of {', '.join((*STATUSES, 'all'))}")
-    return status

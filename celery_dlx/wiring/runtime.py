@@ -25,17 +25,17 @@ from collections.abc import Callable, Iterator, Sequence
 from celery import Celery
 from kombu import Connection
 
+from celery_dlx import roles
 from celery_dlx.broker.frames import connection_for
 from celery_dlx.broker.ladder import Ladder, LadderParking
 from celery_dlx.broker.publish import ConfirmingPublisher
-from celery_dlx.errors import ConfigurationError, PublishError, StoreError
-from celery_dlx.fates import BURIED, DRAINED, FateEvent
+from celery_dlx.errors import ConfigurationError
+from celery_dlx.fates import FateEvent
+from celery_dlx.message.memory import RedisMemory
 from celery_dlx.message.names import Keys
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.outages import outage_log
 from celery_dlx.policy.config import DLXConfig, load_config
-from celery_dlx.policy.decide import one_line
 from celery_dlx.roles import Parking
 from celery_dlx.store.breaker import Breakers
 from celery_dlx.store.causes import Causes
@@ -51,16 +51,18 @@ from celery_dlx.store.consumerless import Consumerless
 from celery_dlx.store.graveyard import Budget, Graveyard
 from celery_dlx.store.history import History
 from celery_dlx.store.lease import DrainLease
+from celery_dlx.store.memory import read_memory
 from celery_dlx.store.migrate import Migration, migrate_graveyard, migrate_parked
 from celery_dlx.store.parking import ParkingStore
 from celery_dlx.store.ratelimit import WindowBudget
+from celery_dlx.store.refusals import Refusals
 from celery_dlx.store.seen import Letters
 from celery_dlx.wiring.banner import redacted
+from celery_dlx.wiring.recorder import FateRecorder, Listener, error_part
 
 logger = logging.getLogger("celery_dlx")
 
-#: A fate listener: called once per fate change; its failures are logged, never raised.
-Listener = Callable[[FateEvent], None]
+__all__ = ["Listener", "Runtime", "error_part", "get_runtime"]
 
 
 class Runtime:
@@ -71,6 +73,16 @@ class Runtime:
         self.config = config
         self.keys = Keys(config.key_prefix)
         self.listeners: list[Listener] = []
+        #: Logs, records and tells the listeners of every fate change, through this runtime's
+        #: roles.
+        self.recorder = FateRecorder(
+            parking=lambda: self.parking,
+            history=lambda: self.history,
+            publisher=lambda: self.publisher,
+            reset_publisher=self.reset_publisher,
+            listeners=self.listeners,
+            history_optional=lambda: self.history_optional,
+        )
         #: True while the drain cannot reach Redis (it logs once per outage).
         self.drain_failing = False
         self._pid: int | None = None
@@ -165,7 +177,7 @@ class Runtime:
         return shards == "queue" or (shards == "auto" and is_cluster_url(self.config.redis_url))
 
     @property
-    def store(self) -> ParkingStore:
+    def store(self) -> roles.ParkedStore:
         """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend):
         one sorted set under the app's tag, or with :attr:`sharded` a few per queue. One per
         process (a park in a pool process asks for it on every run; making it hashes its
@@ -174,6 +186,9 @@ class Runtime:
         Its parks count once ``dlx_redis_min_replicas`` replicas hold them (``WAIT``; inside
         :meth:`replicated`, the block's in the single-tag layout; per queue, each bucket's own
         master's, since a queue's keys need not be on the block's master)."""
+        return self._parking_store()
+
+    def _parking_store(self) -> ParkingStore:
         if not self.sharded and getattr(self._local, "redis", None) is not None:
             return ParkingStore(self.redis, self.keys, Replicas(0))  # inside replicated()
         client = self._client()
@@ -205,8 +220,8 @@ class Runtime:
                 'set dlx_redis_shards = "queue" (or use a ?cluster=true URL with "auto") first'
             )
         return (
-            migrate_parked(self.store, dry_run=dry_run),
-            migrate_graveyard(self.graveyard, dry_run=dry_run),
+            migrate_parked(self._parking_store(), dry_run=dry_run),
+            migrate_graveyard(self._yard(), dry_run=dry_run),
         )
 
     @property
@@ -214,14 +229,17 @@ class Runtime:
         """Where parked retries wait: the Redis sorted set, or with ``dlx_delay_backend = "ttl"``
         the broker's delay queues (chosen here, once; nothing else asks which)."""
         if self.config.delay_backend == "ttl":
-            return LadderParking(self.ladder, lambda: self.publisher, lambda: self.store)
-        return self.store
+            return LadderParking(self.ladder, self._own_publisher, self._parking_store)
+        return self._parking_store()
 
     @property
-    def graveyard(self) -> Graveyard:
+    def graveyard(self) -> roles.Graveyard:
         """Obituaries: under the app's tag, or with :attr:`sharded` in buckets per queue (one
         per process; in the single-tag layout inside :meth:`replicated`, on the block's client).
         """
+        return self._yard()
+
+    def _yard(self) -> Graveyard:
         budget = self.graveyard_budget
         if not self.sharded and getattr(self._local, "redis", None) is not None:
             return Graveyard(
@@ -243,28 +261,43 @@ class Runtime:
         return self._graveyard
 
     @property
-    def causes(self) -> Causes:
+    def causes(self) -> roles.Causes:
         return Causes(self.redis, self.keys)
 
     @property
-    def breakers(self) -> Breakers:
+    def breakers(self) -> roles.Breakers:
         """The per-cause breakers (``dlx_breaker``), shared through Redis by every worker."""
         return Breakers(self.redis, self.keys)
 
     @property
-    def letters(self) -> Letters:
+    def letters(self) -> roles.Letters:
         """The DLX service's seen markers and its batch lookup of cause records."""
         return Letters(self.redis, self.keys)
 
     @property
-    def consumerless(self) -> Consumerless:
+    def consumerless(self) -> roles.Consumerless:
+        """Queues seen with messages and no consumer, and since when (``dlx check``)."""
         return Consumerless(self.redis, self.keys)
 
-    def budget(self, name: str, limit: int, window: float) -> WindowBudget:
+    @property
+    def refusals(self) -> roles.Refusals:
+        """The copies workers could not write, counted by the DLX service that wrote them."""
+        return Refusals(self.redis, self.keys)
+
+    def redis_memory(self, *, probe: bool = False) -> RedisMemory:
+        """Redis' memory (the fullest master of a cluster); with ``probe``, a short-lived write
+        tells whether Redis takes one now.
+
+        Raises:
+            redis.RedisError: Redis did not answer.
+        """
+        return read_memory(self.redis, self.keys.check_probe if probe else None)
+
+    def budget(self, name: str, limit: int, window: float) -> roles.WindowBudget:
         """A budget of ``limit`` uses per ``window`` seconds, shared by every process."""
         return WindowBudget(lambda: self.redis, self.keys, name, limit, window)
 
-    def drain_lease(self, seconds: float, token: str) -> DrainLease:
+    def drain_lease(self, seconds: float, token: str) -> roles.DrainLease:
         """This process's hold on the drain lease of the app's key prefix."""
         return DrainLease(self.redis, self.keys.drain_lease, seconds, token)
 
@@ -288,60 +321,22 @@ class Runtime:
         return bool(self.config.delay_backend == "ttl")
 
     def park_recorded(self, message: ParkedMessage, event: FateEvent) -> None:
-        """Park ``message`` and record ``event`` (its ``parked`` fate) in one Redis round trip.
-
-        The park, the history append and the counters go in one ``MULTI``/``EXEC``: sent whole or
-        not at all, so a park that failed to reach Redis leaves no history entry behind. Then
-        the fate is logged and the listeners are told. Where that cannot be one transaction
-        (the ``ttl`` delay backend, Redis Cluster), :meth:`park` then :meth:`record`.
+        """Park ``message`` and record ``event`` (its ``parked`` fate) in one Redis round trip
+        (:meth:`FateRecorder.park_recorded <celery_dlx.wiring.recorder.FateRecorder.park_recorded>`).
 
         Raises:
             NotReplicated: the park went to the master, but fewer replicas than
-                ``dlx_redis_min_replicas`` confirmed it: it does not count (the caller hands the
-                message to the dead-letter path, as for any failed park).
-            redis.RedisError, ...: the message is not parked (nothing was recorded, unless Redis
-            refused the park itself inside the transaction: then the history may hold it).
+                ``dlx_redis_min_replicas`` confirmed it: it does not count.
+            redis.RedisError, ...: the message is not parked.
         """
-        recorded = self.parking.park_recorded(message, [event])
-        if recorded is False:
-            self.record_settled(event)
-            return
-        self._log(event)  # parked: not before, a failed park falls back to the dead-letter path
-        if recorded is not True:
-            self._unrecorded([event], recorded)
-        self._notify(event)
+        self.recorder.park_recorded(message, event)
 
     def park_recorded_many(
         self, parks: Sequence[tuple[ParkedMessage, FateEvent]]
     ) -> list[BaseException | None]:
-        """:meth:`park_recorded` for a batch (a worker's main process parking what its pool
-        handed over): with the Redis parking store, every park, history entry and counter in one
-        ``MULTI``/``EXEC``; otherwise each parked as its parking can, the fates recorded after.
-
-        Returns:
-            Per park, None when it is in (the fate then logged and the listeners told), or the
-            error that kept it out (nothing logged: the caller hands the message to the
-            dead-letter path). Never raises.
-        """
-        if not parks:
-            return []
-        try:
-            outcomes, recorded = self.parking.park_recorded_many(
-                [message for message, _ in parks], [event for _, event in parks]
-            )
-        except Exception as err:  # nothing parked (or not replicated): each falls back
-            return [err] * len(parks)
-        done = [event for (_, event), outcome in zip(parks, outcomes, strict=True) if not outcome]
-        if recorded is False:
-            for event in done:
-                self.record_settled(event)
-            return outcomes
-        for event in done:
-            self._log(event)
-        if recorded is not True and done:
-            self._unrecorded(done, recorded)
-        self._notify_many(done)
-        return outcomes
+        """:meth:`park_recorded` for a batch: per park, None when it is in, or the error that
+        kept it out. Never raises."""
+        return self.recorder.park_recorded_many(parks)
 
     def follow_worker_events(self, switch: Callable[[], bool]) -> None:
         """In a worker's main process: ``switch`` says whether the worker sends task events now
@@ -361,46 +356,10 @@ class Runtime:
     def requeue_recorded_many(
         self, requeues: Sequence[tuple[Outgoing, FateEvent]]
     ) -> list[BaseException | None]:
-        """Publish a batch of requeued copies (a worker's main process settling what its pool
-        handed over) on this process's confirm-mode channel, confirms pipelined, then record the
-        fates of those the broker confirmed: history and counters in one round trip, the
-        listeners told at once.
-
-        Returns:
-            Per copy, None when the broker confirmed it (its fate then recorded: a failed record
-            is logged, as in :meth:`record_settled`, since the copy is out), or the error that
-            kept it out (nothing recorded: the caller hands the original to the dead-letter
-            path). Never raises.
-        """
-        if not requeues:
-            return []
-        try:
-            confirmed = self.publisher.publish_many([copy for copy, _ in requeues])
-        except Exception as err:  # nothing may be assumed published: each falls back
-            self.reset_publisher()
-            return [err] * len(requeues)
-        outcomes: list[BaseException | None] = [
-            None
-            if ok
-            else PublishError(
-                f"broker did not accept the message for {copy.routing_key!r} (nacked or unroutable)"
-            )
-            for (copy, _), ok in zip(requeues, confirmed, strict=True)
-        ]
-        done = [event for (_, event), ok in zip(requeues, confirmed, strict=True) if ok]
-        if done:
-            for event in done:
-                self._log(event)
-            try:
-                failed, counters_failed = self.history.write(done)
-            except Exception as err:
-                failed, counters_failed = err, False
-            self._counted(len(done), counters_failed)
-            if failed is not None:
-                self._unrecorded(done, failed)
-            else:
-                self._notify_many(done)
-        return outcomes
+        """Publish a batch of requeued copies, confirms pipelined, then record the fates of those
+        the broker confirmed: per copy, None when confirmed, or the error that kept it out.
+        Never raises."""
+        return self.recorder.requeue_recorded_many(requeues)
 
     @contextlib.contextmanager
     def acting_for(self, node: str | None) -> Iterator[None]:
@@ -421,28 +380,27 @@ class Runtime:
         return node
 
     def record_settled(self, event: FateEvent) -> None:
-        """:meth:`record` a fate whose copy is already out (published or parked): a failure is
-        logged, not raised, since failing the run now would dead-letter the original as well
-        and the message would live twice."""
-        try:
-            self.record(event)
-        except Exception as err:
-            self._unrecorded([event], err)
+        """:meth:`record` a fate whose copy is already out (a failure is logged, not raised)."""
+        self.recorder.record_settled(event)
 
     @property
-    def history(self) -> History:
+    def history(self) -> roles.History:
+        """The failure history, the per-minute fate counters and the operators' audit stream."""
         return History(self.redis, self.keys)
 
     @property
-    def publisher(self) -> ConfirmingPublisher:
+    def publisher(self) -> roles.Publisher:
         """This process's confirm-mode publisher on its own broker connection."""
+        return self._own_publisher()
+
+    def _own_publisher(self) -> ConfirmingPublisher:
         self._check_fork()
         if self._publisher is None:
             self._connection = connection_for(self.app, write=True)
             self._publisher = ConfirmingPublisher(self._connection)
         return self._publisher
 
-    def open_publisher(self) -> ConfirmingPublisher:
+    def open_publisher(self) -> roles.Publisher:
         """A confirm-mode publisher on a connection of its own, which its ``close()`` releases
         (a DLX service's settling thread has one each)."""
         return ConfirmingPublisher(connection_for(self.app, write=True), owns_connection=True)
@@ -460,51 +418,14 @@ class Runtime:
         self._connection = None
 
     def record(self, event: FateEvent, *, history: bool = True) -> None:
-        """Log one fate change, append and count it in one Redis round trip, notify listeners.
-
-        ``history=False`` is for callers that appended the event themselves (in the same
-        transaction as their own write): it is then logged, counted and notified only.
-
-        With the ``ttl`` delay backend the broker holds every fate, so a failed history append is
-        logged (once per outage) and not raised: Redis is optional there.
+        """Log one fate change, append and count it in one Redis round trip, notify listeners
+        (:meth:`FateRecorder.record <celery_dlx.wiring.recorder.FateRecorder.record>`).
 
         Raises:
-            redis.RedisError: the history append failed (it is part of the fate).
+            redis.RedisError: the history append failed (it is part of the fate), unless the
+                broker holds every fate (``dlx_delay_backend = "ttl"``).
         """
-        if history and self.history_optional:
-            self._record_best_effort(event)
-            return
-        if history:
-            self.record_many([event])
-            return
-        self._log(event)
-        try:
-            self._count([event])
-        except Exception as err:  # counters must never decide a fate
-            self._counted(1, True, err)
-        self._notify(event)
-
-    def _record_best_effort(self, event: FateEvent) -> None:
-        try:
-            self.record_many([event])
-        except Exception as exc:  # the fate is settled in the broker; history is an extra
-            if not self._history_failing:
-                logger.warning(
-                    "celery_dlx could not append to the failure history (%s: %s); fates go on "
-                    "without it until Redis (dlx_redis_url) answers",
-                    type(exc).__name__,
-                    exc,
-                )
-            self._history_failing = True
-            self._notify(event)
-            return
-        if self._history_failing:
-            logger.warning("celery_dlx failure history is being appended again")
-        self._history_failing = False
-
-    def _count(self, events: Sequence[FateEvent]) -> None:
-        """Add ``events`` to the per-minute counters now."""
-        self.history.write(events, history=False)
+        self.recorder.record(event, history=history)
 
     def warm(self, *, listeners: bool = True) -> None:
         """Connect to Redis and the broker now (a pool process starting), not at the first failure.
@@ -536,111 +457,17 @@ class Runtime:
     def record_many(
         self, events: Sequence[FateEvent], *, history: bool = True, log: bool = True
     ) -> None:
-        """Log many fate changes, append and count them in one Redis round trip, notify each.
-
-        History appends and counters go in one pipeline (a drain batch must not cost a round trip
-        per message). A failed history append propagates, after the rest of the batch was sent;
-        counters and listeners are best effort. ``history=False``: as in :meth:`record`, the
-        caller appended the events itself; they are logged, counted and notified only.
-        ``log=False``: the caller logs them with :meth:`log_fates` (the DLX service, once its writes are done).
+        """Log many fate changes, append and count them in one Redis round trip, notify each
+        (:meth:`FateRecorder.record_many <celery_dlx.wiring.recorder.FateRecorder.record_many>`).
 
         Raises:
             redis.RedisError: the pipeline failed or a history append was refused.
         """
-        if not events:
-            return
-        if log:
-            for event in events:
-                self._log(event)
-        failed, counters_failed = self.history.write(events, history=history)
-        self._counted(len(events), counters_failed)
-        if failed is not None:
-            raise failed
-        for event in events:
-            self._notify(event)
-
-    def _counted(self, n: int, failed: bool, err: BaseException | None = None) -> None:
-        """Note whether ``n`` fates were counted: one WARNING per outage (with counts), not one
-        per write (a full Redis refuses every write of a storm)."""
-        log = outage_log(self, "_counter_outage", logger, "fate counter updates")
-        if failed:
-            log.failed(err or StoreError("Redis refused the counter update"), f"{n} not counted")
-        else:
-            log.succeeded()
-
-    def _unrecorded(self, events: Sequence[FateEvent], err: BaseException) -> None:
-        """Fates settled (their copies are out) but missing from the history: one WARNING per
-        outage, with counts, naming the first message."""
-        first = events[0]
-        log = outage_log(self, "_history_outage", logger, "failure history appends")
-        log.failed(err, f"{first.fate} of {first.task or '-'}[{first.message_id}] not recorded")
+        self.recorder.record_many(events, history=history, log=log)
 
     def log_fates(self, events: Sequence[FateEvent]) -> None:
-        """Log ``events``, one line per fate change, for a caller that recorded them with
-        ``log=False`` and logs once its writes are done (the DLX service)."""
-        for event in events:
-            self._log(event)
-
-    def _log(self, event: FateEvent) -> None:
-        fate = event.fate
-        # A drain's republish is routine (the park line said when it comes back): debug.
-        level = (
-            logging.DEBUG if fate == DRAINED else logging.ERROR if fate == BURIED else logging.INFO
-        )
-        if not logger.isEnabledFor(level):  # parks and requeues: info, often not logged at all
-            return
-        line = "%s %s[%s] attempt=%d queue=%s cause=%s%s%s%s"
-        args: tuple[object, ...] = (
-            fate,
-            event.task or "-",
-            event.message_id,
-            event.attempt,
-            event.queue,
-            event.cause or "-",
-            f" delay={event.delay:.3f}s" if event.delay is not None else "",
-            f" reason={event.reason}" if event.reason else "",
-            error_part(event.exc_type, event.exc_message),
-        )
-        if fate == BURIED:
-            # One traceback per burial in the logs: not again when Celery's tracer logged it.
-            shown = "" if event.extra.get("traceback_logged") else event.traceback
-            line, args = line + ("\n%s" if shown else "%s"), (*args, shown or "")
-        logger.log(level, line, *args)
-
-    def _notify(self, event: FateEvent) -> None:
-        for listener in list(self.listeners):
-            try:
-                listener(event)
-            except Exception:
-                logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
-
-    def _notify_many(self, events: Sequence[FateEvent]) -> None:
-        """:meth:`_notify` of a batch: a listener with ``notify_many`` (the event sender) takes
-        the batch at once, the others each event."""
-        for listener in list(self.listeners):
-            many = getattr(listener, "notify_many", None)
-            try:
-                if many is not None:
-                    many(events)
-                else:
-                    for event in events:
-                        listener(event)
-            except Exception:
-                logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
-
-
-#: Longest exception message a fate's log line shows.
-LOG_MESSAGE_LIMIT = 200
-
-
-def error_part(exc_type: str | None, exc_message: str | None) -> str:
-    """`` error=Type: message`` of a fate's log line (one line, cut to
-    :data:`LOG_MESSAGE_LIMIT`); empty without an exception of the task's own (a fate the task
-    asked for, ``Park("...")``, is named by the line's reason already)."""
-    if not exc_type or exc_type.startswith("celery_dlx."):
-        return ""
-    message = one_line(exc_message or "", LOG_MESSAGE_LIMIT)
-    return f" error={exc_type}: {message}" if message else f" error={exc_type}"
+        """Log ``events``, one line per fate change (the DLX service, once its writes are done)."""
+        self.recorder.log_fates(events)
 
 
 def get_runtime(app: Celery) -> Runtime:

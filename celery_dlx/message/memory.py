@@ -1,0 +1,41 @@
+"""Redis' memory as ``INFO`` reports it: what ``dlx check`` and ``/metrics`` compare with
+``maxmemory`` (read by :func:`celery_dlx.store.memory.read_memory`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RedisMemory:
+    """One Redis server's memory, as ``INFO`` reports it.
+
+    ``refused_writes``: commands refused with ``OOM`` since the server started (``INFO
+    errorstats``); ``writable``: the probe write was taken (None: not probed);
+    ``refusal``: Redis's answer when it was not.
+    """
+
+    used: int
+    maxmemory: int
+    policy: str
+    refused_writes: int
+    writable: bool | None = None
+    refusal: str | None = None
+    node: str = ""
+
+    @property
+    def share(self) -> float | None:
+        """``used / maxmemory``; None when no ``maxmemory`` is set."""
+        return self.used / self.maxmemory if self.maxmemory else None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "node": self.node,
+            "used_memory": self.used,
+            "maxmemory": self.maxmemory,
+            "maxmemory_policy": self.policy,
+            "used_share": self.share,
+            "refused_writes": self.refused_writes,
+            "writable": self.writable,
+            "refusal": self.refusal,
+        }

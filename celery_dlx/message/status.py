@@ -1,0 +1,52 @@
+"""What became of a buried message after it was replayed: the obituary's status, its names.
+
+An obituary is ``unresolved`` until someone replays it; then ``replayed`` (waiting for the
+outcome), and either ``resolved`` (the replayed copy ran: a DLX task recorded its success, or
+nothing dead-lettered it again within ``dlx_resolve_after``) or ``failed-again`` (the replayed
+copy was buried again: the new obituary names the old one and counts the repeats). How the
+graveyard keeps them is :mod:`celery_dlx.store.status`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: An obituary nobody replayed (or replayed and failed again: its new obituary).
+UNRESOLVED = "unresolved"
+#: Replayed, waiting for the outcome.
+REPLAYED = "replayed"
+#: The replayed copy ran (or was not dead-lettered again within ``dlx_resolve_after``).
+RESOLVED = "resolved"
+#: The replayed copy was buried again: ``next`` names the new obituary.
+FAILED_AGAIN = "failed-again"
+#: Every status, in the order of an obituary's life.
+STATUSES = (UNRESOLVED, REPLAYED, RESOLVED, FAILED_AGAIN)
+#: The statuses counted in a cause's group hash (``n_<status>``).
+COUNTED = (REPLAYED, RESOLVED, FAILED_AGAIN)
+
+
+def parse(raw: Any) -> dict[str, Any]:
+    """A stored status document (``{}`` for none or an unreadable one)."""
+    if raw is None:
+        return {}
+    try:
+        doc = json.loads(raw)
+    except (TypeError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def status_of(doc: dict[str, Any]) -> str:
+    return str(doc.get("s") or UNRESOLVED)
+
+
+def check(status: str) -> str:
+    """``status`` if it names one (or ``all``).
+
+    Raises:
+        ValueError: it does not.
+    """
+    if status not in (*STATUSES, "all"):
+        raise ValueError(f"unknown status {status!r}: one of {', '.join((*STATUSES, 'all'))}")
+    return status
