@@ -52,8 +52,9 @@ POOL_SETTLE = 2.0
 RABBITMQCTL_TIMEOUT = 180
 
 
-#: The log level of the run's workers and service (``DLX_CHAOS_LOGLEVEL``; INFO shows each fate).
-LOGLEVEL = os.environ.get("DLX_CHAOS_LOGLEVEL", "WARNING")
+#: The log level of the run's workers and service (``DLX_CHAOS_LOGLEVEL``): INFO at least, the
+#: monkey waits for a worker's "ready." line before it kills its pool children.
+LOGLEVEL = os.environ.get("DLX_CHAOS_LOGLEVEL", "INFO")
 
 
 def command(kind: str, name: str, concurrency: int) -> list[str]:

@@ -216,4 +216,7 @@ def redis_state(runtime: Runtime) -> dict[bytes, object]:
         b"stream": lambda k: client.xrange(k),
     }
     keys = sorted(client.scan_iter(match="{" + runtime.keys.prefix + "*", count=1000))
-    return {k: read[client.type(k)](k) for k in keys}
+    # Not the check's probe key: reads of the check write it, and it expires by itself (a
+    # snapshot taken either side of its expiry would differ with no write in between).
+    probe = runtime.keys.check_probe.encode()
+    return {k: read[client.type(k)](k) for k in keys if k != probe}
