@@ -410,9 +410,7 @@ def _check_redis(runtime: Runtime, report: CheckReport) -> None:
     report.redis = memory.to_json()
     report.problems.extend(memory_problems(memory))
     try:
-        budget = runtime.graveyard_budget
-        limit = budget.limit(budget.memory(runtime.redis))
-        report.graveyard_budget = limit if limit >= 0 else None
+        report.graveyard_budget = runtime.graveyard_limit()
         report.graveyard_bytes = runtime.graveyard.used_bytes()
     except Exception as exc:  # the rest of the report stands
         logger.debug("could not read the graveyard's bytes: %s", exc)

@@ -85,8 +85,7 @@ class DLXCollector(Collector):
         (what ``celery dlx check`` reports; no write here, a scrape only reads)."""
         runtime = self.runtime
         memory = redis_memory(runtime)
-        limit = runtime.graveyard_budget.limit(runtime.graveyard_budget.memory(runtime.redis))
-        budget = limit if limit >= 0 else None
+        budget = runtime.graveyard_limit()
         full = memory.share is not None and memory.share >= FULL_SHARE
         for name, text, value in (
             ("celery_dlx_redis_used_memory_bytes", "Redis used_memory", memory.used),

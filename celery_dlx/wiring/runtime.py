@@ -293,6 +293,25 @@ class Runtime:
         """
         return read_memory(self.redis, self.keys.check_probe if probe else None)
 
+    def graveyard_limit(self) -> int | None:
+        """The graveyard's budget in bytes (``dlx_graveyard_max_bytes``, by default a share of
+        Redis' ``maxmemory``), or None for none.
+
+        Raises:
+            redis.RedisError: Redis did not answer (the default needs its ``maxmemory``).
+        """
+        budget = self.graveyard_budget
+        limit = budget.limit(budget.memory(self.redis))
+        return limit if limit >= 0 else None
+
+    def ping_redis(self) -> None:
+        """Ask Redis for an answer.
+
+        Raises:
+            redis.RedisError: it gave none.
+        """
+        self.redis.ping()
+
     def budget(self, name: str, limit: int, window: float) -> roles.WindowBudget:
         """A budget of ``limit`` uses per ``window`` seconds, shared by every process."""
         return WindowBudget(lambda: self.redis, self.keys, name, limit, window)

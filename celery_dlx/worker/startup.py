@@ -36,7 +36,7 @@ class StartupStep(bootsteps.StartStopStep):
         for line in worker_lines(parent.app, runtime.config):
             logger.info("%s", line)
         if runtime.config.redis_required:
-            require_redis(runtime.redis.ping, runtime.config.redis_url)
+            require_redis(runtime.ping_redis, runtime.config.redis_url)
 
     def stop(self, parent: WorkController) -> None:
         pass
