@@ -251,7 +251,9 @@ class TracerHook:
     """
 
     def _dlx_settles_runs(self) -> bool:
-        raise NotImplementedError
+        """Whether this task's runs may end settled (acked without a traceback); the task class
+        says when (``DLXTask``: its fates are on). None of them by default."""
+        return False
 
     @property
     def __trace__(self) -> Tracer | None:
