@@ -246,8 +246,9 @@ class Endpoint:
             raise BadRequest(self._unknown(unknown, "query parameter", list(accepted)))
         out: dict[str, Any] = {}
         for name, raw in given.items():
-            if raw == "" and "string" in _types(accepted[name].schema):
-                continue  # an empty text filter filters nothing (a number or flag must be one)
+            schema = accepted[name].schema
+            if raw == "" and "string" in _types(schema) and "enum" not in schema:
+                continue  # an empty text filter filters nothing (a number, flag or choice must be one)
             value = _from_text(raw, accepted[name].schema)
             said = problem(value, accepted[name].schema, repr(name))
             if said:

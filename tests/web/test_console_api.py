@@ -273,4 +273,5 @@ def test_parked_retries_one_by_one_and_obituaries_by_status(api: dict[str, Any])
     assert ob_id in [r["id"] for r in listed] and all(r["status"] == "unresolved" for r in listed)
     assert ed.get("/api/obituaries?status=resolved").json()["obituaries"] == []
     assert ed.get("/api/obituaries?status=sometimes").status == 400
+    assert ed.get("/api/groups?status=").status == 400  # a choice, not a text filter: no empty one
     assert any("bury-now" in str(a) for a in ed.get("/api/audit").json())
