@@ -182,3 +182,66 @@ def scratch_queues(connection: Any) -> Iterator[list[str]]:
             except Exception:  # a queue already gone closes the channel; keep cleaning
                 channel = connection.channel()
         channel.close()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrivateRedis:
+    """A Redis server of the benchmark's own on a free port (no persistence), stopped by its PID."""
+
+    def __init__(self, prefix: str = "bench-redis-") -> None:
+        import shutil
+        import subprocess
+        import tempfile
+        import time
+
+        import redis
+
+        self._rmtree = shutil.rmtree
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+    def commands(self) -> dict[str, int]:
+        """Calls per command so far (``INFO commandstats``)."""
+        stats = self.client.info("commandstats")
+        return {name[len("cmdstat_") :]: int(v["calls"]) for name, v in stats.items()}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+        self._rmtree(self.dir, ignore_errors=True)

@@ -22,10 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -36,8 +33,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redis  # noqa: E402
+from _common import PrivateRedis  # noqa: E402
 from celery import Celery  # noqa: E402
 from celery.contrib.testing.worker import start_worker  # noqa: E402
 from kombu import Connection  # noqa: E402
@@ -52,56 +51,6 @@ from celery_dlx.service.loop import DLXService  # noqa: E402
 from celery_dlx.wiring.runtime import get_runtime  # noqa: E402
 
 BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class PrivateRedis:
-    def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="dlx-capacity-")
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                self.client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def key_bytes(client: redis.Redis, prefix: str) -> dict[str, int]:

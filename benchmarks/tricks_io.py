@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BROKER_URL, ROOT, callgrind, collected, load, median, say
+from _common import BROKER_URL, ROOT, PrivateRedis, callgrind, collected, load, median, say
 
 # -- consume --------------------------------------------------------------------------------------
 
@@ -204,60 +202,6 @@ def consume(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- linger ---------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class PrivateRedis:
-    """A Redis server of this script's own (no persistence), stopped by its PID."""
-
-    def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="tricks-io-redis-")
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        import redis
-
-        self.client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
-
-    def commands(self) -> dict[str, int]:
-        """Calls per command so far (``INFO commandstats``)."""
-        stats = self.client.info("commandstats")
-        return {name[len("cmdstat_") :]: int(v["calls"]) for name, v in stats.items()}
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def parked(client: Any, uid: str) -> int:
