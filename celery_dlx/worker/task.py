@@ -384,14 +384,16 @@ class DLXTask(TracerHook, _Task):
 
     def _first_run_of_copy(self, runtime: Runtime, delivery: Delivery) -> bool:
         """False for a second copy of one retry step: a drain or the DLX service died between
-        the confirmed publish of a retry and its delete, and published it again (at-least-once).
-        Running it would run the failure once more than its budget, so it is acked unrun. A
-        step is the message, its attempt and the time of the fate that made the copy (each new
-        requeue, park or hold adds a history entry); Redis down: it runs (the safe side)."""
+        the confirmed publish of a retry and its delete and published it again, or a worker's
+        copy and the one it handed to the DLX service (its publish failed after the broker
+        took it) both went out. Running it would run the failure once more than its budget, so
+        it is acked unrun. A step is the queue, the message, its attempt, its lineage (a replay
+        starts a new one) and its holds (a held copy runs again at the same attempt), not who
+        made the copy or when; Redis down: it runs (the safe side)."""
         state = delivery.state
-        last = state.history[-1].at_ms if state.history else 0
         holds = delivery.headers.get(HOLDS_HEADER, 0)
-        step = f"{delivery.queue}:{delivery.message_id}:{state.attempt}:{last}:{holds}"
+        line = lineage(state, _replayed(delivery))
+        step = f"{delivery.queue}:{delivery.message_id}:{state.attempt}:{line}:{holds}"
         try:
             first = runtime.causes.claim_run(step, runtime.config.cause_ttl)
         except Exception:
