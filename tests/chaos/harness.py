@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -175,6 +176,8 @@ class ChaosReport:
     settled: bool = False
     quorum: bool = False
     logdir: str = ""
+    #: Per violating message, the lines every process logged about it (what CI prints).
+    violation_logs: dict[str, list[str]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,6 +216,9 @@ class ChaosReport:
             out.append(f"pending ids (first 20): {self.pending_ids[:20]}")
         for violation in self.violations[:20]:
             out.append(f"LEDGER VIOLATION: {violation}")
+        for message_id, logged in self.violation_logs.items():
+            out.append(f"what the processes logged about {message_id}:")
+            out.extend(f"    {line}" for line in logged)
         return out
 
 
@@ -277,6 +283,24 @@ def stuck_parked(runtime: Any, limit: int = 20) -> list[str]:
             has_body = runtime.redis.hexists(keys.body, member)
             name = member.decode() if isinstance(member, bytes) else str(member)
             out.append(f"{name} at {(score - now) / 1000:+.1f}s meta={has_meta} body={has_body}")
+    return out
+
+
+def logged_about(logdir: Path, message_ids: list[str], limit: int = 60) -> dict[str, list[str]]:
+    """Per message id, the lines of every process's log that name it (file name first, sorted
+    by their timestamps), so a violation's report says what each process did with it."""
+    out: dict[str, list[str]] = {}
+    for message_id in dict.fromkeys(message_ids):
+        pattern = re.compile(rf"\b{re.escape(message_id)}\b")
+        found = []
+        for path in sorted(Path(logdir).glob("*.log")):
+            text = path.read_text(errors="replace")
+            found.extend(
+                (line[:40], f"{path.stem.split('-')[0]}: {line[:400]}")
+                for line in text.splitlines()
+                if pattern.search(line)
+            )
+        out[message_id] = [line for _, line in sorted(found)][:limit]
     return out
 
 
@@ -735,6 +759,9 @@ def run_chaos(plan: ChaosPlan, uid: str | None = None) -> ChaosReport:
             run.burials(runtime),
             monkey.events,
             budgets(run.names),
+        )
+        report.violation_logs = logged_about(
+            run.logdir, [v.split(" ", 1)[0] for v in report.violations[:5]]
         )
         report.unexpected_exits = monkey.unexpected_exits
         report.monkey_errors = monkey.errors
