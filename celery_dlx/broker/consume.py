@@ -33,6 +33,7 @@ class QueueConsumer:
         declare: declares the queue (and what it needs) on a channel.
         prefetch: the consumer prefetch.
         inbox: where deliveries go, in order.
+        tag: the consumer tag (the broker makes one up when empty).
 
     Raises (on entering):
         TopologyError: the queue exists with other arguments (its message names the settings).
@@ -48,6 +49,7 @@ class QueueConsumer:
         inbox: list[Delivery],
         *,
         mismatch: str = "",
+        tag: str = "",
     ) -> None:
         self.app = app
         self.queue = queue
@@ -55,6 +57,7 @@ class QueueConsumer:
         self.prefetch = prefetch
         self.inbox = inbox
         self.mismatch = mismatch
+        self.tag = tag
         self._conn: Any = None
 
     def __enter__(self) -> QueueConsumer:
@@ -70,7 +73,7 @@ class QueueConsumer:
             except PreconditionFailed as exc:
                 raise TopologyError(f"{self.mismatch or self.queue}: {exc}") from exc
             channel.basic_qos(0, self.prefetch, False)
-            channel.basic_consume(self.queue, callback=self.inbox.append)
+            channel.basic_consume(self.queue, consumer_tag=self.tag, callback=self.inbox.append)
         except BaseException:
             conn.release()
             raise

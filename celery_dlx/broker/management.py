@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from kombu import Connection
 
 from celery_dlx.errors import DLXError
+from celery_dlx.message.names import service_tag_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,15 @@ class Management:
     def queue_bindings(self, name: str) -> list[dict[str, object]]:
         """The bindings of queue ``name`` (the default exchange's included)."""
         return _objects(self.get("queues", self.vhost, name, "bindings"))
+
+    def exchange_bindings(self, exchange: str) -> list[dict[str, object]]:
+        """The bindings whose source is ``exchange`` (an empty list when it does not exist)."""
+        try:
+            return _objects(self.get("exchanges", self.vhost, exchange, "bindings", "source"))
+        except ManagementError as exc:
+            if exc.status == 404:
+                return []
+            raise
 
     def bindings_between(self, exchange: str, queue: str) -> list[dict[str, object]]:
         return _objects(self.get("bindings", self.vhost, "e", exchange, "q", queue))
@@ -320,6 +330,27 @@ def first_answering(candidates: Sequence[Management]) -> Management:
         "rabbitmq_management on the nodes): " + "; ".join(failures),
         status,
     )
+
+
+def other_services(api: Management, exchange: str, own_queue: str, prefix: str) -> dict[str, str]:
+    """Queues bound to the dead-letter exchange ``exchange`` besides ``own_queue`` that a DLX
+    service of another app (another key prefix, read from its consumer tag) consumes: queue ->
+    that app's key prefix. Each such queue gets a copy of every dead letter, so both services
+    park and bury it, each in its own Redis. A queue bound by hand to tap dead letters is not
+    one of them."""
+    found: dict[str, str] = {}
+    for binding in api.exchange_bindings(exchange):
+        queue = str(binding.get("destination", ""))
+        if binding.get("destination_type") != "queue" or queue in (own_queue, *found):
+            continue
+        consumers = (api.queue(queue) or {}).get("consumer_details")
+        for consumer in consumers if isinstance(consumers, list) else []:
+            tag = consumer.get("consumer_tag", "") if isinstance(consumer, Mapping) else ""
+            other = service_tag_prefix(str(tag))
+            if other is not None and other != prefix:
+                found[queue] = other
+                break
+    return found
 
 
 def dead_letter_exchange_of(queue: Mapping[str, object]) -> tuple[str | None, str]:

@@ -94,6 +94,24 @@ def default_exchange(prefix: str = DEFAULT_KEY_PREFIX) -> str:
     )
 
 
+#: Consumer tags of DLX services start with this, then ``<key prefix>:<host>:<pid>``: the
+#: management API then shows which app's service consumes a queue (``dlx check`` and a starting
+#: service find another app's service bound to their dead-letter exchange).
+SERVICE_TAG_PREFIX = "celery_dlx.service:"
+
+
+def service_consumer_tag(prefix: str, host: str, pid: int) -> str:
+    """The consumer tag of a DLX service of the app with key prefix ``prefix``."""
+    return f"{SERVICE_TAG_PREFIX}{prefix}:{host}:{pid}"
+
+
+def service_tag_prefix(tag: str) -> str | None:
+    """The key prefix a DLX service's consumer tag names, or None for any other consumer."""
+    if not tag.startswith(SERVICE_TAG_PREFIX):
+        return None
+    return tag[len(SERVICE_TAG_PREFIX) :].split(":", 1)[0] or None
+
+
 def default_service_queue(prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """The DLX service queue of an app that does not set ``dlx_service_queue``:
     ``celery_dlx.dead``, or ``celery_dlx.<prefix>.dead`` for a key prefix of its own."""

@@ -38,6 +38,7 @@ from celery_dlx.broker.management import (
     dead_letter_exchange_of,
     first_answering,
     management_for,
+    other_services,
 )
 from celery_dlx.broker.probe import missing_entities, queue_counts
 from celery_dlx.fates import now_ms
@@ -69,6 +70,7 @@ FULL_SHARE = 0.95
 #: Default of ``--max-backlog``: dead letters waiting in the service queue that make a problem.
 MAX_BACKLOG = 10_000
 NOT_INSTALLED = "not-installed"
+SHARED_EXCHANGE = "shared-dlx"
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,21 @@ def _binding_problem(api: Management, exchange: str, service: str) -> list[Probl
             f"DLX service queue {service!r} is not bound to {exchange!r} with '#': dead letters "
             "are not routed to it; start the DLX service to declare the binding",
         )
+    ]
+
+
+def _shared_problems(api: Management, config: DLXConfig) -> list[Problem]:
+    others = other_services(api, config.exchange, config.service_queue, config.key_prefix)
+    return [
+        Problem(
+            SHARED_EXCHANGE,
+            queue,
+            f"the DLX service of another app (dlx_key_prefix {prefix!r}) consumes {queue!r}, "
+            f"bound to this app's dead-letter exchange {config.exchange!r}: both services park "
+            "and bury every dead letter, each in its own Redis; give each app its own "
+            "dlx_exchange and dlx_service_queue (unset, they derive from dlx_key_prefix)",
+        )
+        for queue, prefix in others.items()
     ]
 
 
@@ -514,6 +531,7 @@ def run_check(
             p.kind == MISSING_QUEUE and p.subject == config.service_queue for p in report.problems
         ):
             report.problems.extend(_binding_problem(api, config.exchange, config.service_queue))
+        report.problems.extend(_shared_problems(api, config))
     except ManagementError as exc:
         report.problems.append(Problem(UNREACHABLE, api.url, str(exc)))
         return report

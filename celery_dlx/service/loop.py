@@ -13,6 +13,8 @@ service queue (it has no dead-letter exchange): a dead letter the service cannot
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections import deque
@@ -23,8 +25,11 @@ from celery import Celery
 
 from celery_dlx.broker.consume import Delivery, QueueConsumer, ack_all
 from celery_dlx.broker.errors import BROKER_ERRORS
+from celery_dlx.broker.management import management_for, other_services
 from celery_dlx.broker.topology import overflow_queue, service_queue
+from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import TopologyError
+from celery_dlx.message.names import service_consumer_tag
 from celery_dlx.service.outage import RETRY_DELAYS, TRANSIENT_ERRORS, Outage
 from celery_dlx.service.settle import BatchSettler
 from celery_dlx.service.stats import ServiceStats
@@ -130,12 +135,42 @@ class DLXService(BatchSettler):
             self.prefetch,
             self._inbox,
             mismatch=mismatch,
+            tag=service_consumer_tag(config.key_prefix, socket.gethostname(), os.getpid()),
         ) as consumer:
             outage.end()
             logger.info(
                 "DLX service consuming %s (prefetch %d)", config.service_queue, self.prefetch
             )
+            self._warn_shared_exchange()
             self._loop(consumer, idle_timeout)
+
+    def _warn_shared_exchange(self) -> None:
+        """Log an ERROR when a DLX service of another app (another key prefix) consumes a queue
+        bound to this app's dead-letter exchange: both then park and bury every dead letter.
+        Best effort, over the management API (without it, ``dlx check`` says the same)."""
+        config = self.config
+        try:
+            conn = self.app.connection_for_write()
+            try:
+                api = management_for(conn)
+            finally:
+                conn.release()
+            others = other_services(api, config.exchange, config.service_queue, config.key_prefix)
+        except Exception:  # no management API: nothing to say
+            logger.debug("could not look for other apps' DLX services", exc_info=True)
+            return
+        for queue, prefix in others.items():
+            logger.error(
+                "the DLX service of another app (dlx_key_prefix %r) consumes %r, bound to this "
+                "app's dead-letter exchange %r too: both services park and bury every dead "
+                "letter, each in its own Redis, and each failure runs past its budget. Give "
+                "each app its own dlx_exchange and dlx_service_queue (unset, they derive from "
+                "dlx_key_prefix); see %s",
+                prefix,
+                queue,
+                config.exchange,
+                doc_url("configuration", "names-on-the-broker-and-in-redis"),
+            )
 
     def _loop(self, consumer: QueueConsumer, idle_timeout: float | None) -> None:
         """Receive and ack on this thread while helper threads settle the batches in hand.

@@ -149,6 +149,59 @@ def test_two_apps_on_one_vhost_park_and_bury_only_in_their_own_redis(
     assert (shop_buried, mail_buried) == (set(shop_ids), set(mail_ids))
 
 
+def test_an_app_sharing_another_apps_dead_letter_exchange_is_told_by_check_and_service(
+    uid: str, key_prefix: str, other_prefix: str, vhost: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two apps with their own key prefixes, one of which set the other's dlx_exchange by hand:
+    each dead letter is copied to both service queues. ``dlx check`` of either names the other
+    app's service, and a service that starts beside the other logs an ERROR naming it."""
+    shop = _app(f"shop-{uid}", vhost, key_prefix, f"work-a-{uid}")
+    mail = _app(f"mail-{uid}", vhost, other_prefix, f"work-b-{uid}")
+    shared = get_runtime(shop).config.exchange
+    mail.conf.dlx_exchange = shared
+    shop_queue = get_runtime(shop).config.service_queue
+    mail_queue = get_runtime(mail).config.service_queue
+    assert shop_queue != mail_queue
+    with Connection(vhost) as conn:
+        conn.SimpleQueue(f"work-a-{uid}").close()
+    # A tap bound by hand (no DLX service consumes it) is none of this.
+    with Connection(vhost) as conn:
+        channel = conn.channel()
+        channel.queue_declare(f"tap-{uid}", durable=False, auto_delete=False)
+        with service_thread(mail):
+            # The management API lists consumers from its statistics (every 5 s by default).
+            wait_until(
+                lambda: _consumed_by_service(channel, mail_queue),
+                timeout=30,
+                what="the mail service's consumer in the management API",
+            )
+            channel.queue_bind(f"tap-{uid}", shared, "#")
+            report = run_json(shop, "check", code=4)
+            shared_problems = [p for p in report["problems"] if p["kind"] == "shared-dlx"]
+            assert [p["subject"] for p in shared_problems] == [mail_queue], report["problems"]
+            assert repr(other_prefix) in shared_problems[0]["detail"]
+            caplog.set_level(logging.ERROR, logger="celery_dlx.service.loop")
+            with service_thread(shop):
+                wait_until(
+                    lambda: any("another app" in r.getMessage() for r in caplog.records),
+                    timeout=20,
+                    what="the shop service's ERROR",
+                )
+        channel.queue_delete(f"tap-{uid}")
+        channel.close()
+    said = [r.getMessage() for r in caplog.records if "another app" in r.getMessage()]
+    assert repr(other_prefix) in said[0] and repr(mail_queue) in said[0]
+
+
+def _consumed_by_service(channel: Any, queue: str) -> bool:
+    """Whether the management API lists a DLX service's consumer on ``queue``."""
+    from celery_dlx.broker.management import management_for
+
+    info = management_for(channel.connection.client).queue(queue) or {}
+    tags = [str(c.get("consumer_tag")) for c in info.get("consumer_details") or []]
+    return any(tag.startswith("celery_dlx.service:") for tag in tags)
+
+
 def test_check_says_install_was_not_called_instead_of_a_migration(uid: str, vhost: str) -> None:
     app = _app(f"forgot-{uid}", vhost, f"test-{uid}", f"work-{uid}", install=False)
     with Connection(vhost) as conn:

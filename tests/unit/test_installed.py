@@ -106,3 +106,13 @@ def test_broker_names_follow_the_key_prefix_unless_set(
     prefix = conf.get("dlx_key_prefix", "dlx")
     assert default_exchange(prefix) == config.exchange or "dlx_exchange" in conf
     assert default_service_queue(prefix) == config.service_queue or "dlx_service_queue" in conf
+
+
+def test_a_dlx_services_consumer_tag_names_its_key_prefix_and_nothing_else_does() -> None:
+    from celery_dlx.message.names import service_consumer_tag, service_tag_prefix
+
+    tag = service_consumer_tag("shop", "host-1", 4242)
+    assert tag == "celery_dlx.service:shop:host-1:4242"
+    assert service_tag_prefix(tag) == "shop"
+    for other in ("amq.ctag-abc", "", "celery_dlx.service:", "None3"):
+        assert service_tag_prefix(other) is None
