@@ -17,6 +17,7 @@ import contextlib
 import functools
 import logging
 import socket
+import time
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from billiard.einfo import ExceptionInfo
@@ -61,6 +62,7 @@ from celery_dlx.policy.breaker import HELD_HEADER
 from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.results import store_details
+from celery_dlx.store.errors import STORE_ERRORS
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
@@ -108,6 +110,10 @@ def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
     return options
 
 
+#: Seconds a redelivered message waits before it goes back to its queue when Redis cannot say
+#: whether its retry exists (:meth:`DLXTask._wait_for_store`).
+STORE_WAIT = 1.0
+
 #: Seconds a task's own ``Reject(requeue=True)`` is remembered until its redelivery arrives.
 OWN_REDELIVERY_TTL = 86400
 
@@ -129,6 +135,7 @@ _REFUSED_WRITES = {
     fates.RECOVERED: "recoveries (history entries of tasks that succeeded)",
     "breaker": "breaker closings (after a held task succeeded)",
     "requeue-note": "notes of a task's own Reject(requeue=True)",
+    "redelivery": "look-ups of redelivered messages' retries",
 }
 
 
@@ -250,7 +257,14 @@ class DLXTask(TracerHook, _Task):
                 self._fail_without_running(MalformedHeader(delivery.problem))
                 raise
         if delivery.redelivered and not self._redelivery_was_asked(runtime, delivery):
-            if self._parked_before(runtime, delivery) or self._retried_before(runtime, delivery):
+            known = False
+            try:
+                known = self._parked_before(runtime, delivery) or self._retried_before(
+                    runtime, delivery
+                )
+            except STORE_ERRORS as err:  # waits in its queue until Redis answers (or ttl: a crash)
+                self._wait_for_store(runtime, delivery, err)
+            if known:
                 self._end_settled()
             self._fail(
                 runtime,
@@ -359,15 +373,21 @@ class DLXTask(TracerHook, _Task):
     def _parked_before(self, runtime: Runtime, delivery: Delivery) -> bool:
         """True when this redelivered message's failure was parked already: the broker lost the
         ack that followed the park (it stopped, or the connection dropped). Its retry is the
-        parked copy; a second retry of the original would start a second lineage."""
+        parked copy; a second retry of the original would start a second lineage.
+
+        Raises:
+            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
+        """
         entry_id = next_park_id(delivery.message_id, delivery.state)
         try:
             entry = runtime.parking.entry(entry_id)
             if entry is None:
                 return False
             parked = read_state(entry.headers)
-        except Exception:  # unreadable, or Redis down: a crash it is (the safe side)
-            logger.debug("could not look up the park %s", entry_id, exc_info=True)
+        except STORE_ERRORS:
+            raise
+        except Exception:  # unreadable: a crash it is
+            logger.debug("could not read the park %s", entry_id, exc_info=True)
             return False
         if not follows(parked, entry.queue, delivery.state, delivery.queue):
             return False
@@ -414,17 +434,17 @@ class DLXTask(TracerHook, _Task):
         """True when this redelivered message's failure has its retry already: its copy went out,
         was parked (and maybe drained since) or went to the DLX service, and the broker lost the
         ack that followed (it restarted). That copy is its retry; a second one would start a
-        second lineage and run the failure past its budget."""
-        try:
-            copied = runtime.causes.was_copied(
-                delivery.queue,
-                delivery.message_id,
-                delivery.state.attempt + 1,
-                lineage(delivery.state, _replayed(delivery)),
-            )
-        except Exception:  # Redis down: a crash it is (the safe side)
-            logger.debug("could not look up the requeue of %s", delivery.message_id, exc_info=True)
-            return False
+        second lineage and run the failure past its budget.
+
+        Raises:
+            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
+        """
+        copied = runtime.causes.was_copied(
+            delivery.queue,
+            delivery.message_id,
+            delivery.state.attempt + 1,
+            lineage(delivery.state, _replayed(delivery)),
+        )
         if copied:
             logger.info(
                 "%s[%s] attempt=%d queue=%s redelivered after its retry was made: acked without a "
@@ -435,6 +455,21 @@ class DLXTask(TracerHook, _Task):
                 delivery.queue,
             )
         return copied
+
+    def _wait_for_store(self, runtime: Runtime, delivery: Delivery, err: BaseException) -> None:
+        """Redis did not say whether this redelivered message's retry exists. Counted as a
+        crash, it could get a second retry beside the one its first worker made before dying,
+        and run past its budget; so it waits in its queue instead (rejected with requeue after
+        :data:`STORE_WAIT` seconds, so a pool does not spin) until Redis answers. With the
+        ``ttl`` delay backend Redis is optional: the redelivery counts as a crash, as without
+        Redis it must."""
+        if runtime.history_optional:
+            return
+        _refusals(self.app, "redelivery").failed(
+            err, "redelivered messages wait in their queues until Redis (dlx_redis_url) answers"
+        )
+        time.sleep(STORE_WAIT)
+        raise Reject(str(err), requeue=True)
 
     def _end_settled(self) -> NoReturn:
         """End a run whose fate is settled already, acking its message, without a traceback."""

@@ -122,7 +122,13 @@ def env_of(names: Names, redis_url: str) -> dict[str, str]:
 
 
 def start_worker(
-    names: Names, redis_url: str, log: Path, *, concurrency: int = 2, **env: str
+    names: Names,
+    redis_url: str,
+    log: Path,
+    *,
+    concurrency: int = 2,
+    prefetch: int | None = None,
+    **env: str,
 ) -> Process:
     args = [
         sys.executable,
@@ -142,6 +148,7 @@ def start_worker(
         "--without-heartbeat",
         "-n",
         f"storm-{names.uid}-{log.stem}@%h",
+        *([] if prefetch is None else ["--prefetch-multiplier", str(prefetch)]),
     ]
     return Process(args, {**env_of(names, redis_url), **env}, log)
 

@@ -102,6 +102,13 @@ def make_storm_app(uid: str, redis_url: str) -> Celery:
             raise ConnectionError(f"upstream unavailable for {message_id}")
         ledger.hsetnx(names.done_at, message_id, time.time())
 
+    @app.task(name="storm.shaky", shared=False)
+    def shaky(message_id: str) -> None:
+        """As ``flaky``, but requeued (a ConnectionError's default fate) instead of parked."""
+        if started(message_id) == 1:
+            raise ConnectionError(f"upstream unavailable for {message_id}")
+        ledger.hsetnx(names.done_at, message_id, time.time())
+
     return app
 
 

@@ -16,6 +16,7 @@ import redis
 from celery_dlx.message.headers import state_headers
 from celery_dlx.store.graveyard import Filters
 from celery_dlx.wiring.runtime import get_runtime
+from tests.chaos.servers import own_redis
 from tests.chaos.storm import (
     dlx_check,
     fill,
@@ -171,6 +172,105 @@ def test_a_redelivered_original_whose_park_exists_gets_no_second_lineage(
             assert not list(client.scan_iter(match="*graveyard*"))
         finally:
             client.close()
+
+
+def test_a_redelivered_original_whose_requeue_went_out_gets_no_second_lineage(
+    uid: str, tmp_path: Path, redis_client: Any, broker: Any
+) -> None:
+    """The worker dies between its requeued copy (confirmed and recorded) and the original's
+    ack (the ``worker.requeued`` crash point, in the pool's parent that settles requeues): the
+    broker redelivers the original behind the copy; the next worker acks it unrun, the copy is
+    the only retry."""
+    names = Names(uid)
+    with small_redis(tmp_path / "redis", maxmemory_mb=64) as server:
+        first = start_worker(
+            names,
+            server.url,
+            tmp_path / "first.log",
+            concurrency=1,
+            prefetch=1,  # the copy cannot reach the first worker before it dies
+            DLX_FAULT="worker.requeued@1",
+            DLX_FAULT_LOG=str(tmp_path / "faults.log"),
+        )
+        second = None
+        try:
+            wait_for(lambda: _ready(first), "the first worker", 60)
+            app = make_storm_app(uid, server.url)
+            app.send_task("storm.shaky", ("s0",), task_id=f"s0-{uid}")
+            wait_for(lambda: not first.alive, "the crash after the requeue", 60)
+            assert (tmp_path / "faults.log").read_text().startswith("worker.requeued")
+            second = start_worker(names, server.url, tmp_path / "second.log", concurrency=1)
+            wait_for(
+                lambda: redis_client.hget(names.done_at, "s0") is not None,
+                "the retry's success",
+                60,
+            )
+            wait_for(
+                lambda: "redelivered after its retry was made" in second.text(),
+                "the original acked unrun",
+                30,
+            )
+            wait_for(lambda: queue_depth(broker.channel(), names.work) == 0, "an empty queue", 30)
+        finally:
+            first.stop()
+            if second is not None:
+                second.stop()
+        runs = ledger(redis_client, names)["s0"]["runs"]
+        text = second.text() if second else ""
+        assert runs == 2.0, first.text()[-3000:] + text[-3000:]
+        assert "redelivered after its retry was made" in text, text[-3000:]
+        assert "Redelivered" not in text, text[-3000:]
+
+
+def test_a_redelivered_original_waits_in_its_queue_while_redis_cannot_say_if_its_retry_exists(
+    uid: str, tmp_path: Path, redis_client: Any, broker: Any
+) -> None:
+    """As above, with celery_dlx's Redis down when the original comes back: counted as a crash
+    it would get a second retry (a second lineage). It waits in its queue instead, while the
+    retry runs; once Redis is back, the marker is read and the original acked unrun."""
+    names = Names(uid)
+    with own_redis(tmp_path / "redis") as server:
+        first = start_worker(
+            names,
+            server.url,
+            tmp_path / "first.log",
+            concurrency=1,
+            prefetch=1,  # the copy cannot reach the first worker before it dies
+            DLX_FAULT="worker.requeued@1",
+            DLX_FAULT_LOG=str(tmp_path / "faults.log"),
+        )
+        second = None
+        try:
+            wait_for(lambda: _ready(first), "the first worker", 60)
+            make_storm_app(uid, server.url).send_task("storm.shaky", ("s0",), task_id=f"s0-{uid}")
+            wait_for(lambda: not first.alive, "the crash after the requeue", 60)
+            server.kill()
+            second = start_worker(names, server.url, tmp_path / "second.log", concurrency=1)
+            wait_for(
+                lambda: redis_client.hget(names.done_at, "s0") is not None,
+                "the retry's success while Redis is down",
+                60,
+            )
+            wait_for(
+                lambda: "wait in their queues until Redis (dlx_redis_url) answers" in second.text(),
+                "the original waiting",
+                30,
+            )
+            server.start()
+            wait_for(
+                lambda: "redelivered after its retry was made" in second.text(),
+                "the original acked unrun",
+                60,
+            )
+            wait_for(lambda: queue_depth(broker.channel(), names.work) == 0, "an empty queue", 30)
+        finally:
+            first.stop()
+            if second is not None:
+                second.stop()
+        runs = ledger(redis_client, names)["s0"]["runs"]
+        text = second.text() if second else ""
+        assert runs == 2.0, text[-3000:]
+        assert "Redelivered" not in text, text[-3000:]
 
 
 def test_a_redelivered_original_whose_park_was_drained_gets_no_second_lineage(
