@@ -262,6 +262,10 @@ class Causes(Protocol):
 
     def mark_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> None: ...
 
+    def mark_pending(
+        self, queue: str, message_id: str, attempt: int, lineage: str, ttl_seconds: float
+    ) -> None: ...
+
 
 class Letters(Protocol):
     """The DLX service's seen markers of settled dead letters, and its batch lookup of the cause

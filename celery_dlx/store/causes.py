@@ -14,7 +14,11 @@ from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.lineage import same_lineage
 from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient
+from celery_dlx.store.errors import RetryPending
 from celery_dlx.store.history import COPIED_TTL_MS
+
+#: A retry marker's value while the copy is on its way to the DLX service (then its lineage).
+PENDING_MARK = "pending|"
 
 
 class Causes:
@@ -50,7 +54,25 @@ class Causes:
         if marker is None:
             return False
         text = marker.decode("utf-8", "replace") if isinstance(marker, bytes) else str(marker)
+        if text.startswith(PENDING_MARK):
+            if same_lineage(text.removeprefix(PENDING_MARK), lineage):
+                raise RetryPending(f"the retry of {message_id} at attempt {attempt} is pending")
+            return False
         return same_lineage(text, lineage)
+
+    def mark_pending(
+        self, queue: str, message_id: str, attempt: int, lineage: str, ttl_seconds: float
+    ) -> None:
+        """Note, before its publish, that the retry of ``message_id`` at ``attempt`` goes to
+        the DLX service and may exist whatever the publish says: :meth:`was_copied` raises
+        :class:`RetryPending` until the copy is written (its marker replaces this one) or
+        ``ttl_seconds`` pass. Never replaces a marker of a retry that exists."""
+        self.client.set(
+            self.keys.copied(queue, message_id, attempt),
+            PENDING_MARK + lineage,
+            px=int(ttl_seconds * 1000),
+            nx=True,
+        )
 
     def mark_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> None:
         """Note that the retry of ``message_id`` at ``attempt`` went to the DLX service, which

@@ -23,6 +23,13 @@ def is_full(exc: BaseException) -> bool:
     return bool(names & {"OutOfMemoryError", "GraveyardFull"}) or "OOM command" in str(exc)
 
 
+class RetryPending(StoreError):
+    """A redelivered message's retry may exist: its copy went to the DLX service without a
+    confirm (the broker went away mid-publish), and the service has not written it yet. Its
+    original waits in its queue until the copy is written, or the mark expires (the copy was
+    lost: the redelivery then counts as a crash)."""
+
+
 class GraveyardFull(StoreError, RedisError):
     """A burial refused before it wrote anything: the graveyard is at its budget, or Redis is
     near its ``maxmemory``. Not now: the dead letter stays in RabbitMQ and is retried.

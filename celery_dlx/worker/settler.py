@@ -230,6 +230,7 @@ class Settler:
         routed = fate_copy(
             copy, fate=fate, exchange=runtime.config.exchange, queue=queue, delay=delay
         )
+        note_pending(runtime, handover.event)
         try:
             runtime.publisher.publish(routed)
         except Exception:
@@ -240,6 +241,27 @@ class Settler:
         refusals.failed(err, "sent to the DLX service, which writes it once it can")
         note_handed_over(runtime, handover.event)
         acknowledge_from_thread(request)
+
+
+#: Seconds a retry handed to the DLX service without a confirm counts as pending (its original, if
+#: redelivered meanwhile, waits in its queue): past a broker restart and the service's backlog.
+PENDING_TTL = 120.0
+
+
+def note_pending(runtime: Runtime, event: FateEvent) -> None:
+    """Before a copy goes to the DLX service: mark its retry pending, so that a redelivery of the
+    original (its ack lost with the connection that lost the copy's confirm) waits until the
+    service writes the copy instead of starting a second lineage beside it. Best effort."""
+    try:
+        runtime.causes.mark_pending(
+            event.queue,
+            event.message_id,
+            event.attempt,
+            event.extra.get("lineage", ANY_LINEAGE),
+            PENDING_TTL,
+        )
+    except Exception:
+        logger.debug("could not mark the retry of %s pending", event.message_id, exc_info=True)
 
 
 def note_handed_over(runtime: Runtime, event: FateEvent) -> None:

@@ -62,7 +62,7 @@ from celery_dlx.policy.breaker import HELD_HEADER
 from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.results import store_details
-from celery_dlx.store.errors import STORE_ERRORS
+from celery_dlx.store.errors import STORE_ERRORS, RetryPending
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
@@ -74,6 +74,7 @@ from celery_dlx.worker.settler import (
     RequeueHandover,
     hands_over,
     note_handed_over,
+    note_pending,
 )
 
 if TYPE_CHECKING:
@@ -113,6 +114,13 @@ def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
 #: Seconds a redelivered message waits before it goes back to its queue when Redis cannot say
 #: whether its retry exists (:meth:`DLXTask._wait_for_store`).
 STORE_WAIT = 1.0
+
+#: What the outage log says while redelivered messages wait (:meth:`DLXTask._wait_for_store`).
+REDIS_WAIT = "redelivered messages wait in their queues until Redis (dlx_redis_url) answers"
+PENDING_WAIT = (
+    "redelivered messages wait in their queues until the DLX service writes the retries their "
+    "workers handed to it"
+)
 
 #: Seconds a task's own ``Reject(requeue=True)`` is remembered until its redelivery arrives.
 OWN_REDELIVERY_TTL = 86400
@@ -262,8 +270,10 @@ class DLXTask(TracerHook, _Task):
                 known = self._parked_before(runtime, delivery) or self._retried_before(
                     runtime, delivery
                 )
+            except RetryPending as err:  # its copy is on its way to the DLX service
+                self._wait_for_store(runtime, delivery, err, PENDING_WAIT)
             except STORE_ERRORS as err:  # waits in its queue until Redis answers (or ttl: a crash)
-                self._wait_for_store(runtime, delivery, err)
+                self._wait_for_store(runtime, delivery, err, REDIS_WAIT)
             if known:
                 self._end_settled()
             self._fail(
@@ -456,18 +466,19 @@ class DLXTask(TracerHook, _Task):
             )
         return copied
 
-    def _wait_for_store(self, runtime: Runtime, delivery: Delivery, err: BaseException) -> None:
-        """Redis did not say whether this redelivered message's retry exists. Counted as a
-        crash, it could get a second retry beside the one its first worker made before dying,
-        and run past its budget; so it waits in its queue instead (rejected with requeue after
-        :data:`STORE_WAIT` seconds, so a pool does not spin) until Redis answers. With the
-        ``ttl`` delay backend Redis is optional: the redelivery counts as a crash, as without
-        Redis it must."""
+    def _wait_for_store(
+        self, runtime: Runtime, delivery: Delivery, err: BaseException, why: str
+    ) -> None:
+        """Whether this redelivered message's retry exists is not known yet: Redis did not
+        answer, or the retry's copy is on its way to the DLX service (:class:`RetryPending`).
+        Counted as a crash, it could get a second retry beside the one its first worker made
+        before dying, and run past its budget; so it waits in its queue instead (rejected with
+        requeue after :data:`STORE_WAIT` seconds, so a pool does not spin). With the ``ttl``
+        delay backend Redis is optional: the redelivery counts as a crash, as without Redis it
+        must."""
         if runtime.history_optional:
             return
-        _refusals(self.app, "redelivery").failed(
-            err, "redelivered messages wait in their queues until Redis (dlx_redis_url) answers"
-        )
+        _refusals(self.app, "redelivery").failed(err, why)
         time.sleep(STORE_WAIT)
         raise Reject(str(err), requeue=True)
 
@@ -742,6 +753,7 @@ class DLXTask(TracerHook, _Task):
         routed = fate_copy(
             copy, fate=fate, exchange=runtime.config.exchange, queue=delivery.queue, delay=delay
         )
+        note_pending(runtime, event)
         try:
             runtime.publisher.publish(routed)
         except Exception as again:

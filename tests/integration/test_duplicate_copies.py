@@ -6,10 +6,16 @@ message, still run."""
 from __future__ import annotations
 
 import json
+import logging
+import time
 import uuid
 from typing import Any
 
+import pytest
+
 from celery_dlx.fates import now_ms
+from celery_dlx.message.headers import NO_STATE
+from celery_dlx.message.lineage import ANY_LINEAGE, lineage
 from celery_dlx.message.names import (
     ATTEMPT_HEADER,
     FIRST_FAILURE_HEADER,
@@ -96,3 +102,73 @@ def test_two_copies_of_one_retry_made_by_different_processes_run_once(
         assert runtime.redis.llen(runs) == 2
         channel.close()
     runtime.redis.delete(runs)
+
+
+def test_a_retry_handed_to_the_service_without_a_confirm_is_pending_for_its_lineage_only(
+    uid: str,
+) -> None:
+    """The store's side: a pending mark makes the look-up of its lineage undecided (raises),
+    another lineage's look-up is not held up, and the copy's real marker replaces it; a pending
+    mark never replaces a real marker."""
+    from celery_dlx.store.errors import RetryPending
+
+    causes = get_runtime(make_app(uid)).causes
+    causes.mark_pending("q", "m1", 1, ":100", 30)
+    with pytest.raises(RetryPending):
+        causes.was_copied("q", "m1", 1, ":100")
+    assert causes.was_copied("q", "m1", 1, "replay-1:200") is False
+    causes.mark_copied("q", "m1", 1, ":100")
+    assert causes.was_copied("q", "m1", 1, ":100") is True
+    causes.mark_pending("q", "m1", 1, ":100", 30)
+    assert causes.was_copied("q", "m1", 1, ":100") is True
+
+
+def test_a_redelivered_original_waits_while_its_retry_is_on_its_way_to_the_service(
+    uid: str,
+    key_prefix: str,
+    broker: Any,
+    cleanup_queues: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its worker handed the retry to the DLX service and lost the confirm with its connection:
+    the original comes back redelivered. It waits in its queue (not counted as a crash, which
+    would start a second lineage) until the service writes the copy, then is acked unrun."""
+    app = make_app(uid)
+    runtime = get_runtime(app)
+    runs = f"{{{key_prefix}}}:runs"
+
+    @app.task(name=f"count-{uid}")
+    def count(n: int) -> None:
+        runtime.redis.rpush(runs, n)
+
+    cleanup_queues.extend(queue_names(app))
+    queue = app.conf.task_default_queue
+    task_id = str(uuid.uuid4())
+    channel = broker.channel()
+    count.apply_async((1,), task_id=task_id)
+    # A worker took it and died before its ack: the broker redelivers it (redelivered=True).
+    taken = channel.basic_get(queue, no_ack=False)
+    assert taken is not None
+    channel.basic_recover(requeue=True)
+    runtime.causes.mark_pending(queue, task_id, 1, lineage(NO_STATE, None), 60)
+    caplog.set_level(logging.INFO, logger="celery_dlx")
+    with worker(app):
+        wait_until(
+            lambda: "until the DLX service writes the retries" in caplog.text,
+            timeout=30,
+            what="the original waiting",
+        )
+        time.sleep(2)  # it keeps waiting: neither run nor given a retry of its own
+        assert runtime.redis.llen(runs) == 0
+        assert list(runtime.history.read()) == []
+        runtime.causes.mark_copied(queue, task_id, 1, ANY_LINEAGE)  # the service wrote it
+        wait_until(
+            lambda: "redelivered after its retry was made" in caplog.text,
+            timeout=30,
+            what="the original acked unrun",
+        )
+        wait_until(lambda: queue_depth(channel, queue) == 0, timeout=30, what="the ack")
+    assert runtime.redis.llen(runs) == 0
+    assert list(runtime.history.read()) == []
+    assert queue_depth(channel, f"dead-{uid}") == 0
+    channel.close()
