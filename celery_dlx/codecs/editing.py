@@ -444,16 +444,12 @@ def _set_repeated(node: Any, fd: Any, parts: Sequence[str], i: int, value: Any, 
     rest = parts[i + 2 :]
     if fd.message_type is not None:
         if index == len(items):
-            target = items.add()
-            if rest:
-                return set_field(target, rest, value, path)
-            _fill(target, value, path)
-            return ABSENT
+            target, before = items.add(), ABSENT
+        else:
+            target, before = items[index], message_data(items[index])
         if rest:
-            return set_field(items[index], rest, value, path)
-        before = message_data(items[index])
-        items[index].Clear()
-        _fill(items[index], value, path)
+            return set_field(target, rest, value, path)
+        _fill(target, value, path)
         return before
     if rest:
         raise EditError(f"path {path!r}: {fd.name}[{index}] is a scalar, it has no fields")
@@ -477,11 +473,9 @@ def _set_map(node: Any, fd: Any, parts: Sequence[str], i: int, value: Any, path:
     rest = parts[i + 2 :]
     before = before_all.get(str(key), ABSENT) if isinstance(before_all, dict) else ABSENT
     if value_fd.message_type is not None:
-        target = mapping[key]
         if rest:
-            return set_field(target, rest, value, path)
-        target.Clear()
-        _fill(target, value, path)
+            return set_field(mapping[key], rest, value, path)
+        _fill(mapping[key], value, path)
         return before
     if rest:
         raise EditError(f"path {path!r}: the values of {fd.name} are scalars, with no fields")
@@ -493,19 +487,18 @@ def _assign(node: Any, fd: Any, value: Any, path: str) -> None:
     if value is None:
         node.ClearField(fd.name)
     elif fd.message_type is not None:
-        target = getattr(node, fd.name)
-        target.Clear()
-        _fill(target, value, path)
+        _fill(getattr(node, fd.name), value, path)
     else:
         setattr(node, fd.name, _scalar(fd, value, path))
 
 
 def _fill(message: Any, value: Any, path: str) -> None:
-    """Set a whole nested message from a JSON object (the canonical protobuf JSON mapping)."""
+    """Replace a whole nested message with a JSON object (the canonical protobuf JSON mapping)."""
     from google.protobuf import json_format
 
     if not isinstance(value, dict):
         raise EditError(f"path {path!r}: {message.DESCRIPTOR.full_name} needs a JSON object")
+    message.Clear()
     try:
         json_format.ParseDict(value, message)
     except json_format.ParseError as exc:

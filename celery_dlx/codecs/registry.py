@@ -45,11 +45,8 @@ def _protobuf(setting: str) -> Any:
 
 
 class ProtobufRegistry:
-    """Message types that :func:`~celery_dlx.codecs.decode_payload` tries on a protobuf body.
-
-    Descriptor sets go into a private descriptor pool (no generated code needed, no clash with
-    the application's own pool); generated classes are used as they are.
-    """
+    """Message types that :func:`~celery_dlx.codecs.decode_payload` tries on a protobuf body;
+    descriptor sets go into a private pool (no generated code, no clash with the app's pool)."""
 
     def __init__(self) -> None:
         self._pool: Any = None
