@@ -11,7 +11,8 @@ from celery_dlx.codecs.context import header
 _PROTOCOL1_EMBED = ("callbacks", "errbacks", "chord", "chain", "taskset", "group")
 
 
-def _text(value: Any) -> str | None:
+def header_text(value: Any) -> str | None:
+    """A header value as text (bytes decoded as UTF-8), or None."""
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     if value is None:
@@ -23,18 +24,15 @@ def header_task(headers: Mapping[str, object] | None) -> str | None:
     """The task name of a protocol 2 message, from its ``task`` header, if there is one."""
     if not headers:
         return None
-    name = _text(header(headers, "task"))
+    name = header_text(header(headers, "task"))
     return name or None
 
 
 def celery_view(
     value: object, headers: Mapping[str, object] | None
 ) -> tuple[dict[str, object] | None, str | None]:
-    """``value`` (a decoded body) as a Celery message, or None and why it is not one.
-
-    Returns ``(view, None)`` for a Celery message, ``(None, note)`` when the headers name a task
-    but the body does not have Celery's shape, ``(None, None)`` when it is not Celery at all.
-    """
+    """``(view, None)`` when ``value`` (a decoded body) is a Celery message, ``(None, note)`` when
+    the headers name a task but the body lacks Celery's shape, else ``(None, None)``."""
     task = header_task(headers)
     if task is not None and headers is not None:
         return _protocol2(task, value, headers)
@@ -63,7 +61,7 @@ def _protocol2(
         )
     view: dict[str, object] = {
         "task": task,
-        "id": _text(header(headers, "id")),
+        "id": header_text(header(headers, "id")),
         "args": value[0],
         "kwargs": value[1],
         "embed": value[2] or {},
@@ -75,7 +73,7 @@ def _protocol2(
 def _protocol1(value: Mapping[str, Any]) -> dict[str, object]:
     return {
         "task": value["task"],
-        "id": _text(value.get("id")),
+        "id": header_text(value.get("id")),
         "args": value.get("args") or [],
         "kwargs": value.get("kwargs") or {},
         "embed": {k: value[k] for k in _PROTOCOL1_EMBED if value.get(k) is not None},

@@ -48,11 +48,8 @@ class _Decompressor(Protocol):
 
 @dataclass(frozen=True)
 class Inflated:
-    """Result of a bounded decompression.
-
-    ``data`` is at most ``cap`` bytes; ``capped`` says there was more; ``error`` says why
-    decompression failed (then ``data`` is empty).
-    """
+    """Result of a bounded decompression: ``data`` (at most ``cap`` bytes), ``capped`` (there
+    was more), ``error`` (why decompression failed; then ``data`` is empty)."""
 
     data: bytes
     capped: bool = False
@@ -65,10 +62,8 @@ def format_of(name: str) -> str | None:
 
 
 def sniff_format(data: bytes) -> str | None:
-    """The compression format whose magic number starts ``data``, if any.
-
-    zlib's own header is not sniffed: one byte (``x``) is too common a start for other data.
-    """
+    """The compression format whose magic number starts ``data``, if any (not zlib: its one
+    header byte ``x`` is too common a start for other data)."""
     if data.startswith(GZIP_MAGIC):
         return "zlib"
     if data.startswith(XZ_MAGIC):
@@ -79,10 +74,8 @@ def sniff_format(data: bytes) -> str | None:
 
 
 def inflate(data: bytes, fmt: str, cap: int) -> Inflated:
-    """Decompress ``data`` in format ``fmt``, producing ``cap`` bytes at most.
-
-    Never raises: a corrupt stream gives an :class:`Inflated` with ``error`` set.
-    """
+    """Decompress ``data`` in format ``fmt``, producing ``cap`` bytes at most; never raises (a
+    corrupt stream gives an :class:`Inflated` with ``error`` set)."""
     try:
         if fmt == "zlib":
             return _zlib(data, cap)
@@ -110,8 +103,8 @@ def _stream(make: Callable[[], _Decompressor], data: bytes, cap: int) -> Inflate
     rest = data
     while rest:
         engine = make()
-        chunk, rest, ended = _one_member(engine, rest, cap - len(out))
-        out += chunk
+        out += engine.decompress(rest, cap - len(out) + 1)
+        rest, ended = engine.unused_data, engine.eof
         if len(out) >= cap and not (ended and not rest):
             return Inflated(bytes(out[:cap]), capped=True)
         if not ended:
@@ -119,9 +112,3 @@ def _stream(make: Callable[[], _Decompressor], data: bytes, cap: int) -> Inflate
         if not rest.strip(b"\x00"):
             break
     return Inflated(bytes(out))
-
-
-def _one_member(engine: _Decompressor, data: bytes, room: int) -> tuple[bytes, bytes, bool]:
-    """Decompress one member; returns output (``room`` + 1 bytes at most), unused input, ended."""
-    chunk = engine.decompress(data, room + 1)
-    return chunk, engine.unused_data, engine.eof

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from celery_dlx.codecs.registry import ProtobufRegistry
@@ -115,17 +115,13 @@ class Context:
         """A context for bytes found inside this payload under ``layer`` (notes kept apart)."""
         # Base64 inside a declared protobuf body is protobuf too (and keeps a named type).
         keep = self.declares_protobuf
-        return Context(
+        return replace(
+            self,
             media=self.media if keep else None,
             params=dict(self.params) if keep else {},
-            headers=self.headers,
-            registry=self.registry,
-            limit=self.limit,
             charset=None,
             notes=[],
             layers=[*self.layers, layer],
-            truncated=self.truncated,
-            full_size=self.full_size,
         )
 
     def adopt(self, child: Context) -> None:

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from celery_dlx.codecs import protobuf_view
-from celery_dlx.codecs.celery_body import celery_view, header_task
+from celery_dlx.codecs.celery_body import celery_view, header_task, header_text
 from celery_dlx.codecs.compression import UNSUPPORTED, format_of, inflate, sniff_format
 from celery_dlx.codecs.context import Context, Reading, charset_of, header, media_type
 from celery_dlx.codecs.jsonsafe import is_printable, opaque_view, printable_text, prune
@@ -34,7 +34,7 @@ from celery_dlx.codecs.wire import scan
 
 logger = logging.getLogger(__name__)
 
-# What base64 found inside a body may turn out to be for the base64 reading to be believed.
+#: What base64 found inside a body may turn out to be for the base64 reading to be believed.
 _BELIEVED_INSIDE_BASE64 = frozenset(
     {KIND_PROTOBUF, KIND_JSON, KIND_CELERY, KIND_MSGPACK, KIND_OPAQUE_UNSAFE}
 )
@@ -49,22 +49,19 @@ def decode_payload(
     registry: ProtobufRegistry | None = None,
     limit: int = DEFAULT_LIMIT,
 ) -> Decoded:
-    """Show a message body as JSON-safe data, for people inspecting dead messages.
+    """Show a message body as JSON-safe data, for people inspecting dead messages; never raises.
 
     Pure: reads nothing but ``body`` and runs nothing found in it. Pickles and other unsafe
     serializations are shown as opaque bytes, whatever the content type claims.
 
     Args:
         body: the message body as received (``str`` is taken as UTF-8).
-        content_type: the message's content type (may be wrong: the bytes are checked).
+        content_type: may be wrong: the bytes are checked.
         content_encoding: compression (gzip, zlib, bzip2, xz), ``base64``, or a charset.
-        headers: the message headers (Celery's ``task`` and ``id``, Kombu's ``compression``).
+        headers: Celery's ``task`` and ``id``, Kombu's ``compression`` are read.
         registry: protobuf types to try on protobuf bodies.
         limit: bytes of body decoded at most (after decompression), and roughly the characters of
             data returned; larger bodies are decoded in part, with a note.
-
-    Returns:
-        A :class:`Decoded`; never raises.
     """
     raw = _as_bytes(body)
     try:
@@ -224,14 +221,8 @@ def _opaque(data: bytes, ctx: Context) -> dict[str, object]:
     task = header_task(ctx.headers)
     if task is not None and ctx.headers is not None:
         view["task"] = task
-        view["id"] = _header_text(header(ctx.headers, "id"))
+        view["id"] = header_text(header(ctx.headers, "id"))
     return view
-
-
-def _header_text(value: Any) -> str | None:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return None if value is None else str(value)
 
 
 def _structured(data: bytes, ctx: Context, depth: int) -> Reading | None:

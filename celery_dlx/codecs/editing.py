@@ -150,9 +150,7 @@ def _index(parts: Sequence[str], i: int, size: int, path: str, *, appending: boo
 
 def set_json(root: Any, parts: Sequence[str], value: Any, path: str) -> Any:
     """Set ``value`` at ``parts`` inside ``root`` (in place) and return what was there
-    (:data:`ABSENT` for a new key or an appended item).
-
-    Every container on the way must exist; the last key of a mapping may be new.
+    (:data:`ABSENT` for a new key or an appended item); only the last key may be new.
 
     Raises:
         EditError: a missing key on the way, a bad index, or a path through a scalar.
@@ -259,9 +257,8 @@ def edit_json(
     *,
     task_id: str | None = None,
 ) -> EditedBody:
-    """A JSON or Celery JSON body with ``assignments`` applied, encoded back as UTF-8 JSON.
-
-    ``task_id``: the new task id of a Celery protocol 1 message (its id is in the body).
+    """A JSON or Celery JSON body with ``assignments`` applied, encoded back as UTF-8 JSON;
+    ``task_id`` is the new task id of a Celery protocol 1 message (its id is in the body).
 
     Raises:
         EditError: the body is not JSON, or a path does not fit it.
@@ -274,7 +271,7 @@ def edit_json(
     for path, value in assignments:
         parts = parse_path(path)
         if kind == KIND_CELERY:
-            parts = _celery_parts(root, parts, path, headers)
+            parts = _celery_parts(root, parts, path)
         before = set_json(root, parts, value, path)
         changes.append(Change(path, before, value))
     if kind == KIND_CELERY:
@@ -285,9 +282,7 @@ def edit_json(
     return EditedBody(kind, encoded, changes)
 
 
-def _celery_parts(
-    root: Any, parts: list[str], path: str, headers: Mapping[str, object] | None
-) -> list[str]:
+def _celery_parts(root: Any, parts: list[str], path: str) -> list[str]:
     head = parts[0]
     if head not in CELERY_PARTS:
         raise EditError(
@@ -306,7 +301,7 @@ def _celery_parts(
 
 
 def check_celery_shape(root: Any, headers: Mapping[str, object] | None) -> None:
-    """Raise unless ``root`` still has a Celery message's shape.
+    """Raise unless ``root`` still has a Celery message's shape (``headers`` are not read).
 
     Raises:
         EditError: protocol 2 not ``[list, mapping, mapping or null]``, or protocol 1 without
@@ -341,8 +336,8 @@ def edit_protobuf(
     registry: ProtobufRegistry,
     assignments: Sequence[tuple[str, Any]],
 ) -> EditedBody:
-    """A protobuf body parsed with ``type_name``, ``assignments`` set on its fields, serialized
-    with that type again (unknown fields kept as they were).
+    """A protobuf body parsed as ``type_name``, ``assignments`` set, serialized again (unknown
+    fields kept).
 
     Raises:
         EditError: the type is not registered or does not parse the body, a path names no
@@ -409,8 +404,7 @@ def set_field(message: Message, parts: Sequence[str], value: Any, path: str) -> 
 
 
 def _shown(node: Any, fd: Any) -> Any:
-    """A singular field's value as :func:`message_data` shows it; :data:`ABSENT` when a field
-    with presence is unset; a proto3 scalar without presence shows its default (it is a value)."""
+    """A singular field's value as :func:`message_data` shows it (:data:`ABSENT`: unset)."""
     if fd.message_type is not None:
         if not node.HasField(fd.name):
             return ABSENT
@@ -450,16 +444,12 @@ def _set_repeated(node: Any, fd: Any, parts: Sequence[str], i: int, value: Any, 
     rest = parts[i + 2 :]
     if fd.message_type is not None:
         if index == len(items):
-            target = items.add()
-            if rest:
-                return set_field(target, rest, value, path)
-            _fill(target, value, path)
-            return ABSENT
+            target, before = items.add(), ABSENT
+        else:
+            target, before = items[index], message_data(items[index])
         if rest:
-            return set_field(items[index], rest, value, path)
-        before = message_data(items[index])
-        items[index].Clear()
-        _fill(items[index], value, path)
+            return set_field(target, rest, value, path)
+        _fill(target, value, path)
         return before
     if rest:
         raise EditError(f"path {path!r}: {fd.name}[{index}] is a scalar, it has no fields")
@@ -483,11 +473,9 @@ def _set_map(node: Any, fd: Any, parts: Sequence[str], i: int, value: Any, path:
     rest = parts[i + 2 :]
     before = before_all.get(str(key), ABSENT) if isinstance(before_all, dict) else ABSENT
     if value_fd.message_type is not None:
-        target = mapping[key]
         if rest:
-            return set_field(target, rest, value, path)
-        target.Clear()
-        _fill(target, value, path)
+            return set_field(mapping[key], rest, value, path)
+        _fill(mapping[key], value, path)
         return before
     if rest:
         raise EditError(f"path {path!r}: the values of {fd.name} are scalars, with no fields")
@@ -496,26 +484,21 @@ def _set_map(node: Any, fd: Any, parts: Sequence[str], i: int, value: Any, path:
 
 
 def _assign(node: Any, fd: Any, value: Any, path: str) -> None:
-    if fd.message_type is not None:
-        target = getattr(node, fd.name)
-        if value is None:
-            node.ClearField(fd.name)
-            return
-        target.Clear()
-        _fill(target, value, path)
-        return
     if value is None:
         node.ClearField(fd.name)
-        return
-    setattr(node, fd.name, _scalar(fd, value, path))
+    elif fd.message_type is not None:
+        _fill(getattr(node, fd.name), value, path)
+    else:
+        setattr(node, fd.name, _scalar(fd, value, path))
 
 
 def _fill(message: Any, value: Any, path: str) -> None:
-    """Set a whole nested message from a JSON object (the canonical protobuf JSON mapping)."""
+    """Replace a whole nested message with a JSON object (the canonical protobuf JSON mapping)."""
     from google.protobuf import json_format
 
     if not isinstance(value, dict):
         raise EditError(f"path {path!r}: {message.DESCRIPTOR.full_name} needs a JSON object")
+    message.Clear()
     try:
         json_format.ParseDict(value, message)
     except json_format.ParseError as exc:
@@ -523,7 +506,6 @@ def _fill(message: Any, value: Any, path: str) -> None:
 
 
 def _scalar(fd: Any, value: Any, path: str) -> Any:
-    """``value`` converted to what field ``fd`` holds, or an :class:`EditError` saying why not."""
     kind = fd.cpp_type
     # cpp types: 1 int32, 2 int64, 3 uint32, 4 uint64, 5 double, 6 float, 7 bool, 8 enum, 9 string
     if fd.type == TYPE_ENUM:
@@ -579,7 +561,7 @@ def _type_name(fd: Any) -> str:
 
 
 def diff_lines(changes: Sequence[Change], headers: Sequence[Change] = ()) -> list[str]:
-    """The diff as text lines, one before/after pair per changed path and header."""
+    """The diff as text lines: a before/after pair per changed path and header."""
     out = []
     for label, items in (("payload", changes), ("header", headers)):
         for c in items:

@@ -43,7 +43,6 @@ class Fit:
     type_name: str
     score: float
     match: float
-    coverage: float
     missing_required: tuple[str, ...]
     strays: tuple[Field, ...] = ()
     nested: bool = False
@@ -62,7 +61,8 @@ class _Tally:
 def rank(
     registry: ProtobufRegistry, scanned: Scan, data: bytes, hint: str | None = None
 ) -> tuple[list[Fit], bool]:
-    """Registered types that parse ``data``, best first (``hint``, when it parses, first of all).
+    """Registered types that parse ``data``, best first (``hint``, when it parses, first of all),
+    and whether the search stopped at :data:`PRESELECTED` with types left that might fit better.
 
     Every type gets a quick score from the top-level wire types alone, which can only fall once
     nested messages and string contents are looked at. Types are measured field by field in quick
@@ -70,10 +70,6 @@ def rank(
     shapes were measured (types of one shape are measured once). The best
     :data:`MAX_CANDIDATES` are parsed by protobuf, which also finds missing required fields in
     nested messages.
-
-    Returns:
-        The fits, and whether the search stopped at :data:`PRESELECTED` with types left that
-        might have fitted better.
     """
     shapes = registry.shapes
     pairs = Counter((f.number, f.wire_type) for f in scanned.fields)
@@ -103,17 +99,13 @@ def rank(
             alike[shape.signature] = _measure(cls, scanned, shapes, scans)
             measured.append(alike[shape.signature])
         measured.sort(key=_order)
-    named = [cls for _, cls in quick if _named(cls, hint)]
+    named = [cls for _, cls in quick if hint is not None and cls.DESCRIPTOR.full_name == hint]
     if named and all(f.type_name != hint for f in measured):
         measured.append(_measure(named[0], scanned, shapes, scans))
     chosen = [f for i, f in enumerate(measured) if i < MAX_CANDIDATES or f.type_name == hint]
     parsed = [fit for fit in (_parse(f, registry, data) for f in chosen) if fit is not None]
     parsed.sort(key=lambda f: (f.type_name != hint, *_order(f)))
     return parsed, cut_short
-
-
-def _named(cls: Any, hint: str | None) -> bool:
-    return hint is not None and cls.DESCRIPTOR.full_name == hint
 
 
 def _order(fit: Fit) -> tuple[float, bool, str]:
@@ -156,10 +148,9 @@ def _measure(
     shape = shape_of(cls.DESCRIPTOR, shapes)
     tally = _Tally(shapes, scans)
     match = _walk(shape, scanned.fields, 0, tally) if scanned.fields else 0.0
-    coverage = _coverage(tally.seen, shape)
     missing = tuple(name for number, name in shape.required if number not in tally.seen)
-    score = _score(match, coverage, not missing)
-    return Fit(shape.name, score, match, coverage, missing, tuple(tally.strays), shape.nested)
+    score = _score(match, _coverage(tally.seen, shape), not missing)
+    return Fit(shape.name, score, match, missing, tuple(tally.strays), shape.nested)
 
 
 def _parse(fit: Fit, registry: ProtobufRegistry, data: bytes) -> Fit | None:
@@ -212,7 +203,7 @@ def _evidence(fs: FieldShape, item: Field, depth: int, tally: _Tally) -> float:
         if fs.type == TYPE_STRING:
             # Parsers accept any UTF-8 (proto3) or any bytes (proto2); real strings are readable.
             return 1.0 if text is not None else 0.0
-        if fs.type == TYPE_BYTES and (text is not None or _message_like(value, tally)):
+        if fs.type == TYPE_BYTES and (text is not None or (value and _scan(value, tally).ok)):
             return _WEAK
         return 1.0
     return 1.0 if _in_range(fs.type, value) else 0.0
@@ -235,11 +226,6 @@ def _scan(value: bytes, tally: _Tally) -> Scan:
     if key not in tally.scans:
         tally.scans[key] = (value, scan(value))
     return tally.scans[key][1]
-
-
-def _message_like(value: bytes, tally: _Tally) -> bool:
-    inner = _scan(value, tally)
-    return bool(value) and inner.ok
 
 
 def _nested(descriptor: Any, value: Any, depth: int, tally: _Tally) -> float:

@@ -28,13 +28,9 @@ class _Budget:
 
 
 def prune(value: object, limit: int) -> tuple[object, bool]:
-    """``value`` as JSON-safe data of roughly ``limit`` characters at most.
-
-    Strings are cut, lists and dicts lose their tail, nesting deeper than
-    :data:`~celery_dlx.codecs.limits.MAX_DATA_DEPTH` is replaced by a marker; non-finite floats
-    become strings, bytes become hex, dict keys become strings. Returns the data and whether
-    anything was cut.
-    """
+    """``value`` as JSON-safe data of roughly ``limit`` characters at most, and whether anything
+    was cut (strings cut, lists and dicts lose their tail, nesting past ``MAX_DATA_DEPTH`` becomes
+    a marker; non-finite floats and dict keys become strings, bytes hex)."""
     budget = _Budget(limit)
     return _prune(value, budget, 0), budget.cut
 
@@ -133,13 +129,8 @@ def opaque_view(data: bytes) -> dict[str, object]:
 
 
 def printable_text(data: bytes, *, partial: bool = False) -> str | None:
-    """``data`` as text when it is UTF-8 without control characters, else None.
-
-    Args:
-        data: the bytes.
-        partial: the bytes are a prefix of a longer body, so a multi-byte character cut at the end
-            is dropped instead of disqualifying the text.
-    """
+    """``data`` as text when it is UTF-8 without control characters, else None; ``partial``:
+    ``data`` is a prefix, so a multi-byte character cut at the end is dropped, not disqualifying."""
     if _CONTROL.search(data):
         return None
     try:

@@ -74,11 +74,8 @@ def _reading(best: Fit, second: Fit | None, ctx: Context, chosen_by_hint: bool) 
 def wire(
     data: bytes, ctx: Context, *, declared: bool, scanned: Scan | None = None
 ) -> Reading | None:
-    """A schema-less dump of ``data``, or None when it is not protobuf wire format.
-
-    A body cut at the limit, or declared protobuf but corrupt, is dumped up to the damage, with a
-    note saying where and why reading stopped.
-    """
+    """A schema-less dump of ``data``, or None when it is not protobuf wire format (a body cut at
+    the limit, or declared protobuf but corrupt, is dumped up to the damage, with a note)."""
     scanned = scanned or scan(data)
     if not scanned.fields:
         if declared:
@@ -97,15 +94,11 @@ def wire(
     if cut or scanned.capped:
         ctx.notes.append("wire dump cut: too many fields or nested too deeply")
         ctx.truncated = True
-    if not ctx.registry:
-        ctx.notes.append(_no_registry_note())
+    if not ctx.registry and not protobuf_available():
+        ctx.notes.append(f"schema-less wire dump: {INSTALL_HINT} to decode with types")
+    elif not ctx.registry:
+        ctx.notes.append(
+            f"schema-less wire dump: no protobuf type registered (settings {SETS_SETTING}, "
+            f"{MODULES_SETTING})"
+        )
     return Reading(KIND_PROTOBUF_WIRE, fields)
-
-
-def _no_registry_note() -> str:
-    if not protobuf_available():
-        return f"schema-less wire dump: {INSTALL_HINT} to decode with types"
-    return (
-        f"schema-less wire dump: no protobuf type registered (settings {SETS_SETTING}, "
-        f"{MODULES_SETTING})"
-    )

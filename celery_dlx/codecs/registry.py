@@ -1,8 +1,7 @@
 """Protobuf types known for decoding: from descriptor sets and from modules of generated classes.
 
-``google.protobuf`` is imported only when a registry is filled, so celery_dlx works without the
-``protobuf`` extra; filling a registry without it raises a :class:`ConfigurationError` saying how
-to install it.
+``google.protobuf`` is imported only when a registry is filled (celery_dlx works without the
+``protobuf`` extra; filling a registry without it raises a :class:`ConfigurationError`).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from celery_dlx.codecs.shapes import Shape
 from celery_dlx.errors import ConfigurationError
 
-if TYPE_CHECKING:  # protobuf is an extra: imported when a registry is filled
+if TYPE_CHECKING:
     from google.protobuf.message import Message
 
 #: Where to get protobuf support.
@@ -46,11 +45,8 @@ def _protobuf(setting: str) -> Any:
 
 
 class ProtobufRegistry:
-    """Message types that :func:`~celery_dlx.codecs.decode_payload` tries on a protobuf body.
-
-    Descriptor sets go into a private descriptor pool (no generated code needed, no clash with
-    the application's own pool); generated classes are used as they are.
-    """
+    """Message types that :func:`~celery_dlx.codecs.decode_payload` tries on a protobuf body;
+    descriptor sets go into a private pool (no generated code, no clash with the app's pool)."""
 
     def __init__(self) -> None:
         self._pool: Any = None
@@ -85,14 +81,9 @@ class ProtobufRegistry:
             yield name, self._classes[name]
 
     def add_descriptor_set(self, source: str | os.PathLike[str] | bytes) -> list[str]:
-        """Register every message type of a ``FileDescriptorSet``.
-
-        Args:
-            source: a path to the file written by ``protoc --descriptor_set_out=FILE
-                --include_imports``, or its bytes.
-
-        Returns:
-            The full names of the types added.
+        """Register every message type of a ``FileDescriptorSet``: a path to the file written by
+        ``protoc --descriptor_set_out=FILE --include_imports``, or its bytes. Returns the full
+        names of the types added.
 
         Raises:
             ConfigurationError: protobuf is not installed, or the file is missing, unreadable or
@@ -151,10 +142,9 @@ class ProtobufRegistry:
         return True
 
     def add_module(self, name: str) -> list[str]:
-        """Register the message classes of a module of generated code (``*_pb2``).
-
-        Takes the types of the module's file descriptor and any message class the module holds,
-        so a package re-exporting classes from several ``_pb2`` modules works too.
+        """Register the message classes of a module of generated code (``*_pb2``): its file
+        descriptor's types and any message class it holds (a package re-exporting classes from
+        several ``_pb2`` modules works too).
 
         Raises:
             ConfigurationError: protobuf is not installed, the module cannot be imported, or it
@@ -176,10 +166,6 @@ class ProtobufRegistry:
                 added.append(descriptor.full_name)
         self._sources.append(name)
         return added
-
-    def add_message_class(self, cls: type[Message]) -> bool:
-        """Register one generated message class; False when its type was already registered."""
-        return self._register(cls.DESCRIPTOR.full_name, cls)
 
     def _register(self, name: str, cls: type[Message]) -> bool:
         if name in self._classes or name.startswith(_NOT_CANDIDATES):
@@ -237,10 +223,8 @@ class ProtobufSettings(Protocol):
 def registry_from_config(
     config: ProtobufSettings | Mapping[str, Iterable[str] | None],
 ) -> ProtobufRegistry:
-    """The registry described by ``dlx_protobuf_descriptor_sets`` and ``dlx_protobuf_modules``.
-
-    Args:
-        config: a :class:`~celery_dlx.policy.config.DLXConfig`, or a mapping of those two settings.
+    """The registry described by ``dlx_protobuf_descriptor_sets`` and ``dlx_protobuf_modules``
+    of ``config`` (a :class:`~celery_dlx.policy.config.DLXConfig`, or a mapping of the two).
 
     Raises:
         ConfigurationError: a descriptor set or module cannot be loaded, or protobuf is missing

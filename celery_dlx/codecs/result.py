@@ -78,15 +78,13 @@ class Decoded:
     Attributes:
         kind: one of :data:`KINDS`.
         data: JSON-safe view of the payload (shape depends on ``kind``).
-        notes: why something was not decoded, was cut, or is doubtful; empty when all went well.
-        type_name: the protobuf type chosen (kind ``protobuf``), else None.
+        notes: why something was not decoded, was cut, or is doubtful.
+        type_name: the protobuf type chosen (kind ``protobuf``).
         score: how well ``type_name`` fits, 0 to 1 (1: every field known, with its declared wire
-            type, and every field of the type present).
-        runner_up: the second-best protobuf type and its score, when there is one.
-        size: length of the body as received, in bytes.
-        sha256: hex digest of the body as received.
+            type, and every field of the type present); ``runner_up``: the second best.
+        size, sha256: length and hex digest of the body as received.
         layers: wrappings peeled off before decoding, outermost first (``gzip``, ``base64``...).
-        truncated: True when only part of the body was decoded or part of the data is shown.
+        truncated: only part of the body was decoded or part of the data is shown.
     """
 
     kind: str

@@ -1,7 +1,7 @@
 """Protobuf message types reduced to what fitting needs: per field number, wire type and kind.
 
-Reading descriptors is slow compared with plain dicts; a registry keeps each type's shape once
-built, so fitting a body against hundreds of types stays cheap.
+Reading descriptors is slow next to plain dicts: a registry keeps each type's shape once built,
+so fitting a body against hundreds of types stays cheap.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ WIRE_OF = {
     17: VARINT,  # sint32
     18: VARINT,  # sint64
 }
-TYPE_BOOL, TYPE_STRING, TYPE_GROUP, TYPE_MESSAGE, TYPE_BYTES, TYPE_ENUM = 8, 9, 10, 11, 12, 14
+TYPE_BOOL, TYPE_STRING, TYPE_BYTES, TYPE_ENUM = 8, 9, 12, 14
 #: 32-bit varint types whose negatives travel sign-extended to 64 bits (int32, enum).
 SIGNED_32 = frozenset({5, 14})
 #: 32-bit varint types that never exceed 32 bits on the wire (uint32, sint32).
@@ -69,22 +69,17 @@ class DescriptorLike(Protocol):
     def containing_type(self) -> object: ...
 
 
+def _flag(fd: FieldDescriptorLike, name: str, label: str) -> bool:
+    flag = getattr(fd, name, None)
+    if flag is not None:
+        return bool(flag)
+    legacy: Any = fd  # protobuf before is_repeated/is_required: only its label says
+    return bool(legacy.label == getattr(legacy, label))
+
+
 def is_repeated(fd: FieldDescriptorLike) -> bool:
     """Whether a field descriptor is repeated (works across protobuf versions)."""
-    flag = getattr(fd, "is_repeated", None)
-    if flag is not None:
-        return bool(flag)
-    legacy: Any = fd  # protobuf before is_repeated: only its label says
-    return bool(legacy.label == legacy.LABEL_REPEATED)
-
-
-def is_required(fd: FieldDescriptorLike) -> bool:
-    """Whether a field descriptor is a proto2 required field (works across protobuf versions)."""
-    flag = getattr(fd, "is_required", None)
-    if flag is not None:
-        return bool(flag)
-    legacy: Any = fd  # protobuf before is_required: only its label says
-    return bool(legacy.label == legacy.LABEL_REQUIRED)
+    return _flag(fd, "is_repeated", "LABEL_REPEATED")
 
 
 @dataclass(frozen=True)
@@ -119,7 +114,11 @@ def shape_of(descriptor: DescriptorLike, cache: dict[str, Shape]) -> Shape:
         fd.number: FieldShape(WIRE_OF.get(fd.type), fd.type, is_repeated(fd), fd.message_type)
         for fd in descriptor.fields
     }
-    required = tuple((fd.number, fd.name) for fd in descriptor.fields if is_required(fd))
+    required = tuple(
+        (fd.number, fd.name)
+        for fd in descriptor.fields
+        if _flag(fd, "is_required", "LABEL_REQUIRED")  # proto2 required
+    )
     signature = tuple(
         (number, fs.wire, fs.type, fs.repeated, fs.message.full_name if fs.message else None)
         for number, fs in sorted(fields.items())

@@ -30,11 +30,8 @@ class JSONResult:
 
 
 def looks_like_json(data: bytes, *, declared: bool) -> bool:
-    """Whether ``data`` is worth handing to the JSON parser.
-
-    Objects, arrays and strings are tried on sight; bare numbers and literals only when the
-    content type says JSON (``42`` or ``true`` alone are more likely plain text).
-    """
+    """Whether ``data`` is worth handing to the JSON parser: objects, arrays and strings on sight,
+    bare numbers and literals only when ``declared`` (``42`` or ``true`` alone are likelier text)."""
     head = data.lstrip(_WHITESPACE)[:1]
     if not head:
         return False
@@ -42,11 +39,8 @@ def looks_like_json(data: bytes, *, declared: bool) -> bool:
 
 
 def parse_json(data: bytes) -> JSONResult:
-    """Parse ``data`` as JSON (UTF-8, with or without BOM). Never raises.
-
-    ``NaN``, ``Infinity`` and numbers too large for a float are kept as their text, so the value
-    stays JSON-safe.
-    """
+    """Parse ``data`` as JSON (UTF-8, with or without BOM); never raises. ``NaN``, ``Infinity``
+    and numbers too large for a float are kept as their text, so the value stays JSON-safe."""
     try:
         text = data.decode("utf-8-sig")
         return JSONResult(json.loads(text, parse_constant=str, parse_float=_float))
@@ -73,12 +67,10 @@ class Base64Text:
 
 
 def unbase64(text: str, *, partial: bool = False) -> Base64Text | None:
-    """Decode ``text`` as base64 (standard or URL-safe, padded or not, line breaks allowed).
-
-    Returns None when ``text`` is not base64. ``strong`` is set when the text is unlikely to be
-    base64 by chance: long enough, and padded, or mixing cases with digits or symbols, or long
-    and mixing cases.
-    ``partial`` says ``text`` is the start of a longer body: a last incomplete group is dropped.
+    """Decode ``text`` as base64 (standard or URL-safe, padded or not, line breaks allowed), or
+    None when it is not. ``strong``: unlikely to be base64 by chance (long enough, and padded, or
+    mixing cases with digits or symbols, or long and mixing cases). ``partial``: ``text`` starts
+    a longer body, so a last incomplete group is dropped.
     """
     compact = _LINE_BREAKS.sub("", text.strip())
     if partial:

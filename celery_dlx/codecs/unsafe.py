@@ -41,10 +41,8 @@ _MAX_GLOBALS = 20
 
 
 def unsafe_reason(data: bytes, content_type: str | None) -> str | None:
-    """Why ``data`` must not be decoded (a note for the operator), or None when it may be.
-
-    Looks at the declared content type and at the bytes themselves, since a producer can lie.
-    """
+    """Why ``data`` must not be decoded (a note for the operator), or None when it may be; the
+    bytes are checked besides the declared content type, since a producer can lie."""
     if content_type in UNSAFE_CONTENT_TYPES:
         return (
             f"content type {content_type} is an unsafe serializer: "
@@ -62,11 +60,8 @@ def unsafe_reason(data: bytes, content_type: str | None) -> str | None:
 
 
 def pickle_protocol(data: bytes) -> int | None:
-    """The pickle protocol of ``data`` when it is a pickle, else None.
-
-    Protocol 2 and later start with the PROTO opcode (``0x80`` and the protocol number); older
-    protocols are recognised when the whole body disassembles as one pickle ending in STOP.
-    """
+    """The pickle protocol of ``data`` when it is a pickle, else None: protocol 2 and later start
+    with PROTO (``0x80``, the protocol number), older ones disassemble whole, ending in STOP."""
     if len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5:
         # PROTO is all a pickle needs to be dangerous to load; a cut body is still a pickle.
         return data[1]

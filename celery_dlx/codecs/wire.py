@@ -67,13 +67,13 @@ class _Ended(_Corrupt):
         self.needs = needs
 
 
-def scan(data: bytes, max_fields: int = MAX_SCAN_FIELDS) -> Scan:
+def scan(data: bytes) -> Scan:
     """Read ``data`` as a protobuf message without a schema. Never raises."""
     result = Scan()
     pos = 0
     try:
         while pos < len(data):
-            if len(result.fields) >= max_fields:
+            if len(result.fields) >= MAX_SCAN_FIELDS:
                 result.capped = True
                 break
             item, pos = _field(data, pos, 0)
@@ -154,17 +154,15 @@ def _group(data: bytes, pos: int, number: int, start: int, depth: int) -> tuple[
         members.append(item)
 
 
-def dump(
-    fields: list[Field], max_depth: int = MAX_WIRE_DEPTH, max_fields: int = MAX_DUMP_FIELDS
-) -> tuple[list[dict[str, object]], bool]:
+def dump(fields: list[Field]) -> tuple[list[dict[str, object]], bool]:
     """JSON-safe view of ``fields``; returns it and whether fields were left out (limits)."""
-    budget = [max_fields]
-    out = _dump(fields, 0, max_depth, budget)
+    budget = [MAX_DUMP_FIELDS]
+    out = _dump(fields, 0, budget)
     return out, budget[0] < 0
 
 
 def _dump(
-    fields: list[Field] | tuple[Field, ...], depth: int, max_depth: int, budget: list[int]
+    fields: list[Field] | tuple[Field, ...], depth: int, budget: list[int]
 ) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     for done, item in enumerate(fields):
@@ -173,21 +171,21 @@ def _dump(
             out.append({"truncated": f"{len(fields) - done} more fields not shown"})
             break
         budget[0] -= 1
-        out.append(_entry(item, depth, max_depth, budget))
+        out.append(_entry(item, depth, budget))
     return out
 
 
-def _entry(item: Field, depth: int, max_depth: int, budget: list[int]) -> dict[str, object]:
+def _entry(item: Field, depth: int, budget: list[int]) -> dict[str, object]:
     entry: dict[str, object] = {
         "field": item.number,
         "wire_type": WIRE_NAMES.get(item.wire_type, "?"),
     }
     value = item.value
     if isinstance(value, tuple):
-        entry["group"] = _dump(value, depth + 1, max_depth, budget)
+        entry["group"] = _dump(value, depth + 1, budget)
     elif isinstance(value, bytes):
         entry["length"] = len(value)
-        entry.update(_len_value(value, depth, max_depth, budget))
+        entry.update(_len_value(value, depth, budget))
     elif item.wire_type == VARINT:
         entry["value"] = value
         if value >> 63:
@@ -201,15 +199,15 @@ def _entry(item: Field, depth: int, max_depth: int, budget: list[int]) -> dict[s
     return entry
 
 
-def _len_value(value: bytes, depth: int, max_depth: int, budget: list[int]) -> dict[str, object]:
+def _len_value(value: bytes, depth: int, budget: list[int]) -> dict[str, object]:
     # Text first: short strings often also happen to parse as a message, the reverse is rare.
     text = printable_text(value)
     if text is not None:
         return {"text": text}
-    if depth + 1 < max_depth:
+    if depth + 1 < MAX_WIRE_DEPTH:
         inner = scan(value)
         if inner.ok and inner.fields:
-            return {"message": _dump(inner.fields, depth + 1, max_depth, budget)}
+            return {"message": _dump(inner.fields, depth + 1, budget)}
     return {"hex": hex_preview(value, PREVIEW_BYTES * 4)}
 
 

@@ -27,31 +27,22 @@ __all__ = [
 
 
 def install_integrations(app: Celery, runtime: Runtime) -> list[Listener]:
-    """Add the Sentry and task-event listeners that the settings enable, and quiet Celery's echo
-    of handled runs; idempotent.
+    """Add the listeners the settings enable to ``runtime.listeners`` and quiet Celery's echo of
+    handled runs; idempotent. Returns the listeners added (empty when already installed).
 
-    ``dlx_sentry`` (and sentry-sdk being installed) enables Sentry reporting, which sends only
-    when the app's own ``sentry_sdk.init`` ran in the process; ``dlx_send_events`` enables the
-    ``task-requeued``/``task-parked``/``task-buried``/``task-replayed`` events. Celery's own
-    ``ignored``/``rejected`` line of a run celery_dlx handled goes to DEBUG (see
-    :mod:`celery_dlx.integrations.logs`).
+    ``dlx_sentry`` (with sentry-sdk installed) reports to Sentry when the app's own
+    ``sentry_sdk.init`` ran; ``dlx_send_events`` sends the ``task-requeued``/``task-parked``/
+    ``task-buried``/``task-replayed`` events; ``dlx_breaker`` alerts Sentry of openings.
 
-    Args:
-        app: the Celery app (its event dispatcher carries the task events).
-        runtime: the app's runtime, whose ``listeners`` are extended.
-
-    Returns:
-        the listeners added by this call (empty when already installed).
+    Raises:
+        ValueError: ``runtime`` belongs to another app.
     """
     if runtime.app is not app:
         raise ValueError("install_integrations: runtime belongs to another app")
     present = {type(listener) for listener in runtime.listeners}
     added: list[Listener] = []
-    if CeleryEchoFilter not in present:
-        echo = install_log_filter(app)
-        runtime.listeners.append(echo)
-        added.append(echo)
     makers: tuple[tuple[Callable[[Runtime], Listener | None], type], ...] = (
+        (lambda _: install_log_filter(app), CeleryEchoFilter),
         (install_sentry, SentryReporter),
         (install_events, EventSender),
         (install_breaker_alert, BreakerAlert),

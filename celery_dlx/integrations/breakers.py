@@ -1,11 +1,9 @@
 """Sentry is told once when a per-cause breaker opens (``dlx_breaker``).
 
-The worker marks the fate event of the failure that opened a breaker with
-``extra["breaker"] == "opened"`` (exactly one per opening: the opening is decided in one Redis
-transaction); this listener turns that event into one Sentry message, fingerprinted by queue and
-cause so every opening of the same breaker groups into one issue. The WARNING log line of the
-opening is not sent through Sentry's logging integration (``celery_dlx.*`` loggers are ignored
-there, see :func:`celery_dlx.integrations.sentry.install_sentry_hooks`).
+The worker marks the fate event of the failure that opened a breaker with ``extra["breaker"] ==
+"opened"`` (one per opening, decided in one Redis transaction); this listener makes it one Sentry
+message fingerprinted by queue and cause, so every opening of a breaker groups into one issue.
+The opening's WARNING line stays out of Sentry (``celery_dlx.*`` loggers are ignored there).
 """
 
 from __future__ import annotations

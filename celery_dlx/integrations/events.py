@@ -1,7 +1,6 @@
 """Celery task events for fate changes, so Flower and other event monitors see them.
 
-Each fate change below is sent through the app's event dispatcher as a task event whose
-``uuid`` is the message's id (the Celery task id for task messages):
+Sent through the app's event dispatcher with ``uuid`` the message's id (the Celery task id):
 
 =================  ==================================================================
 event type         sent when
@@ -13,19 +12,14 @@ event type         sent when
 =================  ==================================================================
 
 Fields: ``name`` (task), ``queue``, ``attempt``, ``cause``, ``exc_type``, ``reason``,
-``importance``, ``delay`` (parked), ``obituary_id`` (buried, replayed when known), and the
-fields Flower's task page displays: ``exception`` (``Type('message')``), ``traceback`` (buried
-only) and ``result``, a one-line summary naming queue, attempt and cause.
+``importance``, ``delay`` (parked), ``obituary_id`` (when known), and for Flower's task page
+``exception`` (``Type('message')``), ``traceback`` (buried only) and ``result`` (a summary line).
 
-In a worker they are sent only while the worker sends task events (``-E``,
-``worker_send_task_events``, or ``celery control enable_events``, which Flower broadcasts), as
-Celery sends its own (``dlx_events_follow_worker``, on by default; see
-:mod:`celery_dlx.worker.events`); the DLX service and the CLI send them whenever
-``dlx_send_events`` is on.
-
-Celery's event state turns an unknown ``task-<x>`` event into the custom state ``X`` (so
-``REQUEUED``, ``PARKED``, ``BURIED``, ``REPLAYED``), and Flower counts every task event in
-``flower_events_total{type="task-buried", task=..., worker=...}``.
+A worker sends them only while it sends task events (``-E``, ``worker_send_task_events``,
+``celery control enable_events``), as Celery sends its own (``dlx_events_follow_worker``, on by
+default; see :mod:`celery_dlx.worker.events`); the DLX service and the CLI whenever
+``dlx_send_events`` is on. Celery's event state makes ``task-<x>`` the custom state ``X``
+(``BURIED``...), and Flower counts them in ``flower_events_total{type="task-buried", ...}``.
 """
 
 from __future__ import annotations
@@ -92,21 +86,24 @@ def event_fields(event: FateEvent) -> dict[str, object]:
         fields["delay"] = round(event.delay, 3)
     if event.fate == BURIED and event.traceback:
         fields["traceback"] = event.traceback[-TRACEBACK_LIMIT:]
-    obituary = event.extra.get("obituary")
-    obituary_id = event.extra.get("obituary_id") or (
-        obituary.get("id") if isinstance(obituary, dict) else None
-    )
-    if obituary_id:
-        fields["obituary_id"] = str(obituary_id)
+    found = obituary_id(event)
+    if found:
+        fields["obituary_id"] = found
     return fields
 
 
-def event_hostname(app: Celery) -> str:
-    """The node name events are sent as: the worker's when inside a task, else ``celery_dlx@host``.
+def obituary_id(event: FateEvent) -> str | None:
+    """The id of the obituary ``event`` names (``obituary_id``, or its ``obituary``'s), if any."""
+    obituary = event.extra.get("obituary")
+    found = event.extra.get("obituary_id") or (
+        obituary.get("id") if isinstance(obituary, dict) else None
+    )
+    return str(found) if found else None
 
-    Flower lists task events under their hostname as a worker; one stable name per host keeps
-    the DLX service and CLI tools from adding a new name per process.
-    """
+
+def event_hostname(app: Celery) -> str:
+    """The node name events are sent as: the worker's when inside a task, else ``celery_dlx@host``
+    (Flower lists each hostname as a worker: one stable name per host, not one per process)."""
     task = getattr(app, "current_worker_task", None)
     hostname = getattr(getattr(task, "request", None), "hostname", None) if task else None
     return str(hostname) if hostname else f"celery_dlx@{socket.gethostname()}"
@@ -115,16 +112,11 @@ def event_hostname(app: Celery) -> str:
 class EventSender:
     """Fate listener sending ``task-<fate>`` events through the app's event dispatcher.
 
-    One broker connection is kept per process (made by :meth:`warm` when a worker process
-    starts, or at the first event) and one event dispatcher on it per node name, as Celery's
-    worker keeps its own: making a dispatcher per event (a producer from the pool, the exchange
-    declared again) cost more than the Redis work of a failure. Events are monitoring, best
-    effort: a publish that fails drops the connection and is tried once on a fresh one; if that
-    fails too the event is lost and the fate is not affected. Thread-safe; after a fork the
-    child makes its own connection.
-
-    Args:
-        runtime: the app's runtime (its app's broker settings carry the events).
+    One broker connection per process (made by :meth:`warm` or the first event) and one
+    dispatcher on it per node name, as Celery's worker keeps its own: a dispatcher per event (a
+    pooled producer, the exchange declared again) cost more than the Redis work of a failure.
+    Best effort: a failed publish drops the connection and is tried once on a fresh one, then
+    the event is lost, never the fate. Thread-safe; a forked child makes its own connection.
     """
 
     def __init__(self, runtime: Runtime) -> None:
@@ -139,11 +131,9 @@ class EventSender:
         self.send(event)
 
     def warm(self) -> None:
-        """Connect now (a worker process starting), so that the first fate change does not wait
-        for a broker connection; not in a worker that starts without task events and whose fate
-        events follow that switch (``dlx_events_follow_worker``): it sends none until events are
-        turned on, and then connects at its first, instead of every pool process holding an idle
-        broker connection. Raises what connecting raises."""
+        """Connect now (a worker process starting), so the first fate change does not wait; not
+        in a worker whose events follow its switch (``dlx_events_follow_worker``) and start off,
+        so pool processes hold no idle connection. Raises what connecting raises."""
         if self.runtime.config.events_follow_worker and not self.app.conf.worker_send_task_events:
             return
         with self._lock:
@@ -152,8 +142,7 @@ class EventSender:
     def wanted(self) -> bool:
         """Whether fate events go out now: always outside workers; in a worker (with
         ``dlx_events_follow_worker``) only while it sends task events, as the run's request
-        says (the worker's switch when it received the task) or, outside a run, the worker's
-        switch now."""
+        says or, outside a run, the worker's switch now."""
         if not self.runtime.config.events_follow_worker:
             return True
         task = getattr(self.app, "current_worker_task", None)
@@ -167,47 +156,39 @@ class EventSender:
     def send(self, event: FateEvent) -> bool:
         """Send the event for ``event``; False when its fate has no event type or events are
         not :meth:`wanted` now."""
-        event_type = EVENT_TYPES.get(event.fate)
-        if event_type is None or not self.wanted():
+        if event.fate not in EVENT_TYPES or not self.wanted():
             return False
-        hostname = self.runtime.acting_node or event_hostname(self.app)
-        fields = event_fields(event)
-        with self._lock:
-            for last in (False, True):
-                dispatcher = self._dispatcher(hostname)
-                try:
-                    dispatcher.send(event_type, uuid=event.message_id, **fields)
-                    break
-                except Exception:
-                    self._reset()
-                    if last:
-                        raise
+        self._publish([event], batched=False)
         return True
 
     def notify_many(self, events: Sequence[FateEvent]) -> int:
-        """Send the events of ``events`` (a batch of fate changes, such as the parks a worker's
-        main process writes at once) as one message: Celery's ``task.multi``, a list of task
-        events, which Celery's event receivers (Flower's among them) take apart as if each had
-        come alone. Returns how many were sent."""
+        """Send ``events`` (a batch of fate changes) as one Celery ``task.multi`` message, which
+        event receivers (Flower's) take apart as if each had come alone; how many were sent."""
         if not self.wanted():
             return 0
-        sendable = [(EVENT_TYPES[e.fate], e) for e in events if e.fate in EVENT_TYPES]
+        sendable = [e for e in events if e.fate in EVENT_TYPES]
         if len(sendable) <= 1:
-            return sum(self.send(event) for _, event in sendable)
+            return sum(self.send(event) for event in sendable)
+        self._publish(sendable, batched=True)
+        return len(sendable)
+
+    def _publish(self, events: Sequence[FateEvent], *, batched: bool) -> None:
+        """Send ``events``, tried once more on a fresh connection."""
         hostname = self.runtime.acting_node or event_hostname(self.app)
         with self._lock:
             for last in (False, True):
-                dispatcher = self._dispatcher(hostname, batched=True)
+                dispatcher = self._dispatcher(hostname, batched=batched)
                 try:
-                    for event_type, event in sendable:
-                        dispatcher.send(event_type, uuid=event.message_id, **event_fields(event))
-                    dispatcher.flush(errors=False)
+                    for event in events:
+                        fields = event_fields(event)
+                        dispatcher.send(EVENT_TYPES[event.fate], uuid=event.message_id, **fields)
+                    if batched:
+                        dispatcher.flush(errors=False)
                     break
                 except Exception:
                     self._reset()
                     if last:
                         raise
-        return len(sendable)
 
     def close(self) -> None:
         """Close the kept connection (a new one is made by the next event)."""
@@ -225,12 +206,11 @@ class EventSender:
         return self._connection
 
     def _dispatcher(self, hostname: str, *, batched: bool = False) -> Any:
-        """The dispatcher of ``hostname`` (``batched``: one that buffers task events until
-        flushed, then publishes them as one list)."""
+        """The dispatcher of ``hostname`` (``batched``: buffers task events until flushed)."""
         connection = self._connect()
         key = (hostname, batched)
         dispatcher = self._dispatchers.get(key)
-        if dispatcher is None:  # a channel on the kept connection
+        if dispatcher is None:
             options: dict[str, Any] = {"enabled": True, "buffer_while_offline": False}
             if batched:
                 options.update(buffer_group=frozenset({"task"}), buffer_limit=BATCH_EVENTS)

@@ -1,14 +1,11 @@
 """Quiet logs: Celery's own per-run lines that only repeat a celery_dlx fate line go to DEBUG.
 
-A DLX task ends a requeued or parked run with ``Ignore``; Celery then logs ``Task x[id] ignored``
-at INFO per run, though celery_dlx has already logged the fate (one line with task, id, attempt
-and cause). A buried run fails with the task's own exception, and Celery's ``Task x[id] raised
-unexpected: ...`` (ERROR, with the traceback) is the one traceback of that burial; the DLX
-service's ``buried`` line then names the cause without it. :class:`CeleryEchoFilter` lowers the
-echoes (``ignored``, and ``rejected`` for a fallback ``Reject`` when the copy could not be stored)
-to DEBUG without their traceback (shown only when Celery's trace logger is at DEBUG). Runs
-celery_dlx did not handle (a task's own ``Ignore``, a ``Reject(requeue=True)``, plain tasks) keep
-Celery's lines.
+A requeued or parked run ends with ``Ignore``, and Celery logs ``Task x[id] ignored`` at INFO
+though celery_dlx logged the fate already. A buried run fails with the task's own exception:
+Celery's ``raised unexpected`` ERROR is that burial's one traceback (the DLX service's
+``buried`` line names the cause without it). :class:`CeleryEchoFilter` lowers the echoes
+(``ignored``, and ``rejected`` for a fallback ``Reject`` when the copy could not be stored) to
+DEBUG without traceback. Runs celery_dlx did not handle keep Celery's lines.
 """
 
 from __future__ import annotations
@@ -31,11 +28,8 @@ REMEMBER = 4096
 class CeleryEchoFilter(logging.Filter):
     """Lowers Celery's ``ignored``/``rejected`` run lines of runs celery_dlx handled to DEBUG.
 
-    It is also a fate listener: a requeue or park recorded in this process marks its message,
-    so the ``ignored`` line of exactly that run is lowered.
-
-    Args:
-        app: the Celery app whose DLX tasks are concerned.
+    Also a fate listener: a requeue or park recorded in this process marks its message, so the
+    ``ignored`` line of exactly that run is lowered.
     """
 
     def __init__(self, app: Celery) -> None:
@@ -62,11 +56,8 @@ class CeleryEchoFilter(logging.Filter):
 
     @staticmethod
     def _dlx_run(task_id: Any) -> bool:
-        """True when the run being logged is ``task_id``'s, of a DLX-enabled task.
-
-        Celery logs a run's outcome before it pops the task, so the current worker task is the
-        one the line is about (a task name alone is ambiguous: shared tasks join every app).
-        """
+        """True when the run being logged is ``task_id``'s, of a DLX-enabled task (Celery logs
+        before it pops the task; a task name alone is ambiguous: shared tasks join every app)."""
         task = current_task  # a proxy: false when no task is running
         if not task or getattr(task.request, "id", None) != task_id:
             return False

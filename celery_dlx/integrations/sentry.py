@@ -1,23 +1,16 @@
 """Sentry: one event per burial, grouped by cause, leveled by importance, rate-limited per cause.
 
-Uses the app's own ``sentry_sdk.init``: nothing is sent unless a Sentry client is active in the
-process. What is reported:
+Sends only through the app's own active ``sentry_sdk`` client. A burial is one event
+fingerprinted by its cause (one issue per cause), level ``fatal`` for importance ``page``,
+``warning`` for ``notify``, nothing for ``ignore``; its attempt history comes as breadcrumbs, its
+payload only with ``dlx_sentry_include_payload``. At most ``dlx_sentry_rate_limit`` events per
+cause per ``dlx_sentry_rate_window`` seconds, counted in Redis so the budget holds across
+processes. Every other fate change is a breadcrumb, never an event.
 
-* a burial (fate ``buried``) is one Sentry event whose ``fingerprint`` is the cause fingerprint,
-  so any number of poison messages with one cause make one Sentry issue; tags ``queue``,
-  ``task``, ``attempts``, ``importance``, ``fate``; level ``fatal`` for importance ``page``,
-  ``warning`` for ``notify``; nothing for ``ignore``. The message's attempt history comes along
-  as breadcrumbs, the payload only when ``dlx_sentry_include_payload`` is on;
-* at most ``dlx_sentry_rate_limit`` events per cause per ``dlx_sentry_rate_window`` seconds,
-  counted in Redis so the budget holds across workers and DLX services;
-* every other fate change (requeued, parked, drained, replayed...) is a breadcrumb, never an
-  event.
-
-Double reports are prevented: celery_dlx's own fate-line logger (``celery_dlx``) is kept out of
-Sentry's logging integration (its burial line would be a second event), and a global event
-processor drops any event about an exception celery_dlx marked as handled (see
-:func:`mark_handled`). sentry-sdk's CeleryIntegration wraps ``DLXTask.__call__`` from outside,
-so it only sees the ``Ignore``/``Reject`` that end a handled run, which it treats as control flow.
+No double reports: the fate-line logger (``celery_dlx``) is kept out of Sentry's logging
+integration, and an event processor drops events about exceptions marked by
+:func:`mark_handled`. sentry-sdk's CeleryIntegration wraps ``DLXTask.__call__`` from outside, so
+it only sees the ``Ignore``/``Reject`` ending a handled run, which it treats as control flow.
 """
 
 from __future__ import annotations
@@ -31,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from celery_dlx.compat import add_sentry_event_processor_once
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import BURIED, FateEvent
+from celery_dlx.integrations.events import obituary_id
 from celery_dlx.integrations.tracebacks import exception_values
 from celery_dlx.policy.settings import SENTRY_SETTINGS, sentry_missing
 from celery_dlx.wiring.runtime import Runtime
@@ -42,9 +36,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Sentry level per importance; ``ignore`` sends nothing.
-#: Sentry's event levels.
 Level = Literal["fatal", "critical", "error", "warning", "info", "debug"]
+#: Sentry level per importance; ``ignore`` sends nothing.
 LEVELS: dict[str, Level] = {"page": "fatal", "notify": "warning"}
 #: Breadcrumb level per fate (anything not listed is ``info``).
 BREADCRUMB_LEVELS = {"parked": "warning", "requeued": "info", "buried": "error"}
@@ -59,12 +52,8 @@ HISTORY_BREADCRUMBS = 50
 
 
 def mark_handled(exc: BaseException, fate: str) -> None:
-    """Mark ``exc`` as turned into ``fate`` by celery_dlx, so no Sentry event reports it again.
-
-    Call it on the exception a task raised when its failure became a fate; any event sentry-sdk
-    builds later from that exception (a wrapping integration, ``capture_exception`` in user code
-    around the run) is dropped by :func:`drop_handled`.
-    """
+    """Mark ``exc`` as turned into ``fate`` by celery_dlx: any Sentry event later built from it
+    (a wrapping integration, the user's ``capture_exception``) is dropped by :func:`drop_handled`."""
     try:
         setattr(exc, HANDLED_ATTR, fate)
     except (AttributeError, TypeError):  # exceptions with __slots__ cannot carry the mark
@@ -109,15 +98,11 @@ def sentry_active() -> bool:
 
 def install_sentry_hooks() -> None:
     """Keep celery_dlx's fate lines out of Sentry's logging integration; drop handled failures.
-
-    Idempotent; safe to call before or after ``sentry_sdk.init``.
-    """
+    Idempotent; safe before or after ``sentry_sdk.init``."""
     from sentry_sdk.integrations.logging import ignore_logger
 
     ignore_logger(FATE_LOGGER)
-    # The worker's quarantine lines (celery_dlx.worker.task, celery_dlx.worker.consumer): the service reports
-    # the burial itself.
-    ignore_logger(f"{FATE_LOGGER}.*")
+    ignore_logger(f"{FATE_LOGGER}.*")  # the worker's quarantine lines: the service reports burials
     add_sentry_event_processor_once(drop_handled)
 
 
@@ -149,13 +134,8 @@ def event_history(event: FateEvent) -> list[object] | None:
 def history_breadcrumbs(
     event: FateEvent, history: Sequence[object] | None = None
 ) -> list[dict[str, object]]:
-    """Breadcrumbs from the message's attempt history, oldest first.
-
-    Args:
-        event: the burial.
-        history: entries ``[ms, fate, cause]`` or ``{"at_ms", "fate", "cause"}``; default: the
-            history the event carries.
-    """
+    """Breadcrumbs of the burial ``event``'s attempt ``history`` (entries ``[ms, fate, cause]``
+    or ``{"at_ms", "fate", "cause"}``; default: the event's own), oldest first."""
     crumbs = []
     entries = event_history(event) if history is None else history
     for raw in (entries or [])[-HISTORY_BREADCRUMBS:]:
@@ -163,13 +143,11 @@ def history_breadcrumbs(
         if entry is None:
             continue
         ms, fate, cause = entry
-        crumb: dict[str, object] = {
-            "type": "default",
-            "category": "celery_dlx",
-            "level": BREADCRUMB_LEVELS.get(fate, "info"),
-            "message": f"{fate} {event.task or event.queue}[{event.message_id}]",
-            "data": {"fate": fate, "cause": cause, "queue": event.queue},
-        }
+        crumb = _crumb(
+            fate,
+            f"{fate} {event.task or event.queue}[{event.message_id}]",
+            {"fate": fate, "cause": cause, "queue": event.queue},
+        )
         if isinstance(ms, (int, float)) and not isinstance(ms, bool):
             crumb["timestamp"] = ms / 1000
         crumbs.append(crumb)
@@ -191,13 +169,17 @@ def fate_breadcrumb(event: FateEvent) -> dict[str, object]:
         data["exc_type"] = event.exc_type
     if event.reason:
         data["reason"] = event.reason[:500]
+    message = f"{event.fate} {event.task or '-'}[{event.message_id}] attempt={event.attempt}"
+    return {**_crumb(event.fate, message, data), "timestamp": event.at_ms / 1000}
+
+
+def _crumb(fate: str, message: str, data: dict[str, object]) -> dict[str, object]:
     return {
         "type": "default",
         "category": "celery_dlx",
-        "level": BREADCRUMB_LEVELS.get(event.fate, "info"),
-        "message": f"{event.fate} {event.task or '-'}[{event.message_id}] attempt={event.attempt}",
+        "level": BREADCRUMB_LEVELS.get(fate, "info"),
+        "message": message,
         "data": data,
-        "timestamp": event.at_ms / 1000,
     }
 
 
@@ -217,7 +199,7 @@ def burial_event(event: FateEvent, level: Level) -> Event:
         "exc_type": event.exc_type,
         "first_failure": _iso(event.first_failure_ms),
         "buried_at": _iso(event.at_ms),
-        "obituary_id": _obituary_id(event),
+        "obituary_id": obituary_id(event),
     }
     return {
         "level": level,
@@ -259,12 +241,9 @@ def payload_view(
     limit: int,
     registry: ProtobufRegistry | None = None,
 ) -> dict[str, object]:
-    """The payload as Sentry ``extra``: decoded by the codecs, shown in at most ``limit`` bytes.
-
-    Returns:
-        ``payload`` (text), ``payload_kind``, ``payload_bytes``, ``payload_truncated`` and, when
-        the codecs had something to say, ``payload_notes`` and ``payload_type``.
-    """
+    """The payload as Sentry ``extra``, decoded, in at most ``limit`` bytes: ``payload`` (text),
+    ``payload_kind``, ``payload_bytes``, ``payload_truncated``, maybe ``payload_notes`` and
+    ``payload_type``."""
     view: dict[str, object] = {"payload_bytes": len(body), "payload_content_type": content_type}
     try:
         from celery_dlx.codecs import decode_payload
@@ -295,11 +274,7 @@ def payload_view(
 
 
 class SentryReporter:
-    """Fate listener sending burials to Sentry and other fate changes as breadcrumbs.
-
-    Args:
-        runtime: the app's runtime (settings, Redis for the shared rate limit).
-    """
+    """Fate listener sending burials to Sentry and other fate changes as breadcrumbs."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -332,24 +307,21 @@ class SentryReporter:
     def _history(self, event: FateEvent) -> list[Any] | None:
         """The event's attempt history, else the attempts of its obituary in the graveyard."""
         history = event_history(event)
-        obituary_id = _obituary_id(event)
-        if history is not None or obituary_id is None:
+        found = obituary_id(event)
+        if history is not None or found is None:
             return history
         try:
-            (ob,) = self.runtime.graveyard.load([obituary_id])
+            (ob,) = self.runtime.graveyard.load([found])
         except Exception as exc:  # breadcrumbs are a nicety; the event goes without them
-            logger.debug("could not read obituary %s for breadcrumbs: %r", obituary_id, exc)
+            logger.debug("could not read obituary %s for breadcrumbs: %r", found, exc)
             return None
         if ob is None:
             return None
         return [[a.at_ms, a.fate, a.cause] for a in ob.attempts]
 
     def report(self, event: FateEvent) -> str | None:
-        """Send the burial ``event``, unless its importance or its cause's budget says no.
-
-        Returns:
-            the Sentry event id, or None when nothing was sent.
-        """
+        """Send the burial ``event`` unless its importance or its cause's budget says no; the
+        Sentry event id, or None when nothing was sent."""
         level = LEVELS.get(event.importance)
         if level is None:
             return None
@@ -376,14 +348,6 @@ class SentryReporter:
         return event_id
 
 
-def _obituary_id(event: FateEvent) -> str | None:
-    obituary = event.extra.get("obituary")
-    found = event.extra.get("obituary_id") or (
-        obituary.get("id") if isinstance(obituary, dict) else None
-    )
-    return str(found) if found else None
-
-
 def install_sentry(runtime: Runtime) -> SentryReporter | None:
     """The Sentry listener for ``runtime``, or None when ``dlx_sentry`` is off, or on by default
     while sentry-sdk is not installed. Installs the hooks that prevent double reports.
@@ -400,5 +364,5 @@ def install_sentry(runtime: Runtime) -> SentryReporter | None:
     except ImportError as exc:
         if config.explicit & SENTRY_SETTINGS:
             raise ConfigurationError(sentry_missing(config.explicit, str(exc))) from exc
-        return None  # dlx_sentry is on by default; without sentry-sdk there is nothing to report to
+        return None  # on by default; without sentry-sdk there is nothing to report to
     return SentryReporter(runtime)

@@ -1,8 +1,6 @@
-"""Turn a formatted Python traceback (text kept in an obituary) back into Sentry exception data.
-
-A burial is reported by the DLX service, long after the worker that raised the exception is
-gone: only the text of the traceback survives. Parsing it back into frames gives Sentry a real
-stack trace (file, line, function, code) instead of one opaque string.
+"""Turn a formatted Python traceback (text kept in an obituary) back into Sentry exception data:
+the DLX service reports a burial long after the worker is gone, and frames give Sentry a real
+stack trace instead of one opaque string.
 """
 
 from __future__ import annotations
@@ -85,12 +83,8 @@ def _parse_block(lines: list[str]) -> dict[str, object] | None:
 
 
 def parse_traceback(text: str) -> list[dict[str, object]]:
-    """Sentry ``exception.values`` from a formatted traceback, oldest (root cause) first.
-
-    Chained exceptions ("The above exception was the direct cause...") become separate values,
-    in the order Python printed them, which is the order Sentry expects. Text that is not a
-    traceback gives an empty list.
-    """
+    """Sentry ``exception.values`` from a formatted traceback, root cause first (chained
+    exceptions are separate values, in Python's order); empty for text that is no traceback."""
     blocks: list[list[str]] = [[]]
     for line in text.splitlines():
         if _CHAIN.match(line.strip()):
@@ -102,11 +96,8 @@ def parse_traceback(text: str) -> list[dict[str, object]]:
 
 
 def exception_values(exc_type: str, exc_message: str, traceback: str) -> list[dict[str, object]]:
-    """Sentry ``exception.values`` for a failure known by type, message and traceback text.
-
-    The last value (the one Sentry titles the issue with) always carries ``exc_type`` and
-    ``exc_message`` as recorded, whatever the traceback's last line says.
-    """
+    """Sentry ``exception.values`` for a failure known by type, message and traceback text; the
+    last value (Sentry's title) carries ``exc_type`` and ``exc_message`` as recorded."""
     values = parse_traceback(traceback) if traceback else []
     module, short = split_type(exc_type or "Exception")
     last: dict[str, object] = values[-1] if values else {}

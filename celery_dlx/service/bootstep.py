@@ -1,8 +1,7 @@
 """Running the DLX service inside a worker: a consumer bootstep, on when ``dlx_service_in_worker``.
 
-The service gets its own broker connections and a daemon thread, started with the worker's
-consumer and stopped (after the batch in hand is acked) when the worker shuts down. A broker
-reconnect of the worker's own consumer does not restart it: the service reconnects by itself.
+The service has its own connections and daemon thread, started with the worker's consumer and
+stopped (batch in hand acked) at shutdown; a reconnect of the worker's consumer leaves it be.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The DLX service's consume loop: dead letters of any origin in batches, settled, then acked.
 
-Runs standalone (``celery -A proj dlx service``, :mod:`celery_dlx.service.runner`) or inside a
-worker (:mod:`celery_dlx.service.bootstep`, when ``dlx_service_in_worker`` is on), on its own
-broker connections. Dead letters arrive on ``dlx_service_queue`` and are handed in batches to
-settling threads (:class:`~celery_dlx.service.settle.BatchSettler`: read, decide, write); only
-then is a batch acked, so a kill -9 at any point loses nothing. Nothing is ever rejected from the
-service queue (it has no dead-letter exchange): a dead letter the service cannot handle for now
-(Redis or the broker is down) stays unacked and is retried, with one log line per outage
-(:mod:`celery_dlx.service.outage`).
+Runs standalone (``celery -A proj dlx service``) or inside a worker (``dlx_service_in_worker``),
+on its own broker connections. Batches from ``dlx_service_queue`` go to settling threads
+(:class:`~celery_dlx.service.settle.BatchSettler`) and are acked only once settled, so a kill -9
+at any point loses nothing. Nothing is rejected from the service queue (it has no dead-letter
+exchange): what cannot be handled for now (Redis or the broker down) stays unacked and is
+retried, with one log line per outage.
 """
 
 from __future__ import annotations
@@ -53,14 +51,8 @@ SWEEP_INTERVAL = 60.0
 
 
 class DLXService(BatchSettler):
-    """The DLX service of one app.
-
-    Args:
-        app: the Celery app (its ``dlx_*`` settings and broker are used).
-        prefetch: consumer prefetch (default ``dlx_service_prefetch``).
-        hostname: written into obituaries of foreign messages (default: this host).
-        runtime: the app's runtime (default ``get_runtime(app)``).
-    """
+    """The DLX service of one app; ``prefetch`` defaults to ``dlx_service_prefetch``, the rest
+    as for :class:`~celery_dlx.service.settle.BatchSettler`."""
 
     def __init__(
         self,
@@ -80,20 +72,13 @@ class DLXService(BatchSettler):
         self._sweep_failing = False
         self._idle_since = time.monotonic()
 
-    # -- lifecycle ---------------------------------------------------------------------------
-
     def stop(self) -> None:
         """Ask the service to stop after the batch in hand (acked first). Thread-safe."""
         self._stop.set()
 
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
     def run(self, *, idle_timeout: float | None = None) -> ServiceStats:
-        """Consume dead letters until :meth:`stop` (or ``idle_timeout`` seconds without any).
-
-        Broker connection losses are retried forever (one log line per outage).
+        """Consume dead letters until :meth:`stop` (or ``idle_timeout`` seconds without any);
+        broker connection losses are retried forever (one log line per outage).
 
         Raises:
             TopologyError: the service queue exists with other arguments.
@@ -121,7 +106,6 @@ class DLXService(BatchSettler):
             f"the DLX service queue {config.service_queue!r} exists with other arguments "
             "(dlx_service_queue, dlx_quorum)"
         )
-        # celery_dlx's frame reader: no header a dead letter carries can stop the service.
         overflow = overflow_queue(config.service_queue, quorum=config.quorum)
 
         def declare(channel: Any) -> Any:
@@ -173,13 +157,10 @@ class DLXService(BatchSettler):
             )
 
     def _loop(self, consumer: QueueConsumer, idle_timeout: float | None) -> None:
-        """Receive and ack on this thread while helper threads settle the batches in hand.
-
-        The connection stays on this thread (it is not thread-safe). Settling is mostly Redis
-        and publisher I/O, so receiving overlaps it, and two batches settle at once (one waits
-        for Redis while the other runs). Batches are acked in the order they arrived, each with
-        one ``basic.ack(multiple)``, and only once every earlier batch is acked too.
-        """
+        """Receive and ack on this thread (the connection is not thread-safe) while helper
+        threads settle the batches in hand (mostly Redis and publisher I/O: two at once, one
+        waiting for Redis while the other runs). Batches are acked in arrival order, each with
+        one ``basic.ack(multiple)``, only once every earlier batch is acked."""
         pending: deque[tuple[list[Delivery], Future[bool]]] = deque()
         # True once a wait for more dead letters came back empty: the inbox is all there is for
         # now. A backlog arrives one delivery per drain, so handing the inbox to a free settler at
@@ -219,11 +200,8 @@ class DLXService(BatchSettler):
         return False
 
     def _process(self, batch: list[Delivery]) -> bool:
-        """Settle ``batch``, retrying while Redis or the publisher is down.
-
-        Returns:
-            True once settled (it may be acked); False if the service stopped first.
-        """
+        """Settle ``batch``, retrying while Redis or the publisher is down; True once settled
+        (it may be acked), False if the service stopped first."""
         outage = self._settle_outage
         while True:
             try:

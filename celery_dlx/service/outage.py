@@ -1,9 +1,5 @@
-"""Outages of Redis or the broker, as the DLX service sees them: retried, logged once.
-
-A dead letter the service cannot handle for now stays unacked and is retried after a growing
-delay; the start and the end of the outage are each logged once, however many retries and
-settling threads see it.
-"""
+"""Outages of Redis or the broker, as the DLX service sees them: held unacked, retried after a
+growing delay, the start and the end logged once however many retries and threads see it."""
 
 from __future__ import annotations
 
@@ -86,9 +82,8 @@ class Outage:
 
     def end(self) -> None:
         """Note a success: the outage ends (one line) once nothing failed for ``quiet`` seconds;
-        a batch that slipped through in the middle of it only resets the retry delay (and the
-        outage is looked at again once the quiet time is over, so its end is logged though no
-        batch follows)."""
+        a batch slipping through mid-outage only resets the retry delay (and the outage is
+        looked at again after the quiet time, so its end is logged though no batch follows)."""
         now = self.clock()
         with self._lock:
             since, failures = self.since, self.failures

@@ -1,9 +1,8 @@
 """Running the DLX service: in this process, or in several forked ones sharing the queue.
 
-Each process also runs the drainer (:class:`~celery_dlx.drain.drainer.DrainerThread`), as every
-worker does, so a shop running only the service (no Python worker) gets its parked retries back:
-the holder of the Redis drain lease drains every ``dlx_drain_interval`` seconds, one process at a
-time per key prefix, whatever mix of workers and services runs.
+Each process also runs the drainer, as every worker does, so a shop running only the service
+gets its parked retries back (the holder of the Redis drain lease drains, one process at a time
+per key prefix, whatever mix of workers and services runs).
 """
 
 from __future__ import annotations
@@ -11,12 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
 
-# The drainer every worker runs, reused as is (the runner's one import from the worker package).
 from celery_dlx.drain.drainer import DrainerThread
 from celery_dlx.errors import DLXError
 from celery_dlx.service.loop import DLXService
@@ -33,17 +30,15 @@ def run_service(
     processes: int = 1,
     drain: bool = True,
     install_signals: bool = True,
-    on_start: Callable[[DLXService], None] | None = None,
     announce: bool = True,
 ) -> ServiceStats:
     """Run the DLX service until SIGTERM/SIGINT (or ``idle_timeout``), in ``processes`` processes.
 
-    One process runs in this thread. More are forked children (one Python process handles a few
-    thousand dead letters a second; instances share the queue and dedup each other's
-    redeliveries); the parent forwards the signal and returns their summed counts. A signal lets
-    every process finish and ack the batches in hand. With ``drain``, every process also runs the
-    drainer under the drain lease, stopped (and its lease released) when the service stops.
-    With ``announce``, the first log lines say what runs: broker, virtual host, Redis, queue.
+    One process runs in this thread, more are forked children (one handles a few thousand dead
+    letters a second; they share the queue and dedup each other's redeliveries) whose summed
+    counts are returned. A signal lets every process ack the batches in hand. With ``drain``,
+    each process runs the drainer under the drain lease; with ``announce``, the first log lines
+    say what runs (broker, virtual host, Redis, queue).
 
     Raises:
         DLXError: ``processes`` above 1 where ``fork`` is unavailable, or below 1.
@@ -64,8 +59,6 @@ def run_service(
     if drainer is None:
         logger.info("DLX service not draining parked retries: workers or another service must")
     try:
-        if on_start is not None:
-            on_start(service)
         stats = service.run(idle_timeout=idle_timeout)
     finally:
         if drainer is not None:
@@ -89,7 +82,6 @@ def _log_start(app: Celery, *, drain: bool, processes: int) -> None:
 
 
 def _start_drainer(app: Celery) -> DrainerThread:
-    """Start the drainer thread, as the workers' bootstep does."""
     drainer = DrainerThread(app)
     drainer.start()
     logger.info(

@@ -1,31 +1,26 @@
 """Settling a batch of dead letters: read, look up, decide, write; the ack is the caller's.
 
-Each batch is read (:mod:`celery_dlx.policy.deadletter`, pure), looked up in Redis in one round
-trip (already handled? the worker's cause record?), decided, then written: parked retries
-stored and obituaries written with their history entries first, then requeued copies published
-with confirms (a copy runs its task at once: published before a write Redis refuses, it would
-run again when the held batch is settled again), the seen markers last.
-A redelivered dead letter is recognised by its key (queue, message id, attempt, history) and
-given no second fate, but only when its message id is provable (``message_id``, Celery's task
-id, or the ``x-dlx-id`` celery_dlx stamps on copies): look-alike messages without one are never
-merged.
+A batch is read (pure), looked up in Redis in one round trip (already handled? the worker's
+cause record?), decided, then written: parks and obituaries with their history entries first,
+then requeued copies published with confirms (a copy runs its task at once: published before a
+write Redis refuses, it would run again when the held batch is settled again), the seen markers
+last. A redelivery is recognised by its key (queue, message id, attempt, history) and given no
+second fate, but only when its message id is provable (``message_id``, Celery's task id, or the
+``x-dlx-id`` stamped on copies): look-alikes without one are never merged.
 
-A batch counts as settled (and is acked) only once ``dlx_redis_min_replicas`` Redis replicas
-hold what it wrote: the whole settle runs in :meth:`Runtime.replicated
-<celery_dlx.wiring.runtime.Runtime.replicated>` (one connection, ``WAIT`` at the end), so a
-failover cannot take back an obituary or a park whose dead letter was acked.
+A batch is settled (and acked) only once ``dlx_redis_min_replicas`` replicas hold its writes:
+the whole settle runs in :meth:`Runtime.replicated <celery_dlx.wiring.runtime.Runtime.replicated>`
+(one connection, ``WAIT`` at the end), so a failover cannot take back a fate whose letter was acked.
 
-A batch that fails after its requeued copies were published (Redis refuses writes, or fewer
-replicas confirm them) is settled again, and must not publish them again: each retry would
-otherwise run the task once more. The settler remembers, in memory and by letter key until the
-batch is settled, each copy the broker confirmed and each letter whose fate a try wrote; a retry
-gives such a letter the same verdict, publishes no copy again, and counts a letter whose writes
-it finds as its own, not as a redelivery. Memory, not Redis, because Redis is what is failing: a
-marker written before the publish cannot tell a retry whether the publish happened (skipping it
-could lose the requeue), and one written after it is a write that fails in the very outage. A
-copy whose publish was not confirmed is not remembered, so a retry publishes it (at-least-once);
-a crash forgets everything, and the broker's redelivery publishes once more (a duplicate, counted
-like any other).
+A batch failing after its copies were published (Redis refuses writes, or too few replicas
+confirm) is settled again and must not publish them again (each would run the task once more).
+Until the batch is settled, the settler remembers by letter key each copy the broker confirmed
+and each letter whose fate a try wrote; a retry gives it the same verdict, publishes no copy
+again, and counts writes it finds as its own, not a redelivery. Memory, not Redis, because Redis
+is what is failing: a marker written before the publish cannot say whether it happened (skipping
+could lose the requeue), one written after it fails in the very outage. An unconfirmed copy is
+not remembered, so a retry publishes it (at-least-once); a crash forgets everything, and the
+redelivery publishes once more (a duplicate, counted like any other).
 """
 
 from __future__ import annotations
@@ -96,9 +91,8 @@ class _Work:
 def buried_event(ob: Obituary, *, traceback_logged: bool = False) -> FateEvent:
     """The one ``buried`` fate event of an obituary (history, log with traceback, listeners).
 
-    ``traceback_logged``: the worker's Celery tracer already logged this failure with its
-    traceback (a DLX task that failed with its own exception); the burial line then names the
-    cause without printing the traceback again. Sentry, Flower and the obituary keep it.
+    ``traceback_logged``: Celery's tracer already logged the traceback (a DLX task failed with
+    its own exception), so the burial line names the cause without it; listeners keep it.
     """
     return ob.fate_event(
         BURIED,
@@ -135,10 +129,8 @@ def _retry_event(work: _Work, now: int) -> FateEvent:
 
 
 def _body_bytes(body: str, encoding: Any) -> bytes:
-    """The bytes of a body a transport decoded to text (py-amqp also leaves an empty body as "").
-
-    The property may be absent (py-amqp then raises on attribute access) or name no codec.
-    """
+    """The bytes of a body a transport decoded to text (py-amqp also leaves an empty body as "");
+    the encoding may be absent or name no codec."""
     try:
         return body.encode(str(encoding or "utf-8"), errors="surrogateescape")
     except LookupError:
@@ -148,10 +140,7 @@ def _body_bytes(body: str, encoding: Any) -> bytes:
 class BatchSettler:
     """Gives each dead letter of a batch its fate: requeue, park or bury, and everything but the ack.
 
-    Args:
-        app: the Celery app (its ``dlx_*`` settings and broker are used).
-        hostname: written into obituaries of foreign messages (default: this host).
-        runtime: the app's runtime (default ``get_runtime(app)``).
+    ``hostname`` is written into obituaries of foreign messages (default: this host).
     """
 
     def __init__(
@@ -174,8 +163,6 @@ class BatchSettler:
         # Task name -> whether the app runs it as a DLX task (see _dlx_task).
         self._dlx_tasks: dict[str, bool] = {}
 
-    # -- one batch ---------------------------------------------------------------------------
-
     def handle(self, messages: Sequence[Delivery]) -> None:
         """Give every dead letter of ``messages`` (kombu messages) its fate, then ack them.
 
@@ -188,9 +175,8 @@ class BatchSettler:
     def settle(self, messages: Sequence[Delivery]) -> None:
         """Give every dead letter of ``messages`` its fate (everything but the ack).
 
-        Idempotent: run again on the same messages after a failure, it gives no second fate
-        and publishes no second requeued copy. Touches no broker channel of the messages, so it
-        may run on another thread.
+        Idempotent: run again after a failure, it gives no second fate and publishes no second
+        copy. Touches no channel of the messages, so it may run on another thread.
 
         Raises:
             NotReplicated: written, but fewer Redis replicas than ``dlx_redis_min_replicas``

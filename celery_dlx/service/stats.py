@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 
 @dataclass
 class ServiceStats:
-    """Counts of what one service run did."""
+    """Counts of what one service run did (settling threads share them)."""
 
     received: int = 0
     buried: int = 0
@@ -29,7 +29,6 @@ class ServiceStats:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
-        """Add to counts (settling threads share the stats)."""
         with self._lock:
             for name, n in counts.items():
                 setattr(self, name, getattr(self, name) + n)
