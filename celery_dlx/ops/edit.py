@@ -134,17 +134,13 @@ class EditReport:
             "new_message_id": p.new_message_id,
             "task_id": p.task_id,
             "payload_replaced": p.replaced_payload,
-            "changes": [_json_change(c) for c in p.changes],
-            "headers": [_json_change(c) for c in p.header_changes],
+            "changes": [c.to_json() for c in p.changes],
+            "headers": [c.to_json() for c in p.header_changes],
             "dry_run": self.dry_run,
             "replayed": self.replayed,
             "at_ms": self.at_ms or None,
             "audit_id": self.audit_id,
         }
-
-
-def _json_change(change: Change) -> dict[str, object]:
-    return change.to_json()
 
 
 def check_header_name(name: str) -> str:
@@ -453,8 +449,8 @@ def _audit(runtime: Runtime, ob: Obituary, plan: EditPlan, at: int, user: str, r
     result = {
         "new_message_id": plan.new_message_id,
         "task_id": plan.task_id,
-        "changes": [_json_change(c) for c in plan.changes],
-        "headers": [_json_change(c) for c in plan.header_changes],
+        "changes": [c.to_json() for c in plan.changes],
+        "headers": [c.to_json() for c in plan.header_changes],
     }
     what = ", ".join(plan.paths + [f"header {h}" for h in plan.header_names]) or "payload"
     summary = f"edited {what}; replayed as message {plan.new_message_id}"
