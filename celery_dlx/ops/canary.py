@@ -228,16 +228,10 @@ def replay_run(
     run = ReplayRun(targets=len(targets), report=ReplayReport(dry_run=dry_run))
     rest = list(targets)
     if to_queue is not None:
-        run.report.to_queue = check_target_queue(runtime, to_queue)
-        to_queue = run.report.to_queue
+        to_queue = run.report.to_queue = check_target_queue(runtime, to_queue)
     if canary and not dry_run:
-        rest = _canary_first(
-            runtime,
-            run,
-            rest,
-            Canary(keep_attempts, force, canary_timeout, canary_settle, to_queue),
-            progress,
-        )
+        how = Canary(keep_attempts, force, canary_timeout, canary_settle, to_queue)
+        rest = _canary_first(runtime, run, rest, how, progress)
         if run.stopped:
             run.not_replayed = rest
             return run

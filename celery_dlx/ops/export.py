@@ -55,36 +55,6 @@ class ExportError(DLXError):
     """The export could not be started or did not finish; the message says why."""
 
 
-class JobSummary(TypedDict, total=False):
-    """The aggregates part of the job's result (when they were recomputed)."""
-
-    chart: str | None
-    totals: dict[str, object]
-    rows: list[dict[str, object]]
-
-
-class JobResult(TypedDict, total=False):
-    """The job's JSON result (its ``result_json`` file), as :meth:`ExportResult.from_dict`
-    reads it."""
-
-    status: str
-    error: str
-    records: int
-    malformed: int
-    malformed_by_reason: dict[str, int]
-    batch: str | None
-    end_id: str | None
-    trimmed: int | None
-    out: str
-    summary: JobSummary
-    checkpoint: dict[str, object]
-    seconds: dict[str, float]
-    records_per_s: float
-    cores: int
-    master: str
-    app_id: str
-
-
 class SparkOptions(TypedDict, total=False):
     """The options of :func:`run_export` passed on to :func:`build_spark_submit_command`."""
 
@@ -154,9 +124,9 @@ class ExportResult:
         return self.status == "exported"
 
     @classmethod
-    def from_dict(cls, data: JobResult, command: Sequence[str] = ()) -> ExportResult:
-        """Build a result from the job's JSON result."""
-        summary: JobSummary = data.get("summary") or {}
+    def from_dict(cls, data: Mapping[str, Any], command: Sequence[str] = ()) -> ExportResult:
+        """Build a result from the job's JSON result (its ``result_json`` file)."""
+        summary = data.get("summary") or {}
         trimmed = data.get("trimmed")
         return cls(
             status=str(data["status"]),
@@ -394,11 +364,10 @@ def _run(
     )
     assert process.stdout is not None and process.stderr is not None
     pumps = [
-        threading.Thread(target=_pump, args=(process.stdout, sys.stdout if echo else None, tail)),
-        threading.Thread(target=_pump, args=(process.stderr, sys.stderr if echo else None, tail)),
+        threading.Thread(target=_pump, args=(source, sink if echo else None, tail), daemon=True)
+        for source, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))
     ]
     for pump in pumps:
-        pump.daemon = True
         pump.start()
     try:
         code = process.wait(timeout=timeout)

@@ -17,7 +17,7 @@ from celery_dlx.message.status import STATUSES
 from celery_dlx.wiring.runtime import Runtime
 
 
-def to_ms(value: When | None, *, now: int | None = None) -> int | None:
+def to_ms(value: When | None) -> int | None:
     """Epoch milliseconds of a ``since``/``until`` value.
 
     Raises:
@@ -28,7 +28,7 @@ def to_ms(value: When | None, *, now: int | None = None) -> int | None:
     if isinstance(value, datetime):
         return int(value.timestamp() * 1000)
     if isinstance(value, timedelta):
-        return (now_ms() if now is None else now) - int(value.total_seconds() * 1000)
+        return now_ms() - int(value.total_seconds() * 1000)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return int(value * 1000)
     raise DLXError(f"since/until must be a datetime, a timedelta or epoch seconds, got {value!r}")
@@ -102,7 +102,6 @@ def list_obituaries(
     """Obituaries matching every given filter, newest first, without consuming anything.
 
     Args:
-        runtime: the app's :class:`~celery_dlx.wiring.runtime.Runtime`.
         queue, task, cause, message_id: exact matches.
         since, until: burial time bounds (datetime, timedelta ago, or epoch seconds).
         limit: most obituaries returned (None: all).
@@ -134,9 +133,7 @@ def get_obituary(runtime: Runtime, ident: str, *, with_payload: bool = True) -> 
     if found is not None:
         return found
     latest = yard.latest_of_message(ident)
-    if latest is None:
-        return None
-    return yard.load([latest], with_payload=with_payload)[0]
+    return None if latest is None else yard.load([latest], with_payload=with_payload)[0]
 
 
 def groups(runtime: Runtime) -> list[Group]:

@@ -201,11 +201,10 @@ def replay_one(
 class _Pacer:
     """Spaces operations to at most ``rate`` per second (None: no limit)."""
 
-    def __init__(self, rate: float | None, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, rate: float | None) -> None:
         if rate is not None and rate <= 0:
             raise DLXError(f"replay rate must be a positive number per second, got {rate}")
         self.rate = rate
-        self.sleep = sleep
         self.start = time.monotonic()
         self.done = 0
 
@@ -213,7 +212,7 @@ class _Pacer:
         if self.rate is not None:
             ahead = self.start + self.done / self.rate - time.monotonic()
             if ahead > 0:
-                self.sleep(ahead)
+                time.sleep(ahead)
         self.done += n
 
     def chunk(self) -> int:
@@ -243,7 +242,6 @@ def replay(
     ``force``. The obituary stays in the graveyard; a ``replayed`` fate is recorded.
 
     Args:
-        runtime: the app's runtime (its publisher and Redis are used).
         ids: obituary ids; otherwise the filters (``cause`` replays one group) select them.
         everything: allow replaying the whole graveyard when neither ids nor filters are given.
         rate: most replays per second (None: as fast as the broker confirms).
@@ -347,7 +345,6 @@ def _replay_chunk(
 
 
 def _count_from(report: ReplayReport, replayed: Sequence[Obituary]) -> None:
-    """Count, for a redirected replay, the queues the replayed messages died in."""
     if report.to_queue:
         for ob in replayed:
             report.from_queues[ob.queue] = report.from_queues.get(ob.queue, 0) + 1
