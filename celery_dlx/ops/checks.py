@@ -24,6 +24,7 @@ Checked, each failure a :class:`Problem` (the command exits non-zero when there 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -406,10 +407,8 @@ def _check_backlog(
     queue = runtime.config.service_queue
     info = None
     if api is not None:
-        try:
+        with contextlib.suppress(ManagementError):
             info = api.queue(queue)
-        except ManagementError:
-            info = None
     oldest: float | None = None
     if info is not None:
         messages = int(str(info.get("messages") or 0))

@@ -1,13 +1,10 @@
 """Edit and replay: change a buried message's payload or headers, see the diff, replay the copy.
 
-:func:`plan_edit` builds the edited copy of one obituary without any I/O beyond reading it: the
-payload decoded exactly (JSON, a Celery JSON message, protobuf of its best-fitting registered
-type; pickle and anything else refused), the paths set, the body encoded back, the headers
-changed, and a new message id. :func:`edit` prints nothing: it plans, and with ``replay``
-publishes the copy as :func:`celery_dlx.ops.replay.replay_copy` builds a replay (default
-exchange, fresh attempt budget, ``to_queue`` checked the same way), then records it: the replay
-ledger of the original obituary, a ``replayed`` history entry naming the edit, and an ``edit``
-entry of the audit log (who, when, which paths and headers, the new message id). The original
+:func:`plan_edit` builds the edited copy (the payload decoded exactly: JSON, a Celery JSON
+message, protobuf of its best-fitting registered type; pickle and anything else refused).
+:func:`edit` plans and, with ``replay``, publishes it as a replay
+(:func:`celery_dlx.ops.replay.replay_copy`) and records it: the original obituary's replay
+ledger, a ``replayed`` history entry naming the edit, and an ``edit`` audit entry. The original
 obituary stays in the graveyard.
 
 The edited copy is a new message: a new message id and, for a Celery task, a new task id (the
@@ -174,10 +171,9 @@ def plan_edit(
     to_queue: str | None = None,
     new_id: str | None = None,
 ) -> EditPlan:
-    """The edited copy of ``ob`` (pure: nothing read but ``ob``, nothing published).
+    """The edited copy of ``ob``, loaded with its payload (pure: nothing else read or published).
 
     Args:
-        ob: the obituary, with its payload.
         sets: ``(path, value)`` pairs applied to the decoded payload, in order.
         headers: ``(name, value)`` pairs; a value of None removes the header.
         payload: a whole new body (checked to decode as the original's content); ``sets`` are

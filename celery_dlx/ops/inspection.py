@@ -385,7 +385,7 @@ def groups_data(runtime: Runtime, *, new_since: str | None = None) -> GroupList:
         UnknownVersion: ``new_since`` was never seen in this graveyard.
     """
     found = obituaries.groups(runtime)
-    first_seen = obituaries.version_times(runtime)
+    first_seen = runtime.graveyard.version_times()
     if new_since is not None:
         found = deploys.new_since(found, first_seen, new_since)
     rows = [group_row(g) for g in found]

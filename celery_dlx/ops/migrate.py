@@ -19,7 +19,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from celery_dlx.broker import moving
@@ -82,16 +82,7 @@ class PolicyPlan:
     reason: str = ""
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "pattern": self.pattern,
-            "definition": self.definition,
-            "priority": self.priority,
-            "apply_to": self.apply_to,
-            "merged_from": self.merged_from,
-            "needed": self.needed,
-            "reason": self.reason,
-        }
+        return {k: v for k, v in asdict(self).items() if k != "queue"}
 
 
 def plan_policy(
@@ -266,7 +257,6 @@ def migrate_rename(
     messages; the old queue stays (unbound) for consumers and producers to be cut over.
 
     Args:
-        runtime: the app's runtime (settings and broker connection).
         api: the management API (needed to read the old queue's bindings and arguments).
         copy_bindings: bind the new queue like the old one (exchange producers switch at once).
         unbind_old: then remove those bindings from the old queue (no more new messages there

@@ -141,11 +141,6 @@ def groups(runtime: Runtime) -> list[Group]:
     return runtime.graveyard.groups()
 
 
-def version_times(runtime: Runtime) -> dict[str, int]:
-    """Every code version seen in the graveyard -> when it was first seen (ms)."""
-    return runtime.graveyard.version_times()
-
-
 def queues(runtime: Runtime) -> list[tuple[str, int, int]]:
     """``(queue, obituaries, last burial ms)`` for every queue with obituaries."""
     return runtime.graveyard.names("queue")

@@ -174,14 +174,9 @@ def replay_one(
     extra: dict[str, object],
 ) -> int:
     """Publish ``copy`` of obituary ``ob`` (a copy :func:`replay_copy` made, then changed) as
-    its replay, with a confirm, and record it: the ledger's replay and a ``replayed`` history
-    entry with ``reason`` and ``extra`` and a fresh attempt budget.
-
-    The obituary is marked replayed meanwhile (:func:`_publish`), so two replays of it never
-    run at once.
-
-    Returns:
-        When the replay was recorded (epoch ms).
+    its replay, with a confirm (see :func:`_publish`), and record it: the ledger's replay and a
+    ``replayed`` history entry with ``reason``, ``extra`` and a fresh attempt budget. Returns
+    when the replay was recorded (epoch ms).
 
     Raises:
         NotReplayed: the broker did not confirm the copy (nothing recorded).
