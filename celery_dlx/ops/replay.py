@@ -340,6 +340,7 @@ def _replay_chunk(
 
 
 def _count_from(report: ReplayReport, replayed: Sequence[Obituary]) -> None:
+    """Count, for a redirected replay, the queues the replayed messages died in."""
     if report.to_queue:
         for ob in replayed:
             report.from_queues[ob.queue] = report.from_queues.get(ob.queue, 0) + 1
