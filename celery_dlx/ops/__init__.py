@@ -1,11 +1,8 @@
-"""The operations: plain functions over an app's runtime that return data.
-
-One module per concern (:mod:`~celery_dlx.ops.obituaries`, :mod:`~celery_dlx.ops.replay`,
-:mod:`~celery_dlx.ops.purge`, :mod:`~celery_dlx.ops.inspection`, :mod:`~celery_dlx.ops.checks`,
-:mod:`~celery_dlx.ops.audit`...); the command line and the console are thin layers over them.
-The names below are what a caller of the operations needs beside their functions: the app's
-runtime they all take, the clock, the records they take and return, the obituary statuses, the
-errors a store read may raise and the settings table.
+"""The operations: plain functions over an app's runtime that return data, one module per concern
+(:mod:`~celery_dlx.ops.obituaries`, :mod:`~celery_dlx.ops.replay`, :mod:`~celery_dlx.ops.purge`,
+:mod:`~celery_dlx.ops.checks`...); the command line and the console are thin layers over them.
+The names below are what their callers need beside them: the runtime, the clock, the records
+taken and returned, the obituary statuses, the errors a store read may raise, the settings table.
 
 The optional products, the console (:mod:`celery_dlx.web`), payload editing
 (:mod:`celery_dlx.ops.edit`, :mod:`celery_dlx.codecs.editing`, :mod:`celery_dlx.codecs.fit`) and

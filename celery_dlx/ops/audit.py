@@ -31,13 +31,10 @@ def record_audit(
     """Append ``fields`` to the audit stream and an ``audit`` entry to the failure history.
 
     Args:
-        runtime: the app's runtime.
         fields: the audit stream entry (``at_ms``, ``user``, ``role``, ``action``, ``target``,
             ``params``, ``status``, ``summary``, ``result``, ``job``).
-        queue: the history entry's queue (``*`` for an action on several).
-        cause: the history entry's cause fingerprint ("" for none).
-        message_id: the history entry's message id (``audit:<action>:...``).
-        reason: the history entry's reason, one line saying who did what.
+        queue, cause, message_id, reason: the history entry's (``*`` for an action on several
+            queues, "" for no cause, ``audit:<action>:...``, one line saying who did what).
         at_ms: when the action finished (epoch ms).
 
     Returns:

@@ -9,20 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from celery_dlx.policy.breaker import BREAKER_DEFAULTS
-from celery_dlx.roles import Breakers
 from celery_dlx.wiring.runtime import Runtime
 from celery_dlx.worker.breaker import close_breaker
-
-
-def _breakers(runtime: Runtime) -> Breakers:
-    """The runtime's breakers, seen through their role (what this module may use of them)."""
-    return runtime.breakers
 
 
 def open_breakers(runtime: Runtime) -> list[dict[str, Any]]:
     """The open breakers, oldest first: queue, cause, task, exc_type, opened_ms, probe_ms
     (the next canary's due time) and held (messages held since it opened)."""
-    return [b.as_dict() for b in _breakers(runtime).list_open()]
+    return [b.as_dict() for b in runtime.breakers.list_open()]
 
 
 def close_breakers(runtime: Runtime, cause: str, queue: str | None = None) -> list[dict[str, Any]]:
@@ -30,7 +24,7 @@ def close_breakers(runtime: Runtime, cause: str, queue: str | None = None) -> li
     messages they held at the queue's ``release_rate``; one ``{queue, cause, released}`` per
     breaker closed (none when no such breaker is open)."""
     closed = []
-    for breaker in _breakers(runtime).list_open():
+    for breaker in runtime.breakers.list_open():
         if breaker.cause != cause or (queue is not None and breaker.queue != queue):
             continue
         settings = runtime.config.breaker_for(breaker.queue)

@@ -150,33 +150,6 @@ class ReplayRun:
         return data
 
 
-def history_tail(runtime: Runtime) -> str:
-    """The id of the history stream's last entry (``0-0`` when empty)."""
-    return runtime.history.tail()
-
-
-class FateWatch:
-    """Reads the history entries of one message appended after ``after`` (blocking reads)."""
-
-    def __init__(self, runtime: Runtime, message_id: str, after: str) -> None:
-        self.history = runtime.history
-        self.message_id = message_id
-        self.last = after
-
-    def next_fate(self, block_ms: int) -> str | None:
-        """The first fate of the message appended since the last call, waiting up to ``block_ms``."""
-        for entry_id, fields in self.history.after(self.last, count=1000, block_ms=block_ms):
-            self.last = entry_id
-            if fields.get("message_id") == self.message_id and fields.get("fate") != "replayed":
-                return fields.get("fate")
-        return None
-
-
-def ready_messages(runtime: Runtime, queue: str) -> int | None:
-    """Ready messages in ``queue`` (passive declare), or None when it cannot be read."""
-    return probe.ready_messages(runtime.app, queue)
-
-
 def watch_canary(
     runtime: Runtime,
     ob: Obituary,
@@ -189,7 +162,7 @@ def watch_canary(
 ) -> CanaryResult:
     """Wait for the fate of ``ob``'s replayed message (see the module's docstring); ``queue``:
     where it was replayed to, when not the queue it died in."""
-    watch = FateWatch(runtime, ob.message_id, after)
+    last = after
     start = clock()
     empty_since: float | None = None
     where = queue or ob.queue
@@ -202,7 +175,13 @@ def watch_canary(
         if elapsed >= timeout:
             why = f"no fate within {timeout:g}s (--canary-timeout): is a consumer running?"
             return result("timeout", None, why)
-        fate = watch.next_fate(int(min(500.0, max(1.0, (timeout - elapsed) * 1000))))
+        block_ms = int(min(500.0, max(1.0, (timeout - elapsed) * 1000)))
+        fate = None
+        for entry_id, fields in runtime.history.after(last, count=1000, block_ms=block_ms):
+            last = entry_id
+            if fields.get("message_id") == ob.message_id and fields.get("fate") != "replayed":
+                fate = fields.get("fate")
+                break
         if fate == RECOVERED:
             return result("recovered", fate, "the replayed message ran successfully")
         if fate in FAILURE_FATES:
@@ -212,7 +191,7 @@ def watch_canary(
             continue
         # a foreign consumer records no success: an empty queue and no failure for ``settle``
         if empty_since is None:
-            if ready_messages(runtime, where) == 0:
+            if probe.ready_messages(runtime.app, where) == 0:
                 empty_since = clock()
         elif clock() - empty_since >= settle:
             why = f"taken from {where!r} with no failure within {settle:g}s (--canary-settle)"
@@ -249,16 +228,10 @@ def replay_run(
     run = ReplayRun(targets=len(targets), report=ReplayReport(dry_run=dry_run))
     rest = list(targets)
     if to_queue is not None:
-        run.report.to_queue = check_target_queue(runtime, to_queue)
-        to_queue = run.report.to_queue
+        to_queue = run.report.to_queue = check_target_queue(runtime, to_queue)
     if canary and not dry_run:
-        rest = _canary_first(
-            runtime,
-            run,
-            rest,
-            Canary(keep_attempts, force, canary_timeout, canary_settle, to_queue),
-            progress,
-        )
+        how = Canary(keep_attempts, force, canary_timeout, canary_settle, to_queue)
+        rest = _canary_first(runtime, run, rest, how, progress)
         if run.stopped:
             run.not_replayed = rest
             return run
@@ -298,7 +271,7 @@ def _canary_first(
     """Replay targets one by one until one is actually published, then watch it; the rest."""
     yard = runtime.graveyard
     for i, oid in enumerate(targets):
-        after = history_tail(runtime)
+        after = runtime.history.tail()
         report = replay_targets(
             runtime, [oid], keep_attempts=how.keep_attempts, force=how.force, to_queue=how.to_queue
         )

@@ -24,6 +24,7 @@ Checked, each failure a :class:`Problem` (the command exits non-zero when there 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -165,32 +166,21 @@ def classify_queue(
     name: str, info: Mapping[str, Any] | None, exchange: str, why: str
 ) -> list[Problem]:
     """The problems of one queue that must dead-letter to ``exchange`` (``info``: the API's view)."""
+    queue = f"queue {name!r} ({why})"
     if info is None:
         return [
-            Problem(
-                MISSING_QUEUE,
-                name,
-                f"queue {name!r} ({why}) does not exist: start a worker or declare it",
-            )
+            Problem(MISSING_QUEUE, name, f"{queue} does not exist: start a worker or declare it")
         ]
     target, _ = dead_letter_exchange_of(dict(info))
     if target is None:
-        return [
-            Problem(
-                NO_DLX,
-                name,
-                f"queue {name!r} ({why}) has no dead-letter exchange: failures are dropped; "
-                f"run `celery dlx migrate {name} --policy` (or --rename)",
-            )
-        ]
+        detail = (
+            f"{queue} has no dead-letter exchange: failures are dropped; "
+            f"run `celery dlx migrate {name} --policy` (or --rename)"
+        )
+        return [Problem(NO_DLX, name, detail)]
     if target != exchange:
-        return [
-            Problem(
-                WRONG_DLX,
-                name,
-                f"queue {name!r} ({why}) dead-letters to {target!r}, not dlx_exchange={exchange!r}",
-            )
-        ]
+        detail = f"{queue} dead-letters to {target!r}, not dlx_exchange={exchange!r}"
+        return [Problem(WRONG_DLX, name, detail)]
     return []
 
 
@@ -212,10 +202,8 @@ def find_orphans(
 ) -> list[Problem]:
     """Queues with ready messages and no consumer for longer than ``for_seconds``.
 
-    Args:
-        queues: queues as the management API lists them.
-        now: epoch ms.
-        first_seen: queue -> epoch ms a ``check`` first saw it without consumers.
+    ``queues`` as the management API lists them; ``now`` in epoch ms; ``first_seen``: queue ->
+    epoch ms a ``check`` first saw it without consumers.
     """
     out = []
     for q in queues:
@@ -228,43 +216,33 @@ def find_orphans(
         since = min(evidence)
         if now - since < for_seconds * 1000:
             continue
-        minutes = (now - since) / 60000
-        out.append(
-            Problem(
-                ORPHAN,
-                name,
-                f"queue {name!r} holds {q.get('messages_ready')} ready messages and has had no "
-                f"consumer for {minutes:.0f} min (more than --for {for_seconds:g}s): a consumer "
-                "was moved away (migration, deploy) while producers still publish here",
-            )
+        detail = (
+            f"queue {name!r} holds {q.get('messages_ready')} ready messages and has had no "
+            f"consumer for {(now - since) / 60000:.0f} min (more than --for {for_seconds:g}s): a "
+            "consumer was moved away (migration, deploy) while producers still publish here"
         )
+        out.append(Problem(ORPHAN, name, detail))
     return out
 
 
 def _amqp_checks(app: Celery, config: DLXConfig) -> list[Problem]:
     """The DLX exchange and service queue exist (passive declares)."""
     missing = missing_entities(app, exchanges=[config.exchange], queues=[config.service_queue])
+    exchange, queue = config.exchange, config.service_queue
     problems = []
-    if config.exchange in missing.exchanges:
-        problems.append(
-            Problem(
-                MISSING_EXCHANGE,
-                config.exchange,
-                f"dead-letter exchange {config.exchange!r} (dlx_exchange) is missing "
-                f"({missing.exchanges[config.exchange]}): "
-                "dead letters are dropped; start a worker or the DLX service to declare it",
-            )
+    if exchange in missing.exchanges:
+        detail = (
+            f"dead-letter exchange {exchange!r} (dlx_exchange) is missing "
+            f"({missing.exchanges[exchange]}): "
+            "dead letters are dropped; start a worker or the DLX service to declare it"
         )
-    if config.service_queue in missing.queues:
-        problems.append(
-            Problem(
-                MISSING_QUEUE,
-                config.service_queue,
-                f"DLX service queue {config.service_queue!r} (dlx_service_queue) is missing "
-                f"({missing.queues[config.service_queue]}): "
-                "start the DLX service (`celery dlx service`)",
-            )
+        problems.append(Problem(MISSING_EXCHANGE, exchange, detail))
+    if queue in missing.queues:
+        detail = (
+            f"DLX service queue {queue!r} (dlx_service_queue) is missing "
+            f"({missing.queues[queue]}): start the DLX service (`celery dlx service`)"
         )
+        problems.append(Problem(MISSING_QUEUE, queue, detail))
     return problems
 
 
@@ -272,14 +250,11 @@ def _binding_problem(api: Management, exchange: str, service: str) -> list[Probl
     bindings = api.bindings_between(exchange, service)
     if any(b.get("routing_key") == "#" for b in bindings):
         return []
-    return [
-        Problem(
-            MISSING_BINDING,
-            service,
-            f"DLX service queue {service!r} is not bound to {exchange!r} with '#': dead letters "
-            "are not routed to it; start the DLX service to declare the binding",
-        )
-    ]
+    detail = (
+        f"DLX service queue {service!r} is not bound to {exchange!r} with '#': dead letters "
+        "are not routed to it; start the DLX service to declare the binding"
+    )
+    return [Problem(MISSING_BINDING, service, detail)]
 
 
 def _shared_problems(api: Management, config: DLXConfig) -> list[Problem]:
@@ -305,30 +280,24 @@ def memory_problems(memory: RedisMemory) -> list[Problem]:
     """Redis full (refusing writes, or within :data:`FULL_SHARE` of ``maxmemory``), or set to
     evict keys (parked retries among them)."""
     out = []
-    full = memory.writable is False or (memory.share is not None and memory.share >= FULL_SHARE)
-    if full:
+    node = memory.node or "redis"
+    if memory.writable is False or (memory.share is not None and memory.share >= FULL_SHARE):
         limit = _mb(memory.maxmemory) if memory.maxmemory else "no maxmemory"
         why = f": {memory.refusal}" if memory.refusal else ""
-        out.append(
-            Problem(
-                REDIS_FULL,
-                memory.node or "redis",
-                f"Redis is full ({_mb(memory.used)} used of {limit}; "
-                f"{memory.refused_writes:,} writes refused for memory since it started{why}): "
-                "parks, cause records and burials are refused and dead letters wait in the "
-                "service queue; make room (`celery dlx purge`, a shorter dlx_graveyard_retention) "
-                "or raise maxmemory",
-            )
+        detail = (
+            f"Redis is full ({_mb(memory.used)} used of {limit}; "
+            f"{memory.refused_writes:,} writes refused for memory since it started{why}): "
+            "parks, cause records and burials are refused and dead letters wait in the "
+            "service queue; make room (`celery dlx purge`, a shorter dlx_graveyard_retention) "
+            "or raise maxmemory"
         )
+        out.append(Problem(REDIS_FULL, node, detail))
     if memory.maxmemory and memory.policy not in ("noeviction", ""):
-        out.append(
-            Problem(
-                REDIS_EVICTS,
-                memory.node or "redis",
-                f"maxmemory-policy is {memory.policy}: Redis may evict parked retries and "
-                "obituaries when full (lost messages); set maxmemory-policy noeviction",
-            )
+        detail = (
+            f"maxmemory-policy is {memory.policy}: Redis may evict parked retries and "
+            "obituaries when full (lost messages); set maxmemory-policy noeviction"
         )
+        out.append(Problem(REDIS_EVICTS, node, detail))
     return out
 
 
@@ -338,8 +307,7 @@ def graveyard_problems(used_bytes: int, budget: int | None, memory: RedisMemory)
     and dead letters wait in its queue (parks and drains go on)."""
     # Within FULL_SHARE of the budget the next obituaries no longer fit (a few KB each).
     over_budget = budget is not None and used_bytes >= budget * FULL_SHARE
-    limit = memory.maxmemory * (1 - RESERVE)
-    over_memory = bool(memory.maxmemory) and memory.used > limit
+    over_memory = bool(memory.maxmemory) and memory.used > memory.maxmemory * (1 - RESERVE)
     if not (over_budget or over_memory):
         return []
     why = (
@@ -349,15 +317,12 @@ def graveyard_problems(used_bytes: int, budget: int | None, memory: RedisMemory)
         else f"Redis uses {_mb(memory.used)}, past the {1 - RESERVE:.0%} of maxmemory burials may "
         "take"
     )
-    return [
-        Problem(
-            GRAVEYARD_FULL,
-            "graveyard",
-            f"{why}: the DLX service buries nothing and dead letters wait in its queue (parks "
-            "and drains go on); make room with `celery dlx purge` or a shorter "
-            "dlx_graveyard_retention, or raise the budget",
-        )
-    ]
+    detail = (
+        f"{why}: the DLX service buries nothing and dead letters wait in its queue (parks "
+        "and drains go on); make room with `celery dlx purge` or a shorter "
+        "dlx_graveyard_retention, or raise the budget"
+    )
+    return [Problem(GRAVEYARD_FULL, "graveyard", detail)]
 
 
 def backlog_problems(
@@ -367,14 +332,11 @@ def backlog_problems(
     if not max_backlog or messages <= max_backlog:
         return []
     age = f", the oldest {oldest_age_s:.0f} s old" if oldest_age_s is not None else ""
-    return [
-        Problem(
-            BACKLOG,
-            queue,
-            f"{messages:,} dead letters wait in the DLX service queue{age} (more than "
-            f"--max-backlog {max_backlog:,}): is the DLX service running, and is Redis full?",
-        )
-    ]
+    detail = (
+        f"{messages:,} dead letters wait in the DLX service queue{age} (more than "
+        f"--max-backlog {max_backlog:,}): is the DLX service running, and is Redis full?"
+    )
+    return [Problem(BACKLOG, queue, detail)]
 
 
 def management_of(runtime: Runtime) -> Management | None:
@@ -416,13 +378,8 @@ def _check_redis(runtime: Runtime, report: CheckReport) -> None:
     try:
         memory = runtime.redis_memory(probe=True)
     except Exception as exc:  # reported as a problem, not a traceback
-        report.problems.append(
-            Problem(
-                REDIS_UNREADABLE,
-                "redis",
-                f"Redis (dlx_redis_url) did not answer: {type(exc).__name__}: {exc}",
-            )
-        )
+        detail = f"Redis (dlx_redis_url) did not answer: {type(exc).__name__}: {exc}"
+        report.problems.append(Problem(REDIS_UNREADABLE, "redis", detail))
         return
     report.redis = memory.to_json()
     report.problems.extend(memory_problems(memory))
@@ -450,10 +407,8 @@ def _check_backlog(
     queue = runtime.config.service_queue
     info = None
     if api is not None:
-        try:
+        with contextlib.suppress(ManagementError):
             info = api.queue(queue)
-        except ManagementError:
-            info = None
     oldest: float | None = None
     if info is not None:
         messages = int(str(info.get("messages") or 0))
@@ -482,7 +437,6 @@ def run_check(
     """Check the topology and look for orphan queues (see the module's docstring).
 
     Args:
-        runtime: the app's runtime (its app, settings and Redis).
         api: the management API, or several to try in order (the nodes of a cluster: the
             first that answers is used, named in the report), or None to check over AMQP only
             (no arguments, bindings or orphans: said in the report).

@@ -1,13 +1,10 @@
 """Edit and replay: change a buried message's payload or headers, see the diff, replay the copy.
 
-:func:`plan_edit` builds the edited copy of one obituary without any I/O beyond reading it: the
-payload decoded exactly (JSON, a Celery JSON message, protobuf of its best-fitting registered
-type; pickle and anything else refused), the paths set, the body encoded back, the headers
-changed, and a new message id. :func:`edit` prints nothing: it plans, and with ``replay``
-publishes the copy as :func:`celery_dlx.ops.replay.replay_copy` builds a replay (default
-exchange, fresh attempt budget, ``to_queue`` checked the same way), then records it: the replay
-ledger of the original obituary, a ``replayed`` history entry naming the edit, and an ``edit``
-entry of the audit log (who, when, which paths and headers, the new message id). The original
+:func:`plan_edit` builds the edited copy (the payload decoded exactly: JSON, a Celery JSON
+message, protobuf of its best-fitting registered type; pickle and anything else refused).
+:func:`edit` plans and, with ``replay``, publishes it as a replay
+(:func:`celery_dlx.ops.replay.replay_copy`) and records it: the original obituary's replay
+ledger, a ``replayed`` history entry naming the edit, and an ``edit`` audit entry. The original
 obituary stays in the graveyard.
 
 The edited copy is a new message: a new message id and, for a Celery task, a new task id (the
@@ -134,17 +131,13 @@ class EditReport:
             "new_message_id": p.new_message_id,
             "task_id": p.task_id,
             "payload_replaced": p.replaced_payload,
-            "changes": [_json_change(c) for c in p.changes],
-            "headers": [_json_change(c) for c in p.header_changes],
+            "changes": [c.to_json() for c in p.changes],
+            "headers": [c.to_json() for c in p.header_changes],
             "dry_run": self.dry_run,
             "replayed": self.replayed,
             "at_ms": self.at_ms or None,
             "audit_id": self.audit_id,
         }
-
-
-def _json_change(change: Change) -> dict[str, object]:
-    return change.to_json()
 
 
 def check_header_name(name: str) -> str:
@@ -178,10 +171,9 @@ def plan_edit(
     to_queue: str | None = None,
     new_id: str | None = None,
 ) -> EditPlan:
-    """The edited copy of ``ob`` (pure: nothing read but ``ob``, nothing published).
+    """The edited copy of ``ob``, loaded with its payload (pure: nothing else read or published).
 
     Args:
-        ob: the obituary, with its payload.
         sets: ``(path, value)`` pairs applied to the decoded payload, in order.
         headers: ``(name, value)`` pairs; a value of None removes the header.
         payload: a whole new body (checked to decode as the original's content); ``sets`` are
@@ -453,8 +445,8 @@ def _audit(runtime: Runtime, ob: Obituary, plan: EditPlan, at: int, user: str, r
     result = {
         "new_message_id": plan.new_message_id,
         "task_id": plan.task_id,
-        "changes": [_json_change(c) for c in plan.changes],
-        "headers": [_json_change(c) for c in plan.header_changes],
+        "changes": [c.to_json() for c in plan.changes],
+        "headers": [c.to_json() for c in plan.header_changes],
     }
     what = ", ".join(plan.paths + [f"header {h}" for h in plan.header_names]) or "payload"
     summary = f"edited {what}; replayed as message {plan.new_message_id}"

@@ -1,11 +1,10 @@
 """Launch the Spark exporter of the failure history (the ``celery_dlx_spark`` package) with spark-submit.
 
-The export itself is a PySpark job (see ``spark/README.md``), shipped in the wheel as the top-level
-package ``celery_dlx_spark`` (which never imports Celery or ``celery_dlx``, so the cluster needs
-neither). This launcher finds it with importlib, zips it for ``--py-files`` and writes a two-line
-entry script, both at run time. The job reads the history stream in id
-ranges on the executors, writes Parquet partitioned by day and queue, keeps a checkpoint so reruns
-resume, and recomputes the aggregates and the chart. This module is its launcher, for
+The export is a PySpark job (see ``spark/README.md``) shipped in the wheel as the top-level package
+``celery_dlx_spark``, which never imports Celery or ``celery_dlx``, so the cluster needs neither.
+The job reads the history stream in id ranges on the executors, writes Parquet partitioned by day
+and queue, keeps a checkpoint so reruns resume, and recomputes the aggregates and the chart. This
+launcher zips the package for ``--py-files`` and writes its entry script at run time, for
 ``celery -A proj dlx export`` and for code::
 
     from celery_dlx.ops.export import run_export
@@ -53,36 +52,6 @@ OUTPUT_TAIL = 40
 
 class ExportError(DLXError):
     """The export could not be started or did not finish; the message says why."""
-
-
-class JobSummary(TypedDict, total=False):
-    """The aggregates part of the job's result (when they were recomputed)."""
-
-    chart: str | None
-    totals: dict[str, object]
-    rows: list[dict[str, object]]
-
-
-class JobResult(TypedDict, total=False):
-    """The job's JSON result (its ``result_json`` file), as :meth:`ExportResult.from_dict`
-    reads it."""
-
-    status: str
-    error: str
-    records: int
-    malformed: int
-    malformed_by_reason: dict[str, int]
-    batch: str | None
-    end_id: str | None
-    trimmed: int | None
-    out: str
-    summary: JobSummary
-    checkpoint: dict[str, object]
-    seconds: dict[str, float]
-    records_per_s: float
-    cores: int
-    master: str
-    app_id: str
 
 
 class SparkOptions(TypedDict, total=False):
@@ -154,9 +123,9 @@ class ExportResult:
         return self.status == "exported"
 
     @classmethod
-    def from_dict(cls, data: JobResult, command: Sequence[str] = ()) -> ExportResult:
-        """Build a result from the job's JSON result."""
-        summary: JobSummary = data.get("summary") or {}
+    def from_dict(cls, data: Mapping[str, Any], command: Sequence[str] = ()) -> ExportResult:
+        """Build a result from the job's JSON result (its ``result_json`` file)."""
+        summary = data.get("summary") or {}
         trimmed = data.get("trimmed")
         return cls(
             status=str(data["status"]),
@@ -244,15 +213,12 @@ def find_spark_submit(spark_submit: str | None = None) -> str:
     """
     if spark_submit:
         return spark_submit
-    candidates = []
-    if os.environ.get("SPARK_HOME"):
-        candidates.append(Path(os.environ["SPARK_HOME"]) / "bin" / "spark-submit")
-    candidates.append(Path(sys.executable).parent / "spark-submit")
-    for candidate in candidates:
+    home = os.environ.get("SPARK_HOME")
+    candidates = [Path(home) / "bin" / "spark-submit"] if home else []
+    for candidate in [*candidates, Path(sys.executable).parent / "spark-submit"]:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
-    found = shutil.which("spark-submit")
-    if found:
+    if found := shutil.which("spark-submit"):
         return found
     raise ExportError(
         "spark-submit not found: install the spark extra (pip install 'celery-dlx[spark]'), "
@@ -272,13 +238,9 @@ def _job_args(options: Mapping[str, Any]) -> list[str]:
     """Job arguments for the options that differ from the job's defaults."""
     args: list[str] = []
     for name, value in options.items():
-        flag = "--" + name.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            args.append(flag)
-        else:
-            args.extend([flag, str(value)])
+        if value is not None and value is not False:
+            flag = "--" + name.replace("_", "-")
+            args += [flag] if value is True else [flag, str(value)]
     return args
 
 
@@ -394,11 +356,10 @@ def _run(
     )
     assert process.stdout is not None and process.stderr is not None
     pumps = [
-        threading.Thread(target=_pump, args=(process.stdout, sys.stdout if echo else None, tail)),
-        threading.Thread(target=_pump, args=(process.stderr, sys.stderr if echo else None, tail)),
+        threading.Thread(target=_pump, args=(source, sink if echo else None, tail), daemon=True)
+        for source, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))
     ]
     for pump in pumps:
-        pump.daemon = True
         pump.start()
     try:
         code = process.wait(timeout=timeout)
@@ -432,10 +393,8 @@ def run_export(
     Args:
         app: a Celery app whose ``dlx_redis_url`` and ``dlx_key_prefix`` are used when
             ``redis_url``/``key_prefix`` are not given (not needed with ``snapshot``).
-        out, redis_url, key_prefix, snapshot, master, trim: see
-            :func:`build_spark_submit_command`, like the other keyword ``options``
-            (``ranges``, ``page_size``, ``aggregates``, ``mirror``, ``top_causes``,
-            ``summary_rows``, ``chart_days``, ``quiet``, ``conf``, ``spark_submit``, ``job``).
+        out, redis_url, key_prefix, snapshot, master, trim, options: see
+            :func:`build_spark_submit_command`.
         echo: show the job's progress and summary on this process's stdout/stderr.
         timeout: seconds before the job is killed (None: no limit).
         env: environment of the job (default: this process's, with ``PYSPARK_PYTHON`` set to
@@ -493,11 +452,7 @@ def dump_snapshot(
     page: int = 10000,
 ) -> int:
     """Write the history stream (entries after ``after``, or all) to a JSON-lines snapshot the
-    exporter reads with ``snapshot=``: one object per line, ``id`` plus the entry's fields.
-
-    ``history`` is the app's history role (``get_runtime(app).history``).
-
-    Returns:
-        the number of entries written.
-    """
+    exporter reads with ``snapshot=``: one object per line, ``id`` plus the entry's fields;
+    ``history`` is the app's history role (``get_runtime(app).history``). Returns how many
+    entries were written."""
     return history.dump(os.fspath(path), after=after, page=page)

@@ -7,15 +7,18 @@ JSON-safe dicts; the command line prints them as tables or as JSON. Payloads are
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from celery_dlx.codecs import Decoded, ProtobufRegistry, decode_payload, registry_from_config
-from celery_dlx.fates import now_ms
+from celery_dlx.fates import PURGED, FateEvent, now_ms
+from celery_dlx.message.failure import Failure
 from celery_dlx.message.graveyard import Group, When
 from celery_dlx.message.obituary import Obituary
-from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.ops import deploys, obituaries
+from celery_dlx.ops.ladders import ladder_depths
 from celery_dlx.ops.render import iso, preview
 from celery_dlx.wiring.runtime import Runtime
 
@@ -382,7 +385,7 @@ def groups_data(runtime: Runtime, *, new_since: str | None = None) -> GroupList:
         UnknownVersion: ``new_since`` was never seen in this graveyard.
     """
     found = obituaries.groups(runtime)
-    first_seen = obituaries.version_times(runtime)
+    first_seen = runtime.graveyard.version_times()
     if new_since is not None:
         found = deploys.new_since(found, first_seen, new_since)
     rows = [group_row(g) for g in found]
@@ -429,7 +432,7 @@ def parked_data(runtime: Runtime, *, limit: int = 50, at_ms: int | None = None) 
         "count": runtime.parking.count(),
         "due_now": runtime.parking.due_count(now),
         "messages": messages,
-        "ladder": ladder_rows(runtime),
+        "ladder": ladder_depths(runtime) if runtime.config.delay_backend == "ttl" else None,
     }
 
 
@@ -439,11 +442,6 @@ def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> PurgeReport:
     Each purged retry is recorded in the failure history as ``purged``, with its whole record
     (headers, properties, base64 body) under ``obituary``, so nothing is silently lost.
     """
-    import base64
-
-    from celery_dlx.fates import PURGED, FateEvent
-    from celery_dlx.message.failure import Failure
-
     parking = runtime.parking
     purged: list[str] = []
     missing: list[str] = []
@@ -452,7 +450,7 @@ def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> PurgeReport:
         if message is None or not parking.remove([entry_id]):
             missing.append(entry_id)
             continue
-        record = json_safe_parked(message)
+        record: dict[str, object] = json.loads(message.meta_json())
         record["body_b64"] = base64.b64encode(message.body).decode("ascii")
         failure = Failure(
             task=message.task,
@@ -466,27 +464,6 @@ def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> PurgeReport:
         runtime.record(FateEvent.of(PURGED, failure, extra={"obituary": record}))
         purged.append(entry_id)
     return {"purged": purged, "missing": missing}
-
-
-def json_safe_parked(message: ParkedMessage) -> dict[str, object]:
-    """A parked retry's metadata as JSON-safe data."""
-    import json
-
-    data: dict[str, object] = json.loads(message.meta_json())
-    return data
-
-
-def ladder_rows(runtime: Runtime) -> list[dict[str, object]] | None:
-    """Messages waiting in the TTL delay queues (``dlx_delay_backend = "ttl"``), else None.
-
-    Rows of :func:`celery_dlx.ops.ladders.ladder_depths`: ``queue``, ``delay_queue``,
-    ``delay_seconds``, ``messages`` (ready), ``consumers``.
-    """
-    if runtime.config.delay_backend != "ttl":
-        return None
-    from celery_dlx.ops.ladders import ladder_depths
-
-    return ladder_depths(runtime)
 
 
 def stats_data(runtime: Runtime, *, window_s: float = 3600.0, at_ms: int | None = None) -> Stats:

@@ -10,20 +10,12 @@ from celery_dlx.policy.durations import ladder_ms
 from celery_dlx.wiring.runtime import Runtime
 
 
-def ladder_queues(runtime: Runtime) -> list[str]:
-    """Work queues whose ladders :func:`ladder_depths` looks at: the app's queues and
-    ``dlx_queues``, sorted."""
-    names = set(runtime.config.queues)
-    names.update(str(name) for name in runtime.app.amqp.queues)
-    return sorted(names)
-
-
 def ladder_depths(runtime: Runtime, queues: Iterable[str] | None = None) -> list[dict[str, object]]:
     """Messages waiting in each existing delay queue of the ladder (``celery dlx parked``).
 
-    Looks at every step of ``dlx_ttl_ladder`` for ``queues`` (default :func:`ladder_queues`)
-    with passive declares; delay queues that do not exist are left out. A passive declare
-    counts as a use of the queue: it re-arms the queue's ``x-expires``.
+    Looks at every step of ``dlx_ttl_ladder`` for ``queues`` (default: the app's queues and
+    ``dlx_queues``) with passive declares; delay queues that do not exist are left out. A
+    passive declare counts as a use of the queue: it re-arms the queue's ``x-expires``.
 
     Returns:
         One row per existing delay queue, by work queue then delay: ``queue`` (the work queue),
@@ -34,7 +26,9 @@ def ladder_depths(runtime: Runtime, queues: Iterable[str] | None = None) -> list
         kombu/amqp connection errors: the broker is unreachable.
     """
     steps = ladder_ms(runtime.config.ttl_ladder)
-    names = sorted(set(queues)) if queues is not None else ladder_queues(runtime)
+    if queues is None:
+        queues = [*runtime.config.queues, *(str(name) for name in runtime.app.amqp.queues)]
+    names = sorted(set(queues))
     ladder = [(queue, step, delay_queue_name(queue, step)) for queue in names for step in steps]
     counts = queue_counts(runtime.app, [name for _, _, name in ladder])
     return [

@@ -18,9 +18,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from celery_dlx.broker import moving
@@ -38,8 +37,6 @@ logger = logging.getLogger(__name__)
 
 #: What a policy may apply to for it to be in effect on a queue.
 _QUEUE_TARGETS = ("queues", "all", "classic_queues", "quorum_queues")
-#: Policy keys that route dead letters; a policy already setting another exchange is a conflict.
-DLX_KEYS = ("dead-letter-exchange", "dead-letter-routing-key")
 
 
 class MigrationError(DLXError):
@@ -85,16 +82,7 @@ class PolicyPlan:
     reason: str = ""
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "pattern": self.pattern,
-            "definition": self.definition,
-            "priority": self.priority,
-            "apply_to": self.apply_to,
-            "merged_from": self.merged_from,
-            "needed": self.needed,
-            "reason": self.reason,
-        }
+        return {k: v for k, v in asdict(self).items() if k != "queue"}
 
 
 def plan_policy(
@@ -253,38 +241,6 @@ def plan_rename(
     )
 
 
-def move_messages(
-    connection: Any,
-    source: str,
-    target: str,
-    *,
-    batch: int = 200,
-    progress: Callable[[int], None] | None = None,
-    limit: int | None = None,
-) -> int:
-    """Move the ready messages of ``source`` to ``target`` with confirms
-    (:func:`celery_dlx.broker.moving.move_messages`).
-
-    Returns:
-        How many messages were moved.
-
-    Raises:
-        MigrationError: the broker did not confirm a batch (the rest stays on ``source``).
-    """
-    with _refusal_stops_migration():
-        return moving.move_messages(
-            connection, source, target, batch=batch, progress=progress, limit=limit
-        )
-
-
-@contextmanager
-def _refusal_stops_migration() -> Iterator[None]:
-    try:
-        yield
-    except moving.MoveRefused as exc:
-        raise MigrationError(str(exc)) from exc
-
-
 def migrate_rename(
     runtime: Runtime,
     api: Management | None,
@@ -301,7 +257,6 @@ def migrate_rename(
     messages; the old queue stays (unbound) for consumers and producers to be cut over.
 
     Args:
-        runtime: the app's runtime (settings and broker connection).
         api: the management API (needed to read the old queue's bindings and arguments).
         copy_bindings: bind the new queue like the old one (exchange producers switch at once).
         unbind_old: then remove those bindings from the old queue (no more new messages there
@@ -354,10 +309,12 @@ def migrate_rename(
     logger.info(
         "queue %s declared with dead-letter exchange %s; moving %s", new, config.exchange, queue
     )
-    with _refusal_stops_migration():
+    try:
         result["moved"], result["left"] = moving.move_queue(
             runtime.app, queue, new, batch=batch, progress=progress
         )
+    except moving.MoveRefused as exc:
+        raise MigrationError(str(exc)) from exc
     return result
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
@@ -17,11 +16,8 @@ from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.status import STATUSES
 from celery_dlx.wiring.runtime import Runtime
 
-if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
-    from celery_dlx.roles import Graveyard
 
-
-def to_ms(value: When | None, *, now: int | None = None) -> int | None:
+def to_ms(value: When | None) -> int | None:
     """Epoch milliseconds of a ``since``/``until`` value.
 
     Raises:
@@ -32,7 +28,7 @@ def to_ms(value: When | None, *, now: int | None = None) -> int | None:
     if isinstance(value, datetime):
         return int(value.timestamp() * 1000)
     if isinstance(value, timedelta):
-        return (now_ms() if now is None else now) - int(value.total_seconds() * 1000)
+        return now_ms() - int(value.total_seconds() * 1000)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return int(value * 1000)
     raise DLXError(f"since/until must be a datetime, a timedelta or epoch seconds, got {value!r}")
@@ -60,14 +56,25 @@ def make_filters(
     return Filters(queue, task, cause, message_id, to_ms(since), to_ms(until), chosen)
 
 
-def targets(
-    runtime: Runtime, ids: Sequence[str] | None, filters: Filters, everything: bool, what: str
+def resolve_targets(
+    runtime: Runtime,
+    ids: Sequence[str] | None = None,
+    *,
+    queue: str | None = None,
+    task: str | None = None,
+    cause: str | None = None,
+    since: When | None = None,
+    until: When | None = None,
+    everything: bool = False,
+    what: str = "replay",
 ) -> list[str]:
-    """Obituary ids an operation acts on: the given ids, else every match of ``filters``.
+    """Obituary ids to act on: ``ids`` as given (deduplicated), else the filters' matches, oldest
+    first; ``what`` names the operation in the error.
 
     Raises:
-        DLXError: neither ids nor a filter (without ``everything``).
+        DLXError: neither ids nor a filter, without ``everything``.
     """
+    filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
     if ids:
         return list(dict.fromkeys(ids))
     if filters.empty() and not everything:
@@ -75,11 +82,7 @@ def targets(
             f"{what} needs obituary ids or a filter (--queue, --task, --cause/--group, --since), "
             "or --all (everything=True)"
         )
-    return _graveyard(runtime).ids(filters, limit=None, oldest_first=True)
-
-
-def _graveyard(runtime: Runtime) -> Graveyard:
-    return runtime.graveyard
+    return runtime.graveyard.ids(filters, limit=None, oldest_first=True)
 
 
 def list_obituaries(
@@ -99,7 +102,6 @@ def list_obituaries(
     """Obituaries matching every given filter, newest first, without consuming anything.
 
     Args:
-        runtime: the app's :class:`~celery_dlx.wiring.runtime.Runtime`.
         queue, task, cause, message_id: exact matches.
         since, until: burial time bounds (datetime, timedelta ago, or epoch seconds).
         limit: most obituaries returned (None: all).
@@ -116,7 +118,7 @@ def list_obituaries(
         until=until,
         status=status,
     )
-    yard = _graveyard(runtime)
+    yard = runtime.graveyard
     ids = yard.ids(filters, limit=limit, oldest_first=oldest_first)
     out: list[Obituary] = []
     for chunk in chunks(ids, CHUNK):
@@ -126,31 +128,24 @@ def list_obituaries(
 
 def get_obituary(runtime: Runtime, ident: str, *, with_payload: bool = True) -> Obituary | None:
     """One obituary by its id, or the latest obituary of a message id; None if there is none."""
-    yard = _graveyard(runtime)
+    yard = runtime.graveyard
     found = yard.load([ident], with_payload=with_payload)[0]
     if found is not None:
         return found
     latest = yard.latest_of_message(ident)
-    if latest is None:
-        return None
-    return yard.load([latest], with_payload=with_payload)[0]
+    return None if latest is None else yard.load([latest], with_payload=with_payload)[0]
 
 
 def groups(runtime: Runtime) -> list[Group]:
     """The graveyard grouped by cause fingerprint, most recently seen first."""
-    return _graveyard(runtime).groups()
-
-
-def version_times(runtime: Runtime) -> dict[str, int]:
-    """Every code version seen in the graveyard -> when it was first seen (ms)."""
-    return _graveyard(runtime).version_times()
+    return runtime.graveyard.groups()
 
 
 def queues(runtime: Runtime) -> list[tuple[str, int, int]]:
     """``(queue, obituaries, last burial ms)`` for every queue with obituaries."""
-    return _graveyard(runtime).names("queue")
+    return runtime.graveyard.names("queue")
 
 
 def count(runtime: Runtime) -> int:
     """How many obituaries the graveyard holds."""
-    return _graveyard(runtime).count()
+    return runtime.graveyard.count()

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TypedDict
+from dataclasses import asdict, dataclass, field
+from typing import TypedDict, cast
 
 from celery_dlx.errors import DLXError
 from celery_dlx.fates import now_ms
@@ -57,14 +57,7 @@ class ParkedActionReport:
     obituaries: list[str] = field(default_factory=list)
 
     def as_dict(self) -> ParkedActionJSON:
-        return {
-            "action": self.action,
-            "dry_run": self.dry_run,
-            "done": list(self.done),
-            "claimed": list(self.claimed),
-            "missing": list(self.missing),
-            "obituaries": list(self.obituaries),
-        }
+        return cast(ParkedActionJSON, asdict(self))
 
 
 def _targets(
@@ -125,16 +118,11 @@ def retry_now(
         DLXError: neither ids nor a cause, or both.
     """
     now = now_ms()
-    return _act(
-        runtime,
-        "retry-now",
-        entry_ids,
-        cause,
-        by,
-        dry_run,
-        audit,
-        lambda target, _: runtime.store.make_due(target, now),
-    )
+
+    def make_due(target: ParkedMessage, _: ParkedActionReport) -> bool:
+        return runtime.store.make_due(target, now)
+
+    return _act(runtime, "retry-now", entry_ids, cause, by, dry_run, audit, make_due)
 
 
 def bury_now(

@@ -8,8 +8,7 @@ from typing import TypedDict
 
 from celery_dlx.fates import PURGED
 from celery_dlx.message.graveyard import CHUNK, When
-from celery_dlx.ops import obituaries
-from celery_dlx.ops.obituaries import make_filters
+from celery_dlx.ops.obituaries import resolve_targets
 from celery_dlx.wiring.retention import remove_all
 from celery_dlx.wiring.runtime import Runtime
 
@@ -67,12 +66,18 @@ def purge(
     Raises:
         DLXError: neither ids nor a filter (without ``everything``).
     """
-    filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
-    targets = obituaries.targets(runtime, ids, filters, everything, "purge")
-    removed, missing = remove_all(
-        runtime, targets, PURGED, "purged by operator", dry_run, keep_whole=keep_whole
+    targets = resolve_targets(
+        runtime,
+        ids,
+        queue=queue,
+        task=task,
+        cause=cause,
+        since=since,
+        until=until,
+        everything=everything,
+        what="purge",
     )
-    return PurgeReport(purged=removed, missing=missing, dry_run=dry_run, targets=len(targets))
+    return purge_targets(runtime, targets, dry_run=dry_run, keep_whole=keep_whole)
 
 
 def purge_targets(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from celery_dlx.broker import probe
 from celery_dlx.broker.errors import BROKER_ERRORS
@@ -29,13 +28,9 @@ from celery_dlx.message.headers import clean_headers
 from celery_dlx.message.names import OWN_HEADERS, QUEUE_HEADER, REPLAYED_HEADER
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.outgoing import Outgoing, copy_properties
-from celery_dlx.ops import obituaries
-from celery_dlx.ops.obituaries import make_filters
+from celery_dlx.ops.obituaries import resolve_targets as resolve_targets  # public here too
 from celery_dlx.ops.render import iso
 from celery_dlx.wiring.runtime import Runtime
-
-if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
-    from celery_dlx.roles import Graveyard
 
 
 @dataclass
@@ -117,11 +112,17 @@ def _replayed_event(
     if to_queue:
         reason += f" to queue {to_queue} (died in {ob.queue})"
         extra.update(from_queue=ob.queue, to_queue=to_queue)
+    return _event(ob, reason, extra, at, ob.attempt if keep_attempts else 0)
+
+
+def _event(
+    ob: Obituary, reason: str, extra: dict[str, object], at: int, attempt: int = 0
+) -> FateEvent:
     failure = Failure(
         task=ob.task,
         queue=ob.queue,
         message_id=ob.message_id,
-        attempt=ob.attempt if keep_attempts else 0,
+        attempt=attempt,
         cause=ob.cause,
         exc_type=ob.exc_type,
         reason=reason,
@@ -129,11 +130,29 @@ def _replayed_event(
         first_failure_ms=ob.first_failure_ms,
         at_ms=at,
     )
-    return FateEvent.of(
-        REPLAYED,
-        failure,
-        extra=extra,
-    )
+    return FateEvent.of(REPLAYED, failure, extra=extra)
+
+
+def _publish(runtime: Runtime, obs: Sequence[Obituary], copies: list[Outgoing]) -> list[bool]:
+    """Publish ``copies`` of ``obs`` with confirms. The obituaries are marked replayed before
+    the publish and unmarked when their copy is not confirmed, so two replays of one never run
+    at once.
+
+    Raises:
+        the broker's errors (every obituary unmarked, the publisher reset).
+    """
+    yard = runtime.graveyard
+    marked = yard.mark_replayed([ob.id for ob in obs], now_ms())
+    try:
+        results = runtime.publisher.publish_many(copies)
+    except BROKER_ERRORS:
+        runtime.reset_publisher()
+        yard.unmark_replayed(marked, now_ms())
+        raise
+    refused = {ob.id for ob, ok in zip(obs, results, strict=True) if not ok}
+    if refused:
+        yard.unmark_replayed([oid for oid in marked if oid in refused], now_ms())
+    return list(results)
 
 
 class NotReplayed(DLXError):
@@ -155,55 +174,32 @@ def replay_one(
     extra: dict[str, object],
 ) -> int:
     """Publish ``copy`` of obituary ``ob`` (a copy :func:`replay_copy` made, then changed) as
-    its replay, with a confirm, and record it: the ledger's replay and a ``replayed`` history
-    entry with ``reason`` and ``extra`` and a fresh attempt budget.
-
-    The obituary is marked replayed before the publish and unmarked when the copy is not
-    confirmed, so two replays of it never run at once.
-
-    Returns:
-        When the replay was recorded (epoch ms).
+    its replay, with a confirm (see :func:`_publish`), and record it: the ledger's replay and a
+    ``replayed`` history entry with ``reason``, ``extra`` and a fresh attempt budget. Returns
+    when the replay was recorded (epoch ms).
 
     Raises:
         NotReplayed: the broker did not confirm the copy (nothing recorded).
     """
-    yard = runtime.graveyard
-    marked = yard.mark_replayed([ob.id], now_ms())
     try:
-        confirmed = runtime.publisher.publish_many([copy])
+        confirmed = _publish(runtime, [ob], [copy])
     except BROKER_ERRORS as exc:
-        runtime.reset_publisher()
-        yard.unmark_replayed(marked, now_ms())
         raise NotReplayed(f"not confirmed ({exc})", refused=False) from exc
     if not all(confirmed):
-        yard.unmark_replayed(marked, now_ms())
         raise NotReplayed("the broker refused it", refused=True)
     at = now_ms()
-    yard.add_replays([(ob.id, at)], to_queue=to_queue or "")
-    failure = Failure(
-        task=ob.task,
-        queue=ob.queue,
-        message_id=ob.message_id,
-        attempt=0,
-        cause=ob.cause,
-        exc_type=ob.exc_type,
-        reason=reason,
-        importance=ob.importance,
-        first_failure_ms=ob.first_failure_ms,
-        at_ms=at,
-    )
-    runtime.record(FateEvent.of(REPLAYED, failure, extra=extra))
+    runtime.graveyard.add_replays([(ob.id, at)], to_queue=to_queue or "")
+    runtime.record(_event(ob, reason, extra, at))
     return at
 
 
 class _Pacer:
     """Spaces operations to at most ``rate`` per second (None: no limit)."""
 
-    def __init__(self, rate: float | None, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, rate: float | None) -> None:
         if rate is not None and rate <= 0:
             raise DLXError(f"replay rate must be a positive number per second, got {rate}")
         self.rate = rate
-        self.sleep = sleep
         self.start = time.monotonic()
         self.done = 0
 
@@ -211,7 +207,7 @@ class _Pacer:
         if self.rate is not None:
             ahead = self.start + self.done / self.rate - time.monotonic()
             if ahead > 0:
-                self.sleep(ahead)
+                time.sleep(ahead)
         self.done += n
 
     def chunk(self) -> int:
@@ -241,7 +237,6 @@ def replay(
     ``force``. The obituary stays in the graveyard; a ``replayed`` fate is recorded.
 
     Args:
-        runtime: the app's runtime (its publisher and Redis are used).
         ids: obituary ids; otherwise the filters (``cause`` replays one group) select them.
         everything: allow replaying the whole graveyard when neither ids nor filters are given.
         rate: most replays per second (None: as fast as the broker confirms).
@@ -259,8 +254,17 @@ def replay(
     _Pacer(rate)  # a bad rate is refused before anything else
     if to_queue is not None:
         to_queue = check_target_queue(runtime, to_queue)
-    filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
-    targets = obituaries.targets(runtime, ids, filters, everything, "replay")
+    targets = resolve_targets(
+        runtime,
+        ids,
+        queue=queue,
+        task=task,
+        cause=cause,
+        since=since,
+        until=until,
+        everything=everything,
+        what="replay",
+    )
     return replay_targets(
         runtime,
         targets,
@@ -305,40 +309,30 @@ def replay_targets(
             _count_from(report, todo)
         elif todo:
             pacer.wait(len(todo))
-            _replay_chunk(runtime, yard, todo, keep_attempts, force, report)
+            _replay_chunk(runtime, todo, keep_attempts, force, report)
         if progress is not None:
             progress(len(chunk))
     return report
 
 
 def _replay_chunk(
-    runtime: Runtime,
-    yard: Graveyard,
-    todo: list[Obituary],
-    keep_attempts: bool,
-    force: bool,
-    report: ReplayReport,
+    runtime: Runtime, todo: list[Obituary], keep_attempts: bool, force: bool, report: ReplayReport
 ) -> None:
     to = report.to_queue
     copies = [replay_copy(ob, keep_attempts=keep_attempts, to_queue=to) for ob in todo]
-    marked = yard.mark_replayed([ob.id for ob in todo], now_ms())
     try:
-        results = runtime.publisher.publish_many(copies)
+        results = _publish(runtime, todo, copies)
     except BROKER_ERRORS as exc:
-        runtime.reset_publisher()
-        yard.unmark_replayed(marked, now_ms())
         report.failed.extend((ob.id, f"not confirmed: {exc}") for ob in todo)
         return
     at = now_ms()
     done = [ob for ob, ok in zip(todo, results, strict=True) if ok]
-    refused = {ob.id for ob, ok in zip(todo, results, strict=True) if not ok}
-    yard.unmark_replayed([oid for oid in marked if oid in refused], at)
     report.failed.extend(
         (ob.id, f"broker refused it: queue {(to or ob.queue)!r} missing?")
         for ob, ok in zip(todo, results, strict=True)
         if not ok
     )
-    yard.add_replays([(ob.id, at) for ob in done], to_queue=to or "")
+    runtime.graveyard.add_replays([(ob.id, at) for ob in done], to_queue=to or "")
     for ob in done:
         runtime.record(_replayed_event(ob, keep_attempts, force, at, to))
         report.replayed.append(ob.id)
@@ -350,25 +344,3 @@ def _count_from(report: ReplayReport, replayed: Sequence[Obituary]) -> None:
     if report.to_queue:
         for ob in replayed:
             report.from_queues[ob.queue] = report.from_queues.get(ob.queue, 0) + 1
-
-
-def resolve_targets(
-    runtime: Runtime,
-    ids: Sequence[str] | None = None,
-    *,
-    queue: str | None = None,
-    task: str | None = None,
-    cause: str | None = None,
-    since: When | None = None,
-    until: When | None = None,
-    everything: bool = False,
-    what: str = "replay",
-) -> list[str]:
-    """Obituary ids to act on: ``ids`` as given (deduplicated), else the filters' matches, oldest
-    first.
-
-    Raises:
-        DLXError: neither ids nor a filter, without ``everything``.
-    """
-    filters = make_filters(queue=queue, task=task, cause=cause, since=since, until=until)
-    return obituaries.targets(runtime, ids, filters, everything, what)
