@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from celery_dlx.message.dictinit import dict_init
+
+T = TypeVar("T")
 
 
 @dict_init
@@ -85,113 +87,42 @@ def split_facts(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, An
     return facts, rest
 
 
-class FailureFacts:
-    """Read (and, on a mutable holder, replace) the fields of the ``failure`` a holder carries.
+class _Fact(Generic[T]):
+    """A field of the holder's ``failure``, read as the holder's; setting it (on a mutable holder)
+    replaces the frozen failure with a copy."""
 
-    The holder declares ``failure: Failure``; setting a field replaces the frozen failure with a
-    copy (a frozen holder, being frozen, cannot be assigned to).
-    """
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, holder: FailureFacts | None, owner: type | None = None) -> T:
+        if holder is None:
+            return self  # type: ignore[return-value]
+        return getattr(holder.failure, self.name)  # type: ignore[no-any-return]
+
+    def __set__(self, holder: FailureFacts, value: T) -> None:
+        holder.failure = holder.failure.but(**{self.name: value})
+
+
+class FailureFacts:
+    """Read (and, on a mutable holder, replace) the fields of the ``failure`` a holder carries."""
 
     failure: Failure
 
     def _set(self, **change: Any) -> None:
         self.failure = self.failure.but(**change)
 
-    @property
-    def task(self) -> str | None:
-        return self.failure.task
-
-    @task.setter
-    def task(self, value: str | None) -> None:
-        self._set(task=value)
-
-    @property
-    def queue(self) -> str:
-        return self.failure.queue
-
-    @queue.setter
-    def queue(self, value: str) -> None:
-        self._set(queue=value)
-
-    @property
-    def message_id(self) -> str:
-        return self.failure.message_id
-
-    @message_id.setter
-    def message_id(self, value: str) -> None:
-        self._set(message_id=value)
-
-    @property
-    def cause(self) -> str:
-        return self.failure.cause
-
-    @cause.setter
-    def cause(self, value: str) -> None:
-        self._set(cause=value)
-
-    @property
-    def exc_type(self) -> str:
-        return self.failure.exc_type
-
-    @exc_type.setter
-    def exc_type(self, value: str) -> None:
-        self._set(exc_type=value)
-
-    @property
-    def exc_message(self) -> str:
-        return self.failure.exc_message
-
-    @exc_message.setter
-    def exc_message(self, value: str) -> None:
-        self._set(exc_message=value)
-
-    @property
-    def reason(self) -> str:
-        return self.failure.reason
-
-    @reason.setter
-    def reason(self, value: str) -> None:
-        self._set(reason=value)
-
-    @property
-    def importance(self) -> str:
-        return self.failure.importance
-
-    @importance.setter
-    def importance(self, value: str) -> None:
-        self._set(importance=value)
-
-    @property
-    def traceback(self) -> str:
-        return self.failure.traceback
-
-    @traceback.setter
-    def traceback(self, value: str) -> None:
-        self._set(traceback=value)
-
-    @property
-    def first_failure_ms(self) -> int | None:
-        return self.failure.first_failure_ms
-
-    @first_failure_ms.setter
-    def first_failure_ms(self, value: int | None) -> None:
-        self._set(first_failure_ms=value)
-
-    @property
-    def hostname(self) -> str | None:
-        return self.failure.hostname
-
-    @hostname.setter
-    def hostname(self, value: str | None) -> None:
-        self._set(hostname=value)
-
-    @property
-    def code_version(self) -> str | None:
-        return self.failure.code_version
-
-    @code_version.setter
-    def code_version(self, value: str | None) -> None:
-        self._set(code_version=value)
+    task: _Fact[str | None] = _Fact()
+    queue: _Fact[str] = _Fact()
+    message_id: _Fact[str] = _Fact()
+    cause: _Fact[str] = _Fact()
+    exc_type: _Fact[str] = _Fact()
+    exc_message: _Fact[str] = _Fact()
+    reason: _Fact[str] = _Fact()
+    importance: _Fact[str] = _Fact()
+    traceback: _Fact[str] = _Fact()
+    first_failure_ms: _Fact[int | None] = _Fact()
+    hostname: _Fact[str | None] = _Fact()
+    code_version: _Fact[str | None] = _Fact()
 
 
 class KnownAttempt(FailureFacts):
