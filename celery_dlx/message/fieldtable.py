@@ -119,20 +119,22 @@ def _fixed(fmt: str, size: int) -> _Reader:
     return read
 
 
-def _long_string(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+def _sized(buf: Buffer, offset: int, end: int) -> tuple[int, int]:
+    """``(start, stop)`` of the content of a field whose 32-bit length is at ``offset``."""
     _need(buf, offset, 4, end)
     (size,) = unpack_from(">I", buf, offset)
-    offset += 4
-    _need(buf, offset, size, end)
-    return _text(buf[offset : offset + size]), offset + size
+    _need(buf, offset + 4, size, end)
+    return offset + 4, offset + 4 + size
+
+
+def _long_string(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
+    start, stop = _sized(buf, offset, end)
+    return _text(buf[start:stop]), stop
 
 
 def _byte_array(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    _need(buf, offset, 4, end)
-    (size,) = unpack_from(">I", buf, offset)
-    offset += 4
-    _need(buf, offset, size, end)
-    return bytes(buf[offset : offset + size]), offset + size
+    start, stop = _sized(buf, offset, end)
+    return bytes(buf[start:stop]), stop
 
 
 def _decimal(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
@@ -156,19 +158,12 @@ def _void(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
 
 
 def _table(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    _need(buf, offset, 4, end)
-    (size,) = unpack_from(">I", buf, offset)
-    offset += 4
-    _need(buf, offset, size, end)
-    return _entries_value(buf, offset, offset + size, depth + 1), offset + size
+    start, stop = _sized(buf, offset, end)
+    return _entries_value(buf, start, stop, depth + 1), stop
 
 
 def _array(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    _need(buf, offset, 4, end)
-    (size,) = unpack_from(">I", buf, offset)
-    offset += 4
-    _need(buf, offset, size, end)
-    limit = offset + size
+    offset, limit = _sized(buf, offset, end)
     if depth + 1 > MAX_DEPTH:
         raise FieldTableError(f"tables and arrays nested deeper than {MAX_DEPTH}")
     items = []
@@ -357,11 +352,8 @@ def read_properties(buf: Buffer, offset: int = 0) -> dict[str, object]:
                 props[name] = unpack_from(">Q", buf, offset)[0]
                 offset += 8
             else:
-                _need(buf, offset, 4, end)
-                (size,) = unpack_from(">I", buf, offset)
-                _need(buf, offset + 4, size, end)
-                content = bytes(buf[offset + 4 : offset + 4 + size])
-                offset += 4 + size
+                start_table, offset = _sized(buf, offset, end)
+                content = bytes(buf[start_table:offset])
                 try:
                     props[name] = read_table(content)
                 except FieldTableError as exc:

@@ -43,37 +43,29 @@ class Attempt:
 class Obituary(KnownAttempt):
     """The record of one buried message.
 
-    Its :class:`Failure` (``failure``) holds the facts of the burial, read as attributes of the
-    obituary as before (``ob.cause``, ``ob.traceback = ...`` replaces the failure); the failure's
-    ``at_ms`` is the obituary's ``last_failure_ms``. Build one from flat fields with
-    :meth:`from_fields`.
+    Its :class:`Failure` (``failure``) holds the burial's facts, read as the obituary's attributes
+    (``ob.cause``; ``ob.traceback = ...`` replaces the failure); its ``at_ms`` is the obituary's
+    ``last_failure_ms``. Build one from flat fields with :meth:`from_fields`.
 
     Attributes:
-        id: the obituary id, derived from queue, message id, attempt and replay (stable, so a
-            redelivered dead letter writes the same obituary).
+        id: derived from queue, message id, attempt and replay (stable: a redelivered dead
+            letter writes the same obituary).
         buried_ms: when the graveyard received it (epoch ms).
-        failure: the burial's facts:
-
-            - message_id: the message's stable id (``headers.message_identity``).
-            - queue: the queue the message died in (its retries and replays return there).
-            - reason: why it was buried (burial reason, ``undecodable: ...``, x-death reason...).
-            - task: the Celery task name, None for foreign messages.
-            - cause: cause fingerprint (task or queue + exception type + normalized message).
-            - exc_type, exc_message, traceback: the last failure, as far as it is known.
-            - importance: page, notify or ignore.
-            - attempt: failed runs, the last one included.
-            - first_failure_ms, last_failure_ms (``at_ms``): first and last failure times.
-            - code_version: ``dlx_code_version`` or the environment's, at burial.
-            - hostname: the worker that decided the burial, or the DLX service's host.
+        failure: the burial's facts: ``message_id`` (``headers.message_identity``), ``queue``
+            (the queue it died in, where retries and replays return), ``reason`` (burial reason,
+            ``undecodable: ...``, x-death reason...), ``task`` (None for foreign messages),
+            ``cause`` (fingerprint), ``exc_type``, ``exc_message``, ``traceback`` (the last
+            failure, as far as known), ``importance`` (page, notify or ignore), ``attempt``
+            (failed runs, the last included), ``first_failure_ms``, ``last_failure_ms``,
+            ``code_version`` (at burial) and ``hostname`` (who decided the burial).
         origin: ``celery`` or ``foreign``.
         attempts: every failed run with its time and fate, ending with the burial.
         death_reason: the broker's x-death reason (rejected, expired, maxlen, delivery_limit), or
             ``published`` when a worker buried the message by publishing a clean copy.
-        x_death: the broker's x-death tables, JSON-safe.
-        headers, properties: the dead letter's headers and AMQP properties, JSON-safe.
+        x_death, headers, properties: the dead letter's x-death tables, headers and AMQP
+            properties, JSON-safe.
         exchange, routing_key: where the dead letter was published (the DLX and the queue name).
-        payload: the raw body; None when the obituary was listed without it.
-        payload_size: body length in bytes.
+        payload: the raw body; None when listed without it. payload_size: its length in bytes.
         replayed_from: the obituary this message was replayed from, if any.
         replays: epoch ms of every replay of this obituary (from the replay ledger).
         status: what became of it after a replay (:mod:`celery_dlx.store.status`): ``{}`` for
@@ -138,26 +130,22 @@ class Obituary(KnownAttempt):
 
     def record(self) -> dict[str, object]:
         """The stored JSON record: everything but the payload bytes and the replays."""
+        return self._stored(jsoncodec.to_jsonable)
+
+    def record_json(self) -> str:
+        """:meth:`record` as JSON text (the same tagging, done by the encoder: faster)."""
+        return jsoncodec.dumps(self._stored(_as_decoded))
+
+    def _stored(self, tables: Callable[[object], object]) -> dict[str, object]:
         # Built by hand: dataclasses.asdict deep-copies every header value, 5x slower.
         data = self._plain()
         data["attempts"] = [
             {"at_ms": a.at_ms, "fate": a.fate, "cause": a.cause} for a in self.attempts
         ]
-        data["headers"] = jsoncodec.to_jsonable(self.headers)
-        data["properties"] = jsoncodec.to_jsonable(self.properties)
-        data["x_death"] = jsoncodec.to_jsonable(self.x_death)
+        data["headers"] = tables(self.headers)
+        data["properties"] = tables(self.properties)
+        data["x_death"] = tables(self.x_death)
         return data
-
-    def record_json(self) -> str:
-        """:meth:`record` as JSON text (the same tagging, done by the encoder: faster)."""
-        data = self._plain()
-        data["attempts"] = [
-            {"at_ms": a.at_ms, "fate": a.fate, "cause": a.cause} for a in self.attempts
-        ]
-        data["headers"] = self.headers
-        data["properties"] = self.properties
-        data["x_death"] = self.x_death
-        return jsoncodec.dumps(data)
 
     def _plain(self) -> dict[str, object]:
         """The fields stored as they are, in :data:`_PLAIN_FIELDS` order."""

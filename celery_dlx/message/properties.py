@@ -33,6 +33,7 @@ from struct import Struct
 from typing import Any
 
 from celery_dlx.errors import DLXError
+from celery_dlx.message.fieldtable import BASIC_PROPERTIES
 
 _uint32 = Struct(">I").unpack_from
 _int32 = Struct(">i").unpack_from
@@ -41,6 +42,7 @@ _uint64 = Struct(">Q").unpack_from
 _int16 = Struct(">h").unpack_from
 _uint16 = Struct(">H").unpack_from
 _int8 = Struct(">b").unpack_from
+_uint8 = Struct(">B").unpack_from
 _float = Struct(">f").unpack_from
 _double = Struct(">d").unpack_from
 
@@ -143,61 +145,32 @@ def _naive_utc(seconds: int) -> datetime:
     return datetime.fromtimestamp(seconds, tz=timezone.utc).replace(tzinfo=None)
 
 
+#: The field types few producers write: tag -> (reader, size). ``s`` is RabbitMQ's signed
+#: 16-bit int, ``U`` the spec's short.
+_RARE = {
+    115: (_int16, 2),  # s
+    85: (_int16, 2),  # U
+    117: (_uint16, 2),  # u
+    66: (_uint8, 1),  # B
+    98: (_int8, 1),  # b
+    105: (_uint32, 4),  # i
+    102: (_float, 4),  # f
+    100: (_double, 8),  # d
+}
+
+
 def _rare(tag: int, buf: bytes, offset: int, end: int) -> tuple[Any, int]:
-    """The field types few producers write."""
-    if tag in (115, 85):  # RabbitMQ's signed 16-bit int; the spec's short
-        if offset + 2 > end:
-            raise _past(offset + 2, end)
-        return _int16(buf, offset)[0], offset + 2
-    if tag == 117:  # u
-        if offset + 2 > end:
-            raise _past(offset + 2, end)
-        return _uint16(buf, offset)[0], offset + 2
-    if tag == 66:  # B
-        if offset + 1 > end:
-            raise _past(offset + 1, end)
-        return buf[offset], offset + 1
-    if tag == 98:  # b
-        if offset + 1 > end:
-            raise _past(offset + 1, end)
-        return _int8(buf, offset)[0], offset + 1
-    if tag == 105:  # i
-        if offset + 4 > end:
-            raise _past(offset + 4, end)
-        return _uint32(buf, offset)[0], offset + 4
-    if tag == 102:  # f
-        if offset + 4 > end:
-            raise _past(offset + 4, end)
-        return _float(buf, offset)[0], offset + 4
-    if tag == 100:  # d
-        if offset + 8 > end:
-            raise _past(offset + 8, end)
-        return _double(buf, offset)[0], offset + 8
     if tag == 68:  # D
         if offset + 5 > end:
             raise _past(offset + 5, end)
         return Decimal(_int32(buf, offset + 1)[0]) / Decimal(10 ** buf[offset]), offset + 5
-    raise PropertiesError(f"unknown field type {chr(tag)!r}")
-
-
-#: The basic properties in wire order: (flag bit, name, kind): short string, octet, timestamp
-#: (an int, as py-amqp leaves it) or the header table.
-_PROPERTIES = (
-    (0x8000, "content_type", "s"),
-    (0x4000, "content_encoding", "s"),
-    (0x2000, "application_headers", "F"),
-    (0x1000, "delivery_mode", "o"),
-    (0x0800, "priority", "o"),
-    (0x0400, "correlation_id", "s"),
-    (0x0200, "reply_to", "s"),
-    (0x0100, "expiration", "s"),
-    (0x0080, "message_id", "s"),
-    (0x0040, "timestamp", "Q"),
-    (0x0020, "type", "s"),
-    (0x0010, "user_id", "s"),
-    (0x0008, "app_id", "s"),
-    (0x0004, "cluster_id", "s"),
-)
+    found = _RARE.get(tag)
+    if found is None:
+        raise PropertiesError(f"unknown field type {chr(tag)!r}")
+    read, size = found
+    if offset + size > end:
+        raise _past(offset + size, end)
+    return read(buf, offset)[0], offset + size
 
 
 def read_basic_properties(
@@ -219,7 +192,7 @@ def read_basic_properties(
     offset += 2
     props: dict[str, object] = {}
     span = None
-    for bit, name, kind in _PROPERTIES:
+    for name, bit, kind in BASIC_PROPERTIES:
         if not flags & bit:
             continue
         if kind == "s":
