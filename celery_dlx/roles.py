@@ -5,28 +5,18 @@ that decide and report (worker, DLX service, operations, console, command line) 
 client, a key name or a channel. Each role has its implementations in ``store/`` or ``broker/``;
 which one an app gets is chosen once, by its settings, in :class:`~celery_dlx.wiring.Runtime`.
 
-======================  ==========================================  ==================================
-role                    what it keeps                               implementations
-======================  ==========================================  ==================================
-:class:`Parking`        retries waiting for their due time          ``store.parking.ParkingStore``
-                                                                    (Redis sorted sets, one shard
-                                                                    or per queue bucket),
-                                                                    ``broker.ladder.LadderParking``
-                                                                    (the broker's TTL delay queues)
-:class:`ParkedStore`    what every parking backend reads and        ``store.parking.ParkingStore``
-                        drains in Redis; an operator's make-due
-                        and take
-:class:`Graveyard`      obituaries, their indexes and cause groups  ``store.graveyard.Graveyard``
-:class:`History`        the failure history stream and counters     ``store.history.History``
-:class:`Causes`         what a worker knows of a burial             ``store.causes.Causes``
-:class:`Letters`        the DLX service's seen markers              ``store.seen.Letters``
-:class:`Publisher`      confirmed copies                            ``broker.publish.ConfirmingPublisher``
-:class:`Breakers`       per-cause breakers (automatic hold)         ``store.breaker.Breakers``
-:class:`DrainLease`     one drainer per key prefix                  ``store.lease.DrainLease``
-:class:`WindowBudget`   uses per time window, shared                ``store.ratelimit.WindowBudget``
-:class:`Consumerless`   queues seen without consumers, since when   ``store.consumerless.Consumerless``
-:class:`Refusals`       copies workers could not write              ``store.refusals.Refusals``
-======================  ==========================================  ==================================
+Roles and their implementations: :class:`Parking`, retries waiting for their due time
+(``store.parking.ParkingStore``: Redis sorted sets, one shard or per queue bucket;
+``broker.ladder.LadderParking``: the broker's TTL delay queues); :class:`ParkedStore`, what every
+parking backend reads and drains in Redis (``store.parking.ParkingStore``); :class:`Graveyard`
+(``store.graveyard``); :class:`History`, the history stream and counters (``store.history``);
+:class:`Causes`, what a worker knows of a burial (``store.causes``); :class:`Letters`, the DLX
+service's seen markers (``store.seen``); :class:`Publisher`, confirmed copies
+(``broker.publish.ConfirmingPublisher``); :class:`Breakers` (``store.breaker``);
+:class:`DrainLease`, one drainer per key prefix (``store.lease``); :class:`WindowBudget`, uses
+per time window, shared (``store.ratelimit``); :class:`Consumerless`, queues seen without
+consumers (``store.consumerless``); :class:`Refusals`, copies workers could not write
+(``store.refusals``).
 
 The records they take and return are pure values of :mod:`celery_dlx.message` (obituaries,
 parked retries, :mod:`~celery_dlx.message.graveyard`'s filters and groups, fate counts).
@@ -52,11 +42,9 @@ class Parking(Protocol):
 
     def park(self, message: ParkedMessage) -> bool:
         """Park ``message`` until its due time; False if that id and attempt are parked already."""
-        ...
 
     def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
         """:meth:`park` each, in one round trip where the store allows it."""
-        ...
 
     def park_recorded(
         self, message: ParkedMessage, events: Sequence[FateEvent]
@@ -64,7 +52,6 @@ class Parking(Protocol):
         """Park ``message`` and record ``events`` with it where one transaction can hold both:
         True (both in), the history's error (parked, not recorded), or False (parked; the caller
         records the events)."""
-        ...
 
     def park_recorded_many(
         self, messages: Sequence[ParkedMessage], events: Sequence[FateEvent]
@@ -72,19 +59,15 @@ class Parking(Protocol):
         """:meth:`park_recorded` for a batch, in one transaction where the store allows it: per
         message None (parked, or parked already) or the error that kept it out, and whether the
         events were recorded with them, as :meth:`park_recorded` says it."""
-        ...
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Take up to ``limit`` due retries for ``lease_ms`` (claimed again after that)."""
-        ...
 
     def ack(self, messages: Iterable[ParkedMessage]) -> int:
         """Delete claimed retries whose republish was confirmed; how many were still ours."""
-        ...
 
     def release(self, messages: Iterable[ParkedMessage], due_ms: int | None = None) -> None:
         """Give claimed retries back (due at ``due_ms``, default their own due time)."""
-        ...
 
     def count(self) -> int: ...
 
@@ -92,23 +75,18 @@ class Parking(Protocol):
 
     def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
         """Retries in due order, with their bodies, without claiming them."""
-        ...
 
     def soonest(self, limit: int, batch: int = 1000) -> Iterator[ParkedMessage]:
         """The ``limit`` soonest-due retries, without bodies."""
-        ...
 
     def entry(self, entry_id: str) -> ParkedMessage | None:
         """One parked retry with its body, or None."""
-        ...
 
     def remove(self, entry_ids: Sequence[str]) -> int:
         """Delete retries by entry id; how many were there."""
-        ...
 
     def load_scripts(self) -> None:
         """Prepare the store now rather than at the first park."""
-        ...
 
 
 class ParkedStore(Parking, Protocol):
@@ -117,11 +95,9 @@ class ParkedStore(Parking, Protocol):
 
     def make_due(self, message: ParkedMessage, now: int | None = None) -> bool:
         """Make a parked retry due now; False if it was gone."""
-        ...
 
     def take(self, message: ParkedMessage) -> bool:
         """Delete a parked retry unless a drain claimed it; True if it was taken."""
-        ...
 
 
 class Graveyard(Protocol):
@@ -137,39 +113,31 @@ class Graveyard(Protocol):
     ) -> list[bool]:
         """Write obituaries with their ``buried`` history entries; per obituary, True if written
         now (False: there already, or over its cause's cap, its index then in ``over_cap``)."""
-        ...
 
     def remove(self, ob: Obituary, event: FateEvent | None) -> bool:
         """Delete ``ob`` with ``event`` in the history; False if it was gone."""
-        ...
 
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
         """The obituaries of ``ids`` (None where missing or unreadable), in order."""
-        ...
 
     def ids(self, filters: Filters, *, limit: int | None, oldest_first: bool = False) -> list[str]:
         """Obituary ids matching ``filters``, newest first unless ``oldest_first``."""
-        ...
 
     def count(self) -> int: ...
 
     def used_bytes(self) -> int:
         """The bytes of every obituary, as the budget counts them."""
-        ...
 
     def queues(self) -> list[str]:
         """The queues with graveyard keys of their own (per-queue layout), sorted."""
-        ...
 
     def latest_of_message(self, message_id: str) -> str | None: ...
 
     def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
         """Add replay times (obituary id, ms) to the replay ledger."""
-        ...
 
     def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
         """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
-        ...
 
     def mark_replayed(self, ids: Sequence[str], at: int) -> list[str]: ...
 
@@ -181,11 +149,9 @@ class Graveyard(Protocol):
 
     def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
         """Ids ``replayed`` or ``resolved`` (``kind``) at or before ``cutoff_ms``, oldest first."""
-        ...
 
     def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
         """Ids buried at or before ``cutoff_ms``, oldest first."""
-        ...
 
     def top_causes(self, limit: int) -> list[str]: ...
 
@@ -201,7 +167,6 @@ class Graveyard(Protocol):
 
     def names(self, kind: str) -> list[tuple[str, int, int]]:
         """``(name, obituaries, last burial ms)`` per queue (``kind="queue"``) or task."""
-        ...
 
 
 class History(Protocol):
@@ -213,14 +178,12 @@ class History(Protocol):
     ) -> tuple[BaseException | None, bool]:
         """Append ``events`` and count them in one round trip: the first append refused (None
         when all went in), and whether the counters failed."""
-        ...
 
     def append_many(self, events: Iterable[FateEvent]) -> int: ...
 
     def append_audit(self, fields: Mapping[str, str], event: FateEvent, *, maxlen: int) -> str:
         """An operator action in the audit stream and its ``audit`` history entry; the audit
         entry's id."""
-        ...
 
     def audit(self, limit: int = 100) -> list[tuple[str, dict[str, str]]]: ...
 
@@ -240,7 +203,6 @@ class History(Protocol):
 
     def counts(self, window_s: float, *, at_ms: int | None = None) -> Counts:
         """The per-minute fate counters over the last ``window_s`` seconds."""
-        ...
 
 
 class Causes(Protocol):
@@ -281,7 +243,6 @@ class DrainLease(Protocol):
 
     def acquire(self) -> bool:
         """Take the lease if free, renew it if ours; True when held."""
-        ...
 
     def release(self) -> bool: ...
 
@@ -291,7 +252,6 @@ class WindowBudget(Protocol):
 
     def spend(self, what: str) -> tuple[bool, int]:
         """Use one unit for ``what``: ``(allowed, uses in this window including this one)``."""
-        ...
 
 
 class Consumerless(Protocol):
@@ -337,15 +297,12 @@ class Breakers(Protocol):
     ) -> Hold | None:
         """Count one failure of ``cause`` on ``queue``: a :class:`Hold` while the breaker is open
         (``entry_id`` is then remembered as held), else None."""
-        ...
 
     def close(self, queue: str, cause: str) -> tuple[bool, list[str]]:
         """Close the breaker: whether it was open, and the entry ids it held."""
-        ...
 
     def list_open(self) -> Sequence[OpenBreaker]:
         """The open breakers, oldest first."""
-        ...
 
 
 class OpenBreaker(Protocol):
@@ -363,13 +320,10 @@ class OpenBreaker(Protocol):
     @property
     def probe_ms(self) -> int:
         """When the next canary is due."""
-        ...
 
     @property
     def held(self) -> int:
         """Messages held since it opened."""
-        ...
 
     def as_dict(self) -> dict[str, object]:
         """queue, cause, task, exc_type, opened_ms, probe_ms and held."""
-        ...

@@ -89,9 +89,8 @@ def _need(buf: Buffer, offset: int, size: int, end: int) -> None:
 
 
 def _text(raw: Buffer) -> str | bytes:
-    """A long string or a table key, as py-amqp gives it: text (an encoded lone surrogate read
-    as that surrogate, as py-amqp reads and writes them: ``surrogatepass``), or bytes when not
-    UTF-8."""
+    """A long string or a table key as py-amqp gives it: text (``surrogatepass``, as py-amqp),
+    or bytes when not UTF-8."""
     data = bytes(raw)
     try:
         return data.decode("utf-8", "surrogatepass")
@@ -101,8 +100,8 @@ def _text(raw: Buffer) -> str | bytes:
 
 def timestamp_value(seconds: int) -> datetime | int:
     """The value of a ``T`` field: a naive UTC datetime (as py-amqp gives it), or the signed
-    epoch seconds when no datetime holds it. Above 2**63 it is a negative time written
-    unsigned (amqp091-go writes 1969 so)."""
+    epoch seconds when no datetime holds it. Above 2**63: a negative time written unsigned
+    (amqp091-go writes 1969 so)."""
     if seconds >= 2**63:
         seconds -= _UINT64
     try:
@@ -270,8 +269,8 @@ def read_table(content: Buffer) -> dict[str | bytes, object]:
 
 
 def table_entries(content: Buffer) -> list[tuple[bytes, bytes]]:
-    """``(name, encoded value)`` of each entry of a table's content, in wire order. The values
-    are delimited, not read: a value nested deeper than :data:`MAX_DEPTH` is split out too.
+    """``(name, encoded value)`` of each entry of a table's content, in wire order (values
+    delimited, not read: one nested deeper than :data:`MAX_DEPTH` too).
 
     Raises:
         FieldTableError: the top level is not well-formed (an unknown tag, a length past the end).
@@ -298,8 +297,8 @@ def read_value(encoded: Buffer) -> object:
 
 
 def header_table_span(buf: Buffer, offset: int) -> tuple[int, int] | None:
-    """Where the header table's content lies in a basic property list starting at ``offset``
-    (``(start, end)``), or None when the list has no table or ends first."""
+    """``(start, end)`` of the header table's content in the property list at ``offset``, or
+    None when it has no table or ends first."""
     try:
         (flags,) = unpack_from(">H", buf, offset)
         offset += 2
@@ -316,13 +315,12 @@ def header_table_span(buf: Buffer, offset: int) -> tuple[int, int] | None:
 
 
 def read_properties(buf: Buffer, offset: int = 0) -> dict[str, object]:
-    """The basic properties of a content header frame's property list at ``offset``; total.
+    """The basic properties of the property list at ``offset``; total.
 
-    What py-amqp would give, plus :data:`WIRE_HEADERS_PROPERTY` (the header table's raw
-    content). Short strings that are not UTF-8 get replacement characters. When the header table
-    or the list is malformed, the properties read up to there are given, without
-    ``application_headers``, with :data:`UNDECODABLE_PROPERTY` (the reason) and
-    :data:`RAW_PROPERTIES_PROPERTY` (the property list's raw bytes).
+    What py-amqp would give, plus :data:`WIRE_HEADERS_PROPERTY` (the header table's raw content);
+    short strings that are not UTF-8 get replacement characters. A malformed table or list gives
+    the properties read up to there, without ``application_headers``, with
+    :data:`UNDECODABLE_PROPERTY` (the reason) and :data:`RAW_PROPERTIES_PROPERTY` (the raw list).
     """
     props: dict[str, Any] = {}
     end = len(buf)
@@ -398,12 +396,9 @@ def _decimal_field(value: Decimal) -> bytes | None:
 
 
 def encode_value(value: object, depth: int = 0) -> bytes:
-    """``value`` as one field, with a type of :data:`WRITTEN_TYPES`.
-
-    Text, booleans, finite floats, ints in 32 bits, ``None``, tables and arrays as such; bytes
-    as a byte array; datetimes from 1970 on as timestamps; decimals as ``D`` when it holds them
-    exactly. Anything else (ints outside 32 bits, such as epoch milliseconds, earlier datetimes,
-    other decimals, non-finite floats, other types) as its text.
+    """``value`` as one field, with a type of :data:`WRITTEN_TYPES`: bytes as a byte array,
+    datetimes from 1970 on as timestamps, decimals as ``D`` when it holds them exactly; what no
+    such type holds (ints outside 32 bits such as epoch ms, non-finite floats...) as its text.
 
     Raises:
         FieldTableError: a table key over 255 bytes.
@@ -464,11 +459,9 @@ def same_value(a: object, b: object) -> bool:
 def write_table(headers: Mapping[_Key, object], origin: Buffer | None = None) -> bytes:
     """The content of a header table holding ``headers`` (entries only, no length).
 
-    ``origin``: the raw content of the table the original delivery carried. An entry of
-    ``headers`` whose value is the same as that entry's (:func:`same_value`) is written back as
-    its producer encoded it; every other entry with :func:`encode_value`. Entries of ``origin``
-    that ``headers`` lacks are left out. An ``origin`` that is not a well-formed table is
-    ignored.
+    ``origin``: the raw content of the original delivery's table (ignored when malformed). An
+    entry whose value is the same as there (:func:`same_value`) is written back as its producer
+    encoded it; every other with :func:`encode_value`.
 
     Raises:
         FieldTableError: a key over 255 bytes.
@@ -516,13 +509,8 @@ _OWN_OR_BROKER = (b"x-dlx-", *(n.encode() for n in (*BROKER_HEADER_PREFIXES, *BR
 
 
 def _user_entries(data: bytes) -> list[tuple[bytes, bytes]]:
-    """``(name, encoded value)`` of the entries of a table's content that are neither
-    celery_dlx's nor the broker's (:data:`_OWN_OR_BROKER`), in wire order: :func:`table_entries`
-    filtered, in one pass (it runs once per dead letter).
-
-    Raises:
-        FieldTableError: the top level is not well-formed, where :func:`table_entries` raises.
-    """
+    """:func:`table_entries` without :data:`_OWN_OR_BROKER`'s, in one pass (once per dead
+    letter). Raises FieldTableError where :func:`table_entries` does."""
     out = []
     offset, end = 0, len(data)
     while offset < end:
@@ -550,11 +538,9 @@ def _user_entries(data: bytes) -> list[tuple[bytes, bytes]]:
 
 def _written_back_alike(entries: list[tuple[bytes, bytes]]) -> bool:
     """True when reading ``entries`` and writing them with :func:`write_table` surely gives the
-    same bytes, judged from each value's encoding alone (no read, no write): distinct keys (a
-    repeated key reads as one), and only values that read to what :func:`encode_value` writes
-    back as they are, arrays and tables of such values included (Celery's task headers hold
-    ``timelimit: [None, None]`` and ``stamps: {}``). False means "not known": the caller
-    compares the read-and-written bytes.
+    same bytes, judged from the encodings alone: distinct keys, values :func:`encode_value` writes
+    back as they are (Celery's ``timelimit: [None, None]``, ``stamps: {}`` included). False: not
+    known, the caller compares the read-and-written bytes.
     """
     if len({k for k, _ in entries}) != len(entries):
         return False
@@ -576,12 +562,8 @@ _ALIKE_DEPTH = 8
 
 
 def _value_alike(data: bytes, start: int, stop: int, depth: int) -> bool:
-    """Whether the one field ``data[start:stop]`` reads to a value :func:`encode_value` writes
-    back to the same bytes (see :func:`_written_back_alike`).
-
-    Raises:
-        FieldTableError, IndexError: an array or table whose content is not well-formed.
-    """
+    """Whether the field ``data[start:stop]`` reads to a value :func:`encode_value` writes back
+    to the same bytes; raises FieldTableError or IndexError for a malformed array or table."""
     tag = data[start]
     if tag == _TAG_LONG_STRING:
         try:  # read as text (written back alike); not UTF-8, it reads as bytes: an "x"
@@ -620,10 +602,8 @@ def _unchanged(value: Any, encoded: bytes) -> bool:
 
 
 def write_properties(properties: Mapping[str, object], table: bytes | None) -> bytes:
-    """A basic property list: flags, then each property ``properties`` sets, in wire order.
-
-    ``table`` is the header table's content (from :func:`write_table`); ``application_headers``
-    in ``properties`` is ignored. Text properties longer than a short string are an error.
+    """A basic property list: flags, then each property ``properties`` sets, in wire order;
+    ``table`` is the header table's content (``application_headers`` is ignored).
 
     Raises:
         FieldTableError: a short string over 255 bytes, or an octet or timestamp out of range.
