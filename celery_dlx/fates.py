@@ -62,11 +62,8 @@ class Requeue(FateRequest):
 
 
 class Park(FateRequest):
-    """Retry the message later (uses the park budget, then buries).
-
-    Args:
-        countdown: seconds until the retry; None uses the task's backoff schedule.
-    """
+    """Retry the message later (uses the park budget, then buries). ``countdown``: seconds
+    until the retry; None uses the task's backoff schedule."""
 
     def __init__(self, countdown: float | str | None = None, message: str = "") -> None:
         if isinstance(countdown, str):

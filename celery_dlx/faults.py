@@ -45,7 +45,7 @@ POINTS = frozenset(
     }
 )
 
-# Reach counts per point, in this process (a test hook: the only mutable module state).
+# Reach counts per point in this process (the only mutable module state).
 _reached: dict[str, int] = {}
 _lock = threading.Lock()
 

@@ -1,17 +1,9 @@
 """The failure record: the facts of one failure, declared once.
 
-A :class:`Failure` is what a worker, the DLX service, the drain or an operator's action knows about
-one failed (or replayed, purged, drained...) message: which task or queue, which message and
-attempt, the cause and exception, why, how much it matters, and when. Each origin builds one
-:class:`Failure` and derives what it needs from it: the fate event
-(:class:`celery_dlx.message.event.FateEvent`), the worker's cause record
-(:class:`celery_dlx.message.cause.CauseRecord`), the DLX service's verdicts and the obituary
-(:class:`celery_dlx.message.obituary.Obituary`). They carry it as ``failure`` and read its fields
-through :class:`FailureFacts`, so ``event.cause`` or ``ob.traceback`` read as before.
-
-A field left at its default is unknown (``attempt``, ``at_ms`` None; ``importance`` ""): each
-holder says what an unknown field means for it (a fate event is stamped now, a cause record lets
-the DLX service fill it in).
+A :class:`Failure` is what a worker, the DLX service, the drain or an operator knows about one
+failed (or replayed, purged...) message. Fate events, cause records, verdicts and obituaries carry
+it as ``failure`` and read its fields through :class:`FailureFacts` (``event.cause``). A field at
+its default is unknown; each holder says what that means for it.
 """
 
 from __future__ import annotations
@@ -30,20 +22,10 @@ T = TypeVar("T")
 class Failure:
     """The facts of one failure of one message.
 
-    Attributes:
-        task: the Celery task name; None for a foreign message.
-        queue: the queue the message failed in.
-        message_id: the message's stable id (``headers.message_identity``).
-        attempt: failed runs, this one included; None when unknown.
-        cause: the cause fingerprint (task or queue + exception type + normalized message).
-        exc_type, exc_message, traceback: the failure, as far as it is known.
-        reason: why this fate (burial reason, ``undecodable: ...``, x-death reason...).
-        importance: page, notify or ignore ("" when unknown: the queue's).
-        first_failure_ms: epoch ms of the message's first failure; None when unknown.
-        at_ms: epoch ms of this failure or fate change (of a burial: its last failure); None when
-            unknown.
-        hostname: the host that decided the fate.
-        code_version: ``dlx_code_version`` or the environment's, when known.
+    ``task`` is None for a foreign message; ``message_id`` is ``headers.message_identity``;
+    ``attempt`` counts failed runs, this one included; ``cause`` is the fingerprint; ``reason``
+    why this fate; ``importance`` page, notify or ignore ("": the queue's); ``at_ms`` the time of
+    this failure or fate change (of a burial: its last failure); ``hostname`` who decided it.
     """
 
     task: str | None = None
@@ -62,8 +44,7 @@ class Failure:
     code_version: str | None = None
 
     def but(self, **change: Any) -> Failure:
-        """A copy with ``change`` (as :func:`dataclasses.replace`, without its cost: a burial's
-        event and every assignment to a holder's field make one).
+        """A copy with ``change`` (:func:`dataclasses.replace` without its cost).
 
         Raises:
             TypeError: ``change`` names something that is not a field.
@@ -76,12 +57,11 @@ class Failure:
         return copy
 
 
-#: The names of a :class:`Failure`'s fields.
 FAILURE_FIELDS = frozenset(f.name for f in fields(Failure))
 
 
 def split_facts(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``values`` split into a :class:`Failure`'s fields and the others (the holder's own)."""
+    """``values`` split into a :class:`Failure`'s fields and the holder's own."""
     facts = {k: v for k, v in values.items() if k in FAILURE_FIELDS}
     rest = {k: v for k, v in values.items() if k not in FAILURE_FIELDS}
     return facts, rest

@@ -1,21 +1,16 @@
 """AMQP 0-9-1 field tables and basic properties, read and written by celery_dlx's own code.
 
-Pure: no I/O and no AMQP client imported. Two jobs, both on the bytes RabbitMQ carries:
-
 * **Reading that cannot be killed.** :func:`read_table` and :func:`read_properties` decode every
-  field type RabbitMQ passes on, to the same Python values as py-amqp 5 where py-amqp decodes
-  them. Values py-amqp raises on are decoded too: a timestamp outside Python's datetime range is
-  its (signed) epoch seconds, a 1969 timestamp written as the unsigned wrap-around (amqp091-go)
-  is the datetime it meant, a short string that is not UTF-8 has replacement characters. What is
-  malformed (an unknown type tag, a length past the end, nesting deeper than :data:`MAX_DEPTH`)
-  raises :class:`FieldTableError` with a reason, never another exception;
-  :func:`read_properties` turns that into the :data:`~celery_dlx.message.names.UNDECODABLE_PROPERTY`
-  marker with the raw bytes, so the message can be quarantined.
-* **Writing that keeps the producer's types.** :func:`write_table` encodes a header table for a
-  copy. Given the table the original delivery carried (``origin``, its raw bytes), every entry
-  whose value the copy leaves unchanged is written back byte for byte: an int8, a float32, a
-  byte array or a 1969 timestamp stays what its producer wrote. Only what celery_dlx sets or
-  changes is encoded anew, with field types every client reads (:data:`WRITTEN_TYPES`).
+  field type RabbitMQ passes on, to py-amqp 5's values where py-amqp decodes them, and what it
+  raises on too: a timestamp outside datetime's range is its signed epoch seconds, a 1969
+  timestamp written unsigned (amqp091-go) the datetime it meant, a non-UTF-8 short string gets
+  replacement characters. Malformed input (unknown tag, length past the end, nesting deeper than
+  :data:`MAX_DEPTH`) raises :class:`FieldTableError`, never another exception; :func:`read_properties`
+  turns it into the ``UNDECODABLE_PROPERTY`` marker with the raw bytes, for quarantine.
+* **Writing that keeps the producer's types.** Given the original delivery's raw table,
+  :func:`write_table` writes back byte for byte every entry the copy leaves unchanged (an int8, a
+  float32, a 1969 timestamp stays as written); only what celery_dlx sets or changes is encoded
+  anew, with field types every client reads (:data:`WRITTEN_TYPES`).
 """
 
 from __future__ import annotations
@@ -41,10 +36,8 @@ from celery_dlx.message.names import (
 #: Deepest nesting of tables and arrays read; deeper is malformed (py-amqp recursed until
 #: Python's recursion limit, which stops the consumer).
 MAX_DEPTH = 64
-#: Field types celery_dlx writes for values it sets: long string, signed 32-bit int, boolean,
-#: double, table, array, void, timestamp, decimal, byte array. RabbitMQ's Go, Node and Ruby
-#: clients read each of them (``tests/interop``). Ints outside 32 bits and values none of these
-#: holds exactly are written as their text.
+#: Field types celery_dlx writes for values it sets; RabbitMQ's Go, Node and Ruby clients read
+#: each (``tests/interop``). What none holds exactly (ints outside 32 bits...) is written as text.
 WRITTEN_TYPES = frozenset("SItdFAVTDx")
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -205,7 +198,7 @@ def _read_value(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, in
     return reader(buf, offset + 1, end, depth)
 
 
-#: Size of each fixed-size field after its tag; the others carry a 32-bit length.
+#: Size of each fixed-size field after its tag; the others (``_SIZED``) carry a 32-bit length.
 _FIXED_SIZES = {
     ord(t): n
     for t, n in zip("bBsUuIilLfdDtTV", (1, 1, 2, 2, 2, 4, 4, 8, 8, 4, 8, 5, 1, 8, 0), strict=True)
@@ -438,7 +431,7 @@ def encode_value(value: object, depth: int = 0) -> bytes:
 
 def same_value(a: object, b: object) -> bool:
     """Whether two header values are the same value of the same kind (``True`` is not ``1``,
-    ``1`` is not ``1.0``, ``-0.0`` is not ``0.0``); bytes-likes compare as bytes, tuples as lists."""
+    ``-0.0`` not ``0.0``); bytes-likes compare as bytes, tuples as lists."""
     if isinstance(a, (bytes, bytearray, memoryview)):
         return isinstance(b, (bytes, bytearray, memoryview)) and bytes(a) == bytes(b)
     if isinstance(a, Mapping):
@@ -484,11 +477,9 @@ def write_table(headers: Mapping[_Key, object], origin: Buffer | None = None) ->
 
 
 def user_origin(content: Buffer | None) -> bytes | None:
-    """What a copy needs to keep of a delivery's raw header table: its user entries (not
-    celery_dlx's ``x-dlx-*``, not the broker's ``x-death*``), or None when
-    :func:`encode_value` writes each of them back to the same bytes anyway (every table a
-    Celery or py-amqp producer writes): stored records then carry no second copy of the headers.
-    A table that is not well-formed is kept whole."""
+    """What a copy needs to keep of a delivery's raw header table: its user entries, or None when
+    :func:`encode_value` writes them back to the same bytes anyway (every Celery or py-amqp
+    table: stored records then carry no second copy). A malformed table is kept whole."""
     if not content:
         return None
     try:
@@ -503,8 +494,8 @@ def user_origin(content: Buffer | None) -> bytes | None:
     return kept
 
 
-#: Names of the entries a copy never keeps from the raw table: celery_dlx's and the broker's
-#: (ASCII, so a name starts with one exactly when its text does).
+#: Names a copy never keeps from the raw table: celery_dlx's and the broker's (ASCII: a name
+#: starts with one exactly when its text does).
 _OWN_OR_BROKER = (b"x-dlx-", *(n.encode() for n in (*BROKER_HEADER_PREFIXES, *BROKER_HEADERS)))
 
 
@@ -554,7 +545,7 @@ _TAG_LONG_STRING = ord("S")
 _TAG_BOOLEAN = ord("t")
 _TAG_ARRAY = ord("A")
 _TAG_TABLE = ord("F")
-#: Field types whose every value is written back to the same bytes: int32 and void.
+#: Field types whose every value is written back to the same bytes.
 _ALIKE_AS_READ = frozenset(map(ord, "IV"))
 #: Deepest nesting judged from the bytes (far below :data:`MAX_DEPTH`, past which
 #: :func:`encode_value` writes text); deeper tables are compared the long way.

@@ -1,10 +1,8 @@
 """The obituary: everything known about one buried message.
 
-An :class:`Obituary` is written to the graveyard by the DLX service when it buries a dead letter.
-Its record is JSON (header and property values tagged by :mod:`celery_dlx.message.jsoncodec`); the payload
-is kept aside as raw bytes, never decoded here and never unpickled. Its JSON-safe form (payload as
-base64 with its content type) is what the hook task named by ``dlx_obituary_task`` is sent
-(:func:`celery_dlx.broker.hook.send_to_hook`).
+Its record is JSON (values tagged by :mod:`celery_dlx.message.jsoncodec`); the payload is kept
+aside as raw bytes, never decoded or unpickled here. Its JSON-safe form (payload as base64) is what
+the ``dlx_obituary_task`` hook is sent.
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ from celery_dlx.message.failure import Failure, KnownAttempt, split_facts
 
 logger = logging.getLogger(__name__)
 
-#: Payloads larger than this are left out of the hook task's message (the graveyard keeps them;
-#: the hook gets the obituary id to fetch them), so a 10 MB body does not become a 13 MB task.
+#: Payloads larger than this are left out of the hook task's message (it can fetch them by the
+#: obituary id), so a 10 MB body does not become a 13 MB task.
 HOOK_PAYLOAD_LIMIT = 1024 * 1024
 
 #: Obituary origins: a Celery task message, or a message of any other producer or consumer.
@@ -97,10 +95,8 @@ class Obituary(KnownAttempt):
 
     @classmethod
     def from_fields(cls, **values: Any) -> Obituary:
-        """An obituary of its flat fields (those of :meth:`record`, ``payload``, ``replays``).
-
-        The failure's fields (``cause``, ``traceback``, ``last_failure_ms``...) go into its
-        :class:`Failure`; ``importance`` defaults to ``notify`` and ``attempt`` to 0.
+        """An obituary of its flat fields (those of :meth:`record`, ``payload``, ``replays``); the
+        failure's go into its :class:`Failure` (``importance`` ``notify``, ``attempt`` 0 by default).
         """
         values = dict(values)
         if "last_failure_ms" in values:
@@ -111,7 +107,6 @@ class Obituary(KnownAttempt):
 
     @property
     def last_failure_ms(self) -> int | None:
-        """The last failure's time: the failure's ``at_ms``."""
         return self.failure.at_ms
 
     @last_failure_ms.setter
@@ -148,7 +143,6 @@ class Obituary(KnownAttempt):
         return data
 
     def _plain(self) -> dict[str, object]:
-        """The fields stored as they are, in :data:`_PLAIN_FIELDS` order."""
         # Read from the two __dict__s: a property per field costs a third of record_json.
         own, facts = self.__dict__, self.failure.__dict__
         return {
@@ -192,8 +186,8 @@ class Obituary(KnownAttempt):
         traceback: str = "",
         extra: dict[str, object] | None = None,
     ) -> FateEvent:
-        """A fate change of the buried message (``buried``, ``purged``, ``archived``...) with the
-        facts of this obituary; ``reason`` defaults to the burial's."""
+        """A fate change of the buried message with this obituary's facts (``reason`` defaults to
+        the burial's)."""
         failure = self.failure.but(
             reason=self.reason if reason is None else reason,
             traceback=traceback,
@@ -202,9 +196,8 @@ class Obituary(KnownAttempt):
         return FateEvent.of(fate, failure, extra=extra)
 
     def leaving_note(self) -> dict[str, object]:
-        """What a removed obituary leaves in its history entry beside the entry's own fields
-        (queue, task, message id, attempt, cause, exception type, reason, importance, first
-        failure): the rest of what identifies it, without traceback, headers or payload."""
+        """What a removed obituary leaves in its history entry beside the entry's own fields: the
+        rest of what identifies it, without traceback, headers or payload."""
         return {
             "id": self.id,
             "exc_message": self.exc_message[:200],
@@ -238,12 +231,8 @@ class Obituary(KnownAttempt):
         }
 
     def json_safe(self, payload_limit: int | None = None) -> dict[str, object]:
-        """The whole obituary as JSON-safe data, the payload as base64 with its content type.
-
-        Args:
-            payload_limit: payloads larger than this many bytes are left out
-                (``payload["truncated"]`` is then True); None keeps any size.
-        """
+        """The whole obituary as JSON-safe data, the payload as base64 with its content type,
+        left out (``truncated``) when larger than ``payload_limit`` bytes."""
         data = self.record()
         data["replays"] = list(self.replays)
         body = self.payload
@@ -262,8 +251,8 @@ def _as_decoded(value: object) -> object:
     return value
 
 
-#: Obituary fields stored as they are, in their stored order (``attempts``, ``headers``,
-#: ``properties`` and ``x_death`` follow, converted; the payload and replays are kept out).
+#: Obituary fields stored as they are, in order (converted ``attempts``, ``headers``,
+#: ``properties`` and ``x_death`` follow).
 _PLAIN_FIELDS = (
     "id",
     "message_id",
@@ -292,7 +281,7 @@ _PLAIN_FIELDS = (
 #: Stored names of the failure's fields that differ from the field's name.
 _FACT_NAMES = {"last_failure_ms": "at_ms"}
 
-#: The keys :meth:`Obituary.from_record` reads (any other key of a stored record is ignored).
+#: The keys :meth:`Obituary.from_record` reads.
 _KNOWN = frozenset(
     {*_PLAIN_FIELDS, "attempts", "headers", "properties", "x_death", "payload", "replays"}
 )
