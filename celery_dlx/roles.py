@@ -1,25 +1,12 @@
 """The roles the composition root (:mod:`celery_dlx.wiring`) hands out, as small protocols.
 
-Everything outside ``store/`` and ``broker/`` reaches Redis and RabbitMQ through these: the parts
-that decide and report (worker, DLX service, operations, console, command line) never hold a
-client, a key name or a channel. Each role has its implementations in ``store/`` or ``broker/``;
-which one an app gets is chosen once, by its settings, in :class:`~celery_dlx.wiring.Runtime`.
-
-Roles and their implementations: :class:`Parking`, retries waiting for their due time
-(``store.parking.ParkingStore``: Redis sorted sets, one shard or per queue bucket;
-``broker.ladder.LadderParking``: the broker's TTL delay queues); :class:`ParkedStore`, what every
-parking backend reads and drains in Redis (``store.parking.ParkingStore``); :class:`Graveyard`
-(``store.graveyard``); :class:`History`, the history stream and counters (``store.history``);
-:class:`Causes`, what a worker knows of a burial (``store.causes``); :class:`Letters`, the DLX
-service's seen markers (``store.seen``); :class:`Publisher`, confirmed copies
-(``broker.publish.ConfirmingPublisher``); :class:`Breakers` (``store.breaker``);
-:class:`DrainLease`, one drainer per key prefix (``store.lease``); :class:`WindowBudget`, uses
-per time window, shared (``store.ratelimit``); :class:`Consumerless`, queues seen without
-consumers (``store.consumerless``); :class:`Refusals`, copies workers could not write
-(``store.refusals``).
-
-The records they take and return are pure values of :mod:`celery_dlx.message` (obituaries,
-parked retries, :mod:`~celery_dlx.message.graveyard`'s filters and groups, fate counts).
+Everything outside ``store/`` and ``broker/`` reaches Redis and RabbitMQ through these, never
+holding a client, a key name or a channel; :class:`~celery_dlx.wiring.Runtime` picks each role's
+implementation once, by the app's settings. They live in ``store/`` (``store.parking``,
+``store.graveyard``, ``store.history``, ``store.causes``, ``store.seen``, ``store.breaker``,
+``store.lease``, ``store.ratelimit``, ``store.consumerless``, ``store.refusals``) and ``broker/``
+(``broker.ladder.LadderParking``: TTL delay queues; ``broker.publish.ConfirmingPublisher``).
+The records they take and return are pure values of :mod:`celery_dlx.message`.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from decimal import Decimal
+from struct import calcsize, pack, unpack_from
 from struct import error as StructError
-from struct import pack, unpack_from
 from typing import Any, TypeVar
 
 from celery_dlx.errors import DLXError
@@ -103,6 +103,9 @@ def timestamp_value(seconds: int) -> datetime | int:
         return seconds
 
 
+_FORMATS = (">b", ">B", ">h", ">h", ">H", ">i", ">I", ">q", ">q", ">f", ">d")
+
+
 def _fixed(fmt: str, size: int) -> _Reader:
     def read(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
         _need(buf, offset, size, end)
@@ -168,19 +171,9 @@ def _array(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
 #: The reader of each field type tag. ``s`` is RabbitMQ's signed 16-bit int (the errata), ``L``
 #: a signed 64-bit int as py-amqp reads it.
 _READERS: dict[int, _Reader] = {
+    **{ord(t): _fixed(f, calcsize(f)) for t, f in zip("bBsUuIilLfd", _FORMATS, strict=True)},
     ord("S"): _long_string,
     ord("x"): _byte_array,
-    ord("b"): _fixed(">b", 1),
-    ord("B"): _fixed(">B", 1),
-    ord("s"): _fixed(">h", 2),
-    ord("U"): _fixed(">h", 2),
-    ord("u"): _fixed(">H", 2),
-    ord("I"): _fixed(">i", 4),
-    ord("i"): _fixed(">I", 4),
-    ord("l"): _fixed(">q", 8),
-    ord("L"): _fixed(">q", 8),
-    ord("f"): _fixed(">f", 4),
-    ord("d"): _fixed(">d", 8),
     ord("D"): _decimal,
     ord("F"): _table,
     ord("A"): _array,

@@ -99,6 +99,10 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
 def _count(headers: Mapping[str, Any], name: str) -> int:
     value = headers.get(name)
     if value is None:
@@ -183,20 +187,16 @@ def read_state(headers: Mapping[str, object] | None) -> DLXState:
     if not headers or headers.keys().isdisjoint(STATE_HEADERS):
         return _NO_STATE
     first = headers.get(FIRST_FAILURE_HEADER)
-    queue = headers.get(QUEUE_HEADER)
-    cause = headers.get(CAUSE_HEADER)
-    exc_type = headers.get(EXC_TYPE_HEADER)
-    exc_message = headers.get(EXC_MESSAGE_HEADER)
     return DLXState(
         attempt=_count(headers, ATTEMPT_HEADER),
         requeues=_count(headers, REQUEUES_HEADER),
         parks=_count(headers, PARKS_HEADER),
         history=_history(headers.get(HISTORY_HEADER)),
-        queue=_text(queue) if queue is not None else None,
+        queue=_optional_text(headers.get(QUEUE_HEADER)),
         first_failure_ms=_ms(headers, FIRST_FAILURE_HEADER) if first is not None else None,
-        cause=_text(cause) if cause is not None else None,
-        exc_type=_text(exc_type) if exc_type is not None else None,
-        exc_message=_text(exc_message) if exc_message is not None else None,
+        cause=_optional_text(headers.get(CAUSE_HEADER)),
+        exc_type=_optional_text(headers.get(EXC_TYPE_HEADER)),
+        exc_message=_optional_text(headers.get(EXC_MESSAGE_HEADER)),
     )
 
 
@@ -212,26 +212,20 @@ def state_headers(state: DLXState) -> dict[str, object]:
         PARKS_HEADER: state.parks,
         HISTORY_HEADER: _compact_json([e.to_json() for e in state.history]),
     }
-    if state.queue is not None:
-        out[QUEUE_HEADER] = state.queue
-    if state.first_failure_ms is not None:
-        out[FIRST_FAILURE_HEADER] = state.first_failure_ms
-    if state.cause is not None:
-        out[CAUSE_HEADER] = state.cause
-    if state.exc_type is not None:
-        out[EXC_TYPE_HEADER] = state.exc_type
-    if state.exc_message is not None:
-        out[EXC_MESSAGE_HEADER] = state.exc_message
+    optional = (
+        (QUEUE_HEADER, state.queue),
+        (FIRST_FAILURE_HEADER, state.first_failure_ms),
+        (CAUSE_HEADER, state.cause),
+        (EXC_TYPE_HEADER, state.exc_type),
+        (EXC_MESSAGE_HEADER, state.exc_message),
+    )
+    out.update((name, value) for name, value in optional if value is not None)
     return out
 
 
 def is_broker_header(name: str) -> bool:
     """True for headers the broker owns (and transient ones) that a republished copy must not carry."""
-    return (
-        name in BROKER_HEADERS
-        or name == DELIVERY_QUEUE_HEADER
-        or name.startswith(BROKER_HEADER_PREFIXES)
-    )
+    return name in _NOT_COPIED or name.startswith(BROKER_HEADER_PREFIXES)
 
 
 _NOT_COPIED = frozenset({*BROKER_HEADERS, DELIVERY_QUEUE_HEADER})

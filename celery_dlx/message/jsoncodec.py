@@ -48,7 +48,7 @@ def tag(value: object) -> dict[str, str]:
 
 
 def to_jsonable(value: object) -> object:
-    """``value`` as JSON-safe data: tables walked, non-JSON scalars tagged, tag-shaped keys escaped."""
+    """``value`` as JSON-safe data: non-JSON scalars tagged, tag-shaped keys escaped."""
     if isinstance(value, Mapping):
         return _escaped({str(k): to_jsonable(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
@@ -103,14 +103,13 @@ _tags = threading.local()
 
 
 def _tag_counted(value: object) -> object:
-    """The encoder's ``default``: a value JSON cannot hold, tagged (and counted for :func:`dumps`)."""
+    """The encoder's ``default``: tags (and counts) a value JSON cannot hold."""
     if isinstance(value, Mapping):
         raise TypeError("a non-dict mapping: the slow path walks it")
     _tags.count += 1
     return tag(value)
 
 
-#: One encoder for every :func:`dumps` (``json.dumps`` with arguments builds one per call).
 _encode = json.JSONEncoder(separators=_COMPACT, default=_tag_counted).encode
 
 
@@ -136,7 +135,7 @@ def dumps(doc: Mapping[str, object]) -> str:
 
 
 def loads(text: str | bytes) -> object:
-    """Parse JSON written by :func:`dumps` (or either older codec), tags decoded.
+    """Parse JSON written by :func:`dumps` (or an older codec), tags decoded.
 
     Raises:
         ValueError: the text is not JSON, or a tag's text is broken.
