@@ -32,11 +32,10 @@ class CauseRecord(MaybeAttempt):
 
     @classmethod
     def from_fields(cls, *, history: tuple[HistoryEntry, ...] = (), **facts: Any) -> CauseRecord:
-        """The record of the :class:`Failure` fields ``facts`` and ``history``."""
         return cls(Failure(**facts), history)
 
     def to_json(self) -> str:
-        """The stored JSON text (compact; ``exc_message`` cut at :data:`EXC_MESSAGE_LIMIT`)."""
+        """The stored JSON text (``exc_message`` cut at :data:`EXC_MESSAGE_LIMIT`)."""
         data: dict[str, object] = {name: getattr(self, name) for name in _JSON_FIELDS}
         data["exc_message"] = self.exc_message[:EXC_MESSAGE_LIMIT]
         data["history"] = [e.to_json() for e in self.history]
@@ -115,7 +114,7 @@ def _optional_str(value: Any) -> str | None:
     return _str(value) or None
 
 
-#: How each failure field is read from a stored object, by the field's declared type.
+#: How each failure field is read from a stored object, by its declared type.
 _READERS: dict[str, Callable[[Any], Any]] = {
     f.name: {
         "str": _str,

@@ -1,8 +1,5 @@
-"""Fate events: one fate change of one message, as logged, counted, recorded and sent to integrations.
-
-The fate names (``buried``, ``parked``...) and the exceptions task code raises live in
-:mod:`celery_dlx.fates`, which also exports :class:`FateEvent` and :func:`now_ms`.
-"""
+"""Fate events: one fate change of one message, as logged, counted, recorded and sent to
+integrations (the fate names live in :mod:`celery_dlx.fates`, which re-exports these)."""
 
 from __future__ import annotations
 

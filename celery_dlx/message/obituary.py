@@ -157,7 +157,7 @@ class Obituary(KnownAttempt):
         """Rebuild an obituary from its stored record (JSON text or a mapping) and payload.
 
         Raises:
-            ValueError: the record is not JSON or lacks id, message_id, queue, reason or buried_ms.
+            ValueError: not JSON, or lacking id, message_id, queue, reason or buried_ms.
         """
         if isinstance(record, (str, bytes)):
             data = jsoncodec.loads(record)  # tags decoded while parsing
