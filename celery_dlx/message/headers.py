@@ -212,14 +212,16 @@ def state_headers(state: DLXState) -> dict[str, object]:
         PARKS_HEADER: state.parks,
         HISTORY_HEADER: _compact_json([e.to_json() for e in state.history]),
     }
-    optional = (
-        (QUEUE_HEADER, state.queue),
-        (FIRST_FAILURE_HEADER, state.first_failure_ms),
-        (CAUSE_HEADER, state.cause),
-        (EXC_TYPE_HEADER, state.exc_type),
-        (EXC_MESSAGE_HEADER, state.exc_message),
-    )
-    out.update((name, value) for name, value in optional if value is not None)
+    if state.queue is not None:
+        out[QUEUE_HEADER] = state.queue
+    if state.first_failure_ms is not None:
+        out[FIRST_FAILURE_HEADER] = state.first_failure_ms
+    if state.cause is not None:
+        out[CAUSE_HEADER] = state.cause
+    if state.exc_type is not None:
+        out[EXC_TYPE_HEADER] = state.exc_type
+    if state.exc_message is not None:
+        out[EXC_MESSAGE_HEADER] = state.exc_message
     return out
 
 
