@@ -77,7 +77,7 @@ class _Fact(Generic[T]):
     def __get__(self, holder: FailureFacts | None, owner: type | None = None) -> T:
         if holder is None:
             return self  # type: ignore[return-value]
-        return holder.failure.__dict__[self.name]  # type: ignore[no-any-return]
+        return getattr(holder.failure, self.name)  # type: ignore[no-any-return]
 
     def __set__(self, holder: FailureFacts, value: T) -> None:
         holder.failure = holder.failure.but(**{self.name: value})
