@@ -534,10 +534,6 @@ def _written_back_alike(entries: list[tuple[bytes, bytes]]) -> bool:
         return False
 
 
-_TAG_LONG_STRING = ord("S")
-_TAG_BOOLEAN = ord("t")
-_TAG_ARRAY = ord("A")
-_TAG_TABLE = ord("F")
 #: Field types whose every value is written back to the same bytes.
 _ALIKE_AS_READ = frozenset(map(ord, "IV"))
 #: Deepest nesting judged from the bytes (far below :data:`MAX_DEPTH`, past which
@@ -549,22 +545,22 @@ def _value_alike(data: bytes, start: int, stop: int, depth: int) -> bool:
     """Whether the field ``data[start:stop]`` reads to a value :func:`encode_value` writes back
     to the same bytes; raises FieldTableError or IndexError for a malformed array or table."""
     tag = data[start]
-    if tag == _TAG_LONG_STRING:
+    if tag == 83:  # S
         try:  # read as text (written back alike); not UTF-8, it reads as bytes: an "x"
             data[start + 5 : stop].decode("utf-8", "surrogatepass")
         except UnicodeDecodeError:
             return False
         return True
-    if tag == _TAG_BOOLEAN:
+    if tag == 116:  # t
         return data[start + 1] <= 1  # any other non-zero octet reads True, written back as 1
     if tag in _ALIKE_AS_READ:
         return True
-    if tag not in (_TAG_ARRAY, _TAG_TABLE) or depth >= _ALIKE_DEPTH:
+    if tag not in (65, 70) or depth >= _ALIKE_DEPTH:  # A array, F table
         return False
     offset = start + 5
     names: set[bytes] = set()
     while offset < stop:
-        if tag == _TAG_TABLE:  # a name first, then its value; a repeated name reads as one
+        if tag == 70:  # a name first, then its value; a repeated name reads as one
             size = data[offset]
             name = data[offset + 1 : offset + 1 + size]
             if name in names:
