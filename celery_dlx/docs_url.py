@@ -1,9 +1,5 @@
-"""Where the documentation is published: messages name a page by its URL, not by a file.
-
-The wheel ships no ``docs/``, so an error that says "see docs/migration.md" points a user at a file
-they do not have. :func:`doc_url` builds the page's address on the documentation site (the
-``Documentation`` URL of ``project_urls`` in setup.cfg, checked equal by a test).
-"""
+"""Where the documentation is published: messages name a page by its URL, not by a file (the
+wheel ships no ``docs/``). The site is setup.cfg's ``Documentation`` URL (checked by a test)."""
 
 from __future__ import annotations
 
@@ -16,11 +12,8 @@ _PAGE = re.compile(r"[a-z0-9-]+")
 
 
 def doc_url(page: str, anchor: str = "") -> str:
-    """The URL of a documentation page, named as its file in docs/ without ``.md``.
-
-    Args:
-        page: the page's name, e.g. ``"migration"`` for docs/migration.md.
-        anchor: a heading's anchor on that page (``"the-orphan-queue-alert"``), or empty.
+    """The URL of documentation ``page`` (its file in docs/ without ``.md``: ``"migration"``),
+    at heading ``anchor`` if given.
 
     Raises:
         ValueError: ``page`` is not a plain page name (a path, an extension, upper case).

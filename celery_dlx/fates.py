@@ -2,28 +2,8 @@
 
 from __future__ import annotations
 
-from celery_dlx.message.event import FateEvent, now_ms
-
-__all__ = [
-    "ARCHIVED",
-    "AUDIT",
-    "BURIED",
-    "DONE",
-    "DRAINED",
-    "FATE_CHANGES",
-    "HISTORY_KINDS",
-    "PARKED",
-    "PURGED",
-    "RECOVERED",
-    "REPLAYED",
-    "REQUEUED",
-    "Bury",
-    "FateEvent",
-    "FateRequest",
-    "Park",
-    "Requeue",
-    "now_ms",
-]
+from celery_dlx.message.event import FateEvent as FateEvent
+from celery_dlx.message.event import now_ms as now_ms
 
 #: The message was handled (acked).
 DONE = "done"
@@ -62,11 +42,8 @@ class Requeue(FateRequest):
 
 
 class Park(FateRequest):
-    """Retry the message later (uses the park budget, then buries).
-
-    Args:
-        countdown: seconds until the retry; None uses the task's backoff schedule.
-    """
+    """Retry the message later (uses the park budget, then buries). ``countdown``: seconds
+    until the retry; None uses the task's backoff schedule."""
 
     def __init__(self, countdown: float | str | None = None, message: str = "") -> None:
         if isinstance(countdown, str):

@@ -1,10 +1,9 @@
 """Deterministic crash points for chaos tests, off unless ``DLX_FAULT`` is set.
 
-``DLX_FAULT="drain.claimed@3,service.buried@1"`` makes the process exit with ``os._exit(9)`` (no
-cleanup, no ack, as after a ``kill -9``) the 3rd time it reaches ``drain.claimed`` or the 1st time
-it reaches ``service.buried``. With ``DLX_FAULT_LOG=path`` a line naming the point is appended to
-``path`` first (point, pid, epoch seconds), so a test's ledger records where and when each
-process died.
+``DLX_FAULT="drain.claimed@3,service.buried@1"`` makes the process exit with ``os._exit(9)`` (as
+after a ``kill -9``) the 3rd time it reaches ``drain.claimed`` or the 1st time it reaches
+``service.buried``. With ``DLX_FAULT_LOG=path`` a line (point, pid, epoch seconds) is appended to
+``path`` first, so a test's ledger records where and when each process died.
 
 Points (each sits in a window where a crash must lose nothing):
 
@@ -45,17 +44,14 @@ POINTS = frozenset(
     }
 )
 
-# Reach counts per point, in this process (a test hook: the only mutable module state).
+# Reach counts per point in this process (the only mutable module state).
 _reached: dict[str, int] = {}
 _lock = threading.Lock()
 
 
 def armed(spec: str) -> dict[str, int]:
-    """Parse a ``DLX_FAULT`` value: point -> the reach that crashes (1 when not given).
-
-    Raises:
-        ValueError: an unknown point or a count below 1.
-    """
+    """Parse a ``DLX_FAULT`` value: point -> the reach that crashes (1 when not given); raises
+    ValueError for an unknown point or a count below 1."""
     out: dict[str, int] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, nth = item.partition("@")

@@ -23,7 +23,7 @@ from celery_dlx.compat import app_task_or_amqp_made
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.integrations import install_integrations
 from celery_dlx.wiring.installed import mark_installed, not_installed, not_installed_message
-from celery_dlx.wiring.runtime import Runtime, get_runtime
+from celery_dlx.wiring.runtime import get_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +42,9 @@ class DLXQueues(Queues):
             queue = as_dlx_queue(queue, **self.dlx_options)
         super().__setitem__(name, queue)
 
-    # Celery's `add`/`add_compat` return the queue they were given; return the converted one
-    # that was stored, so a queue created on demand (routing, `worker -Q`) is declared with its
-    # arguments. `__missing__` creates queues through `add`.
-    # celery-types declares `add(queue: Queue) -> None`; Celery also takes a name and returns
-    # the queue.
+    # Celery's `add`/`add_compat` return the queue given; return the converted one stored, so a
+    # queue created on demand (`__missing__`, `worker -Q`) is declared with its arguments.
+    # celery-types declares `add(queue: Queue) -> None`; Celery also takes a name.
     def add(self, queue: Queue | str, **kwargs: Any) -> Queue:  # type: ignore[override]
         added: Queue = super().add(queue, **kwargs)  # type: ignore[arg-type, assignment]
         return self._stored(added.name)
@@ -63,9 +61,7 @@ class DLXQueues(Queues):
 class DLXAMQP(AMQP):
     """Celery's AMQP helper whose queue map adds dead-letter arguments when ``dlx_enabled``."""
 
-    def Queues(  # Celery's other arguments pass through
-        self, queues: list[Queue] | dict[str, Queue], *args: Any, **kwargs: Any
-    ) -> Queues:
+    def Queues(self, queues: list[Queue] | dict[str, Queue], *args: Any, **kwargs: Any) -> Queues:
         config = get_runtime(self.app).config
         options: dict[str, Any] = {}
         if config.enabled:
@@ -74,7 +70,6 @@ class DLXAMQP(AMQP):
                 "service": config.service_queue,
                 "quorum": config.quorum,
                 "delivery_limit": config.delivery_limit,
-                # a queue migrated by policy is declared as it is (DLXQueue.declare)
                 "app": self.app.main,
                 "management": management_of_app(self.app),
             }
@@ -110,27 +105,22 @@ def install(app: Celery) -> None:
     _INSTALLED.add(app)
 
 
-#: The apps install() was called on, for the worker start signals (which are global). Weak: an app
-#: a process drops (a test's, a script's) is not kept alive by having been installed.
-#: Each worker process connects to Redis and the broker when it starts, not at its first failure:
-#: pool processes start with ``worker_process_init``; solo and thread pools run tasks in the worker
-#: process itself (``worker_ready``). One receiver serves every installed app (connected once,
-#: below) and warms only the app of the worker that started.
+#: The apps install() was called on, for the (global) worker start signals, which connect each
+#: worker process to Redis and the broker at start: pool processes at ``worker_process_init``,
+#: solo and thread pools at ``worker_ready``. Weak: a dropped app is not kept alive.
 _INSTALLED: weakref.WeakSet[Celery] = weakref.WeakSet()
 
 
 def _warm(sender: Any = None, signal: Any = None, **_: Any) -> None:
-    # worker_ready comes from the worker's consumer; worker_process_init has no sender, but the
-    # pool process has made its worker's app the current one before sending it. Another app of
-    # the same process (a second Celery app, a test's) must not connect anywhere.
+    # worker_process_init has no sender, but the pool process made its app the current one.
+    # Another app of the same process must not connect anywhere.
     app = getattr(sender, "app", None) or app_or_default()
     if app not in _INSTALLED:
         return
     runtime = get_runtime(app)
     if runtime.config.enabled:
-        # Fate listeners (the event connection) warm where tasks run: a prefork worker's pool
-        # processes, not its main process.
-        # With dlx_parent_parks the main process tells the listeners of the parks it writes.
+        # Fate listeners warm where tasks run (not a prefork main process, unless it writes the
+        # parks: dlx_parent_parks).
         from celery_dlx.worker.settler import hands_over
 
         runs_tasks = (
@@ -143,26 +133,20 @@ signals.worker_process_init.connect(_warm, dispatch_uid="celery_dlx.install.warm
 signals.worker_ready.connect(_warm, dispatch_uid="celery_dlx.install.warm")
 
 
-# -- an app that asks for celery_dlx without install() -------------------------------------------
-# Nothing of celery_dlx runs in a process that never imports it. The `celery` command imports it
-# (its `dlx` subcommand is a `celery.commands` entry point, loaded by every `celery ...` run), and
-# so does a module that imports celery_dlx and forgets to call install(); there, these receivers
-# say so: the worker once at start (an ERROR), a producer at its first publish (a warning).
+# An app that imports celery_dlx (the `celery` command's `dlx` entry point does) but never calls
+# install(): the worker says so once at start (ERROR), a producer at its first publish (warning).
 
-
-#: Apps a producer has looked at (one look per app and process: a publish costs a set lookup).
+#: Apps a producer has looked at (one look per app and process).
 _LOOKED_AT: weakref.WeakSet[Celery] = weakref.WeakSet()
 
 
 def _worker_starting(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    # celeryd_after_setup: the worker's logging is set up, its banner not printed yet.
     app = getattr(instance, "app", None)
     if app is not None and not_installed(app):
         logger.error("%s", not_installed_message(app))
 
 
 def _first_publish(sender: Any = None, **_: Any) -> None:
-    # before_task_publish names the task, not the app: the publishing app is the current one.
     app = app_or_default()
     if app in _INSTALLED or app in _LOOKED_AT:
         return
@@ -188,8 +172,7 @@ def configure(app: Celery) -> None:
     config = runtime.config
     from celery_dlx.drain.core import register_drain_task
 
-    # The drain task is registered even when disabled, so `celery dlx` tools and a beat of
-    # another app can send it; it only runs if scheduled.
+    # Registered even when disabled: `celery dlx` tools and another app's beat may send it.
     register_drain_task(app)
     if not config.enabled:
         return
@@ -206,32 +189,10 @@ def configure(app: Celery) -> None:
     from celery_dlx.worker.settler import SettlerStep
     from celery_dlx.worker.startup import StartupStep
 
-    # Celery's step registries are sets: adding a step twice (configure runs again) keeps one.
-    app.steps["worker"].update(
-        {
-            # What celery_dlx does in this worker, after Celery's banner; dlx_redis_required.
-            StartupStep,
-            # The drain runs in the workers under a Redis lease: no beat entry, no tick messages.
-            DrainerStep,
-            # Parks of the pool's runs are written by the main process, in batches
-            # (dlx_parent_parks).
-            SettlerStep,
-            # On the solo pool, a DLX task's ack wakes the loop so it is written on its next turn.
-            LoopWakeStep,
-        }
-    )
-    # Fate events follow the worker's task-event switch (dlx_events_follow_worker).
+    # Step registries are sets: configure running again adds nothing.
+    app.steps["worker"].update({StartupStep, DrainerStep, SettlerStep, LoopWakeStep})
     app.steps["consumer"].add(TaskEventsStep)
-    _install_optional(app, runtime)
-
-
-def _install_optional(app: Celery, runtime: Runtime) -> None:
-    """Hook in the DLX service bootstep (``dlx_service_in_worker``) and the integrations.
-
-    An integration whose library is missing is skipped only when its settings are left at their
-    defaults; one the settings ask for raises ConfigurationError naming the extra to install.
-    """
-    if runtime.config.service_in_worker:
+    if config.service_in_worker:
         from celery_dlx.service.bootstep import install_service_step
 
         install_service_step(app)

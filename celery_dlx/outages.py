@@ -1,11 +1,8 @@
-"""One log line per outage and cause, with counts, instead of one per failed write.
+"""One log line per outage and cause, with counts, instead of one per failed write (a storm
+against a full Redis buried the worker's log under megabytes of the same WARNING).
 
-A failure storm against a full Redis refuses every write for minutes: a line (or a traceback) per
-refused write buried the worker's log under tens of megabytes of the same WARNING. An
-:class:`OutageLog` logs the first failure of an outage at once, then at most one line per
-:data:`WINDOW` seconds and cause (``Redis refused 1,234 writes in the last 60 s: OOM command not
-allowed ...``), and one line when writes succeed again (none failed for :data:`QUIET` seconds),
-with the total.
+An :class:`OutageLog` logs an outage's first failure at once, then at most one line per
+:data:`WINDOW` seconds and cause, and one line with the total when writes succeed again.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ WINDOW = 60.0
 #: Seconds without a failure before a success ends an outage: a Redis at its ``maxmemory`` takes
 #: a write now and then (a refusal frees a little) and refuses the next; that is one outage.
 QUIET = 10.0
-#: Longest cause text kept in a line (a Redis error message is one line; a repr may be long).
+#: Longest cause text kept in a line.
 CAUSE_LIMIT = 200
 
 
@@ -47,18 +44,11 @@ class _Cause:
 
 
 class OutageLog:
-    """Rate-limited WARNINGs for one kind of write (``what``) failing for one or more causes.
+    """Rate-limited WARNINGs for one kind of write (``what``, a plural noun phrase: "parks")
+    failing for one or more causes; thread-safe, one per process and kind of write.
 
-    Args:
-        logger: where the lines go.
-        what: what failed, as a plural noun phrase ("cause records stashed", "parks").
-        window: seconds between two summary lines of an ongoing outage.
-        quiet: seconds without a failure before a success ends the outage.
-        clock: a monotonic clock (tests pass their own).
-        timer: runs a callable after a delay: a success inside the quiet time looks again once
-            it is over, so the end is logged though no write follows (None: no second look).
-
-    Thread-safe; one instance per process and kind of write.
+    ``timer`` runs a callable after a delay: a success inside the quiet time looks again once it
+    is over, so the end is logged though no write follows (None: no second look).
     """
 
     def __init__(
@@ -95,9 +85,7 @@ class OutageLog:
 
     def failed(self, exc: BaseException, consequence: str = "") -> None:
         """Count one failure; log the first of its cause at once, later ones once per window.
-
-        ``consequence`` says what was done instead ("buried by publishing").
-        """
+        ``consequence`` says what was done instead ("buried by publishing")."""
         cause = cause_of(exc)
         now = self.clock()
         with self._lock:
@@ -136,9 +124,8 @@ class OutageLog:
             )
 
     def succeeded(self) -> None:
-        """End the outage, if one is going on and nothing failed for ``quiet`` seconds: one line
-        with how long and how many failures. Inside the quiet time (a write that slipped through
-        in the middle of the outage), look again once it is over."""
+        """End the outage if nothing failed for ``quiet`` seconds (one line with how long and how
+        many failures); inside the quiet time, look again once it is over."""
         if self.since is None:  # the common case, without the lock
             return
         now = self.clock()

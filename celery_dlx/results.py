@@ -11,9 +11,8 @@ code that wants to know more can ask:
   ``exc_type``, ``first_failure_ms`` and ``at_ms`` (epoch milliseconds);
 - for ``parked``: ``delay`` (seconds) and ``due_ms``; for ``recovered``: ``replayed``.
 
-Stored by the key-value backends (Redis, Memcached, file system, S3, ...) with the result's
-expiry, through their public ``set``/``get``; the RPC, database and MongoDB backends have no such
-store, and ``dlx_details`` returns None there.
+Stored by the key-value backends (Redis, Memcached, file system, S3...) through their public
+``set``/``get``; with the RPC, database and MongoDB backends ``dlx_details`` returns None.
 """
 
 from __future__ import annotations
@@ -32,11 +31,8 @@ def _details_key(backend: BaseKeyValueStoreBackend, task_id: str) -> str:
 
 
 def store_details(backend: object, task_id: str, details: Mapping[str, object]) -> bool:
-    """Store ``details`` of task ``task_id``'s run with ``backend`` (the task's result backend).
-
-    Returns False, storing nothing, for a backend that is not a key-value store. Raises what the
-    backend raises.
-    """
+    """Store ``details`` of task ``task_id``'s run with its result ``backend``; False, storing
+    nothing, for a backend that is not a key-value store. Raises what the backend raises."""
     if not isinstance(backend, BaseKeyValueStoreBackend):
         return False
     backend.set(_details_key(backend, task_id), backend.encode(dict(details)))

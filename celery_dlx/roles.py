@@ -1,35 +1,12 @@
 """The roles the composition root (:mod:`celery_dlx.wiring`) hands out, as small protocols.
 
-Everything outside ``store/`` and ``broker/`` reaches Redis and RabbitMQ through these: the parts
-that decide and report (worker, DLX service, operations, console, command line) never hold a
-client, a key name or a channel. Each role has its implementations in ``store/`` or ``broker/``;
-which one an app gets is chosen once, by its settings, in :class:`~celery_dlx.wiring.Runtime`.
-
-======================  ==========================================  ==================================
-role                    what it keeps                               implementations
-======================  ==========================================  ==================================
-:class:`Parking`        retries waiting for their due time          ``store.parking.ParkingStore``
-                                                                    (Redis sorted sets, one shard
-                                                                    or per queue bucket),
-                                                                    ``broker.ladder.LadderParking``
-                                                                    (the broker's TTL delay queues)
-:class:`ParkedStore`    what every parking backend reads and        ``store.parking.ParkingStore``
-                        drains in Redis; an operator's make-due
-                        and take
-:class:`Graveyard`      obituaries, their indexes and cause groups  ``store.graveyard.Graveyard``
-:class:`History`        the failure history stream and counters     ``store.history.History``
-:class:`Causes`         what a worker knows of a burial             ``store.causes.Causes``
-:class:`Letters`        the DLX service's seen markers              ``store.seen.Letters``
-:class:`Publisher`      confirmed copies                            ``broker.publish.ConfirmingPublisher``
-:class:`Breakers`       per-cause breakers (automatic hold)         ``store.breaker.Breakers``
-:class:`DrainLease`     one drainer per key prefix                  ``store.lease.DrainLease``
-:class:`WindowBudget`   uses per time window, shared                ``store.ratelimit.WindowBudget``
-:class:`Consumerless`   queues seen without consumers, since when   ``store.consumerless.Consumerless``
-:class:`Refusals`       copies workers could not write              ``store.refusals.Refusals``
-======================  ==========================================  ==================================
-
-The records they take and return are pure values of :mod:`celery_dlx.message` (obituaries,
-parked retries, :mod:`~celery_dlx.message.graveyard`'s filters and groups, fate counts).
+Everything outside ``store/`` and ``broker/`` reaches Redis and RabbitMQ through these, never
+holding a client, a key name or a channel; :class:`~celery_dlx.wiring.Runtime` picks each role's
+implementation once, by the app's settings. They live in ``store/`` (``store.parking``,
+``store.graveyard``, ``store.history``, ``store.causes``, ``store.seen``, ``store.breaker``,
+``store.lease``, ``store.ratelimit``, ``store.consumerless``, ``store.refusals``) and ``broker/``
+(``broker.ladder.LadderParking``: TTL delay queues; ``broker.publish.ConfirmingPublisher``).
+The records they take and return are pure values of :mod:`celery_dlx.message`.
 """
 
 from __future__ import annotations
@@ -52,11 +29,9 @@ class Parking(Protocol):
 
     def park(self, message: ParkedMessage) -> bool:
         """Park ``message`` until its due time; False if that id and attempt are parked already."""
-        ...
 
     def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
         """:meth:`park` each, in one round trip where the store allows it."""
-        ...
 
     def park_recorded(
         self, message: ParkedMessage, events: Sequence[FateEvent]
@@ -64,7 +39,6 @@ class Parking(Protocol):
         """Park ``message`` and record ``events`` with it where one transaction can hold both:
         True (both in), the history's error (parked, not recorded), or False (parked; the caller
         records the events)."""
-        ...
 
     def park_recorded_many(
         self, messages: Sequence[ParkedMessage], events: Sequence[FateEvent]
@@ -72,43 +46,33 @@ class Parking(Protocol):
         """:meth:`park_recorded` for a batch, in one transaction where the store allows it: per
         message None (parked, or parked already) or the error that kept it out, and whether the
         events were recorded with them, as :meth:`park_recorded` says it."""
-        ...
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Take up to ``limit`` due retries for ``lease_ms`` (claimed again after that)."""
-        ...
 
     def ack(self, messages: Iterable[ParkedMessage]) -> int:
         """Delete claimed retries whose republish was confirmed; how many were still ours."""
-        ...
 
     def release(self, messages: Iterable[ParkedMessage], due_ms: int | None = None) -> None:
         """Give claimed retries back (due at ``due_ms``, default their own due time)."""
-        ...
 
     def count(self) -> int: ...
-
     def due_count(self, now: int | None = None) -> int: ...
 
     def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
         """Retries in due order, with their bodies, without claiming them."""
-        ...
 
     def soonest(self, limit: int, batch: int = 1000) -> Iterator[ParkedMessage]:
         """The ``limit`` soonest-due retries, without bodies."""
-        ...
 
     def entry(self, entry_id: str) -> ParkedMessage | None:
         """One parked retry with its body, or None."""
-        ...
 
     def remove(self, entry_ids: Sequence[str]) -> int:
         """Delete retries by entry id; how many were there."""
-        ...
 
     def load_scripts(self) -> None:
         """Prepare the store now rather than at the first park."""
-        ...
 
 
 class ParkedStore(Parking, Protocol):
@@ -117,11 +81,9 @@ class ParkedStore(Parking, Protocol):
 
     def make_due(self, message: ParkedMessage, now: int | None = None) -> bool:
         """Make a parked retry due now; False if it was gone."""
-        ...
 
     def take(self, message: ParkedMessage) -> bool:
         """Delete a parked retry unless a drain claimed it; True if it was taken."""
-        ...
 
 
 class Graveyard(Protocol):
@@ -137,71 +99,52 @@ class Graveyard(Protocol):
     ) -> list[bool]:
         """Write obituaries with their ``buried`` history entries; per obituary, True if written
         now (False: there already, or over its cause's cap, its index then in ``over_cap``)."""
-        ...
 
     def remove(self, ob: Obituary, event: FateEvent | None) -> bool:
         """Delete ``ob`` with ``event`` in the history; False if it was gone."""
-        ...
 
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
         """The obituaries of ``ids`` (None where missing or unreadable), in order."""
-        ...
 
     def ids(self, filters: Filters, *, limit: int | None, oldest_first: bool = False) -> list[str]:
         """Obituary ids matching ``filters``, newest first unless ``oldest_first``."""
-        ...
 
     def count(self) -> int: ...
 
     def used_bytes(self) -> int:
         """The bytes of every obituary, as the budget counts them."""
-        ...
 
     def queues(self) -> list[str]:
         """The queues with graveyard keys of their own (per-queue layout), sorted."""
-        ...
 
     def latest_of_message(self, message_id: str) -> str | None: ...
 
     def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
         """Add replay times (obituary id, ms) to the replay ledger."""
-        ...
 
     def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
         """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
-        ...
 
     def mark_replayed(self, ids: Sequence[str], at: int) -> list[str]: ...
-
     def unmark_replayed(self, ids: Sequence[str], at: int) -> None: ...
-
     def resolve(self, ids: Sequence[str], at: int, by: str) -> list[str]: ...
-
     def note_failed_again(self, buried: Sequence[Obituary], at: int) -> None: ...
 
     def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
         """Ids ``replayed`` or ``resolved`` (``kind``) at or before ``cutoff_ms``, oldest first."""
-        ...
 
     def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
         """Ids buried at or before ``cutoff_ms``, oldest first."""
-        ...
 
     def top_causes(self, limit: int) -> list[str]: ...
-
     def cause_names(self, offset: int, limit: int) -> tuple[int, list[str]]: ...
-
     def groups(self) -> list[Group]: ...
-
     def groups_of(self, causes: list[str]) -> list[Group]: ...
-
     def cause_page(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage: ...
-
     def version_times(self) -> dict[str, int]: ...
 
     def names(self, kind: str) -> list[tuple[str, int, int]]:
         """``(name, obituaries, last burial ms)`` per queue (``kind="queue"``) or task."""
-        ...
 
 
 class History(Protocol):
@@ -213,14 +156,12 @@ class History(Protocol):
     ) -> tuple[BaseException | None, bool]:
         """Append ``events`` and count them in one round trip: the first append refused (None
         when all went in), and whether the counters failed."""
-        ...
 
     def append_many(self, events: Iterable[FateEvent]) -> int: ...
 
     def append_audit(self, fields: Mapping[str, str], event: FateEvent, *, maxlen: int) -> str:
         """An operator action in the audit stream and its ``audit`` history entry; the audit
         entry's id."""
-        ...
 
     def audit(self, limit: int = 100) -> list[tuple[str, dict[str, str]]]: ...
 
@@ -235,31 +176,22 @@ class History(Protocol):
     ) -> list[tuple[str, dict[str, str]]]: ...
 
     def length(self) -> int: ...
-
     def dump(self, path: str, *, after: str | None = None, page: int = 10000) -> int: ...
 
     def counts(self, window_s: float, *, at_ms: int | None = None) -> Counts:
         """The per-minute fate counters over the last ``window_s`` seconds."""
-        ...
 
 
 class Causes(Protocol):
     """Cause records a worker leaves for the DLX service, and its own-requeue markers."""
 
     def stash(self, message_id: str, record: CauseRecord, ttl_seconds: float) -> None: ...
-
     def read(self, message_id: str) -> CauseRecord | None: ...
-
     def drop(self, message_id: str) -> None: ...
-
     def note_requeue(self, message_id: str, ttl_seconds: int) -> None: ...
-
     def take_requeue(self, message_id: str) -> bool: ...
-
     def claim_run(self, step: str, ttl_seconds: float) -> bool: ...
-
     def was_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> bool: ...
-
     def mark_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> None: ...
 
     def mark_pending(
@@ -285,7 +217,6 @@ class DrainLease(Protocol):
 
     def acquire(self) -> bool:
         """Take the lease if free, renew it if ours; True when held."""
-        ...
 
     def release(self) -> bool: ...
 
@@ -295,7 +226,6 @@ class WindowBudget(Protocol):
 
     def spend(self, what: str) -> tuple[bool, int]:
         """Use one unit for ``what``: ``(allowed, uses in this window including this one)``."""
-        ...
 
 
 class Consumerless(Protocol):
@@ -308,7 +238,6 @@ class Refusals(Protocol):
     """Copies workers could not write (per fate), counted by the DLX service that wrote them."""
 
     def add(self, counts: Mapping[str, int]) -> None: ...
-
     def read(self) -> dict[str, int]: ...
 
 
@@ -316,11 +245,8 @@ class Publisher(Protocol):
     """Publishes copies and learns, per copy, whether the broker routed and confirmed it."""
 
     def publish(self, message: Outgoing) -> None: ...
-
     def publish_many(self, messages: Sequence[Outgoing]) -> list[bool]: ...
-
     def connect(self) -> None: ...
-
     def close(self) -> None: ...
 
 
@@ -341,15 +267,12 @@ class Breakers(Protocol):
     ) -> Hold | None:
         """Count one failure of ``cause`` on ``queue``: a :class:`Hold` while the breaker is open
         (``entry_id`` is then remembered as held), else None."""
-        ...
 
     def close(self, queue: str, cause: str) -> tuple[bool, list[str]]:
         """Close the breaker: whether it was open, and the entry ids it held."""
-        ...
 
     def list_open(self) -> Sequence[OpenBreaker]:
         """The open breakers, oldest first."""
-        ...
 
 
 class OpenBreaker(Protocol):
@@ -367,13 +290,10 @@ class OpenBreaker(Protocol):
     @property
     def probe_ms(self) -> int:
         """When the next canary is due."""
-        ...
 
     @property
     def held(self) -> int:
         """Messages held since it opened."""
-        ...
 
     def as_dict(self) -> dict[str, object]:
         """queue, cause, task, exc_type, opened_ms, probe_ms and held."""
-        ...

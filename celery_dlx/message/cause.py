@@ -1,11 +1,8 @@
 """The cause record: what a worker knows about a burial that the dead letter cannot carry.
 
-A Celery task buried by reject reaches the DLX service as the original message: the exception,
-traceback and attempt history live only in the worker, which stashes a :class:`CauseRecord` in
-Redis (``celery_dlx.store.causes``) before it rejects. The DLX service reads it back to write the
-obituary. Its JSON form is a flat object (``history`` as ``[[at_ms, fate, cause], ...]``);
-:meth:`CauseRecord.from_json` reads any record a worker of any version stashed, field by field
-and defensively, and None for what is not a JSON object.
+A task buried by reject reaches the DLX service as the original message; the exception, traceback
+and history live only in the worker, which stashes a :class:`CauseRecord` in Redis before it
+rejects, for the obituary. Its JSON is a flat object (``history`` as ``[[at_ms, fate, cause]]``).
 """
 
 from __future__ import annotations
@@ -26,43 +23,31 @@ EXC_MESSAGE_LIMIT = 2000
 @dict_init
 @dataclass(frozen=True)
 class CauseRecord(MaybeAttempt):
-    """The worker's account of one burial: its :class:`Failure` and the message's history.
-
-    The failure's fields read as before (``record.cause``, ``record.attempt``...). Unknown ones
-    keep the failure's unknown defaults: ``attempt`` and ``at_ms`` None, ``cause`` "" (the reader
-    computes one), ``importance`` "" (the queue's). Its ``at_ms`` is the burial decision's time,
-    its ``hostname`` the worker that decided it.
-
-    Attributes:
-        failure: the failure the worker buried the message for.
-        history: every failed run with its fate, ending with the burial.
-    """
+    """The worker's account of one burial: its :class:`Failure` (unknown fields left at their
+    defaults; ``at_ms`` the decision's time) and ``history``, every failed run with its fate,
+    ending with the burial."""
 
     failure: Failure = field(default_factory=Failure)
     history: tuple[HistoryEntry, ...] = ()
 
     @classmethod
     def from_fields(cls, *, history: tuple[HistoryEntry, ...] = (), **facts: Any) -> CauseRecord:
-        """The record of the :class:`Failure` fields ``facts`` and ``history``."""
         return cls(Failure(**facts), history)
 
     def to_json(self) -> str:
-        """The stored JSON text (compact; ``exc_message`` cut at :data:`EXC_MESSAGE_LIMIT`)."""
+        """The stored JSON text (``exc_message`` cut at :data:`EXC_MESSAGE_LIMIT`)."""
         data: dict[str, object] = {name: getattr(self, name) for name in _JSON_FIELDS}
         data["exc_message"] = self.exc_message[:EXC_MESSAGE_LIMIT]
         data["history"] = [e.to_json() for e in self.history]
         if self.code_version is not None:
-            # Only when known: a record without one is stored as older versions stored it.
             data["code_version"] = self.code_version
         return json.dumps(data, separators=(",", ":"), default=str)
 
     @classmethod
     def from_json(cls, raw: str | bytes | None) -> CauseRecord | None:
         """The record stashed as ``raw``, or None when there is none or it is not a JSON object.
-
-        Every field is read on its own: a field of the wrong type reads as unknown, so a record
-        stashed by another version of celery_dlx still yields what it can.
-        """
+        A field of the wrong type reads as unknown (a record of another version yields what it
+        can)."""
         if raw is None:
             return None
         try:
@@ -73,15 +58,13 @@ class CauseRecord(MaybeAttempt):
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, object]) -> CauseRecord:
-        """The record of a parsed JSON object (see :meth:`from_json`)."""
         facts = {name: _READERS[name](data.get(name)) for name in _JSON_FIELDS if name != "history"}
         facts["code_version"] = _optional_str(data.get("code_version"))
         return cls(Failure(**facts), _history(data.get("history")))
 
 
-#: The stored JSON's keys, in their order (``history`` is the record's own). ``code_version``, the
-#: worker's, follows them only when known (the DLX service prefers it to its own: the code that
-#: failed is the worker's).
+#: The stored JSON's keys, in order; ``code_version`` follows only when known (as older versions
+#: stored it; the DLX service prefers the worker's, whose code failed).
 _JSON_FIELDS = (
     "task",
     "queue",
@@ -131,7 +114,7 @@ def _optional_str(value: Any) -> str | None:
     return _str(value) or None
 
 
-#: How each failure field is read from a stored object, by the field's declared type.
+#: How each failure field is read from a stored object, by its declared type.
 _READERS: dict[str, Callable[[Any], Any]] = {
     f.name: {
         "str": _str,

@@ -1,11 +1,6 @@
-"""What a Celery task message carries, read from the running request (pure; the copy itself is
-built by :func:`celery_dlx.broker.copies.celery_copy`).
-
-The worker child has the delivery's full header table and properties (``request.properties``)
-and the decoded arguments; the body is re-encoded with the delivery's own serializer, so a copy
-is the same message with celery_dlx's headers updated and broker headers stripped. A copy keeps
-the message's task protocol: protocol 2 (task headers, ``[args, kwargs, embed]`` body) or
-protocol 1 (everything in a dict body, no task headers), which Celery still accepts.
+"""What a Celery task message carries, read from the running request (the copy itself is built
+by :func:`celery_dlx.broker.copies.celery_copy`). A copy keeps the message's task protocol: 2
+(task headers, ``[args, kwargs, embed]`` body) or 1 (everything in a dict body).
 """
 
 from __future__ import annotations

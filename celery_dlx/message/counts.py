@@ -1,8 +1,4 @@
-"""Fate counts read back from the per-minute counters: rows per minute, queue and fate.
-
-Pure values: :meth:`celery_dlx.roles.History.counts` returns them; the counters themselves are
-kept by :mod:`celery_dlx.store.counters`.
-"""
+"""Fate counts read back from the per-minute counters (:mod:`celery_dlx.store.counters`)."""
 
 from __future__ import annotations
 

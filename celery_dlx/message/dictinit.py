@@ -1,17 +1,10 @@
 """A faster ``__init__`` for the frozen dataclasses made once or more per message.
 
-A frozen dataclass's generated ``__init__`` sets each field with ``object.__setattr__`` (its own
-``__setattr__`` refuses), one call per field: a 14-field :class:`~celery_dlx.message.failure.Failure`
-takes about twice as long to make as its fields take to pass. The DLX service makes several such
-records per dead letter (the letter, its ``x-death``, its state and history, the verdict and its
-failure), the worker a few per failure. :func:`dict_init` gives such a class an ``__init__`` that
-fills the new instance's ``__dict__`` in one ``dict.update``: the same signature (names, order,
-defaults, default factories, keyword-only fields), the same instance, still frozen afterwards
-(assignment raises ``FrozenInstanceError`` as before). Type checkers keep reading the
-dataclass's own signature.
-
-Only for what it can do alike: a class with ``__post_init__``, ``InitVar`` fields, fields left out
-of ``__init__`` or ``__slots__`` is refused at import time (``TypeError``), never half-served.
+A frozen dataclass's generated ``__init__`` sets each field with ``object.__setattr__``, one call
+per field; the DLX service makes several such records per dead letter. :func:`dict_init` gives
+such a class an ``__init__`` that fills ``__dict__`` in one ``dict.update``, with the same
+signature, still frozen afterwards. A class with ``__post_init__``, ``InitVar`` or ``init=False``
+fields, or ``__slots__`` is refused at import time (``TypeError``).
 
 Counted gain (a speed trick stays where it saves 5% of its path): a whole P6 dead letter in a DLX
 service process (``benchmarks/p6_cpu.py --instructions 300,1300``) takes 903,418 instructions
@@ -33,9 +26,8 @@ _FACTORY = object()
 
 
 def dict_init(cls: type[T]) -> type[T]:
-    """Replace the ``__init__`` of the frozen dataclass ``cls`` by one that fills ``__dict__``.
-
-    Apply it above ``@dataclass(frozen=True)``.
+    """Replace the ``__init__`` of the frozen dataclass ``cls`` by one that fills ``__dict__``
+    (apply it above ``@dataclass(frozen=True)``).
 
     Raises:
         TypeError: ``cls`` is not a frozen dataclass, or uses what this ``__init__`` would not do
@@ -47,7 +39,6 @@ def dict_init(cls: type[T]) -> type[T]:
     if hasattr(cls, "__post_init__") or "__slots__" in cls.__dict__:
         raise TypeError(f"dict_init: {cls.__name__} has __post_init__ or __slots__")
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    # The generated __init__ takes exactly the fields: not an InitVar more, not one field less.
     taken = [name for name in inspect.signature(cls.__init__).parameters][1:]
     if taken != [f.name for f in fields]:
         raise TypeError(f"dict_init: {cls.__name__} has InitVar or init=False fields")

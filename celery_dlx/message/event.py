@@ -1,8 +1,5 @@
-"""Fate events: one fate change of one message, as logged, counted, recorded and sent to integrations.
-
-The fate names (``buried``, ``parked``...) and the exceptions task code raises live in
-:mod:`celery_dlx.fates`, which also exports :class:`FateEvent` and :func:`now_ms`.
-"""
+"""Fate events: one fate change of one message, as logged, counted, recorded and sent to
+integrations (the fate names live in :mod:`celery_dlx.fates`, which re-exports these)."""
 
 from __future__ import annotations
 
@@ -20,12 +17,8 @@ def now_ms() -> int:
 
 @dataclass
 class FateEvent(KnownAttempt):
-    """One fate change of one message, as logged, counted, recorded and sent to integrations.
-
-    It carries the :class:`~celery_dlx.message.failure.Failure` its origin built, read as
-    ``event.cause``, ``event.attempt``...; an unknown ``at_ms`` is stamped now, an unknown
-    ``attempt`` reads 0. Build one with :meth:`of` (or :meth:`from_fields`).
-    """
+    """One fate change of one message, with the :class:`~celery_dlx.message.failure.Failure` its
+    origin built (an unknown ``at_ms`` is stamped now, an unknown ``attempt`` reads 0)."""
 
     fate: str
     failure: Failure
@@ -60,8 +53,8 @@ class FateEvent(KnownAttempt):
         extra: dict[str, Any] | None = None,
         **facts: Any,
     ) -> FateEvent:
-        """The event of ``fate`` with the :class:`Failure` fields ``facts`` (``importance``
-        defaults to ``notify``, as a fate event's always has)."""
+        """The event of ``fate`` with the :class:`Failure` fields ``facts`` (importance
+        ``notify`` by default)."""
         return cls.of(fate, Failure(**{"importance": "notify", **facts}), delay=delay, extra=extra)
 
     @property
@@ -79,7 +72,7 @@ class FateEvent(KnownAttempt):
         return {name: merged[name] for name in _EVENT_KEYS}
 
 
-#: The keys of :meth:`FateEvent.as_dict`, in their order (the flat form the event always had).
+#: The keys of :meth:`FateEvent.as_dict`, in order.
 _EVENT_KEYS = (
     "fate",
     "queue",

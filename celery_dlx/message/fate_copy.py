@@ -1,12 +1,9 @@
 """The copy a DLX worker sends to the DLX service with a fate it decided but could not write.
 
-A worker that cannot store a park (Redis refuses writes) or publish a requeued copy used to reject
-the original into the dead-letter exchange and let the DLX service apply the queue's policy. A
-rejection then meant "retry" as often as "bury", and the service, finding no cause record (Redis
-had refused that too), retried permanent failures. Now a DLX worker rejects only to bury; the
-other fates travel with the message: the copy it would have written goes to the dead-letter
-exchange naming its fate (:data:`~celery_dlx.message.names.FATE_HEADER`) and the park's delay,
-and the service writes it as it is (:func:`celery_dlx.policy.verdicts.worker_retry`).
+A DLX worker rejects only to bury (a plain rejection let the service, without the cause record
+Redis had refused too, retry permanent failures). A park it cannot store or a requeued copy it
+cannot publish goes to the dead-letter exchange naming its fate
+(:data:`~celery_dlx.message.names.FATE_HEADER`) and delay; the service writes it as it is.
 """
 
 from __future__ import annotations

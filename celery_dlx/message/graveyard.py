@@ -1,9 +1,5 @@
-"""The graveyard's records: which obituaries an operation reads (:class:`Filters`), a cause's
-group (:class:`Group`), a page of a cause (:class:`CausePage`), and the budget's shares.
-
-Pure values: the graveyard role (:class:`celery_dlx.roles.Graveyard`) takes and returns them, and
-the store that keeps them in Redis is :mod:`celery_dlx.store.graveyard`.
-"""
+"""The graveyard's pure records: which obituaries an operation reads (:class:`Filters`), a
+cause's group (:class:`Group`), a page of a cause (:class:`CausePage`), and the budget's shares."""
 
 from __future__ import annotations
 
@@ -16,12 +12,11 @@ from celery_dlx.message.obituary import Obituary
 #: Obituaries loaded per round trip when listing, replaying, purging or sweeping.
 CHUNK = 100
 
-#: The share of Redis' ``maxmemory`` the graveyard may hold by default (``dlx_graveyard_max_bytes
-#: = 0``): half, so a storm of burials leaves the other half to parked retries and the history.
+#: The share of Redis' ``maxmemory`` the graveyard may hold by default: half, so a storm of
+#: burials leaves the other half to parked retries and the history.
 DEFAULT_SHARE = 0.5
 
-#: The share of ``maxmemory`` burials never take, whatever the budget says: with Redis this full,
-#: the room left is the parked retries' and the drain's.
+#: The share of ``maxmemory`` burials never take, whatever the budget: the parked retries' room.
 RESERVE = 0.1
 
 
@@ -29,13 +24,10 @@ RESERVE = 0.1
 class Group:
     """The obituaries of one cause fingerprint still in the graveyard.
 
-    ``count`` is how many are there now, ``total`` how many were ever buried with this cause
-    since the group was last empty; ``example_id`` is the latest obituary.
-
-    ``first_seen_ms``, ``first_version`` and ``last_version`` are the time and code versions of
-    the first and latest burial since the group was last empty (None for a group started before
-    version stats were kept); ``versions`` counts the obituaries still here per code version,
-    ``""`` for those buried without one.
+    ``count`` is how many are there now; ``total``, ``first_seen_ms``, ``first_version`` and
+    ``last_version`` count and date the burials since the group was last empty (None: before
+    version stats were kept); ``versions`` counts those here per code version (``""``: none);
+    ``example_id`` is the latest obituary.
     """
 
     cause: str
@@ -52,13 +44,12 @@ class Group:
     first_version: str | None = None
     last_version: str | None = None
     versions: dict[str, int] = field(default_factory=dict)
-    #: Obituaries of the cause still here per status but ``unresolved`` (see
-    #: :mod:`celery_dlx.store.status`): ``replayed``, ``resolved``, ``failed-again``.
+    #: Obituaries here per status but ``unresolved``: ``replayed``, ``resolved``, ``failed-again``.
     statuses: dict[str, int] = field(default_factory=dict)
 
     @property
     def unresolved(self) -> int:
-        """Obituaries of the cause nobody replayed, or whose replay failed again as another."""
+        """Obituaries nobody replayed, or whose replay failed again as another."""
         return self.count - sum(self.statuses.values())
 
 
@@ -90,9 +81,8 @@ class Filters:
 
 @dataclass
 class CausePage:
-    """One page of a cause's obituary ids (:meth:`Graveyard.cause_page`): ``next_offset`` None
-    at the end, ``matching`` None where not counted, ``scanned`` ids examined, ``capped`` when
-    the scan stopped at :data:`SCAN_CAP` before the page was full."""
+    """One page of a cause's obituary ids: ``next_offset`` None at the end, ``matching`` None
+    where not counted, ``capped`` when the scan stopped before the page was full."""
 
     ids: list[str] = field(default_factory=list)
     next_offset: int | None = None

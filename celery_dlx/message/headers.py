@@ -99,6 +99,10 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
 def _count(headers: Mapping[str, Any], name: str) -> int:
     value = headers.get(name)
     if value is None:
@@ -119,12 +123,8 @@ def _count(headers: Mapping[str, Any], name: str) -> int:
 
 
 def _ms(headers: Mapping[str, Any], name: str) -> int:
-    """An epoch-milliseconds header in any form celery_dlx ever wrote.
-
-    Old messages (already parked or in flight) carry an integer (py-amqp ``L`` on the wire); new
-    ones a decimal string (see :func:`celery_dlx.message.outgoing.wire_value`); a double is read
-    too, for publishers that chose that form.
-    """
+    """An epoch-milliseconds header in any form celery_dlx ever wrote: an integer (py-amqp
+    ``L``, old messages), a decimal string (new ones), or a double (other publishers)."""
     value = headers.get(name)
     if isinstance(value, float) and math.isfinite(value) and value >= 0:
         return int(value)
@@ -161,8 +161,7 @@ def _history(raw: Any) -> tuple[HistoryEntry, ...]:
     return tuple(entries)
 
 
-#: The headers :func:`read_state` reads; a message with none of them (every first delivery) has
-#: the empty state.
+#: The headers :func:`read_state` reads; a message with none of them has the empty state.
 STATE_HEADERS = frozenset(
     {
         ATTEMPT_HEADER,
@@ -176,47 +175,37 @@ STATE_HEADERS = frozenset(
         EXC_MESSAGE_HEADER,
     }
 )
-#: The state of a message that carries none of :data:`STATE_HEADERS` (frozen, so shared).
-NO_STATE = DLXState()
+_NO_STATE = DLXState()
 
 
 def read_state(headers: Mapping[str, object] | None) -> DLXState:
-    """Read celery_dlx's own headers.
+    """celery_dlx's own headers, read.
 
     Raises:
         MalformedHeader: a celery_dlx header is present with a value of the wrong type or shape.
     """
     if not headers or headers.keys().isdisjoint(STATE_HEADERS):
-        return NO_STATE
+        return _NO_STATE
     first = headers.get(FIRST_FAILURE_HEADER)
-    queue = headers.get(QUEUE_HEADER)
-    cause = headers.get(CAUSE_HEADER)
-    exc_type = headers.get(EXC_TYPE_HEADER)
-    exc_message = headers.get(EXC_MESSAGE_HEADER)
     return DLXState(
         attempt=_count(headers, ATTEMPT_HEADER),
         requeues=_count(headers, REQUEUES_HEADER),
         parks=_count(headers, PARKS_HEADER),
         history=_history(headers.get(HISTORY_HEADER)),
-        queue=_text(queue) if queue is not None else None,
+        queue=_optional_text(headers.get(QUEUE_HEADER)),
         first_failure_ms=_ms(headers, FIRST_FAILURE_HEADER) if first is not None else None,
-        cause=_text(cause) if cause is not None else None,
-        exc_type=_text(exc_type) if exc_type is not None else None,
-        exc_message=_text(exc_message) if exc_message is not None else None,
+        cause=_optional_text(headers.get(CAUSE_HEADER)),
+        exc_type=_optional_text(headers.get(EXC_TYPE_HEADER)),
+        exc_message=_optional_text(headers.get(EXC_MESSAGE_HEADER)),
     )
 
 
-#: ``json.dumps(..., separators=(",", ":"))`` without building an encoder per call.
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def state_headers(state: DLXState) -> dict[str, object]:
-    """celery_dlx's headers for ``state``: strings and integers.
-
-    The first-failure time is an epoch-milliseconds integer here (as parked entries keep it);
-    :meth:`celery_dlx.message.outgoing.Outgoing.encode` writes it to the wire as a string,
-    since 64-bit integers go out as py-amqp's ``L``, which RabbitMQ's own clients cannot read.
-    """
+    """celery_dlx's headers for ``state``: strings and integers (the first-failure time as
+    epoch ms; 64-bit ints go on the wire as text, RabbitMQ's clients cannot read py-amqp's ``L``)."""
     out: dict[str, object] = {
         ATTEMPT_HEADER: state.attempt,
         REQUEUES_HEADER: state.requeues,
@@ -238,14 +227,9 @@ def state_headers(state: DLXState) -> dict[str, object]:
 
 def is_broker_header(name: str) -> bool:
     """True for headers the broker owns (and transient ones) that a republished copy must not carry."""
-    return (
-        name in BROKER_HEADERS
-        or name == DELIVERY_QUEUE_HEADER
-        or name.startswith(BROKER_HEADER_PREFIXES)
-    )
+    return name in _NOT_COPIED or name.startswith(BROKER_HEADER_PREFIXES)
 
 
-#: The headers :func:`is_broker_header` names exactly (it also strips by prefix).
 _NOT_COPIED = frozenset({*BROKER_HEADERS, DELIVERY_QUEUE_HEADER})
 
 
@@ -278,9 +262,7 @@ class Death:
 
 
 def parse_x_death(headers: Mapping[str, object] | None) -> list[Death]:
-    """Parse ``x-death`` (newest death first, as RabbitMQ orders it).
-
-    Returns an empty list when the header is absent.
+    """Parse ``x-death`` (newest death first, as RabbitMQ orders it); [] when absent.
 
     Raises:
         MalformedHeader: the header is not a list of tables with a queue, a known reason and a count.
@@ -325,10 +307,7 @@ def parse_x_death(headers: Mapping[str, object] | None) -> list[Death]:
 
 
 def x_death_problem(headers: Mapping[str, object] | None) -> str | None:
-    """The reason ``x-death`` is malformed, or None when it is absent or well formed.
-
-    What such a message may not be is decided by :func:`dead_letter_refusal`.
-    """
+    """The reason ``x-death`` is malformed, or None when it is absent or well formed."""
     try:
         parse_x_death(headers)
     except MalformedHeader as exc:
@@ -337,18 +316,12 @@ def x_death_problem(headers: Mapping[str, object] | None) -> str | None:
 
 
 def dead_letter_refusal(headers: Mapping[str, object] | None) -> str | None:
-    """Why a message must never be rejected into a dead-letter exchange, or None when it may be.
+    """Why a message must never be rejected into a dead-letter exchange (``"malformed x-death:
+    <what is wrong>"``, the reason its burial records), or None when it may be.
 
-    The malformed-``x-death`` rule, decided here and nowhere else: RabbitMQ 3.10 crashes the
-    queue process when it dead-letters a message whose ``x-death`` is malformed. For a message
-    this refuses, every worker-side path does the same two things:
-
-    * it is buried by publishing a clean copy to the graveyard (quarantine), not by reject;
-    * when that publish fails, or the message cannot be handled at all, it goes back to its
-      queue (``Reject(requeue=True)``, ``message.requeue()``), never ``reject(requeue=False)``.
-
-    Returns:
-        ``"malformed x-death: <what is wrong>"``, the reason the burial records.
+    Decided here and nowhere else: RabbitMQ 3.10 crashes the queue process when it dead-letters a
+    message whose ``x-death`` is malformed. Such a message is buried by publishing a clean copy
+    (quarantine); when that fails it goes back to its queue, never ``reject(requeue=False)``.
     """
     problem = x_death_problem(headers)
     return None if problem is None else f"malformed x-death: {problem}"
@@ -380,11 +353,8 @@ def provable_identity(
 def message_identity(
     properties: Mapping[str, object] | None, headers: Mapping[str, object] | None, body: bytes
 ) -> str:
-    """:func:`provable_identity`, else a digest of the body and a few properties.
-
-    The digest describes a message, it does not identify one: look-alike messages (the same body
-    from the same publisher) share it. Never deduplicate on it.
-    """
+    """:func:`provable_identity`, else a digest of the body and a few properties: it describes a
+    message, look-alikes share it; never deduplicate on it."""
     found = provable_identity(properties, headers)
     if found is not None:
         return found
@@ -416,10 +386,7 @@ def normalize_message(message: str) -> str:
 @functools.lru_cache(maxsize=4096)
 def fingerprint(scope: str, exc_type: str, message: str) -> str:
     """The cause fingerprint: ``scope`` (task or queue) + exception type + normalized message.
-
-    Remembered for the last 4,096 distinct arguments: in a storm the same cause is fingerprinted
-    for every message, and the normalization is five regular expressions.
-    """
+    Cached: in a storm one cause is fingerprinted per message, through five regexes."""
     raw = "\x1f".join((scope, exc_type, normalize_message(message)))
     return hashlib.sha1(raw.encode("utf-8"), usedforsecurity=False).hexdigest()[:16]
 
@@ -427,6 +394,6 @@ def fingerprint(scope: str, exc_type: str, message: str) -> str:
 def exception_type_name(exc: BaseException) -> str:
     """``module.QualName`` of an exception's class (builtins without the module)."""
     cls = type(exc)
-    if cls.__module__ == "builtins":
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )

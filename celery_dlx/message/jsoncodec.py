@@ -1,7 +1,5 @@
-"""The one JSON codec of stored records: header tables with bytes, datetimes and decimals.
-
-AMQP header tables hold values JSON cannot (bytes, timestamps, decimals). Parked retries and
-obituaries keep them in Redis as JSON with those values *tagged*, one-key objects:
+"""The one JSON codec of stored records (parked retries, obituaries): header tables with the
+values JSON cannot hold *tagged*, as one-key objects:
 
 * ``{"__bytes__": "00ff"}`` bytes, bytearray, memoryview (hex);
 * ``{"__datetime__": "2024-05-06T07:08:09+00:00"}`` a datetime; a date is tagged the same way and
@@ -13,10 +11,9 @@ A table of user data whose keys look like a tag's (``{"__bytes__": None}``) is *
 such key gets the :data:`ESCAPED` prefix and the table an ``"__escaped__": 1`` marker, so user
 data never passes for a tag. Mapping keys become text; tuples become lists.
 
-:func:`dumps` and :func:`loads` are the fast paths (the encoder's ``default`` and the decoder's
-``object_hook`` run inside json's C loop: a drain decodes every entry it claims);
-:func:`to_jsonable` and :func:`from_jsonable` give and read the same tagged form as data.
-Records written by the two codecs this one replaces (parking store, graveyard) read back alike.
+:func:`dumps` and :func:`loads` are the fast paths (tagging inside json's C loop);
+:func:`to_jsonable` and :func:`from_jsonable` give and read the same form as data. Records of the
+two codecs this one replaced read back alike.
 """
 
 from __future__ import annotations
@@ -51,7 +48,7 @@ def tag(value: object) -> dict[str, str]:
 
 
 def to_jsonable(value: object) -> object:
-    """``value`` as JSON-safe data: tables walked, non-JSON scalars tagged, tag-shaped keys escaped."""
+    """``value`` as JSON-safe data: non-JSON scalars tagged, tag-shaped keys escaped."""
     if isinstance(value, Mapping):
         return _escaped({str(k): to_jsonable(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
@@ -62,9 +59,8 @@ def to_jsonable(value: object) -> object:
 
 
 def untag(obj: dict[str, object]) -> object:
-    """One decoded JSON object back to its value: a tag's value, an unescaped table, or ``obj``.
-
-    Usable as ``json.loads(..., object_hook=untag)`` (inner objects are already decoded).
+    """One decoded JSON object back to its value (a tag's, an unescaped table, or ``obj``): a
+    ``json.loads`` ``object_hook``.
 
     Raises:
         ValueError: a bytes or datetime tag whose text is not hex or ISO (the record is broken).
@@ -107,22 +103,19 @@ _tags = threading.local()
 
 
 def _tag_counted(value: object) -> object:
-    """The encoder's ``default``: a value JSON cannot hold, tagged (and counted for :func:`dumps`)."""
+    """The encoder's ``default``: tags (and counts) a value JSON cannot hold."""
     if isinstance(value, Mapping):
         raise TypeError("a non-dict mapping: the slow path walks it")
     _tags.count += 1
     return tag(value)
 
 
-#: One encoder for every :func:`dumps` (``json.dumps`` with arguments builds one per call).
 _encode = json.JSONEncoder(separators=_COMPACT, default=_tag_counted).encode
 
 
 def dumps(doc: Mapping[str, object]) -> str:
-    """``doc`` as compact JSON text in the tagged form (what ``json.dumps(to_jsonable(doc))`` gives).
-
-    The fast path lets json's encoder tag values as it meets them; a table using a tag's key, a
-    non-text key or a nested non-dict mapping takes the slow, total path.
+    """``doc`` as compact JSON text in the tagged form (what ``json.dumps(to_jsonable(doc))``
+    gives); a tag-shaped or non-text key, or a non-dict mapping, takes that slow, total path.
 
     Counted gain (a speed trick stays where it saves 5% of its path): the stored JSON of a P6
     dead letter (its obituary or parked entry, ``benchmarks/tricks_cpu.py --part write``) takes
@@ -142,7 +135,7 @@ def dumps(doc: Mapping[str, object]) -> str:
 
 
 def loads(text: str | bytes) -> object:
-    """Parse JSON written by :func:`dumps` (or either older codec), tags decoded.
+    """Parse JSON written by :func:`dumps` (or an older codec), tags decoded.
 
     Raises:
         ValueError: the text is not JSON, or a tag's text is broken.

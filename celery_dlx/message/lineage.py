@@ -1,11 +1,9 @@
-"""Which copy of a message a redelivered original already became: pure, from what copies share.
+"""Which copy of a message a redelivered original already became, from what copies share.
 
-RabbitMQ stopped between a worker's park and its ack: the broker redelivers the original, whose
-failure the park already counted. Given a retry of its own (a ``Redelivered`` requeue, stamped
-with another first failure), the message lived on as two lineages, each running its budget and
-each buried. A copy and the delivery it came from share the message id and follow each other by
-attempt: the park of attempt ``n`` is stored under ``<message id>:<n + 1>``, and its history is the
-delivery's with one entry more. Nothing here reads a clock.
+When the broker redelivers an original whose failure a park already counted (it stopped between
+park and ack), a retry of its own would start a second lineage, each running its budget. A copy
+and the delivery it came from share the message id and follow each other by attempt: the park of
+attempt ``n`` is stored under ``<message id>:<n + 1>``, its history the delivery's plus one entry.
 """
 
 from __future__ import annotations
@@ -13,8 +11,8 @@ from __future__ import annotations
 from celery_dlx.message.headers import DLXState
 from celery_dlx.message.names import HISTORY_LIMIT
 
-#: A marker's value that names no lineage (written by the DLX service, which writes a worker's copy
-#: as it is, or by an earlier release): it matches every delivery but a replayed one.
+#: A marker's value that names no lineage (the DLX service's, or an earlier release's): it
+#: matches every delivery but a replayed one.
 ANY_LINEAGE = "?"
 
 
@@ -48,13 +46,9 @@ def next_park_id(message_id: str, delivery: DLXState) -> str:
 
 
 def follows(copy: DLXState, copy_queue: str, delivery: DLXState, queue: str) -> bool:
-    """True when ``copy`` (a parked entry's state) is the retry of a failure of ``delivery``.
-
-    Same queue, one attempt more, and the delivery's history with one entry more (histories are
-    capped at :data:`HISTORY_LIMIT` entries, the oldest dropped first). A copy of another
-    lineage of the same message id (a publisher reusing the id, an earlier death) has another
-    history and does not follow.
-    """
+    """True when ``copy`` (a parked entry's state) is the retry of a failure of ``delivery``:
+    same queue, one attempt more, the delivery's history (capped at :data:`HISTORY_LIMIT`, oldest
+    dropped) with one entry more. Another lineage of the same id has another history."""
     if copy_queue != queue or copy.attempt != delivery.attempt + 1 or not copy.history:
         return False
     kept = len(copy.history) - 1

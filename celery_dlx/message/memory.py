@@ -8,12 +8,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RedisMemory:
-    """One Redis server's memory, as ``INFO`` reports it.
-
-    ``refused_writes``: commands refused with ``OOM`` since the server started (``INFO
-    errorstats``); ``writable``: the probe write was taken (None: not probed);
-    ``refusal``: Redis's answer when it was not.
-    """
+    """One Redis server's memory. ``refused_writes``: ``OOM`` refusals since start; ``writable``:
+    the probe write was taken (None: not probed), else ``refusal`` is Redis's answer."""
 
     used: int
     maxmemory: int

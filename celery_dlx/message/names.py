@@ -26,23 +26,18 @@ REPLAYED_HEADER = "x-dlx-replayed"
 FIRST_FAILURE_HEADER = "x-dlx-first-failure-ms"
 #: Header with the identity celery_dlx gave the copies of a message that had no ``message_id``.
 IDENTITY_HEADER = "x-dlx-id"
-#: Header on a copy held by an open per-cause breaker (``dlx_breaker``): the cause fingerprint
-#: it is held for (its success closes that breaker).
+#: Header on a copy held by an open breaker (``dlx_breaker``): the cause it is held for.
 HELD_HEADER = "x-dlx-held"
-#: Header on a held copy: how many times it has been held (makes each hold's parking entry
-#: distinct).
+#: Header on a held copy: how many times it was held (each hold's parking entry is distinct).
 HOLDS_HEADER = "x-dlx-holds"
 
-#: Header on a copy a DLX worker sent to the dead-letter exchange itself because it could not carry
-#: out the fate it decided (Redis refused the park or the cause record, or the broker the requeued
-#: copy): ``parked`` or ``requeued``; the DLX service carries it out, with the copy's own state.
-#: A burial goes with :data:`REASON_HEADER` instead.
+#: Header on a copy a DLX worker sent to the dead-letter exchange because it could not carry out
+#: the fate it decided (``parked`` or ``requeued``); the DLX service carries it out.
 FATE_HEADER = "x-dlx-fate"
 #: Header with the park delay (seconds, a decimal string) of a ``parked`` :data:`FATE_HEADER` copy.
 DELAY_HEADER = "x-dlx-delay"
 
-#: Every header celery_dlx owns: a replay drops them (a fresh budget, and a replayed copy of a
-#: once-held message is no canary of a breaker) unless ``--keep-attempts``.
+#: Every header celery_dlx owns: a replay drops them unless ``--keep-attempts``.
 OWN_HEADERS = frozenset(
     {
         ATTEMPT_HEADER,
@@ -83,20 +78,15 @@ DEFAULT_KEY_PREFIX = "dlx"
 
 
 def default_exchange(prefix: str = DEFAULT_KEY_PREFIX) -> str:
-    """The dead-letter exchange of an app that does not set ``dlx_exchange``.
-
-    ``celery_dlx`` for the default key prefix (the name every existing deployment has);
-    ``celery_dlx.<prefix>`` for an app with a key prefix of its own, so two apps on one virtual
-    host never send their dead letters to each other's DLX service (and Redis).
-    """
+    """The dead-letter exchange of an app that does not set ``dlx_exchange``: ``celery_dlx``, or
+    ``celery_dlx.<prefix>`` for a key prefix of its own (two apps on one vhost stay apart)."""
     return (
         DEFAULT_DLX_EXCHANGE if prefix == DEFAULT_KEY_PREFIX else f"{DEFAULT_DLX_EXCHANGE}.{prefix}"
     )
 
 
-#: Consumer tags of DLX services start with this, then ``<key prefix>:<host>:<pid>``: the
-#: management API then shows which app's service consumes a queue (``dlx check`` and a starting
-#: service find another app's service bound to their dead-letter exchange).
+#: Consumer tags of DLX services start with this, then ``<key prefix>:<host>:<pid>``, so the
+#: management API shows which app's service consumes a queue.
 SERVICE_TAG_PREFIX = "celery_dlx.service:"
 
 
@@ -107,9 +97,9 @@ def service_consumer_tag(prefix: str, host: str, pid: int) -> str:
 
 def service_tag_prefix(tag: str) -> str | None:
     """The key prefix a DLX service's consumer tag names, or None for any other consumer."""
-    if not tag.startswith(SERVICE_TAG_PREFIX):
-        return None
-    return tag[len(SERVICE_TAG_PREFIX) :].split(":", 1)[0] or None
+    if tag.startswith(SERVICE_TAG_PREFIX):
+        return tag[len(SERVICE_TAG_PREFIX) :].split(":", 1)[0] or None
+    return None
 
 
 def default_service_queue(prefix: str = DEFAULT_KEY_PREFIX) -> str:
@@ -120,18 +110,14 @@ def default_service_queue(prefix: str = DEFAULT_KEY_PREFIX) -> str:
     return f"{DEFAULT_DLX_EXCHANGE}.{prefix}.dead"
 
 
-#: Buckets of one queue's parked retries with ``dlx_redis_shards = "queue"``: an entry's bucket
-#: is the CRC-32 of its entry id modulo this, so the keys of one queue spread over as many hash
-#: slots. Fixed: changing it would strand entries in buckets nothing reads.
+#: Buckets of one queue's parked retries with ``dlx_redis_shards = "queue"`` (CRC-32 of the entry
+#: id modulo this). Fixed: changing it would strand entries in buckets nothing reads.
 PARKED_BUCKETS = 8
 
 
 class Keys:
-    """Redis key names for one prefix.
-
-    Every key starts with ``{prefix}`` (a hash tag), so Lua scripts touching several keys work on
-    Redis Cluster.
-    """
+    """Redis key names for one prefix; each starts with the hash tag ``{prefix}``, so Lua scripts
+    touching several keys work on Redis Cluster."""
 
     def __init__(self, prefix: str = DEFAULT_KEY_PREFIX) -> None:
         if not prefix or any(c in prefix for c in "{} "):
@@ -146,11 +132,9 @@ class Keys:
         self.parked_meta = f"{base}:parked:meta"
         #: Hash: parked entry id -> raw body bytes.
         self.parked_body = f"{base}:parked:body"
-        #: Stream: the failure history, one entry per fate change (``spark/dlx_source.py`` reads
-        #: the same name).
+        #: Stream: the failure history, one entry per fate change (``spark/dlx_source.py`` too).
         self.history = f"{base}:history"
-        #: Hash: the Spark export's checkpoint mirrored next to the stream (written by
-        #: ``spark/dlx_stream.py``, which cannot import this module: the name is tested equal).
+        #: Hash: the Spark export's checkpoint (``spark/dlx_stream.py``, tested equal).
         self.history_export = f"{self.history}:export"
         #: String: the Spark export's lock (``spark/dlx_stream.py``, likewise).
         self.history_export_lock = f"{self.history}:export:lock"
@@ -168,18 +152,15 @@ class Keys:
         self.consumerless = f"{base}:check:consumerless"
         #: String: written (expiring at once) by ``check`` to learn whether Redis takes a write.
         self.check_probe = f"{base}:check:probe"
-        #: Hash: fate -> copies workers could not write (Redis refused the park) that the DLX
-        #: service wrote for them (``store/refusals.py``).
+        #: Hash: fate -> copies workers could not write that the DLX service wrote for them.
         self.refused = f"{base}:refused"
         #: Rate-limit budgets (Sentry events per cause...): ``budget(name)`` + what is counted.
         self.budget_prefix = f"{base}:budget:"
-        #: String per run of a retried copy (message, attempt, the fate that made the copy): set
-        #: when the run starts, so a second copy of the same step (a drain or DLX service that
-        #: died between its confirmed publish and its delete) is acked, not run again.
+        #: String per run of a retried copy, set when it starts: a second copy of the same step
+        #: (its writer died between confirmed publish and delete) is acked, not run again.
         self.run_prefix = f"{base}:run:"
-        #: String per requeued copy (queue, message, the copy's attempt), written with its
-        #: ``requeued`` history entry: a redelivered original (its ack lost after the copy was
-        #: out) is the copy's, not a crash to count again.
+        #: String per requeued copy (queue, message, attempt): a redelivered original whose ack
+        #: was lost after the copy went out is the copy's, not a crash to count again.
         self.copied_prefix = f"{base}:copied:"
         #: String per message: a task rejected it with requeue=True itself (not a crash).
         self.requeued_by_task_prefix = f"{base}:requeued-by-task:"
@@ -187,12 +168,10 @@ class Keys:
         self.web_audit = f"{base}:web:audit"
         #: String: the token of the worker whose drainer holds the drain lease (with a TTL).
         self.drain_lease = f"{base}:drain:lease"
-        #: Set: the queues whose parked retries have keys of their own (``dlx_redis_shards =
-        #: "queue"``, see :meth:`parked_shard`); cross-queue reads and the drain read it.
+        #: Set: the queues whose parked retries have keys of their own (:meth:`parked_shard`).
         self.parked_queues = f"{base}:parked:queues"
-        #: Per-cause breakers (``dlx_breaker``, ``store/breaker.py``): a hash of state and a set
-        #: of held entry ids per ``QUEUE\tCAUSE`` (see :meth:`breaker_state`), and this sorted set
-        #: of the open ones (``QUEUE\tCAUSE`` -> opened ms).
+        #: Sorted set of the open breakers (``QUEUE\tCAUSE`` -> opened ms); each has a state hash
+        #: and a held set (:meth:`breaker_state`, :meth:`breaker_held`).
         self.breakers_open = f"{base}:breaker:open"
         self._breaker_prefix = f"{base}:breaker:"
 
@@ -202,14 +181,12 @@ class Keys:
         return "{" + self.prefix + "}"
 
     def queue_tag(self, queue: str, bucket: int) -> str:
-        """The hash tag of one bucket of ``queue``'s keys, ``{prefix:q:QUEUE:BUCKET}``
-        (``dlx_redis_shards = "queue"``), so a Redis Cluster spreads them over its masters,
-        those of one busy queue too."""
+        """The hash tag of one bucket of ``queue``'s keys, ``{prefix:q:QUEUE:BUCKET}``, so a
+        Redis Cluster spreads them over its masters."""
         return "{" + f"{self.prefix}:q:{queue}:{bucket}" + "}"
 
     def parked_shard(self, queue: str, bucket: int) -> ParkedKeys:
-        """The parked-retry keys of one bucket of ``queue`` (``0 <= bucket <``
-        :data:`PARKED_BUCKETS`)."""
+        """The parked-retry keys of one bucket of ``queue``."""
         return ParkedKeys(self.queue_tag(queue, bucket))
 
     @property
@@ -257,9 +234,8 @@ class Keys:
 
 
 class ParkedKeys:
-    """The three keys of one set of parked retries: all of an app's (``Keys.parked_legacy``)
-    or one queue's (:meth:`Keys.parked_shard`). They share one hash tag (one Cluster slot), so
-    the parking store's Lua scripts touch one slot."""
+    """The three keys of one set of parked retries, all of an app's or one queue's, under one
+    hash tag (one Cluster slot, for the parking store's Lua scripts)."""
 
     def __init__(self, base: str) -> None:
         self.base = base
@@ -275,12 +251,11 @@ class ParkedKeys:
 #: (a fanout or topic delivery's routing key does not name it). Never carried by a copy.
 DELIVERY_QUEUE_HEADER = "x-dlx-delivered-from"
 
-#: Key celery_dlx's frame reader adds to a delivery's properties (never sent as a property):
-#: the raw content of its header table, so a copy writes each user header back as its producer
-#: encoded it (:func:`celery_dlx.message.fieldtable.write_table`).
+#: Key celery_dlx's frame reader adds to a delivery's properties (never sent): the raw content of
+#: its header table, so a copy writes each user header back as its producer encoded it.
 WIRE_HEADERS_PROPERTY = "x-dlx-wire-headers"
 #: Key added to a delivery's properties when its property list could not be decoded: the reason.
 UNDECODABLE_PROPERTY = "x-dlx-undecodable"
-#: Key added with :data:`UNDECODABLE_PROPERTY`: the raw bytes of the property list. A quarantine
-#: copy carries them in the header of the same name (a byte array).
+#: Key added with :data:`UNDECODABLE_PROPERTY`: the property list's raw bytes (a quarantine copy
+#: carries them in the header of the same name).
 RAW_PROPERTIES_PROPERTY = "x-dlx-raw-properties"

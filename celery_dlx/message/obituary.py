@@ -1,10 +1,8 @@
 """The obituary: everything known about one buried message.
 
-An :class:`Obituary` is written to the graveyard by the DLX service when it buries a dead letter.
-Its record is JSON (header and property values tagged by :mod:`celery_dlx.message.jsoncodec`); the payload
-is kept aside as raw bytes, never decoded here and never unpickled. Its JSON-safe form (payload as
-base64 with its content type) is what the hook task named by ``dlx_obituary_task`` is sent
-(:func:`celery_dlx.broker.hook.send_to_hook`).
+Its record is JSON (values tagged by :mod:`celery_dlx.message.jsoncodec`); the payload is kept
+aside as raw bytes, never decoded or unpickled here. Its JSON-safe form (payload as base64) is what
+the ``dlx_obituary_task`` hook is sent.
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ from celery_dlx.message.failure import Failure, KnownAttempt, split_facts
 
 logger = logging.getLogger(__name__)
 
-#: Payloads larger than this are left out of the hook task's message (the graveyard keeps them;
-#: the hook gets the obituary id to fetch them), so a 10 MB body does not become a 13 MB task.
+#: Payloads larger than this are left out of the hook task's message (it can fetch them by the
+#: obituary id), so a 10 MB body does not become a 13 MB task.
 HOOK_PAYLOAD_LIMIT = 1024 * 1024
 
 #: Obituary origins: a Celery task message, or a message of any other producer or consumer.
@@ -43,37 +41,29 @@ class Attempt:
 class Obituary(KnownAttempt):
     """The record of one buried message.
 
-    Its :class:`Failure` (``failure``) holds the facts of the burial, read as attributes of the
-    obituary as before (``ob.cause``, ``ob.traceback = ...`` replaces the failure); the failure's
-    ``at_ms`` is the obituary's ``last_failure_ms``. Build one from flat fields with
-    :meth:`from_fields`.
+    Its :class:`Failure` (``failure``) holds the burial's facts, read as the obituary's attributes
+    (``ob.cause``; ``ob.traceback = ...`` replaces the failure); its ``at_ms`` is the obituary's
+    ``last_failure_ms``. Build one from flat fields with :meth:`from_fields`.
 
     Attributes:
-        id: the obituary id, derived from queue, message id, attempt and replay (stable, so a
-            redelivered dead letter writes the same obituary).
+        id: derived from queue, message id, attempt and replay (stable: a redelivered dead
+            letter writes the same obituary).
         buried_ms: when the graveyard received it (epoch ms).
-        failure: the burial's facts:
-
-            - message_id: the message's stable id (``headers.message_identity``).
-            - queue: the queue the message died in (its retries and replays return there).
-            - reason: why it was buried (burial reason, ``undecodable: ...``, x-death reason...).
-            - task: the Celery task name, None for foreign messages.
-            - cause: cause fingerprint (task or queue + exception type + normalized message).
-            - exc_type, exc_message, traceback: the last failure, as far as it is known.
-            - importance: page, notify or ignore.
-            - attempt: failed runs, the last one included.
-            - first_failure_ms, last_failure_ms (``at_ms``): first and last failure times.
-            - code_version: ``dlx_code_version`` or the environment's, at burial.
-            - hostname: the worker that decided the burial, or the DLX service's host.
+        failure: the burial's facts: ``message_id`` (``headers.message_identity``), ``queue``
+            (the queue it died in, where retries and replays return), ``reason`` (burial reason,
+            ``undecodable: ...``, x-death reason...), ``task`` (None for foreign messages),
+            ``cause`` (fingerprint), ``exc_type``, ``exc_message``, ``traceback`` (the last
+            failure, as far as known), ``importance`` (page, notify or ignore), ``attempt``
+            (failed runs, the last included), ``first_failure_ms``, ``last_failure_ms``,
+            ``code_version`` (at burial) and ``hostname`` (who decided the burial).
         origin: ``celery`` or ``foreign``.
         attempts: every failed run with its time and fate, ending with the burial.
         death_reason: the broker's x-death reason (rejected, expired, maxlen, delivery_limit), or
             ``published`` when a worker buried the message by publishing a clean copy.
-        x_death: the broker's x-death tables, JSON-safe.
-        headers, properties: the dead letter's headers and AMQP properties, JSON-safe.
+        x_death, headers, properties: the dead letter's x-death tables, headers and AMQP
+            properties, JSON-safe.
         exchange, routing_key: where the dead letter was published (the DLX and the queue name).
-        payload: the raw body; None when the obituary was listed without it.
-        payload_size: body length in bytes.
+        payload: the raw body; None when listed without it. payload_size: its length in bytes.
         replayed_from: the obituary this message was replayed from, if any.
         replays: epoch ms of every replay of this obituary (from the replay ledger).
         status: what became of it after a replay (:mod:`celery_dlx.store.status`): ``{}`` for
@@ -105,10 +95,8 @@ class Obituary(KnownAttempt):
 
     @classmethod
     def from_fields(cls, **values: Any) -> Obituary:
-        """An obituary of its flat fields (those of :meth:`record`, ``payload``, ``replays``).
-
-        The failure's fields (``cause``, ``traceback``, ``last_failure_ms``...) go into its
-        :class:`Failure`; ``importance`` defaults to ``notify`` and ``attempt`` to 0.
+        """An obituary of its flat fields (those of :meth:`record`, ``payload``, ``replays``); the
+        failure's go into its :class:`Failure` (``importance`` ``notify``, ``attempt`` 0 by default).
         """
         values = dict(values)
         if "last_failure_ms" in values:
@@ -119,7 +107,6 @@ class Obituary(KnownAttempt):
 
     @property
     def last_failure_ms(self) -> int | None:
-        """The last failure's time: the failure's ``at_ms``."""
         return self.failure.at_ms
 
     @last_failure_ms.setter
@@ -138,29 +125,24 @@ class Obituary(KnownAttempt):
 
     def record(self) -> dict[str, object]:
         """The stored JSON record: everything but the payload bytes and the replays."""
+        return self._stored(jsoncodec.to_jsonable)
+
+    def record_json(self) -> str:
+        """:meth:`record` as JSON text (the same tagging, done by the encoder: faster)."""
+        return jsoncodec.dumps(self._stored(_as_decoded))
+
+    def _stored(self, tables: Callable[[object], object]) -> dict[str, object]:
         # Built by hand: dataclasses.asdict deep-copies every header value, 5x slower.
         data = self._plain()
         data["attempts"] = [
             {"at_ms": a.at_ms, "fate": a.fate, "cause": a.cause} for a in self.attempts
         ]
-        data["headers"] = jsoncodec.to_jsonable(self.headers)
-        data["properties"] = jsoncodec.to_jsonable(self.properties)
-        data["x_death"] = jsoncodec.to_jsonable(self.x_death)
+        data["headers"] = tables(self.headers)
+        data["properties"] = tables(self.properties)
+        data["x_death"] = tables(self.x_death)
         return data
 
-    def record_json(self) -> str:
-        """:meth:`record` as JSON text (the same tagging, done by the encoder: faster)."""
-        data = self._plain()
-        data["attempts"] = [
-            {"at_ms": a.at_ms, "fate": a.fate, "cause": a.cause} for a in self.attempts
-        ]
-        data["headers"] = self.headers
-        data["properties"] = self.properties
-        data["x_death"] = self.x_death
-        return jsoncodec.dumps(data)
-
     def _plain(self) -> dict[str, object]:
-        """The fields stored as they are, in :data:`_PLAIN_FIELDS` order."""
         # Read from the two __dict__s: a property per field costs a third of record_json.
         own, facts = self.__dict__, self.failure.__dict__
         return {
@@ -175,7 +157,7 @@ class Obituary(KnownAttempt):
         """Rebuild an obituary from its stored record (JSON text or a mapping) and payload.
 
         Raises:
-            ValueError: the record is not JSON or lacks id, message_id, queue, reason or buried_ms.
+            ValueError: not JSON, or lacking id, message_id, queue, reason or buried_ms.
         """
         if isinstance(record, (str, bytes)):
             data = jsoncodec.loads(record)  # tags decoded while parsing
@@ -204,8 +186,8 @@ class Obituary(KnownAttempt):
         traceback: str = "",
         extra: dict[str, object] | None = None,
     ) -> FateEvent:
-        """A fate change of the buried message (``buried``, ``purged``, ``archived``...) with the
-        facts of this obituary; ``reason`` defaults to the burial's."""
+        """A fate change of the buried message with this obituary's facts (``reason`` defaults to
+        the burial's)."""
         failure = self.failure.but(
             reason=self.reason if reason is None else reason,
             traceback=traceback,
@@ -214,9 +196,8 @@ class Obituary(KnownAttempt):
         return FateEvent.of(fate, failure, extra=extra)
 
     def leaving_note(self) -> dict[str, object]:
-        """What a removed obituary leaves in its history entry beside the entry's own fields
-        (queue, task, message id, attempt, cause, exception type, reason, importance, first
-        failure): the rest of what identifies it, without traceback, headers or payload."""
+        """What a removed obituary leaves in its history entry beside the entry's own fields: the
+        rest of what identifies it, without traceback, headers or payload."""
         return {
             "id": self.id,
             "exc_message": self.exc_message[:200],
@@ -250,12 +231,8 @@ class Obituary(KnownAttempt):
         }
 
     def json_safe(self, payload_limit: int | None = None) -> dict[str, object]:
-        """The whole obituary as JSON-safe data, the payload as base64 with its content type.
-
-        Args:
-            payload_limit: payloads larger than this many bytes are left out
-                (``payload["truncated"]`` is then True); None keeps any size.
-        """
+        """The whole obituary as JSON-safe data, the payload as base64 with its content type,
+        left out (``truncated``) when larger than ``payload_limit`` bytes."""
         data = self.record()
         data["replays"] = list(self.replays)
         body = self.payload
@@ -274,8 +251,8 @@ def _as_decoded(value: object) -> object:
     return value
 
 
-#: Obituary fields stored as they are, in their stored order (``attempts``, ``headers``,
-#: ``properties`` and ``x_death`` follow, converted; the payload and replays are kept out).
+#: Obituary fields stored as they are, in order (converted ``attempts``, ``headers``,
+#: ``properties`` and ``x_death`` follow).
 _PLAIN_FIELDS = (
     "id",
     "message_id",
@@ -304,7 +281,7 @@ _PLAIN_FIELDS = (
 #: Stored names of the failure's fields that differ from the field's name.
 _FACT_NAMES = {"last_failure_ms": "at_ms"}
 
-#: The keys :meth:`Obituary.from_record` reads (any other key of a stored record is ignored).
+#: The keys :meth:`Obituary.from_record` reads.
 _KNOWN = frozenset(
     {*_PLAIN_FIELDS, "attempts", "headers", "properties", "x_death", "payload", "replays"}
 )

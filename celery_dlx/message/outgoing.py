@@ -1,11 +1,5 @@
-"""A message celery_dlx is about to publish: raw body, headers, properties and destination.
-
-Every republish (requeue, drain, TTL ladder, replay, the DLX service, quarantine copies) is built
-as an :class:`Outgoing`; :meth:`Outgoing.encode` is the one place its headers are cleaned of
-broker-owned ``x-death*`` headers and encoded, by celery_dlx's own writer
-(:mod:`celery_dlx.message.fieldtable`): user headers as their producer wrote them, celery_dlx's in
-field types every client decodes.
-"""
+"""A message celery_dlx is about to publish (every republish is built as an :class:`Outgoing`):
+raw body, headers, properties and destination."""
 
 from __future__ import annotations
 
@@ -35,7 +29,7 @@ AMQP_PROPERTIES = (
     "app_id",
 )
 #: What a copy carries over of a received message's properties: those, and the raw header table
-#: celery_dlx's frame reader kept (through Redis too), so user headers keep their field types.
+#: (through Redis too), so user headers keep their field types.
 COPIED_PROPERTIES = (*AMQP_PROPERTIES, WIRE_HEADERS_PROPERTY)
 
 #: The publish sequence wraps inside 32 bits, so it always goes out as an ``I`` field.
@@ -51,18 +45,15 @@ class Outgoing:
     exchange: str = ""
     headers: dict[str, Any] = field(default_factory=dict)
     properties: dict[str, Any] = field(default_factory=dict)
-    #: A property list to send exactly as received (a message moved whose properties
-    #: celery_dlx could not decode); ``headers`` and ``properties`` are then not written.
+    #: A property list to send as received (undecodable properties); then ``headers`` and
+    #: ``properties`` are not written.
     raw_properties: bytes | None = None
 
     def encode(self, seq: int) -> Encoded:
-        """The message as it goes on the wire, ``seq`` in :data:`PUBLISH_SEQ_HEADER`.
-
-        Broker ``x-death*`` headers are left out. When the properties carry the original
-        delivery's raw header table (:data:`WIRE_HEADERS_PROPERTY`), every header the copy
-        leaves unchanged goes out as its producer encoded it; the rest with celery_dlx's
-        :func:`~celery_dlx.message.fieldtable.encode_value`. With :attr:`raw_properties`, those
-        bytes are sent and no sequence header (the publisher cannot match a return to it).
+        """The message as it goes on the wire, ``seq`` in :data:`PUBLISH_SEQ_HEADER`, broker
+        ``x-death*`` headers left out; with the original's raw table (:data:`WIRE_HEADERS_PROPERTY`),
+        unchanged headers go out as their producer encoded them. With :attr:`raw_properties`,
+        those bytes are sent, with no sequence header.
 
         Raises:
             FieldTableError: a property or header name longer than a short string.
@@ -80,8 +71,7 @@ class Outgoing:
 
 @dataclass(frozen=True)
 class Encoded:
-    """An :class:`Outgoing` encoded: its body, its property list as bytes (celery_dlx's writer),
-    and the properties as values (headers included) for readers."""
+    """An :class:`Outgoing` encoded: body, property list bytes, and the properties as values."""
 
     body: bytes
     properties_bytes: bytes
@@ -89,8 +79,7 @@ class Encoded:
 
 
 def copy_properties(properties: Mapping[str, object] | None) -> dict[str, object]:
-    """The properties of a received message worth carrying over to a copy (the raw header table
-    only where it is needed: :func:`~celery_dlx.message.fieldtable.user_origin`)."""
+    """The properties of a received message worth carrying over to a copy."""
     return record_properties(
         {k: v for k, v in (properties or {}).items() if k in COPIED_PROPERTIES and v is not None}
     )

@@ -1,8 +1,4 @@
-"""A parked retry as a record: the message, where it goes back to, when, and its JSON form.
-
-The record is what the parking store keeps (meta JSON plus the raw body) and what the drain and
-the TTL ladder republish; it carries no I/O.
-"""
+"""A parked retry: the message, where it goes back to, when, and its stored JSON form."""
 
 from __future__ import annotations
 
@@ -17,11 +13,7 @@ from celery_dlx.message.outgoing import Outgoing
 
 @dataclass
 class ParkedMessage:
-    """A message waiting for its retry.
-
-    ``entry_id`` is ``"<message id>:<attempt>"``; ``queue`` is where the retry goes (through the
-    default exchange); ``due_ms`` is when.
-    """
+    """A message waiting for its retry to ``queue`` (through the default exchange) at ``due_ms``."""
 
     message_id: str
     attempt: int
@@ -40,9 +32,8 @@ class ParkedMessage:
         return f"{self.message_id}:{self.attempt}"
 
     def outgoing(self, routing_key: str | None = None) -> Outgoing:
-        """The republish of this retry: its body, headers and properties through the default
-        exchange, to ``routing_key`` (default: its queue; the TTL ladder names a delay queue).
-        The publisher strips broker ``x-death*`` headers."""
+        """The republish of this retry through the default exchange, to ``routing_key`` (default:
+        its queue; the TTL ladder names a delay queue)."""
         return Outgoing(
             body=self.body,
             routing_key=self.queue if routing_key is None else routing_key,
@@ -67,7 +58,6 @@ class ParkedMessage:
 
     @classmethod
     def from_stored(cls, meta: bytes | str, body: bytes, lease_score: int = 0) -> ParkedMessage:
-        # The hook decodes tagged values inside json's C loop: a drain decodes every claimed entry.
         data = jsoncodec.loads(meta)
         if not isinstance(data, dict):
             raise TypeError(
@@ -91,8 +81,8 @@ class ParkedMessage:
 def park_each(
     park: Callable[[ParkedMessage], object], messages: Sequence[ParkedMessage]
 ) -> list[BaseException | None]:
-    """``park`` each of ``messages`` in turn: per message, None when it is in, or the error that
-    kept it out (a parking that cannot park a batch at once)."""
+    """``park`` each of ``messages``: per message, None when it is in, or the error that kept it
+    out."""
     outcomes: list[BaseException | None] = []
     for message in messages:
         try:

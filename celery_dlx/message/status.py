@@ -1,11 +1,5 @@
-"""What became of a buried message after it was replayed: the obituary's status, its names.
-
-An obituary is ``unresolved`` until someone replays it; then ``replayed`` (waiting for the
-outcome), and either ``resolved`` (the replayed copy ran: a DLX task recorded its success, or
-nothing dead-lettered it again within ``dlx_resolve_after``) or ``failed-again`` (the replayed
-copy was buried again: the new obituary names the old one and counts the repeats). How the
-graveyard keeps them is :mod:`celery_dlx.store.status`.
-"""
+"""What became of a buried message after it was replayed: the obituary's status names (kept by
+:mod:`celery_dlx.store.status`)."""
 
 from __future__ import annotations
 
@@ -42,11 +36,7 @@ def status_of(doc: dict[str, Any]) -> str:
 
 
 def check(status: str) -> str:
-    """``status`` if it names one (or ``all``).
-
-    Raises:
-        ValueError: it does not.
-    """
+    """``status`` if it names one (or ``all``); else ValueError."""
     if status not in (*STATUSES, "all"):
         raise ValueError(f"unknown status {status!r}: one of {', '.join((*STATUSES, 'all'))}")
     return status
