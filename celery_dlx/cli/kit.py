@@ -19,7 +19,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import click
 from celery import Celery
@@ -96,6 +96,15 @@ def require_targets(what: str, ids: Sequence[str], everything: bool, *filters: o
             f"{what} needs obituary ids, a filter (--queue, --task, --cause/--group, --since) "
             "or --all"
         )
+
+
+def no_obituary(ctx: click.Context, ident: str, as_json: bool) -> NoReturn:
+    """Say that no obituary has id or message id ``ident``, and exit 3."""
+    if as_json:
+        echo_json({"error": "not found", "id": ident})
+    else:
+        click.echo(f"no obituary with id or message id {ident!r}", err=True)
+    ctx.exit(EXIT_NOT_FOUND)
 
 
 def echo_json(data: object) -> None:
