@@ -26,10 +26,7 @@ class Missing(NamedTuple):
 def queue_counts(
     app: Celery, names: Iterable[str], *, retries: int = 3
 ) -> dict[str, tuple[int, int]]:
-    """Ready messages and consumers of each queue of ``names`` that exists.
-
-    Returns:
-        Queue name -> ``(messages, consumers)``, for the queues that exist only.
+    """Queue name -> ``(ready messages, consumers)``, for the queues of ``names`` that exist.
 
     Raises:
         kombu/amqp connection errors: the broker is unreachable.
@@ -73,12 +70,8 @@ def missing_entities(
     queues: Iterable[str] = (),
     retries: int = 3,
 ) -> Missing:
-    """The exchanges and queues among those named that the broker refuses to declare passively
-    (exchanges first).
-
-    Returns:
-        :class:`Missing`: name -> the broker's answer (e.g. ``NOT_FOUND - no queue 'q' in vhost
-        '/'``), per kind; empty when everything exists.
+    """The exchanges and queues among those named that the broker refuses to declare passively:
+    name -> the broker's answer (``NOT_FOUND - no queue 'q' in vhost '/'``), per kind.
 
     Raises:
         kombu/amqp connection errors: the broker is unreachable.

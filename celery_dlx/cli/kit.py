@@ -22,14 +22,12 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import click
-from celery import Celery
 
+from celery_dlx.cli.main import app_of
 from celery_dlx.errors import DLXError
 from celery_dlx.ops.render import dumps, parse_duration, parse_when
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
     from celery_dlx.wiring.runtime import Runtime
 
 EXIT_OK = 0
@@ -43,12 +41,7 @@ EXIT_CANARY = 6
 EXIT_STALLED = 7
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def app_of(ctx: click.Context) -> Celery:
-    """The Celery app of a ``dlx`` subcommand."""
-    app: Celery = ctx.obj.app
-    return app
+T = TypeVar("T")
 
 
 def runtime_of(ctx: click.Context) -> Runtime:
@@ -112,28 +105,29 @@ def echo_json(data: object) -> None:
     click.echo(dumps(data))
 
 
-def duration(option: str) -> Callable[[click.Context, click.Parameter, object], float | None]:
-    """A click callback parsing a duration option (``90s``, ``15m``, ``2h``)."""
+def _parsed(
+    parse: Callable[[str, click.Parameter], T],
+) -> Callable[[click.Context, click.Parameter, object], T | None]:
+    """A click callback: ``parse(value, param)``, a :class:`DLXError` as a bad parameter."""
 
-    def parse(ctx: click.Context, param: click.Parameter, value: object) -> float | None:
+    def callback(ctx: click.Context, param: click.Parameter, value: object) -> T | None:
         if value is None:
             return None
         try:
-            return parse_duration(str(value), option)
+            return parse(str(value), param)
         except DLXError as exc:
             raise click.BadParameter(str(exc)) from exc
 
-    return parse
+    return callback
 
 
-def when(ctx: click.Context, param: click.Parameter, value: object) -> datetime | None:
-    """A click callback parsing ``--since``/``--until`` (duration ago, ISO time, ``@epoch``)."""
-    if value is None:
-        return None
-    try:
-        return parse_when(str(value), f"--{param.name}")
-    except DLXError as exc:
-        raise click.BadParameter(str(exc)) from exc
+def duration(option: str) -> Callable[[click.Context, click.Parameter, object], float | None]:
+    """A click callback parsing a duration option (``90s``, ``15m``, ``2h``)."""
+    return _parsed(lambda value, param: parse_duration(value, option))
+
+
+#: A click callback parsing ``--since``/``--until`` (duration ago, ISO time, ``@epoch``).
+when = _parsed(lambda value, param: parse_when(value, f"--{param.name}"))
 
 
 def filter_options(func: F) -> F:
@@ -164,12 +158,8 @@ def filter_options(func: F) -> F:
     return func
 
 
-def json_option(func: F) -> F:
-    """``--json``: print JSON instead of a table."""
-    decorated: F = click.option(
-        "--json", "as_json", is_flag=True, help="Print JSON instead of a table."
-    )(func)
-    return decorated
+#: ``--json``: print JSON instead of a table.
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
 def show_progress(as_json: bool) -> bool:

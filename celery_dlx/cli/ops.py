@@ -10,13 +10,13 @@ import click
 
 from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
-    app_of,
     duration,
     echo_json,
     handle_errors,
     json_option,
     runtime_of,
 )
+from celery_dlx.cli.main import app_of
 from celery_dlx.fates import now_ms
 from celery_dlx.ops.render import ago, count, human_seconds, table
 
