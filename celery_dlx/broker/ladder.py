@@ -116,9 +116,7 @@ def delay_queue_arguments(queue: str, ms: int, *, quorum: bool = False) -> dict[
     Raises:
         ValueError: ``queue`` is empty or ``ms`` is not a positive integer.
     """
-    if not queue:
-        raise ValueError("a delay queue needs the name of its work queue")
-    format_seconds(ms)  # validates ms
+    delay_queue_name(queue, ms)  # validates queue and ms
     args: dict[str, str | int] = {
         "x-message-ttl": ms,
         "x-dead-letter-exchange": "",

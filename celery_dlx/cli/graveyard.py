@@ -18,6 +18,7 @@ from celery_dlx.cli.kit import (
     filter_options,
     handle_errors,
     json_option,
+    limit_option,
     no_obituary,
     progress_bar,
     require_targets,
@@ -42,14 +43,7 @@ _PROTO = click.option(
 
 @click.command("list")
 @filter_options
-@click.option(
-    "--limit",
-    "-n",
-    type=click.IntRange(min=1),
-    default=50,
-    show_default=True,
-    help="Most obituaries to show.",
-)
+@limit_option("Most obituaries to show.")
 @click.option("--oldest-first", is_flag=True, help="Oldest burial first (default: newest).")
 @click.option("--no-decode", is_flag=True, help="Do not load and decode payloads (faster).")
 @click.option(

@@ -162,6 +162,13 @@ def filter_options(func: F) -> F:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
+def limit_option(help: str) -> Callable[[F], F]:
+    """``--limit/-n``: how many rows to show (50 unless told)."""
+    return click.option(
+        "--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True, help=help
+    )
+
+
 def show_progress(as_json: bool) -> bool:
     """Progress bars only for people: not with ``--json``, not when stderr is not a terminal."""
     return not as_json and sys.stderr.isatty()

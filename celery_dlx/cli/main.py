@@ -78,20 +78,6 @@ class DLXGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
-def load_app(name: str) -> Celery:
-    """The Celery app named like ``celery -A`` names it (``proj``, ``proj.celery:app``...).
-
-    Raises:
-        click.UsageError: the app cannot be imported.
-    """
-    from celery.app.utils import find_app
-
-    try:
-        return find_app(name)
-    except Exception as exc:
-        raise click.UsageError(f"cannot load the Celery app {name!r} (-A/--app): {exc}") from exc
-
-
 @click.group(name="dlx", cls=DLXGroup, commands=LazyCommands(COMMAND_SOURCES))
 @click.option(
     "-A",
@@ -105,9 +91,16 @@ def load_app(name: str) -> Celery:
 def dlx(ctx: click.Context, /, app_name: str | None, **_: object) -> None:
     """celery_dlx: DLX service, graveyard and parked retries."""
     if app_name:
+        from celery.app.utils import find_app
         from celery.bin.base import CLIContext
 
-        ctx.obj = CLIContext(app=load_app(app_name), no_color=False, workdir=None)
+        try:
+            app = find_app(app_name)  # as ``celery -A`` names it: proj, proj.celery:app...
+        except Exception as exc:
+            raise click.UsageError(
+                f"cannot load the Celery app {app_name!r} (-A/--app): {exc}"
+            ) from exc
+        ctx.obj = CLIContext(app=app, no_color=False, workdir=None)
     elif getattr(ctx.obj, "app", None) is None or _no_app_named(ctx):
         raise click.UsageError(
             "name the Celery app: `celery -A proj dlx ...` or `celery-dlx -A proj` "
