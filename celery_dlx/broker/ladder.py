@@ -62,10 +62,6 @@ class DelayQueue:
     step_ms: int
     arguments: dict[str, Any]
 
-    @property
-    def delay_seconds(self) -> float:
-        return self.step_ms / 1000
-
 
 def format_seconds(ms: int) -> str:
     """``ms`` as seconds, the stable delay part of a delay queue's name.

@@ -48,12 +48,12 @@ def queue_counts(
     return counts
 
 
-def ready_messages(app: Celery, queue: str, *, retries: int = 1) -> int | None:
+def ready_messages(app: Celery, queue: str) -> int | None:
     """Ready messages in ``queue``, or None when it cannot be read (no such queue, or the broker
     is unreachable)."""
     try:
         with app.connection_for_read() as conn:
-            conn.ensure_connection(max_retries=retries)
+            conn.ensure_connection(max_retries=1)
             channel = conn.connection.channel()
             try:
                 return int(channel.queue_declare(queue, passive=True).message_count)
@@ -64,11 +64,7 @@ def ready_messages(app: Celery, queue: str, *, retries: int = 1) -> int | None:
 
 
 def missing_entities(
-    app: Celery,
-    *,
-    exchanges: Iterable[str] = (),
-    queues: Iterable[str] = (),
-    retries: int = 3,
+    app: Celery, *, exchanges: Iterable[str] = (), queues: Iterable[str] = ()
 ) -> Missing:
     """The exchanges and queues among those named that the broker refuses to declare passively:
     name -> the broker's answer (``NOT_FOUND - no queue 'q' in vhost '/'``), per kind.
@@ -78,7 +74,7 @@ def missing_entities(
     """
     missing = Missing({}, {})
     with app.connection_for_read() as conn:
-        conn.ensure_connection(max_retries=retries)
+        conn.ensure_connection(max_retries=3)
         channel = conn.connection.channel()
         try:
             for name in exchanges:

@@ -30,9 +30,6 @@ from celery_dlx.ops.render import dumps, parse_duration, parse_when
 if TYPE_CHECKING:
     from celery_dlx.wiring.runtime import Runtime
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_PROBLEMS = 4
 EXIT_INCOMPLETE = 5

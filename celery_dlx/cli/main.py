@@ -1,10 +1,8 @@
 """The ``celery dlx`` command group (``celery.commands`` entry point) and ``celery-dlx`` script.
 
 ``celery -A proj dlx <command>`` gets the app from Celery (``ctx.obj.app``); ``celery-dlx -A proj
-<command>`` (or ``celery-dlx -A proj dlx <command>``, as with ``celery``) loads it itself. Commands
-are thin: the work is done by plain functions of the package, which return data; the graveyard
-commands live in :mod:`celery_dlx.cli.graveyard`, the operational ones in
-:mod:`celery_dlx.cli.ops`, shared options and exit codes in :mod:`celery_dlx.cli.kit`.
+[dlx] <command>`` loads it itself. The commands (:data:`COMMAND_SOURCES`) are thin: plain functions
+of the package do the work and return data.
 """
 
 from __future__ import annotations
