@@ -21,7 +21,6 @@ from celery_dlx.cli.kit import (
     limit_option,
     no_obituary,
     progress_bar,
-    require_targets,
     runtime_of,
     show_progress,
 )
@@ -504,10 +503,15 @@ def purge_command(
 def _targets(
     ctx: click.Context, what: str, ids: tuple[str, ...], everything: bool, filters: dict[str, Any]
 ) -> tuple[Runtime, list[str]]:
-    """The runtime and the obituary ids a ``replay``/``purge`` acts on."""
+    """The runtime and the obituary ids a ``replay``/``purge`` acts on (a usage error, exit 2,
+    when it names no target at all)."""
     from celery_dlx.ops.replay import resolve_targets
 
-    require_targets(what, ids, everything, *filters.values())
+    if not ids and not everything and all(f is None for f in filters.values()):
+        raise click.UsageError(
+            f"{what} needs obituary ids, a filter (--queue, --task, --cause/--group, --since) "
+            "or --all"
+        )
     runtime = runtime_of(ctx)
     return runtime, resolve_targets(runtime, ids, everything=everything, what=what, **filters)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
@@ -73,19 +73,6 @@ def handle_errors(func: F) -> F:
             raise click.ClickException(f"broker unreachable ({exc}); check broker_url") from exc
 
     return cast(F, wrapper)
-
-
-def require_targets(what: str, ids: Sequence[str], everything: bool, *filters: object) -> None:
-    """Refuse (usage error, exit 2) a ``replay``/``purge`` that names no target at all.
-
-    Raises:
-        click.UsageError: no ids, no filter and no ``--all``.
-    """
-    if not ids and not everything and all(f is None for f in filters):
-        raise click.UsageError(
-            f"{what} needs obituary ids, a filter (--queue, --task, --cause/--group, --since) "
-            "or --all"
-        )
 
 
 def no_obituary(ctx: click.Context, ident: str, as_json: bool) -> NoReturn:
