@@ -1,21 +1,16 @@
 """Buffered socket reads for celery_dlx's own consuming connections (the DLX service's consumer).
 
-py-amqp's ``TCPTransport`` reads each frame in three ``recv`` calls of exact sizes (the frame
-header, the payload, the frame-end octet), so a delivery (method, content header and body frames)
-costs nine system calls and as many buffer copies; a backlog of small dead letters is mostly that.
-:class:`BufferedTransport` reads the socket in chunks of up to :data:`CHUNK` bytes and cuts the
-frames out of its buffer; :meth:`BufferedTransport.has_frame` tells, without a system call, whether
-a whole frame is already in hand, so a consumer can take every buffered frame in one go
-(:func:`drain_buffered`).
+py-amqp's ``TCPTransport`` reads each frame in three ``recv`` calls of exact sizes, so a delivery
+(method, content header and body frames) costs nine system calls and as many buffer copies; a
+backlog of small dead letters is mostly that. :class:`BufferedTransport` reads the socket in
+chunks of up to :data:`CHUNK` bytes and cuts the frames out of its buffer;
+:meth:`BufferedTransport.has_frame` tells, without a system call, whether a whole frame is in
+hand, so a consumer takes every buffered frame in one go (:func:`drain_buffered`).
 
-Only connections celery_dlx makes :func:`buffered` get it: kombu's py-amqp transport with
-:class:`BufferedConnection` as its connection class, a subclass in celery_dlx's own code. py-amqp's
-classes are not changed, and no other connection of the process reads this way. TLS connections
-(py-amqp's ``SSLTransport``) and other transports are left as they are. The transport and the
-connection class rely on py-amqp internals (``_setup_transport``, ``sock``, ``read_frame`` as
-``blocking_read`` calls it, ``Connection.Transport``'s arguments, ``on_inbound_frame``), so they
-live in :mod:`celery_dlx.compat.amqp`; ``tests/unit/test_amqp_compat.py`` checks them against the
-installed py-amqp.
+Only connections made :func:`buffered` read this way (plain py-amqp, not TLS nor other
+transports); py-amqp's classes are not changed. The transport and connection class rely on
+py-amqp internals, so they live in :mod:`celery_dlx.compat.amqp`, checked against the installed
+py-amqp by ``tests/unit/test_amqp_compat.py``.
 """
 
 from __future__ import annotations
@@ -48,19 +43,16 @@ class BufferedAMQPTransport(pyamqp.Transport):
 
 
 def buffered(connection: Connection) -> Connection:
-    """``connection`` reading in chunks: a copy of it (kombu's ``clone``, not yet connected) on
-    :class:`BufferedAMQPTransport` when its transport is kombu's plain py-amqp one; any other
-    (TLS, another transport, a user's subclass) is returned as it is."""
+    """``connection`` reading in chunks: a clone of it on :class:`BufferedAMQPTransport` when its
+    transport is kombu's plain py-amqp one; any other (TLS, a subclass...) is returned as is."""
     if connection.get_transport_cls() is pyamqp.Transport and not connection.ssl:
         return connection.clone(transport=BufferedAMQPTransport)
     return connection
 
 
 def drain_buffered(connection: amqp.Connection) -> int:
-    """Handle every frame already buffered on ``connection`` (no system call); their count.
-
-    Does nothing on a connection that does not read through :class:`BufferedTransport`.
-    """
+    """Handle every frame already buffered on ``connection`` (no system call); their count (0
+    on a connection that does not read through :class:`BufferedTransport`)."""
     transport = connection.transport
     if not isinstance(transport, BufferedTransport):
         return 0

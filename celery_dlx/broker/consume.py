@@ -1,9 +1,5 @@
-"""Consuming one queue in raw deliveries, for the DLX service (celery_dlx's frame reader).
-
-The service's loop (:mod:`celery_dlx.service.loop`) receives and acks on one thread and settles
-on others; this module is all it needs of the broker: connect and declare, wait for deliveries,
-ack a batch.
-"""
+"""Consuming one queue in raw deliveries, for the DLX service (celery_dlx's frame reader): all
+:mod:`celery_dlx.service.loop` needs of the broker (connect and declare, wait, ack a batch)."""
 
 from __future__ import annotations
 
@@ -25,15 +21,9 @@ Delivery = Any
 
 
 class QueueConsumer:
-    """Raw deliveries of ``queue`` appended to ``inbox``, on a connection of its own.
-
-    Args:
-        app: the Celery app (its broker).
-        queue: the queue to consume.
-        declare: declares the queue (and what it needs) on a channel.
-        prefetch: the consumer prefetch.
-        inbox: where deliveries go, in order.
-        tag: the consumer tag (the broker makes one up when empty).
+    """Raw deliveries of ``queue`` appended to ``inbox``, on a connection of its own, after
+    ``declare`` declared the queue (and what it needs) on its channel. ``mismatch`` names the
+    settings in the 406 error; an empty ``tag`` lets the broker make one up.
 
     Raises (on entering):
         TopologyError: the queue exists with other arguments (its message names the settings).

@@ -37,13 +37,9 @@ def celery_copy(
     args: Iterable[object] | None = None,
     kwargs: Mapping[str, object] | None = None,
 ) -> Outgoing:
-    """A copy of the running task's message carrying ``state``, in the message's own protocol.
-
-    Args:
-        retries: Celery's retry count for the copy (``request.retries`` of its next run); None
-            keeps the delivery's.
-        args, kwargs: new arguments (``self.retry(args=..., kwargs=...)``); None keeps the
-            delivery's.
+    """A copy of the running task's message carrying ``state``, in the message's own protocol;
+    ``retries`` (``request.retries`` of its next run), ``args`` and ``kwargs`` replace the
+    delivery's unless None.
 
     Raises:
         kombu.exceptions.EncodeError: the arguments cannot be encoded again (never seen for a

@@ -6,15 +6,13 @@ range (``OverflowError``; amqp091-go writes 1969 as the unsigned wrap-around), a
 that is not UTF-8, tables nested past the recursion limit, an unknown field type. The delivery
 never reaches the consumer; the broker redelivers it to the next one, which dies the same way.
 
-py-amqp takes the frame reader as an argument of its ``Connection`` (``frame_handler``), which
-kombu passes on from ``transport_options``. :func:`frame_handler` is py-amqp's reader (a copy of
-it that relies on py-amqp's internals: :func:`celery_dlx.compat.amqp.frame_reader`) with the
-content header decoded by py-amqp's own decoder first and, where that raises, by
-:func:`celery_dlx.message.fieldtable.read_properties`, which never does. Either way the raw
-header table goes into the properties (``x-dlx-wire-headers``), so copies keep every header as its
-producer wrote it. Nothing changes for any connection but those celery_dlx makes :func:`tolerant` (its worker
-consumer, publishers, the DLX service, migrate): no process-wide replacement of py-amqp's
-decoder.
+py-amqp takes the frame reader as a ``Connection`` argument (``frame_handler``), which kombu
+passes on from ``transport_options``. :func:`frame_handler` is py-amqp's reader
+(:func:`celery_dlx.compat.amqp.frame_reader`) with the content header decoded by py-amqp's own
+decoder first and, where that raises, by :func:`celery_dlx.message.fieldtable.read_properties`,
+which never does. The raw header table goes into the properties (``x-dlx-wire-headers``), so
+copies keep every header as its producer wrote it. Only connections made :func:`tolerant` read
+this way: no process-wide replacement of py-amqp's decoder.
 """
 
 from __future__ import annotations
@@ -38,12 +36,9 @@ _PROPERTIES_AT = 12
 
 def decode_content_header(buf: bytes) -> tuple[int, int, dict[str, object]]:
     """``(class id, body size, properties)`` of a content header frame's payload; never raises
-    for a well-framed header, whatever its property list holds.
-
-    Read by :func:`~celery_dlx.message.properties.read_basic_properties` (what py-amqp's decoder
-    gives, faster); a list it leaves aside by py-amqp's decoder; what that cannot decode by
-    celery_dlx's total reader.
-    """
+    for a well-framed header. Read by the fast reader
+    (:func:`~celery_dlx.message.properties.read_basic_properties`), else py-amqp's decoder, else
+    celery_dlx's total reader."""
     class_id, body_size = unpack_from(">HxxQ", buf, 0)
     try:
         properties, span = read_basic_properties(buf, _PROPERTIES_AT)

@@ -14,11 +14,8 @@ logger = logging.getLogger(__name__)
 def send_to_hook(app: Celery, task_name: str | None, obituary: Obituary) -> bool:
     """Send ``obituary`` (JSON-safe) to the hook task ``task_name`` (``dlx_obituary_task``).
 
-    The obituary is already in the graveyard: a failure to send is logged and swallowed. An
-    obituary of the hook task itself is not sent to it, so a failing hook cannot feed itself.
-
-    Returns:
-        True if the task message was sent.
+    The obituary is already in the graveyard: a failure to send is logged and swallowed (False).
+    An obituary of the hook task itself is not sent to it, so a failing hook cannot feed itself.
     """
     if not task_name or obituary.task == task_name:
         return False

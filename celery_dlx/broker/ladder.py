@@ -8,9 +8,8 @@ long delay would hold every shorter one behind it). Delays between steps round *
 step of ``dlx_ttl_ladder``; delays beyond the last step wait the last step (logged once per queue).
 
 Pure functions (names, arguments, rounding) sit next to :class:`Ladder`, the one I/O object: it
-declares a delay queue on demand (redeclared at least every :data:`DECLARE_REFRESH` seconds, which
-re-arms its ``x-expires``) and publishes with confirms to the default exchange. See the
-delays page of the documentation.
+declares a delay queue on demand (again every :data:`DECLARE_REFRESH` seconds, which re-arms its
+``x-expires``) and publishes with confirms to the default exchange.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import amqp
 from amqp.exceptions import PreconditionFailed
 
 from celery_dlx.broker.publish import ConfirmingPublisher
+from celery_dlx.broker.topology import QUORUM_AT_LEAST_ONCE
 from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import PublishError, TopologyError
 from celery_dlx.message.parked import ParkedMessage, park_each
@@ -61,10 +61,6 @@ class DelayQueue:
     queue: str
     step_ms: int
     arguments: dict[str, Any]
-
-    @property
-    def delay_seconds(self) -> float:
-        return self.step_ms / 1000
 
 
 def format_seconds(ms: int) -> str:
@@ -109,19 +105,14 @@ def expires_ms(ms: int) -> int:
 
 
 def delay_queue_arguments(queue: str, ms: int, *, quorum: bool = False) -> dict[str, str | int]:
-    """Arguments of the delay queue returning messages to ``queue`` after ``ms`` milliseconds.
-
-    The TTL is queue-wide, dead letters go to the default exchange (``""``) with routing key
-    ``queue``, and the queue expires when unused. With ``quorum`` it is a quorum queue that
-    dead-letters at-least-once (RabbitMQ requires ``x-overflow: reject-publish`` for that):
-    classic queues dead-letter at-most-once.
+    """Arguments of the delay queue returning messages to ``queue`` after ``ms`` milliseconds:
+    a queue-wide TTL, dead letters to the default exchange with routing key ``queue``, expiry
+    when unused. ``quorum``: at-least-once dead-lettering (classic queues: at-most-once).
 
     Raises:
         ValueError: ``queue`` is empty or ``ms`` is not a positive integer.
     """
-    if not queue:
-        raise ValueError("a delay queue needs the name of its work queue")
-    format_seconds(ms)  # validates ms
+    delay_queue_name(queue, ms)  # validates queue and ms
     args: dict[str, str | int] = {
         "x-message-ttl": ms,
         "x-dead-letter-exchange": "",
@@ -129,19 +120,13 @@ def delay_queue_arguments(queue: str, ms: int, *, quorum: bool = False) -> dict[
         "x-expires": expires_ms(ms),
     }
     if quorum:
-        args["x-queue-type"] = "quorum"
-        args["x-dead-letter-strategy"] = "at-least-once"
-        args["x-overflow"] = "reject-publish"
+        args.update(QUORUM_AT_LEAST_ONCE)
     return args
 
 
 def round_up(delay_ms: int, steps: Sequence[int]) -> tuple[int, bool]:
-    """The step a delay of ``delay_ms`` waits: the smallest step at least as long.
-
-    Returns:
-        ``(step, clamped)``: ``clamped`` is True when the delay exceeds the last step, which is
-        then used.
-    """
+    """``(step, clamped)``: the smallest step at least ``delay_ms`` long, or the last step
+    with ``clamped`` True when the delay exceeds it."""
     for step in steps:
         if step >= delay_ms:
             return step, False
@@ -149,12 +134,7 @@ def round_up(delay_ms: int, steps: Sequence[int]) -> tuple[int, bool]:
 
 
 class DeclareCache:
-    """Which delay queues this process declared recently (thread-safe).
-
-    Args:
-        refresh: seconds a declare is trusted.
-        clock: monotonic seconds (injectable for tests).
-    """
+    """Which delay queues this process declared less than ``refresh`` seconds ago (thread-safe)."""
 
     def __init__(
         self, refresh: float = DECLARE_REFRESH, clock: Callable[[], float] = time.monotonic
@@ -165,7 +145,6 @@ class DeclareCache:
         self._lock = threading.Lock()
 
     def fresh(self, name: str) -> bool:
-        """True if ``name`` was declared less than ``refresh`` seconds ago."""
         with self._lock:
             at = self._at.get(name)
         return at is not None and self.clock() - at < self.refresh
@@ -180,12 +159,8 @@ class DeclareCache:
 
 
 class Ladder:
-    """Parks messages in the TTL delay queues of ``steps`` (one per process; thread-safe).
-
-    Args:
-        steps: the ladder in seconds (``dlx_ttl_ladder``).
-        quorum: declare quorum delay queues with at-least-once dead-lettering (``dlx_quorum``).
-        cache: the declare cache (default: refreshed every :data:`DECLARE_REFRESH` seconds).
+    """Parks messages in the TTL delay queues of ``steps`` (``dlx_ttl_ladder``, seconds), quorum
+    ones with ``quorum`` (``dlx_quorum``); one per process, thread-safe.
 
     Raises:
         ConfigurationError: ``steps`` is not a usable ladder.
@@ -200,10 +175,8 @@ class Ladder:
         self._clamped: set[str] = set()
 
     def plan(self, queue: str, delay_ms: int) -> DelayQueue:
-        """The delay queue a park of ``delay_ms`` for ``queue`` goes to (no I/O).
-
-        A delay beyond the last step is logged once per queue (in this process).
-        """
+        """The delay queue a park of ``delay_ms`` for ``queue`` goes to (no I/O); a delay beyond
+        the last step is logged once per queue."""
         step, clamped = round_up(delay_ms, self.steps)
         if clamped and queue not in self._clamped:
             self._clamped.add(queue)
@@ -306,16 +279,9 @@ def close_quietly(channel: amqp.Channel) -> None:
 
 class LadderParking:
     """The ``Parking`` role with ``dlx_delay_backend = "ttl"``: retries wait in the broker's
-    delay queues, which give them back by themselves (no drain).
-
-    Reads and drain calls go to ``stored``, the Redis parking store: what was parked there
-    before the backend changed still drains and shows.
-
-    Args:
-        ladder: the process's delay-queue ladder.
-        publisher: the process's confirming publisher (asked for at each park).
-        stored: the Redis parking store (a ``Parking``), asked for when first needed.
-    """
+    delay queues, which give them back by themselves (no drain). Reads and drain calls go to
+    ``stored``, the Redis parking store: what was parked there before the backend changed still
+    drains and shows. ``publisher`` and ``stored`` are asked for when needed."""
 
     def __init__(
         self,
@@ -346,8 +312,6 @@ class LadderParking:
     ) -> tuple[list[BaseException | None], bool | BaseException]:
         """Park each in the broker; the caller records ``events`` (False)."""
         return park_each(self.park, messages), False
-
-    # What waits in Redis (parked before the backend changed) drains and shows as before.
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         return list(self.stored().claim(limit, lease_ms, now))

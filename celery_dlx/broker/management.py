@@ -1,10 +1,8 @@
-"""A small client of the RabbitMQ management HTTP API (``rabbitmq_management`` plugin).
+"""A small ``urllib`` client of the RabbitMQ management HTTP API (``rabbitmq_management``).
 
-``celery dlx check`` reads queues, bindings and policies through it; ``celery dlx migrate --policy``
-writes one policy. Only the standard library is used (``urllib``). The URL, user and password
-default to the broker's host with port 15672 (15671 for ``amqps``) and the broker's credentials;
-for a failover list of broker URLs (a cluster), one candidate per URL, and the first that answers
-is used (:func:`management_candidates`, :func:`first_answering`).
+``celery dlx check`` reads queues, bindings and policies through it; ``migrate --policy`` writes
+one. URL and credentials default to the broker's (port 15672, 15671 for ``amqps``); a failover
+list of broker URLs gives one candidate per URL, the first that answers is used.
 """
 
 from __future__ import annotations
@@ -29,6 +27,8 @@ logger = logging.getLogger(__name__)
 #: Default management port for plain and TLS brokers.
 HTTP_PORT = 15672
 HTTPS_PORT = 15671
+#: What :meth:`Management._unless_404` answers for a 404.
+_MISSING = object()
 
 
 class ManagementError(DLXError):
@@ -41,15 +41,8 @@ class ManagementError(DLXError):
 
 @dataclass(frozen=True)
 class Management:
-    """The management API of one virtual host.
-
-    Args:
-        url: base URL, e.g. ``http://127.0.0.1:15672``.
-        user, password: credentials of a user with the ``management`` tag (``policymaker`` to
-            write policies).
-        vhost: the virtual host every call is about.
-        timeout: seconds per HTTP request.
-    """
+    """The management API of one virtual host (``url`` as ``http://127.0.0.1:15672``; the user
+    needs the ``management`` tag, ``policymaker`` to write policies; ``timeout`` per request)."""
 
     url: str
     user: str
@@ -96,15 +89,19 @@ class Management:
         """Every queue of the virtual host, with consumers, messages, arguments and policy."""
         return _objects(self.get("queues", self.vhost))
 
-    def queue(self, name: str) -> dict[str, object] | None:
-        """One queue, or None when it does not exist."""
+    def _unless_404(self, method: str, *parts: str) -> object:
+        """One request to ``parts``; :data:`_MISSING` when the API answers 404."""
         try:
-            found = self.get("queues", self.vhost, name)
+            return self.request(method, self._path(*parts))
         except ManagementError as exc:
             if exc.status == 404:
-                return None
+                return _MISSING
             raise
-        return _object(found)
+
+    def queue(self, name: str) -> dict[str, object] | None:
+        """One queue, or None when it does not exist."""
+        found = self._unless_404("GET", "queues", self.vhost, name)
+        return None if found is _MISSING else _object(found)
 
     def queue_bindings(self, name: str) -> list[dict[str, object]]:
         """The bindings of queue ``name`` (the default exchange's included)."""
@@ -112,12 +109,8 @@ class Management:
 
     def exchange_bindings(self, exchange: str) -> list[dict[str, object]]:
         """The bindings whose source is ``exchange`` (an empty list when it does not exist)."""
-        try:
-            return _objects(self.get("exchanges", self.vhost, exchange, "bindings", "source"))
-        except ManagementError as exc:
-            if exc.status == 404:
-                return []
-            raise
+        found = self._unless_404("GET", "exchanges", self.vhost, exchange, "bindings", "source")
+        return [] if found is _MISSING else _objects(found)
 
     def bindings_between(self, exchange: str, queue: str) -> list[dict[str, object]]:
         return _objects(self.get("bindings", self.vhost, "e", exchange, "q", queue))
@@ -127,13 +120,8 @@ class Management:
         return _objects(self.get("policies", self.vhost))
 
     def policy(self, name: str) -> dict[str, object] | None:
-        try:
-            found = self.get("policies", self.vhost, name)
-        except ManagementError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return _object(found)
+        found = self._unless_404("GET", "policies", self.vhost, name)
+        return None if found is _MISSING else _object(found)
 
     def put_policy(
         self,
@@ -154,32 +142,18 @@ class Management:
 
     def delete_policy(self, name: str) -> bool:
         """Delete policy ``name``; False if there was none."""
-        try:
-            self.request("DELETE", self._path("policies", self.vhost, name))
-        except ManagementError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return self._unless_404("DELETE", "policies", self.vhost, name) is not _MISSING
 
 
 def _object(found: object) -> dict[str, object]:
-    """A JSON object the API answered.
-
-    Raises:
-        ManagementError: the answer is not a JSON object.
-    """
+    """A JSON object the API answered (else :class:`ManagementError`)."""
     if not isinstance(found, dict):
         raise ManagementError(f"management API answered {type(found).__name__}, not an object")
     return dict(found)
 
 
 def _objects(found: object) -> list[dict[str, object]]:
-    """A JSON array of objects the API answered (none for an empty answer).
-
-    Raises:
-        ManagementError: the answer is not a JSON array of objects.
-    """
+    """A JSON array of objects the API answered, [] for none (else :class:`ManagementError`)."""
     if not found:
         return []
     if not isinstance(found, list) or not all(isinstance(item, dict) for item in found):
@@ -195,26 +169,15 @@ def management_for(
     password: str | None = None,
     timeout: float = 10.0,
 ) -> Management:
-    """The management API of a kombu connection's broker, unless told otherwise.
-
-    Args:
-        connection: a ``kombu.Connection`` (not connected: only its URL parts are read).
-        url: management base URL (default: ``http://<broker host>:15672``, ``https`` and
-            15671 for an ``amqps``/SSL broker).
-        user, password: default: the broker's.
-    """
-    host = connection.hostname or "127.0.0.1"
-    ssl = bool(getattr(connection, "ssl", False))
-    if url is None:
-        scheme, port = ("https", HTTPS_PORT) if ssl else ("http", HTTP_PORT)
-        shown = f"[{host}]" if ":" in host else host
-        url = f"{scheme}://{shown}:{port}"
-    vhost = connection.virtual_host or "/"
+    """The management API of a kombu connection's broker (only its URL parts are read), unless
+    ``url``, ``user`` or ``password`` say otherwise."""
     return Management(
-        url=url,
+        url=url
+        if url is not None
+        else _default_url(connection.hostname, bool(getattr(connection, "ssl", False))),
         user=user if user is not None else (connection.userid or "guest"),
         password=password if password is not None else (connection.password or "guest"),
-        vhost=vhost,
+        vhost=connection.virtual_host or "/",
         timeout=timeout,
     )
 
@@ -226,14 +189,15 @@ def broker_urls(connection: Connection) -> list[str]:
 
 
 def management_url_of(broker_url: str, *, ssl: bool = False) -> str:
-    """The default management base URL of one broker URL: its host on port 15672
-    (``https`` and 15671 for ``amqps`` or an SSL connection)."""
-    conn = Connection(broker_url)
-    host = conn.hostname or "127.0.0.1"
+    """The default management base URL of one broker URL."""
     tls = ssl or broker_url.split("://", 1)[0].lower() in ("amqps", "pyamqps")
+    return _default_url(Connection(broker_url).hostname, tls)
+
+
+def _default_url(host: str | None, tls: bool) -> str:
     scheme, port = ("https", HTTPS_PORT) if tls else ("http", HTTP_PORT)
-    shown = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{shown}:{port}"
+    host = host or "127.0.0.1"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def split_urls(values: Iterable[str] | str | None) -> list[str]:
@@ -259,17 +223,9 @@ def management_candidates(
     password: str | None = None,
     timeout: float = 10.0,
 ) -> list[Management]:
-    """The management APIs to try, in order, for a (possibly clustered) broker.
-
-    Args:
-        connection: a ``kombu.Connection``; its failover list (``broker_url`` of several URLs
-            separated by ``;``) gives one candidate per URL, each with that URL's host,
-            credentials and virtual host.
-        urls: management base URLs given by the user (repeated or comma-separated): these, in
-            order, instead of the derived ones; credentials and virtual host then come from the
-            broker's first URL.
-        user, password: override every candidate's credentials.
-    """
+    """The management APIs to try, in order, for a (possibly clustered) broker: one per URL of
+    ``connection``'s failover list, or the ``urls`` the user gave (credentials and virtual host
+    then from the broker's first URL); ``user``/``password`` override every candidate's."""
     given = split_urls(urls)
     if given:
         return [
@@ -297,12 +253,9 @@ PROBE_TIMEOUT = 5.0
 
 
 def first_answering(candidates: Sequence[Management]) -> Management:
-    """The first of ``candidates`` whose API answers (``GET /api/whoami`` succeeds).
-
-    Each is probed with a timeout of at most :data:`PROBE_TIMEOUT` seconds, so a dead node of a
-    cluster costs a refused connection (or that timeout), not the whole command. A single
-    candidate is returned unprobed: there is nothing to choose, and its first real request
-    reports what is wrong.
+    """The first of ``candidates`` whose ``GET /api/whoami`` succeeds within
+    :data:`PROBE_TIMEOUT`, so a dead cluster node costs that, not the whole command. A single
+    candidate is returned unprobed: its first real request reports what is wrong.
 
     Raises:
         ManagementError: none answered; the message names each URL tried and why it failed.

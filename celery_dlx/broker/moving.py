@@ -42,11 +42,8 @@ def declare_renamed(
 ) -> None:
     """Declare ``new_queue`` with ``arguments``, bind it, and unbind ``queue``.
 
-    Args:
-        bind, unbind: bindings as ``source``, ``routing_key`` and ``arguments``; ``bind`` go to
-            ``new_queue``, ``unbind`` are removed from ``queue``.
-        first: queues (with their exchanges and bindings) declared before, e.g. the DLX service
-            queue the new queue's dead letters go to.
+    Bindings are ``source``, ``routing_key`` and ``arguments``. ``first``: queues declared
+    before, e.g. the DLX service queue the new queue's dead letters go to.
 
     Raises:
         kombu/amqp errors: the broker is unreachable or refuses a declare (406 when
@@ -74,9 +71,11 @@ def move_queue(
     *,
     batch: int = 200,
     progress: Callable[[int], None] | None = None,
+    first: Iterable[Queue] = (),
+    move: bool = True,
 ) -> tuple[int, int]:
-    """Move every ready message of ``source`` to ``target`` (:func:`move_messages`), on a
-    connection of its own.
+    """Declare the ``first`` queues, then move every ready message of ``source`` to ``target``
+    (:func:`move_messages`, unless not ``move``), on a connection of its own.
 
     Returns:
         How many messages moved, and how many ready messages ``source`` holds after.
@@ -87,10 +86,13 @@ def move_queue(
     """
     with connection_for(app, write=True) as conn:
         conn.ensure_connection(max_retries=3)
-        moved = move_messages(conn, source, target, batch=batch, progress=progress)
-        declared = cast(AMQPChannel, conn.default_channel).queue_declare(source, passive=True)
+        channel = cast(AMQPChannel, conn.default_channel)
+        for declared in first:
+            declared(channel).declare()
+        moved = move_messages(conn, source, target, batch=batch, progress=progress) if move else 0
         # celery-types: py-amqp answers a queue_declare_ok_t (a named tuple), not a plain tuple.
-        return moved, int(cast(queue_declare_ok_t, declared).message_count)
+        left = cast(queue_declare_ok_t, channel.queue_declare(source, passive=True))
+        return moved, int(left.message_count)
 
 
 def move_messages(
@@ -108,12 +110,8 @@ def move_messages(
     message the broker did not confirm is requeued on ``source`` and the move stops. Broker
     ``x-death`` headers are stripped (as on every celery_dlx republish).
 
-    Args:
-        connection: a connected ``kombu.Connection`` to RabbitMQ, best with celery_dlx's frame
-            reader (:func:`celery_dlx.broker.frames.connection_for`).
-
-    Returns:
-        How many messages were moved.
+    ``connection`` is a connected ``kombu.Connection``, best with celery_dlx's frame reader
+    (:func:`celery_dlx.broker.frames.connection_for`). Returns how many messages were moved.
 
     Raises:
         MoveRefused: the broker did not confirm a batch (the rest stays on ``source``).
@@ -176,18 +174,10 @@ def drain_overflow(
     app: Celery, service_queue: str, *, quorum: bool = False, requeue: bool = False
 ) -> tuple[int, int]:
     """The overflow queue of ``service_queue`` (declared if missing): with ``requeue``, move its
-    messages back to ``service_queue`` first (:func:`move_messages`).
-
-    Returns:
-        How many moved, and how many wait there after.
-    """
+    messages back to ``service_queue`` first. How many moved, and how many wait there after."""
     from celery_dlx.broker.topology import overflow_name, overflow_queue
 
-    name = overflow_name(service_queue)
-    with connection_for(app, write=True) as conn:
-        conn.ensure_connection(max_retries=3)
-        channel = cast(AMQPChannel, conn.default_channel)
-        overflow_queue(service_queue, quorum=quorum)(channel).declare()
-        moved = move_messages(conn, name, service_queue) if requeue else 0
-        declared = cast(queue_declare_ok_t, channel.queue_declare(name, passive=True))
-        return moved, int(declared.message_count)
+    overflow = overflow_queue(service_queue, quorum=quorum)
+    return move_queue(
+        app, overflow_name(service_queue), service_queue, first=[overflow], move=requeue
+    )

@@ -26,10 +26,7 @@ class Missing(NamedTuple):
 def queue_counts(
     app: Celery, names: Iterable[str], *, retries: int = 3
 ) -> dict[str, tuple[int, int]]:
-    """Ready messages and consumers of each queue of ``names`` that exists.
-
-    Returns:
-        Queue name -> ``(messages, consumers)``, for the queues that exist only.
+    """Queue name -> ``(ready messages, consumers)``, for the queues of ``names`` that exist.
 
     Raises:
         kombu/amqp connection errors: the broker is unreachable.
@@ -51,12 +48,12 @@ def queue_counts(
     return counts
 
 
-def ready_messages(app: Celery, queue: str, *, retries: int = 1) -> int | None:
+def ready_messages(app: Celery, queue: str) -> int | None:
     """Ready messages in ``queue``, or None when it cannot be read (no such queue, or the broker
     is unreachable)."""
     try:
         with app.connection_for_read() as conn:
-            conn.ensure_connection(max_retries=retries)
+            conn.ensure_connection(max_retries=1)
             channel = conn.connection.channel()
             try:
                 return int(channel.queue_declare(queue, passive=True).message_count)
@@ -67,25 +64,17 @@ def ready_messages(app: Celery, queue: str, *, retries: int = 1) -> int | None:
 
 
 def missing_entities(
-    app: Celery,
-    *,
-    exchanges: Iterable[str] = (),
-    queues: Iterable[str] = (),
-    retries: int = 3,
+    app: Celery, *, exchanges: Iterable[str] = (), queues: Iterable[str] = ()
 ) -> Missing:
-    """The exchanges and queues among those named that the broker refuses to declare passively
-    (exchanges first).
-
-    Returns:
-        :class:`Missing`: name -> the broker's answer (e.g. ``NOT_FOUND - no queue 'q' in vhost
-        '/'``), per kind; empty when everything exists.
+    """The exchanges and queues among those named that the broker refuses to declare passively:
+    name -> the broker's answer (``NOT_FOUND - no queue 'q' in vhost '/'``), per kind.
 
     Raises:
         kombu/amqp connection errors: the broker is unreachable.
     """
     missing = Missing({}, {})
     with app.connection_for_read() as conn:
-        conn.ensure_connection(max_retries=retries)
+        conn.ensure_connection(max_retries=3)
         channel = conn.connection.channel()
         try:
             for name in exchanges:

@@ -34,13 +34,9 @@ def amqp_message(message: Outgoing, seq: int) -> EncodedMessage:
 
 
 class ConfirmingPublisher:
-    """Publishes on a dedicated confirm-mode channel of ``connection``, confirms pipelined.
-
-    Args:
-        connection: a connected ``kombu.Connection`` to RabbitMQ (pyamqp transport).
-        timeout: seconds to wait for the confirms of one batch.
-        owns_connection: :meth:`close` releases the connection too.
-    """
+    """Publishes on a dedicated confirm-mode channel of ``connection`` (py-amqp), confirms
+    pipelined, waiting up to ``timeout`` seconds for a batch's; with ``owns_connection``,
+    :meth:`close` releases the connection too."""
 
     def __init__(
         self, connection: Connection, timeout: float = 30.0, *, owns_connection: bool = False
@@ -67,7 +63,6 @@ class ConfirmingPublisher:
         return self._lock
 
     def connect(self) -> None:
-        """Open the connection and the confirm-mode channel now."""
         self._ensure_channel()
 
     def _ensure_channel(self) -> AMQPChannel:

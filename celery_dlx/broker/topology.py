@@ -36,15 +36,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Queue arguments celery_dlx sets; a queue declared elsewhere without them fails with 406.
-DLX_ARGUMENT_KEYS = (
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-queue-type",
-    "x-delivery-limit",
-    "x-dead-letter-strategy",
-    "x-overflow",
-)
+#: A quorum queue dead-lettering at-least-once, which RabbitMQ allows only with reject-publish.
+QUORUM_AT_LEAST_ONCE: Mapping[str, str] = {
+    "x-queue-type": "quorum",
+    "x-dead-letter-strategy": "at-least-once",
+    "x-overflow": "reject-publish",
+}
 
 
 def dead_letter_arguments(
@@ -56,9 +53,8 @@ def dead_letter_arguments(
 ) -> dict[str, str | int]:
     """Queue arguments routing ``queue_name``'s dead letters to ``exchange`` with key ``queue_name``.
 
-    With ``quorum``, the queue is a quorum queue dead-lettering at-least-once (which RabbitMQ
-    allows only with ``x-overflow: reject-publish``), and ``delivery_limit`` sets
-    ``x-delivery-limit``.
+    With ``quorum``, the queue is a quorum queue dead-lettering at-least-once
+    (:data:`QUORUM_AT_LEAST_ONCE`), and ``delivery_limit`` sets ``x-delivery-limit``.
 
     Raises:
         ValueError: a delivery limit without ``quorum``, or a non-positive one.
@@ -80,9 +76,7 @@ def dead_letter_arguments(
             raise ValueError(f"delivery_limit must be >= 1, got {delivery_limit}")
         args["x-delivery-limit"] = delivery_limit
     if quorum:
-        args["x-queue-type"] = "quorum"
-        args["x-dead-letter-strategy"] = "at-least-once"
-        args["x-overflow"] = "reject-publish"
+        args.update(QUORUM_AT_LEAST_ONCE)
     return args
 
 
@@ -107,15 +101,13 @@ def service_queue(
 
 
 def overflow_queue(service: str = DEFAULT_SERVICE_QUEUE, *, quorum: bool = False) -> Queue:
-    """The durable queue dead letters wait in while their cause holds
-    ``dlx_graveyard_max_per_cause`` obituaries: ``<service queue>.overflow``, bound to nothing
-    (the DLX service publishes to it by name; ``dlx overflow --requeue`` takes them back)."""
+    """The durable queue, bound to nothing, where the DLX service puts dead letters by name while
+    their cause holds ``dlx_graveyard_max_per_cause`` obituaries (``dlx overflow --requeue``)."""
     args = {"x-queue-type": "quorum"} if quorum else None
     return Queue(overflow_name(service), durable=True, auto_delete=False, queue_arguments=args)
 
 
 def overflow_name(service: str) -> str:
-    """The name of the overflow queue of the service queue ``service``."""
     return f"{service}.overflow"
 
 
@@ -132,7 +124,7 @@ MANAGEMENT_ENV = (
 
 
 def policy_name(queue: str) -> str:
-    """The name of the policy ``celery dlx migrate QUEUE --policy`` writes for ``queue``."""
+    """The policy ``celery dlx migrate QUEUE --policy`` writes for ``queue``."""
     return f"{POLICY_PREFIX}{queue}"
 
 
@@ -170,9 +162,8 @@ def vhost_of(channel: Any) -> str:
 def migration_hint(
     queue: str, exchange: str, app: str = "proj", detail: str = "", vhost: str = "/"
 ) -> str:
-    """The 406 error's text: what happened and the two ways out, with this app's name (and the
-    ``rabbitmqctl`` line with its virtual host: without ``-p`` it would write the policy
-    into ``/``)."""
+    """The 406 error's text: what happened and the two ways out, with this app's name and the
+    ``rabbitmqctl`` line's ``-p`` vhost (without it the policy would go into ``/``)."""
     policy = policy_name(queue)
     return (
         f"queue {queue!r} already exists with other arguments (RabbitMQ answered 406 "
@@ -223,7 +214,7 @@ def _probe(channel: Any, queue: Queue, arguments: Mapping[str, Any]) -> bool:
 
 
 def _is_amqp(channel: Any) -> bool:
-    """A RabbitMQ (py-amqp) channel: one whose connection opens throwaway channels."""
+    """A py-amqp channel: one whose connection opens throwaway channels."""
     return isinstance(channel, AMQPChannel)
 
 
@@ -256,9 +247,8 @@ class DLXQueue(Queue):
     dlx_management: Management | None = None
 
     def as_dict(self, recurse: bool = False) -> dict[str, object]:
-        """kombu's fields of the queue. A report of it (``recurse=True``: ``celery inspect
-        active_queues``, sent as JSON) has kombu's fields only; celery_dlx's (an app name, a
-        management API client) are for the copies kombu makes of the queue (``recurse=False``)."""
+        """kombu's fields: a report (``recurse=True``: ``celery inspect active_queues``, sent as
+        JSON) leaves out celery_dlx's, which only kombu's copies (``recurse=False``) need."""
         data: dict[str, object] = super().as_dict(recurse)
         if recurse:
             for name in _DLX_ATTRS:
@@ -315,17 +305,16 @@ class DLXQueue(Queue):
         if self.dlx_management is None:
             raise TopologyError(migration_hint(name, exchange, app, vhost=vhost))
         try:
-            info = self.dlx_management.queue(name)
+            info = self.dlx_management.queue(name) or {}
         except ManagementError as exc:
             detail = f" and the management API could not say whether a policy covers it ({exc})"
             raise TopologyError(migration_hint(name, exchange, app, detail, vhost)) from exc
-        target, where = dead_letter_exchange_of(info or {})
+        target, where = dead_letter_exchange_of(info)
         if target == exchange and where == "argument":
             detail = (
                 f"; it already dead-letters to {exchange!r} by argument, but other properties "
-                f"differ: the broker has durable={(info or {}).get('durable')}, "
-                f"auto_delete={(info or {}).get('auto_delete')}, "
-                f"arguments={(info or {}).get('arguments')}"
+                f"differ: the broker has durable={info.get('durable')}, "
+                f"auto_delete={info.get('auto_delete')}, arguments={info.get('arguments')}"
             )
             raise TopologyError(migration_hint(name, exchange, app, detail, vhost))
         if target != exchange or where not in ("policy", "operator-policy"):
@@ -335,7 +324,7 @@ class DLXQueue(Queue):
         if not _probe(channel, self, without_policy_arguments(self.queue_arguments or {})):
             raise TopologyError(
                 f"queue {name!r} gets its dead-letter exchange from policy "
-                f"{(info or {}).get('policy')!r}, but other arguments differ too (queue type, "
+                f"{info.get('policy')!r}, but other arguments differ too (queue type, "
                 f"length limit...): declare it as it is, Queue({name!r}, no_declare=True), or "
                 f"`celery -A {app} dlx migrate {name} --rename`. See {doc_url('migration')}"
             )
@@ -429,8 +418,7 @@ def as_dlx_queue(
         "dlx_app": app,
         "dlx_management": management,
     }
-    new = DLXQueue(channel=None, on_declared=queue.on_declared, **fields)
-    return new
+    return DLXQueue(channel=None, on_declared=queue.on_declared, **fields)
 
 
 def declare_topology(
@@ -441,14 +429,12 @@ def declare_topology(
     service: str = DEFAULT_SERVICE_QUEUE,
     quorum: bool = False,
 ) -> list[str]:
-    """Declare the DLX exchange and service queue, then ``queues``, on ``channel``.
-
-    Returns the names declared, in order.
+    """Declare the DLX exchange and service queue, then ``queues``, on ``channel``; the names
+    declared, in order.
 
     Raises:
         TopologyError: a queue exists with other arguments (406), with how to migrate it.
     """
-    # Each name as returned by a declare with nowait=False.
     declared = [str(service_queue(service, exchange, quorum=quorum)(channel).declare())]
     for queue in queues:
         bound = queue(channel)

@@ -83,11 +83,7 @@ def management_api(
     app: Celery, urls: tuple[str, ...], user: str | None, password: str | None
 ) -> Management:
     """The first management API of :func:`management_apis` that answers (said on stderr when
-    there was a choice).
-
-    Raises:
-        ManagementError: none answered (each URL and its error named).
-    """
+    there was a choice); :class:`ManagementError` naming each URL tried when none does."""
     from celery_dlx.broker.management import first_answering
 
     candidates = management_apis(app, urls, user, password)
@@ -286,7 +282,8 @@ def _rename(
 ) -> dict[str, object]:
     from celery_dlx.ops.migrate import migrate_rename
 
-    total = 0 if dry_run else _ready(api, queue)
+    ready = 0 if dry_run else (api.queue(queue) or {}).get("messages_ready")
+    total = ready if isinstance(ready, int) else 0  # absent until the broker's first stats
     with progress_bar(total, "moving", show_progress(as_json)) as advance:
         return migrate_rename(
             runtime,
@@ -298,12 +295,6 @@ def _rename(
             dry_run=dry_run,
             progress=advance,
         )
-
-
-def _ready(api: Management, queue: str) -> int:
-    info = api.queue(queue) or {}
-    ready = info.get("messages_ready")
-    return ready if isinstance(ready, int) else 0  # absent until the broker's first stats
 
 
 def _migrate_text(data: dict[str, Any]) -> str:

@@ -6,28 +6,30 @@ the work and return data; these commands print it (tables, or JSON with ``--json
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from celery_dlx.cli.kit import (
     EXIT_CANARY,
     EXIT_INCOMPLETE,
-    EXIT_NOT_FOUND,
     duration,
     echo_json,
     filter_options,
     handle_errors,
     json_option,
+    limit_option,
+    no_obituary,
     progress_bar,
-    require_targets,
     runtime_of,
     show_progress,
 )
 from celery_dlx.fates import now_ms
 from celery_dlx.ops import obituaries, purge
 from celery_dlx.ops.render import ago, clip, count, dumps, human_seconds, table
+
+if TYPE_CHECKING:
+    from celery_dlx.wiring.runtime import Runtime
 
 _PROTO = click.option(
     "--proto",
@@ -40,14 +42,7 @@ _PROTO = click.option(
 
 @click.command("list")
 @filter_options
-@click.option(
-    "--limit",
-    "-n",
-    type=click.IntRange(min=1),
-    default=50,
-    show_default=True,
-    help="Most obituaries to show.",
-)
+@limit_option("Most obituaries to show.")
 @click.option("--oldest-first", is_flag=True, help="Oldest burial first (default: newest).")
 @click.option("--no-decode", is_flag=True, help="Do not load and decode payloads (faster).")
 @click.option(
@@ -65,17 +60,14 @@ _PROTO = click.option(
 @handle_errors
 def list_command(
     ctx: click.Context,
-    queue: str | None,
-    task: str | None,
-    cause: str | None,
-    since: datetime | None,
-    until: datetime | None,
+    /,
     limit: int,
     oldest_first: bool,
     no_decode: bool,
     status: str,
     protos: tuple[str, ...],
     as_json: bool,
+    **filters: Any,
 ) -> None:
     """List obituaries, newest first, with a decoded payload preview (by default the unresolved
     ones: those replayed and resolved stay until dlx_resolved_retention, with --status)."""
@@ -86,14 +78,10 @@ def list_command(
         runtime,
         registry=None if no_decode else registry_for(runtime, protos),
         decode=not no_decode,
-        queue=queue,
-        task=task,
-        cause=cause,
-        since=since,
-        until=until,
         limit=limit,
         oldest_first=oldest_first,
         status=status,
+        **filters,
     )
     if as_json:
         echo_json(data)
@@ -135,12 +123,7 @@ def show_command(
     runtime = runtime_of(ctx)
     ob = obituaries.get_obituary(runtime, ident)
     if ob is None:
-        if as_json:
-            echo_json({"error": "not found", "id": ident})
-        else:
-            click.echo(f"no obituary with id or message id {ident!r}", err=True)
-        ctx.exit(EXIT_NOT_FOUND)
-        return
+        no_obituary(ctx, ident, as_json)
     data = show_data(ob, registry_for(runtime, protos), raw=raw)
     if as_json:
         echo_json(data)
@@ -243,30 +226,16 @@ def groups_command(ctx: click.Context, as_json: bool, new_since: str | None, sta
             ago(g["last_ms"], now),
             g["task"] or g["queue"],
             f"{g['exc_type'].rsplit('.', 1)[-1]}: {g['exc_message']}",
-            _version_label(g["first_seen_version"]),
+            (g["first_seen_version"] or "?")[:12],  # a git SHA shortened
             g["example_id"],
         )
         for g in data["groups"]
     ]
-    headers = (
-        "CAUSE",
-        "COUNT",
-        "RESOLVED",
-        "FIRST",
-        "LAST",
-        "TASK/QUEUE",
-        "EXCEPTION",
-        "VERSION",
-        "EXAMPLE",
-    )
+    headers: tuple[str, ...] = ("CAUSE", "COUNT", "RESOLVED", "FIRST", "LAST", "TASK/QUEUE")
+    headers += ("EXCEPTION", "VERSION", "EXAMPLE")
     if rows:
         click.echo(table(headers, rows, shrink=("EXCEPTION", "TASK/QUEUE")))
     click.echo(f"{count(data['count'], 'cause')}, {count(data['total'], 'obituary', 'obituaries')}")
-
-
-def _version_label(version: str | None) -> str:
-    """A code version as the groups table shows it: git SHAs shortened, "?" when unknown."""
-    return version[:12] if version else "?"
 
 
 @click.command("replay")
@@ -313,12 +282,8 @@ def _version_label(version: str | None) -> str:
 @handle_errors
 def replay_command(
     ctx: click.Context,
+    /,
     ids: tuple[str, ...],
-    queue: str | None,
-    task: str | None,
-    cause: str | None,
-    since: datetime | None,
-    until: datetime | None,
     everything: bool,
     rate: float | None,
     canary: bool,
@@ -329,6 +294,7 @@ def replay_command(
     to_queue: str | None,
     dry_run: bool,
     as_json: bool,
+    **filters: Any,
 ) -> None:
     """Put buried messages back on their queues (default exchange, attempts reset).
 
@@ -336,20 +302,8 @@ def replay_command(
     (the replay ledger) unless --force. --to-queue sends them to another queue (it must exist).
     """
     from celery_dlx.ops.canary import replay_run
-    from celery_dlx.ops.replay import resolve_targets
 
-    require_targets("replay", ids, everything, queue, task, cause, since, until)
-    runtime = runtime_of(ctx)
-    targets = resolve_targets(
-        runtime,
-        ids,
-        queue=queue,
-        task=task,
-        cause=cause,
-        since=since,
-        until=until,
-        everything=everything,
-    )
+    runtime, targets = _targets(ctx, "replay", ids, everything, filters)
     with progress_bar(len(targets), "replaying", show_progress(as_json)) as advance:
         run = replay_run(
             runtime,
@@ -460,12 +414,7 @@ def edit_command(
     payload = Path(payload_file).read_bytes() if payload_file else None
     runtime = runtime_of(ctx)
     if obituaries.get_obituary(runtime, ident, with_payload=False) is None:
-        if as_json:
-            echo_json({"error": "not found", "id": ident})
-        else:
-            click.echo(f"no obituary with id or message id {ident!r}", err=True)
-        ctx.exit(EXIT_NOT_FOUND)
-        return
+        no_obituary(ctx, ident, as_json)
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -520,35 +469,18 @@ def edit_command(
 @handle_errors
 def purge_command(
     ctx: click.Context,
+    /,
     ids: tuple[str, ...],
-    queue: str | None,
-    task: str | None,
-    cause: str | None,
-    since: datetime | None,
-    until: datetime | None,
     everything: bool,
     yes: bool,
     dry_run: bool,
     keep_whole: bool,
     as_json: bool,
+    **filters: Any,
 ) -> None:
     """Delete obituaries (ids or filters); each leaves its summary in the failure history as
     `purged`. Works on a Redis at maxmemory (it deletes first)."""
-    from celery_dlx.ops.replay import resolve_targets
-
-    require_targets("purge", ids, everything, queue, task, cause, since, until)
-    runtime = runtime_of(ctx)
-    targets = resolve_targets(
-        runtime,
-        ids,
-        queue=queue,
-        task=task,
-        cause=cause,
-        since=since,
-        until=until,
-        everything=everything,
-        what="purge",
-    )
+    runtime, targets = _targets(ctx, "purge", ids, everything, filters)
     if targets and not (yes or dry_run):
         click.confirm(
             f"Purge {count(len(targets), 'obituary', 'obituaries')}?", abort=True, err=True
@@ -566,6 +498,22 @@ def purge_command(
             click.echo(f"missing {oid}")
     if report.missing:
         ctx.exit(EXIT_INCOMPLETE)
+
+
+def _targets(
+    ctx: click.Context, what: str, ids: tuple[str, ...], everything: bool, filters: dict[str, Any]
+) -> tuple[Runtime, list[str]]:
+    """The runtime and the obituary ids a ``replay``/``purge`` acts on (a usage error, exit 2,
+    when it names no target at all)."""
+    from celery_dlx.ops.replay import resolve_targets
+
+    if not ids and not everything and all(f is None for f in filters.values()):
+        raise click.UsageError(
+            f"{what} needs obituary ids, a filter (--queue, --task, --cause/--group, --since) "
+            "or --all"
+        )
+    runtime = runtime_of(ctx)
+    return runtime, resolve_targets(runtime, ids, everything=everything, what=what, **filters)
 
 
 #: The commands this module adds to the ``dlx`` group.

@@ -17,24 +17,19 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import click
-from celery import Celery
 
+from celery_dlx.cli.main import app_of
 from celery_dlx.errors import DLXError
 from celery_dlx.ops.render import dumps, parse_duration, parse_when
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
     from celery_dlx.wiring.runtime import Runtime
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
 EXIT_PROBLEMS = 4
 EXIT_INCOMPLETE = 5
@@ -43,12 +38,7 @@ EXIT_CANARY = 6
 EXIT_STALLED = 7
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def app_of(ctx: click.Context) -> Celery:
-    """The Celery app of a ``dlx`` subcommand."""
-    app: Celery = ctx.obj.app
-    return app
+T = TypeVar("T")
 
 
 def runtime_of(ctx: click.Context) -> Runtime:
@@ -85,17 +75,13 @@ def handle_errors(func: F) -> F:
     return cast(F, wrapper)
 
 
-def require_targets(what: str, ids: Sequence[str], everything: bool, *filters: object) -> None:
-    """Refuse (usage error, exit 2) a ``replay``/``purge`` that names no target at all.
-
-    Raises:
-        click.UsageError: no ids, no filter and no ``--all``.
-    """
-    if not ids and not everything and all(f is None for f in filters):
-        raise click.UsageError(
-            f"{what} needs obituary ids, a filter (--queue, --task, --cause/--group, --since) "
-            "or --all"
-        )
+def no_obituary(ctx: click.Context, ident: str, as_json: bool) -> NoReturn:
+    """Say that no obituary has id or message id ``ident``, and exit 3."""
+    if as_json:
+        echo_json({"error": "not found", "id": ident})
+    else:
+        click.echo(f"no obituary with id or message id {ident!r}", err=True)
+    ctx.exit(EXIT_NOT_FOUND)
 
 
 def echo_json(data: object) -> None:
@@ -103,28 +89,29 @@ def echo_json(data: object) -> None:
     click.echo(dumps(data))
 
 
-def duration(option: str) -> Callable[[click.Context, click.Parameter, object], float | None]:
-    """A click callback parsing a duration option (``90s``, ``15m``, ``2h``)."""
+def _parsed(
+    parse: Callable[[str, click.Parameter], T],
+) -> Callable[[click.Context, click.Parameter, object], T | None]:
+    """A click callback: ``parse(value, param)``, a :class:`DLXError` as a bad parameter."""
 
-    def parse(ctx: click.Context, param: click.Parameter, value: object) -> float | None:
+    def callback(ctx: click.Context, param: click.Parameter, value: object) -> T | None:
         if value is None:
             return None
         try:
-            return parse_duration(str(value), option)
+            return parse(str(value), param)
         except DLXError as exc:
             raise click.BadParameter(str(exc)) from exc
 
-    return parse
+    return callback
 
 
-def when(ctx: click.Context, param: click.Parameter, value: object) -> datetime | None:
-    """A click callback parsing ``--since``/``--until`` (duration ago, ISO time, ``@epoch``)."""
-    if value is None:
-        return None
-    try:
-        return parse_when(str(value), f"--{param.name}")
-    except DLXError as exc:
-        raise click.BadParameter(str(exc)) from exc
+def duration(option: str) -> Callable[[click.Context, click.Parameter, object], float | None]:
+    """A click callback parsing a duration option (``90s``, ``15m``, ``2h``)."""
+    return _parsed(lambda value, param: parse_duration(value, option))
+
+
+#: A click callback parsing ``--since``/``--until`` (duration ago, ISO time, ``@epoch``).
+when = _parsed(lambda value, param: parse_when(value, f"--{param.name}"))
 
 
 def filter_options(func: F) -> F:
@@ -155,12 +142,15 @@ def filter_options(func: F) -> F:
     return func
 
 
-def json_option(func: F) -> F:
-    """``--json``: print JSON instead of a table."""
-    decorated: F = click.option(
-        "--json", "as_json", is_flag=True, help="Print JSON instead of a table."
-    )(func)
-    return decorated
+#: ``--json``: print JSON instead of a table.
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+def limit_option(help: str) -> Callable[[F], F]:
+    """``--limit/-n``: how many rows to show (50 unless told)."""
+    return click.option(
+        "--limit", "-n", type=click.IntRange(min=1), default=50, show_default=True, help=help
+    )
 
 
 def show_progress(as_json: bool) -> bool:

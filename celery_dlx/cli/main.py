@@ -1,10 +1,8 @@
 """The ``celery dlx`` command group (``celery.commands`` entry point) and ``celery-dlx`` script.
 
 ``celery -A proj dlx <command>`` gets the app from Celery (``ctx.obj.app``); ``celery-dlx -A proj
-<command>`` (or ``celery-dlx -A proj dlx <command>``, as with ``celery``) loads it itself. Commands
-are thin: the work is done by plain functions of the package, which return data; the graveyard
-commands live in :mod:`celery_dlx.cli.graveyard`, the operational ones in
-:mod:`celery_dlx.cli.ops`, shared options and exit codes in :mod:`celery_dlx.cli.kit`.
+[dlx] <command>`` loads it itself. The commands (:data:`COMMAND_SOURCES`) are thin: plain functions
+of the package do the work and return data.
 """
 
 from __future__ import annotations
@@ -78,20 +76,6 @@ class DLXGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
-def load_app(name: str) -> Celery:
-    """The Celery app named like ``celery -A`` names it (``proj``, ``proj.celery:app``...).
-
-    Raises:
-        click.UsageError: the app cannot be imported.
-    """
-    from celery.app.utils import find_app
-
-    try:
-        return find_app(name)
-    except Exception as exc:
-        raise click.UsageError(f"cannot load the Celery app {name!r} (-A/--app): {exc}") from exc
-
-
 @click.group(name="dlx", cls=DLXGroup, commands=LazyCommands(COMMAND_SOURCES))
 @click.option(
     "-A",
@@ -105,9 +89,16 @@ def load_app(name: str) -> Celery:
 def dlx(ctx: click.Context, /, app_name: str | None, **_: object) -> None:
     """celery_dlx: DLX service, graveyard and parked retries."""
     if app_name:
+        from celery.app.utils import find_app
         from celery.bin.base import CLIContext
 
-        ctx.obj = CLIContext(app=load_app(app_name), no_color=False, workdir=None)
+        try:
+            app = find_app(app_name)  # as ``celery -A`` names it: proj, proj.celery:app...
+        except Exception as exc:
+            raise click.UsageError(
+                f"cannot load the Celery app {app_name!r} (-A/--app): {exc}"
+            ) from exc
+        ctx.obj = CLIContext(app=app, no_color=False, workdir=None)
     elif getattr(ctx.obj, "app", None) is None or _no_app_named(ctx):
         raise click.UsageError(
             "name the Celery app: `celery -A proj dlx ...` or `celery-dlx -A proj` "

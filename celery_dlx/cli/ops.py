@@ -10,26 +10,20 @@ import click
 
 from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
-    app_of,
     duration,
     echo_json,
     handle_errors,
     json_option,
+    limit_option,
     runtime_of,
 )
+from celery_dlx.cli.main import app_of
 from celery_dlx.fates import now_ms
 from celery_dlx.ops.render import ago, count, human_seconds, table
 
 
 @click.command("parked")
-@click.option(
-    "--limit",
-    "-n",
-    type=click.IntRange(min=1),
-    default=50,
-    show_default=True,
-    help="Most parked retries to show, soonest due first.",
-)
+@limit_option("Most parked retries to show, soonest due first.")
 @click.option(
     "--purge",
     "purge_ids",
@@ -333,27 +327,23 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
         parked = {k: v for k, v in done.__dict__.items() if k != "gone"}  # a park is never gone
         echo_json({"dry_run": dry_run, **parked, "graveyard": graves.__dict__})
         return
-    for queue, n in sorted(done.queues.items()):
-        click.echo(f"{queue}: {n}")
-    if dry_run:
-        click.echo(f"{done.found} parked retries would move ({done.left} unreadable, left)")
-    else:
-        click.echo(
-            f"{done.moved} of {done.found} parked retries moved ({done.copied} copied now, "
-            f"{done.present} copied by an earlier run); {done.left} left in place"
-        )
-    for queue, n in sorted(graves.queues.items()):
-        click.echo(f"{queue}: {count(n, 'obituary', 'obituaries')}")
-    if dry_run:
-        click.echo(
-            f"{count(graves.found, 'obituary', 'obituaries')} would move "
-            f"({graves.left} unreadable, left)"
-        )
-    else:
-        click.echo(
-            f"{graves.moved} of {graves.found} obituaries moved ({graves.copied} copied now, "
-            f"{graves.present} copied by an earlier run); {graves.left} left in place"
-        )
+
+    def obits(n: int) -> str:
+        return count(n, "obituary", "obituaries")
+
+    for report, per_queue, found, noun in (
+        (done, str, f"{done.found} parked retries", "parked retries"),
+        (graves, obits, obits(graves.found), "obituaries"),
+    ):
+        for queue, n in sorted(report.queues.items()):
+            click.echo(f"{queue}: {per_queue(n)}")
+        if dry_run:
+            click.echo(f"{found} would move ({report.left} unreadable, left)")
+        else:
+            click.echo(
+                f"{report.moved} of {report.found} {noun} moved ({report.copied} copied now, "
+                f"{report.present} copied by an earlier run); {report.left} left in place"
+            )
 
 
 @click.command("overflow")
