@@ -1,21 +1,12 @@
-"""The console's view of the per-cause breakers (``dlx_breaker``): ``/metrics`` gauges.
-
-=================================  ===============================================================
-metric                             labels, meaning
-=================================  ===============================================================
-``celery_dlx_breakers_open``       open breakers (0 when none)
-``celery_dlx_breaker_open``        ``queue``, ``cause``, ``task``, ``exc_type``: 1 per open breaker
-``celery_dlx_breaker_held``        ``queue``, ``cause``: messages held since it opened
-``celery_dlx_breaker_opened_timestamp_seconds``  ``queue``, ``cause``: when it opened
-=================================  ===============================================================
-"""
+"""``/metrics`` gauges of the per-cause breakers (``dlx_breaker``), listed in
+``docs/monitoring.md``."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily as Gauge
 from prometheus_client.registry import Collector
 
 from celery_dlx import Runtime
@@ -31,35 +22,32 @@ class BreakerCollector(Collector):
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Gauge]:
         try:
             rows = open_breakers(self.runtime)
         except Exception as exc:
             logger.warning("celery_dlx breaker metrics scrape failed: %s", exc)
             return
-        total = GaugeMetricFamily("celery_dlx_breakers_open", "Open per-cause breakers")
-        total.add_metric([], len(rows))
-        yield total
-        each = GaugeMetricFamily(
+        yield Gauge("celery_dlx_breakers_open", "Open per-cause breakers", value=len(rows))
+        each = Gauge(
             "celery_dlx_breaker_open",
             "1 per open per-cause breaker",
             labels=["queue", "cause", "task", "exc_type"],
         )
-        held = GaugeMetricFamily(
+        where = ["queue", "cause"]
+        held = Gauge(
             "celery_dlx_breaker_held",
             "Messages held by an open breaker since it opened",
-            labels=["queue", "cause"],
+            labels=where,
         )
-        opened = GaugeMetricFamily(
+        opened = Gauge(
             "celery_dlx_breaker_opened_timestamp_seconds",
             "When an open breaker opened (Unix time)",
-            labels=["queue", "cause"],
+            labels=where,
         )
         for row in rows:
             q, c = str(row["queue"]), str(row["cause"])
             each.add_metric([q, c, str(row["task"]), str(row["exc_type"])], 1)
             held.add_metric([q, c], float(row["held"]))
             opened.add_metric([q, c], float(row["opened_ms"]) / 1000)
-        yield each
-        yield held
-        yield opened
+        yield from (each, held, opened)
