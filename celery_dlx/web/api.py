@@ -35,7 +35,7 @@ from celery_dlx.web import forms
 from celery_dlx.web.actions import MAX_IDS, Busy, Job, JobJSON
 from celery_dlx.web.audit import read_audit
 from celery_dlx.web.auth import OPERATOR
-from celery_dlx.web.declare import ERROR, Endpoint, Field, json_answer
+from celery_dlx.web.declare import Endpoint, Field, Refusal, json_answer
 from celery_dlx.web.guard import user_of
 from celery_dlx.web.pages import console_of
 
@@ -47,7 +47,7 @@ MAX_CANARY_TIMEOUT = 600.0
 STRING: dict[str, Any] = {"type": "string"}
 FLAG: dict[str, Any] = {"type": "boolean"}
 WHEN: dict[str, Any] = {"type": "string", "examples": ["2h", "2024-05-01T12:00:00Z", "@1714564800"]}
-NOT_FOUND = json_answer("no such obituary or job", ERROR)
+NOT_FOUND = json_answer("no such obituary or job", Refusal)
 
 
 async def _answer(request: Request, read: Callable[..., Any], **kwargs: Any) -> Response:
@@ -269,7 +269,7 @@ CAUSE = Field("cause", {"type": ["string", "null"]}, "a cause group, all its obi
 DRY_RUN = Field(
     "dry_run", FLAG, "say what would be done and change nothing, as the CLI's --dry-run"
 )
-BUSY = json_answer("another operator action is running", ERROR)
+BUSY = json_answer("another operator action is running", Refusal)
 
 REPLAY = Endpoint(
     "POST",

@@ -36,12 +36,9 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def _wants_json(request: Request) -> bool:
-    return request.url.path.startswith("/api/")
-
-
 async def _error(request: Request, status: int, message: str) -> Response:
-    if _wants_json(request) or "state" not in request.scope or "user" not in request.scope["state"]:
+    """JSON for the API and before authentication, else the error page."""
+    if request.url.path.startswith("/api/") or "user" not in request.scope.get("state", {}):
         return JSONResponse({"error": message}, status_code=status)
     return pages.error_page(request, status, message)
 

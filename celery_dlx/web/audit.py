@@ -61,6 +61,10 @@ def _result_json(result: dict[str, Any]) -> str:
     return json.dumps({"truncated": True, **counts}, sort_keys=True, default=str)
 
 
+#: An entry's fields in the order read_audit gives them (``params`` and ``result`` decoded).
+_TEXTS = ("user", "role", "action", "target", "params", "status", "summary", "result", "job")
+
+
 def _json_object(raw: str | None) -> dict[str, object]:
     try:
         value = json.loads(raw or "{}")
@@ -87,23 +91,11 @@ def read_audit(runtime: Runtime, *, limit: int = 100) -> list[dict[str, object]]
     """The latest audit entries, newest first."""
     out: list[dict[str, object]] = []
     for entry_id, fields in runtime.history.audit(limit):
-        params = _json_object(fields.get("params"))
-        result = _json_object(fields.get("result"))
         at_ms = int(fields.get("at_ms") or 0)
-        out.append(
-            {
-                "id": entry_id,
-                "at_ms": at_ms,
-                "at": iso(at_ms),
-                "user": fields.get("user", ""),
-                "role": fields.get("role", ""),
-                "action": fields.get("action", ""),
-                "target": fields.get("target", ""),
-                "params": params,
-                "status": fields.get("status", ""),
-                "summary": fields.get("summary", ""),
-                "result": result,
-                "job": fields.get("job", ""),
-            }
+        row: dict[str, object] = {"id": entry_id, "at_ms": at_ms, "at": iso(at_ms)}
+        row.update((name, fields.get(name, "")) for name in _TEXTS)
+        row.update(
+            params=_json_object(fields.get("params")), result=_json_object(fields.get("result"))
         )
+        out.append(row)
     return out

@@ -24,7 +24,7 @@ from celery_dlx.ops import obituaries
 from celery_dlx.ops.edit import EditJSON, EditReport, edit, editable, edits_of
 from celery_dlx.web import forms
 from celery_dlx.web.auth import EDITOR
-from celery_dlx.web.declare import ERROR, Endpoint, Field, json_answer
+from celery_dlx.web.declare import Endpoint, Field, Refusal, json_answer
 from celery_dlx.web.guard import user_of
 from celery_dlx.web.pages import console_of, error_page, render
 from celery_dlx.web.payload import obituary_view
@@ -211,7 +211,7 @@ EDIT = Endpoint(
     "Edit a buried message and replay the edited copy (dlx edit --json)",
     {
         200: json_answer("the diff, and whether the edited copy was replayed", EditJSON),
-        404: json_answer("no such obituary", ERROR),
+        404: json_answer("no such obituary", Refusal),
     },
     role=EDITOR,
     body=(

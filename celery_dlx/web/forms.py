@@ -88,8 +88,8 @@ def group_filters(params: Mapping[str, object]) -> GroupFilters:
     )
 
 
-def page_bounds(params: Mapping[str, object], default: int = 50) -> tuple[int, int]:
-    return integer(params, "offset", 0), integer(params, "limit", default, low=1, high=MAX_PAGE)
+def page_bounds(params: Mapping[str, object]) -> tuple[int, int]:
+    return integer(params, "offset", 0), integer(params, "limit", 50, low=1, high=MAX_PAGE)
 
 
 @dataclass
@@ -153,21 +153,7 @@ def to_queue(runtime: Runtime, raw: object) -> str | None:
         raise BadRequest(str(exc)) from exc
 
 
-@dataclass
-class ParkedTargets:
-    """Parked retries an action applies to: entry ids, or every retry of a cause."""
-
-    ids: list[str]
-    cause: str | None
-
-    @property
-    def label(self) -> str:
-        if self.cause is not None:
-            return f"parked retries of cause {self.cause}"
-        return self.ids[0] if len(self.ids) == 1 else f"{len(self.ids)} parked retries"
-
-
-def parked_targets(ids: Sequence[object], cause: object) -> ParkedTargets:
+def parked_targets(ids: Sequence[object], cause: object) -> Targets:
     """The parked retries named by entry ids (at most :data:`MAX_IDS`) or by a cause.
 
     Raises:
@@ -179,7 +165,9 @@ def parked_targets(ids: Sequence[object], cause: object) -> ParkedTargets:
         raise BadRequest("name parked retries by entry ids or by a cause (one of the two)")
     if len(given) > MAX_IDS:
         raise BadRequest(f"at most {MAX_IDS} parked retries at once; use the whole cause instead")
-    return ParkedTargets(given, cause_text or None)
+    if cause_text:
+        return Targets(given, f"parked retries of cause {cause_text}", cause_text)
+    return Targets(given, given[0] if len(given) == 1 else f"{len(given)} parked retries", None)
 
 
 def flag(raw: object) -> bool:
