@@ -18,6 +18,7 @@ from typing import Any, TypedDict
 from celery_dlx import DLXError, Runtime
 from celery_dlx.ops import now_ms, parked_actions
 from celery_dlx.ops import purge as purge_ops
+from celery_dlx.ops.breakers import close_breakers
 from celery_dlx.ops.canary import replay_run
 from celery_dlx.ops.render import iso
 from celery_dlx.web.audit import AuditEntry, record_action
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 KEPT_JOBS = 100
 #: Most obituary ids one request may name.
 MAX_IDS = 500
+#: The audit log's action name of a breaker closed from the console.
+CLOSE_ACTION = "close breaker"
 
 
 class Busy(DLXError):
@@ -249,25 +252,47 @@ class Actions:
         finally:
             job.finished_ms = now_ms()
             self._running.release()
-        try:
-            record_action(
-                self.runtime,
-                AuditEntry(
-                    user=job.user.name,
-                    role=job.user.role,
-                    action=job.action,
-                    target=job.target,
-                    params=job.params,
-                    status=job.status,
-                    result=job.result or {},
-                    summary=summary,
-                    at_ms=job.finished_ms,
-                    job=job.id,
-                ),
-            )
-        except Exception:  # the action is done; a lost audit line is logged, not hidden
-            logger.exception(
-                "console %s by %s not written to the audit log", job.action, job.user.name
-            )
+        entry = AuditEntry(
+            user=job.user.name,
+            role=job.user.role,
+            action=job.action,
+            target=job.target,
+            params=job.params,
+            status=job.status,
+            result=job.result or {},
+            summary=summary,
+            at_ms=job.finished_ms,
+            job=job.id,
+        )
+        _audit(self.runtime, entry)
         logger.info("console %s by %s of %s: %s", job.action, job.user.name, job.target, summary)
         job.done.set()
+
+
+def _audit(runtime: Runtime, entry: AuditEntry) -> None:
+    try:
+        record_action(runtime, entry)
+    except Exception:  # the action is done; a lost audit line is logged, not hidden
+        logger.exception("console %s by %s not written to the audit log", entry.action, entry.user)
+
+
+def close_audited(runtime: Runtime, user: User, cause: str, queue: str) -> str:
+    """Close the breaker of ``cause`` on ``queue`` (what ``celery dlx breakers close`` does: its
+    held messages released at the queue's ``release_rate``), audited; the entry's summary."""
+    closed = close_breakers(runtime, cause, queue)
+    released = sum(int(c["released"]) for c in closed)
+    summary = f"closed, {released} held messages released" if closed else "was not open"
+    entry = AuditEntry(
+        user=user.name,
+        role=user.role,
+        action=CLOSE_ACTION,
+        target=f"cause {cause} on {queue}",
+        params={"cause": cause, "queue": queue},
+        status="done" if closed else "noop",
+        result={"closed": closed, "released": released},
+        summary=summary,
+        at_ms=now_ms(),
+    )
+    _audit(runtime, entry)
+    logger.info("console %s by %s of %s on %s: %s", CLOSE_ACTION, user.name, cause, queue, summary)
+    return summary

@@ -18,8 +18,7 @@ from celery_dlx.ops.inspection import registry_for
 from celery_dlx.ops.render import ago
 from celery_dlx.web.actions import Actions
 from celery_dlx.web.auth import Accounts, Csrf
-from celery_dlx.web.breakers import BreakerCollector
-from celery_dlx.web.metrics import DLXCollector
+from celery_dlx.web.metrics import BreakerCollector, DLXCollector
 
 #: Largest request body accepted (forms and JSON), in bytes.
 MAX_BODY = 64 * 1024

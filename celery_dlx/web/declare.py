@@ -13,7 +13,7 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Union
 
 from starlette.exceptions import HTTPException
@@ -136,7 +136,7 @@ class Answer:
     the Python type of the JSON (a ``TypedDict``, ``list[...]``: see :func:`schema_of`)."""
 
     doc: str
-    content: Mapping[str, Any] = field(default_factory=dict)
+    content: Mapping[str, Any]
 
 
 def json_answer(doc: str, body: Any) -> Answer:
@@ -169,7 +169,6 @@ class Endpoint:
     body: tuple[Field, ...] | None = None
     #: What the caller must send to confirm a write, besides its CSRF token (None: nothing).
     confirmation: str | None = None
-    description: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

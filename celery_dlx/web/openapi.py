@@ -54,19 +54,14 @@ ROLE_TEXT = {
 }
 
 
-def _operation_id(endpoint: Endpoint) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", f"{endpoint.method} {endpoint.path}".lower()).strip("_")
-
-
 def _responses(endpoint: Endpoint, defs: dict[str, Schema]) -> dict[str, Any]:
     answers = {**COMMON, **(WRITES if endpoint.writes else {}), **endpoint.responses}
     out: dict[str, Any] = {}
     for status, answer in sorted(answers.items()):
-        out[str(status)] = {"description": answer.doc}
-        if answer.content:
-            out[str(status)]["content"] = {
-                media: {"schema": schema_of(body, defs)} for media, body in answer.content.items()
-            }
+        content = {
+            media: {"schema": schema_of(body, defs)} for media, body in answer.content.items()
+        }
+        out[str(status)] = {"description": answer.doc, "content": content}
     return out
 
 
@@ -89,15 +84,15 @@ def _parameters(endpoint: Endpoint) -> list[dict[str, Any]]:
 
 def operation(endpoint: Endpoint, defs: dict[str, Schema]) -> dict[str, Any]:
     """The OpenAPI operation of ``endpoint``; the schemas it refers to go into ``defs``."""
-    said = [endpoint.description, ROLE_TEXT[endpoint.role]]
+    said = [ROLE_TEXT[endpoint.role]]
     if endpoint.body is not None:
         said.append("Unknown keys and values of the wrong type are refused with 400.")
     if endpoint.confirmation:
         said.append(f"Confirmation: {endpoint.confirmation}.")
     op: dict[str, Any] = {
-        "operationId": _operation_id(endpoint),
+        "operationId": re.sub(r"[^a-z0-9]+", "_", endpoint.label.lower()).strip("_"),
         "summary": endpoint.summary,
-        "description": " ".join(s for s in said if s),
+        "description": " ".join(said),
         "x-dlx-role": endpoint.role,
         "responses": _responses(endpoint, defs),
     }

@@ -17,22 +17,23 @@ from celery_dlx.ops.edit import edits_of
 from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
 from celery_dlx.ops.render import iso
 from celery_dlx.web import forms
-from celery_dlx.web.actions import Busy, Job
+from celery_dlx.web.actions import Busy, Job, close_audited
 from celery_dlx.web.audit import read_audit
 from celery_dlx.web.auth import User
-from celery_dlx.web.breaker_view import cause_breakers, close_audited, overview_breakers
 from celery_dlx.web.console import Console
 from celery_dlx.web.guard import user_of
 from celery_dlx.web.payload import obituary_view
 from celery_dlx.web.reads import (
     GroupPage,
     ParkedSummary,
+    cause_breakers,
     causes_page,
     fate_chart,
     graveyard_queues,
     group_info,
     group_page,
     group_versions,
+    overview_breakers,
     parked_summary,
 )
 

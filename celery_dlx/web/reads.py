@@ -4,11 +4,12 @@ graveyard), in the row shapes of :mod:`celery_dlx.ops.inspection` (the CLI's ``-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from celery_dlx import Group, Runtime
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.ops import UNRESOLVED, Filters, ParkedMessage, deploys, now_ms
+from celery_dlx.ops.breakers import open_breakers
 from celery_dlx.ops.inspection import GroupRow, ObituaryRow, group_row, obituary_row
 from celery_dlx.ops.render import iso
 
@@ -137,17 +138,14 @@ def group_page(
     page = GroupPage(offset=offset)
     found_group = yard.groups_of([cause])
     group = found_group[0] if found_group else None
-    if filters.exception and (group is None or group.exc_type != filters.exception):
+    status_of = None if filters.status == ALL else filters.status
+    having = None if status_of is None or group is None else status_count(group, status_of)
+    other_type = filters.exception and (group is None or group.exc_type != filters.exception)
+    if other_type or having == 0:
         page.matching = 0
         return page
-    status_of = None if filters.status == ALL else filters.status
-    if status_of is not None and group is not None:
-        having = status_count(group, status_of)
-        if having == 0:
-            page.matching = 0
-            return page
-        if having == group.count:  # every obituary has it: no filter, the exact count stays
-            status_of = None
+    if group is not None and having == group.count:  # all have it: no filter, the count stays
+        status_of = None
     f = filters
     wanted = Filters(f.queue, f.task, since_ms=f.since_ms, until_ms=f.until_ms, status=status_of)
     found = yard.cause_page(cause, wanted, offset, limit)
@@ -311,3 +309,18 @@ def graveyard_queues(runtime: Runtime) -> list[dict[str, object]]:
         {"queue": q, "count": n, "last_ms": last, "last_at": iso(last)}
         for q, n, last in runtime.graveyard.names("queue")
     ]
+
+
+def overview_breakers(runtime: Runtime) -> list[dict[str, Any]]:
+    """The open breakers, each with ``has_group``: whether its cause has obituaries (a held
+    cause usually has none and its cause page would be a 404: the overview links it only then)."""
+    rows = open_breakers(runtime)
+    if not rows:
+        return rows
+    buried = {g.cause for g in runtime.graveyard.groups_of(sorted({r["cause"] for r in rows}))}
+    return [{**r, "has_group": r["cause"] in buried} for r in rows]
+
+
+def cause_breakers(runtime: Runtime, cause: str) -> list[dict[str, Any]]:
+    """The open breakers of ``cause`` (one per queue it burns on)."""
+    return [r for r in open_breakers(runtime) if r["cause"] == cause]
