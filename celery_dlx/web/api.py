@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from celery_dlx.ops import STATUSES, obituaries, parked_actions
+from celery_dlx.ops import STATUSES, obituaries
 from celery_dlx.ops import purge as purge_ops
 from celery_dlx.ops.canary import RedirectedReplayJSON, replay_run
 from celery_dlx.ops.inspection import (
@@ -330,22 +330,14 @@ async def replay(request: Request) -> Response:
     got = await REPLAY.read(request)
     console, user = console_of(request), user_of(request)
     runtime = console.runtime
-    opts: dict[str, Any] = {
-        "rate": forms.replay_rate(got.get("rate"), console.settings.max_replay_rate),
-        "canary": got.get("canary", False),
-        "force": got.get("force", False),
-        "to_queue": await run_in_threadpool(forms.to_queue, runtime, got.get("to_queue")),
-    }
+    maximum = console.settings.max_replay_rate
+    opts = await run_in_threadpool(forms.replay_options, runtime, got, maximum)
     chosen = await run_in_threadpool(forms.targets, runtime, got.get("ids", []), got.get("cause"))
     if got.get("dry_run", False):  # as the CLI's --dry-run: nothing published, recorded or audited
         run = await run_in_threadpool(lambda: replay_run(runtime, chosen.ids, dry_run=True, **opts))
         return JSONResponse(run.to_json())
-    timeout = float(got.get("canary_timeout", 120.0))
-    return await _waited(
-        lambda: console.actions.replay(
-            user, chosen.ids, chosen.label, canary_timeout=timeout, cause=chosen.cause, **opts
-        )
-    )
+    replay = console.actions.replay
+    return await _waited(lambda: replay(user, chosen.ids, chosen.label, cause=chosen.cause, **opts))
 
 
 PURGE = Endpoint(
@@ -426,7 +418,7 @@ async def act_on_parked(request: Request) -> Response:
     ids, cause = got.get("ids") or None, got.get("cause")
     if bool(ids) == (cause is not None):
         raise forms.BadRequest('name parked retries by "ids" or by "cause" (one of the two)')
-    act = parked_actions.bury_now if endpoint is BURY_NOW else parked_actions.retry_now
+    act = forms.PARKED_ACTIONS["bury-now" if endpoint is BURY_NOW else "retry-now"]
     runtime, user = console_of(request).runtime, user_of(request)
     report = await run_in_threadpool(
         lambda: act(runtime, ids, cause=cause, by=f"web:{user.name}", dry_run=dry_run)

@@ -1,11 +1,5 @@
-"""The console's audit log: who did what, when, and with which result.
-
-Each finished operator action is one entry of a Redis stream (``{prefix}:web:audit``, capped
-at :data:`~celery_dlx.ops.audit.AUDIT_MAXLEN`) and one ``audit`` entry of the failure history
-(fields as every history entry, the operator and the result in ``reason``), written by
-:func:`celery_dlx.ops.audit.record_audit`. The messages an action touched have
-their own ``replayed``/``purged`` history entries, written by :mod:`celery_dlx.ops`.
-"""
+"""The console's audit log: who did what, when, and with which result, written by
+:func:`celery_dlx.ops.audit.record_audit` (the audit stream and an ``audit`` history entry)."""
 
 from __future__ import annotations
 

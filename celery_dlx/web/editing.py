@@ -1,10 +1,6 @@
-"""The edit page: an editor changes a buried message's payload and headers, sees the diff, then
-confirms to replay the edited copy (:mod:`celery_dlx.ops.edit` does the work and the recording).
-
-Only editors (``--editor-auth``/``dlx_web_editors``) see the page and may post to it (and to
-``POST /api/edit``, the same edit as JSON, declared by :data:`EDIT`); operators and viewers get
-403. Posts carry the CSRF token and pass the same-origin check as every form.
-"""
+"""The edit page and ``POST /api/edit``: an editor changes a buried message's payload and
+headers, sees the diff, then confirms to replay the edited copy (:mod:`celery_dlx.ops.edit` does
+the work and the recording). Only editors may; operators and viewers get 403."""
 
 from __future__ import annotations
 

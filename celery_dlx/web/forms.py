@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from celery_dlx import DLXError, Runtime
-from celery_dlx.ops import STATUSES, UNRESOLVED
+from celery_dlx.ops import STATUSES, UNRESOLVED, parked_actions
 from celery_dlx.ops.obituaries import to_ms
 from celery_dlx.ops.render import parse_when
 from celery_dlx.ops.replay import check_target_queue, resolve_targets
@@ -18,7 +19,7 @@ from celery_dlx.web.reads import ALL, MAX_PAGE, GroupFilters
 OBITUARY_STATUSES = (*STATUSES, ALL)
 CAUSE_STATUSES = (UNRESOLVED, ALL)
 #: What the Parked page can do to parked retries (``dlx parked --retry-now/--bury-now``).
-PARKED_ACTIONS = ("retry-now", "bury-now")
+PARKED_ACTIONS = {"retry-now": parked_actions.retry_now, "bury-now": parked_actions.bury_now}
 
 
 class BadRequest(DLXError):
@@ -135,6 +136,24 @@ def replay_rate(raw: object, maximum: float) -> float:
             f"rate {rate:g}/s is over the console's limit of {maximum:g}/s (dlx_web_max_replay_rate)"
         )
     return rate
+
+
+def replay_options(runtime: Runtime, raw: Mapping[str, Any], maximum: float) -> dict[str, Any]:
+    """What a form or JSON body asks of :meth:`~celery_dlx.web.actions.Actions.replay`: rate,
+    canary, force, canary_timeout, to_queue.
+
+    Raises:
+        BadRequest: a value out of bounds, or no such queue.
+    """
+    rate = replay_rate(raw.get("rate"), maximum)
+    timeout = number(raw.get("canary_timeout") or 120, "canary_timeout")
+    return {
+        "rate": rate,
+        "canary": flag(raw.get("canary")),
+        "force": flag(raw.get("force")),
+        "canary_timeout": max(1.0, min(timeout, 600.0)),
+        "to_queue": to_queue(runtime, raw.get("to_queue")),
+    }
 
 
 def to_queue(runtime: Runtime, raw: object) -> str | None:

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from celery_dlx.ops import UNRESOLVED, obituaries, parked_actions
+from celery_dlx.ops import UNRESOLVED, obituaries
 from celery_dlx.ops.edit import edits_of
 from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
 from celery_dlx.ops.render import iso
@@ -174,15 +174,9 @@ async def parked_action(request: Request) -> Response:
         return error_page(request, 400, "which action? (retry-now or bury-now)")
     chosen = forms.parked_targets(form.getlist("ids"), form.get("cause"))
     if forms.text(form, "step") != "confirm":
-        act = parked_actions.bury_now if action == "bury-now" else parked_actions.retry_now
+        act, ids, by = forms.PARKED_ACTIONS[action], chosen.ids or None, f"web:{user.name}"
         report = await run_in_threadpool(
-            lambda: act(
-                console.runtime,
-                chosen.ids or None,
-                cause=chosen.cause,
-                by=f"web:{user.name}",
-                dry_run=True,
-            )
+            lambda: act(console.runtime, ids, cause=chosen.cause, by=by, dry_run=True)
         )
         return render(
             request,
@@ -239,27 +233,16 @@ def _started(request: Request, start: Callable[[], Job]) -> Response:
 
 async def replay_action(request: Request) -> Response:
     form, console, user = await _form(request)
-    rate = forms.replay_rate(form.get("rate"), console.settings.max_replay_rate)
-    timeout = forms.number(form.get("canary_timeout") or 120, "canary_timeout")
-    to_queue = await run_in_threadpool(forms.to_queue, console.runtime, form.get("to_queue"))
+    maximum = console.settings.max_replay_rate
+    opts = await run_in_threadpool(forms.replay_options, console.runtime, form, maximum)
     chosen = await run_in_threadpool(
         forms.targets, console.runtime, form.getlist("ids"), form.get("cause")
     )
     if not chosen.ids:
         return error_page(request, 400, "nothing to replay: no obituary matches")
+    replay = console.actions.replay
     return _started(
-        request,
-        lambda: console.actions.replay(
-            user,
-            chosen.ids,
-            chosen.label,
-            rate=rate,
-            canary=forms.flag(form.get("canary")),
-            force=forms.flag(form.get("force")),
-            canary_timeout=max(1.0, min(timeout, 600.0)),
-            cause=chosen.cause,
-            to_queue=to_queue,
-        ),
+        request, lambda: replay(user, chosen.ids, chosen.label, cause=chosen.cause, **opts)
     )
 
 

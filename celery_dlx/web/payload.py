@@ -1,10 +1,6 @@
-"""An obituary as the console shows it: ``dlx show --json`` plus views of the raw bytes.
-
-The decoded view is :func:`celery_dlx.ops.inspection.show_data` (JSON pretty, a Celery message's
-args and kwargs, protobuf best fit and runner-up, base64-wrapped protobuf); next to it a
-schema-less protobuf wire dump when the bytes parse as one, and a hex dump. Pickle and other
-unsafe serializations are never loaded: the codecs show them as opaque bytes.
-"""
+"""An obituary as the console shows it: ``dlx show --json`` plus views of the raw bytes (a
+schema-less protobuf dump, a hex dump). Unsafe serializations are never loaded: the codecs show
+them as opaque bytes."""
 
 from __future__ import annotations
 
