@@ -46,6 +46,8 @@ MAX_CANARY_TIMEOUT = 600.0
 
 STRING: dict[str, Any] = {"type": "string"}
 FLAG: dict[str, Any] = {"type": "boolean"}
+ID_LIST: dict[str, Any] = {"type": "array", "items": STRING, "maxItems": MAX_IDS}
+OPTIONAL_STRING: dict[str, Any] = {"type": ["string", "null"]}
 WHEN: dict[str, Any] = {"type": "string", "examples": ["2h", "2024-05-01T12:00:00Z", "@1714564800"]}
 NOT_FOUND = json_answer("no such obituary or job", Refusal)
 
@@ -260,12 +262,8 @@ async def job(request: Request) -> Response:
     return JSONResponse(found.to_json())
 
 
-IDS = Field(
-    "ids",
-    {"type": "array", "items": STRING, "maxItems": MAX_IDS},
-    f"obituary ids (at most {MAX_IDS}); or cause",
-)
-CAUSE = Field("cause", {"type": ["string", "null"]}, "a cause group, all its obituaries; or ids")
+IDS = Field("ids", ID_LIST, f"obituary ids (at most {MAX_IDS}); or cause")
+CAUSE = Field("cause", OPTIONAL_STRING, "a cause group, all its obituaries; or ids")
 DRY_RUN = Field(
     "dry_run", FLAG, "say what would be done and change nothing, as the CLI's --dry-run"
 )
@@ -381,10 +379,10 @@ async def purge(request: Request) -> Response:
 PARKED_TARGETS = (
     Field(
         "ids",
-        {"type": "array", "items": STRING, "maxItems": MAX_IDS},
+        ID_LIST,
         f"parked retries' entry ids, MESSAGE_ID:ATTEMPT (at most {MAX_IDS}); or cause",
     ),
-    Field("cause", {"type": ["string", "null"]}, "every parked retry of this cause; or ids"),
+    Field("cause", OPTIONAL_STRING, "every parked retry of this cause; or ids"),
     Field("yes", FLAG, 'the confirmation: "yes": true (a dry run needs none)'),
     DRY_RUN,
 )

@@ -16,6 +16,7 @@ from starlette.staticfiles import StaticFiles
 
 from celery_dlx import DLXError, Runtime
 from celery_dlx.web import api, editing, openapi, pages
+from celery_dlx.web.auth import check_listen
 from celery_dlx.web.console import Console, WebSettings
 from celery_dlx.web.guard import Guard, SameOrigin, TrustedHosts
 from celery_dlx.web.hosts import HostRule
@@ -62,11 +63,12 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
     """The console of ``runtime``'s app (a :class:`~celery_dlx.wiring.runtime.Runtime`).
 
     Raises:
-        ConfigurationError: malformed accounts.
+        ConfigurationError: malformed accounts, or a non-loopback address without any.
     """
     from celery_dlx.ops import STORE_ERRORS
 
     console = Console(runtime, settings)
+    check_listen(settings.host, console.accounts)
     routes = [
         Route("/", pages.overview),
         Route("/causes", pages.causes),

@@ -12,7 +12,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Union
 
@@ -185,15 +185,13 @@ class Endpoint:
     def body_schema(self) -> Schema:
         """The JSON body's schema: an object of the declared keys and no other."""
         fields = self.body or ()
-        schema: Schema = {
+        required = [f.name for f in fields if f.required]
+        return {
             "type": "object",
             "properties": {f.name: {**f.schema, "description": f.doc} for f in fields},
             "additionalProperties": False,
+            **({"required": required} if required else {}),
         }
-        required = [f.name for f in fields if f.required]
-        if required:
-            schema["required"] = required
-        return schema
 
     def admit(self, request: Request) -> None:
         """Refuse a caller below :attr:`role`, and a write without the caller's CSRF token.
@@ -222,16 +220,14 @@ class Endpoint:
         self.admit(request)
         accepted = {f.name: f for f in self.params}
         given = request.query_params
-        unknown = sorted(set(given) - set(accepted))
-        if unknown:
-            raise BadRequest(self._unknown(unknown, "query parameter", list(accepted)))
+        self._refuse_unknown(given, accepted, "query parameter")
         out: dict[str, Any] = {}
         for name, raw in given.items():
             schema = accepted[name].schema
             if raw == "" and "string" in _types(schema) and "enum" not in schema:
                 continue  # an empty text filter filters nothing (a number, flag or choice must be one)
-            value = _from_text(raw, accepted[name].schema)
-            said = problem(value, accepted[name].schema, repr(name))
+            value = _from_text(raw, schema)
+            said = problem(value, schema, repr(name))
             if said:
                 raise BadRequest(f"{self.label}: {said}")
             out[name] = value
@@ -262,9 +258,7 @@ class Endpoint:
             BadRequest: an unknown key, a missing or mistyped value.
         """
         fields = {f.name: f for f in self.body or ()}
-        unknown = sorted(set(data) - set(fields))
-        if unknown:
-            raise BadRequest(self._unknown(unknown, "key", list(fields)))
+        self._refuse_unknown(data, fields, "key")
         for f in fields.values():
             if f.name not in data:
                 if f.required:
@@ -277,11 +271,15 @@ class Endpoint:
                 del data[f.name]
         return data
 
-    def _unknown(self, unknown: list[str], what: str, accepted: list[str]) -> str:
-        names = ", ".join(repr(n) for n in unknown)
-        plural = "s" if len(unknown) > 1 else ""
-        takes = ", ".join(accepted) if accepted else "none"
-        return f"{self.label}: unknown {what}{plural} {names}; it accepts: {takes}"
+    def _refuse_unknown(
+        self, given: Iterable[str], accepted: Mapping[str, Field], what: str
+    ) -> None:
+        unknown = sorted(set(given) - set(accepted))
+        if unknown:
+            names = ", ".join(repr(n) for n in unknown)
+            plural = "s" if len(unknown) > 1 else ""
+            takes = ", ".join(accepted) if accepted else "none"
+            raise BadRequest(f"{self.label}: unknown {what}{plural} {names}; it accepts: {takes}")
 
 
 def _no_constant(name: str) -> None:
