@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from celery_dlx import DLXError, Runtime
 from celery_dlx.ops import now_ms, parked_actions
 from celery_dlx.ops import purge as purge_ops
+from celery_dlx.ops.breakers import close_breakers
 from celery_dlx.ops.canary import replay_run
 from celery_dlx.ops.render import iso
 from celery_dlx.web.audit import AuditEntry, record_action
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 KEPT_JOBS = 100
 #: Most obituary ids one request may name.
 MAX_IDS = 500
+#: The audit log's action name of a breaker closed from the console.
+CLOSE_ACTION = "close breaker"
 
 
 class Busy(DLXError):
@@ -98,6 +101,13 @@ def replay_summary(result: dict[str, Any]) -> tuple[str, str]:
     return ("incomplete" if incomplete else "done"), line
 
 
+def purge_summary(result: dict[str, Any]) -> tuple[str, str]:
+    """``(status, one line)`` of a ``PurgeReport.to_json()``."""
+    missing = result["missing"]
+    line = f"purged {len(result['purged'])} of {result['targets']}"
+    return ("incomplete", f"{line}; missing {len(missing)}") if missing else ("done", line)
+
+
 def parked_summary(result: dict[str, Any]) -> tuple[str, str]:
     """``(status, one line)`` of a ``ParkedActionReport.as_dict()``."""
     done, claimed, missing = result["done"], result["claimed"], result["missing"]
@@ -110,8 +120,13 @@ def parked_summary(result: dict[str, Any]) -> tuple[str, str]:
     return ("incomplete" if claimed or missing else "done"), line
 
 
+#: What an action does, as the CLI's ``--json`` shape, and its ``(status, one line)``.
+Work = Callable[[], Mapping[str, Any]]
+Summary = Callable[[dict[str, Any]], tuple[str, str]]
+
+
 class Actions:
-    """Starts replays and purges for the console, one at a time."""
+    """Starts replays, purges and parked-retry actions for the console, one at a time."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -146,32 +161,20 @@ class Actions:
         Raises:
             Busy: another action is running.
         """
-        params: dict[str, Any] = {
-            "targets": len(targets),
+        options: dict[str, Any] = {
             "rate": rate,
             "canary": canary,
             "force": force,
             "canary_timeout": canary_timeout,
-            "cause": cause,
         }
+        params: dict[str, Any] = {"targets": len(targets), **options, "cause": cause}
         if to_queue:
             params["to_queue"] = to_queue
 
-        def work() -> tuple[str, str, dict[str, Any]]:
-            run = replay_run(
-                self.runtime,
-                targets,
-                rate=rate,
-                canary=canary,
-                force=force,
-                canary_timeout=canary_timeout,
-                to_queue=to_queue,
-            )
-            result = dict(run.to_json())
-            status, line = replay_summary(result)
-            return status, line, result
+        def work() -> Mapping[str, Any]:
+            return replay_run(self.runtime, targets, to_queue=to_queue, **options).to_json()
 
-        return self._start(user, "replay", target, params, work)
+        return self._start(user, "replay", target, params, work, replay_summary)
 
     def purge(
         self, user: User, targets: list[str], target: str, *, cause: str | None = None
@@ -181,16 +184,12 @@ class Actions:
         Raises:
             Busy: another action is running.
         """
+        params = {"targets": len(targets), "cause": cause}
 
-        def run() -> tuple[str, str, dict[str, Any]]:
-            report = purge_ops.purge_targets(self.runtime, targets)
-            purged, missing = report.purged, report.missing
-            line = f"purged {len(purged)} of {len(targets)}" + (
-                f"; missing {len(missing)}" if missing else ""
-            )
-            return ("incomplete" if missing else "done"), line, dict(report.to_json())
+        def work() -> Mapping[str, Any]:
+            return purge_ops.purge_targets(self.runtime, targets).to_json()
 
-        return self._start(user, "purge", target, {"targets": len(targets), "cause": cause}, run)
+        return self._start(user, "purge", target, params, work, purge_summary)
 
     def parked(
         self, user: User, action: str, ids: list[str], cause: str | None, target: str
@@ -203,15 +202,14 @@ class Actions:
             Busy: another action is running.
         """
         act = parked_actions.bury_now if action == "bury-now" else parked_actions.retry_now
-        params: dict[str, Any] = {"targets": len(ids), "cause": cause}
+        params = {"targets": len(ids), "cause": cause}
 
-        def run() -> tuple[str, str, dict[str, Any]]:
-            report = act(self.runtime, ids or None, cause=cause, by=f"web:{user.name}", audit=False)
-            result = dict(report.as_dict())
-            status, line = parked_summary(result)
-            return status, line, result
+        def work() -> Mapping[str, Any]:
+            return act(
+                self.runtime, ids or None, cause=cause, by=f"web:{user.name}", audit=False
+            ).as_dict()
 
-        return self._start(user, f"parked-{action}", target, params, run)
+        return self._start(user, f"parked-{action}", target, params, work, parked_summary)
 
     def _start(
         self,
@@ -219,7 +217,8 @@ class Actions:
         action: str,
         target: str,
         params: dict[str, Any],
-        work: Callable[[], tuple[str, str, dict[str, Any]]],
+        work: Work,
+        summary: Summary,
     ) -> Job:
         if not self._running.acquire(blocking=False):
             running = [j for j in self.jobs() if j.status == "running"]
@@ -231,7 +230,7 @@ class Actions:
             for old in sorted(self._jobs.values(), key=lambda j: j.started_ms)[:-KEPT_JOBS]:
                 self._jobs.pop(old.id, None)
         thread = threading.Thread(
-            target=self._run, args=(job, work), name=f"dlx-web-{action}", daemon=True
+            target=self._run, args=(job, work, summary), name=f"dlx-web-{action}", daemon=True
         )
         try:
             thread.start()
@@ -240,10 +239,12 @@ class Actions:
             raise
         return job
 
-    def _run(self, job: Job, work: Callable[[], tuple[str, str, dict[str, Any]]]) -> None:
+    def _run(self, job: Job, work: Work, summarize: Summary) -> None:
         summary = ""
         try:
-            job.status, summary, job.result = work()
+            result = dict(work())
+            status, summary = summarize(result)
+            job.status, job.result = status, result
         except Exception as exc:  # the job's failure is its result, shown and audited
             logger.exception("console %s by %s failed", job.action, job.user.name)
             job.status, summary = "failed", f"{type(exc).__name__}: {exc}"
@@ -251,25 +252,47 @@ class Actions:
         finally:
             job.finished_ms = now_ms()
             self._running.release()
-        try:
-            record_action(
-                self.runtime,
-                AuditEntry(
-                    user=job.user.name,
-                    role=job.user.role,
-                    action=job.action,
-                    target=job.target,
-                    params=job.params,
-                    status=job.status,
-                    result=job.result or {},
-                    summary=summary,
-                    at_ms=job.finished_ms,
-                    job=job.id,
-                ),
-            )
-        except Exception:  # the action is done; a lost audit line is logged, not hidden
-            logger.exception(
-                "console %s by %s not written to the audit log", job.action, job.user.name
-            )
+        entry = AuditEntry(
+            user=job.user.name,
+            role=job.user.role,
+            action=job.action,
+            target=job.target,
+            params=job.params,
+            status=job.status,
+            result=job.result or {},
+            summary=summary,
+            at_ms=job.finished_ms,
+            job=job.id,
+        )
+        _audit(self.runtime, entry)
         logger.info("console %s by %s of %s: %s", job.action, job.user.name, job.target, summary)
         job.done.set()
+
+
+def _audit(runtime: Runtime, entry: AuditEntry) -> None:
+    try:
+        record_action(runtime, entry)
+    except Exception:  # the action is done; a lost audit line is logged, not hidden
+        logger.exception("console %s by %s not written to the audit log", entry.action, entry.user)
+
+
+def close_audited(runtime: Runtime, user: User, cause: str, queue: str) -> str:
+    """Close the breaker of ``cause`` on ``queue`` (what ``celery dlx breakers close`` does: its
+    held messages released at the queue's ``release_rate``), audited; the entry's summary."""
+    closed = close_breakers(runtime, cause, queue)
+    released = sum(int(c["released"]) for c in closed)
+    summary = f"closed, {released} held messages released" if closed else "was not open"
+    entry = AuditEntry(
+        user=user.name,
+        role=user.role,
+        action=CLOSE_ACTION,
+        target=f"cause {cause} on {queue}",
+        params={"cause": cause, "queue": queue},
+        status="done" if closed else "noop",
+        result={"closed": closed, "released": released},
+        summary=summary,
+        at_ms=now_ms(),
+    )
+    _audit(runtime, entry)
+    logger.info("console %s by %s of %s on %s: %s", CLOSE_ACTION, user.name, cause, queue, summary)
+    return summary

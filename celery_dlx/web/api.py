@@ -1,29 +1,22 @@
 """``/api/``: the CLI's ``--json`` shapes over HTTP, same accounts and roles as the pages.
 
-Reads: ``groups``, ``obituaries`` (``list``), ``obituary?id=`` (``show``), ``parked``,
-``stats``, ``check``, ``audit``. Writes (operators, ``X-CSRF-Token`` from ``GET /api/csrf``):
-``POST replay`` and ``POST purge`` take JSON (``ids`` or ``cause``; replay: ``rate``,
-``canary``, ``force``, ``canary_timeout``, ``to_queue``; purge: ``"yes": true``; both
-``dry_run``), wait for the action and return what ``dlx replay --json`` / ``dlx purge --json``
-print.
-
-Each route's :class:`~celery_dlx.web.declare.Endpoint` stands above its handler: the handler reads
-its query or body through it (an unknown key or a mistyped value is a 400 naming it), and
-``/api/openapi.json`` publishes the same declarations.
+Each route's :class:`~celery_dlx.web.declare.Endpoint` stands above its handler, which reads its
+query or body through it; ``/api/openapi.json`` publishes the same declarations. Writes wait for
+their action and answer what the CLI's ``--json`` prints.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from celery_dlx.ops import STATUSES, obituaries, parked_actions
+from celery_dlx.ops import STATUSES, obituaries
 from celery_dlx.ops import purge as purge_ops
 from celery_dlx.ops.canary import RedirectedReplayJSON, replay_run
-from celery_dlx.ops.deploys import UnknownVersion
 from celery_dlx.ops.inspection import (
     GroupList,
     ObituaryFilters,
@@ -39,10 +32,10 @@ from celery_dlx.ops.inspection import (
 from celery_dlx.ops.parked_actions import ParkedActionJSON
 from celery_dlx.ops.purge import PurgeJSON
 from celery_dlx.web import forms
-from celery_dlx.web.actions import MAX_IDS, Busy, JobJSON
+from celery_dlx.web.actions import MAX_IDS, Busy, Job, JobJSON
 from celery_dlx.web.audit import read_audit
 from celery_dlx.web.auth import OPERATOR
-from celery_dlx.web.declare import ERROR, Endpoint, Field, json_answer
+from celery_dlx.web.declare import Endpoint, Field, Refusal, json_answer
 from celery_dlx.web.guard import user_of
 from celery_dlx.web.pages import console_of
 
@@ -53,12 +46,15 @@ MAX_CANARY_TIMEOUT = 600.0
 
 STRING: dict[str, Any] = {"type": "string"}
 FLAG: dict[str, Any] = {"type": "boolean"}
+ID_LIST: dict[str, Any] = {"type": "array", "items": STRING, "maxItems": MAX_IDS}
+OPTIONAL_STRING: dict[str, Any] = {"type": ["string", "null"]}
 WHEN: dict[str, Any] = {"type": "string", "examples": ["2h", "2024-05-01T12:00:00Z", "@1714564800"]}
-NOT_FOUND = json_answer("no such obituary or job", ERROR)
+NOT_FOUND = json_answer("no such obituary or job", Refusal)
 
 
-def _json(data: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(data, status_code=status)
+async def _answer(request: Request, read: Callable[..., Any], **kwargs: Any) -> Response:
+    """``read(runtime, **kwargs)`` in a worker thread, as JSON."""
+    return JSONResponse(await run_in_threadpool(read, console_of(request).runtime, **kwargs))
 
 
 def _limit(high: int, default: int) -> Field:
@@ -86,17 +82,13 @@ GROUPS = Endpoint(
 
 
 async def groups(request: Request) -> Response:
-    q = GROUPS.query(request)
-    try:
-        data = await run_in_threadpool(
-            groups_data, console_of(request).runtime, new_since=q.get("new_since")
-        )
-    except UnknownVersion as exc:
-        return _json({"error": str(exc)}, 400)
+    q = GROUPS.query(request)  # an UnknownVersion is a DLXError: 400
+    runtime = console_of(request).runtime
+    data = await run_in_threadpool(groups_data, runtime, new_since=q.get("new_since"))
     if q.get("status", "unresolved") == "unresolved":
         data["groups"] = [g for g in data["groups"] if g["unresolved"]]
         data["count"] = len(data["groups"])
-    return _json(data)
+    return JSONResponse(data)
 
 
 OBITUARIES = Endpoint(
@@ -136,16 +128,11 @@ async def obituary_list(request: Request) -> Response:
         "status": q.get("status", "unresolved"),
     }
     decode = not q.get("no_decode", False)
-
-    def read() -> ObituaryList:
-        return list_rows(
-            console.runtime,
-            registry=console.registry if decode else None,
-            decode=decode,
-            **filters,
-        )
-
-    return _json(await run_in_threadpool(read))
+    registry = console.registry if decode else None
+    rows: ObituaryList = await run_in_threadpool(
+        lambda: list_rows(console.runtime, registry=registry, decode=decode, **filters)
+    )
+    return JSONResponse(rows)
 
 
 OBITUARY = Endpoint(
@@ -173,8 +160,8 @@ async def obituary(request: Request) -> Response:
 
     data = await run_in_threadpool(read) if ident else None
     if data is None:
-        return _json({"error": "not found", "id": ident}, 404)
-    return _json(data)
+        return JSONResponse({"error": "not found", "id": ident}, 404)
+    return JSONResponse(data)
 
 
 PARKED = Endpoint(
@@ -187,8 +174,7 @@ PARKED = Endpoint(
 
 
 async def parked(request: Request) -> Response:
-    limit = PARKED.query(request).get("limit", 50)
-    return _json(await run_in_threadpool(parked_data, console_of(request).runtime, limit=limit))
+    return await _answer(request, parked_data, limit=PARKED.query(request).get("limit", 50))
 
 
 STATS = Endpoint(
@@ -208,7 +194,7 @@ STATS = Endpoint(
 
 async def stats(request: Request) -> Response:
     window = float(STATS.query(request).get("window", 3600))
-    return _json(await run_in_threadpool(stats_data, console_of(request).runtime, window_s=window))
+    return await _answer(request, stats_data, window_s=window)
 
 
 CHECK = Endpoint(
@@ -226,7 +212,7 @@ CHECK = Endpoint(
 
 async def check(request: Request) -> Response:
     CHECK.query(request)
-    return _json(await run_in_threadpool(console_of(request).check))
+    return JSONResponse(await run_in_threadpool(console_of(request).check))
 
 
 AUDIT = Endpoint(
@@ -239,8 +225,7 @@ AUDIT = Endpoint(
 
 
 async def audit(request: Request) -> Response:
-    limit = AUDIT.query(request).get("limit", 100)
-    return _json(await run_in_threadpool(read_audit, console_of(request).runtime, limit=limit))
+    return await _answer(request, read_audit, limit=AUDIT.query(request).get("limit", 100))
 
 
 CSRF = Endpoint(
@@ -258,7 +243,7 @@ CSRF = Endpoint(
 
 async def csrf(request: Request) -> Response:
     CSRF.query(request)
-    return _json({"token": console_of(request).csrf.token(user_of(request))})
+    return JSONResponse({"token": console_of(request).csrf.token(user_of(request))})
 
 
 JOB = Endpoint(
@@ -273,20 +258,16 @@ async def job(request: Request) -> Response:
     JOB.query(request)
     found = console_of(request).actions.job(request.path_params["job_id"])
     if found is None:
-        return _json({"error": "not found", "id": request.path_params["job_id"]}, 404)
-    return _json(found.to_json())
+        return JSONResponse({"error": "not found", "id": request.path_params["job_id"]}, 404)
+    return JSONResponse(found.to_json())
 
 
-IDS = Field(
-    "ids",
-    {"type": "array", "items": STRING, "maxItems": MAX_IDS},
-    f"obituary ids (at most {MAX_IDS}); or cause",
-)
-CAUSE = Field("cause", {"type": ["string", "null"]}, "a cause group, all its obituaries; or ids")
+IDS = Field("ids", ID_LIST, f"obituary ids (at most {MAX_IDS}); or cause")
+CAUSE = Field("cause", OPTIONAL_STRING, "a cause group, all its obituaries; or ids")
 DRY_RUN = Field(
     "dry_run", FLAG, "say what would be done and change nothing, as the CLI's --dry-run"
 )
-BUSY = json_answer("another operator action is running", ERROR)
+BUSY = json_answer("another operator action is running", Refusal)
 
 REPLAY = Endpoint(
     "POST",
@@ -326,46 +307,35 @@ REPLAY = Endpoint(
 )
 
 
+async def _waited(start: Callable[[], Job]) -> Response:
+    """The result of the action ``start`` starts, once it ended; 409 while another runs."""
+    try:
+        started = start()
+    except Busy as exc:
+        return JSONResponse({"error": str(exc)}, 409)
+    await run_in_threadpool(started.done.wait)
+    return JSONResponse(started.result)
+
+
+def _confirmed(got: dict[str, Any], what: str) -> bool:
+    """Whether ``got`` asks for a dry run; else it must carry ``"yes": true``."""
+    if not got.get("dry_run", False) and got.get("yes") is not True:
+        raise forms.BadRequest(f'{what} needs "yes": true in the body (or "dry_run": true)')
+    return bool(got.get("dry_run", False))
+
+
 async def replay(request: Request) -> Response:
     got = await REPLAY.read(request)
     console, user = console_of(request), user_of(request)
-    rate = forms.replay_rate(got.get("rate"), console.settings.max_replay_rate)
-    timeout = float(got.get("canary_timeout", 120.0))
-    to_queue = await run_in_threadpool(forms.to_queue, console.runtime, got.get("to_queue"))
-    chosen = await run_in_threadpool(
-        forms.targets, console.runtime, got.get("ids", []), got.get("cause")
-    )
-    canary, force = got.get("canary", False), got.get("force", False)
-    if got.get("dry_run", False):
-        # as the CLI's --dry-run: nothing published, recorded or audited
-        run = await run_in_threadpool(
-            lambda: replay_run(
-                console.runtime,
-                chosen.ids,
-                rate=rate,
-                canary=canary,
-                force=force,
-                dry_run=True,
-                to_queue=to_queue,
-            )
-        )
-        return _json(run.to_json())
-    try:
-        started = console.actions.replay(
-            user,
-            chosen.ids,
-            chosen.label,
-            rate=rate,
-            canary=canary,
-            force=force,
-            canary_timeout=timeout,
-            cause=chosen.cause,
-            to_queue=to_queue,
-        )
-    except Busy as exc:
-        return _json({"error": str(exc)}, 409)
-    await run_in_threadpool(started.done.wait)
-    return _json(started.result)
+    runtime = console.runtime
+    maximum = console.settings.max_replay_rate
+    opts = await run_in_threadpool(forms.replay_options, runtime, got, maximum)
+    chosen = await run_in_threadpool(forms.targets, runtime, got.get("ids", []), got.get("cause"))
+    if got.get("dry_run", False):  # as the CLI's --dry-run: nothing published, recorded or audited
+        run = await run_in_threadpool(lambda: replay_run(runtime, chosen.ids, dry_run=True, **opts))
+        return JSONResponse(run.to_json())
+    replay = console.actions.replay
+    return await _waited(lambda: replay(user, chosen.ids, chosen.label, cause=chosen.cause, **opts))
 
 
 PURGE = Endpoint(
@@ -394,33 +364,25 @@ PURGE = Endpoint(
 async def purge(request: Request) -> Response:
     got = await PURGE.read(request)
     console, user = console_of(request), user_of(request)
-    dry_run = got.get("dry_run", False)
-    if not dry_run and got.get("yes") is not True:
-        raise forms.BadRequest('purging needs "yes": true in the body (or "dry_run": true)')
-    chosen = await run_in_threadpool(
-        forms.targets, console.runtime, got.get("ids", []), got.get("cause")
-    )
+    dry_run = _confirmed(got, "purging")
+    runtime = console.runtime
+    chosen = await run_in_threadpool(forms.targets, runtime, got.get("ids", []), got.get("cause"))
     if dry_run:  # as the CLI's --dry-run: nothing deleted, recorded or audited
-        report = await run_in_threadpool(
-            lambda: purge_ops.purge_targets(console.runtime, chosen.ids, dry_run=True)
-        )
+        report = await run_in_threadpool(purge_ops.purge_targets, runtime, chosen.ids, dry_run=True)
         answer: PurgeJSON = report.to_json()
-        return _json(answer)
-    try:
-        started = console.actions.purge(user, chosen.ids, chosen.label, cause=chosen.cause)
-    except Busy as exc:
-        return _json({"error": str(exc)}, 409)
-    await run_in_threadpool(started.done.wait)
-    return _json(started.result)
+        return JSONResponse(answer)
+    return await _waited(
+        lambda: console.actions.purge(user, chosen.ids, chosen.label, cause=chosen.cause)
+    )
 
 
 PARKED_TARGETS = (
     Field(
         "ids",
-        {"type": "array", "items": STRING, "maxItems": MAX_IDS},
+        ID_LIST,
         f"parked retries' entry ids, MESSAGE_ID:ATTEMPT (at most {MAX_IDS}); or cause",
     ),
-    Field("cause", {"type": ["string", "null"]}, "every parked retry of this cause; or ids"),
+    Field("cause", OPTIONAL_STRING, "every parked retry of this cause; or ids"),
     Field("yes", FLAG, 'the confirmation: "yes": true (a dry run needs none)'),
     DRY_RUN,
 )
@@ -446,28 +408,20 @@ BURY_NOW = _parked_action(
 )
 
 
-async def _act_on_parked(request: Request, endpoint: Endpoint) -> Response:
+async def act_on_parked(request: Request) -> Response:
+    """``POST /api/parked/retry-now`` and ``/api/parked/bury-now``."""
+    endpoint = BURY_NOW if request.url.path.endswith("/bury-now") else RETRY_NOW
     got = await endpoint.read(request)
-    dry_run = got.get("dry_run", False)
-    if not dry_run and got.get("yes") is not True:
-        raise forms.BadRequest('this needs "yes": true in the body (or "dry_run": true)')
+    dry_run = _confirmed(got, "this")
     ids, cause = got.get("ids") or None, got.get("cause")
     if bool(ids) == (cause is not None):
         raise forms.BadRequest('name parked retries by "ids" or by "cause" (one of the two)')
-    act = parked_actions.bury_now if endpoint is BURY_NOW else parked_actions.retry_now
+    act = forms.PARKED_ACTIONS["bury-now" if endpoint is BURY_NOW else "retry-now"]
     runtime, user = console_of(request).runtime, user_of(request)
     report = await run_in_threadpool(
         lambda: act(runtime, ids, cause=cause, by=f"web:{user.name}", dry_run=dry_run)
     )
-    return _json(report.as_dict())
-
-
-async def retry_now(request: Request) -> Response:
-    return await _act_on_parked(request, RETRY_NOW)
-
-
-async def bury_now(request: Request) -> Response:
-    return await _act_on_parked(request, BURY_NOW)
+    return JSONResponse(report.as_dict())
 
 
 #: The routes of this module with their declarations.
@@ -483,6 +437,6 @@ ROUTES = (
     (JOB, job),
     (REPLAY, replay),
     (PURGE, purge),
-    (RETRY_NOW, retry_now),
-    (BURY_NOW, bury_now),
+    (RETRY_NOW, act_on_parked),
+    (BURY_NOW, act_on_parked),
 )

@@ -16,6 +16,7 @@ from starlette.staticfiles import StaticFiles
 
 from celery_dlx import DLXError, Runtime
 from celery_dlx.web import api, editing, openapi, pages
+from celery_dlx.web.auth import check_listen
 from celery_dlx.web.console import Console, WebSettings
 from celery_dlx.web.guard import Guard, SameOrigin, TrustedHosts
 from celery_dlx.web.hosts import HostRule
@@ -36,12 +37,9 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def _wants_json(request: Request) -> bool:
-    return request.url.path.startswith("/api/")
-
-
 async def _error(request: Request, status: int, message: str) -> Response:
-    if _wants_json(request) or "state" not in request.scope or "user" not in request.scope["state"]:
+    """JSON for the API and before authentication, else the error page."""
+    if request.url.path.startswith("/api/") or "user" not in request.scope.get("state", {}):
         return JSONResponse({"error": message}, status_code=status)
     return pages.error_page(request, status, message)
 
@@ -65,11 +63,12 @@ def create_app(runtime: Runtime, settings: WebSettings) -> Starlette:
     """The console of ``runtime``'s app (a :class:`~celery_dlx.wiring.runtime.Runtime`).
 
     Raises:
-        ConfigurationError: malformed accounts.
+        ConfigurationError: malformed accounts, or a non-loopback address without any.
     """
     from celery_dlx.ops import STORE_ERRORS
 
     console = Console(runtime, settings)
+    check_listen(settings.host, console.accounts)
     routes = [
         Route("/", pages.overview),
         Route("/causes", pages.causes),

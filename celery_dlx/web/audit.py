@@ -1,11 +1,5 @@
-"""The console's audit log: who did what, when, and with which result.
-
-Each finished operator action is one entry of a Redis stream (``{prefix}:web:audit``, capped
-at :data:`~celery_dlx.ops.audit.AUDIT_MAXLEN`) and one ``audit`` entry of the failure history
-(fields as every history entry, the operator and the result in ``reason``), written by
-:func:`celery_dlx.ops.audit.record_audit`. The messages an action touched have
-their own ``replayed``/``purged`` history entries, written by :mod:`celery_dlx.ops`.
-"""
+"""The console's audit log: who did what, when, and with which result, written by
+:func:`celery_dlx.ops.audit.record_audit` (the audit stream and an ``audit`` history entry)."""
 
 from __future__ import annotations
 
@@ -61,6 +55,10 @@ def _result_json(result: dict[str, Any]) -> str:
     return json.dumps({"truncated": True, **counts}, sort_keys=True, default=str)
 
 
+#: An entry's fields in the order read_audit gives them (``params`` and ``result`` decoded).
+_TEXTS = ("user", "role", "action", "target", "params", "status", "summary", "result", "job")
+
+
 def _json_object(raw: str | None) -> dict[str, object]:
     try:
         value = json.loads(raw or "{}")
@@ -87,23 +85,11 @@ def read_audit(runtime: Runtime, *, limit: int = 100) -> list[dict[str, object]]
     """The latest audit entries, newest first."""
     out: list[dict[str, object]] = []
     for entry_id, fields in runtime.history.audit(limit):
-        params = _json_object(fields.get("params"))
-        result = _json_object(fields.get("result"))
         at_ms = int(fields.get("at_ms") or 0)
-        out.append(
-            {
-                "id": entry_id,
-                "at_ms": at_ms,
-                "at": iso(at_ms),
-                "user": fields.get("user", ""),
-                "role": fields.get("role", ""),
-                "action": fields.get("action", ""),
-                "target": fields.get("target", ""),
-                "params": params,
-                "status": fields.get("status", ""),
-                "summary": fields.get("summary", ""),
-                "result": result,
-                "job": fields.get("job", ""),
-            }
+        row: dict[str, object] = {"id": entry_id, "at_ms": at_ms, "at": iso(at_ms)}
+        row.update((name, fields.get(name, "")) for name in _TEXTS)
+        row.update(
+            params=_json_object(fields.get("params")), result=_json_object(fields.get("result"))
         )
+        out.append(row)
     return out

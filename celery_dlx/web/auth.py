@@ -48,18 +48,6 @@ class User:
         return self.role == EDITOR
 
 
-def parse_credential(text: str, option: str) -> tuple[str, str]:
-    """``USER:PASSWORD`` split at the first colon.
-
-    Raises:
-        ConfigurationError: no colon, or an empty user or password.
-    """
-    user, sep, password = text.partition(":")
-    if not sep or not user or not password:
-        raise ConfigurationError(f"{option} takes USER:PASSWORD (both non-empty), got {user!r}:...")
-    return user, password
-
-
 def _digest(password: str) -> bytes:
     return hashlib.sha256(password.encode("utf-8")).digest()
 
@@ -74,10 +62,10 @@ class Accounts:
     def from_lists(
         cls, operators: Iterable[str], viewers: Iterable[str], editors: Iterable[str] = ()
     ) -> Accounts:
-        """Accounts of ``USER:PASSWORD`` strings.
+        """Accounts of ``USER:PASSWORD`` strings (split at the first colon).
 
         Raises:
-            ConfigurationError: a malformed entry, or one user named twice.
+            ConfigurationError: an empty user or password, or one user named twice.
         """
         accounts = cls()
         for entries, role, option in (
@@ -86,7 +74,11 @@ class Accounts:
             (editors, EDITOR, "--editor-auth/dlx_web_editors"),
         ):
             for entry in entries:
-                user, password = parse_credential(entry, option)
+                user, sep, password = entry.partition(":")
+                if not sep or not user or not password:
+                    raise ConfigurationError(
+                        f"{option} takes USER:PASSWORD (both non-empty), got {user!r}:..."
+                    )
                 if user in accounts.users:
                     raise ConfigurationError(
                         f"console user {user!r} is given twice (operators, editors and viewers need "
@@ -157,8 +149,8 @@ class Csrf:
     ``X-CSRF-Token`` header for the JSON API).
     """
 
-    def __init__(self, secret: bytes | None = None) -> None:
-        self.secret = secret or secrets.token_bytes(32)
+    def __init__(self) -> None:
+        self.secret = secrets.token_bytes(32)
 
     def token(self, user: User) -> str:
         message = f"{user.role}\x1f{user.name}".encode()

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import click
 
@@ -60,17 +61,7 @@ from celery_dlx.errors import DLXError
 )
 @click.option("-l", "--loglevel", default="INFO", show_default=True, help="Logging level.")
 @click.pass_context
-def web_command(
-    ctx: click.Context,
-    host: str | None,
-    port: int | None,
-    allowed_hosts: tuple[str, ...],
-    operators: tuple[str, ...],
-    viewers: tuple[str, ...],
-    editors: tuple[str, ...],
-    protos: tuple[str, ...],
-    loglevel: str,
-) -> None:
+def web_command(ctx: click.Context, /, loglevel: str, **options: Any) -> None:
     """Serve the web console: causes, obituaries, parked retries, replay and purge, /metrics.
 
     Without --basic-auth/--viewer-auth it is open to anyone who can reach it, so it then
@@ -87,33 +78,17 @@ def web_command(
 
     try:
         runtime = get_runtime(ctx.obj.app)
-        settings = WebSettings.from_config(
-            runtime.config,
-            host=host,
-            port=port,
-            allowed_hosts=allowed_hosts,
-            operators=operators,
-            viewers=viewers,
-            protos=protos,
-            editors=editors,
-        )
+        settings = WebSettings.from_config(runtime.config, **options)
         logging.basicConfig(
             level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
         )
-        who = (
-            "open (loopback only)"
-            if not (settings.operators or settings.viewers or settings.editors)
-            else (
-                f"{len(settings.operators)} operator(s), {len(settings.editors)} editor(s), "
-                f"{len(settings.viewers)} viewer(s)"
-            )
-        )
         from celery_dlx.web.auth import Accounts, check_listen
 
-        check_listen(
-            settings.host,
-            Accounts.from_lists(settings.operators, settings.viewers, settings.editors),
-        )
+        accounts = Accounts.from_lists(settings.operators, settings.viewers, settings.editors)
+        check_listen(settings.host, accounts)  # before the banner: a refused one never ran
+        ops, eds, views = len(settings.operators), len(settings.editors), len(settings.viewers)
+        who = f"{ops} operator(s), {eds} editor(s), {views} viewer(s)"
+        who = "open (loopback only)" if accounts.open else who
         shown = f"[{settings.host}]" if ":" in settings.host else settings.host
         click.echo(f"celery_dlx console on http://{shown}:{settings.port}/ ({who})", err=True)
         serve(runtime, settings, log_level=loglevel)

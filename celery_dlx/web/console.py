@@ -18,8 +18,7 @@ from celery_dlx.ops.inspection import registry_for
 from celery_dlx.ops.render import ago
 from celery_dlx.web.actions import Actions
 from celery_dlx.web.auth import Accounts, Csrf
-from celery_dlx.web.breakers import BreakerCollector
-from celery_dlx.web.metrics import DLXCollector
+from celery_dlx.web.metrics import BreakerCollector, DLXCollector
 
 #: Largest request body accepted (forms and JSON), in bytes.
 MAX_BODY = 64 * 1024
@@ -120,33 +119,20 @@ class Console:
             return self._registry
 
     def check(self) -> dict[str, object]:
-        """``dlx check --json`` (cached for :data:`CHECK_TTL` seconds); a management API that
-        cannot be reached is reported, not raised."""
+        """``dlx check --json`` with the broker's management API when it can be had, cached for
+        :data:`CHECK_TTL` seconds; ``error`` is set when the check itself could not run."""
+        from celery_dlx.ops.checks import management_of, run_check
+
         with self._lock:
             if self._check is not None and time.monotonic() - self._check[0] < CHECK_TTL:
                 return self._check[1]
-        data = run_checks(self.runtime)
+        api = management_of(self.runtime)
+        data: dict[str, object]
+        try:
+            data = {**run_check(self.runtime, api).to_json(), "error": None}
+        except Exception as exc:  # broker down: the overview says so and shows the rest
+            error = f"{type(exc).__name__}: {exc}"
+            data = {"ok": False, "problems": [], "management": False, "queues": [], "error": error}
         with self._lock:
             self._check = (time.monotonic(), data)
         return data
-
-
-def run_checks(runtime: Runtime) -> dict[str, object]:
-    """:func:`celery_dlx.ops.checks.run_check` with the broker's management API when it can be
-    had; ``error`` is set when the check itself could not run."""
-    from celery_dlx.ops.checks import management_of, run_check
-
-    api = management_of(runtime)
-    data: dict[str, object]
-    try:
-        data = run_check(runtime, api).to_json()
-        data["error"] = None
-    except Exception as exc:  # broker down: the overview says so and shows the rest
-        data = {
-            "ok": False,
-            "problems": [],
-            "management": False,
-            "queues": [],
-            "error": f"{type(exc).__name__}: {exc}",
-        }
-    return data

@@ -1,17 +1,9 @@
 """What each route of the console's JSON API takes and answers, declared once next to its handler.
 
-An :class:`Endpoint` names its method and path, the least role that may call it, the query
-parameters or JSON body it accepts (:class:`Field` s, each a JSON Schema) and the responses it
-gives (JSON Schemas, those of the CLI's ``--json`` built from the ``TypedDict`` s the ``ops``
-functions return, by :func:`schema_of`). The handler reads its input through the declaration
-(:meth:`Endpoint.query`, :meth:`Endpoint.read`), so an unknown key is a 400 naming the accepted
-ones and a value of the wrong type a 400 naming its key; :mod:`celery_dlx.web.openapi` publishes
-the same declarations as the OpenAPI document. What is checked is what is documented.
-
-Schemas are JSON Schema 2020-12 (OpenAPI 3.1's); :func:`problem` checks the part of it the
-declarations use (``type``, ``items``, ``prefixItems``, ``minItems``/``maxItems``,
-``maxProperties``, ``enum``, ``minLength``/``maxLength``, ``minimum``/``maximum``/``exclusiveMinimum``,
-``anyOf``).
+The handler reads its input through its :class:`Endpoint` (an unknown key or a mistyped value is
+a 400 naming it) and :mod:`celery_dlx.web.openapi` publishes the same declarations: what is
+checked is what is documented. Schemas are JSON Schema 2020-12 (OpenAPI 3.1's); :func:`problem`
+checks the part of it the declarations use.
 """
 
 from __future__ import annotations
@@ -20,8 +12,8 @@ import json
 import math
 import types
 import typing
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, Union
 
 from starlette.exceptions import HTTPException
@@ -43,24 +35,16 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-_IS: dict[str, Callable[[object], bool]] = {
-    "string": lambda v: isinstance(v, str),
+#: Each JSON Schema type: its test, and its name in a refusal.
+_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "string": (lambda v: isinstance(v, str), "a string"),
     # JSON Schema counts 5.0 as an integer, as JSON does
-    "integer": lambda v: _is_number(v) and float(v).is_integer(),  # type: ignore[arg-type]
-    "number": _is_number,
-    "boolean": lambda v: isinstance(v, bool),
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-    "null": lambda v: v is None,
-}
-_NAMED = {
-    "string": "a string",
-    "integer": "an integer",
-    "number": "a number",
-    "boolean": "true or false",
-    "array": "a list",
-    "object": "an object",
-    "null": "null",
+    "integer": (lambda v: _is_number(v) and float(v).is_integer(), "an integer"),  # type: ignore[arg-type]
+    "number": (_is_number, "a number"),
+    "boolean": (lambda v: isinstance(v, bool), "true or false"),
+    "array": (lambda v: isinstance(v, list), "a list"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "null": (lambda v: v is None, "null"),
 }
 
 
@@ -76,7 +60,7 @@ def _shown(value: object) -> str:
 
 def _typed(value: object, schema: Schema) -> bool:
     names = _types(schema)
-    return not names or any(_IS[name](value) for name in names)
+    return not names or any(_TYPES[name][0](value) for name in names)
 
 
 def problem(value: object, schema: Schema, where: str) -> str | None:
@@ -90,10 +74,10 @@ def problem(value: object, schema: Schema, where: str) -> str | None:
         for branch, said in zip(branches, found, strict=True):
             if _types(branch) and _typed(value, branch) and said:
                 return said
-        wanted = " or ".join(_NAMED[t] for b in branches for t in _types(b))
+        wanted = " or ".join(_TYPES[t][1] for b in branches for t in _types(b))
         return f"{where} must be {wanted}, got {_shown(value)}"
     if not _typed(value, schema):
-        wanted = " or ".join(_NAMED[t] for t in _types(schema))
+        wanted = " or ".join(_TYPES[t][1] for t in _types(schema))
         return f"{where} must be {wanted}, got {_shown(value)}"
     if "enum" in schema and value not in schema["enum"]:
         return f"{where} must be one of {', '.join(map(str, schema['enum']))}, got {_shown(value)}"
@@ -152,7 +136,7 @@ class Answer:
     the Python type of the JSON (a ``TypedDict``, ``list[...]``: see :func:`schema_of`)."""
 
     doc: str
-    content: Mapping[str, Any] = field(default_factory=dict)
+    content: Mapping[str, Any]
 
 
 def json_answer(doc: str, body: Any) -> Answer:
@@ -166,8 +150,6 @@ class Refusal(TypedDict):
     error: str
 
 
-#: The body of the JSON API's refusals.
-ERROR = Refusal
 #: The refusals of the middleware in front of every route, as plain text.
 TEXT: Schema = {"type": "string"}
 
@@ -187,7 +169,6 @@ class Endpoint:
     body: tuple[Field, ...] | None = None
     #: What the caller must send to confirm a write, besides its CSRF token (None: nothing).
     confirmation: str | None = None
-    description: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -204,15 +185,13 @@ class Endpoint:
     def body_schema(self) -> Schema:
         """The JSON body's schema: an object of the declared keys and no other."""
         fields = self.body or ()
-        schema: Schema = {
+        required = [f.name for f in fields if f.required]
+        return {
             "type": "object",
             "properties": {f.name: {**f.schema, "description": f.doc} for f in fields},
             "additionalProperties": False,
+            **({"required": required} if required else {}),
         }
-        required = [f.name for f in fields if f.required]
-        if required:
-            schema["required"] = required
-        return schema
 
     def admit(self, request: Request) -> None:
         """Refuse a caller below :attr:`role`, and a write without the caller's CSRF token.
@@ -241,16 +220,14 @@ class Endpoint:
         self.admit(request)
         accepted = {f.name: f for f in self.params}
         given = request.query_params
-        unknown = sorted(set(given) - set(accepted))
-        if unknown:
-            raise BadRequest(self._unknown(unknown, "query parameter", list(accepted)))
+        self._refuse_unknown(given, accepted, "query parameter")
         out: dict[str, Any] = {}
         for name, raw in given.items():
             schema = accepted[name].schema
             if raw == "" and "string" in _types(schema) and "enum" not in schema:
                 continue  # an empty text filter filters nothing (a number, flag or choice must be one)
-            value = _from_text(raw, accepted[name].schema)
-            said = problem(value, accepted[name].schema, repr(name))
+            value = _from_text(raw, schema)
+            said = problem(value, schema, repr(name))
             if said:
                 raise BadRequest(f"{self.label}: {said}")
             out[name] = value
@@ -281,9 +258,7 @@ class Endpoint:
             BadRequest: an unknown key, a missing or mistyped value.
         """
         fields = {f.name: f for f in self.body or ()}
-        unknown = sorted(set(data) - set(fields))
-        if unknown:
-            raise BadRequest(self._unknown(unknown, "key", list(fields)))
+        self._refuse_unknown(data, fields, "key")
         for f in fields.values():
             if f.name not in data:
                 if f.required:
@@ -296,11 +271,15 @@ class Endpoint:
                 del data[f.name]
         return data
 
-    def _unknown(self, unknown: list[str], what: str, accepted: list[str]) -> str:
-        names = ", ".join(repr(n) for n in unknown)
-        plural = "s" if len(unknown) > 1 else ""
-        takes = ", ".join(accepted) if accepted else "none"
-        return f"{self.label}: unknown {what}{plural} {names}; it accepts: {takes}"
+    def _refuse_unknown(
+        self, given: Iterable[str], accepted: Mapping[str, Field], what: str
+    ) -> None:
+        unknown = sorted(set(given) - set(accepted))
+        if unknown:
+            names = ", ".join(repr(n) for n in unknown)
+            plural = "s" if len(unknown) > 1 else ""
+            takes = ", ".join(accepted) if accepted else "none"
+            raise BadRequest(f"{self.label}: unknown {what}{plural} {names}; it accepts: {takes}")
 
 
 def _no_constant(name: str) -> None:

@@ -1,29 +1,26 @@
-"""The edit page: an editor changes a buried message's payload and headers, sees the diff, then
-confirms to replay the edited copy (:mod:`celery_dlx.ops.edit` does the work and the recording).
-
-Only editors (``--editor-auth``/``dlx_web_editors``) see the page and may post to it (and to
-``POST /api/edit``, the same edit as JSON, declared by :data:`EDIT`); operators and viewers get
-403. Posts carry the CSRF token and pass the same-origin check as every form.
-"""
+"""The edit page and ``POST /api/edit``: an editor changes a buried message's payload and
+headers, sees the diff, then confirms to replay the edited copy (:mod:`celery_dlx.ops.edit` does
+the work and the recording). Only editors may; operators and viewers get 403."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from celery_dlx.codecs.editing import ABSENT, Change, EditError, parse_assignment
+from celery_dlx.codecs.editing import ABSENT, EditError, parse_assignment
 from celery_dlx.errors import DLXError
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.edit import EditJSON, EditReport, edit, editable, edits_of
 from celery_dlx.web import forms
 from celery_dlx.web.auth import EDITOR
-from celery_dlx.web.declare import ERROR, Endpoint, Field, json_answer
+from celery_dlx.web.declare import Endpoint, Field, Refusal, json_answer
 from celery_dlx.web.guard import user_of
 from celery_dlx.web.pages import console_of, error_page, render
 from celery_dlx.web.payload import obituary_view
@@ -50,11 +47,8 @@ class EditForm:
 
 
 def _pairs(names: Sequence[object], values: Sequence[object]) -> list[tuple[str, str]]:
-    out = []
-    for name, value in zip(names, values, strict=False):
-        n, v = str(name).strip(), str(value).strip()
-        if n:
-            out.append((n, v))
+    pairs = ((str(n).strip(), str(v).strip()) for n, v in zip(names, values, strict=False))
+    out = [(n, v) for n, v in pairs if n]
     if len(out) > MAX_ROWS:
         raise forms.BadRequest(f"at most {MAX_ROWS} rows in one edit")
     return out
@@ -66,34 +60,48 @@ def _parsed(pairs: list[tuple[str, str]], option: str) -> list[tuple[str, Any]]:
 
 def shown(value: Any) -> str:
     """A diff value as text (JSON; the template escapes it)."""
-    if value is ABSENT:
-        return "(absent)"
-    return json.dumps(value, ensure_ascii=False, default=str)
+    return "(absent)" if value is ABSENT else json.dumps(value, ensure_ascii=False, default=str)
 
 
-def _diff_rows(changes: Sequence[Change], kind: str) -> list[dict[str, str]]:
+def _diff_rows(report: EditReport | None) -> list[dict[str, str]]:
+    if report is None:
+        return []
+    plan = report.plan
+    changes = [("payload", c) for c in plan.changes] + [("header", c) for c in plan.header_changes]
     return [
         {"kind": kind, "path": c.path, "before": shown(c.before), "after": shown(c.after)}
-        for c in changes
+        for kind, c in changes
     ]
 
 
-def _refuse(request: Request) -> Response | None:
+def _edit(request: Request, ident: str, **options: Any) -> Awaitable[EditReport]:
+    """:func:`~celery_dlx.ops.edit.edit` of ``ident`` by the caller, in a worker thread."""
+    console, user = console_of(request), user_of(request)
+    return run_in_threadpool(
+        lambda: edit(
+            console.runtime,
+            ident,
+            registry=console.registry,
+            user=user.name,
+            role=user.role,
+            **options,
+        )
+    )
+
+
+def _refuse(request: Request) -> None:
+    """Raises: HTTPException: 403 for anyone but an editor (shown as the error page)."""
     user = user_of(request)
     if not user.can_edit:
-        return error_page(
-            request,
+        raise HTTPException(
             403,
             f"{user.name} is {'an' if user.role[0] in 'aeiou' else 'a'} {user.role}: only "
             "editors (--editor-auth, dlx_web_editors) may edit a message",
         )
-    return None
 
 
 async def edit_page(request: Request) -> Response:
-    refused = _refuse(request)
-    if refused is not None:
-        return refused
+    _refuse(request)
     ident = forms.text(request.query_params, "id")
     if not ident:
         return error_page(request, 400, "which obituary? (?id=<obituary id or message id>)")
@@ -123,7 +131,6 @@ async def _page(
     if found is None:
         return error_page(request, 404, f"no obituary with id or message id {ident!r}")
     view, refusal, past = found
-    report = done or preview
     return render(
         request,
         "edit.html",
@@ -134,25 +141,17 @@ async def _page(
         error=error,
         preview=preview,
         done=done,
-        diff=(
-            _diff_rows(report.plan.changes, "payload")
-            + _diff_rows(report.plan.header_changes, "header")
-            if report
-            else []
-        ),
+        diff=_diff_rows(done or preview),
         past=past,
     )
 
 
 async def edit_action(request: Request) -> Response:
-    refused = _refuse(request)
-    if refused is not None:
-        return refused
-    console = console_of(request)
-    user = user_of(request)
+    _refuse(request)
+    console, user = console_of(request), user_of(request)
     posted = await request.form(max_files=0, max_fields=4 * MAX_ROWS + 20)
     if not console.csrf.valid(user, posted.get("csrf")):  # type: ignore[arg-type]
-        return error_page(request, 403, "missing or wrong CSRF token: reload the page and retry")
+        raise HTTPException(403, "missing or wrong CSRF token: reload the page and retry")
     ident = str(posted.get("id") or "").strip()
     if not ident:
         return error_page(request, 400, "which obituary? (the form has no id)")
@@ -163,20 +162,14 @@ async def edit_action(request: Request) -> Response:
     )
     confirm = posted.get("step") == "replay"
     try:
-        sets = _parsed(form.rows, "path")
-        headers = _parsed(form.headers, "header")
-        report = await run_in_threadpool(
-            lambda: edit(
-                console.runtime,
-                ident,
-                sets=sets,
-                headers=headers,
-                registry=console.registry,
-                replay=confirm,
-                to_queue=form.to_queue or None,
-                user=user.name,
-                role=user.role,
-            )
+        sets, headers = _parsed(form.rows, "path"), _parsed(form.headers, "header")
+        report = await _edit(
+            request,
+            ident,
+            sets=sets,
+            headers=headers,
+            replay=confirm,
+            to_queue=form.to_queue or None,
         )
     except DLXError as exc:
         status = 404 if isinstance(exc, EditError) and "no obituary" in str(exc) else 400
@@ -214,7 +207,7 @@ EDIT = Endpoint(
     "Edit a buried message and replay the edited copy (dlx edit --json)",
     {
         200: json_answer("the diff, and whether the edited copy was replayed", EditJSON),
-        404: json_answer("no such obituary", ERROR),
+        404: json_answer("no such obituary", Refusal),
     },
     role=EDITOR,
     body=(
@@ -247,27 +240,17 @@ EDIT = Endpoint(
 
 
 async def edit_api(request: Request) -> Response:
-    """``POST /api/edit`` (editors, ``X-CSRF-Token``): ``{"id", "set", "headers", "to_queue",
-    "replay", "dry_run"}``; answers what ``dlx edit --json`` prints."""
+    """``POST /api/edit``: answers what ``dlx edit --json`` prints."""
     data = await EDIT.read(request)
-    console = console_of(request)
-    user = user_of(request)
-    ident: str = data["id"]
-    sets, headers = _json_pairs(data.get("set")), _json_pairs(data.get("headers"))
     try:
-        report = await run_in_threadpool(
-            lambda: edit(
-                console.runtime,
-                ident,
-                sets=sets,
-                headers=headers,
-                registry=console.registry,
-                replay=data.get("replay", False),
-                dry_run=data.get("dry_run", False),
-                to_queue=data.get("to_queue") or None,
-                user=user.name,
-                role=user.role,
-            )
+        report = await _edit(
+            request,
+            data["id"],
+            sets=_json_pairs(data.get("set")),
+            headers=_json_pairs(data.get("headers")),
+            replay=data.get("replay", False),
+            dry_run=data.get("dry_run", False),
+            to_queue=data.get("to_queue") or None,
         )
     except DLXError as exc:
         status = 404 if "no obituary" in str(exc) else 400

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from celery_dlx import DLXError, Runtime
-from celery_dlx.ops import STATUSES, UNRESOLVED
+from celery_dlx.ops import STATUSES, UNRESOLVED, parked_actions
 from celery_dlx.ops.obituaries import to_ms
 from celery_dlx.ops.render import parse_when
 from celery_dlx.ops.replay import check_target_queue, resolve_targets
@@ -18,7 +19,7 @@ from celery_dlx.web.reads import ALL, MAX_PAGE, GroupFilters
 OBITUARY_STATUSES = (*STATUSES, ALL)
 CAUSE_STATUSES = (UNRESOLVED, ALL)
 #: What the Parked page can do to parked retries (``dlx parked --retry-now/--bury-now``).
-PARKED_ACTIONS = ("retry-now", "bury-now")
+PARKED_ACTIONS = {"retry-now": parked_actions.retry_now, "bury-now": parked_actions.bury_now}
 
 
 class BadRequest(DLXError):
@@ -88,8 +89,8 @@ def group_filters(params: Mapping[str, object]) -> GroupFilters:
     )
 
 
-def page_bounds(params: Mapping[str, object], default: int = 50) -> tuple[int, int]:
-    return integer(params, "offset", 0), integer(params, "limit", default, low=1, high=MAX_PAGE)
+def page_bounds(params: Mapping[str, object]) -> tuple[int, int]:
+    return integer(params, "offset", 0), integer(params, "limit", 50, low=1, high=MAX_PAGE)
 
 
 @dataclass
@@ -137,6 +138,24 @@ def replay_rate(raw: object, maximum: float) -> float:
     return rate
 
 
+def replay_options(runtime: Runtime, raw: Mapping[str, Any], maximum: float) -> dict[str, Any]:
+    """What a form or JSON body asks of :meth:`~celery_dlx.web.actions.Actions.replay`: rate,
+    canary, force, canary_timeout, to_queue.
+
+    Raises:
+        BadRequest: a value out of bounds, or no such queue.
+    """
+    rate = replay_rate(raw.get("rate"), maximum)
+    timeout = number(raw.get("canary_timeout") or 120, "canary_timeout")
+    return {
+        "rate": rate,
+        "canary": flag(raw.get("canary")),
+        "force": flag(raw.get("force")),
+        "canary_timeout": max(1.0, min(timeout, 600.0)),
+        "to_queue": to_queue(runtime, raw.get("to_queue")),
+    }
+
+
 def to_queue(runtime: Runtime, raw: object) -> str | None:
     """The queue a replay is redirected to (None: the queues the messages died in), once the
     broker says it exists.
@@ -153,21 +172,7 @@ def to_queue(runtime: Runtime, raw: object) -> str | None:
         raise BadRequest(str(exc)) from exc
 
 
-@dataclass
-class ParkedTargets:
-    """Parked retries an action applies to: entry ids, or every retry of a cause."""
-
-    ids: list[str]
-    cause: str | None
-
-    @property
-    def label(self) -> str:
-        if self.cause is not None:
-            return f"parked retries of cause {self.cause}"
-        return self.ids[0] if len(self.ids) == 1 else f"{len(self.ids)} parked retries"
-
-
-def parked_targets(ids: Sequence[object], cause: object) -> ParkedTargets:
+def parked_targets(ids: Sequence[object], cause: object) -> Targets:
     """The parked retries named by entry ids (at most :data:`MAX_IDS`) or by a cause.
 
     Raises:
@@ -179,7 +184,9 @@ def parked_targets(ids: Sequence[object], cause: object) -> ParkedTargets:
         raise BadRequest("name parked retries by entry ids or by a cause (one of the two)")
     if len(given) > MAX_IDS:
         raise BadRequest(f"at most {MAX_IDS} parked retries at once; use the whole cause instead")
-    return ParkedTargets(given, cause_text or None)
+    if cause_text:
+        return Targets(given, f"parked retries of cause {cause_text}", cause_text)
+    return Targets(given, given[0] if len(given) == 1 else f"{len(given)} parked retries", None)
 
 
 def flag(raw: object) -> bool:

@@ -3,9 +3,10 @@ body size, security headers."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,7 +29,7 @@ SECURITY_HEADERS = (
 )
 
 
-async def _plain(send: Send, status: int, text: str, extra: list[tuple[bytes, bytes]]) -> None:
+async def _plain(send: Send, status: int, text: str, *extra: tuple[bytes, bytes]) -> None:
     body = text.encode()
     headers = [
         (b"content-type", b"text/plain; charset=utf-8"),
@@ -40,19 +41,13 @@ async def _plain(send: Send, status: int, text: str, extra: list[tuple[bytes, by
     await send({"type": "http.response.body", "body": body})
 
 
-class TrustedHosts(TrustedHostMiddleware):
-    """Starlette's :class:`TrustedHostMiddleware` with the console's :class:`HostRule`: the
-    address it listens on at its port (and the loopback names on loopback), and the names of
-    ``dlx_web_allowed_hosts`` at any port. Any other ``Host`` gets 400 saying which setting
-    would admit it, before credentials are asked for.
-
-    The rule replaces Starlette's match, which cannot check a port or name the setting.
-    """
+class TrustedHosts:
+    """400 for a ``Host`` the console's :class:`HostRule` does not admit, saying which setting
+    would, before credentials are asked for (Starlette's ``TrustedHostMiddleware`` cannot check
+    a port or name the setting)."""
 
     def __init__(self, app: ASGIApp, rule: HostRule) -> None:
-        super().__init__(
-            app, allowed_hosts=[*sorted(rule.names), *rule.patterns], www_redirect=False
-        )
+        self.app = app
         self.rule = rule
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -71,7 +66,6 @@ class TrustedHosts(TrustedHostMiddleware):
             "A page that points its own name at the console (DNS rebinding) is refused here; "
             "if you reach the console by this name (a proxy, a tunnel), add it to "
             "dlx_web_allowed_hosts (or --allowed-host).\n",
-            [],
         )
 
 
@@ -105,7 +99,6 @@ class SameOrigin:
             403,
             f"refused: a {scope['method']} must come from the console's own pages, and this "
             f"one has {said}, not {scheme}://{host}. {hint}\n",
-            [],
         )
 
 
@@ -125,16 +118,12 @@ class Guard:
         headers = Headers(scope=scope)
         user = self.accounts.authenticate(headers.get("authorization"))
         if user is None:
-            await _plain(
-                send,
-                401,
-                "credentials needed (HTTP Basic)\n",
-                [(b"www-authenticate", b'Basic realm="celery_dlx", charset="UTF-8"')],
-            )
+            challenge = (b"www-authenticate", b'Basic realm="celery_dlx", charset="UTF-8"')
+            await _plain(send, 401, "credentials needed (HTTP Basic)\n", challenge)
             return
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            await _plain(send, 413, f"request body over {self.max_body} bytes\n", [])
+            await _plain(send, 413, f"request body over {self.max_body} bytes\n")
             return
         scope.setdefault("state", {})["user"] = user
         seen = 0
@@ -157,12 +146,6 @@ class Guard:
         await self.app(scope, limited_receive, secured_send)
 
 
-def user_of(scope_or_request: HTTPConnection | Scope) -> User:
-    """The authenticated user of a request."""
-    state = (
-        scope_or_request.scope["state"]
-        if isinstance(scope_or_request, HTTPConnection)
-        else scope_or_request["state"]
-    )
-    user: User = state["user"]  # set by Guard
-    return user
+def user_of(request: HTTPConnection) -> User:
+    """The authenticated user of a request (set by :class:`Guard`)."""
+    return cast(User, request.scope["state"]["user"])

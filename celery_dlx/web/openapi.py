@@ -1,12 +1,6 @@
 """``GET /api/openapi.json``: the JSON API as an OpenAPI 3.1 document, generated from the routes'
-own declarations (:mod:`celery_dlx.web.declare`), the ones their handlers check requests with.
-
-Besides each route's parameters, body and responses, the document says what the console's
-middleware and roles require: HTTP Basic (``basic``), the caller's CSRF token on writes (``csrf``,
-the ``X-CSRF-Token`` header), the least role (``x-dlx-role``), a write's confirmation
-(``x-dlx-confirmation``), and the refusals every route may give (401, 400 for a foreign
-``Host``; 403 for a write from another origin, 413 for a body too large).
-"""
+own declarations (:mod:`celery_dlx.web.declare`), the ones their handlers check requests with,
+plus what the middleware and roles require of every route."""
 
 from __future__ import annotations
 
@@ -18,16 +12,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from celery_dlx import __version__
-from celery_dlx.web.declare import ERROR, TEXT, Answer, Endpoint, Schema, json_answer, schema_of
+from celery_dlx.web.declare import TEXT, Answer, Endpoint, Refusal, Schema, json_answer, schema_of
 
-#: The refusals of the JSON handlers (400, 403) and of the middleware in front of every route
-#: (plain text: 400 for a Host the console does not answer, 401 without credentials, 403 for a
-#: write from another origin, 413 for a body over the limit).
-_ERROR_OR_TEXT = {"application/json": ERROR, "text/plain": TEXT}
+#: The refusals of the JSON handlers and of the middleware in front of every route (plain text).
+_ERROR_OR_TEXT = {"application/json": Refusal, "text/plain": TEXT}
 COMMON: dict[int, Answer] = {
     400: Answer("a malformed request (the error names the key), or a foreign Host", _ERROR_OR_TEXT),
     401: Answer("credentials needed (HTTP Basic)", {"text/plain": TEXT}),
-    503: json_answer("Redis unreachable or refused", ERROR),
+    503: json_answer("Redis unreachable or refused", Refusal),
 }
 WRITES: dict[int, Answer] = {
     403: Answer(
@@ -62,21 +54,14 @@ ROLE_TEXT = {
 }
 
 
-def _operation_id(endpoint: Endpoint) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", f"{endpoint.method} {endpoint.path}".lower()).strip("_")
-
-
 def _responses(endpoint: Endpoint, defs: dict[str, Schema]) -> dict[str, Any]:
     answers = {**COMMON, **(WRITES if endpoint.writes else {}), **endpoint.responses}
     out: dict[str, Any] = {}
-    for status in sorted(answers):
-        answer = answers[status]
-        shown: dict[str, Any] = {"description": answer.doc}
-        if answer.content:
-            shown["content"] = {
-                media: {"schema": schema_of(body, defs)} for media, body in answer.content.items()
-            }
-        out[str(status)] = shown
+    for status, answer in sorted(answers.items()):
+        content = {
+            media: {"schema": schema_of(body, defs)} for media, body in answer.content.items()
+        }
+        out[str(status)] = {"description": answer.doc, "content": content}
     return out
 
 
@@ -99,15 +84,15 @@ def _parameters(endpoint: Endpoint) -> list[dict[str, Any]]:
 
 def operation(endpoint: Endpoint, defs: dict[str, Schema]) -> dict[str, Any]:
     """The OpenAPI operation of ``endpoint``; the schemas it refers to go into ``defs``."""
-    said = [endpoint.description, ROLE_TEXT[endpoint.role]]
+    said = [ROLE_TEXT[endpoint.role]]
     if endpoint.body is not None:
         said.append("Unknown keys and values of the wrong type are refused with 400.")
     if endpoint.confirmation:
         said.append(f"Confirmation: {endpoint.confirmation}.")
     op: dict[str, Any] = {
-        "operationId": _operation_id(endpoint),
+        "operationId": re.sub(r"[^a-z0-9]+", "_", endpoint.label.lower()).strip("_"),
         "summary": endpoint.summary,
-        "description": " ".join(s for s in said if s),
+        "description": " ".join(said),
         "x-dlx-role": endpoint.role,
         "responses": _responses(endpoint, defs),
     }

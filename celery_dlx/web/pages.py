@@ -2,50 +2,50 @@
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from collections.abc import Callable
+from typing import Any, cast
 from urllib.parse import quote
 
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from celery_dlx.ops import UNRESOLVED, obituaries, parked_actions
+from celery_dlx.ops import UNRESOLVED, obituaries
 from celery_dlx.ops.edit import edits_of
 from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
 from celery_dlx.ops.render import iso
 from celery_dlx.web import forms
-from celery_dlx.web.actions import Busy
+from celery_dlx.web.actions import Busy, Job, close_audited
 from celery_dlx.web.audit import read_audit
-from celery_dlx.web.breaker_view import cause_breakers, close_audited, overview_breakers
+from celery_dlx.web.auth import User
 from celery_dlx.web.console import Console
 from celery_dlx.web.guard import user_of
 from celery_dlx.web.payload import obituary_view
 from celery_dlx.web.reads import (
     GroupPage,
     ParkedSummary,
+    cause_breakers,
     causes_page,
     fate_chart,
     graveyard_queues,
     group_info,
     group_page,
     group_versions,
+    overview_breakers,
     parked_summary,
 )
 
 
 def console_of(request: Request) -> Console:
-    console: Console = request.app.state.console
-    return console
+    return cast(Console, request.app.state.console)
 
 
 def render(request: Request, template: str, status: int = 200, **context: object) -> HTMLResponse:
-    console = console_of(request)
-    user = user_of(request)
+    console, user = console_of(request), user_of(request)
     html = console.env.get_template(template).render(
-        user=user,
-        csrf=console.csrf.token(user),
-        path=request.url.path,
-        **context,
+        user=user, csrf=console.csrf.token(user), path=request.url.path, **context
     )
     return HTMLResponse(html, status_code=status)
 
@@ -54,20 +54,11 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
     return render(request, "error.html", status=status, status_code=status, message=message)
 
 
-class _Overview(TypedDict):
-    queues: list[dict[str, object]]
-    total: int
-    parked: ParkedSummary
-    chart: dict[str, object]
-    check: dict[str, object]
-    breakers: list[dict[str, Any]]
-
-
 async def overview(request: Request) -> Response:
     console = console_of(request)
     runtime = console.runtime
 
-    def read() -> _Overview:
+    def read() -> dict[str, object]:
         return {
             "queues": graveyard_queues(runtime),
             "total": obituaries.count(runtime),
@@ -77,7 +68,7 @@ async def overview(request: Request) -> Response:
             "breakers": overview_breakers(runtime),
         }
 
-    return render(request, "overview.html", **await run_in_threadpool(read))
+    return render(request, "overview.html", 200, **await run_in_threadpool(read))
 
 
 async def causes(request: Request) -> Response:
@@ -177,24 +168,15 @@ async def parked_action(request: Request) -> Response:
     ``cause``): without ``step=confirm``, the dry run's preview with the form that confirms it;
     with it, the action as a job of the operator, audited, as ``dlx parked --retry-now/--bury-now``.
     """
-    got = await _form(request)
-    if isinstance(got, Response):
-        return got
-    form, console, user = got
+    form, console, user = await _form(request)
     action = forms.text(form, "action")
     if action not in forms.PARKED_ACTIONS:
         return error_page(request, 400, "which action? (retry-now or bury-now)")
     chosen = forms.parked_targets(form.getlist("ids"), form.get("cause"))
     if forms.text(form, "step") != "confirm":
-        act = parked_actions.bury_now if action == "bury-now" else parked_actions.retry_now
+        act, ids, by = forms.PARKED_ACTIONS[action], chosen.ids or None, f"web:{user.name}"
         report = await run_in_threadpool(
-            lambda: act(
-                console.runtime,
-                chosen.ids or None,
-                cause=chosen.cause,
-                by=f"web:{user.name}",
-                dry_run=True,
-            )
+            lambda: act(console.runtime, ids, cause=chosen.cause, by=by, dry_run=True)
         )
         return render(
             request,
@@ -204,11 +186,10 @@ async def parked_action(request: Request) -> Response:
             chosen=chosen,
             report=report.as_dict(),
         )
-    try:
-        started = console.actions.parked(user, action, chosen.ids, chosen.cause, chosen.label)
-    except Busy as exc:
-        return error_page(request, 409, str(exc))
-    return RedirectResponse(f"/jobs/{started.id}", status_code=303)
+    return _started(
+        request,
+        lambda: console.actions.parked(user, action, chosen.ids, chosen.cause, chosen.label),
+    )
 
 
 async def audit(request: Request) -> Response:
@@ -226,53 +207,47 @@ async def job(request: Request) -> Response:
     return render(request, "job.html", job=found.to_json())
 
 
-async def _form(request: Request) -> tuple[Any, Console, Any] | Response:
-    """The posted form of an operator with a valid CSRF token, or the error page."""
-    console = console_of(request)
-    user = user_of(request)
+async def _form(request: Request, what: str = "replay or purge") -> tuple[FormData, Console, User]:
+    """The posted form of an operator with a valid CSRF token.
+
+    Raises:
+        HTTPException: 403 (shown as the error page).
+    """
+    console, user = console_of(request), user_of(request)
     if not user.can_write:
-        return error_page(request, 403, f"{user.name} is a viewer: viewers cannot replay or purge")
+        raise HTTPException(403, f"{user.name} is a viewer: viewers cannot {what}")
     form = await request.form(max_files=0, max_fields=forms.MAX_IDS + 20)
     if not console.csrf.valid(user, form.get("csrf")):  # type: ignore[arg-type]
-        return error_page(request, 403, "missing or wrong CSRF token: reload the page and retry")
+        raise HTTPException(403, "missing or wrong CSRF token: reload the page and retry")
     return form, console, user
 
 
-async def replay_action(request: Request) -> Response:
-    got = await _form(request)
-    if isinstance(got, Response):
-        return got
-    form, console, user = got
-    rate = forms.replay_rate(form.get("rate"), console.settings.max_replay_rate)
-    timeout = forms.number(form.get("canary_timeout") or 120, "canary_timeout")
-    to_queue = await run_in_threadpool(forms.to_queue, console.runtime, form.get("to_queue"))
-    chosen = await run_in_threadpool(
-        forms.targets, console.runtime, form.getlist("ids"), form.get("cause")
-    )
-    if not chosen.ids:
-        return error_page(request, 400, "nothing to replay: no obituary matches")
+def _started(request: Request, start: Callable[[], Job]) -> Response:
+    """To the page of the job ``start`` starts; 409 while another action runs."""
     try:
-        started = console.actions.replay(
-            user,
-            chosen.ids,
-            chosen.label,
-            rate=rate,
-            canary=forms.flag(form.get("canary")),
-            force=forms.flag(form.get("force")),
-            canary_timeout=max(1.0, min(timeout, 600.0)),
-            cause=chosen.cause,
-            to_queue=to_queue,
-        )
+        started = start()
     except Busy as exc:
         return error_page(request, 409, str(exc))
     return RedirectResponse(f"/jobs/{started.id}", status_code=303)
 
 
+async def replay_action(request: Request) -> Response:
+    form, console, user = await _form(request)
+    maximum = console.settings.max_replay_rate
+    opts = await run_in_threadpool(forms.replay_options, console.runtime, form, maximum)
+    chosen = await run_in_threadpool(
+        forms.targets, console.runtime, form.getlist("ids"), form.get("cause")
+    )
+    if not chosen.ids:
+        return error_page(request, 400, "nothing to replay: no obituary matches")
+    replay = console.actions.replay
+    return _started(
+        request, lambda: replay(user, chosen.ids, chosen.label, cause=chosen.cause, **opts)
+    )
+
+
 async def purge_action(request: Request) -> Response:
-    got = await _form(request)
-    if isinstance(got, Response):
-        return got
-    form, console, user = got
+    form, console, user = await _form(request)
     chosen = await run_in_threadpool(
         forms.targets, console.runtime, form.getlist("ids"), form.get("cause")
     )
@@ -285,23 +260,15 @@ async def purge_action(request: Request) -> Response:
             f"not purged: type {phrase!r} to confirm purging {len(chosen.ids)} obituaries "
             f"(you typed {typed!r})",
         )
-    try:
-        started = console.actions.purge(user, chosen.ids, chosen.label, cause=chosen.cause)
-    except Busy as exc:
-        return error_page(request, 409, str(exc))
-    return RedirectResponse(f"/jobs/{started.id}", status_code=303)
+    return _started(
+        request, lambda: console.actions.purge(user, chosen.ids, chosen.label, cause=chosen.cause)
+    )
 
 
 async def close_breaker_action(request: Request) -> Response:
     """``POST /actions/close-breaker`` (``csrf``, ``cause``, ``queue``; ``back=group`` returns to
     the cause page): an operator closes one open breaker, as ``dlx breakers close``."""
-    if not user_of(request).can_write:
-        name = user_of(request).name
-        return error_page(request, 403, f"{name} is a viewer: viewers cannot close a breaker")
-    got = await _form(request)
-    if isinstance(got, Response):
-        return got
-    form, console, user = got
+    form, console, user = await _form(request, "close a breaker")
     cause, queue = forms.text(form, "cause"), forms.text(form, "queue")
     if not cause or not queue:
         return error_page(request, 400, "which breaker? (a cause and a queue)")

@@ -1,17 +1,12 @@
-"""An obituary as the console shows it: ``dlx show --json`` plus views of the raw bytes.
-
-The decoded view is :func:`celery_dlx.ops.inspection.show_data` (JSON pretty, a Celery message's
-args and kwargs, protobuf best fit and runner-up, base64-wrapped protobuf); next to it a
-schema-less protobuf wire dump when the bytes parse as one, and a hex dump. Pickle and other
-unsafe serializations are never loaded: the codecs show them as opaque bytes.
-"""
+"""An obituary as the console shows it: ``dlx show --json`` plus views of the raw bytes (a
+schema-less protobuf dump, a hex dump). Unsafe serializations are never loaded: the codecs show
+them as opaque bytes."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 from collections.abc import Mapping
-from typing import TypedDict
 
 from celery_dlx import Obituary
 from celery_dlx.codecs import ProtobufRegistry
@@ -82,25 +77,16 @@ def obituary_view(
     opaque = decoded is not None and decoded["kind"] == "opaque-unsafe"
     views["wire"] = None if opaque else wire_view(payload, decoded["layers"] if decoded else [])
     views["hex"] = hexdump(payload)
-    # show_data's attempts and replays, as one list in time order
-    timeline = [_moment(a.at_ms, a.fate, a.cause) for a in ob.attempts] + [
-        _moment(at, "replayed", f"to {redirects[at]}" if redirects and at in redirects else "")
+    moments = [(a.at_ms, a.fate, a.cause) for a in ob.attempts] + [
+        (at, "replayed", f"to {redirects[at]}" if redirects and at in redirects else "")
         for at in ob.replays
     ]
-    timeline.sort(key=lambda e: e["at_ms"])
+    timeline = [
+        {"at_ms": at, "at": iso(at), "fate": fate, "cause": cause}
+        for at, fate, cause in sorted(moments, key=lambda m: m[0])
+    ]
     data["views"] = views
     data["timeline"] = timeline
     data["opaque"] = opaque
     data["first_failure_at"] = data.get("first_failure_at") or iso(ob.first_failure_ms)
     return data
-
-
-class _Moment(TypedDict):
-    at_ms: int
-    at: str | None
-    fate: str
-    cause: str
-
-
-def _moment(at_ms: int, fate: str, cause: str) -> _Moment:
-    return {"at_ms": at_ms, "at": iso(at_ms), "fate": fate, "cause": cause}

@@ -1,23 +1,17 @@
-"""What the console pages read, bounded: pages of causes and of one cause's obituaries, the
-parked retries per queue, the fate rates of the last hour.
-
-Everything reads the graveyard's indexed sorted sets a page at a time (never the whole
-graveyard); rows have the shapes of :mod:`celery_dlx.ops.inspection` (the CLI's ``--json``).
-"""
+"""What the console pages read, a page at a time from the graveyard's indexes (never the whole
+graveyard), in the row shapes of :mod:`celery_dlx.ops.inspection` (the CLI's ``--json``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import Any, TypedDict
 
 from celery_dlx import Group, Runtime
 from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.ops import UNRESOLVED, Filters, ParkedMessage, deploys, now_ms
+from celery_dlx.ops.breakers import open_breakers
 from celery_dlx.ops.inspection import GroupRow, ObituaryRow, group_row, obituary_row
 from celery_dlx.ops.render import iso
-
-if TYPE_CHECKING:  # the graveyard role's type; its stores are the runtime's to choose
-    from celery_dlx.ops import Graveyard
 
 #: Most rows on one page.
 MAX_PAGE = 200
@@ -30,17 +24,13 @@ ALL = "all"
 
 
 def status_count(group: Group, status: str) -> int:
-    """How many of ``group``'s obituaries have ``status``."""
     return group.unresolved if status == UNRESOLVED else group.statuses.get(status, 0)
 
 
-def yard_of(runtime: Runtime) -> Graveyard:
-    return runtime.graveyard
-
-
-def _unresolved_causes(yard: Graveyard, offset: int, limit: int) -> tuple[int, list[Group]]:
+def _unresolved_causes(runtime: Runtime, offset: int, limit: int) -> tuple[int, list[Group]]:
     """How many causes have an unresolved obituary, and a page of their groups (every group is
     read, :data:`MAX_PAGE` causes a round trip, as ``dlx groups`` does)."""
+    yard = runtime.graveyard
     _, names = yard.cause_names(0, CAUSE_SCAN)
     matching: list[Group] = []
     for start in range(0, len(names), MAX_PAGE):
@@ -54,22 +44,24 @@ def causes_page(
     """One page of cause groups, most recently seen first (rows of ``dlx groups --json``, plus
     ``importance`` of the latest obituary). ``status``: ``unresolved`` (the causes with an
     obituary nobody replayed, as ``dlx groups``) or ``all``."""
-    yard = yard_of(runtime)
+    yard = runtime.graveyard
     limit = max(1, min(limit, MAX_PAGE))
     if status == UNRESOLVED:
-        causes_total, groups = _unresolved_causes(yard, offset, limit)
+        causes_total, groups = _unresolved_causes(runtime, offset, limit)
     else:
         causes_total, causes = yard.cause_names(offset, limit)
         groups = yard.groups_of(causes)
     total = yard.count()
     examples = yard.load([g.example_id for g in groups])
     newest = deploys.newest_version(yard.version_times())
-    rows: list[dict[str, object]] = []
-    for group, example in zip(groups, examples, strict=True):
-        row: dict[str, object] = {**group_row(group)}
-        row["importance"] = example.importance if example is not None else None
-        row["new_in"] = deploys.new_in(group, newest)
-        rows.append(row)
+    rows = [
+        {
+            **group_row(group),
+            "importance": example.importance if example is not None else None,
+            "new_in": deploys.new_in(group, newest),
+        }
+        for group, example in zip(groups, examples, strict=True)
+    ]
     return {
         "newest_version": newest,
         "groups": rows,
@@ -84,14 +76,14 @@ def causes_page(
 
 def group_info(runtime: Runtime, cause: str) -> GroupRow | None:
     """One cause group as ``dlx groups --json`` shows it, or None when it is empty."""
-    found = yard_of(runtime).groups_of([cause])
+    found = runtime.graveyard.groups_of([cause])
     return group_row(found[0]) if found else None
 
 
 def group_versions(runtime: Runtime, group: GroupRow) -> dict[str, object]:
     """The cause page's code versions: ``new_in`` (the newest version, when the cause was first
     seen with it, else None) and ``versions``, ``(version, obituaries)`` oldest version first."""
-    first_seen = yard_of(runtime).version_times()
+    first_seen = runtime.graveyard.version_times()
     order = {v: i for i, v in enumerate(deploys.version_order(first_seen))}
     newest = deploys.newest_version(first_seen)
     counts = sorted(group["versions"].items(), key=lambda vc: (order.get(vc[0], len(order)), vc[0]))
@@ -135,37 +127,27 @@ def group_page(
 
     Without a queue or task filter the page is one ``ZREVRANGEBYSCORE ... LIMIT`` on the
     cause's index and ``matching`` is exact. A queue or task filter checks the ids against that
-    queue's or task's index (``ZMSCORE``, no record read), at most :data:`~celery_dlx.store.graveyard.SCAN_CAP` ids for one
-    page (``capped`` says so), and ``offset`` then counts the cause's ids, not matches. Every
-    obituary of a cause has the same exception type (it is part of the fingerprint), so the
-    exception filter keeps all or nothing. The cause's status counts settle a status filter
-    that keeps all or nothing, and count ``matching`` for a status filter alone.
+    queue's or task's index (``ZMSCORE``, no record read), at most
+    :data:`~celery_dlx.store.graveyard.SCAN_CAP` ids for one page (``capped`` says so), and
+    ``offset`` then counts the cause's ids, not matches. The exception type is part of the
+    fingerprint and the cause's status counts are known, so those filters keep all or nothing
+    without a scan (and give ``matching`` for a status filter alone).
     """
-    yard = yard_of(runtime)
+    yard = runtime.graveyard
     limit = max(1, min(limit, MAX_PAGE))
     page = GroupPage(offset=offset)
     found_group = yard.groups_of([cause])
     group = found_group[0] if found_group else None
-    if filters.exception and (group is None or group.exc_type != filters.exception):
+    status_of = None if filters.status == ALL else filters.status
+    having = None if status_of is None or group is None else status_count(group, status_of)
+    other_type = filters.exception and (group is None or group.exc_type != filters.exception)
+    if other_type or having == 0:
         page.matching = 0
         return page
-    status_of = None if filters.status == ALL else filters.status
-    if status_of is not None and group is not None:
-        having = status_count(group, status_of)
-        if having == 0:
-            page.matching = 0
-            return page
-        if having == group.count:  # every obituary has it: no filter, the exact count stays
-            status_of = None
-    wanted = Filters(
-        filters.queue,
-        filters.task,
-        None,
-        None,
-        filters.since_ms,
-        filters.until_ms,
-        status=status_of,
-    )
+    if group is not None and having == group.count:  # all have it: no filter, the count stays
+        status_of = None
+    f = filters
+    wanted = Filters(f.queue, f.task, since_ms=f.since_ms, until_ms=f.until_ms, status=status_of)
     found = yard.cause_page(cause, wanted, offset, limit)
     page.next_offset, page.matching = found.next_offset, found.matching
     alone = (filters.queue, filters.task, filters.since_ms, filters.until_ms) == (None,) * 4
@@ -178,8 +160,6 @@ def group_page(
 
 
 class QueueParked(TypedDict):
-    """One queue's parked retries in :func:`parked_summary`."""
-
     queue: str
     count: int
     due_now: int
@@ -191,8 +171,6 @@ class QueueParked(TypedDict):
 
 
 class CauseParked(TypedDict):
-    """One cause's parked retries in :func:`parked_summary`."""
-
     cause: str
     count: int
     due_now: int
@@ -201,8 +179,6 @@ class CauseParked(TypedDict):
 
 
 class ParkedSummary(TypedDict):
-    """What :func:`parked_summary` returns."""
-
     count: int
     due_now: int
     sampled: int
@@ -214,7 +190,6 @@ class ParkedSummary(TypedDict):
 
 
 def _tally(per: dict[str, QueueParked], message: ParkedMessage, now: int) -> None:
-    """Count one parked retry into its queue's row."""
     q = per.setdefault(
         message.queue,
         {
@@ -223,8 +198,7 @@ def _tally(per: dict[str, QueueParked], message: ParkedMessage, now: int) -> Non
             "due_now": 0,
             "next_due_ms": None,
             "oldest_due_ms": None,
-            # set by parked_summary once every retry is counted
-            "lateness_s": None,
+            "lateness_s": None,  # this and the times: once every retry is counted
             "next_due_at": None,
             "oldest_due_at": None,
         },
@@ -240,7 +214,6 @@ def _tally(per: dict[str, QueueParked], message: ParkedMessage, now: int) -> Non
 
 
 def _tally_cause(per: dict[str, CauseParked], message: ParkedMessage, now: int) -> None:
-    """Count one parked retry into its cause's row."""
     c = per.setdefault(
         message.cause,
         {
@@ -255,11 +228,14 @@ def _tally_cause(per: dict[str, CauseParked], message: ParkedMessage, now: int) 
     c["due_now"] += message.due_ms <= now
 
 
-def _scan_parked(
-    runtime: Runtime, now: int
-) -> tuple[dict[str, QueueParked], dict[str, CauseParked], int]:
-    """Per-queue and per-cause rows of the :data:`PARKED_SCAN` soonest-due retries, and how
-    many were read."""
+def parked_summary(runtime: Runtime) -> ParkedSummary:
+    """Parked retries per queue: count, due now, next due, oldest lateness (seconds past due).
+
+    The store has one index by due time, so per-queue numbers come from reading the
+    :data:`PARKED_SCAN` soonest-due retries (``sampled`` says how many were read; every due
+    retry is among them while fewer than that are due). ``count`` and ``due_now`` are exact.
+    """
+    now = now_ms()
     per: dict[str, QueueParked] = {}
     causes: dict[str, CauseParked] = {}
     read = 0
@@ -267,31 +243,17 @@ def _scan_parked(
         _tally(per, message, now)
         _tally_cause(causes, message, now)
         read += 1
-    return per, causes, read
-
-
-def parked_summary(runtime: Runtime, *, at_ms: int | None = None) -> ParkedSummary:
-    """Parked retries per queue: count, due now, next due, oldest lateness (seconds past due).
-
-    The store has one index by due time, so per-queue numbers come from reading the
-    :data:`PARKED_SCAN` soonest-due retries (``sampled`` says how many were read; every due
-    retry is among them while fewer than that are due). ``count`` and ``due_now`` are exact.
-    """
-    now = now_ms() if at_ms is None else at_ms
-    per, causes, read = _scan_parked(runtime, now)
-    queues = []
-    for q in sorted(per.values(), key=lambda r: r["queue"]):
+    queues = sorted(per.values(), key=lambda r: r["queue"])
+    for q in queues:
         oldest = q["oldest_due_ms"]
         q["lateness_s"] = None if oldest is None else round((now - oldest) / 1000, 3)
         q["next_due_at"] = iso(q["next_due_ms"])
         q["oldest_due_at"] = iso(oldest)
-        queues.append(q)
-    parking = runtime.parking
-    total = parking.count()
+    total = runtime.parking.count()
     lateness = [q["lateness_s"] for q in queues if q["lateness_s"] is not None]
     return {
         "count": total,
-        "due_now": parking.due_count(now),
+        "due_now": runtime.parking.due_count(now),
         "sampled": read,
         "complete": read >= total,
         "oldest_lateness_s": max(lateness) if lateness else None,
@@ -304,17 +266,11 @@ def parked_summary(runtime: Runtime, *, at_ms: int | None = None) -> ParkedSumma
 CHART_FATES = ("requeued", "parked", "drained", "buried", "replayed", "recovered", "purged")
 
 
-def fate_chart(
-    runtime: Runtime,
-    *,
-    window_s: float = 3600.0,
-    at_ms: int | None = None,
-    width: int = 720,
-    height: int = 160,
-) -> dict[str, object]:
-    """Per-minute fate counts over the window as SVG polyline points (numbers only), with totals
+def fate_chart(runtime: Runtime) -> dict[str, object]:
+    """Per-minute fate counts of the last hour as SVG polyline points (numbers only), with totals
     per queue and fate."""
-    counts = runtime.history.counts(window_s, at_ms=at_ms)
+    width, height = 720, 160
+    counts = runtime.history.counts(3600.0)
     minutes = list(range(counts.start_minute, counts.end_minute + 1))
     per_fate: dict[str, list[int]] = {}
     for row in counts.rows:
@@ -324,10 +280,8 @@ def fate_chart(
     scale = peak or 1
     step = width / max(1, len(minutes) - 1)
     lines = []
-    order = [f for f in CHART_FATES if f in per_fate] + sorted(
-        f for f in per_fate if f not in CHART_FATES
-    )
-    for fate in order:
+    rank = {f: i for i, f in enumerate(CHART_FATES)}
+    for fate in sorted(per_fate, key=lambda f: (rank.get(f, len(rank)), f)):
         series = per_fate[fate]
         points = " ".join(
             f"{i * step:.1f},{height - (n / scale) * (height - 4) - 2:.1f}"
@@ -353,5 +307,20 @@ def graveyard_queues(runtime: Runtime) -> list[dict[str, object]]:
     """``{queue, count, last_at}`` for every queue with obituaries."""
     return [
         {"queue": q, "count": n, "last_ms": last, "last_at": iso(last)}
-        for q, n, last in yard_of(runtime).names("queue")
+        for q, n, last in runtime.graveyard.names("queue")
     ]
+
+
+def overview_breakers(runtime: Runtime) -> list[dict[str, Any]]:
+    """The open breakers, each with ``has_group``: whether its cause has obituaries (a held
+    cause usually has none and its cause page would be a 404: the overview links it only then)."""
+    rows = open_breakers(runtime)
+    if not rows:
+        return rows
+    buried = {g.cause for g in runtime.graveyard.groups_of(sorted({r["cause"] for r in rows}))}
+    return [{**r, "has_group": r["cause"] in buried} for r in rows]
+
+
+def cause_breakers(runtime: Runtime, cause: str) -> list[dict[str, Any]]:
+    """The open breakers of ``cause`` (one per queue it burns on)."""
+    return [r for r in open_breakers(runtime) if r["cause"] == cause]

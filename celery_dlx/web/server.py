@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 from celery_dlx import ConfigurationError, Runtime
-from celery_dlx.web.auth import Accounts, check_listen
 from celery_dlx.web.console import WebSettings
 
 
@@ -17,12 +16,8 @@ def _server(runtime: Runtime, settings: WebSettings, log_level: str) -> Any:
 
     from celery_dlx.web.app import create_app
 
-    check_listen(
-        settings.host, Accounts.from_lists(settings.operators, settings.viewers, settings.editors)
-    )
-    app = create_app(runtime, settings)
     config = uvicorn.Config(
-        app,
+        create_app(runtime, settings),
         host=settings.host,
         port=settings.port,
         log_level=log_level.lower(),
