@@ -31,6 +31,11 @@ from celery_dlx.errors import StoreError
 RedisClient = Redis | RedisCluster
 
 
+def text(value: object) -> str:
+    """A Redis reply (bytes) as text."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def is_cluster(client: RedisClient) -> bool:
     """True for a ``RedisCluster`` client (``dlx_redis_url`` with ``?cluster=true``)."""
     from redis.cluster import RedisCluster

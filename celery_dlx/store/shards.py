@@ -116,6 +116,14 @@ class ShardSet(Generic[S]):
         buckets = range(self.layout.buckets)
         return [*(self.bucket(q, b) for b in buckets for q in queues), self.home]
 
+    def ask(self, ask: Callable[[Any, S], object], shards: Iterable[S] | None = None) -> list[Any]:
+        """``ask(pipe, shard)`` of each of ``shards`` (default: :meth:`every`) in one pipelined
+        round trip (per master); the replies in order."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.every() if shards is None else shards:
+            ask(pipe, shard)
+        return list(pipe.execute())
+
     def holders(self, entry_id: str, queues: Iterable[str]) -> list[S]:
         """The shards that may hold ``entry_id``: its bucket in each of ``queues``, and home."""
         bucket = self.layout.bucket(entry_id)
