@@ -13,7 +13,7 @@ from __future__ import annotations
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.lineage import same_lineage
 from celery_dlx.message.names import Keys
-from celery_dlx.store.client import RedisClient
+from celery_dlx.store.client import RedisClient, text
 from celery_dlx.store.history import COPIED_TTL_MS
 
 
@@ -47,10 +47,7 @@ class Causes:
         (:func:`celery_dlx.store.history.mark_copies`), or its copy went to the DLX service
         (:meth:`mark_copied`)."""
         marker = self.client.get(self.keys.copied(queue, message_id, attempt))
-        if marker is None:
-            return False
-        text = marker.decode("utf-8", "replace") if isinstance(marker, bytes) else str(marker)
-        return same_lineage(text, lineage)
+        return marker is not None and same_lineage(text(marker), lineage)
 
     def mark_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> None:
         """Note that the retry of ``message_id`` at ``attempt`` went to the DLX service, which
@@ -77,8 +74,3 @@ def stash_cause(
 def read_cause(client: RedisClient, keys: Keys, message_id: str) -> CauseRecord | None:
     """The stashed record for ``message_id``, or None (:meth:`Causes.read`)."""
     return Causes(client, keys).read(message_id)
-
-
-def drop_cause(client: RedisClient, keys: Keys, message_id: str) -> None:
-    """Forget the record (:meth:`Causes.drop`)."""
-    Causes(client, keys).drop(message_id)

@@ -182,40 +182,40 @@ class GraveyardShard:
         self.scripts = scripts
         self._base = keys.graveyard_prefix if self.home else f"{tag}:graveyard:"
         self.ledger = keys.replay_ledger if self.home else f"{tag}:replay:ledger"
-        self.records = self._key("records")
-        self.payloads = self._key("payloads")
-        self.by_time = self._key("time")
-        self.groups_key = self._key("groups")
-        self.queues_key = self._key("queues")
-        self.tasks_key = self._key("tasks")
-        self.versions_key = self._key("versions")
+        self.records = self.key("records")
+        self.payloads = self.key("payloads")
+        self.by_time = self.key("time")
+        self.groups_key = self.key("groups")
+        self.queues_key = self.key("queues")
+        self.tasks_key = self.key("tasks")
+        self.versions_key = self.key("versions")
         #: String: the bytes of this shard's obituaries, as the budget counts them.
-        self.bytes_key = self._key("bytes")
+        self.bytes_key = self.key("bytes")
         #: What became of replayed obituaries (:mod:`celery_dlx.store.status`).
-        self.status_key = self._key("status")
-        self.replayed_key = self._key("replayed")
-        self.resolved_key = self._key("resolved")
+        self.status_key = self.key("status")
+        self.replayed_key = self.key("replayed")
+        self.resolved_key = self.key("resolved")
 
-    def _key(self, suffix: str) -> str:
+    def key(self, suffix: str) -> str:
         return f"{self._base}{suffix}"
 
     def by_queue(self, queue: str) -> str:
-        return self._key(f"queue:{queue}")
+        return self.key(f"queue:{queue}")
 
     def by_task(self, task: str) -> str:
-        return self._key(f"task:{task}")
+        return self.key(f"task:{task}")
 
     def by_cause(self, cause: str) -> str:
-        return self._key(f"cause:{cause}")
+        return self.key(f"cause:{cause}")
 
     def by_message(self, message_id: str) -> str:
-        return self._key(f"message:{message_id}")
+        return self.key(f"message:{message_id}")
 
     def group_key(self, cause: str) -> str:
-        return self._key(f"group:{cause}")
+        return self.key(f"group:{cause}")
 
     def cause_versions(self, cause: str) -> str:
-        return self._key(f"versions:{cause}")
+        return self.key(f"versions:{cause}")
 
     def _index_keys(self, ob: Obituary) -> list[str]:
         return [
@@ -948,7 +948,7 @@ class Graveyard:
         stop = -1 if limit is None else limit - 1
         best: dict[str, int] = {}
         for rows in self.shards.ask(
-            lambda pipe, s: pipe.zrevrange(s._key(key), 0, stop, withscores=True)
+            lambda pipe, s: pipe.zrevrange(s.key(key), 0, stop, withscores=True)
         ):
             for member, score in rows:
                 name = text(member)
