@@ -27,13 +27,8 @@ S = TypeVar("S")
 
 
 class Layout:
-    """Pure: the hash tag an entry's keys live under.
-
-    Args:
-        keys: the app's key layout (its prefix).
-        per_queue: False, every key under the app's tag; True, a few tags per queue.
-        buckets: tags per queue (fixed for a role: changing it would strand entries).
-    """
+    """Pure: the hash tag an entry's keys live under: the app's, or with ``per_queue`` one of
+    ``buckets`` tags per queue (fixed for a role: changing it would strand entries)."""
 
     def __init__(self, keys: Keys, *, per_queue: bool, buckets: int) -> None:
         self.keys = keys
@@ -58,11 +53,8 @@ class ShardSet(Generic[S]):
     buckets (made on first use by ``make(tag)``, one per process).
 
     Args:
-        client: the client of ``dlx_redis_url``.
-        layout: where keys live.
         index: the set (under the app's tag) naming the queues that have keys.
         kind: what the shards hold, for messages (``parked``, ``graveyard``).
-        make: builds the shard of one tag.
         replicas: the replicas the index must reach before a queue's first write.
     """
 
