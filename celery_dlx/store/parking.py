@@ -36,6 +36,7 @@ from celery_dlx.store.client import (
     text,
 )
 from celery_dlx.store.counters import add_counts
+from celery_dlx.store.history import History, forget_copies, mark_copies
 from celery_dlx.store.shards import Layout, ShardSet, grouped
 
 logger = logging.getLogger(__name__)
@@ -554,8 +555,6 @@ class ParkingStore:
             # The history lives under the app's tag, another slot than a queue's shard (and a
             # Cluster pipeline takes no script): park each; the caller records the events.
             return park_each(self.park, messages), False
-        from celery_dlx.store.history import History, forget_copies, mark_copies
-
         home = self.shards.home
         history = History(self.client, self.keys)
         payload = ""

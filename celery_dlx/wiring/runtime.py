@@ -197,9 +197,7 @@ class Runtime:
 
     def migrate_keys(self, *, dry_run: bool = False) -> tuple[Migration, Migration]:
         """Move parked retries and obituaries from the single-tag layout to the keys of their
-        queue (``dlx migrate-keys``): copy, then delete, per entry; run again after an
-        interruption to finish (nothing is lost, nothing is parked twice). Until then every read
-        reads both layouts.
+        queue (``dlx migrate-keys``, :mod:`celery_dlx.store.migrate`).
 
         Raises:
             ConfigurationError: ``dlx_redis_shards`` resolves to ``none`` (no other layout).
@@ -324,8 +322,7 @@ class Runtime:
         (:meth:`FateRecorder.park_recorded <celery_dlx.wiring.recorder.FateRecorder.park_recorded>`).
 
         Raises:
-            NotReplicated: the park went to the master, but fewer replicas than
-                ``dlx_redis_min_replicas`` confirmed it: it does not count.
+            NotReplicated: fewer replicas than ``dlx_redis_min_replicas`` confirmed the park.
             redis.RedisError, ...: the message is not parked.
         """
         self.recorder.park_recorded(message, event)
@@ -427,11 +424,8 @@ class Runtime:
         self.recorder.record(event, history=history)
 
     def warm(self, *, listeners: bool = True) -> None:
-        """Connect to Redis and the broker now (a pool process starting), not at the first failure.
-
-        With ``listeners``, fate listeners that keep a connection (the event sender) connect too.
-        Best effort: a service that is down is connected to again on first use.
-        """
+        """Connect to Redis and the broker now (a pool process starting), and with ``listeners``
+        the fate listeners that keep a connection; best effort (else on first use)."""
         try:
             self.parking.load_scripts()
         except Exception as exc:
