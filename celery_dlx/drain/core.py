@@ -4,12 +4,12 @@ The drainer bootstep (:mod:`celery_dlx.worker.drainer`) runs it in the workers e
 ``dlx_drain_interval`` seconds, under a Redis lease; the same code is a Celery task
 (:func:`register_drain_task`) for tools and an opt-in beat entry (:func:`beat_entry`). It claims
 due entries from the :class:`~celery_dlx.store.parking.ParkingStore` (atomically, under a lease
-of ``dlx_drain_lease``), publishes them through the default exchange (routing key = queue name, so a retry never goes back
-through a fanout exchange to the failed queue's siblings) with pipelined publisher confirms, and
-deletes each entry only after its confirm. A publish the broker nacked or returned (its queue is
-gone) is released back to the store; an entry whose drain died is claimed again once its lease runs
-out. Several drains may run at once: the lease makes them claim disjoint entries, so a duplicate
-can only follow a lease expiry, and nothing is ever lost.
+of ``dlx_drain_lease``), publishes them through the default exchange (routing key = queue name,
+so a retry never goes through a fanout exchange to the failed queue's siblings) with pipelined
+publisher confirms, and deletes each entry only after its confirm. A publish the broker nacked or
+returned (its queue is gone) is released back to the store; an entry whose drain died is claimed
+again once its lease runs out. Several drains may run at once: the lease makes them claim
+disjoint entries, so a duplicate can only follow a lease expiry, and nothing is ever lost.
 """
 
 from __future__ import annotations

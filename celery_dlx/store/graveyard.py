@@ -604,23 +604,23 @@ class _Scripts:
 class Graveyard:
     """Obituaries in Redis, in the single-tag layout or sharded by queue (same methods).
 
-    Reads go over every shard (:mod:`celery_dlx.store.shards`): listings merge each shard's index
-    a page at a time by burial time (:func:`heapq.merge`); counts, names and versions are summed
-    or merged; a cause's group is the sum of its per-shard groups. An obituary id tells its
-    bucket (its CRC-32), not its queue, so a load asks that bucket of every queue (one ``HMGET``
-    each, pipelined): its cost grows with the number of queues, not with the graveyard.
+    Reads go over every shard (:mod:`celery_dlx.store.shards`): listings merge the shards'
+    indexes a page at a time by burial time (:func:`heapq.merge`); counts, names, versions and a
+    cause's group are summed or merged. An obituary id tells its bucket (its CRC-32), not its
+    queue, so a load asks that bucket of every queue (one ``HMGET`` each, pipelined): its cost
+    grows with the number of queues, not with the graveyard.
 
     In the single-tag layout a burial, its ``buried`` history entry and the deletion of the
     worker's cause record are one script. Per queue, the history and the cause records live
     under the app's tag (another slot): a burial appends its entry right after its script wrote
-    the obituary (a crash between the two leaves the obituary without its entry), a removal
-    appends its entry before its script deletes the obituary (a crash between leaves it in
-    place with an extra entry: nothing leaves without its record in the history). Each queue
-    bucket's burials wait for ``dlx_redis_min_replicas`` on their own master.
+    the obituary (a crash between leaves the obituary without its entry), a removal before its
+    script deletes it (a crash between leaves it in place with an extra entry: nothing leaves
+    without its record in the history). A queue bucket's burials wait for
+    ``dlx_redis_min_replicas`` on their own master.
 
-    The graveyard has a budget (:class:`Budget`): past it, or with Redis near its
-    ``maxmemory``, a burial raises :class:`GraveyardFull` before it writes anything, and the dead
-    letter waits in RabbitMQ, so a storm of burials never takes the memory parked retries need.
+    Past its budget (:class:`Budget`), or with Redis near its ``maxmemory``, a burial raises
+    :class:`GraveyardFull` before it writes anything and the dead letter waits in RabbitMQ, so a
+    storm of burials never takes the memory parked retries need.
 
     Args:
         replicas: the replicas a burial in a queue's bucket must reach.

@@ -2,15 +2,15 @@
 
 Each shard (:mod:`celery_dlx.store.shards`: the app's tag, or a bucket of one queue) has three
 keys (:class:`~celery_dlx.message.names.ParkedKeys`): ``parked:due`` (zset id -> due ms),
-``parked:meta`` (hash id -> JSON) and ``parked:body`` (hash id -> raw bytes). Claiming is atomic (Lua): due entries
-are re-scored to ``now + lease`` and returned, so a drain that dies after claiming leaves them to be
-claimed again when the lease runs out. An entry is deleted only after its publish is confirmed.
-Parking is idempotent per message id and attempt.
+``parked:meta`` (hash id -> JSON) and ``parked:body`` (hash id -> raw bytes). Claiming is atomic
+(Lua): due entries are re-scored to ``now + lease`` and returned, so a drain that dies after
+claiming leaves them to be claimed again when the lease runs out. An entry is deleted only after
+its publish is confirmed. Parking is idempotent per message id and attempt.
 
 A park counts as done (the caller may ack the original) only once the replicas
-``dlx_redis_min_replicas`` asks for hold it: each park's write is followed by ``WAIT`` on the same
-connection (:func:`~celery_dlx.store.client.execute_replicated`), and raises
-:class:`~celery_dlx.store.client.NotReplicated` when fewer replicas confirmed it.
+``dlx_redis_min_replicas`` asks for hold it (``WAIT`` on the write's connection,
+:func:`~celery_dlx.store.client.execute_replicated`; else
+:class:`~celery_dlx.store.client.NotReplicated`).
 """
 
 from __future__ import annotations
