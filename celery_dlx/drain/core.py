@@ -2,15 +2,14 @@
 
 The drainer bootstep (:mod:`celery_dlx.worker.drainer`) runs it in the workers every
 ``dlx_drain_interval`` seconds, under a Redis lease; the same code is a Celery task
-(:func:`register_drain_task`) for tools and an opt-in beat entry (:func:`beat_entry`). It claims due
-entries from the
-:class:`~celery_dlx.store.parking.ParkingStore` (atomically, under a lease of ``dlx_drain_lease``),
-publishes them through the default exchange (routing key = queue name, so a retry never goes back
-through a fanout exchange to the failed queue's siblings) with pipelined publisher confirms, and
-deletes each entry only after its confirm. A publish the broker nacked or returned (its queue is
-gone) is released back to the store; an entry whose drain died is claimed again once its lease runs
-out. Several drains may run at once: the lease makes them claim disjoint entries, so a duplicate
-can only follow a lease expiry, and nothing is ever lost.
+(:func:`register_drain_task`) for tools and an opt-in beat entry (:func:`beat_entry`). It claims
+due entries from the :class:`~celery_dlx.store.parking.ParkingStore` (atomically, under a lease
+of ``dlx_drain_lease``), publishes them through the default exchange (routing key = queue name,
+so a retry never goes through a fanout exchange to the failed queue's siblings) with pipelined
+publisher confirms, and deletes each entry only after its confirm. A publish the broker nacked or
+returned (its queue is gone) is released back to the store; an entry whose drain died is claimed
+again once its lease runs out. Several drains may run at once: the lease makes them claim
+disjoint entries, so a duplicate can only follow a lease expiry, and nothing is ever lost.
 """
 
 from __future__ import annotations
@@ -98,11 +97,7 @@ def drained_event(runtime: Runtime, message: ParkedMessage, published_ms: int) -
         first_failure_ms=first if isinstance(first, int) and not isinstance(first, bool) else None,
         at_ms=published_ms,
     )
-    return FateEvent.of(
-        DRAINED,
-        failure,
-        extra={"lateness_ms": published_ms - message.due_ms},
-    )
+    return FateEvent.of(DRAINED, failure, extra={"lateness_ms": published_ms - message.due_ms})
 
 
 @dataclass
@@ -129,11 +124,7 @@ def drain_once(runtime: Runtime, *, now_ms: int | None = None) -> DrainResult:
 
     Broker and Redis errors do not propagate: each is logged as one warning, the publisher is
     reset after a broker error, and the claimed entries come back when their lease runs out.
-
-    Args:
-        runtime: the app's runtime (config, store, publisher).
-        now_ms: the claim time in epoch milliseconds (default: now); an entry is due when its due
-            time is at or before it.
+    ``now_ms``: the claim time (default: now); an entry is due when its due time is at or before.
     """
     claimed = _claim(runtime, now_ms)
     if claimed is None:
@@ -197,11 +188,8 @@ def _pipelined(runtime: Runtime, io: Executor, deadline: float, total: DrainResu
 
 
 def _give_back(runtime: Runtime, claimed: list[ParkedMessage] | None) -> None:
-    """Release a batch claimed ahead that a failure kept from being published.
-
-    Nothing of it reached the broker, so it is safe to make it due again now rather than at the
-    end of its lease.
-    """
+    """Release a batch claimed ahead that a failure kept from being published: nothing of it
+    reached the broker, so it may be due again now rather than at the end of its lease."""
     if not claimed:
         return
     try:

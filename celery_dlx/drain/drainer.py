@@ -1,9 +1,9 @@
 """The drainer: the drain running in every worker (and DLX service), one at a time per prefix.
 
 A worker bootstep (:mod:`celery_dlx.worker.drainer`) and the standalone DLX service
-(:mod:`celery_dlx.service.runner`) each run a :class:`DrainerThread`, which starts a daemon thread that republishes due parked retries
-(:func:`~celery_dlx.drain.core.run_drain`) every ``dlx_drain_interval`` seconds, and at once
-again while a full batch keeps coming (a backlog drains at full speed). It needs no beat and no
+(:mod:`celery_dlx.service.runner`) each run a :class:`DrainerThread`, a daemon thread that
+republishes due parked retries (:func:`~celery_dlx.drain.core.run_drain`) every
+``dlx_drain_interval`` seconds, and at once again while a full batch keeps coming. It needs no beat and no
 task message: it runs whatever queues the worker consumes (``-Q orders``) and however deep their
 backlog, and it writes no log line per tick.
 
@@ -57,8 +57,7 @@ class Drainer:
         shared = get_runtime(app)
         self.runtime = Runtime(app, shared.config)
         self.runtime.listeners = shared.listeners
-        config = shared.config
-        self.interval = float(config.drain_interval)
+        self.interval = float(shared.config.drain_interval)
         token = f"{name or socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease = self.runtime.drain_lease(lease_seconds(self.interval), token)
         self.held = False
@@ -111,12 +110,8 @@ class Drainer:
 
 class DrainerThread:
     """A :class:`Drainer` in a daemon thread, started and stopped by its owner: the worker's
-    :class:`DrainerStep` or the standalone DLX service.
-
-    Args:
-        app: the Celery app.
-        name: the process's name in the lease token (default: the host name).
-    """
+    :class:`DrainerStep` or the standalone DLX service. ``name``: the process's name in the lease
+    token (default: the host name)."""
 
     def __init__(self, app: Celery, *, name: str | None = None) -> None:
         self.drainer = Drainer(app, name=name)

@@ -21,17 +21,13 @@ from typing import Any, cast
 
 from celery_dlx.message.names import Keys
 from celery_dlx.policy.breaker import BreakerSettings, BreakerState, Hold, on_failure
-from celery_dlx.store.client import RedisClient
+from celery_dlx.store.client import RedisClient, text
 
 _STATE_FIELDS = tuple(f.name for f in fields(BreakerState))
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _state(raw: dict[Any, Any]) -> BreakerState:
-    data = {_text(k): _text(v) for k, v in raw.items()}
+    data = {text(k): text(v) for k, v in raw.items()}
     return BreakerState(**{name: int(data.get(name) or 0) for name in _STATE_FIELDS})
 
 
@@ -69,9 +65,6 @@ class Breakers:
 
     def held_key(self, queue: str, cause: str) -> str:
         return self.keys.breaker_held(self.member(queue, cause))
-
-    def state(self, queue: str, cause: str) -> BreakerState:
-        return _state(cast("dict[Any, Any]", self.client.hgetall(self.state_key(queue, cause))))
 
     def fail(
         self,
@@ -121,7 +114,7 @@ class Breakers:
         pipe.zrem(self.open_index, self.member(queue, cause))
         opened, held, _, _ = pipe.execute()
         was_open = bool(opened) and int(opened) > 0
-        return was_open, sorted(_text(h) for h in held or ())
+        return was_open, sorted(text(h) for h in held or ())
 
     def is_open(self, queue: str, cause: str) -> bool:
         opened = self.client.hget(self.state_key(queue, cause), "opened_ms")
@@ -129,7 +122,7 @@ class Breakers:
 
     def list_open(self) -> list[OpenBreaker]:
         """The open breakers, oldest first; index entries whose state expired are dropped."""
-        members = [_text(m) for m in cast("list[Any]", self.client.zrange(self.open_index, 0, -1))]
+        members = [text(m) for m in cast("list[Any]", self.client.zrange(self.open_index, 0, -1))]
         if not members:
             return []
         pipe = self.client.pipeline(transaction=False)
@@ -138,7 +131,7 @@ class Breakers:
         out: list[OpenBreaker] = []
         stale: list[str] = []
         for member, raw in zip(members, pipe.execute(), strict=True):
-            data = {_text(k): _text(v) for k, v in (raw or {}).items()}
+            data = {text(k): text(v) for k, v in (raw or {}).items()}
             if int(data.get("opened_ms") or 0) <= 0:
                 stale.append(member)
                 continue

@@ -13,7 +13,7 @@ from __future__ import annotations
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.lineage import same_lineage
 from celery_dlx.message.names import Keys
-from celery_dlx.store.client import RedisClient
+from celery_dlx.store.client import RedisClient, text
 from celery_dlx.store.errors import RetryPending
 from celery_dlx.store.history import COPIED_TTL_MS
 
@@ -53,12 +53,12 @@ class Causes:
         marker = self.client.get(self.keys.copied(queue, message_id, attempt))
         if marker is None:
             return False
-        text = marker.decode("utf-8", "replace") if isinstance(marker, bytes) else str(marker)
-        if text.startswith(PENDING_MARK):
-            if same_lineage(text.removeprefix(PENDING_MARK), lineage):
+        value = text(marker)
+        if value.startswith(PENDING_MARK):
+            if same_lineage(value.removeprefix(PENDING_MARK), lineage):
                 raise RetryPending(f"the retry of {message_id} at attempt {attempt} is pending")
             return False
-        return same_lineage(text, lineage)
+        return same_lineage(value, lineage)
 
     def mark_pending(
         self, queue: str, message_id: str, attempt: int, lineage: str, ttl_seconds: float
@@ -99,8 +99,3 @@ def stash_cause(
 def read_cause(client: RedisClient, keys: Keys, message_id: str) -> CauseRecord | None:
     """The stashed record for ``message_id``, or None (:meth:`Causes.read`)."""
     return Causes(client, keys).read(message_id)
-
-
-def drop_cause(client: RedisClient, keys: Keys, message_id: str) -> None:
-    """Forget the record (:meth:`Causes.drop`)."""
-    Causes(client, keys).drop(message_id)

@@ -31,10 +31,13 @@ from celery_dlx.errors import StoreError
 RedisClient = Redis | RedisCluster
 
 
+def text(value: object) -> str:
+    """A Redis reply (bytes) as text."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def is_cluster(client: RedisClient) -> bool:
     """True for a ``RedisCluster`` client (``dlx_redis_url`` with ``?cluster=true``)."""
-    from redis.cluster import RedisCluster
-
     return isinstance(client, RedisCluster)
 
 
@@ -281,16 +284,10 @@ class OneConnection:
     """One connection to the master holding ``key``, lent to a plain client until the ``with``
     block ends, so that :meth:`wait` counts the replicas holding everything the block wrote.
 
-    ``WAIT`` counts the replicas that have the writes of its own connection, and redis-py lends
-    each command a pooled connection of its own: the writes and the ``WAIT`` must share one.
     On a Redis Cluster the connection goes to the node owning ``key``'s slot, so every key the
     block touches must share that slot (celery_dlx's keys share one hash tag). The connection is
     given back to the pool when the block ends, and closed first when it ended with an error
     (the next one asks Sentinel for the master again).
-
-    Args:
-        client: the client of ``dlx_redis_url``.
-        key: a key of the slot the block writes.
     """
 
     def __init__(self, client: RedisClient, key: str) -> None:

@@ -5,12 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from celery_dlx.message.names import Keys
-from celery_dlx.store.client import RedisClient
-
-
-def consumerless_key(keys: Keys) -> str:
-    """Redis hash: queue -> epoch ms a ``check`` first saw it with messages and no consumer."""
-    return keys.consumerless
+from celery_dlx.store.client import RedisClient, text
 
 
 class Consumerless:
@@ -18,7 +13,8 @@ class Consumerless:
 
     def __init__(self, client: RedisClient, keys: Keys) -> None:
         self.client = client
-        self.key = consumerless_key(keys)
+        #: Hash: queue -> epoch ms a ``check`` first saw it with messages and no consumer.
+        self.key = keys.consumerless
 
     def remember(self, queues: Iterable[Mapping[str, object]], now: int) -> dict[str, int]:
         """Record which queues have messages and no consumer now; returns the first-seen times."""
@@ -33,5 +29,5 @@ class Consumerless:
             pipe.hdel(self.key, *busy)
         pipe.hgetall(self.key)
         stored = pipe.execute()[-1] or {}
-        seen = {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in stored.items()}
+        seen = {text(k): int(v) for k, v in stored.items()}
         return {name: seen[name] for name in waiting if name in seen}

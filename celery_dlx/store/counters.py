@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.fates import FATE_CHANGES, FateEvent, now_ms
 from celery_dlx.message.counts import Count, Counts
 from celery_dlx.message.names import Keys
-from celery_dlx.store.client import RedisClient
+from celery_dlx.store.client import RedisClient, text
 
 if TYPE_CHECKING:
     from redis.client import Pipeline
@@ -48,10 +48,6 @@ def add_counts(pipe: Pipeline | ClusterPipeline, keys: Keys, events: Iterable[Fa
         pipe.hincrby(key, name, n)
     for key in {key for key, _ in counts}:
         pipe.expire(key, COUNTER_TTL)
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def parse_field(name: str) -> tuple[str, str]:
@@ -98,7 +94,7 @@ def read_minutes(client: RedisClient, keys: Keys, start_minute: int, end_minute:
     for minute, fields in zip(minutes, pipe.execute(), strict=True):
         key = keys.counter(minute)
         for raw_name, raw_value in sorted((fields or {}).items()):
-            name, value = _text(raw_name), _text(raw_value)
+            name, value = text(raw_name), text(raw_value)
             try:
                 queue, fate = parse_field(name)
                 count = int(value)

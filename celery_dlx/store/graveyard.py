@@ -37,19 +37,11 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from celery_dlx.fates import FateEvent
-from celery_dlx.message.graveyard import (
-    CHUNK,
-    DEFAULT_SHARE,
-    RESERVE,
-    CausePage,
-    Filters,
-    Group,
-    When,
-    chunks,
-)
+from celery_dlx.message.graveyard import CHUNK, DEFAULT_SHARE, RESERVE, CausePage, Filters, Group
 from celery_dlx.message.names import Keys
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.store import status
@@ -64,6 +56,7 @@ from celery_dlx.store.client import (
     memory_info,
     run_script_batch,
     run_script_many,
+    text,
 )
 from celery_dlx.store.errors import GraveyardFull
 from celery_dlx.store.history import History, history_args
@@ -71,25 +64,7 @@ from celery_dlx.store.shards import Layout, ShardSet, grouped
 
 logger = logging.getLogger(__name__)
 
-#: The records and errors of the graveyard, importable from here as before.
-__all__ = [
-    "BUCKETS",
-    "CHUNK",
-    "DEFAULT_SHARE",
-    "GROUP_READS",
-    "RESERVE",
-    "SCAN_CAP",
-    "Budget",
-    "CausePage",
-    "Filters",
-    "Graveyard",
-    "GraveyardFull",
-    "GraveyardShard",
-    "Group",
-    "When",
-    "chunks",
-    "text",
-]
+__all__ = ["Budget", "Filters", "Graveyard", "GraveyardFull", "GraveyardShard"]
 
 #: Replies per cause of :meth:`GraveyardShard.queue_group_reads`.
 GROUP_READS = 5
@@ -192,20 +167,9 @@ _REMOVE = _REMOVE.replace("OVERHEAD", str(OBITUARY_OVERHEAD)).replace(
 )
 
 
-def text(value: object) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 class GraveyardShard:
-    """The obituaries under one hash tag: the app's (``{prefix}:graveyard:*``) or one bucket of
-    a queue (``{prefix:q:QUEUE:BUCKET}:graveyard:*``), with the replay ledger of its obituaries.
-
-    Args:
-        client: ``redis.Redis`` or ``RedisCluster`` (bytes responses).
-        keys: the app's key layout.
-        tag: the shard's hash tag.
-        scripts: the graveyard's registered scripts.
-    """
+    """The obituaries under one hash tag (``tag``): the app's (``{prefix}:graveyard:*``) or one
+    bucket of a queue (``{prefix:q:QUEUE:BUCKET}:graveyard:*``), with their replay ledger."""
 
     def __init__(self, client: RedisClient, keys: Keys, tag: str, scripts: _Scripts) -> None:
         self.client = client
@@ -218,44 +182,40 @@ class GraveyardShard:
         self.scripts = scripts
         self._base = keys.graveyard_prefix if self.home else f"{tag}:graveyard:"
         self.ledger = keys.replay_ledger if self.home else f"{tag}:replay:ledger"
-        self.records = self._key("records")
-        self.payloads = self._key("payloads")
-        self.by_time = self._key("time")
-        self.groups_key = self._key("groups")
-        self.queues_key = self._key("queues")
-        self.tasks_key = self._key("tasks")
-        self.versions_key = self._key("versions")
+        self.records = self.key("records")
+        self.payloads = self.key("payloads")
+        self.by_time = self.key("time")
+        self.groups_key = self.key("groups")
+        self.queues_key = self.key("queues")
+        self.tasks_key = self.key("tasks")
+        self.versions_key = self.key("versions")
         #: String: the bytes of this shard's obituaries, as the budget counts them.
-        self.bytes_key = self._key("bytes")
+        self.bytes_key = self.key("bytes")
         #: What became of replayed obituaries (:mod:`celery_dlx.store.status`).
-        self.status_key = self._key("status")
-        self.replayed_key = self._key("replayed")
-        self.resolved_key = self._key("resolved")
+        self.status_key = self.key("status")
+        self.replayed_key = self.key("replayed")
+        self.resolved_key = self.key("resolved")
 
-    def _key(self, suffix: str) -> str:
+    def key(self, suffix: str) -> str:
         return f"{self._base}{suffix}"
 
     def by_queue(self, queue: str) -> str:
-        return self._key(f"queue:{queue}")
+        return self.key(f"queue:{queue}")
 
     def by_task(self, task: str) -> str:
-        return self._key(f"task:{task}")
+        return self.key(f"task:{task}")
 
     def by_cause(self, cause: str) -> str:
-        return self._key(f"cause:{cause}")
+        return self.key(f"cause:{cause}")
 
     def by_message(self, message_id: str) -> str:
-        return self._key(f"message:{message_id}")
+        return self.key(f"message:{message_id}")
 
     def group_key(self, cause: str) -> str:
-        return self._key(f"group:{cause}")
+        return self.key(f"group:{cause}")
 
     def cause_versions(self, cause: str) -> str:
-        return self._key(f"versions:{cause}")
-
-    def name_key(self, kind: str) -> str:
-        """The zset of ``kind`` (``groups``, ``queues`` or ``tasks``) -> last burial (ms)."""
-        return self._key(kind)
+        return self.key(f"versions:{cause}")
 
     def _index_keys(self, ob: Obituary) -> list[str]:
         return [
@@ -273,8 +233,6 @@ class GraveyardShard:
             self.keys.history if self.home else self.records,
         ]
 
-    # -- writes ---------------------------------------------------------------------------------
-
     def write_calls(
         self,
         items: Sequence[tuple[Obituary, FateEvent]],
@@ -282,9 +240,9 @@ class GraveyardShard:
         *,
         drop_causes: bool = True,
     ) -> list[tuple[list[str], list[Any]]]:
-        """The ``(keys, args)`` of the burial script for each of ``items``; ``limit``: the
-        most bytes this shard may hold after each (-1: no limit); ``drop_causes``: delete the
-        worker's cause record of each message too (in the app-tag shard)."""
+        """The ``(keys, args)`` of the burial script per item; ``limit``: the most bytes this
+        shard may hold after each (-1: none); ``drop_causes``: delete each message's cause
+        record too (in the app-tag shard)."""
         return [
             self._write_call(ob, ob.record_json(), ob.payload or b"", event, limit, drop_causes)
             for ob, event in items
@@ -322,11 +280,6 @@ class GraveyardShard:
         if is_cluster(self.client):  # a call each, as redis-py runs scripts on a Cluster
             return [int(r) for r in run_script_many(self.client, self.scripts.write, calls)]
         return [int(r) for r in run_script_batch(self.scripts.write_batch, calls)]
-
-    def queue_write(self, pipe: Any, calls: Sequence[tuple[list[str], list[Any]]]) -> None:
-        """Queue ``calls`` of the burial script on ``pipe`` (a replicated block's)."""
-        for keys, args in calls:
-            self.scripts.write(keys=keys, args=args, client=pipe)
 
     def copy_in(self, ob: Obituary, record: Any, payload: Any, ledger: Any) -> bool:
         """Write one obituary's stored record here, with its ledger entry and no history entry
@@ -370,7 +323,7 @@ class GraveyardShard:
         return bool(self.scripts.set_status(keys=keys, args=args))
 
     def statuses(self, ids: Sequence[str]) -> list[dict[str, Any]]:
-        """The status document of each of ``ids`` (``{}``: unresolved, never replayed)."""
+        """The status document of each id (``{}``: unresolved, never replayed)."""
         if not ids:
             return []
         return [status.parse(raw) for raw in self.client.hmget(self.status_key, list(ids))]
@@ -379,8 +332,6 @@ class GraveyardShard:
         """Ids ``replayed`` or ``resolved`` (``kind``) at or before ``cutoff_ms``, oldest first."""
         key = self.replayed_key if kind == status.REPLAYED else self.resolved_key
         return [text(i) for i in self.client.zrangebyscore(key, "-inf", cutoff_ms, 0, limit)]
-
-    # -- reads ----------------------------------------------------------------------------------
 
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
         """The obituaries of ``ids`` (None where missing or unreadable), in order, with their
@@ -653,30 +604,29 @@ class _Scripts:
 class Graveyard:
     """Obituaries in Redis, in the single-tag layout or sharded by queue (same methods).
 
-    Reads go over every shard (:mod:`celery_dlx.store.shards`): listings merge each shard's index
-    a page at a time by burial time (:func:`heapq.merge`); counts, names and versions are summed
-    or merged; a cause's group is the sum of its per-shard groups. An obituary id tells its
-    bucket (its CRC-32), not its queue, so a load asks that bucket of every queue (one ``HMGET``
-    each, pipelined): its cost grows with the number of queues, not with the graveyard.
+    Reads go over every shard (:mod:`celery_dlx.store.shards`): listings merge the shards'
+    indexes a page at a time by burial time (:func:`heapq.merge`); counts, names, versions and a
+    cause's group are summed or merged. An obituary id tells its bucket (its CRC-32), not its
+    queue, so a load asks that bucket of every queue (one ``HMGET`` each, pipelined): its cost
+    grows with the number of queues, not with the graveyard.
 
     In the single-tag layout a burial, its ``buried`` history entry and the deletion of the
     worker's cause record are one script. Per queue, the history and the cause records live
     under the app's tag (another slot): a burial appends its entry right after its script wrote
-    the obituary (a crash between the two leaves the obituary without its entry), a removal
-    appends its entry before its script deletes the obituary (a crash between leaves it in
-    place with an extra entry: nothing leaves without its record in the history). Each queue
-    bucket's burials wait for ``dlx_redis_min_replicas`` on their own master.
+    the obituary (a crash between leaves the obituary without its entry), a removal before its
+    script deletes it (a crash between leaves it in place with an extra entry: nothing leaves
+    without its record in the history). A queue bucket's burials wait for
+    ``dlx_redis_min_replicas`` on their own master.
 
-    The graveyard has a budget (:class:`Budget`): past it, or with Redis near its
-    ``maxmemory``, a burial raises :class:`GraveyardFull` before it writes anything, and the dead
-    letter waits in RabbitMQ, so a storm of burials never takes the memory parked retries need.
+    Past its budget (:class:`Budget`), or with Redis near its ``maxmemory``, a burial raises
+    :class:`GraveyardFull` before it writes anything and the dead letter waits in RabbitMQ, so a
+    storm of burials never takes the memory parked retries need.
 
     Args:
-        client: ``redis.Redis`` or ``RedisCluster`` (bytes responses).
-        keys: the app's key layout.
         replicas: the replicas a burial in a queue's bucket must reach.
         per_queue: keys per queue (``dlx_redis_shards``).
         budget: the bytes the graveyard may hold (default: none).
+        max_per_cause: ``dlx_graveyard_max_per_cause`` (0: no cap).
     """
 
     def __init__(
@@ -700,7 +650,7 @@ class Graveyard:
             Layout(keys, per_queue=per_queue, buckets=BUCKETS),
             keys.graveyard("shards"),
             "graveyard",
-            lambda tag: self._shard_of(tag),
+            self._shard_of,
             self.replicas,
         )
 
@@ -716,8 +666,6 @@ class Graveyard:
     def queues(self) -> list[str]:
         """The queues with graveyard keys of their own (per-queue layout), sorted."""
         return self.shards.queues()
-
-    # -- writes ---------------------------------------------------------------------------------
 
     def write_many(
         self,
@@ -764,7 +712,7 @@ class Graveyard:
             pipe = self.client.pipeline(transaction=False)
             new = (event for (_, event), ok in zip(items, out, strict=True) if ok)
             History(self.client, self.keys).append_many(new, pipe=pipe)
-            for (ob, _), i in zip(items, range(len(items)), strict=True):
+            for i, (ob, _) in enumerate(items):
                 if drop_causes and i not in refused_at:  # one DEL each, as a cluster pipeline asks
                     pipe.delete(self.keys.cause(ob.message_id))
             pipe.execute()
@@ -783,29 +731,20 @@ class Graveyard:
 
     def used_bytes(self) -> int:
         """The bytes of every obituary, as the budget counts them."""
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.shards.every():
-            pipe.get(shard.bytes_key)
-        return sum(int(n or 0) for n in pipe.execute())
+        return sum(int(n or 0) for n in self.shards.ask(lambda pipe, s: pipe.get(s.bytes_key)))
 
     def _limits(self, shards: Sequence[GraveyardShard]) -> list[int]:
         """The byte limit each of ``shards`` gets for one batch (-1: none). One shard compares
-        the budget with its own count; several share what the budget has left.
-
-        Raises:
-            GraveyardFull: Redis is so near its ``maxmemory`` that a burial would take the
-                room kept for parked retries.
-        """
+        the budget with its own count; several share what the budget has left. Raises
+        :class:`GraveyardFull` when Redis is too near its ``maxmemory``."""
         limit = self.budget.check(self.client)
         if limit < 0:
             return [-1] * len(shards)
         every = self.shards.every()
         if len(every) == 1:
             return [limit] * len(shards)
-        pipe = self.client.pipeline(transaction=False)
-        for shard in [*every, *shards]:
-            pipe.get(shard.bytes_key)
-        counts = [int(n or 0) for n in pipe.execute()]
+        found = self.shards.ask(lambda pipe, s: pipe.get(s.bytes_key), [*every, *shards])
+        counts = [int(n or 0) for n in found]
         left = limit - sum(counts[: len(every)])
         return [own + left for own in counts[len(every) :]]
 
@@ -821,10 +760,15 @@ class Graveyard:
         wanted = 0 if shard.home else self.replicas.wanted(self.client, shard.records)
         if not wanted:
             return shard.write(calls)
+
+        def queue(pipe: Any) -> None:
+            for keys, args in calls:
+                self.scripts.write(keys=keys, args=args, client=pipe)
+
         done = execute_replicated(
             self.client,
             shard.records,
-            lambda pipe: shard.queue_write(pipe, calls),
+            queue,
             wanted,
             self.replicas.timeout,
             what=f"{len(calls)} obituaries of {shard.tag}",
@@ -842,8 +786,6 @@ class Graveyard:
             History(self.client, self.keys).append_many([event])
         return holder.remove(ob, event)
 
-    # -- where an id lives ------------------------------------------------------------------------
-
     def locate(self, ids: Sequence[str]) -> list[GraveyardShard | None]:
         """Per id, the shard that holds it, or None."""
         if not ids:
@@ -852,12 +794,9 @@ class Graveyard:
         if not queues:  # the app-tag shard only
             found = self.client.hmget(self.shards.home.records, list(ids))
             return [self.shards.home if raw is not None else None for raw in found]
-        asks = [
-            (shard, where)
-            for shard, where in grouped(
-                (s, i) for i, oid in enumerate(ids) for s in self.shards.holders(oid, queues)
-            )
-        ]
+        asks = grouped(
+            (s, i) for i, oid in enumerate(ids) for s in self.shards.holders(oid, queues)
+        )
         pipe = self.client.pipeline(transaction=False)
         for shard, where in asks:
             pipe.hmget(shard.records, [ids[i] for i in where])
@@ -929,16 +868,13 @@ class Graveyard:
     def latest_of_message(self, message_id: str) -> str | None:
         """The id of the latest obituary of ``message_id``, or None."""
         best: tuple[float, str] | None = None
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.shards.every():
-            pipe.zrevrange(shard.by_message(message_id), 0, 0, withscores=True)
-        for rows in pipe.execute():
+        for rows in self.shards.ask(
+            lambda pipe, s: pipe.zrevrange(s.by_message(message_id), 0, 0, withscores=True)
+        ):
             for oid, score in rows:
                 if best is None or score > best[0]:
                     best = (score, text(oid))
         return None if best is None else best[1]
-
-    # -- merged reads ---------------------------------------------------------------------------
 
     def ids(self, filters: Filters, *, limit: int | None, oldest_first: bool = False) -> list[str]:
         """Obituary ids matching ``filters``, newest first unless ``oldest_first`` (each
@@ -964,12 +900,7 @@ class Graveyard:
         return out
 
     def count(self) -> int:
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.shards.every():
-            pipe.zcard(shard.by_time)
-        return sum(int(n) for n in pipe.execute())
-
-    # -- what became of replayed obituaries (celery_dlx.store.status) --------------------------
+        return sum(int(n) for n in self.shards.ask(lambda pipe, s: pipe.zcard(s.by_time)))
 
     def set_status(
         self,
@@ -1003,21 +934,22 @@ class Graveyard:
 
     def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
         """Ids of up to ``limit`` obituaries buried at or before ``cutoff_ms``, oldest first."""
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.shards.every():
-            pipe.zrangebyscore(shard.by_time, "-inf", cutoff_ms, 0, limit, withscores=True)
-        rows = [(s, text(i)) for found in pipe.execute() for i, s in found]
+        replies = self.shards.ask(
+            lambda pipe, s: pipe.zrangebyscore(
+                s.by_time, "-inf", cutoff_ms, 0, limit, withscores=True
+            )
+        )
+        rows = [(s, text(i)) for found in replies for i, s in found]
         return [oid for _, oid in sorted(rows)[:limit]]
 
     def _latest(self, key: str, limit: int | None) -> list[tuple[str, int]]:
         """``(member, score)`` of the ``key`` zset (``groups``, ``queues``, ``tasks``) of every
         shard, max score per member, latest first."""
         stop = -1 if limit is None else limit - 1
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.shards.every():
-            pipe.zrevrange(shard.name_key(key), 0, stop, withscores=True)
         best: dict[str, int] = {}
-        for rows in pipe.execute():
+        for rows in self.shards.ask(
+            lambda pipe, s: pipe.zrevrange(s.key(key), 0, stop, withscores=True)
+        ):
             for member, score in rows:
                 name = text(member)
                 best[name] = max(best.get(name, 0), int(score))
@@ -1043,10 +975,7 @@ class Graveyard:
         if not causes:
             return []
         shards = self.shards.every()
-        pipe = self.client.pipeline(transaction=False)
-        for shard in shards:
-            shard.queue_group_reads(pipe, causes)
-        results = pipe.execute()
+        results = self.shards.ask(lambda pipe, s: s.queue_group_reads(pipe, causes), shards)
         step = GROUP_READS * len(causes)
         parts: dict[str, list[Group]] = {}
         for i, shard in enumerate(shards):
@@ -1065,15 +994,7 @@ class Graveyard:
         shards = self.shards.every()
         if len(shards) == 1:
             return shards[0].scan_cause(cause, filters, offset, limit)
-        wanted = Filters(
-            queue=filters.queue,
-            task=filters.task,
-            cause=cause,
-            since_ms=filters.since_ms,
-            until_ms=filters.until_ms,
-            status=filters.status,
-        )
-        ids = self.ids(wanted, limit=offset + limit + 1)
+        ids = self.ids(replace(filters, cause=cause, message_id=None), limit=offset + limit + 1)
         page = CausePage(ids=ids[offset : offset + limit])
         page.next_offset = offset + limit if len(ids) > offset + limit else None
         page.scanned = len(page.ids)
@@ -1081,10 +1002,8 @@ class Graveyard:
             return page
         low = "-inf" if filters.since_ms is None else filters.since_ms
         high = "+inf" if filters.until_ms is None else filters.until_ms
-        pipe = self.client.pipeline(transaction=False)
-        for shard in shards:
-            pipe.zcount(shard.by_cause(cause), low, high)
-        page.matching = sum(int(n) for n in pipe.execute())
+        counts = self.shards.ask(lambda pipe, s: pipe.zcount(s.by_cause(cause), low, high), shards)
+        page.matching = sum(int(n) for n in counts)
         return page
 
     def version_times(self) -> dict[str, int]:

@@ -39,7 +39,7 @@ from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.counts import Counts
 from celery_dlx.message.lineage import ANY_LINEAGE
 from celery_dlx.message.names import Keys
-from celery_dlx.store.client import RedisClient, is_cluster
+from celery_dlx.store.client import RedisClient, is_cluster, text
 from celery_dlx.store.counters import add_counts, read_window
 
 if TYPE_CHECKING:
@@ -206,21 +206,7 @@ class History:
             "list[tuple[bytes, dict[bytes, bytes]]]",
             self.client.xrange(self.keys.history, start, end, count=count),
         )
-        out = []
-        for entry_id, fields in rows:
-            eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-            out.append(
-                (
-                    eid,
-                    {
-                        (k.decode() if isinstance(k, bytes) else str(k)): (
-                            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-                        )
-                        for k, v in fields.items()
-                    },
-                )
-            )
-        return out
+        return [(text(i), {text(k): text(v) for k, v in f.items()}) for i, f in rows]
 
     def length(self) -> int:
         return int(self.client.xlen(self.keys.history))
@@ -234,12 +220,8 @@ class History:
             while True:
                 rows = self.read(start, "+", count=page)
                 for entry_id, fields in rows:
-                    handle.write(
-                        json.dumps(
-                            {"id": entry_id, **fields}, separators=(",", ":"), ensure_ascii=False
-                        )
-                    )
-                    handle.write("\n")
+                    line = {"id": entry_id, **fields}
+                    handle.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n")
                 written += len(rows)
                 if len(rows) < page:
                     return written
@@ -250,7 +232,7 @@ class History:
         last = cast(
             "list[tuple[Any, Any]]", self.client.xrevrange(self.keys.history, "+", "-", count=1)
         )
-        return _text(last[0][0]) if last else "0-0"
+        return text(last[0][0]) if last else "0-0"
 
     def after(
         self, last: str, *, count: int = 1000, block_ms: int | None = None
@@ -261,9 +243,9 @@ class History:
             self.client.xread({self.keys.history: last}, count=count, block=block_ms),
         )
         return [
-            (_text(entry_id), {_text(k): _text(v) for k, v in fields.items()})
+            (text(i), {text(k): text(v) for k, v in f.items()})
             for _, entries in reply or ()
-            for entry_id, fields in entries
+            for i, f in entries
         ]
 
     def audit(self, limit: int = 100) -> list[tuple[str, dict[str, str]]]:
@@ -272,7 +254,7 @@ class History:
             "list[tuple[bytes, dict[bytes, bytes]]]",
             self.client.xrevrange(self.keys.web_audit, "+", "-", count=limit),
         )
-        return [(_text(i), {_text(k): _text(v) for k, v in f.items()}) for i, f in rows]
+        return [(text(i), {text(k): text(v) for k, v in f.items()}) for i, f in rows]
 
     def counts(self, window_s: float, *, at_ms: int | None = None) -> Counts:
         """The per-minute fate counters over the last ``window_s`` seconds."""
@@ -333,7 +315,3 @@ class History:
             return self.client.eval(_APPEND_MANY, 1, self.keys.history, payload)
         except RedisError as exc:
             return exc
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import uuid
-
 from celery_dlx.store.client import RedisClient
 
 # Take the lease when free, renew it when ours: 1 if held by the caller afterwards, else 0.
@@ -31,21 +27,13 @@ return 0
 
 
 class DrainLease:
-    """The drain lease of one key prefix, as held (or not) by one drainer.
+    """The drain lease ``key`` (``Keys.drain_lease``) of one key prefix, as held (or not) by the
+    drainer ``token``, for ``seconds`` at a time."""
 
-    Args:
-        client: Redis client.
-        key: the lease key (``Keys.drain_lease``).
-        seconds: lease TTL.
-        token: this holder's identity (default: host, pid and a random part).
-    """
-
-    def __init__(
-        self, client: RedisClient, key: str, seconds: float, token: str | None = None
-    ) -> None:
+    def __init__(self, client: RedisClient, key: str, seconds: float, token: str) -> None:
         self.key = key
         self.ttl_ms = max(1, int(seconds * 1000))
-        self.token = token or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.token = token
         self._acquire = client.register_script(_ACQUIRE)
         self._release = client.register_script(_RELEASE)
 

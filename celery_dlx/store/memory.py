@@ -9,6 +9,7 @@ On a Redis Cluster each master is read and the fullest is reported.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
@@ -89,12 +90,4 @@ def read_memory(client: RedisClient, probe_key: str | None = None) -> RedisMemor
     if probe_key is None:
         return fullest
     writable, refusal = _probe(client, probe_key)
-    return RedisMemory(
-        fullest.used,
-        fullest.maxmemory,
-        fullest.policy,
-        fullest.refused_writes,
-        writable,
-        refusal,
-        fullest.node,
-    )
+    return replace(fullest, writable=writable, refusal=refusal)

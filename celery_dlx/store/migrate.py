@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.message.parked import ParkedMessage
@@ -60,51 +60,36 @@ def migrate_parked(store: ParkingStore, *, dry_run: bool = False, batch: int = 5
         rows = home.page(start, batch)
         if not rows:
             return result
-        kept = 0
+        moved_before = result.moved
         for entry_id, score, meta, body in rows:
             result.found += 1
-            if not _move_parked(store, entry_id, score, meta, body, result, dry_run=dry_run):
-                kept += 1
-        start += kept  # deleted entries shift the ranks: read on after the ones left in place
+            try:
+                queue = ParkedMessage.from_stored(meta, b"").queue if meta is not None else None
+            except (ValueError, TypeError, KeyError):
+                queue = None
+            if queue is None:
+                logger.error("parked entry %r has unreadable metadata; left in place", entry_id)
+                result.left += 1
+                continue
+            result.saw(queue)
+            if dry_run:
+                continue
+            store.shards.add_queues([queue])
+            (copied,) = store.shard(queue, entry_id).put(
+                [entry_id, score, meta, body or b""], f"the copy of parked entry {entry_id!r}"
+            )
+            if copied:
+                result.copied += 1
+            else:
+                result.present += 1
+            if home.delete_if_scored([(entry_id, score)]):
+                result.moved += 1
+            else:
+                result.left += 1
+        # Deleted entries shift the ranks: read on after the ones left in place.
+        start += len(rows) - (result.moved - moved_before)
         if len(rows) < batch:
             return result
-
-
-def _move_parked(
-    store: ParkingStore,
-    entry_id: str,
-    score: int,
-    meta: Any,
-    body: Any,
-    result: Migration,
-    *,
-    dry_run: bool,
-) -> bool:
-    """Copy then delete one parked entry; True when it left the app-tag keys."""
-    try:
-        queue = ParkedMessage.from_stored(meta, b"").queue if meta is not None else None
-    except (ValueError, TypeError, KeyError):
-        queue = None
-    if queue is None:
-        logger.error("parked entry %r has unreadable metadata; left in place", entry_id)
-        result.left += 1
-        return False
-    result.saw(queue)
-    if dry_run:
-        return False
-    store.shards.add_queues([queue])
-    (copied,) = store.shard(queue, entry_id).put(
-        [entry_id, score, meta, body or b""], f"the copy of parked entry {entry_id!r}"
-    )
-    if copied:
-        result.copied += 1
-    else:
-        result.present += 1
-    if store.shards.home.delete_if_scored([(entry_id, score)]):
-        result.moved += 1
-        return True
-    result.left += 1
-    return False
 
 
 def migrate_graveyard(yard: Graveyard, *, dry_run: bool = False, batch: int = 100) -> Migration:

@@ -2,15 +2,15 @@
 
 Each shard (:mod:`celery_dlx.store.shards`: the app's tag, or a bucket of one queue) has three
 keys (:class:`~celery_dlx.message.names.ParkedKeys`): ``parked:due`` (zset id -> due ms),
-``parked:meta`` (hash id -> JSON) and ``parked:body`` (hash id -> raw bytes). Claiming is atomic (Lua): due entries
-are re-scored to ``now + lease`` and returned, so a drain that dies after claiming leaves them to be
-claimed again when the lease runs out. An entry is deleted only after its publish is confirmed.
-Parking is idempotent per message id and attempt.
+``parked:meta`` (hash id -> JSON) and ``parked:body`` (hash id -> raw bytes). Claiming is atomic
+(Lua): due entries are re-scored to ``now + lease`` and returned, so a drain that dies after
+claiming leaves them to be claimed again when the lease runs out. An entry is deleted only after
+its publish is confirmed. Parking is idempotent per message id and attempt.
 
 A park counts as done (the caller may ack the original) only once the replicas
-``dlx_redis_min_replicas`` asks for hold it: each park's write is followed by ``WAIT`` on the same
-connection (:func:`~celery_dlx.store.client.execute_replicated`), and raises
-:class:`~celery_dlx.store.client.NotReplicated` when fewer replicas confirmed it.
+``dlx_redis_min_replicas`` asks for hold it (``WAIT`` on the write's connection,
+:func:`~celery_dlx.store.client.execute_replicated`; else
+:class:`~celery_dlx.store.client.NotReplicated`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from celery_dlx.store.client import (
     Replicas,
     execute_replicated,
     is_cluster,
+    text,
 )
 from celery_dlx.store.counters import add_counts
+from celery_dlx.store.history import History, forget_copies, mark_copies
 from celery_dlx.store.shards import Layout, ShardSet, grouped
 
 logger = logging.getLogger(__name__)
@@ -122,6 +124,13 @@ return 1
 """
 
 
+def _parks_named(messages: Sequence[ParkedMessage]) -> str:
+    """The parks of ``messages``, as a :class:`NotReplicated` message names them."""
+    if len(messages) == 1:
+        return f"the park of {messages[0].entry_id}"
+    return f"the parks of {len(messages)} messages"
+
+
 def _park_args(messages: Sequence[ParkedMessage]) -> list[Any]:
     """The park scripts' arguments for ``messages``: id, due time, metadata JSON, body each."""
     args: list[Any] = []
@@ -139,19 +148,9 @@ class _Scripts:
         self.ack = client.register_script(_ACK)
         self.operate = client.register_script(_OPERATE)
 
-    def all(self) -> tuple[Any, ...]:
-        return (self.claim, self.park_many, self.ack, self.operate)
-
 
 class ParkedShard:
-    """The parked retries under one hash tag: three keys and the scripts over them.
-
-    Args:
-        client: a ``redis.Redis`` (or ``RedisCluster``) client; bytes responses.
-        parked: the three keys.
-        scripts: the store's registered scripts.
-        replicas: the replicas a park must reach before it counts.
-    """
+    """The parked retries under one hash tag: three keys and the scripts over them."""
 
     def __init__(
         self, client: RedisClient, parked: ParkedKeys, scripts: _Scripts, replicas: Replicas
@@ -180,12 +179,7 @@ class ParkedShard:
 
     def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
         """Park a batch in one script call; per message, False if it was parked already."""
-        what = (
-            f"the park of {messages[0].entry_id}"
-            if len(messages) == 1
-            else f"a batch of {len(messages)} park(s)"
-        )
-        return self.put(_park_args(messages), what)
+        return self.put(_park_args(messages), _parks_named(messages))
 
     def put(self, args: Sequence[Any], what: str) -> list[bool]:
         """Store entries given as they are stored (id, score, metadata, body each) unless
@@ -214,7 +208,7 @@ class ParkedShard:
         pipe.hmget(self.parked.body, ids)
         metas, bodies = pipe.execute()
         return [
-            (i.decode() if isinstance(i, bytes) else str(i), int(score), meta, body)
+            (text(i), int(score), meta, body)
             for (i, score), meta, body in zip(rows, metas, bodies, strict=True)
         ]
 
@@ -273,7 +267,7 @@ class ParkedShard:
                 self.client.zrange(self.parked.due, start, start + page - 1, withscores=True),
             )
             for entry, score in rows:
-                yield score, entry.decode() if isinstance(entry, bytes) else str(entry), self
+                yield score, text(entry), self
             if len(rows) < page:
                 return
             start += len(rows)
@@ -283,8 +277,6 @@ class ParkingStore:
     """Parked retries in Redis, in the single-tag layout or sharded by queue.
 
     Args:
-        client: a ``redis.Redis`` (or ``RedisCluster``) client; bytes responses.
-        keys: the key layout (prefix).
         replicas: the replicas a park must reach before it counts (default none).
         per_queue: keys per queue (``dlx_redis_shards``), so a Redis Cluster spreads them.
     """
@@ -323,7 +315,8 @@ class ParkingStore:
     def load_scripts(self) -> None:
         """Load the Lua scripts into Redis now (the first call otherwise pays for it); ``SCRIPT
         LOAD`` reaches every master of a cluster."""
-        for script in self.scripts.all():
+        s = self.scripts
+        for script in (s.claim, s.park_many, s.ack, s.operate):
             self.client.script_load(script.script)  # redis-py computed script.sha already
 
     def queues(self) -> list[str]:
@@ -333,8 +326,6 @@ class ParkingStore:
     def shard(self, queue: str, entry_id: str) -> ParkedShard:
         """The shard ``queue``'s entry ``entry_id`` is parked in."""
         return self.shards.shard(queue, entry_id)
-
-    # -- writes ---------------------------------------------------------------------------------
 
     def park(self, message: ParkedMessage) -> bool:
         """Store ``message`` until ``message.due_ms``. Returns False if that id+attempt is parked.
@@ -368,8 +359,6 @@ class ParkingStore:
                 out[i] = ok
         return out
 
-    # -- the drain ------------------------------------------------------------------------------
-
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims.
 
@@ -383,10 +372,8 @@ class ParkingStore:
             return every[0].claim(limit, lease_ms, now)
         # One pipelined count first (a round trip per master), so a claim runs only where
         # something is due, not once per bucket of every queue.
-        pipe = self.client.pipeline(transaction=False)
-        for shard in every:
-            pipe.zcount(shard.parked.due, "-inf", now)
-        due = [s for s, n in zip(every, pipe.execute(), strict=True) if int(n)]
+        counts = self.shards.ask(lambda pipe, s: pipe.zcount(s.parked.due, "-inf", now), every)
+        due = [s for s, n in zip(every, counts, strict=True) if int(n)]
         if not due:
             return []
         start = next(self._turn) % len(due)
@@ -441,21 +428,14 @@ class ParkingStore:
                     pairs.append((self.shard(m.queue, m.entry_id), i))
         return grouped(pairs)
 
-    # -- reads ----------------------------------------------------------------------------------
-
     def count(self) -> int:
         """How many retries are parked (claimed ones included), over every shard."""
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.shards.every():
-            pipe.zcard(shard.parked.due)
-        return sum(int(n) for n in pipe.execute())
+        return sum(int(n) for n in self.shards.ask(lambda pipe, s: pipe.zcard(s.parked.due)))
 
     def due_count(self, now: int | None = None) -> int:
         now = now_ms() if now is None else now
-        pipe = self.client.pipeline(transaction=False)
-        for shard in self.shards.every():
-            pipe.zcount(shard.parked.due, "-inf", now)
-        return sum(int(n) for n in pipe.execute())
+        counts = self.shards.ask(lambda pipe, s: pipe.zcount(s.parked.due, "-inf", now))
+        return sum(int(n) for n in counts)
 
     def _merged(self, page: int) -> Iterator[tuple[float, str, ParkedShard]]:
         return heapq.merge(*(s.rows(page) for s in self.shards.every()), key=lambda r: r[0])
@@ -575,8 +555,6 @@ class ParkingStore:
             # The history lives under the app's tag, another slot than a queue's shard (and a
             # Cluster pipeline takes no script): park each; the caller records the events.
             return park_each(self.park, messages), False
-        from celery_dlx.store.history import History, forget_copies, mark_copies
-
         home = self.shards.home
         history = History(self.client, self.keys)
         payload = ""
@@ -594,12 +572,7 @@ class ParkingStore:
 
         wanted = home.wanted()
         if wanted:
-            what = (
-                f"the park of {messages[0].entry_id}"
-                if len(messages) == 1
-                else f"the parks of {len(messages)} messages"
-            )
-            results = home.replicated(queue, wanted, what, transaction=True)
+            results = home.replicated(queue, wanted, _parks_named(messages), transaction=True)
         else:
             pipe = self.client.pipeline(transaction=True)
             queue(pipe)

@@ -24,15 +24,8 @@ class WindowBudget:
     """At most ``limit`` uses per key within ``window`` seconds of the key's first use.
 
     The window starts with the first use of a key and ends ``window`` seconds later, across all
-    processes sharing the Redis: workers, the DLX service and the CLI alike.
-
-    Args:
-        client: the calling process's Redis client, asked for at each use (a pool process has
-            its own).
-        keys: the key layout; budget keys live under its hash-tagged prefix.
-        name: what is budgeted (part of the key).
-        limit: uses per window.
-        window: seconds.
+    processes sharing the Redis: workers, the DLX service and the CLI alike. ``client`` is asked
+    for at each use (a pool process has its own); ``name`` (what is budgeted) is part of the key.
     """
 
     def __init__(
@@ -53,13 +46,10 @@ class WindowBudget:
         self.window_ms = max(1, int(window * 1000))
         self._script: Any = None
 
-    def key(self, what: str) -> str:
-        return self.base + what
-
     def spend(self, what: str) -> tuple[bool, int]:
         """Use one unit for ``what``: ``(allowed, uses in this window including this one)``."""
         client = self.client()
         if self._script is None:
             self._script = client.register_script(_SPEND)
-        used = int(self._script(keys=[self.key(what)], args=[self.window_ms], client=client))
+        used = int(self._script(keys=[self.base + what], args=[self.window_ms], client=client))
         return used <= self.limit, used

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from celery_dlx.message.names import Keys
-from celery_dlx.store.client import RedisClient
+from celery_dlx.store.client import RedisClient, text
 
 
 class Refusals:
@@ -35,4 +35,4 @@ class Refusals:
     def read(self) -> dict[str, int]:
         """Fate -> copies, since the key was made."""
         stored = self.client.hgetall(self.key) or {}
-        return {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in stored.items()}
+        return {text(k): int(v) for k, v in stored.items()}

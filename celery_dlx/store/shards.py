@@ -27,13 +27,8 @@ S = TypeVar("S")
 
 
 class Layout:
-    """Pure: the hash tag an entry's keys live under.
-
-    Args:
-        keys: the app's key layout (its prefix).
-        per_queue: False, every key under the app's tag; True, a few tags per queue.
-        buckets: tags per queue (fixed for a role: changing it would strand entries).
-    """
+    """Pure: the hash tag an entry's keys live under: the app's, or with ``per_queue`` one of
+    ``buckets`` tags per queue (fixed for a role: changing it would strand entries)."""
 
     def __init__(self, keys: Keys, *, per_queue: bool, buckets: int) -> None:
         self.keys = keys
@@ -58,11 +53,8 @@ class ShardSet(Generic[S]):
     buckets (made on first use by ``make(tag)``, one per process).
 
     Args:
-        client: the client of ``dlx_redis_url``.
-        layout: where keys live.
         index: the set (under the app's tag) naming the queues that have keys.
         kind: what the shards hold, for messages (``parked``, ``graveyard``).
-        make: builds the shard of one tag.
         replicas: the replicas the index must reach before a queue's first write.
     """
 
@@ -115,6 +107,14 @@ class ShardSet(Generic[S]):
         queues = self.queues() if queue is None else [queue] if self.layout.per_queue else []
         buckets = range(self.layout.buckets)
         return [*(self.bucket(q, b) for b in buckets for q in queues), self.home]
+
+    def ask(self, ask: Callable[[Any, S], object], shards: Iterable[S] | None = None) -> list[Any]:
+        """``ask(pipe, shard)`` of each of ``shards`` (default: :meth:`every`) in one pipelined
+        round trip (per master); the replies in order."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.every() if shards is None else shards:
+            ask(pipe, shard)
+        return list(pipe.execute())
 
     def holders(self, entry_id: str, queues: Iterable[str]) -> list[S]:
         """The shards that may hold ``entry_id``: its bucket in each of ``queues``, and home."""

@@ -22,7 +22,6 @@ from celery_dlx.message.status import (
     RESOLVED,
     STATUSES,
     UNRESOLVED,
-    check,
     parse,
     status_of,
 )
@@ -36,7 +35,6 @@ __all__ = [
     "SET_STATUS",
     "STATUSES",
     "UNRESOLVED",
-    "check",
     "parse",
     "status_of",
 ]

@@ -1,9 +1,7 @@
 """The fate recorder: every fate change logged (one line), appended to the failure history and
 counted (in one Redis round trip, with the park itself where one transaction can hold both), then
-told to the listeners (Flower events, Sentry).
-
-The composition root (:class:`~celery_dlx.wiring.runtime.Runtime`) builds one per app and hands
-it the roles it writes through; the runtime's ``record``, ``park_recorded``... delegate to it.
+told to the listeners (Flower events, Sentry). The runtime's ``record``, ``park_recorded``...
+delegate to it.
 """
 
 from __future__ import annotations
@@ -30,11 +28,7 @@ class FateRecorder:
     process gets its own).
 
     Args:
-        parking: the parking role (a park and its fate in one transaction, where it can).
-        history: the failure history and counters.
-        publisher: the process's confirming publisher (a batch of requeued copies).
-        reset_publisher: drops the publisher after a connection error.
-        listeners: the fate listeners, told of each recorded change (the runtime's list).
+        listeners: the runtime's list of fate listeners.
         history_optional: True when a failed history append is logged, not raised (the broker
             holds every fate: ``dlx_delay_backend = "ttl"``).
     """
@@ -186,7 +180,7 @@ class FateRecorder:
             return
         self._log(event)
         try:
-            self._count([event])
+            self._history().write([event], history=False)
         except Exception as err:  # counters must never decide a fate
             self._counted(1, True, err)
         self._notify(event)
@@ -208,10 +202,6 @@ class FateRecorder:
         if self._history_failing:
             logger.warning("celery_dlx failure history is being appended again")
         self._history_failing = False
-
-    def _count(self, events: Sequence[FateEvent]) -> None:
-        """Add ``events`` to the per-minute counters now."""
-        self._history().write(events, history=False)
 
     def record_many(
         self, events: Sequence[FateEvent], *, history: bool = True, log: bool = True
@@ -249,15 +239,13 @@ class FateRecorder:
             log.succeeded()
 
     def _unrecorded(self, events: Sequence[FateEvent], err: BaseException) -> None:
-        """Fates settled (their copies are out) but missing from the history: one WARNING per
-        outage, with counts, naming the first message."""
+        """Fates settled but missing from the history: one WARNING per outage, naming the first."""
         first = events[0]
         log = outage_log(self, "_history_outage", logger, "failure history appends")
         log.failed(err, f"{first.fate} of {first.task or '-'}[{first.message_id}] not recorded")
 
     def log_fates(self, events: Sequence[FateEvent]) -> None:
-        """Log ``events``, one line per fate change, for a caller that recorded them with
-        ``log=False`` and logs once its writes are done (the DLX service)."""
+        """Log ``events`` recorded with ``log=False``, one line per fate change."""
         for event in events:
             self._log(event)
 
@@ -295,8 +283,7 @@ class FateRecorder:
                 logger.warning("celery_dlx listener %r failed", listener, exc_info=True)
 
     def _notify_many(self, events: Sequence[FateEvent]) -> None:
-        """:meth:`_notify` of a batch: a listener with ``notify_many`` (the event sender) takes
-        the batch at once, the others each event."""
+        """A listener with ``notify_many`` (the event sender) takes the batch at once."""
         for listener in list(self.listeners):
             many = getattr(listener, "notify_many", None)
             try:

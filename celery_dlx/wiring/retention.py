@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from celery_dlx.fates import ARCHIVED, now_ms
-from celery_dlx.store.graveyard import CHUNK, chunks
+from celery_dlx.message.graveyard import CHUNK, chunks
 from celery_dlx.wiring.runtime import Runtime
 
 

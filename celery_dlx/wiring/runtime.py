@@ -1,13 +1,10 @@
 """The composition root: one :class:`Runtime` per app hands out celery_dlx's roles.
 
-Built once per app from its validated settings (``get_runtime(app)``; nothing is a module-level
-singleton), it makes the Redis client and broker connections lazily per process, so prefork
-children never share a socket with their parent (fork safety lives here, in one place), and
-hands out the roles of :mod:`celery_dlx.roles`: :attr:`Runtime.parking` (the delay backend,
-chosen here once), :attr:`Runtime.graveyard`, :attr:`Runtime.history`, :attr:`Runtime.causes`,
-:attr:`Runtime.publisher`, and the smaller stores of the DLX service, the drain, ``dlx check``
-and the Sentry budget. It also records fate changes: one log line, the history and counters,
-then the listeners (integrations).
+Built once per app from its validated settings (``get_runtime(app)``), it makes the Redis client
+and broker connections lazily per process, so prefork children never share a socket with their
+parent (fork safety lives here, in one place), and hands out the roles of
+:mod:`celery_dlx.roles` (:attr:`Runtime.parking`: the delay backend, chosen here once). Its
+:class:`~celery_dlx.wiring.recorder.FateRecorder` records fate changes.
 
 Only this module and ``store/`` hold a Redis client or a key name; only this module and
 ``broker/`` a broker connection. ``redis``, ``keys`` and ``store`` stay readable for tests and
@@ -73,8 +70,6 @@ class Runtime:
         self.config = config
         self.keys = Keys(config.key_prefix)
         self.listeners: list[Listener] = []
-        #: Logs, records and tells the listeners of every fate change, through this runtime's
-        #: roles.
         self.recorder = FateRecorder(
             parking=lambda: self.parking,
             history=lambda: self.history,
@@ -90,7 +85,6 @@ class Runtime:
         self._publisher: ConfirmingPublisher | None = None
         self._connection: Connection | None = None
         self._ladder: Ladder | None = None
-        self._history_failing = False
         # Per thread: the client of a replicated() block (one held connection), if any.
         self._local = threading.local()
         self._cluster_replicas = ClusterReplicas()
@@ -120,11 +114,7 @@ class Runtime:
         thread's client of the block's one connection)."""
         self._check_fork()
         pinned: RedisClient | None = getattr(self._local, "redis", None)
-        if pinned is not None:
-            return pinned
-        if self._redis is None:
-            self._redis = redis_client(self.config.redis_url)
-        return self._redis
+        return self._client() if pinned is None else pinned
 
     @contextlib.contextmanager
     def replicated(self, what: str) -> Iterator[None]:
@@ -181,16 +171,18 @@ class Runtime:
         """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend):
         one sorted set under the app's tag, or with :attr:`sharded` a few per queue. One per
         process (a park in a pool process asks for it on every run; making it hashes its
-        scripts).
-
-        Its parks count once ``dlx_redis_min_replicas`` replicas hold them (``WAIT``; inside
-        :meth:`replicated`, the block's in the single-tag layout; per queue, each bucket's own
-        master's, since a queue's keys need not be on the block's master)."""
+        scripts). Its parks count once ``dlx_redis_min_replicas`` replicas hold them (inside
+        :meth:`replicated`, by the block's ``WAIT`` in the single-tag layout; per queue, by each
+        bucket's own master's, since a queue's keys need not be on the block's master)."""
         return self._parking_store()
 
+    def _in_block(self) -> bool:
+        """True inside :meth:`replicated` in the single-tag layout: use the block's client."""
+        return not self.sharded and getattr(self._local, "redis", None) is not None
+
     def _parking_store(self) -> ParkingStore:
-        if not self.sharded and getattr(self._local, "redis", None) is not None:
-            return ParkingStore(self.redis, self.keys, Replicas(0))  # inside replicated()
+        if self._in_block():
+            return ParkingStore(self.redis, self.keys, Replicas(0))
         client = self._client()
         if self._store is None or self._store.client is not client:
             self._store = ParkingStore(client, self.keys, self.replicas, per_queue=self.sharded)
@@ -205,9 +197,7 @@ class Runtime:
 
     def migrate_keys(self, *, dry_run: bool = False) -> tuple[Migration, Migration]:
         """Move parked retries and obituaries from the single-tag layout to the keys of their
-        queue (``dlx migrate-keys``): copy, then delete, per entry; run again after an
-        interruption to finish (nothing is lost, nothing is parked twice). Until then every read
-        reads both layouts.
+        queue (``dlx migrate-keys``, :mod:`celery_dlx.store.migrate`).
 
         Raises:
             ConfigurationError: ``dlx_redis_shards`` resolves to ``none`` (no other layout).
@@ -240,14 +230,9 @@ class Runtime:
         return self._yard()
 
     def _yard(self) -> Graveyard:
-        budget = self.graveyard_budget
-        if not self.sharded and getattr(self._local, "redis", None) is not None:
-            return Graveyard(
-                self.redis,
-                self.keys,
-                budget=budget,
-                max_per_cause=self.config.graveyard_max_per_cause,
-            )
+        cap = self.config.graveyard_max_per_cause
+        if self._in_block():
+            return Graveyard(self.redis, self.keys, budget=self.graveyard_budget, max_per_cause=cap)
         client = self._client()
         if self._graveyard is None or self._graveyard.client is not client:
             self._graveyard = Graveyard(
@@ -255,8 +240,8 @@ class Runtime:
                 self.keys,
                 self.replicas,
                 per_queue=self.sharded,
-                budget=budget,
-                max_per_cause=self.config.graveyard_max_per_cause,
+                budget=self.graveyard_budget,
+                max_per_cause=cap,
             )
         return self._graveyard
 
@@ -286,10 +271,7 @@ class Runtime:
 
     def redis_memory(self, *, probe: bool = False) -> RedisMemory:
         """Redis' memory (the fullest master of a cluster); with ``probe``, a short-lived write
-        tells whether Redis takes one now.
-
-        Raises:
-            redis.RedisError: Redis did not answer.
+        tells whether Redis takes one now. Raises ``redis.RedisError`` when Redis did not answer.
         """
         return read_memory(self.redis, self.keys.check_probe if probe else None)
 
@@ -305,11 +287,7 @@ class Runtime:
         return limit if limit >= 0 else None
 
     def ping_redis(self) -> None:
-        """Ask Redis for an answer.
-
-        Raises:
-            redis.RedisError: it gave none.
-        """
+        """Ask Redis for an answer; ``redis.RedisError`` when it gives none."""
         self.redis.ping()
 
     def budget(self, name: str, limit: int, window: float) -> roles.WindowBudget:
@@ -344,8 +322,7 @@ class Runtime:
         (:meth:`FateRecorder.park_recorded <celery_dlx.wiring.recorder.FateRecorder.park_recorded>`).
 
         Raises:
-            NotReplicated: the park went to the master, but fewer replicas than
-                ``dlx_redis_min_replicas`` confirmed it: it does not count.
+            NotReplicated: fewer replicas than ``dlx_redis_min_replicas`` confirmed the park.
             redis.RedisError, ...: the message is not parked.
         """
         self.recorder.park_recorded(message, event)
@@ -447,11 +424,8 @@ class Runtime:
         self.recorder.record(event, history=history)
 
     def warm(self, *, listeners: bool = True) -> None:
-        """Connect to Redis and the broker now (a pool process starting), not at the first failure.
-
-        With ``listeners``, fate listeners that keep a connection (the event sender) connect too.
-        Best effort: a service that is down is connected to again on first use.
-        """
+        """Connect to Redis and the broker now (a pool process starting), and with ``listeners``
+        the fate listeners that keep a connection; best effort (else on first use)."""
         try:
             self.parking.load_scripts()
         except Exception as exc:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from celery_dlx.fates import now_ms
-from celery_dlx.message.headers import NO_STATE
+from celery_dlx.message.headers import DLXState
 from celery_dlx.message.lineage import ANY_LINEAGE, lineage
 from celery_dlx.message.names import (
     ATTEMPT_HEADER,
@@ -150,7 +150,7 @@ def test_a_redelivered_original_waits_while_its_retry_is_on_its_way_to_the_servi
     taken = channel.basic_get(queue, no_ack=False)
     assert taken is not None
     channel.basic_recover(requeue=True)
-    runtime.causes.mark_pending(queue, task_id, 1, lineage(NO_STATE, None), 60)
+    runtime.causes.mark_pending(queue, task_id, 1, lineage(DLXState(), None), 60)
     caplog.set_level(logging.INFO, logger="celery_dlx")
     with worker(app):
         wait_until(
