@@ -31,8 +31,7 @@ class TaskOptions:
 
     policy: Policy
     importance: str
-    #: The task's breaker on this queue (``dlx_breaker``); None: off, the failure path pays
-    #: nothing for it.
+    #: None: off (the failure path pays nothing for it).
     breaker: BreakerSettings | None = None
 
 

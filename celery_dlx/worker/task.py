@@ -384,12 +384,8 @@ class DLXTask(TracerHook, _Task):
         if not follows(parked, entry.queue, delivery.state, delivery.queue):
             return False
         logger.info(
-            "%s[%s] attempt=%d queue=%s redelivered after its park was written (entry %s): acked "
-            "without a second retry",
-            self.name,
-            delivery.message_id,
-            delivery.state.attempt,
-            delivery.queue,
+            "%s redelivered after its park was written (entry %s): acked without a second retry",
+            self._who(delivery),
             entry_id,
         )
         return True
@@ -411,12 +407,9 @@ class DLXTask(TracerHook, _Task):
             return True
         if not first:
             logger.warning(
-                "%s[%s] attempt=%d queue=%s: a second copy of this retry (a drain or the DLX "
-                "service published it again after a crash); acked without running it",
-                self.name,
-                delivery.message_id,
-                state.attempt,
-                delivery.queue,
+                "%s: a second copy of this retry (a drain or the DLX service published it again "
+                "after a crash); acked without running it",
+                self._who(delivery),
             )
         return first
 
@@ -436,12 +429,8 @@ class DLXTask(TracerHook, _Task):
         )
         if copied:
             logger.info(
-                "%s[%s] attempt=%d queue=%s redelivered after its retry was made: acked without a "
-                "second retry",
-                self.name,
-                delivery.message_id,
-                delivery.state.attempt,
-                delivery.queue,
+                "%s redelivered after its retry was made: acked without a second retry",
+                self._who(delivery),
             )
         return copied
 
@@ -457,6 +446,11 @@ class DLXTask(TracerHook, _Task):
         )
         time.sleep(STORE_WAIT)
         raise Reject(str(err), requeue=True)
+
+    def _who(self, delivery: Delivery) -> str:
+        """``name[id] attempt=N queue=Q``: how a fate's log line names the run."""
+        state = delivery.state
+        return f"{self.name}[{delivery.message_id}] attempt={state.attempt} queue={delivery.queue}"
 
     def _end_settled(self) -> NoReturn:
         """End a run whose fate is settled already, acking its message, without a traceback."""
@@ -832,12 +826,7 @@ class DLXTask(TracerHook, _Task):
         self._send_to_graveyard(runtime, delivery, reason, state, requeue=True)
         # The DLX service logs (and alerts on) the burial itself, once, with the obituary.
         logger.warning(
-            "quarantined %s[%s] attempt=%d queue=%s reason=%s: sent to the graveyard",
-            self.name,
-            delivery.message_id,
-            delivery.state.attempt,
-            delivery.queue,
-            reason,
+            "quarantined %s reason=%s: sent to the graveyard", self._who(delivery), reason
         )
         raise Ignore()
 
