@@ -193,15 +193,11 @@ class Policy:
 
 def _matches(exc: BaseException, matchers: Sequence[Matcher]) -> bool:
     for m in matchers:
-        if isinstance(m, type):
-            if isinstance(exc, m):
+        try:
+            if isinstance(exc, m) if isinstance(m, type) else m(exc):
                 return True
-        else:
-            try:
-                if m(exc):
-                    return True
-            except Exception:  # a broken predicate must not break failure handling
-                continue
+        except Exception:  # a broken predicate must not break failure handling
+            continue
     return False
 
 

@@ -8,8 +8,8 @@ by publishing a clean copy with the reason to the dead-letter exchange, then ack
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from celery.utils.objects import Bunch
 
@@ -37,26 +37,7 @@ if TYPE_CHECKING:
 Message = Any
 
 
-class RawMessage(Protocol):
-    """What :func:`bury_raw` reads of kombu's ``Message``."""
-
-    @property
-    def body(self) -> bytes | str | None: ...
-
-    @property
-    def headers(self) -> Mapping[str, object] | None: ...
-
-    @property
-    def properties(self) -> Mapping[str, object] | None: ...
-
-    @property
-    def content_type(self) -> str | None: ...
-
-    @property
-    def content_encoding(self) -> str | None: ...
-
-
-def bury_raw(app: Celery, message: RawMessage, queue: str, reason: str) -> bool:
+def bury_raw(app: Celery, message: Message, queue: str, reason: str) -> bool:
     """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
     runtime = get_runtime(app)
     headers = dict(message.headers or {})
