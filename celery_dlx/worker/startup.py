@@ -35,9 +35,6 @@ class StartupStep(bootsteps.StartStopStep):
         if runtime.config.redis_required:
             require_redis(runtime.ping_redis, runtime.config.redis_url)
 
-    def stop(self, parent: WorkController) -> None:
-        pass
-
 
 def require_redis(ping: Any, url: str) -> None:
     """Call ``ping``; a Redis error becomes the worker's refusal to start.
