@@ -1,25 +1,19 @@
 """The per-cause breaker (automatic hold), as a pure state machine.
 
-When one cause (fingerprint) fails more than ``failures`` times within ``window`` seconds on a
-queue, the breaker of that (queue, cause) opens: new failures of that cause are *held*, i.e.
-parked for ``hold`` seconds without spending their requeue/park budget. Every ``probe`` seconds
-one held message, the *canary*, is parked due at the probe time instead; if it succeeds the
-breaker closes and the held messages are made due again at ``release_rate`` per second; if it
-fails it is held again, as the canary of the next probe, and the hold goes on.
+When a cause (fingerprint) fails more than ``failures`` times within ``window`` seconds on a
+queue, its breaker opens: new failures of the cause are *held* (parked for ``hold`` seconds
+without spending their budget), except one *canary* per ``probe`` seconds, due at the probe
+time. A canary that succeeds closes the breaker and releases the held messages at
+``release_rate`` per second; one that fails is held again as the next probe's canary.
 
-How it works, in time:
+* closed: failures are counted in fixed windows (one starts at the first failure after the last
+  ended); the failure past ``failures`` opens the breaker as the first canary, due at
+  ``now + probe``.
+* open: a failure is the canary if the current probe time has none yet, else held to
+  ``now + hold``; a failure at or after the probe time moves it to ``now + probe``.
+* ``hold`` is an upper bound, so a lost canary or an expired state never strands held messages.
 
-* closed: failures are counted in fixed windows of ``window`` seconds (a window starts at the
-  first failure after the previous one ended). The failure that makes the count exceed
-  ``failures`` opens the breaker and is held as the first canary, due at ``now + probe``.
-* open: a failure is held due at ``now + hold``, unless the slot of the current probe time has no
-  canary yet: then it is the canary, due at the probe time. A failure at or after the probe time
-  (the canary's own, usually) moves the probe time to ``now + probe``.
-* ``hold`` is an upper bound: a held message comes back after it whatever happens, so a lost
-  canary or a breaker state that expired never strands held messages.
-
-Everything here is pure (:func:`on_failure`, :func:`on_success`); ``store/breaker.py`` keeps the
-state in Redis and the worker carries out the verdicts.
+``store/breaker.py`` keeps the state in Redis; the worker carries out the verdicts.
 """
 
 from __future__ import annotations
@@ -30,8 +24,7 @@ from dataclasses import dataclass, replace
 
 from celery_dlx.errors import ConfigurationError
 
-# Re-exported: the headers of a held copy are named with celery_dlx's other headers (in
-# OWN_HEADERS, so a replay drops them).
+# Re-exported; named with the other headers (in OWN_HEADERS, so a replay drops them).
 from celery_dlx.message.names import HELD_HEADER as HELD_HEADER
 from celery_dlx.message.names import HOLDS_HEADER as HOLDS_HEADER
 
@@ -79,8 +72,7 @@ def _positive(value: object, where: str, *, integer: bool) -> float:
 
 def parse_breaker(value: object, name: str = "dlx_breaker") -> BreakerSettings | None:
     """Validate a ``dlx_breaker`` setting or option: None (off), or a mapping of
-    ``failures``, ``window``, ``hold``, ``probe``, ``release_rate`` (missing keys take
-    :data:`BREAKER_DEFAULTS`).
+    :data:`BREAKER_DEFAULTS`' keys (missing ones take their defaults).
 
     Raises:
         ConfigurationError: naming ``name`` and what is wrong.
@@ -120,16 +112,15 @@ def parse_breaker(value: object, name: str = "dlx_breaker") -> BreakerSettings |
 class BreakerState:
     """One (queue, cause)'s breaker; times in epoch ms, 0 when unset."""
 
-    #: Start of the current counting window, and the failures counted in it (closed breaker).
+    #: Start of the current counting window, and the failures counted in it.
     window_start_ms: int = 0
     failures: int = 0
-    #: When the breaker opened (0: closed).
+    #: 0: closed.
     opened_ms: int = 0
     #: When the next canary is due.
     probe_ms: int = 0
-    #: The probe time whose canary has been chosen (== probe_ms once one is held for it).
+    #: The probe time whose canary has been chosen.
     canary_ms: int = 0
-    #: Messages held since the breaker opened.
     held: int = 0
 
     @property
@@ -142,7 +133,6 @@ class Hold:
     """Verdict of a failure under an open breaker: park it, budget untouched, due at ``due_ms``."""
 
     due_ms: int
-    #: This message is the canary of the probe at ``due_ms``.
     canary: bool
     #: This failure opened the breaker (alert once).
     opened: bool
@@ -151,8 +141,7 @@ class Hold:
 def on_failure(
     state: BreakerState, settings: BreakerSettings, now_ms: int
 ) -> tuple[BreakerState, Hold | None]:
-    """The breaker after one more failure of its cause at ``now_ms``, and the failure's verdict:
-    a :class:`Hold`, or None (closed: the failure takes its ordinary fate)."""
+    """The breaker after one more failure at ``now_ms``, and a :class:`Hold` (None: closed)."""
     if state.open:
         probe = state.probe_ms
         if now_ms >= probe:
@@ -185,12 +174,10 @@ def on_failure(
 
 
 def on_success(state: BreakerState) -> tuple[BreakerState, bool]:
-    """The breaker after a held message of its cause succeeded: closed (counts reset); and
-    whether it was open (its held messages are then released)."""
+    """The breaker after a held message succeeded (closed), and whether it was open."""
     return BreakerState(), state.open
 
 
 def release_schedule(count: int, rate: int, now_ms: int) -> list[tuple[int, int, int]]:
-    """Due times that release ``count`` held messages at ``rate`` per second from ``now_ms``:
-    ``(start, stop, due_ms)`` slices of the held list, one per second."""
+    """``(start, stop, due_ms)`` slices releasing ``count`` held messages, ``rate`` a second."""
     return [(i, min(i + rate, count), now_ms + (i // rate) * 1000) for i in range(0, count, rate)]

@@ -1,8 +1,8 @@
 """The validated settings of one app: :class:`DLXConfig`, built by :func:`load_config` alone.
 
-Settings are read under their lower-case name (``dlx_enabled``), upper-case (``DLX_ENABLED``) and,
-for Django projects using ``config_from_object(..., namespace="CELERY")``, as ``CELERY_DLX_ENABLED``.
-What each setting means, its default and its validation are in :mod:`celery_dlx.policy.settings`.
+Settings are read as ``dlx_enabled``, ``DLX_ENABLED`` and, for Django's
+``config_from_object(..., namespace="CELERY")``, ``CELERY_DLX_ENABLED``; each is described in
+:mod:`celery_dlx.policy.settings`.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[
 
 
 def enabled_setting(conf: Mapping[str, Any], namespace: str | None = None) -> bool:
-    """True when ``conf`` sets ``dlx_enabled`` (under any of its names) to a true value, or to a
-    value that is not a boolean at all (asked for, if wrongly)."""
+    """True when ``conf`` sets ``dlx_enabled`` to a true value, or to a non-boolean (asked for,
+    if wrongly)."""
     found, value = _lookup(conf, "dlx_enabled", namespace)
     if not found:
         return False
@@ -92,20 +92,16 @@ def field_name(setting: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class DLXConfig:
-    """Validated celery_dlx settings of one app: one typed attribute per ``dlx_*`` setting.
-
-    Built by :func:`load_config`, which validates every value with its :data:`SETTINGS` entry;
-    ``config["dlx_max_parks"]`` and :attr:`values` read by setting name.
-    """
+    """Validated celery_dlx settings of one app: one typed attribute per ``dlx_*`` setting
+    (``config["dlx_max_parks"]`` and :attr:`values` read by setting name)."""
 
     enabled: bool
     redis_url: str
     redis_required: bool
-    #: ``dlx_redis_min_replicas`` as set (None: the default of the URL, see
-    #: :meth:`celery_dlx.store.client.Replicas.for_url`).
+    #: None: the URL's default (:meth:`celery_dlx.store.client.Replicas.for_url`).
     redis_min_replicas: int | None
     redis_replica_timeout: float
-    #: ``dlx_redis_shards``: auto, queue or none (the composition root resolves auto).
+    #: auto, queue or none (the composition root resolves auto).
     redis_shards: str
     key_prefix: str
     max_requeues: int
@@ -114,20 +110,20 @@ class DLXConfig:
     drain_interval: float
     drain_batch: int
     drain_lease: float
-    #: ``dlx_importance``; :meth:`importance` refines it per queue.
+    #: :meth:`importance` refines it per queue.
     default_importance: str
     exchange: str
     service_queue: str
     quorum: bool
     delivery_limit: int | None
     queues: Mapping[str, QueuePolicy]
-    #: ``dlx_breaker`` (None: off); :meth:`breaker_for` refines it per queue.
+    #: None: off; :meth:`breaker_for` refines it per queue.
     breaker: BreakerSettings | None
     expired: str
     service_in_worker: bool
     service_prefetch: int
     obituary_task: str | None
-    #: ``dlx_code_version`` as set; :attr:`code_version` falls back to the environment.
+    #: As set; :attr:`code_version` falls back to the environment.
     code_version_setting: str | None
     graveyard_retention: float
     graveyard_max_bytes: int
@@ -174,8 +170,8 @@ class DLXConfig:
             explicit or os.environ.get("DLX_CODE_VERSION") or os.environ.get("GIT_COMMIT") or None
         )
 
+    # Each of the four below: the setting, refined by ``dlx_queues[queue]`` when present.
     def policy(self, queue: str | None = None) -> Policy:
-        """The default policy, refined by ``dlx_queues[queue]`` when present."""
         spec = self.queues.get(queue or "", {})
         return Policy(
             max_requeues=spec.get("max_requeues", self.max_requeues),
@@ -184,25 +180,17 @@ class DLXConfig:
         )
 
     def importance(self, queue: str | None = None) -> str:
-        """``dlx_importance``, refined by ``dlx_queues[queue]`` when present."""
-        spec = self.queues.get(queue or "", {})
-        return spec.get("importance", self.default_importance)
+        return self.queues.get(queue or "", {}).get("importance", self.default_importance)
 
     def breaker_for(self, queue: str | None = None) -> BreakerSettings | None:
-        """``dlx_breaker``, refined by ``dlx_queues[queue]['breaker']`` when present."""
-        spec = self.queues.get(queue or "", {})
-        return spec.get("breaker", self.breaker)
+        return self.queues.get(queue or "", {}).get("breaker", self.breaker)
 
     def expired_action(self, queue: str | None = None) -> str:
-        """``dlx_expired``, refined by ``dlx_queues[queue]`` when present."""
-        spec = self.queues.get(queue or "", {})
-        return spec.get("expired", self.expired)
+        return self.queues.get(queue or "", {}).get("expired", self.expired)
 
 
 def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXConfig:
     """Validate and read every ``dlx_*`` setting from ``conf`` (an ``app.conf`` or a dict).
-
-    The one place a :class:`DLXConfig` is built.
 
     Raises:
         ConfigurationError: an unknown ``dlx_*`` key, or a bad value, named; or an integration's
@@ -228,8 +216,7 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
             "dlx_delivery_limit needs quorum queues: set dlx_quorum = True or remove dlx_delivery_limit"
         )
     _check_extras(values, frozenset(explicit))
-    # An app with a key prefix of its own gets broker names of its own (the default prefix keeps
-    # celery_dlx and celery_dlx.dead), so two apps on one virtual host stay apart.
+    # A key prefix of its own gives an app broker names of its own: apps on one vhost stay apart.
     if "dlx_exchange" not in explicit:
         values["dlx_exchange"] = default_exchange(values["dlx_key_prefix"])
     if "dlx_service_queue" not in explicit:

@@ -1,9 +1,8 @@
 """Pure reading of a dead letter of any producer: what it is, where it came from, its identity.
 
-:func:`read_dead_letter` never raises: whatever it cannot parse becomes ``DeadLetter.problem``
-(``undecodable: ...``), and such a letter is buried with that reason. ``x-death`` gives the queue
-and the reason only, never counts (RabbitMQ 4.x ignores a republished ``x-death``). What the
-service does with a letter is decided in :mod:`celery_dlx.policy.verdicts`.
+:func:`read_dead_letter` never raises: what it cannot parse becomes ``DeadLetter.problem``
+(``undecodable: ...``), the reason it is buried with. ``x-death`` gives the queue and reason,
+never counts (RabbitMQ 4.x ignores a republished ``x-death``).
 """
 
 from __future__ import annotations
@@ -38,11 +37,10 @@ from celery_dlx.message.names import (
     UNDECODABLE_PROPERTY,
 )
 
-#: ``death_reason`` of a message a worker buried by publishing a clean copy (no ``x-death``), or
-#: sent with the park or requeue it could not write (``x-dlx-fate``).
+#: ``death_reason`` of a message a worker published here: a burial, or a park or requeue it could
+#: not write (``x-dlx-fate``).
 PUBLISHED = "published"
-#: ``death_reason`` of a message that reached the dead-letter exchange without ``x-death`` and
-#: without celery_dlx's reason header: someone published it there directly.
+#: ``death_reason`` of a message published to the dead-letter exchange directly.
 UNKNOWN = "unknown"
 #: Cause written in the history of a park that followed a TTL expiry (not a consumer failure).
 EXPIRED_CAUSE = "expired"
@@ -59,28 +57,22 @@ class Rejected(Exception):
 class DeadLetter:
     """What the DLX service knows about one dead letter before any I/O.
 
-    ``queue`` is the queue it died in (first ``x-death`` table, else ``x-dlx-queue``, else the
-    routing key); ``death_reason`` is the ``x-death`` reason, :data:`PUBLISHED` or
-    :data:`UNKNOWN`; ``problem`` holds the ``undecodable: ...`` reason when headers could not be
-    read; ``key`` identifies this death (queue, message, attempt, history, replay) for dedup and
-    is the obituary id.
+    ``queue``: the queue it died in (first ``x-death``, else ``x-dlx-queue``, else the routing
+    key); ``death_reason``: the ``x-death`` reason, :data:`PUBLISHED` or :data:`UNKNOWN`;
+    ``problem``: why its headers could not be read; ``key``: this death (queue, message,
+    attempt, history, replay), for dedup.
 
-    ``identity`` is the message's provable id (:func:`provable_identity`) when it has one
-    (``provable``); else the digest of its body joined with ``key``, and ``key`` then includes the
-    delivery (:func:`read_dead_letter`'s ``delivery``): look-alike messages, the same body without
-    a ``message_id``, are different messages and never share a key, so none is deduplicated away
-    as another's redelivery. Their copies carry ``identity`` in ``x-dlx-id``
-    (:meth:`copy_headers`), so later deaths of one of them are provably that one.
+    ``identity`` is the provable message id when there is one (``provable``); else the body's
+    digest joined with ``key``, which then includes the delivery, so look-alikes (one body, no
+    ``message_id``) never share a key and none is deduplicated away as another's redelivery.
+    Their copies carry ``identity`` in ``x-dlx-id`` (:meth:`copy_headers`).
 
-    ``burial_key`` is the obituary id: a message is buried once in its life, so for a provable
-    identity it names the message in its queue (with the replay it came from), from what every
-    copy of it carries, never from the time of a failure: two copies of one message left by a
-    crash (a retry published twice, or an original redelivered after its park was written, whose
-    second lineage started at another time) get one obituary.
+    ``burial_key``, the obituary id, names a provable message in its queue (and replay) from what
+    every copy carries, never from a failure's time: two copies left by a crash (a retry
+    published twice, or a second lineage) get one obituary.
 
-    ``worker_fate`` is the fate a DLX worker decided but could not carry out (``parked`` or
-    ``requeued``, :data:`~celery_dlx.message.names.FATE_HEADER`), sent with the copy's own state;
-    ``worker_delay`` the park's delay in seconds.
+    ``worker_fate``/``worker_delay``: the park (seconds) or requeue a DLX worker decided but
+    could not write (:data:`~celery_dlx.message.names.FATE_HEADER`).
     """
 
     body: bytes
@@ -106,8 +98,8 @@ class DeadLetter:
     worker_delay: float | None = None
 
     def copy_headers(self, state: DLXState) -> dict[str, object]:
-        """The headers of a requeued or parked copy: cleaned, ``state`` written, identity stamped
-        when the message had no provable one."""
+        """The headers of a requeued or parked copy, with ``state`` (and identity, if not
+        provable)."""
         headers = clean_headers(self.headers, state)
         for name in (FATE_HEADER, DELAY_HEADER):  # carried out once, by whoever reads it
             headers.pop(name, None)
@@ -140,11 +132,8 @@ def letter_key(
     replayed: str | None,
     delivery: str | None = None,
 ) -> str:
-    """The dedup key (and obituary id) of one death.
-
-    With a provable ``identity``, stable across redeliveries of the death. ``delivery`` names one
-    delivery (given for a message without a provable identity): the key is then that delivery's.
-    """
+    """The dedup key of one death, stable across its redeliveries unless ``delivery`` is given
+    (a message without a provable identity): then that delivery's."""
     if state is None:
         tail = "?"
     else:
@@ -158,21 +147,16 @@ def letter_key(
 def burial_key(queue: str, identity: str, replayed: str | None) -> str:
     """The obituary id of a message with a provable identity: one per message, queue and replay.
 
-    Nothing of a failure's time goes in: an original redelivered after a crash may have been
-    given a second lineage (its copies stamped with another first failure), and both lineages
-    must name one obituary. A publisher reusing a message id while its obituary is kept reuses
-    the obituary too (the burial is recognised as already written).
+    No failure time goes in: both lineages of an original redelivered after a crash must name one
+    obituary (a reused message id reuses it too: the burial reads as already written).
     """
     raw = "\x1f".join(("buried", queue, identity, replayed or ""))
     return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
 
 
 def _worker_fate(headers: Mapping[str, Any]) -> tuple[str | None, float | None]:
-    """The fate a worker asked the DLX service to carry out, and its delay (None: none asked).
-
-    An unknown fate or an unreadable delay reads as none asked: the letter is then decided as
-    any other.
-    """
+    """The fate a worker asked the DLX service to carry out, and its delay; (None, None) when
+    none, or unreadable (the letter is then decided as any other)."""
     fate = text_or_none(headers.get(FATE_HEADER))
     if fate not in (PARKED, REQUEUED):
         return None, None
@@ -206,7 +190,7 @@ def _own_state(headers: Mapping[str, Any]) -> tuple[DLXState | None, str | None]
 
 
 def _shape_problems(body: object, headers: object) -> list[str]:
-    """What is wrong with the body's or the header table's type (a client's bug), if anything."""
+    """What is wrong with the body's or the header table's type (a client's bug)."""
     problems = []
     if not isinstance(body, (bytes, bytearray, memoryview)):
         problems.append(f"undecodable: body is {type(body).__name__}, not bytes")
@@ -218,8 +202,7 @@ def _shape_problems(body: object, headers: object) -> list[str]:
 def _origin_queue(
     deaths: list[Death], headers: Mapping[str, Any], state: DLXState | None, routing_key: str
 ) -> str | None:
-    """The queue a dead letter died in: its first ``x-death``, else celery_dlx's own headers,
-    else the routing key it was dead-lettered with."""
+    """The queue a dead letter died in (see :class:`DeadLetter`)."""
     return (
         (deaths[0].queue if deaths else None)
         or text_or_none(headers.get(QUEUE_HEADER))
@@ -241,9 +224,8 @@ def read_dead_letter(
 ) -> DeadLetter:
     """Read a dead letter defensively; never raises (problems land in ``DeadLetter.problem``).
 
-    ``delivery`` names this delivery uniquely (the service's connection and delivery tag): the key
-    of a message without a provable identity is this delivery's, so a settle retried on the same
-    delivery gives no second fate; a random one when not given.
+    ``delivery`` (connection and delivery tag; random when not given) keys a message without a
+    provable identity, so a settle retried on the same delivery gives no second fate.
     """
     hdrs = dict(headers) if isinstance(headers, Mapping) else {}
     props = {
@@ -254,7 +236,7 @@ def read_dead_letter(
     raw_body = bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else b""
     problems = _shape_problems(body, headers)
     undecodable = props.get(UNDECODABLE_PROPERTY)
-    if undecodable is not None:  # kept with its raw bytes (x-dlx-raw-properties) for the graveyard
+    if undecodable is not None:  # its raw bytes are kept (x-dlx-raw-properties)
         problems.append(f"undecodable: AMQP properties: {undecodable}")
     deaths, death_problem = _first_death(hdrs)
     state, state_problem = _own_state(hdrs)

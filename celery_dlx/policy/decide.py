@@ -1,7 +1,6 @@
 """Pure failure policy: classify an exception, apply the escalation ladder, compute backoff.
 
-``decide(exc, state, policy)`` returns :class:`ToRequeue`, :class:`ToPark` or :class:`ToBury`;
-it does no I/O, so every rule is a table test.
+No I/O, so every rule is a table test.
 """
 
 from __future__ import annotations
@@ -117,10 +116,8 @@ def _number(value: object, name: str) -> float:
 
 
 def parse_backoff(value: object, name: str = "dlx_backoff") -> Backoff:
-    """Build a :class:`Backoff` from a setting.
-
-    Accepts a list of seconds (or timedeltas), a mapping ``{"base", "factor", "max", "jitter"}``,
-    a :class:`Backoff`, or a callable of the park index.
+    """A :class:`Backoff` from a list of seconds (or timedeltas), a mapping ``{"base", "factor",
+    "max", "jitter"}``, a :class:`Backoff`, or a callable of the park index.
 
     Raises:
         ConfigurationError: naming ``name`` and what is wrong.
@@ -196,15 +193,11 @@ class Policy:
 
 def _matches(exc: BaseException, matchers: Sequence[Matcher]) -> bool:
     for m in matchers:
-        if isinstance(m, type):
-            if isinstance(exc, m):
+        try:
+            if isinstance(exc, m) if isinstance(m, type) else m(exc):
                 return True
-        else:
-            try:
-                if m(exc):
-                    return True
-            except Exception:  # a broken predicate must not break failure handling
-                continue
+        except Exception:  # a broken predicate must not break failure handling
+            continue
     return False
 
 
@@ -244,9 +237,9 @@ def one_line(text: str, limit: int = REASON_LIMIT) -> str:
 
 
 def reason_of(exc: BaseException) -> str:
-    """What a requeue or park names as its reason: the exception's type, or for a fate the task
-    asked for, the user's own words (``Requeue("upstream busy")`` -> ``Requeue: upstream busy``;
-    ``self.retry()`` -> ``retry``), never a class of celery_dlx's own making."""
+    """A requeue's or park's reason: the exception's type, or the words of a fate the task asked
+    for (``Requeue("upstream busy")`` -> ``Requeue: upstream busy``; ``self.retry()`` ->
+    ``retry``)."""
     if isinstance(exc, Park) and not exc.budgeted:  # self.retry() (RetryPark)
         return "retry"
     name = type(exc).__name__
@@ -260,11 +253,9 @@ def reason_of(exc: BaseException) -> str:
 
 
 def decide(exc: BaseException, state: DLXState, policy: Policy) -> Decision:
-    """The fate of a message whose run raised ``exc``, given what its headers say.
-
-    Escalation for ``requeue`` and unclassified failures: requeue while the requeue budget lasts,
-    then park while the park budget lasts, then bury. ``park`` failures skip the requeues.
-    """
+    """The fate of a message whose run raised ``exc``, given its headers' ``state``: requeue
+    while the requeue budget lasts (``park`` failures skip this), then park while the park budget
+    lasts, then bury."""
     kind = classify(exc, policy)
     why = reason_of(exc)
     if kind == "bury":
@@ -293,15 +284,10 @@ def root_cause(exc: BaseException) -> BaseException:
 @dict_init
 @dataclass(frozen=True)
 class FailurePlan(KnownAttempt):
-    """What to do with a failed run, worked out before any I/O (:func:`plan_failure`).
-
-    Its :class:`~celery_dlx.message.failure.Failure` (task, queue, attempt, cause, exception,
-    reason, first failure, this run's time) reads as ``plan.cause``, ``plan.at_ms``...; the worker
-    adds the message id and importance to it for the fate event.
-    """
+    """What to do with a failed run, worked out before any I/O (:func:`plan_failure`); its
+    ``failure``'s facts read as ``plan.cause``, ``plan.at_ms``..."""
 
     decision: Decision
-    #: ``requeued``, ``parked`` or ``buried``.
     fate: str
     #: The task's own failure: named in history and obituary, raised again on burial.
     root: BaseException
@@ -315,7 +301,7 @@ class FailurePlan(KnownAttempt):
 
     @property
     def at_ms(self) -> int:
-        """When the run failed (epoch ms): always known for a plan."""
+        """When the run failed (epoch ms)."""
         return self.failure.at_ms or 0
 
     @property
@@ -333,10 +319,8 @@ def plan_failure(
     retries: int,
     at_ms: int,
 ) -> FailurePlan:
-    """The fate of a run of ``task`` that raised ``exc``, and everything the worker then writes.
-
-    ``state`` is what the delivery's headers say, ``retries`` Celery's retry count of this run.
-    """
+    """The fate of a run of ``task`` that raised ``exc`` (``state``: its headers'; ``retries``:
+    Celery's count), and everything the worker then writes."""
     decision = decide(exc, state, policy)
     root = root_cause(exc)
     exc_type = exception_type_name(root)

@@ -1,20 +1,14 @@
-"""Every duration celery_dlx accepts, checked by one rule: what the runtime can actually use.
+"""Every duration celery_dlx accepts, bounded by what its consumer can use.
 
-Durations are seconds (an int, a float or a :class:`~datetime.timedelta`; never a bool) and are
-finite. Three kinds, each with the bound its consumer imposes:
+Durations are finite seconds (int, float or :class:`~datetime.timedelta`; never a bool):
 
-* a **delay** before a parked retry (``dlx_backoff`` values, and what a backoff callable returns):
-  ``0 <= s <= MAX_SECONDS``. Zero means "due at once"; the parking store turns the delay into
-  an epoch-ms score and the TTL ladder rounds it up to a step, so any finite delay works.
-* a **duration** setting (``dlx_drain_interval``, ``dlx_drain_lease``, ``dlx_cause_ttl``...):
-  ``0.001 <= s <= MAX_SECONDS``. Redis expiries and scores count whole milliseconds (``PX 0``
-  is an error, a zero lease is no lease) and Celery beat turns an interval into a timedelta.
-* a **ladder** step (``dlx_ttl_ladder``): a duration that, in whole milliseconds, is at least
-  1 ms, strictly above the step before it, and leaves room for the delay queue's ``x-expires``
-  (step + :data:`EXPIRES_MARGIN_MS`) within RabbitMQ's largest TTL, :data:`MAX_TTL_MS`.
-
-:func:`ladder_ms` is what the TTL ladder calls at the first park; the ``dlx_ttl_ladder`` setting
-calls it too, so a ladder the configuration accepts is one the broker accepts.
+* a **delay** before a parked retry: ``0 <= s <= MAX_SECONDS`` (0: due at once).
+* a **duration** setting: ``0.001 <= s <= MAX_SECONDS``: Redis counts whole milliseconds (``PX
+  0`` is an error, a zero lease is no lease).
+* a **ladder** step (``dlx_ttl_ladder``): at least 1 ms, strictly above the step before it once
+  in whole ms, with room for the delay queue's ``x-expires`` (step + :data:`EXPIRES_MARGIN_MS`)
+  within :data:`MAX_TTL_MS`. The setting and the TTL ladder both call :func:`ladder_ms`, so a
+  ladder the configuration accepts is one the broker accepts.
 """
 
 from __future__ import annotations
@@ -25,16 +19,16 @@ from datetime import timedelta
 
 from celery_dlx.errors import ConfigurationError
 
-#: The longest duration: whole days of a :class:`~datetime.timedelta` (Celery beat schedules are
-#: timedeltas); as milliseconds past now it still fits Redis's 64-bit expiry times.
+#: The longest duration: a :class:`~datetime.timedelta`'s (Celery beat schedules are timedeltas),
+#: which as milliseconds past now still fits Redis's 64-bit expiry times.
 MAX_SECONDS = 999_999_999 * 86_400.0
 #: The shortest duration setting: one millisecond, the unit of Redis expiries and RabbitMQ TTLs.
 MIN_DURATION = 0.001
 #: RabbitMQ's largest ``x-message-ttl`` and ``x-expires`` (ms; ten years): a larger value fails
 #: the queue declare with ``PRECONDITION_FAILED - invalid arg ... value_too_large``.
 MAX_TTL_MS = 315_360_000_000
-#: How long an unused delay queue outlives its TTL (ms): its ``x-expires`` is TTL + this. It must
-#: comfortably exceed the ladder's redeclare period, see ``celery_dlx.broker.ladder``.
+#: How long an unused delay queue outlives its TTL (ms); well above the ladder's redeclare period
+#: (``celery_dlx.broker.ladder``).
 EXPIRES_MARGIN_MS = 3_600_000
 #: The longest ladder step (ms): its ``x-expires`` is then exactly :data:`MAX_TTL_MS`.
 MAX_STEP_MS = MAX_TTL_MS - EXPIRES_MARGIN_MS
@@ -49,7 +43,7 @@ def _number(value: object) -> float | None:
 
 
 def delay(value: object, name: str) -> float:
-    """``value`` as a delay before a retry: finite seconds, ``0 <= s <= MAX_SECONDS``.
+    """``value`` as a delay before a retry.
 
     Raises:
         ConfigurationError: naming ``name``.
@@ -62,7 +56,7 @@ def delay(value: object, name: str) -> float:
 
 
 def duration(value: object, name: str) -> float:
-    """``value`` as a duration setting: finite seconds, ``0.001 <= s <= MAX_SECONDS``.
+    """``value`` as a duration setting.
 
     Raises:
         ConfigurationError: naming ``name``.
@@ -87,12 +81,12 @@ def _finite_and_bounded(seconds: float, value: object, name: str) -> None:
 
 
 def step_ms(seconds: float) -> int:
-    """A delay in whole milliseconds (RabbitMQ's TTL unit), rounded to the nearest."""
+    """A delay in whole milliseconds (RabbitMQ's TTL unit), rounded."""
     return round(seconds * 1000)
 
 
 def ladder(value: object, name: str = "dlx_ttl_ladder") -> tuple[float, ...]:
-    """``value`` as the steps of a TTL ladder, in seconds; :func:`ladder_ms` accepts the result.
+    """``value`` as the steps of a TTL ladder, in seconds.
 
     Raises:
         ConfigurationError: naming ``name`` (or its step) and what is wrong.
@@ -116,7 +110,7 @@ def _step(value: object, name: str) -> float:
 
 
 def ladder_ms(steps: Iterable[float], name: str = "dlx_ttl_ladder") -> tuple[int, ...]:
-    """The steps of a ladder (seconds) in whole milliseconds, as the delay queues use them.
+    """The steps of a ladder (seconds) in whole milliseconds.
 
     Raises:
         ConfigurationError: no step, a step that is not finite seconds, a step below 1 ms or

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FunctionType
 from typing import Any
@@ -31,8 +32,7 @@ class TaskOptions:
 
     policy: Policy
     importance: str
-    #: The task's breaker on this queue (``dlx_breaker``); None: off, the failure path pays
-    #: nothing for it.
+    #: None: off (the failure path pays nothing for it).
     breaker: BreakerSettings | None = None
 
 
@@ -53,12 +53,16 @@ def _is_method(value: Any, name: str) -> bool:
     return isinstance(value, FunctionType) and value.__name__ == name
 
 
-def _count(task: str, name: str, value: Any) -> int:
+def _count(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(
-            f"task {task}: option {name} must be a non-negative integer, got {value!r}"
-        )
+        raise ConfigurationError(f"{where} must be a non-negative integer, got {value!r}")
     return value
+
+
+def _importance(value: Any, where: str) -> str:
+    if value not in IMPORTANCES:
+        raise ConfigurationError(f"{where} must be one of {', '.join(IMPORTANCES)}, got {value!r}")
+    return str(value)
 
 
 def resolve_task_options(
@@ -78,32 +82,20 @@ def resolve_task_options(
         )
     base = config.policy(queue)
 
-    def get(option: str) -> Any:
-        return getattr(task_cls, option, None)
+    def option(key: str, parse: Callable[[Any, str], Any], default: Any) -> Any:
+        value = getattr(task_cls, key, None)
+        return default if value is None else parse(value, f"task {name}: option {key}")
 
-    backoff = get("dlx_backoff")
-    importance = get("dlx_importance")
-    if importance is not None and importance not in IMPORTANCES:
-        raise ConfigurationError(
-            f"task {name}: option dlx_importance must be one of {', '.join(IMPORTANCES)}, got {importance!r}"
-        )
+    importance = option("dlx_importance", _importance, None)
     return TaskOptions(
         policy=Policy(
-            max_requeues=base.max_requeues
-            if get("dlx_max_requeues") is None
-            else _count(name, "dlx_max_requeues", get("dlx_max_requeues")),
-            max_parks=base.max_parks
-            if get("dlx_max_parks") is None
-            else _count(name, "dlx_max_parks", get("dlx_max_parks")),
-            backoff=base.backoff
-            if backoff is None
-            else parse_backoff(backoff, f"task {name}: option dlx_backoff"),
-            requeue_on=parse_matchers(get("dlx_requeue_on"), f"task {name}: option dlx_requeue_on"),
-            park_on=parse_matchers(get("dlx_park_on"), f"task {name}: option dlx_park_on"),
-            bury_on=parse_matchers(get("dlx_bury_on"), f"task {name}: option dlx_bury_on"),
+            max_requeues=option("dlx_max_requeues", _count, base.max_requeues),
+            max_parks=option("dlx_max_parks", _count, base.max_parks),
+            backoff=option("dlx_backoff", parse_backoff, base.backoff),
+            requeue_on=option("dlx_requeue_on", parse_matchers, ()),
+            park_on=option("dlx_park_on", parse_matchers, ()),
+            bury_on=option("dlx_bury_on", parse_matchers, ()),
         ),
         importance=importance or config.importance(queue),
-        breaker=config.breaker_for(queue)
-        if get("dlx_breaker") is None
-        else parse_breaker(get("dlx_breaker"), f"task {name}: option dlx_breaker"),
+        breaker=option("dlx_breaker", parse_breaker, config.breaker_for(queue)),
     )

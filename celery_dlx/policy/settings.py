@@ -41,20 +41,14 @@ def closest(names: Iterable[str], known: Iterable[str]) -> str:
     return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
 
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
 def _bool(name: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lower() in {
-        "1",
-        "true",
-        "yes",
-        "on",
-        "0",
-        "false",
-        "no",
-        "off",
-    }:
-        return value.lower() in {"1", "true", "yes", "on"}
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
     raise ConfigurationError(f"{name} must be a boolean, got {value!r}")
 
 
@@ -77,10 +71,6 @@ def _optional_count(name: str, value: object) -> int | None:
 
 def _seconds(name: str, value: object) -> float:
     return durations.duration(value, name)
-
-
-def _optional_seconds(name: str, value: object) -> float | None:
-    return None if value is None else _seconds(name, value)
 
 
 def _str(name: str, value: object) -> str:
@@ -132,15 +122,16 @@ def _host_patterns(name: str, value: object) -> tuple[str, ...]:
     return tuple(patterns)
 
 
-def _ladder(name: str, value: object) -> tuple[float, ...]:
-    return durations.ladder(value, name)
-
-
 def _key_prefix(name: str, value: object) -> str:
     text = _str(name, value)
     if any(c in text for c in "{} \t\n"):
         raise ConfigurationError(f"{name} must not contain braces or white space, got {text!r}")
     return text
+
+
+# Named validators: docs/gen_config.py documents a setting's kind by its validator's name.
+def _ladder(name: str, value: object) -> tuple[float, ...]:
+    return durations.ladder(value, name)
 
 
 def _backoff(name: str, value: object) -> Backoff:
@@ -183,22 +174,9 @@ def _queue_policies(name: str, value: object) -> dict[str, QueuePolicy]:
                 f"{where} has unknown keys {sorted(unknown)}{hint}; allowed: "
                 f"{', '.join(QUEUE_POLICY_KEYS)}"
             )
-        checked = QueuePolicy()
-        if "backoff" in spec:
-            checked["backoff"] = parse_backoff(spec["backoff"], f"{where}['backoff']")
-        if "max_requeues" in spec:
-            checked["max_requeues"] = _count(f"{where}['max_requeues']", spec["max_requeues"])
-        if "max_parks" in spec:
-            checked["max_parks"] = _count(f"{where}['max_parks']", spec["max_parks"])
-        if "importance" in spec:
-            checked["importance"] = _choice(IMPORTANCES)(
-                f"{where}['importance']", spec["importance"]
-            )
-        if "expired" in spec:
-            checked["expired"] = _choice(EXPIRED_ACTIONS)(f"{where}['expired']", spec["expired"])
-        if "breaker" in spec:
-            checked["breaker"] = parse_breaker(spec["breaker"], f"{where}['breaker']")
-        out[str(queue)] = checked
+        checks = {key: SETTINGS[f"dlx_{key}"].check for key in QUEUE_POLICY_KEYS}
+        checked = {key: checks[key](f"{where}[{key!r}]", spec[key]) for key in spec}
+        out[str(queue)] = QueuePolicy(**checked)  # type: ignore[typeddict-item]
     return out
 
 

@@ -1,10 +1,5 @@
-"""The DLX service's decision about a dead letter, and the obituary of a burial; no I/O.
-
-:func:`decide_letter` turns a letter (plus the worker's cause record, if any) into
-:class:`BuryVerdict`, :class:`ParkVerdict` or :class:`RequeueVerdict`, from the queue's policy and
-the message's own headers, never from ``x-death`` counts (RabbitMQ 4.x ignores a republished
-``x-death``).
-"""
+"""The DLX service's decision about a dead letter (:func:`decide_letter`, from the queue's policy
+and the message's own headers, never ``x-death`` counts), and a burial's obituary; no I/O."""
 
 from __future__ import annotations
 
@@ -14,35 +9,20 @@ from celery_dlx.fates import PARKED, REQUEUED, Park
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.failure import Failure, MaybeAttempt
-from celery_dlx.message.headers import (
-    DLXState,
-    HistoryEntry,
-    fingerprint,
-)
-from celery_dlx.message.names import (
-    HISTORY_LIMIT,
-)
+from celery_dlx.message.headers import DLXState, HistoryEntry, fingerprint
+from celery_dlx.message.names import HISTORY_LIMIT
 from celery_dlx.message.obituary import ORIGIN_CELERY, ORIGIN_FOREIGN, Attempt, Obituary
 from celery_dlx.message.outgoing import record_properties
 from celery_dlx.policy.config import DLXConfig
-from celery_dlx.policy.deadletter import (
-    EXPIRED_CAUSE,
-    UNDECODABLE,
-    UNKNOWN,
-    DeadLetter,
-    Rejected,
-)
+from celery_dlx.policy.deadletter import EXPIRED_CAUSE, UNDECODABLE, UNKNOWN, DeadLetter, Rejected
 from celery_dlx.policy.decide import ToBury, ToPark, ToRequeue, decide
 
 
 @dict_init
 @dataclass(frozen=True)
 class BuryVerdict(MaybeAttempt):
-    """Bury: write an obituary with these facts.
-
-    ``failure.at_ms`` is the last failure's time (the obituary's ``last_failure_ms``);
-    ``history`` every failed run, ending with the burial; ``from_worker``: a worker decided it.
-    """
+    """Bury: write an obituary with these facts (``history``: every failed run, ending with the
+    burial; ``from_worker``: a worker decided it)."""
 
     failure: Failure
     history: tuple[HistoryEntry, ...]
@@ -56,11 +36,8 @@ class BuryVerdict(MaybeAttempt):
 @dict_init
 @dataclass(frozen=True)
 class ParkVerdict(MaybeAttempt):
-    """Park for ``delay`` seconds with ``state`` written into the copy's headers.
-
-    ``counted`` is False for a TTL expiry: the park budget and attempt count are left alone.
-    ``failure`` holds the facts of the ``parked`` fate event.
-    """
+    """Park for ``delay`` seconds with ``state`` in the copy's headers (``failure``: the event's
+    facts; ``counted`` False for a TTL expiry: budget and attempt left alone)."""
 
     delay: float
     state: DLXState
@@ -83,7 +60,7 @@ Verdict = BuryVerdict | ParkVerdict | RequeueVerdict
 def bury_from_record(
     letter: DeadLetter, record: CauseRecord, config: DLXConfig, now: int
 ) -> BuryVerdict:
-    """The burial a worker decided, with the cause it stashed (unknown fields from the letter)."""
+    """The burial a worker decided, with the cause it stashed (gaps filled from the letter)."""
     queue = record.queue or letter.queue
     task = record.task or letter.task
     failure = record.failure.but(
@@ -169,7 +146,7 @@ def _retry_failure(
     exc_message: str,
     reason: str,
 ) -> Failure:
-    """The facts of a park or requeue of ``letter``, its headers to become ``state``."""
+    """The facts of a park or requeue of ``letter`` with ``state``."""
     return Failure(
         task=letter.task,
         queue=letter.queue,
@@ -215,11 +192,8 @@ def _from_policy(letter: DeadLetter, config: DLXConfig, exc: BaseException, now:
 
 
 def worker_retry(letter: DeadLetter, config: DLXConfig) -> ParkVerdict | RequeueVerdict:
-    """The park or requeue a DLX worker decided and could not write (``letter.worker_fate``).
-
-    The copy carries the state after its failure (the attempt counted, the history written), so
-    the service writes it as it is: no second count, no second decision.
-    """
+    """The park or requeue a DLX worker decided and could not write (``letter.worker_fate``),
+    written as it is: its state is already after the failure (no second count or decision)."""
     state = letter.state
     fate = letter.worker_fate
     failure = _retry_failure(
@@ -251,18 +225,11 @@ def decide_letter(
     *,
     dlx_task: bool = False,
 ) -> Verdict:
-    """The fate of a dead letter.
+    """The fate of a dead letter at ``now`` (epoch ms).
 
-    Args:
-        letter: the dead letter as read by :func:`read_dead_letter`.
-        config: the app's settings (``dlx_queues`` policies, ``dlx_expired``...).
-        record: the worker's cause record for the message, if it stashed one: the worker decided
-            to bury, so the message is buried, never parked again.
-        now: epoch milliseconds.
-        dlx_task: the letter is a message of a task this app runs as a DLX task. Such a worker
-            rejects a message into the dead-letter exchange only to bury it (a park or requeue it
-            cannot write goes as a copy naming its fate), so a rejection without a record is a
-            burial whose record is missing: buried, never turned into a requeue.
+    ``record``, the worker's stashed cause, means the worker decided to bury. ``dlx_task``: the
+    letter's task runs as a DLX task here, whose worker rejects only to bury (a park or requeue
+    it cannot write goes as a copy naming its fate), so a rejection without a record is buried.
     """
     if record is not None:
         return bury_from_record(letter, record, config, now)
@@ -307,12 +274,11 @@ def build_obituary(
     if first is None:
         first = failures[0] if failures else verdict.last_failure_ms
     failure = verdict.failure.but(
-        # The letter's identity names the obituary and its replays, whatever a record said.
         message_id=letter.identity,
         queue=verdict.queue or letter.queue,
         attempt=verdict.attempt or 0,
         first_failure_ms=first,
-        # The worker's code version when its cause record says (the code that failed), else ours.
+        # The worker's when its record says (the code that failed).
         code_version=verdict.failure.code_version or code_version,
         hostname=verdict.hostname or hostname,
     )
@@ -324,7 +290,6 @@ def build_obituary(
         attempts=attempts,
         death_reason=letter.death_reason,
         x_death=list(letter.x_death),
-        # x-death is kept once, in x_death.
         headers={k: v for k, v in letter.headers.items() if k != "x-death"},
         properties=record_properties(letter.properties),
         exchange=letter.exchange,

@@ -1,16 +1,12 @@
-"""The worker's side of the per-cause breaker (``dlx_breaker``, :mod:`celery_dlx.policy.breaker`).
+"""The worker's side of the per-cause breaker (``dlx_breaker``, :mod:`celery_dlx.policy.breaker`),
+called only when the task has a breaker on its queue.
 
-Only called when the task has a breaker on its queue (``TaskOptions.breaker`` is not None): with
-none configured the failure path pays one None check and nothing else.
-
-* :func:`hold_failure`: a failure of a cause whose breaker is open becomes a *held* park: the copy
-  keeps the delivery's own attempt/requeue/park headers (no budget spent), carries
-  ``x-dlx-held`` (the cause) and ``x-dlx-holds`` (how many holds), and is parked due at the
-  breaker's verdict (the next probe time for the canary, ``now + hold`` for the rest). Its parking
-  entry is ``<message id>/held<n>:<attempt>``: each hold gets an entry of its own, so a held
-  copy held again before the drain deleted the previous entry is never mistaken for it.
-* :func:`close_breaker`: a held message that succeeds closes its breaker and makes the messages
-  it held due again, ``release_rate`` per second (the drain then republishes them).
+A failure of a cause whose breaker is open becomes a *held* park (:func:`hold_failure`): the copy
+keeps the delivery's attempt/requeue/park headers (no budget spent), carries ``x-dlx-held`` (the
+cause) and ``x-dlx-holds``, and is due at the breaker's verdict. Its parking entry is
+``<message id>/held<n>:<attempt>``, one per hold, so a copy held again before the drain deleted
+the previous entry is never mistaken for it. A held message that succeeds closes the breaker
+(:func:`close_breaker`).
 """
 
 from __future__ import annotations
@@ -34,11 +30,9 @@ class Held:
     """A failure held by an open breaker: the plan to carry out and what its copy carries."""
 
     plan: FailurePlan
-    #: Headers added to the parked copy.
     headers: dict[str, Any]
-    #: The parking entry's message id (``<message id>/held<n>``).
+    #: ``<message id>/held<n>``
     entry_message_id: str
-    #: This failure opened the breaker.
     opened: bool
     canary: bool
 
@@ -54,9 +48,8 @@ def hold_failure(
     task: str,
     retries: int,
 ) -> Held | None:
-    """Count this failure against its cause's breaker; a :class:`Held` when the breaker holds it,
-    None when the failure takes its ordinary fate (breaker closed, a permanent failure, or the
-    breaker's store failing: the budget is the safe side)."""
+    """Count this failure against its cause's breaker: a :class:`Held` when it holds it, else
+    None (closed, a permanent failure, or the store failing: the budget is the safe side)."""
     if classify(exc, policy) == "bury":
         return None
     holds = _int(delivery.headers.get(HOLDS_HEADER)) + 1
@@ -72,7 +65,7 @@ def hold_failure(
             task=task,
             exc_type=plan.exc_type,
         )
-    except Exception as err:  # Redis down or a breaker bug: never worse than no breaker
+    except Exception as err:  # never worse than no breaker
         logger.warning(
             "breaker of %s on %s unreachable (%r): the failure takes its ordinary fate",
             plan.cause,
@@ -137,7 +130,7 @@ def _int(value: object) -> int:
 
 def close_breaker(runtime: Runtime, queue: str, cause: str, release_rate: int) -> int:
     """Close the breaker of ``cause`` on ``queue`` and make its held messages due again,
-    ``release_rate`` per second from now; how many were released (0 when it was not open).
+    ``release_rate`` per second; how many were released (0 when it was not open).
 
     Raises:
         redis.RedisError: the store failed (the held messages still come back at their hold
@@ -160,7 +153,7 @@ def close_breaker(runtime: Runtime, queue: str, cause: str, release_rate: int) -
 
 
 def _entry(queue: str, entry_id: str) -> ParkedMessage:
-    """A parked entry known by id only (what ``Parking.release`` needs: its id and queue)."""
+    """A parked entry known by id only (all ``Parking.release`` needs)."""
     message_id, _, attempt = entry_id.rpartition(":")
     return ParkedMessage(
         message_id=message_id, attempt=int(attempt or 0), queue=queue, body=b"", parked_ms=0

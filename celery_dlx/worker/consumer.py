@@ -1,16 +1,15 @@
 """Worker consumer that keeps messages Celery would drop or dead-letter blindly.
 
-Celery acks a message whose body it cannot decode (it is lost) and rejects unknown or invalid
-task messages (dead-lettered by the broker, which crashes a RabbitMQ 3.10 queue when the message's
-``x-death`` is malformed). Under ``dlx_enabled`` these messages are buried by publishing a clean
-copy, with the reason, to the dead-letter exchange; then the original is acked.
+Celery acks a body it cannot decode (lost) and rejects unknown or invalid task messages (a
+malformed ``x-death`` then crashes a RabbitMQ 3.10 queue). Under ``dlx_enabled`` they are buried
+by publishing a clean copy with the reason to the dead-letter exchange, then acked.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from celery.utils.objects import Bunch
 
@@ -38,27 +37,7 @@ if TYPE_CHECKING:
 Message = Any
 
 
-class RawMessage(Protocol):
-    """What :func:`bury_raw` reads of a delivery (kombu's ``Message``, which worker code does
-    not name)."""
-
-    @property
-    def body(self) -> bytes | str | None: ...
-
-    @property
-    def headers(self) -> Mapping[str, object] | None: ...
-
-    @property
-    def properties(self) -> Mapping[str, object] | None: ...
-
-    @property
-    def content_type(self) -> str | None: ...
-
-    @property
-    def content_encoding(self) -> str | None: ...
-
-
-def bury_raw(app: Celery, message: RawMessage, queue: str, reason: str) -> bool:
+def bury_raw(app: Celery, message: Message, queue: str, reason: str) -> bool:
     """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
     runtime = get_runtime(app)
     headers = dict(message.headers or {})
@@ -100,9 +79,8 @@ class DLXConsumer(ConsumerHooks):
     """Celery's consumer with undecodable, unknown and invalid messages buried, not dropped."""
 
     def dlx_read_connection(self, connection: Any) -> Any:
-        # celery_dlx's frame reader on the consumer's own connection: a header py-amqp raises on
-        # (a 1969 timestamp, a name that is not UTF-8) would stop the worker, which Celery calls
-        # unrecoverable; and copies keep each header's field type.
+        # A header py-amqp raises on (a 1969 timestamp, a name not UTF-8) would stop the worker;
+        # celery_dlx's reader also keeps each header's field type for copies.
         return tolerant(connection)
 
     def dlx_task_handler(self, handler: Callable[..., object]) -> Callable[..., object]:
@@ -110,7 +88,6 @@ class DLXConsumer(ConsumerHooks):
             problem = (message.properties or {}).get(UNDECODABLE_PROPERTY)
             if problem is None:
                 return handler(message)
-            # Properties the frame reader could not decode: quarantined with their raw bytes.
             if self._bury_raw(message, f"undecodable: AMQP properties: {problem}"):
                 message.ack()
             else:
@@ -120,7 +97,6 @@ class DLXConsumer(ConsumerHooks):
         return on_task_received
 
     def _bury_raw(self, message: Message, reason: str) -> bool:
-        """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
         info = message.delivery_info or {}
         queue = (
             _queue_of(self, message) or info.get("routing_key") or self.app.conf.task_default_queue
@@ -137,7 +113,7 @@ class DLXConsumer(ConsumerHooks):
             divert_reject(message, lambda log, errors, requeue=False: message.requeue())
 
     def _mark_failed(self, message: Message, exc: Exception) -> None:
-        """Record FAILURE for a task message that can never run (no retry could decode it)."""
+        """Record FAILURE for a task message that can never run."""
         headers = message.headers if isinstance(message.headers, dict) else {}
         task_id = headers.get("id")
         if not task_id or not self.app.conf.result_backend:
@@ -165,8 +141,8 @@ class DLXConsumer(ConsumerHooks):
             message.reject(requeue=False)
 
     def dlx_unknown_message(self, message: Message) -> bool:
-        # Buried: acked here, without Celery's "Received and deleted unknown message" warning
-        # (the message was not deleted, and the quarantine line already said where it went).
+        # Acked here, without Celery's "Received and deleted unknown message" warning: it was not
+        # deleted, and the quarantine line said where it went.
         if self._bury_raw(message, "undecodable: not a Celery task message (no task header)"):
             message.ack_log_error(logger, getattr(self, "connection_errors", ()))
             return True

@@ -28,9 +28,8 @@ class Delivery:
 
 
 def read_delivery(task: Task[..., object], req: Any = None) -> Delivery:
-    """What the task's current request (``req``, default ``task.request``: the caller may have
-    it in hand already) says about its message (never raises: a malformed header becomes
-    ``Delivery.problem``)."""
+    """What ``req`` (default ``task.request``) says about its message; never raises: a malformed
+    header becomes ``Delivery.problem``."""
     if req is None:
         req = task.request
     headers = delivery_headers(req)

@@ -1,5 +1,4 @@
-"""The drainer as a worker bootstep: a :class:`~celery_dlx.drain.drainer.DrainerThread` for the
-worker's lifetime, started once the pool has forked its children."""
+"""The drainer as a worker bootstep."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ class DrainerStep(bootsteps.StartStopStep):
     """Worker bootstep running a :class:`DrainerThread` for the worker's lifetime."""
 
     name = "celery_dlx.worker.drainer"
-    # started once the pool has forked its children (they never see the thread)
+    # After the pool forks: its children never see the thread.
     requires = ("celery.worker.components:Pool",)
 
     def __init__(self, parent: WorkController, **kwargs: Any) -> None:

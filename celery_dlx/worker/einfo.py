@@ -1,6 +1,5 @@
-"""``LazyExceptionInfo``: billiard's ``ExceptionInfo`` of a handled failure, built when first read
-(:class:`celery_dlx.compat.billiard.LazyExceptionInfo`); and :func:`task_traceback`, the text of a
-failure as the task's author wants to read it."""
+"""``LazyExceptionInfo`` (re-exported) and :func:`task_traceback`, a failure's text as the task's
+author wants to read it."""
 
 from __future__ import annotations
 
@@ -27,10 +26,8 @@ def _plumbing(tb: TracebackType) -> bool:
 
 
 def task_traceback(exc: BaseException) -> str:
-    """``exc``'s traceback as Python prints it, from the task's own frames on: the frames of
-    celery_dlx and Celery that ran the task (and caught its failure) are left out, so a burial's
-    traceback does not read as a crash of either. A failure raised by them alone keeps them all.
-    """
+    """``exc``'s traceback from the task's own frames on, so a burial does not read as a crash
+    of celery_dlx or Celery; a failure raised by them alone keeps all frames."""
     first = exc.__traceback__
     while first is not None and _plumbing(first):
         first = first.tb_next

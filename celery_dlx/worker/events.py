@@ -1,18 +1,11 @@
 """Whether a worker sends task events now, for celery_dlx's fate events to follow.
 
-Celery sends its own task events only while the worker's event dispatcher is enabled for the
-``task`` group: ``celery worker -E``, ``worker_send_task_events``, or ``celery control
-enable_events`` (which Flower broadcasts every few seconds). celery_dlx's fate events
-(``task-requeued``, ``task-parked``...) follow the same switch in a worker
-(``dlx_events_follow_worker``, on by default), so a worker nobody monitors does not publish an
-event per failure:
-
-- the worker's main process tells the runtime how to read its switch
-  (:class:`TaskEventsStep`, a consumer bootstep: the dispatcher is made again on every
-  reconnection, so the switch reads the consumer's current one);
-- each DLX task request carries what the switch said when the worker received it
-  (:data:`TASK_EVENTS_KEY`, set by :class:`~celery_dlx.worker.request.DLXRequest`), so a run
-  in a pool process, which cannot see its parent's switch, knows it too.
+Celery sends task events only while the worker's dispatcher is enabled for the ``task`` group
+(``-E``, ``worker_send_task_events``, or ``celery control enable_events``, as Flower does). Fate
+events follow the same switch (``dlx_events_follow_worker``), so an unmonitored worker does not
+publish an event per failure. :class:`TaskEventsStep` (a consumer bootstep: the dispatcher is
+made again on each reconnection) tells the runtime how to read the switch; each request carries
+what it said (:data:`TASK_EVENTS_KEY`), for a run in a pool process, which cannot see it.
 """
 
 from __future__ import annotations
@@ -26,8 +19,8 @@ from celery_dlx.wiring.runtime import get_runtime
 if TYPE_CHECKING:
     from celery.worker.consumer import Consumer
 
-#: Key of a task request (its ``request_dict``, read in the run as ``task.request.<key>``): True
-#: when the worker that received it was sending task events.
+#: Key of a task request (``task.request.<key>`` in the run): True when the worker that received
+#: it was sending task events.
 TASK_EVENTS_KEY = "celery_dlx_task_events"
 
 

@@ -1,26 +1,19 @@
 """On the solo pool, a DLX task's ack is written on the event loop's next turn, not its next timer.
 
-Celery does not write ``basic.ack`` when a run ends: ``Request.acknowledge`` hands it to
-``Consumer.call_soon_ack``, that is kombu's ``Hub.call_soon``. On the solo pool the run happens
-on the loop's own thread, most often inside one of the loop's ready callbacks (kombu's transport
-reader schedules itself again with ``call_soon`` while the socket has data), and kombu's loop
-then polls without looking at what those callbacks scheduled (``Hub.create_loop``). The ack waits
-for the next event on a socket or the next timer, up to ten seconds. When a whole prefetch
-window's acks wait so, the broker sends nothing more and the worker sleeps with its backlog in
-the queue. ``benchmarks/solo_stall.py`` measured 20-53 tasks/s instead of some 2,500, each wait
-ten seconds long, with the window's ten acks queued.
+``Request.acknowledge`` hands ``basic.ack`` to kombu's ``Hub.call_soon``. On the solo pool the
+run happens on the loop's thread, usually inside a ready callback, and kombu's loop then polls
+without looking at what callbacks scheduled (``Hub.create_loop``): the ack waits for the next
+socket event or timer, up to ten seconds, and once a prefetch window's acks wait so the broker
+sends nothing more. ``benchmarks/solo_stall.py`` measured 20-53 tasks/s instead of some 2,500.
 
-The wake-up: a pipe of celery_dlx's own, registered with the worker's loop as a reader. A DLX
-task's ack (or reject) asked on the loop thread writes a byte to it, once per turn of the loop,
-so the loop's next poll returns at once and its next turn runs the ack. kombu's loop and Celery's
-ack are used as they are; the fix proposed upstream is in ``docs/upstream.md``.
+The wake-up: a pipe registered with the loop as a reader; a DLX task's ack (or reject) on the
+loop thread writes a byte to it, once per turn, so the next poll returns at once. The fix
+proposed upstream is in ``docs/upstream.md``.
 
-On the solo pool; and on every pool below kombu 5.7. Prefork's acks are asked for when a pool
-process's result is read, in the poll's own callbacks, whose ``call_soon`` runs on the next turn;
-the threads pool's come from its threads, as the settler's do (``celery_dlx.worker.settler``), and
-from kombu 5.7 on ``call_soon`` from another thread wakes the loop itself. Before 5.7 it does not
-(:func:`celery_dlx.compat.kombu.hub_wakes_for_other_threads`): such an ack waited up to ten seconds
-too, so there the pipe is written from those threads as well.
+Needed on the solo pool, and on every pool below kombu 5.7: there ``call_soon`` from another
+thread (the threads pool's acks, the settler's) does not wake the loop
+(:func:`celery_dlx.compat.kombu.hub_wakes_for_other_threads`), so those threads write the pipe
+too. Prefork's acks run in the poll's own callbacks and need no wake-up.
 """
 
 from __future__ import annotations
@@ -50,7 +43,7 @@ class Hub(Protocol):
     def remove_reader(self, fd: int) -> None: ...
 
 
-#: Attribute of an app holding its worker's :class:`LoopWake`, as the app holds its settler.
+#: Attribute of an app holding its worker's :class:`LoopWake`.
 _WAKE_ATTR = "_celery_dlx_loop_wake"
 
 
@@ -76,14 +69,13 @@ class LoopWake:
         self.armed = False
 
     def register(self, hub: Hub) -> None:
-        """Add the pipe to ``hub``'s readers (again after a reconnection reset the hub), from
-        the loop's thread."""
+        """Add the pipe to ``hub``'s readers (again after a reconnection), on the loop's thread."""
         self._thread = threading.get_ident()
         hub.add_reader(self._read_fd, self._on_readable)
 
     def nudge(self) -> None:
-        """Make the loop's next poll return at once (on the loop's thread; from another thread
-        only with ``other_threads``, else kombu's ``call_soon`` wakes the loop itself)."""
+        """Make the loop's next poll return at once (from other threads only with
+        ``other_threads``)."""
         if self.armed or (not self.other_threads and threading.get_ident() != self._thread):
             return
         self.armed = True

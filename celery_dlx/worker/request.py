@@ -1,10 +1,8 @@
 """``DLXRequest``: the worker's request of a DLX task (Celery's ``Task.Request``).
 
-Celery's own request, except for a run whose pool process handed its park or requeue over to the
-main process (:class:`celery_dlx.compat.HandedOver`): its message is acked by the main process's
-:class:`~celery_dlx.worker.settler.Settler` once the park is in Redis or the broker confirmed the
-requeued copy, not at once. On the solo pool, its ack (or reject) also wakes the worker's event
-loop (:mod:`celery_dlx.worker.loopwake`), so that kombu's loop writes it on its next turn.
+A run that handed its park or requeue over (:class:`celery_dlx.compat.HandedOver`) is acked by
+the :class:`~celery_dlx.worker.settler.Settler` once its copy is written; on the solo pool an ack
+or reject also wakes the event loop (:mod:`celery_dlx.worker.loopwake`).
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ from celery_dlx.worker.settler import ParkHandover, RequeueHandover, Settler, se
 
 
 class DLXRequest(NotifyingRequest):
-    """A task request whose handed-over park or requeue is settled by the worker's main
-    process, and which tells its run whether the worker sends task events
-    (:data:`~celery_dlx.worker.events.TASK_EVENTS_KEY`)."""
+    """A request whose handed-over copy the settler writes, telling its run whether the worker
+    sends task events (:data:`~celery_dlx.worker.events.TASK_EVENTS_KEY`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -34,7 +31,7 @@ class DLXRequest(NotifyingRequest):
         )
 
     def after_ack_or_reject(self) -> None:
-        """On the solo pool, make the loop write the ack or reject just queued on its next turn."""
+        """On the solo pool, make the loop write the ack or reject on its next turn."""
         wake = loop_wake_of(self.task.app)
         if wake is not None:
             wake.nudge()
@@ -44,9 +41,7 @@ class DLXRequest(NotifyingRequest):
     ) -> Any:
         exc = getattr(exc_info, "exception", None)
         if isinstance(exc, HandedOver) and isinstance(exc.handover, ParkHandover | RequeueHandover):
-            # Celery acks an Ignore (after its own bookkeeping): this request's acknowledge
-            # passes the handover on instead, once. A success never comes here, and runs
-            # Celery's own acknowledge.
+            # Celery acks an Ignore after its bookkeeping: this acknowledge hands over instead.
             handover = exc.handover
             divert_acknowledge(self, lambda: _hand_over(self, handover))
         return super().on_failure(
@@ -55,11 +50,9 @@ class DLXRequest(NotifyingRequest):
 
 
 def _hand_over(request: DLXRequest, handover: ParkHandover | RequeueHandover) -> None:
-    """``request.acknowledge()`` of a run that handed its park or requeue over: the settler writes
-    the copy, then acks the message through Celery's own ``acknowledge``."""
+    """``request.acknowledge()`` of a handed-over run: the settler writes the copy, then acks."""
     if request.acknowledged:
         return
-    # Without a running settler (it cannot happen: a pool process hands over only to one),
-    # an idle one writes the copy here and now.
+    # No running settler cannot happen (a pool hands over only to one): an idle one writes now.
     settler = settler_of(request.task.app) or Settler(request.task.app)
     settler.submit(request, handover)

@@ -16,11 +16,8 @@ if TYPE_CHECKING:
 class RetryPark(Park):
     """``self.retry()`` in a DLX task: park the message, under Celery's ``max_retries``.
 
-    Args:
-        countdown: seconds until the retry; None uses the task's backoff schedule.
-        message: what the park is for (the retried exception, if any).
-        call_args, call_kwargs: the arguments of the retry (``retry(args=..., kwargs=...)``);
-            None keeps the message's.
+    ``countdown`` None uses the task's backoff; ``call_args``/``call_kwargs`` None keep the
+    message's arguments.
     """
 
     #: The retry budget is Celery's max_retries, checked by DLXTask.retry, not dlx_max_parks.
@@ -47,8 +44,7 @@ def signature_error(
     args: Sequence[object],
     kwargs: Mapping[str, object],
 ) -> bool:
-    """True when ``exc`` is the TypeError of calling the task with arguments its signature
-    refuses: no retry can ever succeed."""
+    """True when ``exc`` is the TypeError of arguments the task's signature refuses."""
     if not isinstance(exc, TypeError):
         return False
     try:

@@ -1,31 +1,24 @@
-"""The pool's parent finishes the parks and requeues of its runs, in batches, and acks each
-original after.
+"""The pool's parent writes its runs' parks and requeues in batches, then acks each original.
 
-A run that fails into a park or a requeue decides its fate in the pool process and builds the
-copy there, but leaves the write to the worker's main process: it ends with a handover
-(:class:`ParkHandover`, :class:`RequeueHandover`: the copy and its fate event) that goes back
-with the run's result (:class:`celery_dlx.compat.HandedOver`). The main process's
-:class:`~celery_dlx.worker.request.DLXRequest` hands it to this :class:`Settler` instead of
-acking. A thread of the main process waits up to :data:`LINGER` after the first handover for
-others to join it, then writes whatever has arrived: the parks in one ``MULTI``/``EXEC`` (with their history entries and counters;
-``WAIT`` for the replicas ``dlx_redis_min_replicas`` asks for), the requeued copies published
-on one confirm-mode channel with their confirms pipelined (then their history and counters in
-one round trip), then it acks each original whose copy went in. So the pool process starts its
-next task while the copy is written, and a burst of failures costs one Redis round trip and one
-wait for confirms per batch instead of one per message.
+A run failing into a park or requeue decides and builds the copy in the pool process, then ends
+with a handover (:class:`ParkHandover`, :class:`RequeueHandover`) that goes back with its result
+(:class:`celery_dlx.compat.HandedOver`); the main process's
+:class:`~celery_dlx.worker.request.DLXRequest` gives it to the :class:`Settler` instead of
+acking. A settler thread waits up to :data:`LINGER` for others, then writes the batch: parks in
+one ``MULTI``/``EXEC`` (``WAIT`` for ``dlx_redis_min_replicas``), requeued copies on one
+confirm-mode channel with pipelined confirms. The pool process starts its next task meanwhile,
+and a burst of failures costs one Redis round trip and one confirm wait per batch, not per
+message.
 
-Guarantees, as for a copy written by the pool process: the original is acked only after its
-park is in Redis (and on the replicas asked for), or after the broker confirmed its requeued
-copy; a copy that cannot be written hands the original to the dead-letter path
-(``basic.reject(requeue=False)``: the DLX service applies the queue's policy), or back to its
-queue when its ``x-death`` is malformed. A worker that dies in between acks nothing: the broker
-redelivers the original (at least once; a park is idempotent per message id and attempt, a
-requeued copy may then run twice, as when the pool process published it and died before the
-ack).
+Guarantees, as for a copy the pool process writes: the original is acked only once its park is
+in Redis (and the replicas) or its copy is confirmed; a copy that cannot be written goes to the
+DLX service (:meth:`Settler._fall_back`). A worker that dies in between acks nothing: the broker
+redelivers the original (a park is idempotent per message id and attempt; a requeued copy may
+then run twice, as when a pool process dies before its ack).
 
-Used with the Redis delay backend on the prefork and threads pools (``dlx_parent_parks``, on by
-default); otherwise, and on the solo pool (whose runs block the event loop anyway), the run
-writes its copy before it ends, as before.
+Used with the Redis delay backend on the prefork and threads pools (``dlx_parent_parks``);
+otherwise, and on the solo pool (whose runs block the event loop anyway), the run writes its
+copy before it ends.
 """
 
 from __future__ import annotations
@@ -59,7 +52,7 @@ logger = logging.getLogger(__name__)
 #: Most parks written in one transaction.
 BATCH_LIMIT = 500
 #: How long the first park of a batch waits for others (seconds): a pool hands over about one
-#: failure per millisecond, and without the wait nearly every transaction carries one park.
+#: failure per millisecond; without the wait nearly every transaction carries one park.
 #: Counted gain (``benchmarks/tricks_io.py --part linger``, Redis ``EXEC`` calls per failure,
 #: medians of 3 rounds, prefork, prefetch 10): a flood of 5,000 parks (P10) takes 0.50
 #: transactions per failure with the wait against 0.96 without at ``-c 1`` (-48%), 0.52 against
@@ -69,15 +62,14 @@ BATCH_LIMIT = 500
 LINGER = 0.003
 #: Parks that end the wait early.
 BATCH_EARLY = 16
-#: Pools whose parks the settler writes (by their module's name): prefork's pool processes and
-#: the threads pool's threads hand theirs over.
+#: Pools (by module name) whose parks the settler writes.
 POOLS = ("prefork", "thread")
 
 
 @dataclass(frozen=True)
 class ParkHandover:
-    """What a pool process leaves to its parent for a park: the copy, its fate, and where the
-    original goes if the park fails (back to its queue when its ``x-death`` is malformed)."""
+    """A park left to the parent: the copy and its fate. ``requeue_on_failure`` (the original's
+    ``x-death`` is malformed) is read by nothing: a copy that fails goes to the DLX service."""
 
     message: ParkedMessage
     event: FateEvent
@@ -86,8 +78,7 @@ class ParkHandover:
 
 @dataclass(frozen=True)
 class RequeueHandover:
-    """What a pool process leaves to its parent for a requeue: the copy to publish at the tail
-    of the queue, its fate, and where the original goes if the broker does not confirm it."""
+    """A requeue left to the parent: the copy and its fate (as :class:`ParkHandover`)."""
 
     copy: Outgoing
     event: FateEvent
@@ -98,8 +89,8 @@ class RequeueHandover:
 Handover = ParkHandover | RequeueHandover
 
 
-#: Attribute of an app holding its worker's :class:`Settler`, as the app holds its runtime: set
-#: before the pool forks, so its processes know that their parent settles parks.
+#: Attribute of an app holding its worker's :class:`Settler`: set before the pool forks, so its
+#: processes know that their parent settles parks.
 _SETTLER_ATTR = "_celery_dlx_settler"
 
 
@@ -109,7 +100,7 @@ def hands_over(app: Celery) -> bool:
 
 
 def settler_of(app: Celery) -> Settler | None:
-    """The settler of ``app``'s worker (its running one in the main process), if it has one."""
+    """The settler of ``app``'s worker, if it has one."""
     settler: Settler | None = app.__dict__.get(_SETTLER_ATTR)
     return settler
 
@@ -117,17 +108,15 @@ def settler_of(app: Celery) -> Settler | None:
 class Settler:
     """Writes handed-over parks in batches on a thread of its own, then acks each original.
 
-    The acks go through Celery's own: ``Request.acknowledge`` schedules ``basic.ack`` on the
-    worker's event loop with ``Hub.call_soon``, which, called from this thread, wakes the loop
-    (as the acks of the threads pool's runs do; :func:`celery_dlx.compat.celery.
-    acknowledge_from_thread` says how). Asked from the loop thread itself, inside one of
-    its callbacks, the ack would wait for the loop's next event: up to a second, a prefetch slot
-    held all along (seen with a worker at prefetch 1 that had nothing else to do).
+    The acks go through Celery's ``Request.acknowledge``, whose ``Hub.call_soon`` called from
+    this thread wakes the loop (:func:`celery_dlx.compat.celery.acknowledge_from_thread`). From
+    inside a loop callback, the ack would wait for the loop's next event: up to a second, with a
+    prefetch slot held (seen at prefetch 1).
     """
 
     def __init__(self, app: Celery, hostname: str | None = None) -> None:
         self.app = app
-        #: the worker's node name: the fate events of the parks it writes name it
+        #: the worker's node name, named by the fate events it writes
         self.hostname = hostname
         self._pending: deque[tuple[Request, Handover]] = deque()
         self._wake = threading.Event()
@@ -150,7 +139,7 @@ class Settler:
 
     def submit(self, request: Request, handover: Handover) -> None:
         """Write ``handover``'s copy and ack ``request``'s message once it is in (any thread)."""
-        if not self._running:  # the worker is stopping: its pool's last results
+        if not self._running:  # stopping: the pool's last results
             self._settle([(request, handover)])
             return
         self._pending.append((request, handover))
@@ -175,9 +164,7 @@ class Settler:
                 self._settle(self._take(BATCH_LIMIT))
 
     def _settle(self, batch: list[tuple[Request, Handover]]) -> None:
-        """Write ``batch``'s parks in one transaction and publish its requeued copies with
-        pipelined confirms, then ack each original whose copy went in and hand the others to
-        the dead-letter path."""
+        """Write ``batch``'s copies, then ack each original whose copy went in."""
         if not batch:
             return
         runtime = get_runtime(self.app)
@@ -213,11 +200,9 @@ class Settler:
                 logger.exception("celery_dlx could not settle %s", handover.event.message_id)
 
     def _fall_back(self, request: Request, handover: Handover, err: BaseException) -> None:
-        """The copy could not be written: it goes to the DLX service naming its fate, which the
-        service writes once Redis or the broker answers again (as the pool process does), and the
-        original is acked. Not rejected into the dead-letter exchange: a DLX task's rejection
-        means a burial. When the broker refuses that copy too, the original goes back to its
-        queue."""
+        """The copy could not be written: as ``DLXTask._fallback``, it goes to the DLX service
+        naming its fate and the original is acked (a rejection would mean a burial); if the
+        broker refuses that too, the original goes back to its queue."""
         runtime = get_runtime(self.app)
         if isinstance(handover, ParkHandover):
             parked = handover.message
@@ -265,10 +250,9 @@ def note_pending(runtime: Runtime, event: FateEvent) -> None:
 
 
 def note_handed_over(runtime: Runtime, event: FateEvent) -> None:
-    """Mark the retry ``event`` announces as made, once its copy went to the DLX service: a
-    redelivery of the original (the broker lost its ack) is then acked unrun instead of given a
-    second retry, a second lineage. Best effort: without the marker a redelivery counts as a
-    crash, as before."""
+    """Mark the retry ``event`` announces as made (its copy went to the DLX service): a
+    redelivery of the original is then acked unrun, not given a second lineage. Best effort:
+    without the marker a redelivery counts as a crash."""
     try:
         runtime.causes.mark_copied(
             event.queue, event.message_id, event.attempt, event.extra.get("lineage", ANY_LINEAGE)
@@ -287,9 +271,8 @@ def _fill(
     indexed: Sequence[tuple[int, object]],
     write: Callable[[], list[BaseException | None]],
 ) -> None:
-    """Put ``write()``'s outcome of each of ``indexed`` (its place in the batch, its handover)
-    in its place in ``outcomes``; if ``write`` raises, its error for each: the settler's thread
-    must never die, and each message then falls back."""
+    """Put ``write()``'s outcome for each ``(place, handover)`` of ``indexed`` in ``outcomes``;
+    if it raises, its error for each (the thread must not die; each message falls back)."""
     try:
         written = write()
     except Exception as err:
@@ -320,7 +303,6 @@ class SettlerStep(bootsteps.StartStopStep):
         )
 
     def create(self, parent: WorkController) -> Settler:  # type: ignore[override]  # celery-stubs say None; Celery keeps what create returns as the step's obj
-        # Before the pool forks: its processes see that their parent settles parks.
         self.settler = Settler(parent.app, getattr(parent, "hostname", None))
         parent.app.__dict__[_SETTLER_ATTR] = self.settler
         return self.settler

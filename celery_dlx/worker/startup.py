@@ -1,5 +1,5 @@
-"""The worker's first word about celery_dlx: what it does in this worker (logged right after
-Celery's banner), and, with ``dlx_redis_required``, a refusal to start without Redis."""
+"""celery_dlx's lines after Celery's banner, and with ``dlx_redis_required`` a refusal to start
+without Redis."""
 
 from __future__ import annotations
 
@@ -20,11 +20,8 @@ logger = logging.getLogger("celery_dlx")
 
 
 class StartupStep(bootsteps.StartStopStep):
-    """Worker bootstep: log celery_dlx's lines and check Redis before the worker consumes.
-
-    A start that raises stops the worker (Celery logs it as unrecoverable and exits 1): what
-    ``dlx_redis_required`` asks for when Redis does not answer.
-    """
+    """Worker bootstep: log celery_dlx's lines and check Redis before the worker consumes (a
+    start that raises stops the worker with exit 1)."""
 
     name = "celery_dlx.worker.startup"
 
@@ -37,9 +34,6 @@ class StartupStep(bootsteps.StartStopStep):
             logger.info("%s", line)
         if runtime.config.redis_required:
             require_redis(runtime.ping_redis, runtime.config.redis_url)
-
-    def stop(self, parent: WorkController) -> None:
-        pass
 
 
 def require_redis(ping: Any, url: str) -> None:

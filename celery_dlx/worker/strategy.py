@@ -1,9 +1,8 @@
 """Worker strategy that tells a DLX task which queue its message came from.
 
-AMQP deliveries do not name their queue, and a routing key does not either when the queue is
-bound to a fanout or topic exchange. The worker's main process knows the consumer tag of each
-queue; this strategy writes the queue name into the delivery's headers before Celery builds the
-request, so the task can return a retry to exactly that queue.
+AMQP deliveries do not name their queue (nor does a fanout or topic routing key); the main
+process knows each queue's consumer tag, and writes the queue into the delivery's headers so a
+retry goes back to exactly that queue.
 """
 
 from __future__ import annotations
@@ -37,9 +36,8 @@ def dlx_strategy(
 ) -> Callable[..., object]:
     """Celery's default strategy, with the delivery's queue name added to its headers."""
     handler = default(task, app, consumer, **kwargs)
-    # Consumer tag to queue, as seen so far. kombu numbers its consumer tags from one counter
-    # per process, so a tag never names another queue later: a tag seen once stays right, and
-    # only a tag not seen yet (a new consumer, a reconnection) looks at the consumer again.
+    # kombu numbers consumer tags from one counter per process: a tag never names another queue
+    # later, so only a new tag looks at the consumer.
     queue_of_tag: dict[str, str] = {}
 
     def task_message_handler(

@@ -1,14 +1,12 @@
 """``DLXTask``: a Celery task whose failures become fates (requeued, parked or buried).
 
-The decision is :func:`celery_dlx.policy.decide.decide`; this module carries it out inside the worker
-child: a requeue publishes a confirmed copy at the tail of the same queue, a park stores the copy
-in Redis (both count as Celery retries: ``request.retries`` of the copy is one more), a burial
-stashes the cause for the DLX service and fails the run with the task's own exception, so Celery
-records FAILURE, calls errbacks and sends ``task_failure`` once, as without celery_dlx, and
-rejects the message into the queue's dead-letter exchange. A requeue or park ends the run as
-Celery's ``Ignore`` does (the original is acked), without making Celery build a traceback
-(:class:`celery_dlx.compat.RunSettled`). What to do is worked out first, without I/O
-(:func:`celery_dlx.policy.decide.plan_failure`); ``DLXTask._fail`` only carries it out.
+:func:`celery_dlx.policy.decide.plan_failure` decides without I/O; ``DLXTask._fail`` carries it
+out in the worker child. A requeue publishes a confirmed copy at the tail of the queue, a park
+stores it in Redis (both are Celery retries: the copy's ``request.retries`` is one more) and the
+run ends as ``Ignore`` does, without a traceback (:class:`celery_dlx.compat.RunSettled`). A
+burial stashes the cause for the DLX service and fails the run with the task's own exception
+(FAILURE, errbacks, ``task_failure`` once, as plain Celery), rejecting it into the dead-letter
+exchange.
 """
 
 from __future__ import annotations
@@ -83,12 +81,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-#: Attribute marking an exception whose failure celery_dlx turned into a fate (the same name as
-#: ``celery_dlx.integrations.sentry.HANDLED_ATTR``, which this layer cannot import).
+#: Marks an exception whose failure became a fate (``integrations.sentry.HANDLED_ATTR``, which
+#: this layer cannot import).
 HANDLED_FATE_ATTR = "__celery_dlx_fate__"
 
-#: Attribute of a run's request (``self.request``) holding celery_dlx's details of the run, until
-#: they are stored with the state they describe (``celery_dlx.results``).
+#: Attribute of ``self.request`` holding the run's details until stored (``celery_dlx.results``).
 DETAILS_ATTR = "dlx_details"
 
 #: Tasks with these name prefixes are never DLX tasks through the ``dlx_enabled`` flag.
@@ -96,7 +93,7 @@ INTERNAL_TASK_PREFIXES = ("celery.", "celery_dlx.")
 
 
 class Redelivered(Exception):
-    """The broker redelivered this message: the worker running it died or lost its connection."""
+    """The broker redelivered this message: its worker died or lost its connection."""
 
 
 def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
@@ -128,7 +125,7 @@ OWN_REDELIVERY_TTL = 86400
 
 @functools.cache
 def _settling_request(request_cls: object) -> bool:
-    """True when ``request_cls`` (a task's ``Request``) hands parks to the main process."""
+    """True when a task's ``Request`` hands parks to the main process."""
     from celery_dlx.worker.request import DLXRequest
 
     resolved = symbol_by_name(request_cls) if isinstance(request_cls, str) else request_cls
@@ -156,7 +153,7 @@ def _replayed(delivery: Delivery) -> str | None:
 
 
 def _refusals(app: Celery, fate: str) -> OutageLog:
-    """This process's outage log of refused writes of ``fate``: one line per outage and cause."""
+    """This process's outage log of refused writes of ``fate``."""
     return outage_log(app, f"_celery_dlx_refused_{fate}", logger, _REFUSED_WRITES[fate])
 
 
@@ -183,8 +180,7 @@ class DLXTask(TracerHook, _Task):
     """
 
     #: Ack only after the fate is settled; a crash redelivers the message (counted as an attempt).
-    # celery-types says bool for two of them; Celery's Task defaults them to None (read from the
-    # app's config), as AutoDLXTask does.
+    # None (AutoDLXTask) reads the app's config, as in Celery's Task; celery-types says bool.
     acks_late: bool | None = True  # type: ignore[assignment]
     reject_on_worker_lost: bool | None = True
     acks_on_failure_or_timeout: bool | None = False  # type: ignore[assignment]
@@ -197,7 +193,7 @@ class DLXTask(TracerHook, _Task):
     #: True on DLXTask (explicit opt-in); AutoDLXTask follows the ``dlx_enabled`` setting.
     _dlx_always = True
 
-    #: Resolved options per (config, queue), kept on each task class itself (see ``_options``).
+    #: Resolved options per (config, queue), on each task class itself (``_options``).
     _dlx_options_cache: ClassVar[dict[tuple[int, str], TaskOptions]]
 
     dlx_requeue_on: object = None
@@ -210,8 +206,7 @@ class DLXTask(TracerHook, _Task):
     dlx_breaker: object = None
 
     def _dlx_settles_runs(self) -> bool:
-        """The worker's tracer of this task ends requeued and parked runs without a traceback
-        (:class:`~celery_dlx.compat.celery.TracerHook`) when it runs as a DLX task."""
+        """Settled runs end without a traceback (:class:`~celery_dlx.compat.celery.TracerHook`)."""
         return self._dlx_enabled_for(self.app)
 
     @classmethod
@@ -241,10 +236,8 @@ class DLXTask(TracerHook, _Task):
     def push_request(self, *args: Any, **kwargs: Any) -> None:
         """Celery 5.5's ``Task.push_request``: the pushed request keeps the current one's fields.
 
-        Celery's ``Task.__call__`` pushes a request of its own (the args and kwargs of the call).
-        The tracer calls a task with a ``__call__`` of its own, as DLXTask has, after pushing the
-        run's request; before Celery 5.5 the ``super().__call__`` below then gave the task body an
-        empty request (id None, retries 0) in eager mode and in-process workers.
+        Before 5.5, ``Task.__call__`` (called by DLXTask's own ``__call__``) pushed an empty
+        request (id None, retries 0) over the run's in eager mode and in-process workers.
         """
         push_request_keeping_fields(self, *args, **kwargs)
 
@@ -381,9 +374,8 @@ class DLXTask(TracerHook, _Task):
             _refusals(self.app, "requeue-note").failed(err, "their redeliveries count as crashes")
 
     def _parked_before(self, runtime: Runtime, delivery: Delivery) -> bool:
-        """True when this redelivered message's failure was parked already: the broker lost the
-        ack that followed the park (it stopped, or the connection dropped). Its retry is the
-        parked copy; a second retry of the original would start a second lineage.
+        """True when this redelivered message's failure was parked already (the broker lost the
+        ack after the park): a second retry of the original would start a second lineage.
 
         Raises:
             redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
@@ -402,24 +394,18 @@ class DLXTask(TracerHook, _Task):
         if not follows(parked, entry.queue, delivery.state, delivery.queue):
             return False
         logger.info(
-            "%s[%s] attempt=%d queue=%s redelivered after its park was written (entry %s): acked "
-            "without a second retry",
-            self.name,
-            delivery.message_id,
-            delivery.state.attempt,
-            delivery.queue,
+            "%s redelivered after its park was written (entry %s): acked without a second retry",
+            self._who(delivery),
             entry_id,
         )
         return True
 
     def _first_run_of_copy(self, runtime: Runtime, delivery: Delivery) -> bool:
-        """False for a second copy of one retry step: a drain or the DLX service died between
-        the confirmed publish of a retry and its delete and published it again, or a worker's
-        copy and the one it handed to the DLX service (its publish failed after the broker
-        took it) both went out. Running it would run the failure once more than its budget, so
-        it is acked unrun. A step is the queue, the message, its attempt, its lineage (a replay
-        starts a new one) and its holds (a held copy runs again at the same attempt), not who
-        made the copy or when; Redis down: it runs (the safe side)."""
+        """False for a second copy of one retry step, acked unrun (it would run the failure past
+        its budget): a drain or the DLX service died between a retry's confirmed publish and its
+        delete, or a worker's copy and the one it handed to the DLX service both went out. A step
+        is queue, message, attempt, lineage (a replay starts one) and holds (a held copy runs
+        again at the same attempt), not who made the copy or when. Redis down: it runs."""
         state = delivery.state
         holds = delivery.headers.get(HOLDS_HEADER, 0)
         line = lineage(state, _replayed(delivery))
@@ -431,19 +417,15 @@ class DLXTask(TracerHook, _Task):
             return True
         if not first:
             logger.warning(
-                "%s[%s] attempt=%d queue=%s: a second copy of this retry (a drain or the DLX "
-                "service published it again after a crash); acked without running it",
-                self.name,
-                delivery.message_id,
-                state.attempt,
-                delivery.queue,
+                "%s: a second copy of this retry (a drain or the DLX service published it again "
+                "after a crash); acked without running it",
+                self._who(delivery),
             )
         return first
 
     def _retried_before(self, runtime: Runtime, delivery: Delivery) -> bool:
-        """True when this redelivered message's failure has its retry already: its copy went out,
-        was parked (and maybe drained since) or went to the DLX service, and the broker lost the
-        ack that followed (it restarted). That copy is its retry; a second one would start a
+        """True when this redelivered message's failure has its retry already (published, parked
+        or sent to the DLX service, then the broker lost the ack): a second one would start a
         second lineage and run the failure past its budget.
 
         Raises:
@@ -457,12 +439,8 @@ class DLXTask(TracerHook, _Task):
         )
         if copied:
             logger.info(
-                "%s[%s] attempt=%d queue=%s redelivered after its retry was made: acked without a "
-                "second retry",
-                self.name,
-                delivery.message_id,
-                delivery.state.attempt,
-                delivery.queue,
+                "%s redelivered after its retry was made: acked without a second retry",
+                self._who(delivery),
             )
         return copied
 
@@ -481,6 +459,11 @@ class DLXTask(TracerHook, _Task):
         _refusals(self.app, "redelivery").failed(err, why)
         time.sleep(STORE_WAIT)
         raise Reject(str(err), requeue=True)
+
+    def _who(self, delivery: Delivery) -> str:
+        """``name[id] attempt=N queue=Q``: how a fate's log line names the run."""
+        state = delivery.state
+        return f"{self.name}[{delivery.message_id}] attempt={state.attempt} queue={delivery.queue}"
 
     def _end_settled(self) -> NoReturn:
         """End a run whose fate is settled already, acking its message, without a traceback."""
@@ -518,19 +501,17 @@ class DLXTask(TracerHook, _Task):
                 plan = held.plan
         self._set_plan_details(delivery, plan)
         if plan.buried:
-            self._settle_burial(runtime, delivery, options, plan, einfo, exc)
+            self._settle_burial(runtime, delivery, options, plan, exc)
         event = self._fate_event(delivery, options, plan, held)
         handover = self._send_copy(runtime, delivery, plan, exc, event, held)
         self._mark_retry(plan.root, einfo)
-        if settles(tracer_of(self)):  # the worker runs it through that tracer
+        if settles(tracer_of(self)):
             raise RunSettled(handover) from None
-        # Under another tracer: without the failure as context, since Celery's tracer formats
-        # the Ignore's traceback (for a line it logs at INFO).
+        # Without the failure as context: Celery's tracer formats the Ignore's traceback.
         raise Ignore() from None
 
     def _close_breaker(self, runtime: Runtime, delivery: Delivery) -> None:
-        """A held message succeeded (the canary, usually): close its cause's breaker and
-        release the messages it held."""
+        """A held message (the canary, usually) succeeded: close its cause's breaker."""
         options = _options(self, runtime, delivery.queue)
         cause = delivery.headers.get(HELD_HEADER)
         if options.breaker is None or not cause:
@@ -539,8 +520,7 @@ class DLXTask(TracerHook, _Task):
             cause = cause.decode("utf-8", "replace")
         try:
             close_breaker(runtime, delivery.queue, str(cause), options.breaker.release_rate)
-        except Exception as err:  # the task succeeded; held messages still come back after
-            # their hold. No traceback for a task that succeeded: one line per outage.
+        except Exception as err:  # no traceback for a task that succeeded
             _refusals(self.app, "breaker").failed(err, "held messages come back after their hold")
 
     def _set_details(self, **details: Any) -> None:
@@ -548,8 +528,7 @@ class DLXTask(TracerHook, _Task):
         setattr(self.request, DETAILS_ATTR, details)
 
     def _stores_result(self, *, failure: bool) -> bool:
-        """Whether this run's state is stored: not when results are ignored, unless a failure
-        under ``store_errors_even_if_ignored``; never without a result backend."""
+        """Whether this run's state is stored (Celery's ignore_result rules)."""
         req = self.request
         if isinstance(self.backend, DisabledBackend):
             return False
@@ -557,9 +536,7 @@ class DLXTask(TracerHook, _Task):
         return not ignored or (failure and bool(self.store_errors_even_if_ignored))
 
     def _store_details(self, *, failure: bool) -> None:
-        """Store this run's details with the result backend, just before its state is stored
-        (RETRY by ``_mark_retry``, FAILURE or SUCCESS by Celery), so whoever reads the state can
-        read them."""
+        """Store this run's details just before its state, so whoever reads the state can too."""
         req = self.request
         details = getattr(req, DETAILS_ATTR, None)
         if not details or not self._stores_result(failure=failure):
@@ -591,36 +568,22 @@ class DLXTask(TracerHook, _Task):
         delivery: Delivery,
         options: TaskOptions,
         plan: FailurePlan,
-        einfo: ExceptionInfo | None,
         exc: BaseException,
     ) -> NoReturn:
-        """Stash the cause, then fail the run with the task's own exception, as plain Celery does:
-        FAILURE with that exception, errbacks and chord errors once; the message is rejected
-        into the dead-letter exchange (acks_late without acks_on_failure)."""
-        assert isinstance(plan.decision, ToBury)
-        published = self._bury(
-            runtime,
-            delivery,
-            options,
-            plan.decision.reason,
-            plan.exc_type,
-            plan.exc_message,
-            plan.cause,
-            einfo,
-            plan.at_ms,
-            plan.root,
-        )
+        """Stash the cause, then fail the run with the task's own exception, as plain Celery does
+        (FAILURE, errbacks and chord errors once); the message is rejected into the dead-letter
+        exchange (acks_late without acks_on_failure)."""
+        published = self._bury(runtime, delivery, options, plan)
         root = plan.root
-        # Celery and sentry-sdk's CeleryIntegration see the task's own exception now; the DLX
-        # service reports the burial once, with the obituary (integrations.sentry drops the rest).
+        # The DLX service reports the burial once, with the obituary (integrations.sentry drops
+        # what Celery and sentry-sdk's CeleryIntegration report of the task's own exception).
         with contextlib.suppress(AttributeError, TypeError):  # __slots__: cannot carry the mark
             setattr(root, HANDLED_FATE_ATTR, BURIED)
         if root is not exc:
             # Raised from here, it would print the fate request as its context.
             root.__suppress_context__ = True
         if published:
-            # In the graveyard's queue already: the original is acked, not rejected (a second
-            # dead letter), and the run fails for Celery all the same.
+            # Acked, not rejected (a second dead letter); the run fails for Celery all the same.
             self._fail_without_running(
                 root if isinstance(root, Exception) else RuntimeError(repr(root))
             )
@@ -637,11 +600,9 @@ class DLXTask(TracerHook, _Task):
         event: FateEvent,
         held: Held | None = None,
     ) -> Handover | None:
-        """Publish the copy at the tail (requeue) and record the fate, or store the copy in the
-        parking store (park, or a hold of an open breaker) and record the fate in the same Redis
-        round trip; or, where the worker's main process settles the runs' copies
-        (``celery_dlx.worker.settler``), return the park or requeue for it to write (and the
-        original is acked only then)."""
+        """Publish the requeued copy, or park it (a park, or a hold of an open breaker), with its
+        fate recorded; or return it for the main process's settler to write
+        (``celery_dlx.worker.settler``), which acks the original only then."""
         hand_over = self._hands_over()
         copy = celery_copy(
             self.request,
@@ -685,14 +646,11 @@ class DLXTask(TracerHook, _Task):
         return None
 
     def _hands_over(self) -> bool:
-        """True when this run's park or requeue goes to the worker's main process: it settles
-        them (``dlx_parent_parks``), runs this task's requests as :class:`DLXRequest`, and hears of
-        this run's end through celery_dlx's tracer."""
+        """True when the main process settles this run's copy: ``dlx_parent_parks``, a
+        :class:`DLXRequest` and celery_dlx's tracer."""
         return hands_over(self.app) and settles(tracer_of(self)) and _settling_request(self.Request)
 
     def _failure(self, delivery: Delivery, importance: str, **facts: Any) -> Failure:
-        """The worker's failure record of ``delivery``: built here for every fate (the facts each
-        shares: task, queue, message id, importance), with the fate's own ``facts``."""
         return Failure(
             task=self.name,
             queue=delivery.queue,
@@ -704,8 +662,7 @@ class DLXTask(TracerHook, _Task):
     def _burial(
         self, runtime: Runtime, delivery: Delivery, importance: str, **facts: Any
     ) -> Failure:
-        """:meth:`_failure` of a burial: it also names the host that decided it and the code
-        version that failed (the obituary's, see ``policy.verdicts.build_obituary``)."""
+        """:meth:`_failure` naming the deciding host and the failed code version (the obituary's)."""
         return self._failure(
             delivery,
             importance,
@@ -717,16 +674,13 @@ class DLXTask(TracerHook, _Task):
     def _fate_event(
         self, delivery: Delivery, options: TaskOptions, plan: FailurePlan, held: Held | None = None
     ) -> FateEvent:
-        # The plan's failure, with what only the worker knows (the message, the importance).
         failure = plan.failure.but(
             message_id=delivery.message_id,
             importance=options.importance,
             exc_message=plan.exc_message[:500],
         )
-        # The lineage of the delivery the retry is made from goes into the retry's marker.
         extra = {"lineage": lineage(delivery.state, _replayed(delivery))}
         if held is not None:
-            # The event (history, Flower, listeners) says the breaker opened, once, with the cause.
             extra["breaker"] = "opened" if held.opened else ("canary" if held.canary else "held")
         return FateEvent.of(plan.fate, failure, delay=plan.delay, extra=extra)
 
@@ -739,14 +693,10 @@ class DLXTask(TracerHook, _Task):
         event: FateEvent,
         err: Exception,
     ) -> None:
-        """The copy could not be stored or published: send it to the DLX service, naming its fate.
-
-        The service writes the park (or publishes the requeue) once Redis and the broker answer
-        again, so nothing is lost and nothing is decided twice; the original is then acked. Not
-        rejected into the dead-letter exchange: a DLX task's rejection means a burial. When the
-        broker refuses that copy too, the original goes back to its queue (its redelivery
-        counts as a crash, as the policy says).
-        """
+        """The copy could not be written: send it to the DLX service naming its fate, which
+        writes it once Redis and the broker answer (nothing lost, nothing decided twice), and ack
+        the original. Not rejected: a DLX task's rejection means a burial. If the broker refuses
+        this copy too, the original goes back to its queue (its redelivery counts as a crash)."""
         fate = plan.fate
         refusals = _refusals(self.app, fate)
         delay = plan.delay if fate == fates.PARKED else None
@@ -768,16 +718,13 @@ class DLXTask(TracerHook, _Task):
         runtime: Runtime,
         delivery: Delivery,
         options: TaskOptions,
-        reason: str,
-        exc_type: str,
-        exc_message: str,
-        cause: str,
-        einfo: ExceptionInfo | None,
-        at: int,
-        root: BaseException,
+        plan: FailurePlan,
     ) -> bool:
         """Stash the cause record of a burial; True when Redis refused it and the message was
         buried by publishing instead (it must then be acked, not rejected)."""
+        assert isinstance(plan.decision, ToBury)
+        reason, cause, at = plan.decision.reason, plan.cause, plan.at_ms
+        exc_type, exc_message = plan.exc_type, plan.exc_message
         failure = self._burial(
             runtime,
             delivery,
@@ -788,7 +735,7 @@ class DLXTask(TracerHook, _Task):
             exc_message=exc_message,
             reason=reason,
             # The task's failure from its own frames on (not celery_dlx's, nor Celery's).
-            traceback=task_traceback(root),
+            traceback=task_traceback(plan.root),
             first_failure_ms=delivery.state.first_failure_ms or at,
             at_ms=at,
         )
@@ -801,8 +748,7 @@ class DLXTask(TracerHook, _Task):
             if delivery.x_death_problem:  # published below in any case
                 refusals.failed(err)
             else:
-                # Rejected without its record, the message would reach the DLX service as a
-                # plain rejection: the decision to bury goes with the message instead.
+                # Rejected without its record, it would read as a plain rejection.
                 refusals.failed(err, "buried by publishing to the DLX service instead")
                 state = DLXState(
                     attempt=delivery.state.attempt + 1,
@@ -889,25 +835,18 @@ class DLXTask(TracerHook, _Task):
             raise Reject(err, requeue=requeue) from err
 
     def _publish_to_graveyard(self, runtime: Runtime, delivery: Delivery, reason: str) -> None:
-        # Never rejected into a dead-letter exchange (its x-death is malformed): back to its
-        # queue when the broker refuses the copy, to be tried again later.
+        # Never rejected (its x-death is malformed): back to its queue if the broker refuses.
         state = DLXState(attempt=delivery.state.attempt, queue=delivery.queue)
         self._send_to_graveyard(runtime, delivery, reason, state, requeue=True)
         # The DLX service logs (and alerts on) the burial itself, once, with the obituary.
         logger.warning(
-            "quarantined %s[%s] attempt=%d queue=%s reason=%s: sent to the graveyard",
-            self.name,
-            delivery.message_id,
-            delivery.state.attempt,
-            delivery.queue,
-            reason,
+            "quarantined %s reason=%s: sent to the graveyard", self._who(delivery), reason
         )
         raise Ignore()
 
     def _fail_without_running(self, exc: Exception) -> None:
-        """Result FAILURE and ``task_failure`` for a message buried by publishing (before its task
-        ran, or after it failed and Redis refused the cause record): the original is acked, so
-        Celery's own failure handling does not run."""
+        """FAILURE and ``task_failure`` for a message buried by publishing: its original is
+        acked, so Celery's own failure handling does not run."""
         req = self.request
         self._store_details(failure=True)
         try:
@@ -934,7 +873,6 @@ class DLXTask(TracerHook, _Task):
     def _mark_retry(self, exc: BaseException, einfo: ExceptionInfo | None) -> None:
         """Result state RETRY and the ``task_retry`` signal, as for Celery's own retry."""
         req = self.request
-        # No result backend: nothing to store (and no traceback to format for it).
         if self._stores_result(failure=False):
             self._store_details(failure=False)
             try:
@@ -961,11 +899,10 @@ class DLXTask(TracerHook, _Task):
             )
             runtime.record(FateEvent.of(fates.RECOVERED, failure))
             replayed = delivery.headers.get(REPLAYED_HEADER)
-            if replayed:  # the obituary it was replayed from is resolved
+            if replayed:
                 runtime.graveyard.resolve([str(replayed)], failure.at_ms or now_ms(), "success")
             _refusals(self.app, fates.RECOVERED).succeeded()
-        except Exception as err:  # the task succeeded; a history outage must not fail it
-            # Never a traceback for a task that succeeded; one line per outage, with counts.
+        except Exception as err:  # a history outage must not fail a task that succeeded
             _refusals(self.app, fates.RECOVERED).failed(err, "the task's success is not recorded")
 
 
@@ -983,13 +920,13 @@ class AutoDLXTask(DLXTask):
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         if cls._dlx_enabled_for(app):
-            for attr, value in (
-                ("acks_late", True),
-                ("reject_on_worker_lost", True),
-                ("acks_on_failure_or_timeout", False),
-                ("acks_on_failure", False),
-                ("acks_on_timeout", False),
-                ("Strategy", DLXTask.Strategy),
+            for attr in (
+                "acks_late",
+                "reject_on_worker_lost",
+                "acks_on_failure_or_timeout",
+                "acks_on_failure",
+                "acks_on_timeout",
+                "Strategy",
             ):
-                setattr(cls, attr, value)
+                setattr(cls, attr, getattr(DLXTask, attr))
         super().on_bound(app)
