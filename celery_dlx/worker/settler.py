@@ -68,12 +68,11 @@ POOLS = ("prefork", "thread")
 
 @dataclass(frozen=True)
 class ParkHandover:
-    """A park left to the parent: the copy and its fate. ``requeue_on_failure`` (the original's
-    ``x-death`` is malformed) is read by nothing: a copy that fails goes to the DLX service."""
+    """A park left to the parent: the copy and its fate (a copy that fails goes to the DLX
+    service)."""
 
     message: ParkedMessage
     event: FateEvent
-    requeue_on_failure: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,6 @@ class RequeueHandover:
 
     copy: Outgoing
     event: FateEvent
-    requeue_on_failure: bool = False
 
 
 #: What a pool process hands over to its parent.

@@ -629,13 +629,13 @@ class DLXTask(TracerHook, _Task):
                     cause=plan.cause,
                 )
                 if hand_over:
-                    return ParkHandover(parked, event, bool(delivery.x_death_problem))
+                    return ParkHandover(parked, event)
                 runtime.park_recorded(parked, event)
                 faults.point("worker.parked")
                 _refusals(self.app, plan.fate).succeeded()
                 return None
             if hand_over:
-                return RequeueHandover(copy, event, bool(delivery.x_death_problem))
+                return RequeueHandover(copy, event)
             runtime.publisher.publish(copy)
         except Exception as err:
             self._fallback(runtime, delivery, plan, copy, event, err)

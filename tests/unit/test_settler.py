@@ -105,14 +105,14 @@ def _event(fate: str, message_id: str) -> FateEvent:
     return FateEvent.of(fate, Failure(task="t", queue="q", message_id=message_id, attempt=1))
 
 
-def _park(message_id: str, requeue_on_failure: bool = False) -> ParkHandover:
+def _park(message_id: str) -> ParkHandover:
     message = ParkedMessage(message_id=message_id, attempt=1, queue="q", body=b"{}")
-    return ParkHandover(message, _event(PARKED, message_id), requeue_on_failure)
+    return ParkHandover(message, _event(PARKED, message_id))
 
 
-def _requeue(message_id: str, requeue_on_failure: bool = False) -> RequeueHandover:
+def _requeue(message_id: str) -> RequeueHandover:
     copy = Outgoing(body=b"{}", routing_key="q")
-    return RequeueHandover(copy, _event(REQUEUED, message_id), requeue_on_failure)
+    return RequeueHandover(copy, _event(REQUEUED, message_id))
 
 
 def _settle(runtime: FakeRuntime, handovers: list[Any], monkeypatch: Any) -> list[str | None]:
@@ -127,7 +127,7 @@ def test_parks_and_requeues_of_one_batch_are_written_once_each_and_acked_in_plac
     monkeypatch: Any,
 ) -> None:
     runtime = FakeRuntime(bad_parks={"p2"}, bad_copies={"r1"})
-    handovers = [_requeue("r1"), _park("p1"), _requeue("r2"), _park("p2", True), _requeue("r3")]
+    handovers = [_requeue("r1"), _park("p1"), _requeue("r2"), _park("p2"), _requeue("r3")]
     outcomes = _settle(runtime, handovers, monkeypatch)
     assert runtime.calls == [("park", ["p1", "p2"]), ("requeue", ["r1", "r2", "r3"])]
     assert runtime.nodes == ["w1@host", "w1@host"]  # their events name the worker
@@ -145,7 +145,7 @@ def test_a_write_that_raises_falls_back_for_its_own_kind_only(
     broken: str, monkeypatch: Any
 ) -> None:
     runtime = FakeRuntime(broken=broken)
-    outcomes = _settle(runtime, [_park("p1"), _requeue("r1", True), _park("p2")], monkeypatch)
+    outcomes = _settle(runtime, [_park("p1"), _requeue("r1"), _park("p2")], monkeypatch)
     assert outcomes == ["acked", "acked", "acked"]
     expected = [PARKED, PARKED] if broken == "park" else [REQUEUED]
     assert [m.headers[FATE_HEADER] for m in runtime.publisher.sent] == expected
