@@ -17,6 +17,8 @@ from celery_dlx.store.client import RedisClient, text
 from celery_dlx.store.errors import RetryPending
 from celery_dlx.store.history import COPIED_TTL_MS
 
+#: The value of a retry step's run marker once a run of it succeeded.
+RUN_DONE = "done"
 #: A retry marker's value while the copy is on its way to the DLX service (then its lineage).
 PENDING_MARK = "pending|"
 
@@ -83,6 +85,15 @@ class Causes:
         """Note that the copy ``step`` (message id, attempt, the time of the fate that made the
         copy) starts running; False when a run of it started before (a duplicate copy)."""
         return bool(self.client.set(self.keys.run(step), 1, nx=True, px=int(ttl_seconds * 1000)))
+
+    def finish_run(self, step: str, ttl_seconds: float) -> None:
+        """Note that a run of the copy ``step`` succeeded: a later copy of it is a duplicate
+        (:meth:`claim_run` says so) and a redelivered one too (:meth:`run_finished`)."""
+        self.client.set(self.keys.run(step), RUN_DONE, px=int(ttl_seconds * 1000))
+
+    def run_finished(self, step: str) -> bool:
+        """Whether a run of the copy ``step`` succeeded (:meth:`finish_run`)."""
+        return self.client.get(self.keys.run(step)) == RUN_DONE.encode()
 
     def take_requeue(self, message_id: str) -> bool:
         """Whether a requeue of ``message_id`` was noted (and forget it)."""

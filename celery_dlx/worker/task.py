@@ -152,6 +152,14 @@ def _replayed(delivery: Delivery) -> str | None:
     return None if found is None else str(found)
 
 
+def _step(delivery: Delivery) -> str:
+    """A retry step: queue, message, attempt, lineage and holds (``_first_run_of_copy``)."""
+    state = delivery.state
+    holds = delivery.headers.get(HOLDS_HEADER, 0)
+    line = lineage(state, _replayed(delivery))
+    return f"{delivery.queue}:{delivery.message_id}:{state.attempt}:{line}:{holds}"
+
+
 def _refusals(app: Celery, fate: str) -> OutageLog:
     """This process's outage log of refused writes of ``fate``."""
     return outage_log(app, f"_celery_dlx_refused_{fate}", logger, _REFUSED_WRITES[fate])
@@ -260,8 +268,10 @@ class DLXTask(TracerHook, _Task):
         if delivery.redelivered and not self._redelivery_was_asked(runtime, delivery):
             known = False
             try:
-                known = self._parked_before(runtime, delivery) or self._retried_before(
-                    runtime, delivery
+                known = (
+                    self._succeeded_before(runtime, delivery)
+                    or self._parked_before(runtime, delivery)
+                    or self._retried_before(runtime, delivery)
                 )
             except RetryPending as err:  # its copy is on its way to the DLX service
                 self._wait_for_store(runtime, delivery, err, PENDING_WAIT)
@@ -307,6 +317,8 @@ class DLXTask(TracerHook, _Task):
             )
             self._store_details(failure=False)
             self._record_recovery(runtime, delivery)
+            if delivery.state.attempt > 0:
+                self._finish_step(runtime, delivery)
         if HELD_HEADER in delivery.headers:
             self._close_breaker(runtime, delivery)
         return result
@@ -400,16 +412,37 @@ class DLXTask(TracerHook, _Task):
         )
         return True
 
+    def _succeeded_before(self, runtime: Runtime, delivery: Delivery) -> bool:
+        """True when a run of this redelivered retry's step succeeded already: a second copy
+        of the retry (a drain or the DLX service published it again) that its first worker lost
+        before running it, or this copy whose ack the broker lost. Counted as a crash, it would
+        be given a retry of its own and could be buried although its task succeeded.
+
+        Raises:
+            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
+        """
+        if delivery.state.attempt == 0 or not runtime.causes.run_finished(_step(delivery)):
+            return False
+        logger.info(
+            "%s redelivered after a run of this retry succeeded: acked without running it again",
+            self._who(delivery),
+        )
+        return True
+
+    def _finish_step(self, runtime: Runtime, delivery: Delivery) -> None:
+        """Note that this retry's step succeeded (:meth:`_succeeded_before`); best effort."""
+        try:
+            runtime.causes.finish_run(_step(delivery), runtime.config.cause_ttl)
+        except Exception:
+            logger.debug("could not note the success of %s", _step(delivery), exc_info=True)
+
     def _first_run_of_copy(self, runtime: Runtime, delivery: Delivery) -> bool:
         """False for a second copy of one retry step, acked unrun (it would run the failure past
         its budget): a drain or the DLX service died between a retry's confirmed publish and its
         delete, or a worker's copy and the one it handed to the DLX service both went out. A step
         is queue, message, attempt, lineage (a replay starts one) and holds (a held copy runs
         again at the same attempt), not who made the copy or when. Redis down: it runs."""
-        state = delivery.state
-        holds = delivery.headers.get(HOLDS_HEADER, 0)
-        line = lineage(state, _replayed(delivery))
-        step = f"{delivery.queue}:{delivery.message_id}:{state.attempt}:{line}:{holds}"
+        step = _step(delivery)
         try:
             first = runtime.causes.claim_run(step, runtime.config.cause_ttl)
         except Exception:

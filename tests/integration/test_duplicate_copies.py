@@ -172,3 +172,54 @@ def test_a_redelivered_original_waits_while_its_retry_is_on_its_way_to_the_servi
     assert list(runtime.history.read()) == []
     assert queue_depth(channel, f"dead-{uid}") == 0
     channel.close()
+
+
+def test_a_redelivered_copy_of_a_retry_that_succeeded_is_acked_unrun(
+    uid: str,
+    key_prefix: str,
+    broker: Any,
+    cleanup_queues: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A retry ran and succeeded; a second copy of it (a drain killed between its publish and
+    its delete) reached a worker that lost it unrun, and comes back redelivered. Counted as a
+    crash it would get a retry of its own, and could be buried though its task succeeded: it is
+    acked unrun."""
+    app = make_app(uid)
+    runtime = get_runtime(app)
+    runs = f"{{{key_prefix}}}:runs"
+
+    @app.task(name=f"count-{uid}")
+    def count(n: int) -> None:
+        runtime.redis.rpush(runs, n)
+
+    cleanup_queues.extend(queue_names(app))
+    queue = app.conf.task_default_queue
+    task_id = str(uuid.uuid4())
+    first = now_ms() - 5_000
+    headers = {
+        ATTEMPT_HEADER: 2,
+        HISTORY_HEADER: json.dumps([[first, "requeued", "c"], [first + 50, "requeued", "c"]]),
+        QUEUE_HEADER: queue,
+        FIRST_FAILURE_HEADER: first,
+    }
+    channel = broker.channel()
+    with worker(app):
+        count.apply_async((1,), task_id=task_id, headers=headers)
+        wait_until(lambda: runtime.redis.llen(runs) == 1, timeout=30, what="the retry's run")
+        wait_until(lambda: queue_depth(channel, queue) == 0, timeout=30, what="its ack")
+    count.apply_async((1,), task_id=task_id, headers=headers)  # the second copy
+    assert channel.basic_get(queue, no_ack=False) is not None  # taken, lost unrun
+    channel.basic_recover(requeue=True)
+    caplog.set_level(logging.INFO, logger="celery_dlx")
+    with worker(app):
+        wait_until(
+            lambda: "redelivered after a run of this retry succeeded" in caplog.text,
+            timeout=30,
+            what="the redelivered copy acked unrun",
+        )
+        wait_until(lambda: queue_depth(channel, queue) == 0, timeout=30, what="its ack")
+    assert runtime.redis.llen(runs) == 1
+    fates = [entry["fate"] for _, entry in runtime.history.read()]
+    assert "requeued" not in fates and "parked" not in fates, fates
+    channel.close()
