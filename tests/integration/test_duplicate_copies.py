@@ -147,8 +147,7 @@ def test_a_redelivered_original_waits_while_its_retry_is_on_its_way_to_the_servi
     channel = broker.channel()
     count.apply_async((1,), task_id=task_id)
     # A worker took it and died before its ack: the broker redelivers it (redelivered=True).
-    taken = channel.basic_get(queue, no_ack=False)
-    assert taken is not None
+    _take_unacked(channel, queue)
     channel.basic_recover(requeue=True)
     runtime.causes.mark_pending(queue, task_id, 1, lineage(DLXState(), None), 60)
     caplog.set_level(logging.INFO, logger="celery_dlx")
@@ -209,7 +208,7 @@ def test_a_redelivered_copy_of_a_retry_that_succeeded_is_acked_unrun(
         wait_until(lambda: runtime.redis.llen(runs) == 1, timeout=30, what="the retry's run")
         wait_until(lambda: queue_depth(channel, queue) == 0, timeout=30, what="its ack")
     count.apply_async((1,), task_id=task_id, headers=headers)  # the second copy
-    assert channel.basic_get(queue, no_ack=False) is not None  # taken, lost unrun
+    _take_unacked(channel, queue)  # taken, lost unrun
     channel.basic_recover(requeue=True)
     caplog.set_level(logging.INFO, logger="celery_dlx")
     with worker(app):
@@ -223,3 +222,13 @@ def test_a_redelivered_copy_of_a_retry_that_succeeded_is_acked_unrun(
     fates = [entry["fate"] for _, entry in runtime.history.read()]
     assert "requeued" not in fates and "parked" not in fates, fates
     channel.close()
+
+
+def _take_unacked(channel: Any, queue: str) -> None:
+    """Take the message just published to ``queue`` without acking it (as a worker that dies
+    before its ack): once ``basic_recover`` requeues it, it comes back redelivered."""
+    wait_until(
+        lambda: channel.basic_get(queue, no_ack=False) is not None,
+        timeout=30,
+        what="the published message",
+    )
