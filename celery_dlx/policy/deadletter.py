@@ -131,15 +131,19 @@ def letter_key(
     state: DLXState | None,
     replayed: str | None,
     delivery: str | None = None,
+    *,
+    fate: str | None = None,
 ) -> str:
     """The dedup key of one death, stable across its redeliveries unless ``delivery`` is given
-    (a message without a provable identity): then that delivery's."""
+    (a message without a provable identity): then that delivery's. ``fate``: the fate a worker
+    handed over with a copy it could not write (``x-dlx-fate``); that copy carries the headers
+    of the retry it becomes, so without it the retry's own death would read as handled."""
     if state is None:
         tail = "?"
     else:
         last = state.history[-1].at_ms if state.history else 0
         tail = f"{state.attempt}\x1f{last}"
-    parts = (queue, identity, tail, replayed or "")
+    parts = (queue, identity, tail, replayed or "", *((f"fate={fate}",) if fate else ()))
     raw = "\x1f".join((*parts, delivery) if delivery is not None else parts)
     return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
 
@@ -253,7 +257,7 @@ def read_dead_letter(
     death_reason = deaths[0].reason if deaths else (PUBLISHED if published else UNKNOWN)
     replayed = text_or_none(hdrs.get(REPLAYED_HEADER))
     if provable:
-        key = letter_key(queue, identity, state, replayed)
+        key = letter_key(queue, identity, state, replayed, fate=worker_fate)
     else:
         # Only a look-alike: when in doubt, keep both. The key is this delivery's.
         key = letter_key(queue, identity, state, replayed, delivery or uuid.uuid4().hex)

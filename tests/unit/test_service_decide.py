@@ -566,3 +566,33 @@ def test_a_requeue_the_worker_could_not_publish_is_requeued_as_it_is() -> None:
 def test_an_unreadable_fate_request_is_decided_as_any_letter(headers: dict[str, Any]) -> None:
     dl = letter({"x-death": [death()], **headers})
     assert dl.worker_fate is None and dl.death_reason == "rejected"
+
+
+def test_a_copy_handed_to_the_service_and_the_death_of_that_copy_are_two_letters() -> None:
+    """A worker that could not park attempt 3's retry sends the copy (carrying attempt 4's
+    headers) to the service naming its fate; when that retry dies in its turn, its dead letter
+    carries the same headers. Read as one letter, the death was acked as handled and lost."""
+    state = DLXState(
+        attempt=4, parks=1, history=(HistoryEntry(1_700_000_000_000, "parked", "c"),)
+    )
+    own = state_headers(state)
+    handed = read_dead_letter(
+        b'{"n": 1}',
+        {**own, "x-dlx-fate": "parked", "x-dlx-delay": "1.0", "x-dlx-queue": "billing"},
+        {"message_id": "m-1"},
+        routing_key="billing",
+    )
+    died = read_dead_letter(
+        b'{"n": 1}', {**own, "x-death": [death()]}, {"message_id": "m-1"}, routing_key="billing"
+    )
+    assert handed.worker_fate == "parked" and died.worker_fate is None
+    assert handed.key != died.key
+    # A redelivery of either is still that letter.
+    again = read_dead_letter(
+        b'{"n": 1}',
+        {**own, "x-death": [death()]},
+        {"message_id": "m-1"},
+        routing_key="billing",
+        redelivered=True,
+    )
+    assert again.key == died.key
