@@ -572,9 +572,7 @@ def test_a_copy_handed_to_the_service_and_the_death_of_that_copy_are_two_letters
     """A worker that could not park attempt 3's retry sends the copy (carrying attempt 4's
     headers) to the service naming its fate; when that retry dies in its turn, its dead letter
     carries the same headers. Read as one letter, the death was acked as handled and lost."""
-    state = DLXState(
-        attempt=4, parks=1, history=(HistoryEntry(1_700_000_000_000, "parked", "c"),)
-    )
+    state = DLXState(attempt=4, parks=1, history=(HistoryEntry(1_700_000_000_000, "parked", "c"),))
     own = state_headers(state)
     handed = read_dead_letter(
         b'{"n": 1}',
