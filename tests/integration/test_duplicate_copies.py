@@ -30,16 +30,7 @@ from tests.integration.helpers import queue_depth, wait_until
 def test_a_second_copy_of_one_retry_step_is_acked_without_running(
     uid: str, key_prefix: str, broker: Any, cleanup_queues: list[str]
 ) -> None:
-    app = make_app(uid)
-    runtime = get_runtime(app)
-    runs = f"{{{key_prefix}}}:runs"
-
-    @app.task(name=f"count-{uid}")
-    def count(n: int) -> None:
-        runtime.redis.rpush(runs, n)
-
-    cleanup_queues.extend(queue_names(app))
-    queue = app.conf.task_default_queue
+    app, runtime, count, runs, queue = _counting_app(uid, key_prefix, cleanup_queues)
     task_id = str(uuid.uuid4())
     at = now_ms()
 
@@ -66,16 +57,7 @@ def test_two_copies_of_one_retry_made_by_different_processes_run_once(
     written again after a crash) carry the same attempt and lineage but each its own fate time:
     still one step, run once. A copy of another lineage (the id reused by its publisher, with
     a first failure of its own) runs."""
-    app = make_app(uid)
-    runtime = get_runtime(app)
-    runs = f"{{{key_prefix}}}:runs"
-
-    @app.task(name=f"count-{uid}")
-    def count(n: int) -> None:
-        runtime.redis.rpush(runs, n)
-
-    cleanup_queues.extend(queue_names(app))
-    queue = app.conf.task_default_queue
+    app, runtime, count, runs, queue = _counting_app(uid, key_prefix, cleanup_queues)
     task_id = str(uuid.uuid4())
     first = now_ms() - 5_000
 
@@ -133,16 +115,7 @@ def test_a_redelivered_original_waits_while_its_retry_is_on_its_way_to_the_servi
     """Its worker handed the retry to the DLX service and lost the confirm with its connection:
     the original comes back redelivered. It waits in its queue (not counted as a crash, which
     would start a second lineage) until the service writes the copy, then is acked unrun."""
-    app = make_app(uid)
-    runtime = get_runtime(app)
-    runs = f"{{{key_prefix}}}:runs"
-
-    @app.task(name=f"count-{uid}")
-    def count(n: int) -> None:
-        runtime.redis.rpush(runs, n)
-
-    cleanup_queues.extend(queue_names(app))
-    queue = app.conf.task_default_queue
+    app, runtime, count, runs, queue = _counting_app(uid, key_prefix, cleanup_queues)
     task_id = str(uuid.uuid4())
     channel = broker.channel()
     count.apply_async((1,), task_id=task_id)
@@ -184,16 +157,7 @@ def test_a_redelivered_copy_of_a_retry_that_succeeded_is_acked_unrun(
     its delete) reached a worker that lost it unrun, and comes back redelivered. Counted as a
     crash it would get a retry of its own, and could be buried though its task succeeded: it is
     acked unrun."""
-    app = make_app(uid)
-    runtime = get_runtime(app)
-    runs = f"{{{key_prefix}}}:runs"
-
-    @app.task(name=f"count-{uid}")
-    def count(n: int) -> None:
-        runtime.redis.rpush(runs, n)
-
-    cleanup_queues.extend(queue_names(app))
-    queue = app.conf.task_default_queue
+    app, runtime, count, runs, queue = _counting_app(uid, key_prefix, cleanup_queues)
     task_id = str(uuid.uuid4())
     first = now_ms() - 5_000
     headers = {
@@ -232,3 +196,18 @@ def _take_unacked(channel: Any, queue: str) -> None:
         timeout=30,
         what="the published message",
     )
+
+
+def _counting_app(uid: str, key_prefix: str, cleanup_queues: list[str]) -> tuple[Any, ...]:
+    """A DLX app with one task that appends its argument to a list in Redis (its runs): the
+    app, its runtime, the task, the list's key and the app's queue."""
+    app = make_app(uid)
+    runtime = get_runtime(app)
+    runs = f"{{{key_prefix}}}:runs"
+
+    @app.task(name=f"count-{uid}")
+    def count(n: int) -> None:
+        runtime.redis.rpush(runs, n)
+
+    cleanup_queues.extend(queue_names(app))
+    return app, runtime, count, runs, app.conf.task_default_queue
