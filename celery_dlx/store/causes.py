@@ -10,6 +10,8 @@ so a redelivery of the original after a crash is not counted as a crash.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.lineage import same_lineage
 from celery_dlx.message.names import Keys
@@ -62,28 +64,35 @@ class Causes:
             return False
         return same_lineage(value, lineage)
 
-    def mark_pending(
-        self, queue: str, message_id: str, attempt: int, lineage: str, ttl_seconds: float
+    def mark_pending_many(
+        self, retries: Sequence[tuple[str, str, int, str]], ttl_seconds: float
     ) -> None:
-        """Note, before its publish, that the retry of ``message_id`` at ``attempt`` goes to
-        the DLX service and may exist whatever the publish says: :meth:`was_copied` raises
-        :class:`RetryPending` until the copy is written (its marker replaces this one) or
-        ``ttl_seconds`` pass. Never replaces a marker of a retry that exists."""
-        self.client.set(
-            self.keys.copied(queue, message_id, attempt),
-            PENDING_MARK + lineage,
-            px=int(ttl_seconds * 1000),
-            nx=True,
-        )
+        """Note, before their copies go out, that the retries ``(queue, message_id, attempt,
+        lineage)`` may exist whatever the publish says: :meth:`was_copied` raises
+        :class:`RetryPending` until each one's marker replaces its mark
+        (:meth:`mark_copied_many`, or the ``requeued`` history entry) or ``ttl_seconds`` pass.
+        Never replaces a marker of a retry that exists. One round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue, message_id, attempt, lineage in retries:
+            pipe.set(
+                self.keys.copied(queue, message_id, attempt),
+                PENDING_MARK + lineage,
+                px=int(ttl_seconds * 1000),
+                nx=True,
+            )
+        pipe.execute()
 
-    def mark_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> None:
-        """Note that the retry of ``message_id`` at ``attempt`` went to the DLX service, which
-        writes it: a redelivery of its original is then not given a second one."""
-        self.client.set(self.keys.copied(queue, message_id, attempt), lineage, px=COPIED_TTL_MS)
+    def mark_copied_many(self, retries: Sequence[tuple[str, str, int, str]]) -> None:
+        """Note that the retries ``(queue, message_id, attempt, lineage)`` exist (their copies
+        are out): a redelivery of an original is then not given a second one. One round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue, message_id, attempt, lineage in retries:
+            pipe.set(self.keys.copied(queue, message_id, attempt), lineage, px=COPIED_TTL_MS)
+        pipe.execute()
 
     def claim_run(self, step: str, ttl_seconds: float) -> bool:
-        """Note that the copy ``step`` (message id, attempt, the time of the fate that made the
-        copy) starts running; False when a run of it started before (a duplicate copy)."""
+        """Note that the retry step ``step`` (queue, message id, attempt, lineage, holds) starts
+        running; False when a run of it started before (a duplicate copy)."""
         return bool(self.client.set(self.keys.run(step), 1, nx=True, px=int(ttl_seconds * 1000)))
 
     def finish_run(self, step: str, ttl_seconds: float) -> None:

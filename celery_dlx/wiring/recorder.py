@@ -108,7 +108,10 @@ class FateRecorder:
         return outcomes
 
     def requeue_recorded_many(
-        self, requeues: Sequence[tuple[Outgoing, FateEvent]]
+        self,
+        requeues: Sequence[tuple[Outgoing, FateEvent]],
+        *,
+        unrecorded: Callable[[Sequence[FateEvent]], None] | None = None,
     ) -> list[BaseException | None]:
         """Publish a batch of requeued copies (a worker's main process settling what its pool
         handed over) on this process's confirm-mode channel, confirms pipelined, then record the
@@ -119,7 +122,8 @@ class FateRecorder:
             Per copy, None when the broker confirmed it (its fate then recorded: a failed record
             is logged, as in :meth:`record_settled`, since the copy is out), or the error that
             kept it out (nothing recorded: the caller hands the original to the dead-letter
-            path). Never raises.
+            path). Never raises. ``unrecorded`` is given the confirmed fates whose record
+            failed (their retry markers are missing).
         """
         if not requeues:
             return []
@@ -147,18 +151,22 @@ class FateRecorder:
             self._counted(len(done), counters_failed)
             if failed is not None:
                 self._unrecorded(done, failed)
+                if unrecorded is not None:
+                    unrecorded(done)
             else:
                 self._notify_many(done)
         return outcomes
 
-    def record_settled(self, event: FateEvent) -> None:
+    def record_settled(self, event: FateEvent) -> bool:
         """:meth:`record` a fate whose copy is already out (published or parked): a failure is
         logged, not raised, since failing the run now would dead-letter the original as well
-        and the message would live twice."""
+        and the message would live twice. False when it was not recorded."""
         try:
             self.record(event)
         except Exception as err:
             self._unrecorded([event], err)
+            return False
+        return True
 
     def record(self, event: FateEvent, *, history: bool = True) -> None:
         """Log one fate change, append and count it in one Redis round trip, notify listeners.

@@ -350,12 +350,15 @@ class Runtime:
         return bool(found[1]())
 
     def requeue_recorded_many(
-        self, requeues: Sequence[tuple[Outgoing, FateEvent]]
+        self,
+        requeues: Sequence[tuple[Outgoing, FateEvent]],
+        *,
+        unrecorded: Callable[[Sequence[FateEvent]], None] | None = None,
     ) -> list[BaseException | None]:
         """Publish a batch of requeued copies, confirms pipelined, then record the fates of those
         the broker confirmed: per copy, None when confirmed, or the error that kept it out.
-        Never raises."""
-        return self.recorder.requeue_recorded_many(requeues)
+        ``unrecorded`` is given the confirmed fates whose record failed. Never raises."""
+        return self.recorder.requeue_recorded_many(requeues, unrecorded=unrecorded)
 
     @contextlib.contextmanager
     def acting_for(self, node: str | None) -> Iterator[None]:
@@ -375,9 +378,10 @@ class Runtime:
         node: str | None = getattr(self._local, "node", None)
         return node
 
-    def record_settled(self, event: FateEvent) -> None:
-        """:meth:`record` a fate whose copy is already out (a failure is logged, not raised)."""
-        self.recorder.record_settled(event)
+    def record_settled(self, event: FateEvent) -> bool:
+        """:meth:`record` a fate whose copy is already out (a failure is logged, not raised):
+        False when it was not recorded."""
+        return self.recorder.record_settled(event)
 
     @property
     def history(self) -> roles.History:

@@ -36,11 +36,11 @@ from celery_dlx import faults
 from celery_dlx.compat.celery import acknowledge_from_thread, reject_from_thread, worker_pool_name
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.fate_copy import fate_copy
-from celery_dlx.message.lineage import ANY_LINEAGE
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.outages import OutageLog, outage_log
-from celery_dlx.wiring.runtime import Runtime, get_runtime
+from celery_dlx.wiring.runtime import get_runtime
+from celery_dlx.worker.marks import NotMarked, mark_made, mark_pending
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -177,11 +177,20 @@ class Settler:
                     lambda: runtime.park_recorded_many([(h.message, h.event) for _, h in parks]),
                 )
             if requeues:
-                _fill(
-                    outcomes,
-                    requeues,
-                    lambda: runtime.requeue_recorded_many([(h.copy, h.event) for _, h in requeues]),
-                )
+                try:
+                    mark_pending(runtime, [h.event for _, h in requeues])
+                except NotMarked as err:  # no copy out: each original goes back to its queue
+                    for i, _ in requeues:
+                        outcomes[i] = err
+                else:
+                    _fill(
+                        outcomes,
+                        requeues,
+                        lambda: runtime.requeue_recorded_many(
+                            [(h.copy, h.event) for _, h in requeues],
+                            unrecorded=lambda events: mark_made(runtime, events),
+                        ),
+                    )
         if any(outcomes[i] is None for i, _ in parks):
             faults.point("worker.parked")
             _refusals(self.app, PARKED).succeeded()
@@ -199,8 +208,9 @@ class Settler:
 
     def _fall_back(self, request: Request, handover: Handover, err: BaseException) -> None:
         """The copy could not be written: as ``DLXTask._fallback``, it goes to the DLX service
-        naming its fate and the original is acked (a rejection would mean a burial); if the
-        broker refuses that too, the original goes back to its queue."""
+        naming its fate and the original is acked (a rejection would mean a burial); if Redis
+        does not answer its pending mark (:mod:`celery_dlx.worker.marks`), or the broker refuses
+        that copy too, the original goes back to its queue."""
         runtime = get_runtime(self.app)
         if isinstance(handover, ParkHandover):
             parked = handover.message
@@ -213,7 +223,15 @@ class Settler:
         routed = fate_copy(
             copy, fate=fate, exchange=runtime.config.exchange, queue=queue, delay=delay
         )
-        note_pending(runtime, handover.event)
+        if not isinstance(err, NotMarked):
+            try:
+                mark_pending(runtime, [handover.event])
+            except NotMarked as unmarked:
+                err = unmarked
+        if isinstance(err, NotMarked):
+            refusals.failed(err, "originals go back to their queues until Redis answers")
+            reject_from_thread(request, requeue=True)
+            return
         try:
             runtime.publisher.publish(routed)
         except Exception:
@@ -222,41 +240,8 @@ class Settler:
             reject_from_thread(request, requeue=True)
             return
         refusals.failed(err, "sent to the DLX service, which writes it once it can")
-        note_handed_over(runtime, handover.event)
+        mark_made(runtime, [handover.event])
         acknowledge_from_thread(request)
-
-
-#: Seconds a retry handed to the DLX service without a confirm counts as pending (its original, if
-#: redelivered meanwhile, waits in its queue): past a broker restart and the service's backlog.
-PENDING_TTL = 120.0
-
-
-def note_pending(runtime: Runtime, event: FateEvent) -> None:
-    """Before a copy goes to the DLX service: mark its retry pending, so that a redelivery of the
-    original (its ack lost with the connection that lost the copy's confirm) waits until the
-    service writes the copy instead of starting a second lineage beside it. Best effort."""
-    try:
-        runtime.causes.mark_pending(
-            event.queue,
-            event.message_id,
-            event.attempt,
-            event.extra.get("lineage", ANY_LINEAGE),
-            PENDING_TTL,
-        )
-    except Exception:
-        logger.debug("could not mark the retry of %s pending", event.message_id, exc_info=True)
-
-
-def note_handed_over(runtime: Runtime, event: FateEvent) -> None:
-    """Mark the retry ``event`` announces as made (its copy went to the DLX service): a
-    redelivery of the original is then acked unrun, not given a second lineage. Best effort:
-    without the marker a redelivery counts as a crash."""
-    try:
-        runtime.causes.mark_copied(
-            event.queue, event.message_id, event.attempt, event.extra.get("lineage", ANY_LINEAGE)
-        )
-    except Exception:
-        logger.debug("could not mark the retry of %s as made", event.message_id, exc_info=True)
 
 
 def _refusals(app: Celery, fate: str) -> OutageLog:

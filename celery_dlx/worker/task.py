@@ -60,19 +60,18 @@ from celery_dlx.policy.breaker import HELD_HEADER
 from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.results import store_details
-from celery_dlx.store.errors import STORE_ERRORS, RetryPending
+from celery_dlx.store.errors import STORE_ERRORS, RetryPending, is_full
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
 from celery_dlx.worker.einfo import LazyExceptionInfo, task_traceback
+from celery_dlx.worker.marks import NotMarked, mark_made, mark_pending, patiently
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
 from celery_dlx.worker.settler import (
     Handover,
     ParkHandover,
     RequeueHandover,
     hands_over,
-    note_handed_over,
-    note_pending,
 )
 
 if TYPE_CHECKING:
@@ -118,6 +117,7 @@ PENDING_WAIT = (
     "redelivered messages wait in their queues until the DLX service writes the retries their "
     "workers handed to it"
 )
+CLAIM_WAIT = "retries wait in their queues until Redis (dlx_redis_url) answers their run's claim"
 
 #: Seconds a task's own ``Reject(requeue=True)`` is remembered until its redelivery arrives.
 OWN_REDELIVERY_TTL = 86400
@@ -141,6 +141,8 @@ _REFUSED_WRITES = {
     "breaker": "breaker closings (after a held task succeeded)",
     "requeue-note": "notes of a task's own Reject(requeue=True)",
     "redelivery": "look-ups of redelivered messages' retries",
+    "run-done": "notes of retries that succeeded",
+    "claim": "claims of retries' runs",
 }
 
 
@@ -265,6 +267,7 @@ class DLXTask(TracerHook, _Task):
                 # instead of leaving the result PENDING and a workflow waiting forever.
                 self._fail_without_running(MalformedHeader(delivery.problem))
                 raise
+        unrun = False
         if delivery.redelivered and not self._redelivery_was_asked(runtime, delivery):
             known = False
             try:
@@ -273,23 +276,25 @@ class DLXTask(TracerHook, _Task):
                     or self._parked_before(runtime, delivery)
                     or self._retried_before(runtime, delivery)
                 )
+                unrun = not known and self._never_ran(runtime, delivery)
             except RetryPending as err:  # its copy is on its way to the DLX service
                 self._wait_for_store(runtime, delivery, err, PENDING_WAIT)
             except STORE_ERRORS as err:  # waits in its queue until Redis answers (or ttl: a crash)
                 self._wait_for_store(runtime, delivery, err, REDIS_WAIT)
             if known:
                 self._end_settled()
-            self._fail(
-                runtime,
-                delivery,
-                Redelivered(
-                    "redelivered by the broker: the worker died or lost its connection mid-task"
-                ),
-                None,
-            )
+            if not unrun:
+                self._fail(
+                    runtime,
+                    delivery,
+                    Redelivered(
+                        "redelivered by the broker: the worker died or lost its connection mid-task"
+                    ),
+                    None,
+                )
         # A retried copy runs once (a redelivery has its own rules above).
         retried = delivery.state.attempt > 0 and not delivery.redelivered
-        if retried and not self._first_run_of_copy(runtime, delivery):
+        if retried and not unrun and not self._first_run_of_copy(runtime, delivery):
             self._end_settled()
         try:
             result = super().__call__(*args, **kwargs)
@@ -430,24 +435,40 @@ class DLXTask(TracerHook, _Task):
         return True
 
     def _finish_step(self, runtime: Runtime, delivery: Delivery) -> None:
-        """Note that this retry's step succeeded (:meth:`_succeeded_before`); best effort."""
+        """Note that this retry's step succeeded (:meth:`_succeeded_before`), waiting for Redis
+        a while; without the note a redelivered copy of the step counts as a crash."""
+        step, ttl = _step(delivery), runtime.config.cause_ttl
         try:
-            runtime.causes.finish_run(_step(delivery), runtime.config.cause_ttl)
-        except Exception:
-            logger.debug("could not note the success of %s", _step(delivery), exc_info=True)
+            if runtime.history_optional:
+                runtime.causes.finish_run(step, ttl)
+            else:
+                patiently(lambda: runtime.causes.finish_run(step, ttl))
+        except Exception as err:
+            _refusals(self.app, "run-done").failed(err, "a redelivered copy counts as a crash")
 
     def _first_run_of_copy(self, runtime: Runtime, delivery: Delivery) -> bool:
         """False for a second copy of one retry step, acked unrun (it would run the failure past
         its budget): a drain or the DLX service died between a retry's confirmed publish and its
         delete, or a worker's copy and the one it handed to the DLX service both went out. A step
         is queue, message, attempt, lineage (a replay starts one) and holds (a held copy runs
-        again at the same attempt), not who made the copy or when. Redis down: it runs."""
+        again at the same attempt), not who made the copy or when.
+
+        Every run of a retry claims its step first, so a redelivered copy whose step has no
+        claim never ran (:meth:`_never_ran`). Redis that does not answer is waited for; if it
+        still does not, the copy goes back to its queue unrun. A full Redis (or the ``ttl``
+        delay backend, where Redis is optional): it runs unclaimed."""
         step = _step(delivery)
         try:
-            first = runtime.causes.claim_run(step, runtime.config.cause_ttl)
-        except Exception:
-            logger.debug("could not note the run of %s", step, exc_info=True)
-            return True
+            if runtime.history_optional:
+                first = runtime.causes.claim_run(step, runtime.config.cause_ttl)
+            else:
+                first = patiently(lambda: runtime.causes.claim_run(step, runtime.config.cause_ttl))
+        except STORE_ERRORS as err:
+            if runtime.history_optional or is_full(err):
+                logger.debug("could not note the run of %s", step, exc_info=True)
+                return True
+            self._wait_for_store(runtime, delivery, err, CLAIM_WAIT, "claim")
+            return True  # not reached: _wait_for_store raises Reject
         if not first:
             logger.warning(
                 "%s: a second copy of this retry (a drain or the DLX service published it again "
@@ -455,6 +476,24 @@ class DLXTask(TracerHook, _Task):
                 self._who(delivery),
             )
         return first
+
+    def _never_ran(self, runtime: Runtime, delivery: Delivery) -> bool:
+        """True when this redelivered copy of a retry never started a run: no run claimed its
+        step (every run of a retry claims it first, :meth:`_first_run_of_copy`), so its worker
+        died, or its copy went back to its queue, before running it. It then runs as the
+        step's first run (claimed now) instead of counting as a crash.
+
+        Raises:
+            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
+        """
+        if delivery.state.attempt == 0 or runtime.history_optional:
+            return False
+        if not runtime.causes.claim_run(_step(delivery), runtime.config.cause_ttl):
+            return False
+        logger.info(
+            "%s redelivered before any run of it started: runs as its first", self._who(delivery)
+        )
+        return True
 
     def _retried_before(self, runtime: Runtime, delivery: Delivery) -> bool:
         """True when this redelivered message's failure has its retry already (published, parked
@@ -478,7 +517,12 @@ class DLXTask(TracerHook, _Task):
         return copied
 
     def _wait_for_store(
-        self, runtime: Runtime, delivery: Delivery, err: BaseException, why: str
+        self,
+        runtime: Runtime,
+        delivery: Delivery,
+        err: BaseException,
+        why: str,
+        kind: str = "redelivery",
     ) -> None:
         """Whether this redelivered message's retry exists is not known yet: Redis did not
         answer, or the retry's copy is on its way to the DLX service (:class:`RetryPending`).
@@ -489,7 +533,7 @@ class DLXTask(TracerHook, _Task):
         must."""
         if runtime.history_optional:
             return
-        _refusals(self.app, "redelivery").failed(err, why)
+        _refusals(self.app, kind).failed(err, why)
         time.sleep(STORE_WAIT)
         raise Reject(str(err), requeue=True)
 
@@ -669,14 +713,27 @@ class DLXTask(TracerHook, _Task):
                 return None
             if hand_over:
                 return RequeueHandover(copy, event)
+            mark_pending(runtime, [event])
             runtime.publisher.publish(copy)
+        except NotMarked as err:
+            self._requeue_unmarked(err, plan.fate)
         except Exception as err:
             self._fallback(runtime, delivery, plan, copy, event, err)
             return None
         _refusals(self.app, plan.fate).succeeded()
-        runtime.record_settled(event)
+        if not runtime.record_settled(event):
+            mark_made(runtime, [event])
         faults.point("worker.requeued")
         return None
+
+    def _requeue_unmarked(self, err: NotMarked, fate: str) -> NoReturn:
+        """Redis did not answer the pending mark of this failure's copy
+        (:mod:`celery_dlx.worker.marks`): no copy goes out, and the original goes back to its
+        queue, where its redelivery is counted as this failure once Redis answers."""
+        _refusals(self.app, fate).failed(
+            err, "originals go back to their queues until Redis answers"
+        )
+        raise Reject(str(err), requeue=True) from None
 
     def _hands_over(self) -> bool:
         """True when the main process settles this run's copy: ``dlx_parent_parks``, a
@@ -728,15 +785,19 @@ class DLXTask(TracerHook, _Task):
     ) -> None:
         """The copy could not be written: send it to the DLX service naming its fate, which
         writes it once Redis and the broker answer (nothing lost, nothing decided twice), and ack
-        the original. Not rejected: a DLX task's rejection means a burial. If the broker refuses
-        this copy too, the original goes back to its queue (its redelivery counts as a crash)."""
+        the original. Not rejected: a DLX task's rejection means a burial. If Redis does not
+        answer the copy's pending mark, or the broker refuses this copy too, the original goes
+        back to its queue (its redelivery counts as a crash)."""
         fate = plan.fate
         refusals = _refusals(self.app, fate)
         delay = plan.delay if fate == fates.PARKED else None
         routed = fate_copy(
             copy, fate=fate, exchange=runtime.config.exchange, queue=delivery.queue, delay=delay
         )
-        note_pending(runtime, event)
+        try:
+            mark_pending(runtime, [event])
+        except NotMarked as unmarked:
+            self._requeue_unmarked(unmarked, fate)
         try:
             runtime.publisher.publish(routed)
         except Exception as again:
@@ -744,7 +805,7 @@ class DLXTask(TracerHook, _Task):
             refusals.failed(err, "the broker refused the copy for the DLX service too")
             raise Reject(again, requeue=True) from None
         refusals.failed(err, "sent to the DLX service, which writes it once it can")
-        note_handed_over(runtime, event)
+        mark_made(runtime, [event])
 
     def _bury(
         self,

@@ -17,8 +17,7 @@ kind alone (good, flaky and accepted foreign messages are done, poison is buried
 ledger each run of a task writes itself (:mod:`tests.chaos.chaos_app`) must agree: every message
 expected done is done at least once and never buried; every poison message is buried exactly
 once, never done; no failure of a Celery task runs past its budget (the runs a kill cut short
-aside, and one run per death of celery_dlx's Redis in its life, which may also bury a flaky
-retry that succeeded: :func:`redis_died`, reported apart), and a foreign consumer's only by one
+aside, whatever dies, celery_dlx's own Redis included), and a foreign consumer's only by one
 run more per death of the service, the drain or the broker in its message's life (it cannot
 tell a second copy of a retry from the first); a
 message no chaos event touched (publish to end, see :func:`disturbed`) ran exactly as often as
@@ -160,8 +159,6 @@ class ChaosReport:
     violations: list[str] = field(default_factory=list)
     #: Failures run past their budget (no allowance), each with the events of its life.
     past_budget: list[str] = field(default_factory=list)
-    #: What the ledger let pass only because celery_dlx's Redis died in the message's life.
-    redis_tolerated: list[str] = field(default_factory=list)
     #: What was still parked when a run did not settle (see :func:`stuck_parked`).
     stuck_parked: list[str] = field(default_factory=list)
     by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -209,7 +206,6 @@ class ChaosReport:
         for kind, counts in sorted(self.by_kind.items()):
             out.append(f"  {kind:8} {json.dumps(counts, sort_keys=True)}")
         out.extend(f"  past budget: {line}" for line in self.past_budget)
-        out.extend(f"  tolerated, Redis died in its life: {line}" for line in self.redis_tolerated)
         out.extend(f"  still parked: {line}" for line in self.stuck_parked)
         if self.lost_ids:
             out.append(f"lost ids (first 20): {self.lost_ids[:20]}")
@@ -309,21 +305,6 @@ def logged_about(logdir: Path, message_ids: list[str], limit: int = 60) -> dict[
     return out
 
 
-def redis_died(start: float, end: float, events: list[P.Event]) -> int:
-    """How many restarts of celery_dlx's Redis (kill -9, AOF replayed) overlap ``start`` ..
-    ``end``. The markers that tell a redelivery or a second copy of a retry from a new failure
-    live in Redis: written while it is down they are missing, and the message may run once more
-    than its budget, or a retry that succeeded meanwhile be buried when a second copy of it
-    comes back redelivered (docs/reliability.md)."""
-    return sum(
-        1
-        for e in events
-        if e.action == P.RESTART_REDIS
-        and e.wall - DISTURB_MARGIN <= end
-        and max(e.until, e.wall) + DISTURB_MARGIN >= start
-    )
-
-
 def republishers_died(start: float, end: float, events: list[P.Event]) -> int:
     """How many processes that publish a foreign consumer's retries (the DLX service, the drain)
     or brokers died (kill -9, a crash point, a restart) within ``start`` .. ``end``: each may
@@ -373,20 +354,15 @@ def ledger_check(
         done = sum(1 for e in mine if e["outcome"] == "done")
         buried = len(burials.get(message.id, []))
         started = runs.get(message.id, 0)
-        redis_deaths = redis_died(start, end_of(message, mine, burials, start), events)
         if fate == "done":
             if done == 0:
                 violations.append(f"{message.id} ({message.kind}) never done")
             if buried:
                 report.good_buried += 1
-                line = (
+                violations.append(
                     f"{message.id} ({message.kind}, fails {message.fails}) buried {buried}x; "
                     f"{life_of(message, mine, burials, start, events)}"
                 )
-                if redis_deaths and not message.kind.startswith("good"):
-                    report.redis_tolerated.append(line)
-                else:
-                    violations.append(line)
         else:
             if buried != 1:
                 violations.append(f"{message.id} ({message.kind}) buried {buried}x, not once")
@@ -398,16 +374,10 @@ def ledger_check(
             # too). A foreign consumer cannot tell a second copy of one retry from the first:
             # each death of the service, the drain or the broker in its message's life may add
             # one run (at-least-once, DESIGN.md guarantee 1).
-            # celery_dlx's own Redis dying in its life may add one run (the markers are in Redis).
             failed = sum(1 for e in mine if e["outcome"] == "failed")
-            allowed = want_runs + redis_deaths
+            allowed = want_runs
             if message.kind.startswith("foreign"):
                 allowed += republishers_died(start, end_of(message, mine, burials, start), events)
-            elif want_runs < failed <= allowed:
-                report.redis_tolerated.append(
-                    f"{message.id} ({message.kind}) failed {failed}x > {want_runs}; "
-                    f"{life_of(message, mine, burials, start, events)}"
-                )
             if failed > want_runs:
                 report.past_budget.append(
                     f"{message.id} ({message.kind}) failed {failed}x > {want_runs}; "
@@ -417,8 +387,7 @@ def ledger_check(
                 violations.append(
                     f"{message.id} ({message.kind}) failed {failed}x, past its budget of "
                     f"{want_runs} ({started - len(mine)} run(s) cut short by a kill, "
-                    f"{allowed - want_runs} Redis, service, drain or broker death(s) in its "
-                    "life); "
+                    f"{allowed - want_runs} service, drain or broker death(s) in its life); "
                     f"{life_of(message, mine, burials, start, events)}"
                 )
         end = end_of(message, mine, burials, start)

@@ -8,9 +8,8 @@ the service and the foreign consumer with ``kill -9``, restarts Redis with ``kil
 and starts the RabbitMQ node; every crash point of :mod:`celery_dlx.faults` (each write of a
 park, a requeue, a settle and a drain) is armed in the process that reaches it. Three seeds, each
 its own run. Checked against the ledger the tasks write themselves: nothing lost, every poison
-message buried exactly once, no failure run past its budget except the runs a kill cut short
-(and one run per death of celery_dlx's Redis in the message's life, reported apart:
-docs/reliability.md), and every message no chaos touched run exactly as its kind says.
+message buried exactly once, no failure run past its budget except the runs a kill cut short,
+and every message no chaos touched run exactly as its kind says.
 """
 
 from __future__ import annotations

@@ -95,13 +95,13 @@ def test_a_retry_handed_to_the_service_without_a_confirm_is_pending_for_its_line
     from celery_dlx.store.errors import RetryPending
 
     causes = get_runtime(make_app(uid)).causes
-    causes.mark_pending("q", "m1", 1, ":100", 30)
+    causes.mark_pending_many([("q", "m1", 1, ":100")], 30)
     with pytest.raises(RetryPending):
         causes.was_copied("q", "m1", 1, ":100")
     assert causes.was_copied("q", "m1", 1, "replay-1:200") is False
-    causes.mark_copied("q", "m1", 1, ":100")
+    causes.mark_copied_many([("q", "m1", 1, ":100")])
     assert causes.was_copied("q", "m1", 1, ":100") is True
-    causes.mark_pending("q", "m1", 1, ":100", 30)
+    causes.mark_pending_many([("q", "m1", 1, ":100")], 30)
     assert causes.was_copied("q", "m1", 1, ":100") is True
 
 
@@ -122,7 +122,7 @@ def test_a_redelivered_original_waits_while_its_retry_is_on_its_way_to_the_servi
     # A worker took it and died before its ack: the broker redelivers it (redelivered=True).
     _take_unacked(channel, queue)
     channel.basic_recover(requeue=True)
-    runtime.causes.mark_pending(queue, task_id, 1, lineage(DLXState(), None), 60)
+    runtime.causes.mark_pending_many([(queue, task_id, 1, lineage(DLXState(), None))], 60)
     caplog.set_level(logging.INFO, logger="celery_dlx")
     with worker(app):
         wait_until(
@@ -133,7 +133,7 @@ def test_a_redelivered_original_waits_while_its_retry_is_on_its_way_to_the_servi
         time.sleep(2)  # it keeps waiting: neither run nor given a retry of its own
         assert runtime.redis.llen(runs) == 0
         assert list(runtime.history.read()) == []
-        runtime.causes.mark_copied(queue, task_id, 1, ANY_LINEAGE)  # the service wrote it
+        runtime.causes.mark_copied_many([(queue, task_id, 1, ANY_LINEAGE)])  # the service wrote it
         wait_until(
             lambda: "redelivered after its retry was made" in caplog.text,
             timeout=30,

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from kombu import Exchange, Queue
 
-from celery_dlx.message.headers import state_headers
+from celery_dlx.message.headers import DLXState, state_headers
 from celery_dlx.store.graveyard import Filters
 from celery_dlx.wiring.runtime import get_runtime
 from tests.chaos.servers import own_redis
@@ -226,8 +227,10 @@ def test_a_redelivered_original_waits_in_its_queue_while_redis_cannot_say_if_its
     uid: str, tmp_path: Path, redis_client: Any, broker: Any
 ) -> None:
     """As above, with celery_dlx's Redis down when the original comes back: counted as a crash
-    it would get a second retry (a second lineage). It waits in its queue instead, while the
-    retry runs; once Redis is back, the marker is read and the original acked unrun."""
+    it would get a second retry (a second lineage). It waits in its queue instead, and so does
+    the retry, whose run cannot claim its step (run unclaimed, a second copy of it could run
+    too); once Redis is back, the retry runs once, the marker is read and the original acked
+    unrun."""
     names = Names(uid)
     with own_redis(tmp_path / "redis") as server:
         first = start_worker(
@@ -247,16 +250,22 @@ def test_a_redelivered_original_waits_in_its_queue_while_redis_cannot_say_if_its
             server.kill()
             second = start_worker(names, server.url, tmp_path / "second.log", concurrency=1)
             wait_for(
-                lambda: redis_client.hget(names.done_at, "s0") is not None,
-                "the retry's success while Redis is down",
+                lambda: "wait in their queues until Redis (dlx_redis_url) answers" in second.text(),
+                "the original waiting",
                 60,
             )
             wait_for(
-                lambda: "wait in their queues until Redis (dlx_redis_url) answers" in second.text(),
-                "the original waiting",
-                30,
+                lambda: "answers their run's claim" in second.text(),
+                "the retry waiting for its claim",
+                60,
             )
+            assert redis_client.hget(names.done_at, "s0") is None  # not run while Redis is down
             server.start()
+            wait_for(
+                lambda: redis_client.hget(names.done_at, "s0") is not None,
+                "the retry's success once Redis is back",
+                60,
+            )
             wait_for(
                 lambda: "redelivered after its retry was made" in second.text(),
                 "the original acked unrun",
@@ -419,3 +428,86 @@ def test_a_park_sent_to_the_service_whose_write_did_land_is_parked_once(
     BatchSettler(app, runtime=runtime).settle([message])
     message.ack()
     assert [e.entry_id for e in runtime.parking.peek()] == [parked.entry_id]
+
+
+def test_a_redelivered_retry_that_never_ran_runs_as_its_first(
+    uid: str, tmp_path: Path, redis_client: Any, broker: Any
+) -> None:
+    """A retry's copy comes back redelivered before any run of it started (the consumer that
+    took it died): no run claimed its step, so it runs as the step's first run. Counted as a
+    crash, it would spend a run of its budget that never ran."""
+    names = Names(uid)
+    with own_redis(tmp_path / "redis") as server:
+        app = make_storm_app(uid, server.url)
+        state = DLXState().after_failure(
+            fate="requeued", at_ms=1_000, cause="c", queue=names.work, exc_type="ConnectionError"
+        )
+        app.send_task(
+            "storm.shaky", ("s0",), task_id=f"s0-{uid}", headers=dict(state_headers(state))
+        )
+        channel = broker.channel()
+        inbox = Queue(names.work, Exchange(""), routing_key=names.work)(channel)
+        taken = wait_for(lambda: inbox.get(no_ack=False), "the retry's copy", 10)
+        assert not taken.delivery_info.get("redelivered")
+        channel.close()  # unacked: the broker redelivers it
+        worker = start_worker(names, server.url, tmp_path / "worker.log", concurrency=1)
+        try:
+            wait_for(
+                lambda: redis_client.hget(names.done_at, "s0") is not None,
+                "the retry's success",
+                60,
+            )
+        finally:
+            worker.stop()
+        text = worker.text()
+        # Its run failed (shaky's first run), was requeued, and the next one succeeded.
+        assert ledger(redis_client, names)["s0"]["runs"] == 2.0, text[-3000:]
+        assert "redelivered before any run of it started: runs as its first" in text, text[-3000:]
+        assert "Redelivered" not in text, text[-3000:]
+
+
+def test_no_requeued_copy_goes_out_while_redis_cannot_mark_it_pending(
+    uid: str, tmp_path: Path, redis_client: Any, broker: Any
+) -> None:
+    """Redis is down when a run fails into a requeue: the copy does not go out (the worker
+    would die after its publish, the ``worker.requeued`` crash point, and the redelivered
+    original, with no marker to find, would start a second lineage beside the copy). The
+    original goes back to its queue and waits; once Redis answers, its redelivery counts as
+    this failure, and the message runs exactly twice (the failure, the retry's success)."""
+    names = Names(uid)
+    with own_redis(tmp_path / "redis") as server:
+        server.kill()
+        worker = start_worker(
+            names,
+            server.url,
+            tmp_path / "first.log",
+            concurrency=1,
+            DLX_FAULT="worker.requeued@1",
+            DLX_FAULT_LOG=str(tmp_path / "faults.log"),
+        )
+        second = None
+        try:
+            wait_for(lambda: _ready(worker), "the worker", 60)
+            make_storm_app(uid, server.url).send_task("storm.shaky", ("s0",), task_id=f"s0-{uid}")
+            wait_for(
+                lambda: "originals go back to their queues until Redis answers" in worker.text(),
+                "the original sent back",
+                60,
+            )
+            assert worker.alive, worker.text()[-3000:]  # no copy went out, no crash point
+            server.start()
+            # Once Redis answers, the redelivery's copy goes out and the crash point fires.
+            wait_for(lambda: not worker.alive, "the crash after the requeue", 60)
+            second = start_worker(names, server.url, tmp_path / "second.log", concurrency=1)
+            wait_for(
+                lambda: redis_client.hget(names.done_at, "s0") is not None,
+                "the retry's success",
+                60,
+            )
+            wait_for(lambda: queue_depth(broker.channel(), names.work) == 0, "an empty queue", 30)
+        finally:
+            worker.stop()
+            if second is not None:
+                second.stop()
+        text = worker.text() + (second.text() if second else "")
+        assert ledger(redis_client, names)["s0"]["runs"] == 2.0, text[-6000:]

@@ -8,11 +8,12 @@ Pure unit tests: the runtime and the requests are stand-ins recording what they 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
 from celery_dlx.errors import PublishError
@@ -21,6 +22,7 @@ from celery_dlx.message.failure import Failure
 from celery_dlx.message.names import DELAY_HEADER, FATE_HEADER
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.worker import marks
 from celery_dlx.worker import settler as settler_module
 from celery_dlx.worker.settler import ParkHandover, RequeueHandover, Settler
 
@@ -51,9 +53,33 @@ class FakePublisher:
         self.sent.append(message)
 
 
+class FakeCauses:
+    """Records the retry marks; every mark raises as Redis that does not answer when ``down``."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, list[str]]] = []
+        self.down = False
+
+    def _mark(self, kind: str, retries: Sequence[tuple[str, str, int, str]]) -> None:
+        if self.down:
+            raise redis.ConnectionError("redis down")
+        self.marks.append((kind, [message_id for _, message_id, _, _ in retries]))
+
+    def mark_pending_many(
+        self, retries: Sequence[tuple[str, str, int, str]], ttl_seconds: float
+    ) -> None:
+        self._mark("pending", retries)
+
+    def mark_copied_many(self, retries: Sequence[tuple[str, str, int, str]]) -> None:
+        self._mark("made", retries)
+
+
 class FakeRuntime:
     """Parks fail for the message ids in ``bad_parks``, publishes for ``bad_copies``;
-    ``broken`` makes the named write raise as a whole."""
+    ``broken`` makes the named write raise as a whole; ``unrecorded`` names the confirmed
+    requeues whose record fails."""
+
+    history_optional = False
 
     def __init__(
         self,
@@ -67,6 +93,8 @@ class FakeRuntime:
         self.nodes: list[str | None] = []
         self.config = SimpleNamespace(exchange="celery_dlx")
         self.publisher = FakePublisher()
+        self.causes = FakeCauses()
+        self.unrecorded: set[str] = set()
         self.resets = 0
 
     def reset_publisher(self) -> None:
@@ -90,15 +118,23 @@ class FakeRuntime:
         ]
 
     def requeue_recorded_many(
-        self, requeues: Sequence[tuple[Outgoing, FateEvent]]
+        self,
+        requeues: Sequence[tuple[Outgoing, FateEvent]],
+        *,
+        unrecorded: Callable[[Sequence[FateEvent]], None] | None = None,
     ) -> list[BaseException | None]:
         self.calls.append(("requeue", [e.message_id for _, e in requeues]))
         self.nodes.append(self.node)
         if self.broken == "requeue":
             raise ConnectionError("broker down")
-        return [
+        outcomes: list[BaseException | None] = [
             PublishError("nacked") if e.message_id in self.bad_copies else None for _, e in requeues
         ]
+        missing = [e for (_, e), o in zip(requeues, outcomes, strict=True) if o is None]
+        missing = [e for e in missing if e.message_id in self.unrecorded]
+        if missing and unrecorded is not None:
+            unrecorded(missing)
+        return outcomes
 
 
 def _event(fate: str, message_id: str) -> FateEvent:
@@ -158,3 +194,35 @@ def test_a_copy_the_broker_refuses_too_goes_back_to_its_queue(monkeypatch: Any) 
     outcomes = _settle(runtime, [_park("p1"), _requeue("r1")], monkeypatch)
     assert outcomes == ["requeued", "acked"]
     assert runtime.resets == 1
+
+
+def test_requeued_copies_go_out_only_after_their_retries_are_marked_pending(
+    monkeypatch: Any,
+) -> None:
+    """A redelivery of an original whose copy went out (its ack lost) then waits for the
+    marker instead of starting a second lineage; a copy whose record failed is marked made."""
+    runtime = FakeRuntime(broken="park")
+    runtime.unrecorded = {"r2"}
+    outcomes = _settle(runtime, [_requeue("r1"), _park("p1"), _requeue("r2")], monkeypatch)
+    assert outcomes == ["acked"] * 3
+    assert runtime.causes.marks == [
+        ("pending", ["r1", "r2"]),  # before the requeue batch's publish
+        ("made", ["r2"]),  # its history entry (which carries the marker) was refused
+        ("pending", ["p1"]),  # p1's park failed: marked before its copy goes to the service
+        ("made", ["p1"]),
+    ]
+
+
+def test_without_an_answer_from_redis_no_copy_goes_out_and_originals_go_back(
+    monkeypatch: Any,
+) -> None:
+    """Redis does not answer the pending mark: nothing is published (no copy without its mark)
+    and each original goes back to its queue, where its redelivery counts as this failure."""
+    monkeypatch.setattr(marks, "STORE_PATIENCE", 0.3)
+    monkeypatch.setattr(marks.patiently, "__defaults__", (0.3,))
+    runtime = FakeRuntime(broken="park")
+    runtime.causes.down = True
+    outcomes = _settle(runtime, [_park("p1"), _requeue("r1")], monkeypatch)
+    assert outcomes == ["requeued", "requeued"]
+    assert runtime.publisher.sent == []
+    assert runtime.calls == [("park", ["p1"])]  # the requeue batch was not published
