@@ -68,8 +68,8 @@ def web_command(ctx: click.Context, /, loglevel: str, **options: Any) -> None:
     listens only on a loopback address.
     """
     try:
-        from celery_dlx.web.console import WebSettings
-        from celery_dlx.web.server import serve
+        from celery_dlx_console.console import WebSettings
+        from celery_dlx_console.server import serve
     except ImportError as exc:
         raise click.ClickException(
             f"the console needs the web extra: pip install 'celery-dlx[web]' ({exc})"
@@ -82,7 +82,7 @@ def web_command(ctx: click.Context, /, loglevel: str, **options: Any) -> None:
         logging.basicConfig(
             level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
         )
-        from celery_dlx.web.auth import Accounts, check_listen
+        from celery_dlx_console.auth import Accounts, check_listen
 
         accounts = Accounts.from_lists(settings.operators, settings.viewers, settings.editors)
         check_listen(settings.host, accounts)  # before the banner: a refused one never ran
