@@ -1,6 +1,4 @@
-# click is skipped by mypy here (pyproject: follow_imports=skip), so its decorators are untyped.
-# mypy: disable-error-code="untyped-decorator"
-"""``celery -A proj dlx web``: serve the console (registered by :mod:`celery_dlx.cli.main`)."""
+"""What ``celery -A proj dlx web`` runs (the command itself is :mod:`celery_dlx.cli.web`)."""
 
 from __future__ import annotations
 
@@ -8,89 +6,30 @@ import logging
 from typing import Any
 
 import click
+from celery import Celery
 
-from celery_dlx.errors import DLXError
+from celery_dlx import get_runtime
+from celery_dlx_console.auth import Accounts, check_listen
+from celery_dlx_console.console import WebSettings
+from celery_dlx_console.server import serve
 
 
-@click.command("web")
-@click.option(
-    "--host", default=None, help="Address to listen on (default: dlx_web_host, 127.0.0.1)."
-)
-@click.option(
-    "--port",
-    type=click.IntRange(1, 65535),
-    default=None,
-    help="Port (default: dlx_web_port, 5566).",
-)
-@click.option(
-    "--allowed-host",
-    "allowed_hosts",
-    multiple=True,
-    metavar="NAME",
-    help="A host name the console also answers (a proxy's or tunnel's; '*.corp.example' for "
-    "a domain's names); repeatable (default: dlx_web_allowed_hosts).",
-)
-@click.option(
-    "--basic-auth",
-    "operators",
-    multiple=True,
-    metavar="USER:PASSWORD",
-    help="An operator (read, replay, purge); repeatable (default: dlx_web_basic_auth).",
-)
-@click.option(
-    "--viewer-auth",
-    "viewers",
-    multiple=True,
-    metavar="USER:PASSWORD",
-    help="A viewer (read only); repeatable (default: dlx_web_viewer_auth).",
-)
-@click.option(
-    "--editor-auth",
-    "editors",
-    multiple=True,
-    metavar="USER:PASSWORD",
-    help="An editor (an operator who may also edit a message before replaying it); "
-    "repeatable (default: dlx_web_editors).",
-)
-@click.option(
-    "--proto",
-    "protos",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="Extra protobuf descriptor set to decode payloads with (repeatable).",
-)
-@click.option("-l", "--loglevel", default="INFO", show_default=True, help="Logging level.")
-@click.pass_context
-def web_command(ctx: click.Context, /, loglevel: str, **options: Any) -> None:
-    """Serve the web console: causes, obituaries, parked retries, replay and purge, /metrics.
+def serve_console(app: Celery, loglevel: str, options: dict[str, Any]) -> None:
+    """Serve the console of ``app`` until SIGINT/SIGTERM, with the command's ``options``.
 
-    Without --basic-auth/--viewer-auth it is open to anyone who can reach it, so it then
-    listens only on a loopback address.
+    Raises:
+        ConfigurationError: a non-loopback address without credentials, bad accounts or hosts.
     """
-    try:
-        from celery_dlx_console.console import WebSettings
-        from celery_dlx_console.server import serve
-    except ImportError as exc:
-        raise click.ClickException(
-            f"the console needs the web extra: pip install 'celery-dlx[web]' ({exc})"
-        ) from exc
-    from celery_dlx import get_runtime
-
-    try:
-        runtime = get_runtime(ctx.obj.app)
-        settings = WebSettings.from_config(runtime.config, **options)
-        logging.basicConfig(
-            level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
-        )
-        from celery_dlx_console.auth import Accounts, check_listen
-
-        accounts = Accounts.from_lists(settings.operators, settings.viewers, settings.editors)
-        check_listen(settings.host, accounts)  # before the banner: a refused one never ran
-        ops, eds, views = len(settings.operators), len(settings.editors), len(settings.viewers)
-        who = f"{ops} operator(s), {eds} editor(s), {views} viewer(s)"
-        who = "open (loopback only)" if accounts.open else who
-        shown = f"[{settings.host}]" if ":" in settings.host else settings.host
-        click.echo(f"celery_dlx console on http://{shown}:{settings.port}/ ({who})", err=True)
-        serve(runtime, settings, log_level=loglevel)
-    except DLXError as exc:
-        raise click.ClickException(str(exc)) from exc
+    runtime = get_runtime(app)
+    settings = WebSettings.from_config(runtime.config, **options)
+    logging.basicConfig(
+        level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
+    )
+    accounts = Accounts.from_lists(settings.operators, settings.viewers, settings.editors)
+    check_listen(settings.host, accounts)  # before the banner: a refused one never ran
+    ops, eds, views = len(settings.operators), len(settings.editors), len(settings.viewers)
+    who = f"{ops} operator(s), {eds} editor(s), {views} viewer(s)"
+    who = "open (loopback only)" if accounts.open else who
+    shown = f"[{settings.host}]" if ":" in settings.host else settings.host
+    click.echo(f"celery_dlx console on http://{shown}:{settings.port}/ ({who})", err=True)
+    serve(runtime, settings, log_level=loglevel)
