@@ -105,9 +105,9 @@ def main() -> None:
     import celery_dlx
     from celery_dlx.service.settle import buried_event
     from celery_dlx.store.graveyard import Filters, Graveyard
-    from celery_dlx.web.console import WebSettings
-    from celery_dlx.web.server import Background
     from celery_dlx.wiring.runtime import get_runtime
+    from celery_dlx_console.console import WebSettings
+    from celery_dlx_console.server import Background
     from tests.chaos.servers import own_redis
     from tests.web.helpers import free_port
 

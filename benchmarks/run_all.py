@@ -134,7 +134,15 @@ def commit() -> str:
         ).stdout.strip()
 
     head = git("rev-parse", "--short=10", "HEAD") or "unknown"
-    changed = git("status", "--porcelain", "--", "celery_dlx", "celery_dlx_spark", "benchmarks")
+    changed = git(
+        "status",
+        "--porcelain",
+        "--",
+        "celery_dlx",
+        "celery_dlx_console",
+        "celery_dlx_spark",
+        "benchmarks",
+    )
     return head + ("+changes" if changed else "")
 
 

@@ -257,9 +257,9 @@ def _keep(names: Any, run: str, rundir: Path, *, generated: bool) -> None:
 def _console(names: Any, run: str, rundir: Path) -> None:
     """Serve the web console over the run's graveyard, with a worker to replay to, until Ctrl-C."""
     try:
-        from celery_dlx.web.console import WebSettings
-        from celery_dlx.web.server import Background
         from celery_dlx.wiring.runtime import get_runtime
+        from celery_dlx_console.console import WebSettings
+        from celery_dlx_console.server import Background
 
         from . import processes
 

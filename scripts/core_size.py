@@ -6,7 +6,9 @@ DLX service in a thread of the worker, as the example app configures it) under a
 own, writes down ``sys.modules`` when the worker is ready (``worker_ready``, in the main process,
 after the consumer has declared the topology and started its bootsteps), stops the worker with
 SIGTERM and deletes the run's queues, exchanges and Redis keys. Then it prints the lines of every celery_dlx
-module that was loaded, and the lines of the whole package beside them.
+module that was loaded, and the lines of the whole package beside them; and the lines of the
+optional packages shipped beside it (the console, the Spark job) with how many of their modules
+the worker loaded (none, as the import contracts in pyproject.toml require).
 
 Needs the real services (RabbitMQ and Redis on loopback). Run it from a checkout::
 
@@ -28,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "celery_dlx"
+#: The packages beside it in the same distribution, which a worker does not load.
+PRODUCTS = ("celery_dlx_console", "celery_dlx_spark")
 #: Seconds a worker gets to become ready (mingle alone waits about one).
 READY_TIMEOUT = 120
 
@@ -61,15 +65,20 @@ def module_lines(name: str) -> int:
     return 0
 
 
-def package_lines() -> int:
-    """Lines of every module of the package (``find celery_dlx -name '*.py' | xargs cat | wc -l``)."""
+def package_lines(package: str = PACKAGE) -> int:
+    """Lines of every module of ``package`` (``find celery_dlx -name '*.py' | xargs cat | wc -l``)."""
     return sum(
-        len(p.read_text(encoding="utf-8").splitlines()) for p in (ROOT / PACKAGE).rglob("*.py")
+        len(p.read_text(encoding="utf-8").splitlines()) for p in (ROOT / package).rglob("*.py")
     )
 
 
+def of_package(names: list[str], package: str) -> list[str]:
+    """The names of ``names`` that are ``package`` or one of its modules."""
+    return [n for n in names if n == package or n.startswith(package + ".")]
+
+
 def loaded_by_worker(run: str) -> list[str]:
-    """Names of the celery_dlx modules loaded when the example worker of ``run`` is ready."""
+    """Names of the modules loaded when the example worker of ``run`` is ready."""
     env = {**os.environ, "EXAMPLE_RUN": run, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "modules.txt"
@@ -85,8 +94,7 @@ def loaded_by_worker(run: str) -> list[str]:
         if not out.exists():
             sys.stderr.write(proc.stdout + proc.stderr)
             raise SystemExit(f"the worker never became ready (exit status {proc.returncode})")
-        names = out.read_text().split()
-    return [n for n in names if n == PACKAGE or n.startswith(PACKAGE + ".")]
+        return out.read_text().split()
 
 
 def clean_up(run: str) -> None:
@@ -114,10 +122,10 @@ def main() -> int:
     args = parser.parse_args()
     run = f"coresize-{uuid.uuid4().hex[:8]}"
     try:
-        modules = loaded_by_worker(run)
+        loaded = loaded_by_worker(run)
     finally:
         clean_up(run)
-    sizes = {name: module_lines(name) for name in modules}
+    sizes = {name: module_lines(name) for name in of_package(loaded, PACKAGE)}
     if args.modules:
         for name, lines in sorted(sizes.items()):
             print(f"{lines:6d}  {name}")
@@ -127,6 +135,11 @@ def main() -> int:
     print(
         f"core (loaded by a ready worker): {len(sizes)} modules, {core} lines ({core / total:.0%})"
     )
+    for product in PRODUCTS:
+        print(
+            f"{product}: {package_lines(product)} lines, "
+            f"{len(of_package(loaded, product))} modules loaded by the worker"
+        )
     return 0
 
 

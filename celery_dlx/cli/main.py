@@ -27,7 +27,7 @@ COMMAND_SOURCES: tuple[tuple[str, str], ...] = (
     ("celery_dlx.cli.ops", "COMMANDS"),
     ("celery_dlx.cli.broker", "COMMANDS"),
     ("celery_dlx.cli.breakers", "COMMANDS"),
-    ("celery_dlx.web.command", "web_command"),
+    ("celery_dlx.cli.web", "web_command"),
 )
 
 

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from celery_dlx.ops import obituaries
 from celery_dlx.service.runner import run_service
-from celery_dlx.web.metrics import DLXCollector
 from celery_dlx.wiring.runtime import get_runtime
+from celery_dlx_console.metrics import DLXCollector
 from tests.conftest import REDIS_URL
 from tests.integration.cli_helpers import declare_foreign_queue, publish_and_reject, run, run_json
 from tests.integration.dlx_apps import make_app

@@ -28,9 +28,9 @@ from celery_dlx.service.settle import buried_event
 from celery_dlx.store.client import NotReplicated
 from celery_dlx.store.graveyard import Filters, Graveyard
 from celery_dlx.store.migrate import migrate_graveyard as migrate
-from celery_dlx.web import reads
-from celery_dlx.web.metrics import DLXCollector
 from celery_dlx.wiring.runtime import Runtime, get_runtime
+from celery_dlx_console import reads
+from celery_dlx_console.metrics import DLXCollector
 from tests.chaos.servers import RedisClusterServers, redis_cluster
 from tests.conftest import BROKER_URL
 from tests.integration.cli_helpers import run, run_json

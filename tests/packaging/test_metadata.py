@@ -50,6 +50,9 @@ def test_the_console_files_are_in_and_the_build_does_not_warn(built: tuple[Path,
     wheel, log = built
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    assert {"celery_dlx/web/templates/base.html", "celery_dlx/web/static/console.js"} <= names
+    assert {
+        "celery_dlx_console/templates/base.html",
+        "celery_dlx_console/static/console.js",
+    } <= names
     assert "celery_dlx/py.typed" in names and "celery_dlx_spark/py.typed" in names
     assert "BuildBackendWarning" not in log and "SetuptoolsDeprecationWarning" not in log, log

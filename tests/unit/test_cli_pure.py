@@ -4,6 +4,7 @@ classification, management URLs, canary watching (a recording fake Redis), usage
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -375,6 +376,14 @@ def test_every_command_is_registered_with_help() -> None:
         "migrate",
     ):
         assert "--json" in invoke(name, "--help").stdout
+
+
+def test_the_console_without_the_web_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # None in sys.modules makes the import fail as a missing package does.
+    monkeypatch.setitem(sys.modules, "celery_dlx_console.command", None)
+    result = invoke("web")
+    assert result.exit_code == 1
+    assert "the console needs the web extra: pip install 'celery-dlx[web]'" in result.stderr
 
 
 def test_replay_without_targets_is_refused_clearly() -> None:

@@ -101,9 +101,11 @@ def test_doc_url_names_a_page_and_refuses_a_file_path() -> None:
 
 
 def _package_strings() -> list[tuple[str, int, str, list[str]]]:
-    """Every string in celery_dlx that is not a docstring (file, line, text, doc_url pages)."""
+    """Every string in celery_dlx and the console that is not a docstring (file, line, text,
+    doc_url pages)."""
     found = []
-    for path in sorted((ROOT / "celery_dlx").rglob("*.py")):
+    paths = [*(ROOT / "celery_dlx").rglob("*.py"), *(ROOT / "celery_dlx_console").rglob("*.py")]
+    for path in sorted(paths):
         tree = ast.parse(path.read_text(), str(path))
         docstrings = {
             id(node.body[0].value)

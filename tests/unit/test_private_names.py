@@ -1,10 +1,12 @@
 """Others' private internals are used in the compat module only (DESIGN.md, guarantee 12).
 
-Scans every module of ``celery_dlx`` and ``celery_dlx_spark`` for uses of names that Celery,
-kombu, py-amqp, billiard, vine, redis-py, sentry-sdk, pyspark and starlette do not offer as their
-public API, and fails with each use outside the compat module as ``file:line: rule: name``. The
-compat modules are ``celery_dlx/compat/`` and ``celery_dlx_spark/compat.py`` (the Spark package
-imports nothing of ``celery_dlx``, so it keeps its own).
+Scans every module of ``celery_dlx``, ``celery_dlx_console`` and ``celery_dlx_spark`` for uses of
+names that Celery, kombu, py-amqp, billiard, vine, redis-py, sentry-sdk, pyspark and starlette do
+not offer as their public API, and fails with each use outside the compat module as
+``file:line: rule: name``. The compat modules are ``celery_dlx/compat/`` and
+``celery_dlx_spark/compat.py`` (the Spark package imports nothing of ``celery_dlx``, so it keeps its
+own); the console may import only celery_dlx's public API, so one it needed would be its own
+``celery_dlx_console/compat.py`` (it needs none).
 
 What counts (each rule is a function below, each is shown to find what it looks for by
 ``test_each_rule_finds_its_kind``):
@@ -52,7 +54,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The packages scanned, and the compat module of each (a folder or a file).
-PACKAGES = {"celery_dlx": "celery_dlx/compat", "celery_dlx_spark": "celery_dlx_spark/compat.py"}
+PACKAGES = {
+    "celery_dlx": "celery_dlx/compat",
+    "celery_dlx_console": "celery_dlx_console/compat.py",
+    "celery_dlx_spark": "celery_dlx_spark/compat.py",
+}
 #: Other projects whose private names are fenced in the compat module.
 PROJECTS = frozenset(
     {"celery", "kombu", "amqp", "billiard", "vine", "redis", "sentry_sdk", "pyspark", "starlette"}

@@ -9,7 +9,7 @@ from celery_dlx.message.obituary import Obituary
 from celery_dlx.ops.canary import ReplayRun
 from celery_dlx.ops.replay import ReplayReport, _replayed_event, replay_copy
 from celery_dlx.store.graveyard import _ledger_redirects, _ledger_times
-from celery_dlx.web.payload import obituary_view
+from celery_dlx_console.payload import obituary_view
 
 
 def obituary() -> Obituary:

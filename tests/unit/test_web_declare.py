@@ -7,10 +7,10 @@ from typing import Any, Literal, TypedDict
 
 import pytest
 
-from celery_dlx.web.app import API_ROUTES
-from celery_dlx.web.declare import Endpoint, Field, json_answer, problem, schema_of
-from celery_dlx.web.forms import BadRequest
-from celery_dlx.web.openapi import document
+from celery_dlx_console.app import API_ROUTES
+from celery_dlx_console.declare import Endpoint, Field, json_answer, problem, schema_of
+from celery_dlx_console.forms import BadRequest
+from celery_dlx_console.openapi import document
 
 PAIRS = {
     "anyOf": [

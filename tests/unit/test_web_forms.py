@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from celery_dlx.message.parked import ParkedMessage
-from celery_dlx.web import forms
-from celery_dlx.web.actions import parked_summary
-from celery_dlx.web.reads import CauseParked, GroupFilters, _tally_cause
+from celery_dlx_console import forms
+from celery_dlx_console.actions import parked_summary
+from celery_dlx_console.reads import CauseParked, GroupFilters, _tally_cause
 
 
 def test_status_choices_are_the_cli_and_api_ones() -> None:

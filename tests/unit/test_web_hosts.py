@@ -1,4 +1,4 @@
-"""The console's Host and Origin rules (celery_dlx.web.hosts), and the setting that widens them."""
+"""The console's Host and Origin rules (celery_dlx_console.hosts), and the setting that widens them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.policy.config import load_config
-from celery_dlx.web.hosts import HostPort, HostRule, matches, parse_host, same_origin
+from celery_dlx_console.hosts import HostPort, HostRule, matches, parse_host, same_origin
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import base64
 import pytest
 
 from celery_dlx.errors import ConfigurationError
-from celery_dlx.web.auth import ANONYMOUS, EDITOR, OPERATOR, VIEWER, Accounts
+from celery_dlx_console.auth import ANONYMOUS, EDITOR, OPERATOR, VIEWER, Accounts
 
 
 def basic(user: str, password: str) -> str:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.web.console import WebSettings
-from celery_dlx.web.server import Background
 from celery_dlx.wiring.runtime import get_runtime
+from celery_dlx_console.console import WebSettings
+from celery_dlx_console.server import Background
 from tests.integration.cli_helpers import shop_protos
 from tests.integration.dlx_apps import make_app, queue_names
 from tests.web.helpers import OPERATOR, VIEWER, Client, free_port

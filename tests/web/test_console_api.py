@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.web.actions import MAX_IDS
-from celery_dlx.web.app import API_ROUTES
+from celery_dlx_console.actions import MAX_IDS
+from celery_dlx_console.app import API_ROUTES
 from tests.integration.cli_helpers import run_json
 from tests.integration.helpers import queue_depth
 from tests.web.conftest import serve

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from celery_dlx.errors import ConfigurationError
-from celery_dlx.web.auth import Accounts, check_listen, is_loopback
-from celery_dlx.web.console import WebSettings
-from celery_dlx.web.server import Background
+from celery_dlx_console.auth import Accounts, check_listen, is_loopback
+from celery_dlx_console.console import WebSettings
+from celery_dlx_console.server import Background
 from tests.conftest import ROOT
 from tests.web.helpers import Client, bury, task_obituary
 

@@ -23,8 +23,8 @@ import pytest
 from celery_dlx.fates import now_ms
 from celery_dlx.ops import obituaries
 from celery_dlx.policy.breaker import BreakerSettings
-from celery_dlx.web.server import Background
 from celery_dlx.wiring.runtime import get_runtime
+from celery_dlx_console.server import Background
 from tests.integration.dlx_apps import (
     delays_returning,
     make_app,

@@ -8,7 +8,7 @@ from typing import Any
 
 from celery_dlx.fates import now_ms
 from celery_dlx.policy.breaker import BreakerSettings
-from celery_dlx.web.audit import read_audit
+from celery_dlx_console.audit import read_audit
 from tests.web.helpers import OPERATOR, Client
 
 

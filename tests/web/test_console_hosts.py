@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.web.server import Background
+from celery_dlx_console.server import Background
 from tests.conftest import ROOT
 from tests.web.conftest import serve
 from tests.web.helpers import OPERATOR, Client, bury, task_obituary

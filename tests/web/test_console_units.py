@@ -10,10 +10,10 @@ import pytest
 
 from celery_dlx.errors import ConfigurationError
 from celery_dlx.policy.config import load_config
-from celery_dlx.web import forms
-from celery_dlx.web.auth import OPERATOR, VIEWER, Accounts, Csrf, User
-from celery_dlx.web.console import WebSettings, link
-from celery_dlx.web.payload import hexdump, wire_view
+from celery_dlx_console import forms
+from celery_dlx_console.auth import OPERATOR, VIEWER, Accounts, Csrf, User
+from celery_dlx_console.console import WebSettings, link
+from celery_dlx_console.payload import hexdump, wire_view
 
 
 def basic(user: str, password: str) -> str:
@@ -89,7 +89,7 @@ def test_link_rates_and_phrase() -> None:
 
 
 def test_a_long_result_keeps_its_counts_in_the_audit_stream() -> None:
-    from celery_dlx.web.audit import RESULT_LIMIT, _result_json
+    from celery_dlx_console.audit import RESULT_LIMIT, _result_json
 
     small = {"replayed": ["a"], "targets": 1}
     assert json.loads(_result_json(small)) == small

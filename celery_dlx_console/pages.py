@@ -16,14 +16,14 @@ from celery_dlx.ops import UNRESOLVED, obituaries
 from celery_dlx.ops.edit import edits_of
 from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
 from celery_dlx.ops.render import iso
-from celery_dlx.web import forms
-from celery_dlx.web.actions import Busy, Job, close_audited
-from celery_dlx.web.audit import read_audit
-from celery_dlx.web.auth import User
-from celery_dlx.web.console import Console
-from celery_dlx.web.guard import user_of
-from celery_dlx.web.payload import obituary_view
-from celery_dlx.web.reads import (
+from celery_dlx_console import forms
+from celery_dlx_console.actions import Busy, Job, close_audited
+from celery_dlx_console.audit import read_audit
+from celery_dlx_console.auth import User
+from celery_dlx_console.console import Console
+from celery_dlx_console.guard import user_of
+from celery_dlx_console.payload import obituary_view
+from celery_dlx_console.reads import (
     GroupPage,
     ParkedSummary,
     cause_breakers,

@@ -18,12 +18,12 @@ from celery_dlx.codecs.editing import ABSENT, EditError, parse_assignment
 from celery_dlx.errors import DLXError
 from celery_dlx.ops import obituaries
 from celery_dlx.ops.edit import EditJSON, EditReport, edit, editable, edits_of
-from celery_dlx.web import forms
-from celery_dlx.web.auth import EDITOR
-from celery_dlx.web.declare import Endpoint, Field, Refusal, json_answer
-from celery_dlx.web.guard import user_of
-from celery_dlx.web.pages import console_of, error_page, render
-from celery_dlx.web.payload import obituary_view
+from celery_dlx_console import forms
+from celery_dlx_console.auth import EDITOR
+from celery_dlx_console.declare import Endpoint, Field, Refusal, json_answer
+from celery_dlx_console.guard import user_of
+from celery_dlx_console.pages import console_of, error_page, render
+from celery_dlx_console.payload import obituary_view
 
 #: Empty rows the form offers for payload paths and for headers.
 PATH_ROWS = 4

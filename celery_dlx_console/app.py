@@ -15,11 +15,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from celery_dlx import DLXError, Runtime
-from celery_dlx.web import api, editing, openapi, pages
-from celery_dlx.web.auth import check_listen
-from celery_dlx.web.console import Console, WebSettings
-from celery_dlx.web.guard import Guard, SameOrigin, TrustedHosts
-from celery_dlx.web.hosts import HostRule
+from celery_dlx_console import api, editing, openapi, pages
+from celery_dlx_console.auth import check_listen
+from celery_dlx_console.console import Console, WebSettings
+from celery_dlx_console.guard import Guard, SameOrigin, TrustedHosts
+from celery_dlx_console.hosts import HostRule
 
 STATIC = Path(__file__).resolve().parent / "static"
 

@@ -1,7 +1,7 @@
 """What each route of the console's JSON API takes and answers, declared once next to its handler.
 
 The handler reads its input through its :class:`Endpoint` (an unknown key or a mistyped value is
-a 400 naming it) and :mod:`celery_dlx.web.openapi` publishes the same declarations: what is
+a 400 naming it) and :mod:`celery_dlx_console.openapi` publishes the same declarations: what is
 checked is what is documented. Schemas are JSON Schema 2020-12 (OpenAPI 3.1's); :func:`problem`
 checks the part of it the declarations use.
 """
@@ -19,9 +19,9 @@ from typing import Any, Literal, TypedDict, Union
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from celery_dlx.web.auth import EDITOR, OPERATOR, VIEWER
-from celery_dlx.web.forms import BadRequest
-from celery_dlx.web.guard import user_of
+from celery_dlx_console.auth import EDITOR, OPERATOR, VIEWER
+from celery_dlx_console.forms import BadRequest
+from celery_dlx_console.guard import user_of
 
 #: A JSON Schema.
 Schema = dict[str, Any]

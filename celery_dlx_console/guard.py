@@ -10,8 +10,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from celery_dlx.web.auth import Accounts, User
-from celery_dlx.web.hosts import WRITE_METHODS, HostRule, same_origin
+from celery_dlx_console.auth import Accounts, User
+from celery_dlx_console.hosts import WRITE_METHODS, HostRule, same_origin
 
 #: No inline script, no third-party anything, no framing, forms only to the console itself.
 CSP = (

@@ -1,5 +1,5 @@
 """``GET /api/openapi.json``: the JSON API as an OpenAPI 3.1 document, generated from the routes'
-own declarations (:mod:`celery_dlx.web.declare`), the ones their handlers check requests with,
+own declarations (:mod:`celery_dlx_console.declare`), the ones their handlers check requests with,
 plus what the middleware and roles require of every route."""
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from celery_dlx import __version__
-from celery_dlx.web.declare import TEXT, Answer, Endpoint, Refusal, Schema, json_answer, schema_of
+from celery_dlx_console.declare import (
+    TEXT,
+    Answer,
+    Endpoint,
+    Refusal,
+    Schema,
+    json_answer,
+    schema_of,
+)
 
 #: The refusals of the JSON handlers and of the middleware in front of every route (plain text).
 _ERROR_OR_TEXT = {"application/json": Refusal, "text/plain": TEXT}

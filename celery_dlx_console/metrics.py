@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from celery_dlx import Runtime
 from celery_dlx.ops.breakers import open_breakers
 from celery_dlx.ops.checks import FULL_SHARE, redis_memory, refused_copies, service_queue_counts
-from celery_dlx.web.reads import parked_summary
+from celery_dlx_console.reads import parked_summary
 
 logger = logging.getLogger(__name__)
 

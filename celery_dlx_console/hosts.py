@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from celery_dlx.web.auth import is_loopback
+from celery_dlx_console.auth import is_loopback
 
 #: The port a URL or ``Host`` without one means, by scheme.
 DEFAULT_PORTS = {"http": 80, "https": 443}

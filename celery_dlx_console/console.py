@@ -16,9 +16,9 @@ from celery_dlx.codecs import ProtobufRegistry
 from celery_dlx.ops import SETTINGS, DLXConfig, now_ms
 from celery_dlx.ops.inspection import registry_for
 from celery_dlx.ops.render import ago
-from celery_dlx.web.actions import Actions
-from celery_dlx.web.auth import Accounts, Csrf
-from celery_dlx.web.metrics import BreakerCollector, DLXCollector
+from celery_dlx_console.actions import Actions
+from celery_dlx_console.auth import Accounts, Csrf
+from celery_dlx_console.metrics import BreakerCollector, DLXCollector
 
 #: Largest request body accepted (forms and JSON), in bytes.
 MAX_BODY = 64 * 1024
@@ -101,7 +101,7 @@ class Console:
         self._check: tuple[float, dict[str, object]] | None = None
         self._lock = threading.Lock()
         self.env = jinja2.Environment(
-            loader=jinja2.PackageLoader("celery_dlx.web", "templates"),
+            loader=jinja2.PackageLoader("celery_dlx_console", "templates"),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,

@@ -11,8 +11,8 @@ from celery_dlx.ops import STATUSES, UNRESOLVED, parked_actions
 from celery_dlx.ops.obituaries import to_ms
 from celery_dlx.ops.render import parse_when
 from celery_dlx.ops.replay import check_target_queue, resolve_targets
-from celery_dlx.web.actions import MAX_IDS as MAX_IDS
-from celery_dlx.web.reads import ALL, MAX_PAGE, GroupFilters
+from celery_dlx_console.actions import MAX_IDS as MAX_IDS
+from celery_dlx_console.reads import ALL, MAX_PAGE, GroupFilters
 
 #: The obituary statuses a listing filters by (``dlx list --status``), and a cause list's
 #: (``dlx groups --status``); the default of both is unresolved.
@@ -139,7 +139,7 @@ def replay_rate(raw: object, maximum: float) -> float:
 
 
 def replay_options(runtime: Runtime, raw: Mapping[str, Any], maximum: float) -> dict[str, Any]:
-    """What a form or JSON body asks of :meth:`~celery_dlx.web.actions.Actions.replay`: rate,
+    """What a form or JSON body asks of :meth:`~celery_dlx_console.actions.Actions.replay`: rate,
     canary, force, canary_timeout, to_queue.
 
     Raises:

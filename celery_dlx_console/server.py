@@ -8,13 +8,13 @@ import time
 from typing import Any
 
 from celery_dlx import ConfigurationError, Runtime
-from celery_dlx.web.console import WebSettings
+from celery_dlx_console.console import WebSettings
 
 
 def _server(runtime: Runtime, settings: WebSettings, log_level: str) -> Any:
     import uvicorn
 
-    from celery_dlx.web.app import create_app
+    from celery_dlx_console.app import create_app
 
     config = uvicorn.Config(
         create_app(runtime, settings),

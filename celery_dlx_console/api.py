@@ -1,6 +1,6 @@
 """``/api/``: the CLI's ``--json`` shapes over HTTP, same accounts and roles as the pages.
 
-Each route's :class:`~celery_dlx.web.declare.Endpoint` stands above its handler, which reads its
+Each route's :class:`~celery_dlx_console.declare.Endpoint` stands above its handler, which reads its
 query or body through it; ``/api/openapi.json`` publishes the same declarations. Writes wait for
 their action and answer what the CLI's ``--json`` prints.
 """
@@ -31,13 +31,13 @@ from celery_dlx.ops.inspection import (
 )
 from celery_dlx.ops.parked_actions import ParkedActionJSON
 from celery_dlx.ops.purge import PurgeJSON
-from celery_dlx.web import forms
-from celery_dlx.web.actions import MAX_IDS, Busy, Job, JobJSON
-from celery_dlx.web.audit import read_audit
-from celery_dlx.web.auth import OPERATOR
-from celery_dlx.web.declare import Endpoint, Field, Refusal, json_answer
-from celery_dlx.web.guard import user_of
-from celery_dlx.web.pages import console_of
+from celery_dlx_console import forms
+from celery_dlx_console.actions import MAX_IDS, Busy, Job, JobJSON
+from celery_dlx_console.audit import read_audit
+from celery_dlx_console.auth import OPERATOR
+from celery_dlx_console.declare import Endpoint, Field, Refusal, json_answer
+from celery_dlx_console.guard import user_of
+from celery_dlx_console.pages import console_of
 
 #: Most obituaries one ``/api/obituaries`` call lists.
 MAX_LIST = 500

@@ -1,14 +1,17 @@
-# click is skipped by mypy here (pyproject: follow_imports=skip), so its decorators are untyped.
-# mypy: disable-error-code="untyped-decorator"
-"""``celery -A proj dlx web``: serve the console (registered by :mod:`celery_dlx.cli.main`)."""
+"""``celery -A proj dlx web``: serve the console (registered by :mod:`celery_dlx.cli.main`).
+
+The console is a package of its own, :mod:`celery_dlx_console`, whose dependencies are the ``web``
+extra: its options are declared here, so ``dlx --help`` lists them without it, and the command
+imports it only when it runs.
+"""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import click
 
+from celery_dlx.cli.main import app_of
 from celery_dlx.errors import DLXError
 
 
@@ -68,29 +71,12 @@ def web_command(ctx: click.Context, /, loglevel: str, **options: Any) -> None:
     listens only on a loopback address.
     """
     try:
-        from celery_dlx.web.console import WebSettings
-        from celery_dlx.web.server import serve
+        from celery_dlx_console.command import serve_console
     except ImportError as exc:
         raise click.ClickException(
             f"the console needs the web extra: pip install 'celery-dlx[web]' ({exc})"
         ) from exc
-    from celery_dlx import get_runtime
-
     try:
-        runtime = get_runtime(ctx.obj.app)
-        settings = WebSettings.from_config(runtime.config, **options)
-        logging.basicConfig(
-            level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
-        )
-        from celery_dlx.web.auth import Accounts, check_listen
-
-        accounts = Accounts.from_lists(settings.operators, settings.viewers, settings.editors)
-        check_listen(settings.host, accounts)  # before the banner: a refused one never ran
-        ops, eds, views = len(settings.operators), len(settings.editors), len(settings.viewers)
-        who = f"{ops} operator(s), {eds} editor(s), {views} viewer(s)"
-        who = "open (loopback only)" if accounts.open else who
-        shown = f"[{settings.host}]" if ":" in settings.host else settings.host
-        click.echo(f"celery_dlx console on http://{shown}:{settings.port}/ ({who})", err=True)
-        serve(runtime, settings, log_level=loglevel)
+        serve_console(app_of(ctx), loglevel, options)
     except DLXError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -21,8 +21,8 @@ from celery_dlx.ops import purge as purge_ops
 from celery_dlx.ops.breakers import close_breakers
 from celery_dlx.ops.canary import replay_run
 from celery_dlx.ops.render import iso
-from celery_dlx.web.audit import AuditEntry, record_action
-from celery_dlx.web.auth import User
+from celery_dlx_console.audit import AuditEntry, record_action
+from celery_dlx_console.auth import User
 
 logger = logging.getLogger(__name__)
 
