@@ -1,4 +1,4 @@
-"""The markers that keep a failure's budget exact while copies go out and Redis may die.
+"""The markers that keep a failure's budget exact while copies go out and Redis may restart.
 
 A retry's copy and the marker saying it exists (``Keys.copied``) are written to two servers, so
 one can be in without the other. The order makes that safe:
@@ -12,10 +12,9 @@ one can be in without the other. The order makes that safe:
 
 A step a crash leaves undone errs on the side of a run more, never of a loss: a pending mark
 whose copy never went out expires after :data:`PENDING_TTL`, and the redelivery then counts as
-the crash it was. Redis that does not answer is waited for (:func:`patiently`); if it still
-does not, the copy does not go out and the original goes back to its queue (:class:`NotMarked`),
-where its redelivery is counted as this failure once Redis answers. A full Redis is not waited
-for: copies go out unmarked, so a storm drains into RabbitMQ instead of stalling.
+the crash it was. Redis that does not answer is waited for (:func:`patiently`: a restart); a
+longer outage, or a full Redis, is not: copies then go out unmarked and retries run unclaimed,
+so the work goes on (a kill in that time may run a failure once more).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from typing import TypeVar
 
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.lineage import ANY_LINEAGE
-from celery_dlx.outages import outage_log
+from celery_dlx.outages import OutageLog, outage_log
 from celery_dlx.store.errors import STORE_ERRORS, is_full
 from celery_dlx.wiring.runtime import Runtime
 
@@ -43,32 +42,39 @@ STORE_PATIENCE = 10.0
 
 T = TypeVar("T")
 
+#: Whether this process spent its patience in the current outage: later writes then try once
+#: (a pool process must not wait per failure through a long outage) until one succeeds.
+_outage = {"spent": False}
+
 
 def patiently(call: Callable[[], T], patience: float = STORE_PATIENCE) -> T:
-    """``call()``, tried again while Redis does not answer, for up to ``patience`` seconds.
+    """``call()``, tried again while Redis does not answer, for up to ``patience`` seconds once
+    per outage and process (a restart is waited for, a long outage only once).
 
     For the markers that tell a second copy of a retry, or a redelivered original, from a new
     failure: written late they would be missing when that copy comes back. A full Redis
-    (:func:`is_full`) is not waited for: it refuses the write at once and will for a while.
+    (:func:`~celery_dlx.store.errors.is_full`) is not waited for: it refuses the write at once
+    and will for a while.
 
     Raises:
         redis.RedisError: the last error, once ``patience`` is spent or Redis is full.
     """
-    deadline = time.monotonic() + patience
+    deadline = time.monotonic() + (0.0 if _outage["spent"] else patience)
     pause = 0.1
     while True:
         try:
-            return call()
+            found = call()
         except STORE_ERRORS as err:
-            if is_full(err) or time.monotonic() + pause > deadline:
+            if is_full(err):
                 raise
+            if time.monotonic() + pause > deadline:
+                _outage["spent"] = True
+                raise
+        else:
+            _outage["spent"] = False
+            return found
         time.sleep(pause)
         pause = min(pause * 2, 1.0)
-
-
-class NotMarked(Exception):
-    """Redis did not answer the pending mark: the copy must not go out, and the original goes
-    back to its queue (its redelivery is counted as this failure once Redis answers)."""
 
 
 def _retry_of(event: FateEvent) -> tuple[str, str, int, str]:
@@ -80,16 +86,12 @@ def _retry_of(event: FateEvent) -> tuple[str, str, int, str]:
     )
 
 
-def mark_pending(runtime: Runtime, events: Sequence[FateEvent]) -> None:
-    """Mark the retries ``events`` announce pending, before their copies go out.
-
-    Raises:
-        NotMarked: Redis did not answer within :data:`STORE_PATIENCE`.
-            Not raised when Redis is full (the copies go out unmarked) or optional (the ``ttl``
-            delay backend: the broker holds every fate).
-    """
+def mark_pending(runtime: Runtime, events: Sequence[FateEvent]) -> bool:
+    """Mark the retries ``events`` announce pending, before their copies go out; False when
+    Redis did not answer in time, or is full (the copies then go out unmarked: one line per
+    outage says so). With the ``ttl`` delay backend (Redis optional) one try, unlogged."""
     if not events:
-        return
+        return True
     retries = [_retry_of(event) for event in events]
     try:
         if runtime.history_optional:
@@ -97,10 +99,11 @@ def mark_pending(runtime: Runtime, events: Sequence[FateEvent]) -> None:
         else:
             patiently(lambda: runtime.causes.mark_pending_many(retries, PENDING_TTL))
     except STORE_ERRORS as err:
-        if runtime.history_optional or is_full(err):
-            logger.debug("retries of %s not marked pending", events[0].message_id, exc_info=True)
-            return
-        raise NotMarked(f"Redis did not answer the pending mark: {err}") from err
+        if not runtime.history_optional:
+            _refusals(runtime, "pending").failed(err, "copies go out unmarked")
+        return False
+    _refusals(runtime, "pending").succeeded()
+    return True
 
 
 def mark_made(runtime: Runtime, events: Sequence[FateEvent]) -> None:
@@ -111,14 +114,18 @@ def mark_made(runtime: Runtime, events: Sequence[FateEvent]) -> None:
     if not events:
         return
     retries = [_retry_of(event) for event in events]
-    refusals = outage_log(runtime, "_celery_dlx_unmarked_retries", logger, "retry markers")
     try:
         patiently(lambda: runtime.causes.mark_copied_many(retries))
     except STORE_ERRORS as err:
-        refusals.failed(
+        _refusals(runtime, "made").failed(
             err,
             f"a redelivery of {events[0].message_id}'s original waits {PENDING_TTL:.0f} s, "
             "then counts as a crash",
         )
     else:
-        refusals.succeeded()
+        _refusals(runtime, "made").succeeded()
+
+
+def _refusals(runtime: Runtime, kind: str) -> OutageLog:
+    what = {"pending": "pending marks of retries", "made": "markers of retries"}[kind]
+    return outage_log(runtime, f"_celery_dlx_refused_{kind}_marks", logger, what)

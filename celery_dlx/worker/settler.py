@@ -40,7 +40,7 @@ from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.outages import OutageLog, outage_log
 from celery_dlx.wiring.runtime import get_runtime
-from celery_dlx.worker.marks import NotMarked, mark_made, mark_pending
+from celery_dlx.worker.marks import mark_made, mark_pending
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -177,20 +177,15 @@ class Settler:
                     lambda: runtime.park_recorded_many([(h.message, h.event) for _, h in parks]),
                 )
             if requeues:
-                try:
-                    mark_pending(runtime, [h.event for _, h in requeues])
-                except NotMarked as err:  # no copy out: each original goes back to its queue
-                    for i, _ in requeues:
-                        outcomes[i] = err
-                else:
-                    _fill(
-                        outcomes,
-                        requeues,
-                        lambda: runtime.requeue_recorded_many(
-                            [(h.copy, h.event) for _, h in requeues],
-                            unrecorded=lambda events: mark_made(runtime, events),
-                        ),
-                    )
+                mark_pending(runtime, [h.event for _, h in requeues])
+                _fill(
+                    outcomes,
+                    requeues,
+                    lambda: runtime.requeue_recorded_many(
+                        [(h.copy, h.event) for _, h in requeues],
+                        unrecorded=lambda events: mark_made(runtime, events),
+                    ),
+                )
         if any(outcomes[i] is None for i, _ in parks):
             faults.point("worker.parked")
             _refusals(self.app, PARKED).succeeded()
@@ -208,9 +203,9 @@ class Settler:
 
     def _fall_back(self, request: Request, handover: Handover, err: BaseException) -> None:
         """The copy could not be written: as ``DLXTask._fallback``, it goes to the DLX service
-        naming its fate and the original is acked (a rejection would mean a burial); if Redis
-        does not answer its pending mark (:mod:`celery_dlx.worker.marks`), or the broker refuses
-        that copy too, the original goes back to its queue."""
+        naming its fate and the original is acked (a rejection would mean a burial), marked
+        pending first (:mod:`celery_dlx.worker.marks`); if the broker refuses that copy too, the
+        original goes back to its queue."""
         runtime = get_runtime(self.app)
         if isinstance(handover, ParkHandover):
             parked = handover.message
@@ -223,15 +218,7 @@ class Settler:
         routed = fate_copy(
             copy, fate=fate, exchange=runtime.config.exchange, queue=queue, delay=delay
         )
-        if not isinstance(err, NotMarked):
-            try:
-                mark_pending(runtime, [handover.event])
-            except NotMarked as unmarked:
-                err = unmarked
-        if isinstance(err, NotMarked):
-            refusals.failed(err, "originals go back to their queues until Redis answers")
-            reject_from_thread(request, requeue=True)
-            return
+        mark_pending(runtime, [handover.event])
         try:
             runtime.publisher.publish(routed)
         except Exception:

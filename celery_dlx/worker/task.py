@@ -60,12 +60,12 @@ from celery_dlx.policy.breaker import HELD_HEADER
 from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.results import store_details
-from celery_dlx.store.errors import STORE_ERRORS, RetryPending, is_full
+from celery_dlx.store.errors import STORE_ERRORS, RetryPending
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
 from celery_dlx.worker.einfo import LazyExceptionInfo, task_traceback
-from celery_dlx.worker.marks import NotMarked, mark_made, mark_pending, patiently
+from celery_dlx.worker.marks import mark_made, mark_pending, patiently
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
 from celery_dlx.worker.settler import (
     Handover,
@@ -117,7 +117,6 @@ PENDING_WAIT = (
     "redelivered messages wait in their queues until the DLX service writes the retries their "
     "workers handed to it"
 )
-CLAIM_WAIT = "retries wait in their queues until Redis (dlx_redis_url) answers their run's claim"
 
 #: Seconds a task's own ``Reject(requeue=True)`` is remembered until its redelivery arrives.
 OWN_REDELIVERY_TTL = 86400
@@ -454,9 +453,9 @@ class DLXTask(TracerHook, _Task):
         again at the same attempt), not who made the copy or when.
 
         Every run of a retry claims its step first, so a redelivered copy whose step has no
-        claim never ran (:meth:`_never_ran`). Redis that does not answer is waited for; if it
-        still does not, the copy goes back to its queue unrun. A full Redis (or the ``ttl``
-        delay backend, where Redis is optional): it runs unclaimed."""
+        claim never ran (:meth:`_never_ran`). Redis that does not answer is waited for (a
+        restart, :func:`~celery_dlx.worker.marks.patiently`); through a longer outage, a full
+        Redis, or with the ``ttl`` delay backend (Redis optional) it runs unclaimed."""
         step = _step(delivery)
         try:
             if runtime.history_optional:
@@ -464,11 +463,9 @@ class DLXTask(TracerHook, _Task):
             else:
                 first = patiently(lambda: runtime.causes.claim_run(step, runtime.config.cause_ttl))
         except STORE_ERRORS as err:
-            if runtime.history_optional or is_full(err):
-                logger.debug("could not note the run of %s", step, exc_info=True)
-                return True
-            self._wait_for_store(runtime, delivery, err, CLAIM_WAIT, "claim")
-            return True  # not reached: _wait_for_store raises Reject
+            if not runtime.history_optional:
+                _refusals(self.app, "claim").failed(err, "retries run unclaimed")
+            return True
         if not first:
             logger.warning(
                 "%s: a second copy of this retry (a drain or the DLX service published it again "
@@ -517,12 +514,7 @@ class DLXTask(TracerHook, _Task):
         return copied
 
     def _wait_for_store(
-        self,
-        runtime: Runtime,
-        delivery: Delivery,
-        err: BaseException,
-        why: str,
-        kind: str = "redelivery",
+        self, runtime: Runtime, delivery: Delivery, err: BaseException, why: str
     ) -> None:
         """Whether this redelivered message's retry exists is not known yet: Redis did not
         answer, or the retry's copy is on its way to the DLX service (:class:`RetryPending`).
@@ -533,7 +525,7 @@ class DLXTask(TracerHook, _Task):
         must."""
         if runtime.history_optional:
             return
-        _refusals(self.app, kind).failed(err, why)
+        _refusals(self.app, "redelivery").failed(err, why)
         time.sleep(STORE_WAIT)
         raise Reject(str(err), requeue=True)
 
@@ -715,8 +707,6 @@ class DLXTask(TracerHook, _Task):
                 return RequeueHandover(copy, event)
             mark_pending(runtime, [event])
             runtime.publisher.publish(copy)
-        except NotMarked as err:
-            self._requeue_unmarked(err, plan.fate)
         except Exception as err:
             self._fallback(runtime, delivery, plan, copy, event, err)
             return None
@@ -725,15 +715,6 @@ class DLXTask(TracerHook, _Task):
             mark_made(runtime, [event])
         faults.point("worker.requeued")
         return None
-
-    def _requeue_unmarked(self, err: NotMarked, fate: str) -> NoReturn:
-        """Redis did not answer the pending mark of this failure's copy
-        (:mod:`celery_dlx.worker.marks`): no copy goes out, and the original goes back to its
-        queue, where its redelivery is counted as this failure once Redis answers."""
-        _refusals(self.app, fate).failed(
-            err, "originals go back to their queues until Redis answers"
-        )
-        raise Reject(str(err), requeue=True) from None
 
     def _hands_over(self) -> bool:
         """True when the main process settles this run's copy: ``dlx_parent_parks``, a
@@ -785,19 +766,15 @@ class DLXTask(TracerHook, _Task):
     ) -> None:
         """The copy could not be written: send it to the DLX service naming its fate, which
         writes it once Redis and the broker answer (nothing lost, nothing decided twice), and ack
-        the original. Not rejected: a DLX task's rejection means a burial. If Redis does not
-        answer the copy's pending mark, or the broker refuses this copy too, the original goes
-        back to its queue (its redelivery counts as a crash)."""
+        the original. Not rejected: a DLX task's rejection means a burial. If the broker refuses
+        this copy too, the original goes back to its queue (its redelivery counts as a crash)."""
         fate = plan.fate
         refusals = _refusals(self.app, fate)
         delay = plan.delay if fate == fates.PARKED else None
         routed = fate_copy(
             copy, fate=fate, exchange=runtime.config.exchange, queue=delivery.queue, delay=delay
         )
-        try:
-            mark_pending(runtime, [event])
-        except NotMarked as unmarked:
-            self._requeue_unmarked(unmarked, fate)
+        mark_pending(runtime, [event])
         try:
             runtime.publisher.publish(routed)
         except Exception as again:

@@ -4,13 +4,11 @@ Found by the chaos run: with celery_dlx's Redis down, a failing task's tail requ
 (the broker was fine), then recording the fate in the history failed, the run failed, and Celery
 rejected the original into the dead-letter exchange: the message then lived twice (the requeued
 copy, and the original the DLX service requeued again), and every further failure during the
-outage doubled it again. Now no copy goes out while Redis cannot mark its retry pending: the
-message waits in its queue until Redis answers.
+outage doubled it again.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +27,7 @@ def dlx_redis(tmp_path: Any) -> Iterator[RedisServer]:
         yield server
 
 
-def test_a_requeue_during_a_redis_outage_forks_nothing_and_runs_once_redis_is_back(
+def test_a_requeue_during_a_redis_outage_acks_the_original(
     uid: str,
     dlx_redis: RedisServer,
     redis_client: Any,
@@ -37,9 +35,6 @@ def test_a_requeue_during_a_redis_outage_forks_nothing_and_runs_once_redis_is_ba
     cleanup_queues: list[str],
     broker: Any,
 ) -> None:
-    """No requeued copy goes out without its retry marked pending (celery_dlx.worker.marks):
-    the original goes back to its queue and waits, never dead-lettered beside a copy; once Redis
-    is back its redelivery counts as the failure and the retry runs once."""
     app = make_app(uid, dlx_redis_url=dlx_redis.url)
     cleanup_queues.extend([*queue_names(app), f"exchange:dlx-{uid}", f"exchange:work-{uid}"])
     runs = "{" + key_prefix + "}:test:runs"  # on the shared Redis, which stays up
@@ -54,14 +49,7 @@ def test_a_requeue_during_a_redis_outage_forks_nothing_and_runs_once_redis_is_ba
     with worker(app):
         dlx_redis.kill()  # celery_dlx's Redis is down; the broker is not
         flaky.delay()
-        wait_until(lambda: int(redis_client.get(runs) or 0) >= 1, timeout=60, what="the failure")
-        # The 10 s wait for Redis, then the original back in its queue (put back each second).
-        time.sleep(15)
-        assert int(redis_client.get(runs)) == 1  # no retry ran while Redis was down
-        assert queue_depth(channel, f"dead-{uid}") == 0, "the original was dead-lettered"
-        dlx_redis.start()
         wait_until(lambda: int(redis_client.get(runs) or 0) >= 2, timeout=60, what="the retry")
-        time.sleep(2)  # a second copy, if one had gone out, would run by now
     assert int(redis_client.get(runs)) == 2  # the requeued copy ran once, and succeeded
     assert queue_depth(channel, f"dead-{uid}") == 0, "the original was dead-lettered as well"
     assert queue_depth(channel, f"work-{uid}") == 0

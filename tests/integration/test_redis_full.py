@@ -8,6 +8,7 @@ own; an independent ledger (the shared Redis) counts every run.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -227,10 +228,8 @@ def test_a_redelivered_original_waits_in_its_queue_while_redis_cannot_say_if_its
     uid: str, tmp_path: Path, redis_client: Any, broker: Any
 ) -> None:
     """As above, with celery_dlx's Redis down when the original comes back: counted as a crash
-    it would get a second retry (a second lineage). It waits in its queue instead, and so does
-    the retry, whose run cannot claim its step (run unclaimed, a second copy of it could run
-    too); once Redis is back, the retry runs once, the marker is read and the original acked
-    unrun."""
+    it would get a second retry (a second lineage). It waits in its queue instead, while the
+    retry runs; once Redis is back, the marker is read and the original acked unrun."""
     names = Names(uid)
     with own_redis(tmp_path / "redis") as server:
         first = start_worker(
@@ -250,22 +249,16 @@ def test_a_redelivered_original_waits_in_its_queue_while_redis_cannot_say_if_its
             server.kill()
             second = start_worker(names, server.url, tmp_path / "second.log", concurrency=1)
             wait_for(
+                lambda: redis_client.hget(names.done_at, "s0") is not None,
+                "the retry's success while Redis is down",
+                60,
+            )
+            wait_for(
                 lambda: "wait in their queues until Redis (dlx_redis_url) answers" in second.text(),
                 "the original waiting",
-                60,
+                30,
             )
-            wait_for(
-                lambda: "answers their run's claim" in second.text(),
-                "the retry waiting for its claim",
-                60,
-            )
-            assert redis_client.hget(names.done_at, "s0") is None  # not run while Redis is down
             server.start()
-            wait_for(
-                lambda: redis_client.hget(names.done_at, "s0") is not None,
-                "the retry's success once Redis is back",
-                60,
-            )
             wait_for(
                 lambda: "redelivered after its retry was made" in second.text(),
                 "the original acked unrun",
@@ -466,37 +459,33 @@ def test_a_redelivered_retry_that_never_ran_runs_as_its_first(
         assert "Redelivered" not in text, text[-3000:]
 
 
-def test_no_requeued_copy_goes_out_while_redis_cannot_mark_it_pending(
+def test_a_requeue_during_a_redis_restart_goes_out_only_once_its_retry_is_marked(
     uid: str, tmp_path: Path, redis_client: Any, broker: Any
 ) -> None:
-    """Redis is down when a run fails into a requeue: the copy does not go out (the worker
-    would die after its publish, the ``worker.requeued`` crash point, and the redelivered
-    original, with no marker to find, would start a second lineage beside the copy). The
-    original goes back to its queue and waits; once Redis answers, its redelivery counts as
-    this failure, and the message runs exactly twice (the failure, the retry's success)."""
+    """Redis restarts while a run fails into a requeue: the copy waits for its retry's pending
+    mark. Published unmarked, the worker dying after its publish (the ``worker.requeued`` crash
+    point) would leave the redelivered original nothing to find, and it would start a second
+    lineage beside the copy: three runs, not two."""
     names = Names(uid)
     with own_redis(tmp_path / "redis") as server:
-        server.kill()
         worker = start_worker(
             names,
             server.url,
             tmp_path / "first.log",
             concurrency=1,
+            prefetch=1,  # the copy cannot reach the first worker before it dies
             DLX_FAULT="worker.requeued@1",
             DLX_FAULT_LOG=str(tmp_path / "faults.log"),
         )
         second = None
         try:
             wait_for(lambda: _ready(worker), "the worker", 60)
+            server.kill()
             make_storm_app(uid, server.url).send_task("storm.shaky", ("s0",), task_id=f"s0-{uid}")
-            wait_for(
-                lambda: "originals go back to their queues until Redis answers" in worker.text(),
-                "the original sent back",
-                60,
-            )
-            assert worker.alive, worker.text()[-3000:]  # no copy went out, no crash point
-            server.start()
-            # Once Redis answers, the redelivery's copy goes out and the crash point fires.
+            wait_for(lambda: ledger(redis_client, names).get("s0"), "the failing run", 30)
+            time.sleep(2)
+            assert worker.alive, worker.text()[-3000:]  # no copy out yet: no crash point
+            server.start()  # within the worker's patience
             wait_for(lambda: not worker.alive, "the crash after the requeue", 60)
             second = start_worker(names, server.url, tmp_path / "second.log", concurrency=1)
             wait_for(
@@ -505,9 +494,45 @@ def test_no_requeued_copy_goes_out_while_redis_cannot_mark_it_pending(
                 60,
             )
             wait_for(lambda: queue_depth(broker.channel(), names.work) == 0, "an empty queue", 30)
+            time.sleep(2)  # a second lineage, if one had started, would run by now
         finally:
             worker.stop()
             if second is not None:
                 second.stop()
         text = worker.text() + (second.text() if second else "")
         assert ledger(redis_client, names)["s0"]["runs"] == 2.0, text[-6000:]
+
+
+def test_a_retry_during_a_redis_restart_runs_once_its_run_is_claimed(
+    uid: str, tmp_path: Path, redis_client: Any, broker: Any
+) -> None:
+    """A retry's copy arrives while Redis restarts: it waits for its run's claim. Run
+    unclaimed, a second copy of the same step arriving later would run too."""
+    names = Names(uid)
+    state = DLXState().after_failure(
+        fate="requeued", at_ms=1_000, cause="c", queue=names.work, exc_type="ConnectionError"
+    )
+    headers = dict(state_headers(state))
+    with own_redis(tmp_path / "redis") as server:
+        app = make_storm_app(uid, server.url)
+        worker = start_worker(names, server.url, tmp_path / "worker.log", concurrency=1)
+        try:
+            wait_for(lambda: _ready(worker), "the worker", 60)
+            server.kill()
+            app.send_task("storm.shaky", ("s0",), task_id=f"s0-{uid}", headers=headers)
+            time.sleep(3)
+            assert not ledger(redis_client, names).get("s0")  # waiting for its claim
+            server.start()
+            wait_for(
+                lambda: redis_client.hget(names.done_at, "s0") is not None,
+                "the retry's success",
+                60,
+            )
+            # A second copy of the same step (a drain killed after its publish): acked unrun.
+            app.send_task("storm.shaky", ("s0",), task_id=f"s0-{uid}", headers=headers)
+            wait_for(lambda: "a second copy of this retry" in worker.text(), "the second copy", 30)
+        finally:
+            worker.stop()
+        text = worker.text()
+        # The step's run failed (shaky's first), its requeued copy succeeded; nothing else ran.
+        assert ledger(redis_client, names)["s0"]["runs"] == 2.0, text[-3000:]

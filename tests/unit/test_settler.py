@@ -213,16 +213,38 @@ def test_requeued_copies_go_out_only_after_their_retries_are_marked_pending(
     ]
 
 
-def test_without_an_answer_from_redis_no_copy_goes_out_and_originals_go_back(
-    monkeypatch: Any,
-) -> None:
-    """Redis does not answer the pending mark: nothing is published (no copy without its mark)
-    and each original goes back to its queue, where its redelivery counts as this failure."""
-    monkeypatch.setattr(marks, "STORE_PATIENCE", 0.3)
-    monkeypatch.setattr(marks.patiently, "__defaults__", (0.3,))
+def test_through_a_redis_outage_copies_go_out_unmarked(monkeypatch: Any) -> None:
+    """Redis does not answer the pending marks past this process's patience: the copies go out
+    unmarked and the originals are acked, so the work goes on through a long outage."""
+    monkeypatch.setitem(marks._outage, "spent", True)  # patience spent: one try each
     runtime = FakeRuntime(broken="park")
     runtime.causes.down = True
     outcomes = _settle(runtime, [_park("p1"), _requeue("r1")], monkeypatch)
-    assert outcomes == ["requeued", "requeued"]
-    assert runtime.publisher.sent == []
-    assert runtime.calls == [("park", ["p1"])]  # the requeue batch was not published
+    assert outcomes == ["acked", "acked"]
+    assert [m.headers[FATE_HEADER] for m in runtime.publisher.sent] == [PARKED]
+    assert runtime.calls == [("park", ["p1"]), ("requeue", ["r1"])]
+    assert runtime.causes.marks == []
+
+
+def test_patience_is_spent_once_per_outage(monkeypatch: Any) -> None:
+    """A Redis restart is waited for; through a long outage each process waits once, then
+    tries each write once until one succeeds."""
+    monkeypatch.setitem(marks._outage, "spent", False)
+    monkeypatch.setattr(marks.time, "sleep", lambda seconds: None)
+    clock = iter(range(0, 10_000))
+    monkeypatch.setattr(marks.time, "monotonic", lambda: float(next(clock)))
+    tries: list[int] = []
+
+    def down() -> None:
+        tries.append(1)
+        raise redis.ConnectionError("down")
+
+    with pytest.raises(redis.ConnectionError):
+        marks.patiently(down, patience=5)
+    assert len(tries) > 1 and marks._outage["spent"]
+    tries.clear()
+    with pytest.raises(redis.ConnectionError):
+        marks.patiently(down, patience=5)
+    assert len(tries) == 1  # spent: one try
+    assert marks.patiently(lambda: "up", patience=5) == "up"
+    assert not marks._outage["spent"]  # answered: the next outage is waited for again
