@@ -11,8 +11,8 @@ The records they take and return are pure values of :mod:`celery_dlx.message`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.cause import CauseRecord
@@ -23,6 +23,10 @@ from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.breaker import BreakerSettings, Hold
 
+#: A Redis pipeline of ``store/`` that writes are queued in (opaque here: the roles import no
+#: client library).
+Pipe = Any
+
 
 class Parking(Protocol):
     """Where parked retries wait until they are due, and how the drain takes them back."""
@@ -30,22 +34,15 @@ class Parking(Protocol):
     def park(self, message: ParkedMessage) -> bool:
         """Park ``message`` until its due time; False if that id and attempt are parked already."""
 
-    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
-        """:meth:`park` each, in one round trip where the store allows it."""
+    def park_many(self, messages: Sequence[ParkedMessage], *, pipeline: Pipe = None) -> list[bool]:
+        """:meth:`park` each, in one round trip where the store allows it; in ``pipeline`` (one
+        :meth:`transaction` hands out) queued as one command whose reply is that list, [] now."""
 
-    def park_recorded(
-        self, message: ParkedMessage, events: Sequence[FateEvent]
-    ) -> bool | BaseException:
-        """Park ``message`` and record ``events`` with it where one transaction can hold both:
-        True (both in), the history's error (parked, not recorded), or False (parked; the caller
-        records the events)."""
-
-    def park_recorded_many(
-        self, messages: Sequence[ParkedMessage], events: Sequence[FateEvent]
-    ) -> tuple[list[BaseException | None], bool | BaseException]:
-        """:meth:`park_recorded` for a batch, in one transaction where the store allows it: per
-        message None (parked, or parked already) or the error that kept it out, and whether the
-        events were recorded with them, as :meth:`park_recorded` says it."""
+    def transaction(self, queue: Callable[[Pipe], None], what: str) -> list[Any] | None:
+        """Run the writes ``queue`` adds to a pipeline (a park, the history's) in one
+        transaction that counts as parks do: the replies in order, an error in place of a
+        refused command. None, without calling ``queue``, where no transaction can hold a park
+        and the history (per-queue layout, Redis Cluster, the broker's delay queues)."""
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Take up to ``limit`` due retries for ``lease_ms`` (claimed again after that)."""
@@ -152,10 +149,14 @@ class History(Protocol):
     audit stream."""
 
     def write(
-        self, events: Sequence[FateEvent], *, history: bool = True
-    ) -> tuple[BaseException | None, bool]:
-        """Append ``events`` and count them in one round trip: the first append refused (None
-        when all went in), and whether the counters failed."""
+        self, events: Sequence[FateEvent], *, history: bool = True, pipeline: Pipe = None
+    ) -> bool:
+        """Append ``events``, count them and mark their retries, in ``pipeline`` (queued: the
+        append's replies first) or in one round trip now: whether the counters and markers went
+        in. Raises the append's error."""
+
+    def forget_copies(self, events: Sequence[FateEvent]) -> None:
+        """Delete the retry markers :meth:`write` queued for ``events`` (their parks failed)."""
 
     def append_many(self, events: Iterable[FateEvent]) -> int: ...
 

@@ -29,11 +29,10 @@ from celery_dlx.broker.publish import ConfirmingPublisher
 from celery_dlx.broker.topology import QUORUM_AT_LEAST_ONCE
 from celery_dlx.docs_url import doc_url
 from celery_dlx.errors import PublishError, TopologyError
-from celery_dlx.message.parked import ParkedMessage, park_each
+from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.durations import EXPIRES_MARGIN_MS, ladder_ms
 
 if TYPE_CHECKING:
-    from celery_dlx.fates import FateEvent
     from celery_dlx.roles import Parking
 
 logger = logging.getLogger(__name__)
@@ -298,20 +297,17 @@ class LadderParking:
         self.ladder.park(self.publisher(), message)
         return True
 
-    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
+    def park_many(
+        self, messages: Sequence[ParkedMessage], *, pipeline: object = None
+    ) -> list[bool]:
+        """Publish each to its delay queue (confirmed). No Redis pipeline is ever given: there
+        is no :meth:`transaction` here."""
         self.ladder.park_many(self.publisher(), messages)
         return [True] * len(messages)
 
-    def park_recorded(self, message: ParkedMessage, events: Sequence[FateEvent]) -> bool:
-        """Park in the broker; the caller records ``events`` (returns False)."""
-        self.park(message)
-        return False
-
-    def park_recorded_many(
-        self, messages: Sequence[ParkedMessage], events: Sequence[FateEvent]
-    ) -> tuple[list[BaseException | None], bool | BaseException]:
-        """Park each in the broker; the caller records ``events`` (False)."""
-        return park_each(self.park, messages), False
+    def transaction(self, queue: Callable[[Any], None], what: str) -> None:
+        """None: a park in the broker and a write to Redis share no transaction."""
+        return None
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         return list(self.stored().claim(limit, lease_ms, now))

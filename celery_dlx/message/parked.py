@@ -91,3 +91,10 @@ def park_each(
         except Exception as err:
             outcomes.append(err)
     return outcomes
+
+
+def parks_named(messages: Sequence[ParkedMessage]) -> str:
+    """The parks of ``messages``, as an error message names them."""
+    if len(messages) == 1:
+        return f"the park of {messages[0].entry_id}"
+    return f"the parks of {len(messages)} messages"

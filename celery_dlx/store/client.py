@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qs, urlparse
@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlparse
 from redis import Redis
 from redis.client import Pipeline
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, RedisError
+from redis.exceptions import AskError, NoScriptError, RedisError
 
 from celery_dlx.compat.redis import HeldConnectionPool, held_client, read_reply, refresh_slot_map
 from celery_dlx.errors import StoreError
@@ -326,8 +326,6 @@ def execute_replicated(
     timeout: float,
     *,
     what: str,
-    transaction: bool = False,
-    raise_on_error: bool = True,
 ) -> list[Any]:
     """Run the commands ``queue`` adds to a pipeline, then ``WAIT`` for ``wanted`` replicas
     (at least one) for up to ``timeout`` seconds, on the same connection (:class:`OneConnection`).
@@ -337,11 +335,35 @@ def execute_replicated(
         redis.RedisError: the pipeline or the ``WAIT`` failed (the caller retries).
     """
     with OneConnection(client, key) as one:
-        pipe = one.client.pipeline(transaction=transaction)
+        pipe = one.client.pipeline(transaction=False)
         queue(pipe)
-        results = list(pipe.execute(raise_on_error=raise_on_error))
+        results = list(pipe.execute())
         one.wait(wanted, timeout, what)
     return results
+
+
+def execute_loading(pipe: Any, client: RedisClient, scripts: Mapping[str, str]) -> list[Any]:
+    """Execute ``pipe``: the replies in order, an error in place of a command Redis refused.
+
+    Its scripts go as bare ``EVALSHA`` calls (``scripts``: sha -> source), without the ``SCRIPT
+    EXISTS`` round trip redis-py sends first; one Redis answers ``NOSCRIPT`` (it lost its scripts:
+    a restart) runs again by ``EVAL`` on ``client``, which loads it, and its reply (or error)
+    takes the error's place.
+
+    Raises:
+        redis.RedisError: the pipeline was not sent, or a transaction was discarded.
+    """
+    # A Cluster pipeline (its commands are objects, not tuples) is given no script calls.
+    sent = [args for args, _ in pipe.command_stack] if isinstance(pipe, Pipeline) else []
+    replies = list(pipe.execute(raise_on_error=False))
+    for i, reply in enumerate(replies):
+        if isinstance(reply, NoScriptError):
+            _, sha, *args = sent[i]
+            try:
+                replies[i] = client.eval(scripts[sha], *args)
+            except RedisError as exc:
+                replies[i] = exc
+    return replies
 
 
 def redis_client(url: str) -> RedisClient:

@@ -33,13 +33,11 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from redis.exceptions import NoScriptError, RedisError
-
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.counts import Counts
 from celery_dlx.message.lineage import ANY_LINEAGE
 from celery_dlx.message.names import Keys
-from celery_dlx.store.client import RedisClient, is_cluster, text
+from celery_dlx.store.client import RedisClient, execute_loading, is_cluster, text
 from celery_dlx.store.counters import add_counts, read_window
 
 if TYPE_CHECKING:
@@ -65,22 +63,6 @@ def mark_copies(pipe: Any, keys: Keys, events: Iterable[FateEvent]) -> None:
             pipe.set(marker, event.extra.get("lineage", ANY_LINEAGE), px=COPIED_TTL_MS)
 
 
-def forget_copies(client: RedisClient, keys: Keys, events: Sequence[FateEvent]) -> None:
-    """Delete the markers :func:`mark_copies` queued for ``events`` whose writes failed (best
-    effort: logged when Redis refuses it too)."""
-    if not events:
-        return
-    try:
-        client.delete(*(keys.copied(e.queue, e.message_id, e.attempt) for e in events))
-    except Exception:
-        logger.warning(
-            "could not take back the retry markers of %d failed park(s): a redelivery of one "
-            "of them within a day would be acked unrun",
-            len(events),
-            exc_info=True,
-        )
-
-
 #: Fields every history entry has, in order.
 HISTORY_FIELDS = (
     "fate",
@@ -101,14 +83,14 @@ HISTORY_FIELDS = (
 # Append a batch of entries in order; ARGV[1] is a JSON list of each entry's flat fields
 # (history_args). One argument for the batch instead of some 26 per entry: packing arguments is
 # most of what an append costs the client.
-_APPEND_MANY = """
+APPEND_MANY = """
 local entries = cjson.decode(ARGV[1])
 for _, fields in ipairs(entries) do
   redis.call('XADD', KEYS[1], '*', unpack(fields))
 end
 return #entries
 """
-_APPEND_MANY_SHA = hashlib.sha1(_APPEND_MANY.encode(), usedforsecurity=False).hexdigest()
+APPEND_MANY_SHA = hashlib.sha1(APPEND_MANY.encode(), usedforsecurity=False).hexdigest()
 
 
 def history_fields(event: FateEvent) -> dict[str, str]:
@@ -261,57 +243,66 @@ class History:
         return read_window(self.client, self.keys, window_s, at_ms=at_ms)
 
     def write(
-        self, events: Sequence[FateEvent], *, history: bool = True
-    ) -> tuple[BaseException | None, bool]:
-        """Append ``events`` (unless ``history`` is False: the caller appended them) and add them
-        to the counters, in one round trip.
+        self,
+        events: Sequence[FateEvent],
+        *,
+        history: bool = True,
+        pipeline: Pipeline | ClusterPipeline | None = None,
+    ) -> bool:
+        """Append ``events`` (unless ``history`` is False: the caller appended them), add them to
+        the counters and mark their retries (:func:`mark_copies`), in ``pipeline`` or in one
+        round trip now.
+
+        In ``pipeline`` the commands are queued, the caller executes them (the append first: one
+        script call, an ``XADD`` each on a Redis Cluster; then the counters and markers) and
+        reads their replies; True is returned.
 
         Returns:
-            The first history append refused (None when all went in), and whether the counters
-            failed (they are best effort).
+            Whether the counters and markers went in (best effort: the caller logs a failure).
 
         Raises:
-            redis.RedisError: the round trip failed and ``history`` is True.
+            redis.RedisError: the append was refused, or the round trip failed and ``history``
+                is True.
         """
-        pipe = self.client.pipeline(transaction=False)
-        # One script call appends the batch (redis-py refuses scripts in a Cluster pipeline:
-        # there an XADD each).
-        batched = history and bool(events) and not is_cluster(self.client)
-        payload = ""
-        if batched:
-            payload = self.queue_batch(pipe, events)
-            appended = 1
-        else:
-            appended = self.append_many(events, pipe) if history else 0
+        pipe = self.client.pipeline(transaction=False) if pipeline is None else pipeline
+        appended = 0
+        if history and events:
+            if is_cluster(self.client):  # redis-py refuses scripts in a Cluster pipeline
+                appended = self.append_many(events, pipe)
+            else:
+                # One script call by its sha (no SCRIPT EXISTS round trip) and one argument for
+                # the batch: packing arguments is most of what an append costs the client.
+                payload = json.dumps(
+                    [history_args(e) for e in events], separators=(",", ":"), ensure_ascii=False
+                )
+                pipe.evalsha(APPEND_MANY_SHA, 1, self.keys.history, payload)
+                appended = 1
         add_counts(pipe, self.keys, events)
-        mark_copies(pipe, self.keys, events)  # after the counters: replies stay where they were
+        mark_copies(pipe, self.keys, events)
+        if pipeline is not None:
+            return True
         try:
-            results = pipe.execute(raise_on_error=False)
+            results = execute_loading(pipe, self.client, {APPEND_MANY_SHA: APPEND_MANY})
         except Exception:
             if history:
                 raise
-            return None, True
-        if batched and isinstance(results[0], NoScriptError):  # Redis lost its scripts (restart)
-            results[0] = self.append_loading(payload)
+            return False
         failed = next((r for r in results[:appended] if isinstance(r, Exception)), None)
-        return failed, any(isinstance(r, Exception) for r in results[appended:])
+        if failed is not None:
+            raise failed
+        return not any(isinstance(r, Exception) for r in results[appended:])
 
-    def queue_batch(self, pipe: Pipeline, events: Sequence[FateEvent]) -> str:
-        """Queue the append of ``events``, in order, in ``pipe`` (not a Cluster pipeline) as one
-        script call by its sha, which needs no ``SCRIPT EXISTS`` round trip first. Its reply is
-        the count appended or, when Redis lost its scripts (a restart), a ``NoScriptError``:
-        then :meth:`append_loading` appends the returned payload.
-        """
-        payload = json.dumps(
-            [history_args(e) for e in events], separators=(",", ":"), ensure_ascii=False
-        )
-        pipe.evalsha(_APPEND_MANY_SHA, 1, self.keys.history, payload)
-        return payload
-
-    def append_loading(self, payload: str) -> object:
-        """The batch append of :meth:`queue_batch`'s ``payload`` by ``EVAL`` (which loads the
-        script): its reply, or its error."""
+    def forget_copies(self, events: Sequence[FateEvent]) -> None:
+        """Delete the markers :meth:`write` queued for ``events`` whose writes failed (best
+        effort: logged when Redis refuses it too)."""
         try:
-            return self.client.eval(_APPEND_MANY, 1, self.keys.history, payload)
-        except RedisError as exc:
-            return exc
+            self.client.delete(
+                *(self.keys.copied(e.queue, e.message_id, e.attempt) for e in events)
+            )
+        except Exception:
+            logger.warning(
+                "could not take back the retry markers of %d failed park(s): a redelivery of one "
+                "of them within a day would be acked unrun",
+                len(events),
+                exc_info=True,
+            )

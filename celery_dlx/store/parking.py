@@ -19,25 +19,27 @@ import heapq
 import itertools
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from redis.exceptions import NoScriptError
-
-from celery_dlx.fates import FateEvent, now_ms
+from celery_dlx.fates import now_ms
 from celery_dlx.message.names import PARKED_BUCKETS, Keys, ParkedKeys
-from celery_dlx.message.parked import ParkedMessage, park_each
+from celery_dlx.message.parked import ParkedMessage, parks_named
 from celery_dlx.store.client import (
+    OneConnection,
     RedisClient,
     Replicas,
+    execute_loading,
     execute_replicated,
     is_cluster,
     text,
 )
-from celery_dlx.store.counters import add_counts
-from celery_dlx.store.history import History, forget_copies, mark_copies
+from celery_dlx.store.history import APPEND_MANY, APPEND_MANY_SHA
 from celery_dlx.store.shards import Layout, ShardSet, grouped
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
 
 logger = logging.getLogger(__name__)
 
@@ -124,13 +126,6 @@ return 1
 """
 
 
-def _parks_named(messages: Sequence[ParkedMessage]) -> str:
-    """The parks of ``messages``, as a :class:`NotReplicated` message names them."""
-    if len(messages) == 1:
-        return f"the park of {messages[0].entry_id}"
-    return f"the parks of {len(messages)} messages"
-
-
 def _park_args(messages: Sequence[ParkedMessage]) -> list[Any]:
     """The park scripts' arguments for ``messages``: id, due time, metadata JSON, body each."""
     args: list[Any] = []
@@ -165,21 +160,9 @@ class ParkedShard:
         """How many replicas a park must reach (``dlx_redis_min_replicas``, resolved)."""
         return self.replicas.wanted(self.client, self.parked.due)
 
-    def replicated(self, queue: Any, wanted: int, what: str, *, transaction: bool = False) -> Any:
-        return execute_replicated(
-            self.client,
-            self.parked.due,
-            queue,
-            wanted,
-            self.replicas.timeout,
-            what=what,
-            transaction=transaction,
-            raise_on_error=not transaction,
-        )
-
     def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
         """Park a batch in one script call; per message, False if it was parked already."""
-        return self.put(_park_args(messages), _parks_named(messages))
+        return self.put(_park_args(messages), parks_named(messages))
 
     def put(self, args: Sequence[Any], what: str) -> list[bool]:
         """Store entries given as they are stored (id, score, metadata, body each) unless
@@ -188,8 +171,13 @@ class ParkedShard:
         wanted = self.wanted()
         if not wanted:
             return [bool(r) for r in script(keys=self.keys, args=list(args))]
-        (stored,) = self.replicated(
-            lambda pipe: script(keys=self.keys, args=list(args), client=pipe), wanted, what
+        (stored,) = execute_replicated(
+            self.client,
+            self.parked.due,
+            lambda pipe: script(keys=self.keys, args=list(args), client=pipe),
+            wanted,
+            self.replicas.timeout,
+            what=what,
         )
         return [bool(r) for r in stored]
 
@@ -338,8 +326,13 @@ class ParkingStore:
         (stored,) = self.park_many([message])
         return stored
 
-    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
+    def park_many(
+        self, messages: Sequence[ParkedMessage], *, pipeline: Pipeline | None = None
+    ) -> list[bool]:
         """Park a batch, one script call per shard; per message, False if already parked.
+
+        In ``pipeline`` (one :meth:`transaction` hands out), the park is queued as one script
+        call whose reply is that list (1 parked now, 0 parked before); [] is returned.
 
         Raises:
             NotReplicated: stored on the master, but fewer replicas than
@@ -348,6 +341,10 @@ class ParkingStore:
                 that failed (the others may have gone in: a park is idempotent).
         """
         if not messages:
+            return []
+        if pipeline is not None:  # a bare EVALSHA: no SCRIPT EXISTS round trip
+            keys = self.shards.home.keys
+            pipeline.evalsha(self.scripts.park_many.sha, len(keys), *keys, *_park_args(messages))
             return []
         self.shards.add_queues(m.queue for m in messages)
         out = [False] * len(messages)
@@ -358,6 +355,37 @@ class ParkingStore:
             for i, ok in zip(where, stored, strict=True):
                 out[i] = ok
         return out
+
+    def transaction(self, queue: Callable[[Pipeline], None], what: str) -> list[Any] | None:
+        """Run the writes ``queue`` adds to a pipeline (:meth:`park_many`, the history's) in one
+        ``MULTI``/``EXEC``, confirmed by the replicas ``dlx_redis_min_replicas`` asks for
+        (``what`` names them in :class:`NotReplicated`): the replies in order, an error in
+        place of a command Redis refused (those after it went in).
+
+        None, without calling ``queue``, in the per-queue layout or on a Redis Cluster: the
+        history lives under the app's tag, in another slot than a queue's shard (and a Cluster
+        pipeline takes no script).
+
+        Raises:
+            NotReplicated: the transaction went to the master, but fewer replicas confirmed it.
+            redis.RedisError: it was not sent, or discarded (nothing was written).
+        """
+        if self.per_queue or is_cluster(self.client):
+            return None
+        home = self.shards.home
+        wanted = home.wanted()
+        if not wanted:
+            return self._transaction(self.client, queue)
+        with OneConnection(self.client, home.parked.due) as one:
+            replies = self._transaction(one.client, queue)
+            one.wait(wanted, self.replicas.timeout, what)
+        return replies
+
+    def _transaction(self, client: RedisClient, queue: Callable[[Pipeline], None]) -> list[Any]:
+        pipe = client.pipeline(transaction=True)
+        queue(pipe)
+        scripts = {self.scripts.park_many.sha: _PARK_MANY, APPEND_MANY_SHA: APPEND_MANY}
+        return execute_loading(pipe, client, scripts)
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
         """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims.
@@ -511,84 +539,3 @@ class ParkingStore:
             for shard in self.shards.holders(entry_id, queues)
         ]
         return sum(shard.remove([entry_ids[i] for i in where]) for shard, where in grouped(pairs))
-
-    def park_recorded(
-        self, message: ParkedMessage, events: Sequence[FateEvent]
-    ) -> bool | BaseException:
-        """Park ``message`` and append ``events`` to the history and counters, in one
-        ``MULTI``/``EXEC`` where the client allows it.
-
-        Returns:
-            True when the park and the record went in; the history's error when the park went in
-            and its record did not; False when the record was not attempted (per-queue layout or
-            a Redis Cluster: the caller records the events itself).
-
-        Raises:
-            NotReplicated: the park and its record went to the master, but fewer replicas than
-                ``dlx_redis_min_replicas`` confirmed them: not a park to ack on (the history
-                holds the entry; the dead-letter path that follows records the fate again).
-            redis.RedisError, ...: the message is not parked (and nothing was recorded).
-        """
-        (outcome,), recorded = self.park_recorded_many([message], events)
-        if outcome is not None:
-            raise outcome
-        return recorded
-
-    def park_recorded_many(
-        self, messages: Sequence[ParkedMessage], events: Sequence[FateEvent]
-    ) -> tuple[list[BaseException | None], bool | BaseException]:
-        """Park ``messages`` and append ``events`` (their fates) to the history and counters,
-        all in one ``MULTI``/``EXEC`` (one round trip, one ``WAIT`` where replicas are wanted)
-        in the single-tag layout; in the per-queue layout (or on a Cluster), park each and leave
-        the events to the caller.
-
-        Returns:
-            Per message, None when it is parked (or was already) or the error that kept it out;
-            and, as :meth:`park_recorded` returns it, whether the record went in.
-
-        Raises:
-            NotReplicated: the batch went to the master, but fewer replicas than
-                ``dlx_redis_min_replicas`` confirmed it: none of it counts as parked.
-            redis.RedisError, ...: the transaction failed (nothing is parked or recorded).
-        """
-        if self.per_queue or is_cluster(self.client):
-            # The history lives under the app's tag, another slot than a queue's shard (and a
-            # Cluster pipeline takes no script): park each; the caller records the events.
-            return park_each(self.park, messages), False
-        home = self.shards.home
-        history = History(self.client, self.keys)
-        payload = ""
-
-        def queue(pipe: Any) -> None:
-            # One script call parks the batch and one appends its fates (bare EVALSHAs: no
-            # SCRIPT EXISTS round trip), then the counters: packing arguments is most of what a
-            # write costs the client, and this runs on the worker's main process.
-            nonlocal payload
-            args = _park_args(messages)
-            pipe.evalsha(self.scripts.park_many.sha, len(home.keys), *home.keys, *args)
-            payload = history.queue_batch(pipe, events) if events else ""
-            add_counts(pipe, self.keys, events)
-            mark_copies(pipe, self.keys, events)
-
-        wanted = home.wanted()
-        if wanted:
-            results = home.replicated(queue, wanted, _parks_named(messages), transaction=True)
-        else:
-            pipe = self.client.pipeline(transaction=True)
-            queue(pipe)
-            results = pipe.execute(raise_on_error=False)
-        parked, rest = results[0], list(results[1:])
-        if isinstance(parked, NoScriptError):  # Redis restarted: the rest went in
-            outcomes = park_each(self.park, messages)
-        elif isinstance(parked, Exception):
-            outcomes = [parked] * len(messages)
-        else:
-            outcomes = [None] * len(messages)  # 1 parked now, 0 parked before
-        if payload and rest and isinstance(rest[0], NoScriptError):
-            rest[0] = history.append_loading(payload)
-        if any(outcomes) and len(events) == len(messages):
-            # Their markers went in beside parks that did not: a redelivery must retry them.
-            unparked = [e for e, o in zip(events, outcomes, strict=True) if o is not None]
-            forget_copies(self.client, self.keys, unparked)
-        failed = next((r for r in rest if isinstance(r, Exception)), None)
-        return outcomes, True if failed is None else failed

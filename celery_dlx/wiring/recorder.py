@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from celery_dlx.errors import PublishError, StoreError
 from celery_dlx.fates import BURIED, DRAINED, FateEvent
 from celery_dlx.message.outgoing import Outgoing
-from celery_dlx.message.parked import ParkedMessage
+from celery_dlx.message.parked import ParkedMessage, park_each, parks_named
 from celery_dlx.outages import outage_log
 from celery_dlx.policy.decide import one_line
-from celery_dlx.roles import History, Parking, Publisher
+from celery_dlx.roles import History, Parking, Pipe, Publisher
 
 logger = logging.getLogger("celery_dlx")
 
@@ -54,10 +54,11 @@ class FateRecorder:
     def park_recorded(self, message: ParkedMessage, event: FateEvent) -> None:
         """Park ``message`` and record ``event`` (its ``parked`` fate) in one Redis round trip.
 
-        The park, the history append and the counters go in one ``MULTI``/``EXEC``: sent whole or
-        not at all, so a park that failed to reach Redis leaves no history entry behind. Then
-        the fate is logged and the listeners are told. Where that cannot be one transaction
-        (the ``ttl`` delay backend, Redis Cluster), :meth:`park` then :meth:`record`.
+        The park, the history append, the counters and the retry's marker go in one
+        ``MULTI``/``EXEC``: sent whole or not at all, so a park that failed to reach Redis leaves
+        no history entry behind. Then the fate is logged and the listeners are told. Where that
+        cannot be one transaction (the ``ttl`` delay backend, Redis Cluster, keys per queue),
+        the park, then :meth:`record_settled`.
 
         Raises:
             NotReplicated: the park went to the master, but fewer replicas than
@@ -66,21 +67,17 @@ class FateRecorder:
             redis.RedisError, ...: the message is not parked (nothing was recorded, unless Redis
             refused the park itself inside the transaction: then the history may hold it).
         """
-        recorded = self._parking().park_recorded(message, [event])
-        if recorded is False:
-            self.record_settled(event)
-            return
-        self._log(event)  # parked: not before, a failed park falls back to the dead-letter path
-        if recorded is not True:
-            self._unrecorded([event], recorded)
-        self._notify(event)
+        (outcome,) = self.park_recorded_many([(message, event)])
+        if outcome is not None:
+            raise outcome
 
     def park_recorded_many(
         self, parks: Sequence[tuple[ParkedMessage, FateEvent]]
     ) -> list[BaseException | None]:
         """:meth:`park_recorded` for a batch (a worker's main process parking what its pool
-        handed over): with the Redis parking store, every park, history entry and counter in one
-        ``MULTI``/``EXEC``; otherwise each parked as its parking can, the fates recorded after.
+        handed over): every park, history entry, counter and marker in one ``MULTI``/``EXEC``
+        where the parking allows it; otherwise each parked as its parking can, the fates
+        recorded after.
 
         Returns:
             Per park, None when it is in (the fate then logged and the listeners told), or the
@@ -89,23 +86,35 @@ class FateRecorder:
         """
         if not parks:
             return []
+        messages = [message for message, _ in parks]
+        events = [event for _, event in parks]
+        parking, history = self._parking(), self._history()
+
+        def queue(pipe: Pipe) -> None:
+            parking.park_many(messages, pipeline=pipe)
+            history.write(events, pipeline=pipe)
+
         try:
-            outcomes, recorded = self._parking().park_recorded_many(
-                [message for message, _ in parks], [event for _, event in parks]
-            )
+            replies = parking.transaction(queue, parks_named(messages))
         except Exception as err:  # nothing parked (or not replicated): each falls back
             return [err] * len(parks)
-        done = [event for (_, event), outcome in zip(parks, outcomes, strict=True) if not outcome]
-        if recorded is False:
-            for event in done:
-                self.record_settled(event)
+        if replies is None:
+            outcomes = park_each(parking.park, messages)
+            for event, outcome in zip(events, outcomes, strict=True):
+                if outcome is None:
+                    self.record_settled(event)
             return outcomes
-        for event in done:
-            self._log(event)
-        if recorded is not True and done:
-            self._unrecorded(done, recorded)
-        self._notify_many(done)
-        return outcomes
+        parked, *record = replies
+        if isinstance(parked, Exception):
+            history.forget_copies(events)  # their markers went in: a redelivery must retry them
+            return [parked] * len(parks)
+        for event in events:
+            self._log(event)  # parked: not before, a failed park falls back to the dead-letter path
+        failed = next((r for r in record if isinstance(r, Exception)), None)
+        if failed is not None:
+            self._unrecorded(events, failed)
+        self._notify_many(events)
+        return [None] * len(parks)
 
     def requeue_recorded_many(
         self,
@@ -145,15 +154,13 @@ class FateRecorder:
             for event in done:
                 self._log(event)
             try:
-                failed, counters_failed = self._history().write(done)
+                counted = self._history().write(done)
             except Exception as err:
-                failed, counters_failed = err, False
-            self._counted(len(done), counters_failed)
-            if failed is not None:
-                self._unrecorded(done, failed)
+                self._unrecorded(done, err)
                 if unrecorded is not None:
                     unrecorded(done)
             else:
+                self._counted(len(done), not counted)
                 self._notify_many(done)
         return outcomes
 
@@ -230,10 +237,8 @@ class FateRecorder:
         if log:
             for event in events:
                 self._log(event)
-        failed, counters_failed = self._history().write(events, history=history)
-        self._counted(len(events), counters_failed)
-        if failed is not None:
-            raise failed
+        counted = self._history().write(events, history=history)
+        self._counted(len(events), not counted)
         for event in events:
             self._notify(event)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.names import Keys
@@ -49,8 +50,7 @@ def test_a_batch_is_appended_as_one_xadd_per_event_would_append_it(
     redis_client: Any, keys: Keys
 ) -> None:
     events = _events()
-    failed, counters_failed = History(redis_client, keys).write(events)
-    assert failed is None and not counters_failed
+    assert History(redis_client, keys).write(events)  # counted; a refused append raises
     expected = [history_fields(e) for e in events]
     assert _stream(redis_client, keys) == expected
     assert len(expected[1]["reason"]) == 500 and "obituary" in expected[1]
@@ -67,20 +67,18 @@ def test_a_redis_without_the_script_gets_the_batch_once(
     redis_client: Any, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a restart Redis has no scripts: the batch goes again by EVAL, once."""
-    monkeypatch.setattr(history_module, "_APPEND_MANY_SHA", "0" * 40)  # a script Redis lacks
+    monkeypatch.setattr(history_module, "APPEND_MANY_SHA", "0" * 40)  # a script Redis lacks
     events = _events()
-    failed, _ = History(redis_client, keys).write(events)
-    assert failed is None
+    History(redis_client, keys).write(events)  # raises if the batch was refused
     assert _stream(redis_client, keys) == [history_fields(e) for e in events]
 
 
 def test_without_history_only_the_counters_are_written(redis_client: Any, keys: Keys) -> None:
-    failed, counters_failed = History(redis_client, keys).write(_events(), history=False)
-    assert failed is None and not counters_failed
+    assert History(redis_client, keys).write(_events(), history=False)
     assert _stream(redis_client, keys) == []
 
 
 def test_a_refused_append_is_reported(redis_client: Any, keys: Keys) -> None:
     redis_client.set(keys.history, "not a stream")
-    failed, _ = History(redis_client, keys).write(_events())
-    assert failed is not None and "WRONGTYPE" in str(failed)
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        History(redis_client, keys).write(_events())

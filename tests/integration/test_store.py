@@ -253,10 +253,8 @@ def test_a_batch_of_parks_goes_in_with_its_fates_in_one_round_trip(
     runtime = _runtime(key_prefix)
     messages = [_parked(f"b{i}", due_ms=T0 + i) for i in range(3)]
     runtime.store.park(messages[1])
-    outcomes, recorded = runtime.store.park_recorded_many(
-        messages, [_parked_event(m) for m in messages]
-    )
-    assert outcomes == [None, None, None] and recorded is True
+    outcomes = runtime.park_recorded_many([(m, _parked_event(m)) for m in messages])
+    assert outcomes == [None, None, None]
     claimed = runtime.store.claim(10, LEASE, now=T0 + 10)
     assert [m.entry_id for m in claimed] == ["b0:1", "b1:1", "b2:1"]
     assert [e["message_id"] for _, e in runtime.history.read(count=10)] == ["b0", "b1", "b2"]
