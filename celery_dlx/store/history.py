@@ -27,19 +27,16 @@ field                     meaning
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from redis.exceptions import NoScriptError, RedisError
-
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.counts import Counts
 from celery_dlx.message.lineage import ANY_LINEAGE
 from celery_dlx.message.names import Keys
-from celery_dlx.store.client import RedisClient, is_cluster, text
+from celery_dlx.store.client import RedisClient, text
 from celery_dlx.store.counters import add_counts, read_window
 
 if TYPE_CHECKING:
@@ -96,19 +93,6 @@ HISTORY_FIELDS = (
     "importance",
     "first_failure_ms",
 )
-
-
-# Append a batch of entries in order; ARGV[1] is a JSON list of each entry's flat fields
-# (history_args). One argument for the batch instead of some 26 per entry: packing arguments is
-# most of what an append costs the client.
-_APPEND_MANY = """
-local entries = cjson.decode(ARGV[1])
-for _, fields in ipairs(entries) do
-  redis.call('XADD', KEYS[1], '*', unpack(fields))
-end
-return #entries
-"""
-_APPEND_MANY_SHA = hashlib.sha1(_APPEND_MANY.encode(), usedforsecurity=False).hexdigest()
 
 
 def history_fields(event: FateEvent) -> dict[str, str]:
@@ -274,15 +258,7 @@ class History:
             redis.RedisError: the round trip failed and ``history`` is True.
         """
         pipe = self.client.pipeline(transaction=False)
-        # One script call appends the batch (redis-py refuses scripts in a Cluster pipeline:
-        # there an XADD each).
-        batched = history and bool(events) and not is_cluster(self.client)
-        payload = ""
-        if batched:
-            payload = self.queue_batch(pipe, events)
-            appended = 1
-        else:
-            appended = self.append_many(events, pipe) if history else 0
+        appended = self.append_many(events, pipe) if history else 0
         add_counts(pipe, self.keys, events)
         mark_copies(pipe, self.keys, events)  # after the counters: replies stay where they were
         try:
@@ -291,27 +267,5 @@ class History:
             if history:
                 raise
             return None, True
-        if batched and isinstance(results[0], NoScriptError):  # Redis lost its scripts (restart)
-            results[0] = self.append_loading(payload)
         failed = next((r for r in results[:appended] if isinstance(r, Exception)), None)
         return failed, any(isinstance(r, Exception) for r in results[appended:])
-
-    def queue_batch(self, pipe: Pipeline, events: Sequence[FateEvent]) -> str:
-        """Queue the append of ``events``, in order, in ``pipe`` (not a Cluster pipeline) as one
-        script call by its sha, which needs no ``SCRIPT EXISTS`` round trip first. Its reply is
-        the count appended or, when Redis lost its scripts (a restart), a ``NoScriptError``:
-        then :meth:`append_loading` appends the returned payload.
-        """
-        payload = json.dumps(
-            [history_args(e) for e in events], separators=(",", ":"), ensure_ascii=False
-        )
-        pipe.evalsha(_APPEND_MANY_SHA, 1, self.keys.history, payload)
-        return payload
-
-    def append_loading(self, payload: str) -> object:
-        """The batch append of :meth:`queue_batch`'s ``payload`` by ``EVAL`` (which loads the
-        script): its reply, or its error."""
-        try:
-            return self.client.eval(_APPEND_MANY, 1, self.keys.history, payload)
-        except RedisError as exc:
-            return exc

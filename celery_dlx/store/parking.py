@@ -557,16 +557,13 @@ class ParkingStore:
             return park_each(self.park, messages), False
         home = self.shards.home
         history = History(self.client, self.keys)
-        payload = ""
 
         def queue(pipe: Any) -> None:
-            # One script call parks the batch and one appends its fates (bare EVALSHAs: no
-            # SCRIPT EXISTS round trip), then the counters: packing arguments is most of what a
-            # write costs the client, and this runs on the worker's main process.
-            nonlocal payload
+            # One script call parks the batch (a bare EVALSHA: no SCRIPT EXISTS round trip),
+            # then its fates and the counters.
             args = _park_args(messages)
             pipe.evalsha(self.scripts.park_many.sha, len(home.keys), *home.keys, *args)
-            payload = history.queue_batch(pipe, events) if events else ""
+            history.append_many(events, pipe)
             add_counts(pipe, self.keys, events)
             mark_copies(pipe, self.keys, events)
 
@@ -584,8 +581,6 @@ class ParkingStore:
             outcomes = [parked] * len(messages)
         else:
             outcomes = [None] * len(messages)  # 1 parked now, 0 parked before
-        if payload and rest and isinstance(rest[0], NoScriptError):
-            rest[0] = history.append_loading(payload)
         if any(outcomes) and len(events) == len(messages):
             # Their markers went in beside parks that did not: a redelivery must retry them.
             unparked = [e for e, o in zip(events, outcomes, strict=True) if o is not None]
