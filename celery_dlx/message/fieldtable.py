@@ -476,7 +476,7 @@ def user_origin(content: Buffer | None) -> bytes | None:
     if not content:
         return None
     try:
-        user = [(k, v) for k, v in table_entries(content) if not k.startswith(_OWN_OR_BROKER)]
+        user = _user_entries(bytes(content))
         kept = b"".join(_short(k) + v for k, v in user)
         if not user or write_table(read_table(kept)) == kept:
             return None
@@ -488,6 +488,41 @@ def user_origin(content: Buffer | None) -> bytes | None:
 #: Names a copy never keeps from the raw table: celery_dlx's and the broker's (ASCII: a name
 #: starts with one exactly when its text does).
 _OWN_OR_BROKER = (b"x-dlx-", *(n.encode() for n in (*BROKER_HEADER_PREFIXES, *BROKER_HEADERS)))
+
+
+def _user_entries(data: bytes) -> list[tuple[bytes, bytes]]:
+    """:func:`table_entries` without :data:`_OWN_OR_BROKER`'s, walked inline. Raises where it
+    raises.
+
+    Counted gain (a speed trick stays where it saves 5% of its path), against filtering
+    :func:`table_entries` (commit c4ac613 against ca70444, both without :func:`_written_back_alike`):
+    a P6 dead letter's own work without I/O (``benchmarks/tricks_cpu.py --part all``) takes
+    675,397 instructions with it and 721,585 without: 6.4% of it. A handled failure in a solo
+    worker (``benchmarks/tricks_io.py --part failure``): 2,960,454 against 3,053,697 (3.1%).
+    """
+    out = []
+    offset, end = 0, len(data)
+    while offset < end:
+        start = offset + 1 + data[offset]  # past the name: the value's type tag
+        if start >= end:
+            raise FieldTableError(f"field ends past its table ({start + 1} > {end} bytes)")
+        tag = data[start]
+        size = _FIXED_SIZES.get(tag)
+        if size is not None:
+            stop = start + 1 + size
+        elif tag in _SIZED:
+            if start + 5 > end:
+                raise FieldTableError(f"field ends past its table ({start + 5} > {end} bytes)")
+            stop = start + 5 + int.from_bytes(data[start + 1 : start + 5], "big")
+        else:
+            raise FieldTableError(f"unknown field type {chr(tag)!r} at byte {start}")
+        if stop > end:
+            raise FieldTableError(f"field ends past its table ({stop} > {end} bytes)")
+        name = data[offset + 1 : start]
+        if not name.startswith(_OWN_OR_BROKER):
+            out.append((name, data[start:stop]))
+        offset = stop
+    return out
 
 
 def _unchanged(value: Any, encoded: bytes) -> bool:
