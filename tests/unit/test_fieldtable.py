@@ -20,6 +20,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+import amqp
 import pytest
 from amqp import serialization
 from hypothesis import HealthCheck, example, given, settings
@@ -535,3 +536,62 @@ def test_user_origin_without_a_round_trip_says_what_the_round_trip_says(
     if cut is not None:
         content = content[:cut]
     assert user_origin(content) == _user_origin_by_round_trip(content)
+
+
+def test_user_origin_needs_no_round_trip_for_the_usual_producers_tables() -> None:
+    """Strings, int32s, booleans and voids, and arrays and tables of them, are judged from their
+    bytes (a foreign producer's table, and Celery's task headers as py-amqp writes them); others
+    are still compared."""
+    from celery_dlx.message import fieldtable
+
+    usual = b"".join(
+        short(k) + v
+        for k, v in [
+            (b"source", long(b"S", b"billing-go")),
+            (b"n", b"I" + struct.pack(">i", 7)),
+            (b"ok", b"t\x01"),
+            (b"none", b"V"),
+            (b"x-death", X_DEATH),
+        ]
+    )
+    celery_headers = dict(
+        lang="py",
+        task="proj.tasks.charge",
+        id="c9f1e3a0-1b2c-4d5e-8f90-123456789abc",
+        shadow=None,
+        eta=None,
+        expires=None,
+        group=None,
+        group_index=None,
+        retries=0,
+        timelimit=[None, None],
+        root_id="c9f1e3a0-1b2c-4d5e-8f90-123456789abc",
+        parent_id=None,
+        argsrepr="(42,)",
+        kwargsrepr="{}",
+        origin="gen123@host",
+        ignore_result=False,
+        replaced_task_nesting=0,
+        stamped_headers=None,
+        stamps={},
+    )
+    # The property list py-amqp writes for a Celery producer.
+    celery = bytes(amqp.Message(b"", application_headers=celery_headers)._serialize_properties())
+    span = fieldtable.header_table_span(celery, 0)
+    assert span is not None
+    celery_table = celery[span[0] : span[1]]
+    assert b"\ttimelimitA" in celery_table and b"\x06stampsF" in celery_table  # nested ones
+    calls: list[bytes] = []
+    real = fieldtable.read_table
+
+    def counting(content: bytes) -> Any:
+        calls.append(content)
+        return real(content)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fieldtable, "read_table", counting)
+        assert fieldtable.user_origin(usual) is None
+        assert fieldtable.user_origin(celery_table) is None
+        assert calls == []
+        assert fieldtable.user_origin(short(b"n") + b"l" + struct.pack(">q", 7)) is not None
+        assert len(calls) == 1
