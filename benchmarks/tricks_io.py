@@ -23,10 +23,28 @@ polls do not count. Beside them, secondary and timed: the worker main process's 
 (psutil, user + system, all its threads) from its first run to the last failure's park,
 divided by the failures (P10) or by all messages (P1). The rounds alternate the settings.
 
+``history``: ``History.write`` (a batch of fate events appended to the history stream, added to
+the counters, their retry markers set, one pipeline: one round trip) on the shared Redis, under a
+key prefix of its own deleted after. A process under callgrind writes ``LOW`` and then ``HIGH``
+batches of ``--batch`` P10-shaped park events; the difference over ``(HIGH - LOW) * batch`` is
+one event's instructions of the Python process (Redis's work is not in the count).
+
+``failure``: one handled failure in a solo worker, every process of it counted (as P2 counts a
+task, ``p2_instructions.py``): ``bench.park_hour`` fails once with a retry due in an hour, so each
+message's first run makes a copy of the Celery task message (``celery_copy``) and parks it with
+its fate (``park_recorded_many``: one transaction). Over a backlog of ``LOW`` and then ``HIGH``
+tasks; the difference over ``HIGH - LOW`` is one failure, start-up and shut-down left out.
+
+``history`` and ``failure`` count this tree and, with ``--compare PATH``, another checkout of
+the project round by round (``git worktree add /tmp/plain <commit>``): a trick against its plain
+variant.
+
 Run: ``.venv/bin/python benchmarks/tricks_io.py --part consume [--messages 500,2500]
-[--rounds 3]`` or ``.venv/bin/python benchmarks/tricks_io.py --part linger [--tasks 5000]
-[--good 1000 --poison 100] [--concurrency 1,2] [--rounds 3]``; ``--json PATH`` writes every
-figure to a file.
+[--rounds 3]``, ``.venv/bin/python benchmarks/tricks_io.py --part linger [--tasks 5000]
+[--good 1000 --poison 100] [--concurrency 1,2] [--rounds 3]``, ``.venv/bin/python
+benchmarks/tricks_io.py --part history [--batches 20,120] [--batch 2] [--compare PATH]`` or
+``.venv/bin/python benchmarks/tricks_io.py --part failure [--tasks 100,400] [--compare PATH]``;
+``--json PATH`` writes every figure to a file.
 """
 
 from __future__ import annotations
@@ -44,7 +62,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BROKER_URL, ROOT, PrivateRedis, callgrind, collected, load, median, say
+from _common import (
+    BROKER_URL,
+    REDIS_URL,
+    ROOT,
+    PrivateRedis,
+    callgrind,
+    collected,
+    delete_keys,
+    load,
+    median,
+    say,
+    unique,
+)
 
 # -- consume --------------------------------------------------------------------------------------
 
@@ -317,19 +347,174 @@ def linger(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+# -- history and failure: a trick against its plain variant, in instructions ---------------------
+
+#: The counted process: argv is ``REDIS_URL PREFIX BATCHES BATCH``; imports celery_dlx from
+#: PYTHONPATH.
+HISTORY = """
+import sys
+import redis
+from celery_dlx.fates import PARKED, FateEvent
+from celery_dlx.message.names import Keys
+from celery_dlx.store.history import History
+
+url, prefix, batches, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+history = History(redis.Redis.from_url(url), Keys(prefix))
+events = [
+    FateEvent.from_fields(
+        PARKED, task="bench.park_hour", queue="bench", message_id=f"{i:032x}", attempt=1,
+        cause="9f2c4e1a", exc_type="TimeoutError", reason="supplier API rate limited",
+        first_failure_ms=1_790_000_000_000, at_ms=1_790_000_000_000 + i, delay=3600.0,
+        extra={"lineage": "r0"},
+    )
+    for i in range(size)
+]
+for _ in range(batches):
+    failed, counters_failed = history.write(events)
+    assert failed is None and not counters_failed, (failed, counters_failed)
+assert history.length() == batches * size
+"""
+
+
+def count_history(tree: Path, batches: int, size: int) -> int:
+    """Instructions of one process writing ``batches`` batches of ``size`` events."""
+    import redis
+
+    prefix = unique("tricks-history")
+    sizes = (str(batches), str(size))
+    try:
+        with tempfile.TemporaryDirectory(prefix="tricks-io-") as logs:
+            log = f"{logs}/callgrind.log"
+            subprocess.run(
+                [*callgrind(log), sys.executable, "-c", HISTORY, REDIS_URL, prefix, *sizes],
+                env={**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"},
+                cwd="/tmp",
+                check=True,
+            )
+            text = Path(log).read_text()
+    finally:
+        delete_keys(redis.Redis.from_url(REDIS_URL), prefix)
+    found = collected(text)
+    if found is None:
+        raise RuntimeError(f"callgrind counted nothing: {text[-500:]}")
+    return found
+
+
+def count_failures(tree: Path, tasks: int) -> int:
+    """Instructions of a solo worker running ``tree``'s code over ``tasks`` failing tasks, each
+    parked once, from start to shut-down."""
+    import glob
+    import signal
+
+    import redis
+    from _workers import cleanup, publish, wait_count, worker_command
+
+    uid = unique("tricks-fail")
+    publish("dlx", uid, "bench.park_hour", [()] * tasks)
+    client = redis.Redis.from_url(REDIS_URL)
+    with tempfile.TemporaryDirectory(prefix="tricks-io-") as logs:
+        env = {
+            **os.environ,
+            "BENCH_MODE": "dlx",
+            "BENCH_UID": uid,
+            "BENCH_PREFETCH": "10",
+            "BENCH_CONCURRENCY": "1",
+            "BENCH_DRAIN_INTERVAL": "3600",
+            "PYTHONPATH": f"{tree}{os.pathsep}{ROOT / 'benchmarks'}",
+            "PYTHONHASHSEED": "0",
+        }
+        proc = subprocess.Popen(
+            [*callgrind(f"{logs}/%p.log"), *worker_command("dlx", uid, "solo")],
+            cwd=ROOT / "benchmarks",
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_count(client, "{bench-" + uid + "}:bench:runs", tasks, 3600, proc)
+            deadline = time.monotonic() + 600
+            while parked(client, uid) < tasks:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"{parked(client, uid)} of {tasks} parked")
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(600)
+            cleanup(uid)
+        counts = [
+            count
+            for path in glob.glob(f"{logs}/*.log")
+            if (count := collected(Path(path).read_text())) is not None
+        ]
+    if len(counts) != 1:
+        raise RuntimeError(f"{len(counts)} instruction counts, one worker process expected")
+    return counts[0]
+
+
+def compared(args: argparse.Namespace) -> dict[str, Any]:
+    """``history`` or ``failure``: this tree (and ``--compare``'s), round by round."""
+    trees = [("this tree", ROOT)]
+    if args.compare:
+        trees.append(("compared", args.compare.resolve()))
+    if args.part == "history":
+        low, high = (int(n) for n in args.batches.split(","))
+        unit = f"event (batches of {args.batch})"
+        per_unit = (high - low) * args.batch
+        say(f"history: instructions per {unit}, {low:,} and {high:,} batches, load {load()}")
+    else:
+        low, high = (int(n) for n in args.tasks.split(","))
+        unit, per_unit = "failure", high - low
+        say(f"failure: instructions per {unit}, {low:,} and {high:,} tasks, load {load()}")
+    if not 0 <= low < high:
+        raise SystemExit(f"--{'batches' if args.part == 'history' else 'tasks'}: LOW,HIGH")
+    per: dict[str, list[float]] = {name: [] for name, _ in trees}
+    for n in range(1, args.rounds + 1):
+        for name, tree in trees:
+            if args.part == "history":
+                a, b = count_history(tree, low, args.batch), count_history(tree, high, args.batch)
+            else:
+                a, b = count_failures(tree, low), count_failures(tree, high)
+            per[name].append((b - a) / per_unit)
+            say(f"round {n}: {name} ({tree}): {per[name][-1]:,.0f} per {unit} (runs {a:,}, {b:,})")
+    for name, values in per.items():
+        listed = ", ".join(f"{v:,.0f}" for v in values)
+        say(f"{name}: median {median(values):,.0f} instructions per {unit} ({listed})")
+    results: dict[str, Any] = {"part": args.part, "sizes": [low, high], "per": per}
+    if args.compare:
+        this, other = median(per["this tree"]), median(per["compared"])
+        say(f"this tree / compared: {this / other:.3f} (saves {1 - this / other:.1%})")
+        results["trees"] = {name: str(tree) for name, tree in trees}
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("consume", "linger"), required=True)
+    parser.add_argument(
+        "--part", choices=("consume", "linger", "history", "failure"), required=True
+    )
     parser.add_argument("--messages", default="500,2500", help="consume: LOW,HIGH dead letters")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--benches", default="p10,p1", help="linger: p10, p1 or both")
-    parser.add_argument("--tasks", type=int, default=5000, help="linger: P10's failures")
+    parser.add_argument(
+        "--tasks", default=None, help="linger: P10's failures (5000); failure: LOW,HIGH (100,400)"
+    )
+    parser.add_argument("--batches", default="20,120", help="history: LOW,HIGH batches")
+    parser.add_argument("--batch", type=int, default=2, help="history: events per batch")
+    parser.add_argument("--compare", type=Path, default=None, help="another checkout to count")
     parser.add_argument("--poison", type=int, default=100, help="linger: P1's poison messages")
     parser.add_argument("--good", type=int, default=1000, help="linger: P1's good messages")
     parser.add_argument("--concurrency", default="1,2", help="linger: -c values")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
-    results = consume(args) if args.part == "consume" else linger(args)
+    if args.part == "linger":
+        args.tasks = int(args.tasks or 5000)
+        results = linger(args)
+    elif args.part == "consume":
+        results = consume(args)
+    else:
+        args.tasks = args.tasks or "100,400"
+        results = compared(args)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
 

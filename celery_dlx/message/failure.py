@@ -9,7 +9,7 @@ its default is unknown; each holder says what that means for it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, TypeVar
 
 from celery_dlx.message.dictinit import dict_init
@@ -44,7 +44,7 @@ class Failure:
     code_version: str | None = None
 
     def but(self, **change: Any) -> Failure:
-        """A copy with ``change`` (:func:`dataclasses.replace` without its cost).
+        """A copy with ``change``.
 
         Raises:
             TypeError: ``change`` names something that is not a field.
@@ -52,9 +52,7 @@ class Failure:
         unknown = change.keys() - FAILURE_FIELDS
         if unknown:
             raise TypeError(f"Failure has no field {', '.join(sorted(unknown))}")
-        copy = object.__new__(Failure)
-        copy.__dict__.update(self.__dict__, **change)
-        return copy
+        return replace(self, **change)
 
 
 FAILURE_FIELDS = frozenset(f.name for f in fields(Failure))

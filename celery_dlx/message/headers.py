@@ -6,7 +6,6 @@ reason a consumer can store, never any other exception.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -383,10 +382,8 @@ def normalize_message(message: str) -> str:
     return text
 
 
-@functools.lru_cache(maxsize=4096)
 def fingerprint(scope: str, exc_type: str, message: str) -> str:
-    """The cause fingerprint: ``scope`` (task or queue) + exception type + normalized message.
-    Cached: in a storm one cause is fingerprinted per message, through five regexes."""
+    """The cause fingerprint: ``scope`` (task or queue) + exception type + normalized message."""
     raw = "\x1f".join((scope, exc_type, normalize_message(message)))
     return hashlib.sha1(raw.encode("utf-8"), usedforsecurity=False).hexdigest()[:16]
 

@@ -143,12 +143,7 @@ class Obituary(KnownAttempt):
         return data
 
     def _plain(self) -> dict[str, object]:
-        # Read from the two __dict__s: a property per field costs a third of record_json.
-        own, facts = self.__dict__, self.failure.__dict__
-        return {
-            name: own[name] if name in own else facts[_FACT_NAMES.get(name, name)]
-            for name in _PLAIN_FIELDS
-        }
+        return {name: getattr(self, name) for name in _PLAIN_FIELDS}
 
     @classmethod
     def from_record(
@@ -277,9 +272,6 @@ _PLAIN_FIELDS = (
     "hostname",
     "replayed_from",
 )
-
-#: Stored names of the failure's fields that differ from the field's name.
-_FACT_NAMES = {"last_failure_ms": "at_ms"}
 
 #: The keys :meth:`Obituary.from_record` reads.
 _KNOWN = frozenset(

@@ -22,7 +22,6 @@ service process (``benchmarks/p6_cpu.py --instructions 300,1300``, two runs each
 
 from __future__ import annotations
 
-import functools
 from datetime import datetime, timezone
 from decimal import Decimal
 from struct import Struct
@@ -129,10 +128,8 @@ def _value(buf: bytes, offset: int, end: int) -> tuple[Any, int]:
     return _rare(tag, buf, offset, end)
 
 
-@functools.lru_cache(maxsize=1024)
 def _naive_utc(seconds: int) -> datetime:
-    """A timestamp field as py-amqp reads it, a naive UTC datetime; cached: one backlog's dead
-    letters share their ``x-death`` times, and making the datetime costs more than the field."""
+    """A timestamp field as py-amqp reads it, a naive UTC datetime."""
     return datetime.fromtimestamp(seconds, tz=timezone.utc).replace(tzinfo=None)
 
 

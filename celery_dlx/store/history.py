@@ -27,7 +27,6 @@ field                     meaning
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,7 +36,7 @@ from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.counts import Counts
 from celery_dlx.message.lineage import ANY_LINEAGE
 from celery_dlx.message.names import Keys
-from celery_dlx.store.client import RedisClient, execute_loading, is_cluster, text
+from celery_dlx.store.client import RedisClient, text
 from celery_dlx.store.counters import add_counts, read_window
 
 if TYPE_CHECKING:
@@ -80,64 +79,36 @@ HISTORY_FIELDS = (
 )
 
 
-# Append a batch of entries in order; ARGV[1] is a JSON list of each entry's flat fields
-# (history_args). One argument for the batch instead of some 26 per entry: packing arguments is
-# most of what an append costs the client.
-APPEND_MANY = """
-local entries = cjson.decode(ARGV[1])
-for _, fields in ipairs(entries) do
-  redis.call('XADD', KEYS[1], '*', unpack(fields))
-end
-return #entries
-"""
-APPEND_MANY_SHA = hashlib.sha1(APPEND_MANY.encode(), usedforsecurity=False).hexdigest()
-
-
 def history_fields(event: FateEvent) -> dict[str, str]:
-    """The stream fields of one fate event."""
-    args = history_args(event)
-    return dict(zip(args[::2], args[1::2], strict=True))
+    """The stream fields of one fate event, in :data:`HISTORY_FIELDS` order."""
+    delay, first = event.delay, event.first_failure_ms
+    fields = {
+        "fate": event.fate,
+        "at_ms": str(event.at_ms),
+        "queue": event.queue,
+        "task": event.task or "",
+        "message_id": event.message_id,
+        "attempt": str(event.attempt),
+        "cause": event.cause,
+        "exc_type": event.exc_type,
+        "reason": event.reason[:500],
+        "delay": "" if delay is None else f"{delay:.3f}",
+        "importance": event.importance,
+        "first_failure_ms": "" if first is None else str(first),
+    }
+    obituary = event.extra.get("obituary")
+    if obituary is not None:
+        fields["obituary"] = json.dumps(obituary, separators=(",", ":"), default=str)
+    return fields
 
 
 def history_args(event: FateEvent) -> list[str]:
-    """The stream fields of one fate event flat (``field, value, ...``, in
-    :data:`HISTORY_FIELDS` order): what a Lua script's ``XADD`` takes.
+    """:func:`history_fields` flat (``field, value, ...``): what a Lua script's ``XADD`` takes.
 
     The graveyard appends ``buried``, ``purged`` and ``archived`` entries in the script that
     writes or deletes the obituary, so the two stay in step; the fields are the same.
     """
-    # Built flat (not flattened from a dict): it runs once per fate, thousands a second.
-    delay, first = event.delay, event.first_failure_ms
-    args = [
-        "fate",
-        event.fate,
-        "at_ms",
-        str(event.at_ms),
-        "queue",
-        event.queue,
-        "task",
-        event.task or "",
-        "message_id",
-        event.message_id,
-        "attempt",
-        str(event.attempt),
-        "cause",
-        event.cause,
-        "exc_type",
-        event.exc_type,
-        "reason",
-        event.reason[:500],
-        "delay",
-        "" if delay is None else f"{delay:.3f}",
-        "importance",
-        event.importance,
-        "first_failure_ms",
-        "" if first is None else str(first),
-    ]
-    obituary = event.extra.get("obituary")
-    if obituary is not None:
-        args += ("obituary", json.dumps(obituary, separators=(",", ":"), default=str))
-    return args
+    return [item for pair in history_fields(event).items() for item in pair]
 
 
 class History:
@@ -253,9 +224,9 @@ class History:
         the counters and mark their retries (:func:`mark_copies`), in ``pipeline`` or in one
         round trip now.
 
-        In ``pipeline`` the commands are queued, the caller executes them (the append first: one
-        script call, an ``XADD`` each on a Redis Cluster; then the counters and markers) and
-        reads their replies; True is returned.
+        In ``pipeline`` the commands are queued, the caller executes them (the append first, an
+        ``XADD`` per event; then the counters and markers) and reads their replies; True is
+        returned.
 
         Returns:
             Whether the counters and markers went in (best effort: the caller logs a failure).
@@ -265,24 +236,13 @@ class History:
                 is True.
         """
         pipe = self.client.pipeline(transaction=False) if pipeline is None else pipeline
-        appended = 0
-        if history and events:
-            if is_cluster(self.client):  # redis-py refuses scripts in a Cluster pipeline
-                appended = self.append_many(events, pipe)
-            else:
-                # One script call by its sha (no SCRIPT EXISTS round trip) and one argument for
-                # the batch: packing arguments is most of what an append costs the client.
-                payload = json.dumps(
-                    [history_args(e) for e in events], separators=(",", ":"), ensure_ascii=False
-                )
-                pipe.evalsha(APPEND_MANY_SHA, 1, self.keys.history, payload)
-                appended = 1
+        appended = self.append_many(events, pipe) if history else 0
         add_counts(pipe, self.keys, events)
         mark_copies(pipe, self.keys, events)
         if pipeline is not None:
             return True
         try:
-            results = execute_loading(pipe, self.client, {APPEND_MANY_SHA: APPEND_MANY})
+            results = pipe.execute(raise_on_error=False)
         except Exception:
             if history:
                 raise

@@ -35,7 +35,6 @@ from celery_dlx.store.client import (
     is_cluster,
     text,
 )
-from celery_dlx.store.history import APPEND_MANY, APPEND_MANY_SHA
 from celery_dlx.store.shards import Layout, ShardSet, grouped
 
 if TYPE_CHECKING:
@@ -384,7 +383,7 @@ class ParkingStore:
     def _transaction(self, client: RedisClient, queue: Callable[[Pipeline], None]) -> list[Any]:
         pipe = client.pipeline(transaction=True)
         queue(pipe)
-        scripts = {self.scripts.park_many.sha: _PARK_MANY, APPEND_MANY_SHA: APPEND_MANY}
+        scripts = {self.scripts.park_many.sha: _PARK_MANY}
         return execute_loading(pipe, client, scripts)
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:

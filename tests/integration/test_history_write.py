@@ -1,4 +1,4 @@
-"""History.write on a real Redis: a batch appended by one script call, entry for entry as XADDs."""
+"""History.write on a real Redis: a batch appended with its counters, in one round trip."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import redis
 
 from celery_dlx.fates import PARKED, REQUEUED, FateEvent
 from celery_dlx.message.names import Keys
-from celery_dlx.store import history as history_module
 from celery_dlx.store.history import History, history_fields
 
 
@@ -61,16 +60,6 @@ def test_a_batch_is_appended_as_one_xadd_per_event_would_append_it(
         assert _stream(redis_client, other) == expected
     finally:
         redis_client.delete(other.history)
-
-
-def test_a_redis_without_the_script_gets_the_batch_once(
-    redis_client: Any, keys: Keys, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """After a restart Redis has no scripts: the batch goes again by EVAL, once."""
-    monkeypatch.setattr(history_module, "APPEND_MANY_SHA", "0" * 40)  # a script Redis lacks
-    events = _events()
-    History(redis_client, keys).write(events)  # raises if the batch was refused
-    assert _stream(redis_client, keys) == [history_fields(e) for e in events]
 
 
 def test_without_history_only_the_counters_are_written(redis_client: Any, keys: Keys) -> None:

@@ -233,9 +233,9 @@ def test_park_recorded_parks_appends_counts_and_notifies_in_one_transaction(
 
     monkeypatch.setattr(type(runtime.redis.pipeline()), "execute", execute)
     runtime.park_recorded(message, _parked_event(message))
-    # One pipeline, no SCRIPT EXISTS: the park script, the history's batch script, the counter,
-    # the retry's marker (a redelivered original finds it after the park was drained).
-    assert sent == [["EVALSHA", "EVALSHA", "HINCRBY", "EXPIRE", "SET"]]
+    # One pipeline, no SCRIPT EXISTS: the park script, the history entry, the counter, the
+    # retry's marker (a redelivered original finds it after the park was drained).
+    assert sent == [["EVALSHA", "XADD", "HINCRBY", "EXPIRE", "SET"]]
     assert redis_client.exists(runtime.keys.copied("orders", "m1", 1))
     assert [m.entry_id for m in runtime.store.claim(10, LEASE, now=T0 + 60_000)] == ["m1:1"]
     ((_, entry),) = runtime.history.read(count=10)
@@ -249,7 +249,7 @@ def test_a_batch_of_parks_goes_in_with_its_fates_in_one_round_trip(
     key_prefix: str, redis_client: Any
 ) -> None:
     """A worker's settler batch: every park (one already parked: left as it is) and every fate,
-    in order, with two script calls."""
+    in order, with one script call."""
     runtime = _runtime(key_prefix)
     messages = [_parked(f"b{i}", due_ms=T0 + i) for i in range(3)]
     runtime.store.park(messages[1])

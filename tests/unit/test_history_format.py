@@ -101,8 +101,7 @@ def test_append_many_queues_one_xadd_per_event_in_order(own_pipeline: bool) -> N
 
 
 def test_history_is_appended_only_through_store_history() -> None:
-    """Python appends go through History.append_many; Lua XADDs take history_args (graveyard,
-    History.write's batch)."""
+    """Python appends go through History.append_many; Lua XADDs take history_args (graveyard)."""
     py_writers, lua_writers = [], []
     for path in sorted(PACKAGE.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
@@ -112,9 +111,6 @@ def test_history_is_appended_only_through_store_history() -> None:
         if "'XADD'" in text or '"XADD"' in text:
             lua_writers.append(name)
     assert py_writers == ["store/history.py"]
-    assert lua_writers == ["store/graveyard.py", "store/history.py"]
+    assert lua_writers == ["store/graveyard.py"]
     graveyard = (PACKAGE / "store" / "graveyard.py").read_text(encoding="utf-8")
     assert "history_fields" not in graveyard and graveyard.count("history_args(event)") == 2
-    # History.write's batch append: the same flat fields, one list per entry.
-    history = (PACKAGE / "store" / "history.py").read_text(encoding="utf-8")
-    assert "[history_args(e) for e in events]" in history

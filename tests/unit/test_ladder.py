@@ -356,9 +356,6 @@ class DownRedis:
     def xadd(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    def evalsha(self, *args: Any) -> None:  # the history's batch append
-        return None
-
     def hincrby(self, *args: Any) -> None:
         return None
 

@@ -141,8 +141,6 @@ OWN_DICT_RECEIVERS = {
     "celery_dlx.cli.ops:result": "ExportResult, a dataclass of celery_dlx.ops.export",
     "celery_dlx.cli.ops:done": "Migration, a dataclass of celery_dlx.store.migrate",
     "celery_dlx.cli.ops:graves": "Migration, a dataclass of celery_dlx.store.migrate",
-    "celery_dlx.message.failure:copy": "a copy of a Failure (celery_dlx.message.failure)",
-    "celery_dlx.message.obituary:self.failure": "the Failure an Obituary holds",
     "celery_dlx.message.dictinit:cls": "a dataclass of celery_dlx being given its __init__",
     "celery_dlx.outages:owner": (
         "outage_log(owner, attr): a Runtime (celery_dlx's), or an app under _celery_dlx_* keys"
