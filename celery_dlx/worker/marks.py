@@ -68,13 +68,19 @@ def patiently(call: Callable[[], T], patience: float = STORE_PATIENCE) -> T:
             if is_full(err):
                 raise
             if time.monotonic() + pause > deadline:
-                _outage["spent"] = True
+                _outage["spent"] = _outage["spent"] or patience > 0
                 raise
         else:
             _outage["spent"] = False
             return found
         time.sleep(pause)
         pause = min(pause * 2, 1.0)
+
+
+def patience_of(runtime: Runtime) -> float:
+    """How long :func:`patiently` waits for ``runtime``'s Redis: not at all with the ``ttl``
+    delay backend, where Redis is optional (one try)."""
+    return 0.0 if runtime.history_optional else STORE_PATIENCE
 
 
 def _retry_of(event: FateEvent) -> tuple[str, str, int, str]:
@@ -94,10 +100,9 @@ def mark_pending(runtime: Runtime, events: Sequence[FateEvent]) -> bool:
         return True
     retries = [_retry_of(event) for event in events]
     try:
-        if runtime.history_optional:
-            runtime.causes.mark_pending_many(retries, PENDING_TTL)
-        else:
-            patiently(lambda: runtime.causes.mark_pending_many(retries, PENDING_TTL))
+        patiently(
+            lambda: runtime.causes.mark_pending_many(retries, PENDING_TTL), patience_of(runtime)
+        )
     except STORE_ERRORS as err:
         if not runtime.history_optional:
             _refusals(runtime, "pending").failed(err, "copies go out unmarked")

@@ -65,7 +65,7 @@ from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
 from celery_dlx.worker.einfo import LazyExceptionInfo, task_traceback
-from celery_dlx.worker.marks import mark_made, mark_pending, patiently
+from celery_dlx.worker.marks import mark_made, mark_pending, patience_of, patiently
 from celery_dlx.worker.retrying import RetryPark, retry_arguments, signature_error
 from celery_dlx.worker.settler import (
     Handover,
@@ -438,10 +438,7 @@ class DLXTask(TracerHook, _Task):
         a while; without the note a redelivered copy of the step counts as a crash."""
         step, ttl = _step(delivery), runtime.config.cause_ttl
         try:
-            if runtime.history_optional:
-                runtime.causes.finish_run(step, ttl)
-            else:
-                patiently(lambda: runtime.causes.finish_run(step, ttl))
+            patiently(lambda: runtime.causes.finish_run(step, ttl), patience_of(runtime))
         except Exception as err:
             _refusals(self.app, "run-done").failed(err, "a redelivered copy counts as a crash")
 
@@ -458,10 +455,10 @@ class DLXTask(TracerHook, _Task):
         Redis, or with the ``ttl`` delay backend (Redis optional) it runs unclaimed."""
         step = _step(delivery)
         try:
-            if runtime.history_optional:
-                first = runtime.causes.claim_run(step, runtime.config.cause_ttl)
-            else:
-                first = patiently(lambda: runtime.causes.claim_run(step, runtime.config.cause_ttl))
+            first = patiently(
+                lambda: runtime.causes.claim_run(step, runtime.config.cause_ttl),
+                patience_of(runtime),
+            )
         except STORE_ERRORS as err:
             if not runtime.history_optional:
                 _refusals(self.app, "claim").failed(err, "retries run unclaimed")
