@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from celery_dlx.message.graveyard import Group
     from celery_dlx.message.obituary import Obituary
     from celery_dlx.ops.canary import ReplayRun, replay_run
-    from celery_dlx.ops.export import ExportError, ExportResult, run_export
     from celery_dlx.ops.ladders import ladder_depths
     from celery_dlx.ops.obituaries import count as count_obituaries
     from celery_dlx.ops.obituaries import get_obituary, list_obituaries
@@ -49,6 +48,7 @@ if TYPE_CHECKING:
     from celery_dlx.ops.replay import ReplayReport, replay, resolve_targets
     from celery_dlx.results import dlx_details
     from celery_dlx.store.counters import Threshold, breaches, read_window
+    from celery_dlx_spark.launch import ExportError, ExportResult, run_export
 
 __version__ = "0.1.0"
 
@@ -67,9 +67,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ReplayRun": ("celery_dlx.ops.canary", "ReplayRun"),
     "purge": ("celery_dlx.ops.purge", "purge"),
     "PurgeReport": ("celery_dlx.ops.purge", "PurgeReport"),
-    "run_export": ("celery_dlx.ops.export", "run_export"),
-    "ExportResult": ("celery_dlx.ops.export", "ExportResult"),
-    "ExportError": ("celery_dlx.ops.export", "ExportError"),
+    "run_export": ("celery_dlx_spark.launch", "run_export"),
+    "ExportResult": ("celery_dlx_spark.launch", "ExportResult"),
+    "ExportError": ("celery_dlx_spark.launch", "ExportError"),
     "read_window": ("celery_dlx.store.counters", "read_window"),
     "breaches": ("celery_dlx.store.counters", "breaches"),
     "Threshold": ("celery_dlx.store.counters", "Threshold"),

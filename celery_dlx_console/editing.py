@@ -1,5 +1,5 @@
 """The edit page and ``POST /api/edit``: an editor changes a buried message's payload and
-headers, sees the diff, then confirms to replay the edited copy (:mod:`celery_dlx.ops.edit` does
+headers, sees the diff, then confirms to replay the edited copy (:mod:`celery_dlx_edit.edit` does
 the work and the recording). Only editors may; operators and viewers get 403."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from celery_dlx.codecs.editing import ABSENT, EditError, parse_assignment
 from celery_dlx.errors import DLXError
 from celery_dlx.ops import obituaries
-from celery_dlx.ops.edit import EditJSON, EditReport, edit, editable, edits_of
 from celery_dlx_console import forms
 from celery_dlx_console.auth import EDITOR
 from celery_dlx_console.declare import Endpoint, Field, Refusal, json_answer
 from celery_dlx_console.guard import user_of
 from celery_dlx_console.pages import console_of, error_page, render
 from celery_dlx_console.payload import obituary_view
+from celery_dlx_edit.edit import EditJSON, EditReport, edit, editable, edits_of
+from celery_dlx_edit.payload import ABSENT, EditError, parse_assignment
 
 #: Empty rows the form offers for payload paths and for headers.
 PATH_ROWS = 4
@@ -75,7 +75,7 @@ def _diff_rows(report: EditReport | None) -> list[dict[str, str]]:
 
 
 def _edit(request: Request, ident: str, **options: Any) -> Awaitable[EditReport]:
-    """:func:`~celery_dlx.ops.edit.edit` of ``ident`` by the caller, in a worker thread."""
+    """:func:`~celery_dlx_edit.edit.edit` of ``ident`` by the caller, in a worker thread."""
     console, user = console_of(request), user_of(request)
     return run_in_threadpool(
         lambda: edit(

@@ -13,7 +13,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from celery_dlx.ops import UNRESOLVED, obituaries
-from celery_dlx.ops.edit import edits_of
 from celery_dlx.ops.inspection import GroupRow, ParkedData, parked_data
 from celery_dlx.ops.render import iso
 from celery_dlx_console import forms
@@ -36,6 +35,7 @@ from celery_dlx_console.reads import (
     overview_breakers,
     parked_summary,
 )
+from celery_dlx_edit.edit import edits_of
 
 
 def console_of(request: Request) -> Console:

@@ -2,8 +2,9 @@
 
 A package of its own, beside ``celery_dlx``: the driver and the executors import only this package,
 pyspark and redis-py, never Celery or ``celery_dlx``, so a Spark cluster needs nothing else installed.
-``celery_dlx.ops.export`` finds it with importlib and ships it to the executors as one zip
-(:func:`build_zip`) with an entry script (:func:`write_entry`). See ``spark/README.md``.
+Its launcher, :mod:`celery_dlx_spark.launch`, runs in the app's process instead: it finds the job
+with importlib and ships it to the executors as one zip (:func:`build_zip`, without the launcher)
+with an entry script (:func:`write_entry`). See ``spark/README.md``.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ ENTRY_SOURCE = (
 )
 
 
+#: The launcher's module: it runs in the app's process, never on the cluster.
+LAUNCHER = "launch.py"
+
+
 def modules() -> list[Path]:
-    """The package's Python files, sorted (what the zip holds)."""
-    return sorted(PACKAGE_DIR.glob("*.py"))
+    """The job's Python files, sorted (what the zip holds): the package without its launcher."""
+    return sorted(path for path in PACKAGE_DIR.glob("*.py") if path.name != LAUNCHER)
 
 
 def build_zip(directory: str | os.PathLike[str]) -> Path:

@@ -11,7 +11,7 @@ or ``celery -A proj dlx export --print-command`` for the spark-submit command (t
     spark-submit --master 'local[*]' --py-files celery_dlx_spark.zip dlx_export.py \\
         --redis-url redis://127.0.0.1:6379/0 --prefix dlx --out /data/dlx-history
 
-or through ``celery -A proj dlx export``, which builds that command (``celery_dlx.ops.export``).
+or through ``celery -A proj dlx export``, which builds that command (``celery_dlx_spark.launch``).
 
 One run exports one *batch*: the stream entries after the checkpoint up to the last entry when the
 run started. The executors read the stream in id ranges (the driver never reads an entry) and

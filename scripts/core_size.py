@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "celery_dlx"
 #: The packages beside it in the same distribution, which a worker does not load.
-PRODUCTS = ("celery_dlx_console", "celery_dlx_spark")
+PRODUCTS = ("celery_dlx_console", "celery_dlx_edit", "celery_dlx_spark")
 #: Seconds a worker gets to become ready (mingle alone waits about one).
 READY_TIMEOUT = 120
 

@@ -8,8 +8,8 @@ bash scripts/ensure-services.sh
 bash scripts/setup.sh
 LOWEST="${DLX_TEST_LOWEST:-1}"
 if [ "$LOWEST" != 0 ]; then bash scripts/setup-lowest.sh; fi
-echo "== ruff"; .venv/bin/ruff check celery_dlx celery_dlx_console celery_dlx_spark tests benchmarks example_project
-.venv/bin/ruff format --check celery_dlx celery_dlx_console celery_dlx_spark tests benchmarks example_project
+echo "== ruff"; .venv/bin/ruff check celery_dlx celery_dlx_console celery_dlx_edit celery_dlx_spark tests benchmarks example_project
+.venv/bin/ruff format --check celery_dlx celery_dlx_console celery_dlx_edit celery_dlx_spark tests benchmarks example_project
 echo "== mypy"; .venv/bin/mypy
 echo "== import contract"; .venv/bin/lint-imports
 echo "== docs"; bash scripts/docs.sh

@@ -405,9 +405,9 @@ def edit_command(
     import getpass
     from pathlib import Path
 
-    from celery_dlx.codecs.editing import parse_assignment
-    from celery_dlx.ops.edit import edit
     from celery_dlx.ops.inspection import registry_for
+    from celery_dlx_edit.edit import edit
+    from celery_dlx_edit.payload import parse_assignment
 
     assignments = [parse_assignment(s, "--set") for s in sets]
     header_values = [parse_assignment(h, "--header") for h in header_edits]

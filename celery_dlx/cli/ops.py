@@ -1,6 +1,6 @@
 """``celery dlx parked/stats/export``: what waits, how much fails, and the failure history out.
 
-Thin: :mod:`celery_dlx.ops.inspection` and :mod:`celery_dlx.ops.export` do the work and return
+Thin: :mod:`celery_dlx.ops.inspection` and :mod:`celery_dlx_spark.launch` do the work and return
 data (``check`` and ``migrate`` are in :mod:`celery_dlx.cli.broker`).
 """
 
@@ -264,7 +264,7 @@ def export_command(
     """Export the failure history to Parquet with the Spark job (spark-submit)."""
     import shlex
 
-    from celery_dlx.ops.export import build_spark_submit_command, export_settings, run_export
+    from celery_dlx_spark.launch import build_spark_submit_command, export_settings, run_export
 
     if trim and snapshot:
         raise click.UsageError("--trim applies to the Redis stream; it cannot go with --snapshot")

@@ -5,8 +5,8 @@ The names below are what their callers need beside them: the runtime, the clock,
 taken and returned, the obituary statuses, the errors a store read may raise, the settings table.
 
 The optional products, the console (:mod:`celery_dlx_console`), payload editing
-(:mod:`celery_dlx.ops.edit`, :mod:`celery_dlx.codecs.editing`, :mod:`celery_dlx.codecs.fit`) and
-the Spark launcher (:mod:`celery_dlx.ops.export`), import nothing of celery_dlx but
+(:mod:`celery_dlx_edit`), protobuf fitting (:mod:`celery_dlx.codecs.fit`) and the Spark
+launcher (:mod:`celery_dlx_spark.launch`), import nothing of celery_dlx but
 :mod:`celery_dlx`, :mod:`celery_dlx.errors`, this package and its modules, and the payload codecs
 (:mod:`celery_dlx.codecs`): a contract in ``pyproject.toml`` says so, and ``lint-imports``
 checks it.

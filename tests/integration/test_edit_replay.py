@@ -25,9 +25,9 @@ from celery_dlx.fates import REPLAYED
 from celery_dlx.message.fieldtable import encode_value, table_entries, write_properties
 from celery_dlx.message.names import REPLAYED_HEADER, WIRE_HEADERS_PROPERTY
 from celery_dlx.ops import obituaries
-from celery_dlx.ops.edit import EDITED_FROM_HEADER, edits_of
 from celery_dlx.service.runner import run_service
 from celery_dlx.wiring.runtime import get_runtime
+from celery_dlx_edit.edit import EDITED_FROM_HEADER, edits_of
 from tests.integration.cli_helpers import (
     b64,
     declare_foreign_queue,

@@ -94,7 +94,9 @@ def test_wheel_in_a_fresh_venv_exports_the_history_to_parquet(
         "celery_dlx_spark/__init__.py",
         "celery_dlx_spark/export.py",
         "celery_dlx_spark/source.py",
-        "celery_dlx/ops/export.py",
+        "celery_dlx_spark/launch.py",
+        "celery_dlx_edit/edit.py",
+        "celery_dlx_edit/py.typed",
         "celery_dlx/py.typed",
         "celery_dlx_spark/py.typed",
     } <= names

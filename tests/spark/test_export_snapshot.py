@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.ops.export import dump_snapshot
 from celery_dlx.store.history import History
+from celery_dlx_spark.launch import dump_snapshot
 
 from . import checks, generated
 

@@ -1,4 +1,4 @@
-"""celery_dlx.ops.export: the spark-submit command, and a real run through spark-submit."""
+"""celery_dlx_spark.launch: the spark-submit command, and a real run through spark-submit."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
 from celery_dlx.cli.main import dlx
-from celery_dlx.ops import export
+from celery_dlx_spark import launch as export
 from tests.conftest import REDIS_URL
 
 from . import generated

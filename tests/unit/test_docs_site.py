@@ -101,10 +101,14 @@ def test_doc_url_names_a_page_and_refuses_a_file_path() -> None:
 
 
 def _package_strings() -> list[tuple[str, int, str, list[str]]]:
-    """Every string in celery_dlx and the console that is not a docstring (file, line, text,
+    """Every string in celery_dlx, the console and payload editing that is not a docstring (file, line, text,
     doc_url pages)."""
     found = []
-    paths = [*(ROOT / "celery_dlx").rglob("*.py"), *(ROOT / "celery_dlx_console").rglob("*.py")]
+    paths = [
+        path
+        for package in ("celery_dlx", "celery_dlx_console", "celery_dlx_edit")
+        for path in (ROOT / package).rglob("*.py")
+    ]
     for path in sorted(paths):
         tree = ast.parse(path.read_text(), str(path))
         docstrings = {

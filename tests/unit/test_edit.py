@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 
 from celery_dlx.codecs import ProtobufRegistry
-from celery_dlx.codecs.editing import (
+from celery_dlx.message.names import ATTEMPT_HEADER, REPLAYED_HEADER
+from celery_dlx.message.obituary import Obituary
+from celery_dlx_edit.edit import EDITED_FROM_HEADER, check_header_name, plan_edit
+from celery_dlx_edit.payload import (
     ABSENT,
     Change,
     EditError,
@@ -22,9 +25,6 @@ from celery_dlx.codecs.editing import (
     parse_path,
     set_json,
 )
-from celery_dlx.message.names import ATTEMPT_HEADER, REPLAYED_HEADER
-from celery_dlx.message.obituary import Obituary
-from celery_dlx.ops.edit import EDITED_FROM_HEADER, check_header_name, plan_edit
 from tests.fixtures.codecs.protos import compile_descriptor_set, compile_python
 
 

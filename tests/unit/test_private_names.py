@@ -1,12 +1,12 @@
 """Others' private internals are used in the compat module only (DESIGN.md, guarantee 12).
 
-Scans every module of ``celery_dlx``, ``celery_dlx_console`` and ``celery_dlx_spark`` for uses of
-names that Celery, kombu, py-amqp, billiard, vine, redis-py, sentry-sdk, pyspark and starlette do
-not offer as their public API, and fails with each use outside the compat module as
-``file:line: rule: name``. The compat modules are ``celery_dlx/compat/`` and
-``celery_dlx_spark/compat.py`` (the Spark package imports nothing of ``celery_dlx``, so it keeps its
-own); the console may import only celery_dlx's public API, so one it needed would be its own
-``celery_dlx_console/compat.py`` (it needs none).
+Scans every module of ``celery_dlx``, ``celery_dlx_console``, ``celery_dlx_edit`` and
+``celery_dlx_spark`` for uses of names that Celery, kombu, py-amqp, billiard, vine, redis-py,
+sentry-sdk, pyspark and starlette do not offer as their public API, and fails with each use
+outside the compat module as ``file:line: rule: name``. The compat modules are
+``celery_dlx/compat/`` and ``celery_dlx_spark/compat.py`` (the Spark job imports nothing of
+``celery_dlx``, so it keeps its own); the console and payload editing may import only celery_dlx's public API, so one they needed
+would be their own ``compat.py`` (they need none).
 
 What counts (each rule is a function below, each is shown to find what it looks for by
 ``test_each_rule_finds_its_kind``):
@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {
     "celery_dlx": "celery_dlx/compat",
     "celery_dlx_console": "celery_dlx_console/compat.py",
+    "celery_dlx_edit": "celery_dlx_edit/compat.py",
     "celery_dlx_spark": "celery_dlx_spark/compat.py",
 }
 #: Other projects whose private names are fenced in the compat module.
@@ -138,7 +139,7 @@ OWN_PRIVATE_NAMES = {
 
 #: ``module:receiver`` whose ``__dict__`` celery_dlx reads or writes as its own, with the reason.
 OWN_DICT_RECEIVERS = {
-    "celery_dlx.cli.ops:result": "ExportResult, a dataclass of celery_dlx.ops.export",
+    "celery_dlx.cli.ops:result": "ExportResult, a dataclass of celery_dlx_spark.launch",
     "celery_dlx.cli.ops:done": "Migration, a dataclass of celery_dlx.store.migrate",
     "celery_dlx.cli.ops:graves": "Migration, a dataclass of celery_dlx.store.migrate",
     "celery_dlx.message.dictinit:cls": "a dataclass of celery_dlx being given its __init__",

@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 import celery_dlx_spark
-from celery_dlx.ops import export
+from celery_dlx_spark import launch as export
 
 
 def _imports(path: Path) -> set[str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from celery_dlx.ops.edit import EDITED_FROM_HEADER, edits_of
+from celery_dlx_edit.edit import EDITED_FROM_HEADER, edits_of
 from tests.integration.helpers import queue_depth
 from tests.web.conftest import serve
 from tests.web.helpers import OPERATOR, VIEWER, Client, bury, foreign_obituary, pickle_bomb

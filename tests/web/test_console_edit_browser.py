@@ -17,8 +17,8 @@ from kombu.serialization import dumps
 
 from celery_dlx.message.obituary import Obituary
 from celery_dlx.ops import obituaries
-from celery_dlx.ops.edit import edits_of
 from celery_dlx_console.server import Background
+from celery_dlx_edit.edit import edits_of
 from tests.integration.dlx_apps import worker
 from tests.integration.helpers import queue_depth, wait_until
 from tests.web.conftest import serve

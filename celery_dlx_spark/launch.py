@@ -1,13 +1,13 @@
-"""Launch the Spark exporter of the failure history (the ``celery_dlx_spark`` package) with spark-submit.
+"""Launch the Spark exporter of the failure history (the rest of this package) with spark-submit.
 
 The export is a PySpark job (see ``spark/README.md``) shipped in the wheel as the top-level package
 ``celery_dlx_spark``, which never imports Celery or ``celery_dlx``, so the cluster needs neither.
-The job reads the history stream in id ranges on the executors, writes Parquet partitioned by day
+This module alone is the exception: it runs in the app's process, and is not shipped. The job reads the history stream in id ranges on the executors, writes Parquet partitioned by day
 and queue, keeps a checkpoint so reruns resume, and recomputes the aggregates and the chart. This
 launcher zips the package for ``--py-files`` and writes its entry script at run time, for
 ``celery -A proj dlx export`` and for code::
 
-    from celery_dlx.ops.export import run_export
+    from celery_dlx import run_export
 
     result = run_export(app, out="/data/dlx-history", master="local[*]", trim=True)
     print(result.records, result.malformed, result.summary[:3])

@@ -22,7 +22,18 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from celery_dlx.codecs import ProtobufRegistry, decode_payload
-from celery_dlx.codecs.editing import (
+from celery_dlx.codecs.result import KIND_CELERY, KIND_PROTOBUF, Decoded
+from celery_dlx.ops import (
+    BROKER_HEADER_PREFIXES,
+    BROKER_HEADERS,
+    Obituary,
+    Outgoing,
+    Runtime,
+    obituaries,
+)
+from celery_dlx.ops.audit import record_audit
+from celery_dlx.ops.replay import NotReplayed, check_target_queue, replay_copy, replay_one
+from celery_dlx_edit.payload import (
     ABSENT,
     Change,
     EditedBody,
@@ -35,17 +46,6 @@ from celery_dlx.codecs.editing import (
     refuse_unsafe,
     unwrap,
 )
-from celery_dlx.codecs.result import KIND_CELERY, KIND_PROTOBUF, Decoded
-from celery_dlx.ops import (
-    BROKER_HEADER_PREFIXES,
-    BROKER_HEADERS,
-    Obituary,
-    Outgoing,
-    Runtime,
-    obituaries,
-)
-from celery_dlx.ops.audit import record_audit
-from celery_dlx.ops.replay import NotReplayed, check_target_queue, replay_copy, replay_one
 
 #: Header an edited copy carries: the id of the obituary it was edited from.
 EDITED_FROM_HEADER = "x-dlx-edited-from"
