@@ -7,7 +7,7 @@ import lzma
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
 #: Names (``content_encoding`` values and Kombu ``compression`` header values) of each format.
 ALIASES = {
@@ -34,16 +34,6 @@ UNSUPPORTED = frozenset({"br", "brotli", "application/x-brotli", "zstd", "applic
 GZIP_MAGIC = b"\x1f\x8b"
 BZ2_MAGIC = b"BZh"
 XZ_MAGIC = b"\xfd7zXZ\x00"
-
-
-class _Decompressor(Protocol):
-    @property
-    def eof(self) -> bool: ...
-
-    @property
-    def unused_data(self) -> bytes: ...
-
-    def decompress(self, data: bytes, max_length: int = ..., /) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -97,7 +87,7 @@ def _zlib(data: bytes, cap: int) -> Inflated:
         return _stream(lambda: zlib.decompressobj(wbits=-15), data, cap)
 
 
-def _stream(make: Callable[[], _Decompressor], data: bytes, cap: int) -> Inflated:
+def _stream(make: Callable[[], Any], data: bytes, cap: int) -> Inflated:
     """Run decompressors over ``data`` (several members, as gzip and xz allow) up to ``cap``."""
     out = bytearray()
     rest = data
