@@ -11,22 +11,11 @@ from typing import Any
 
 #: Names (``content_encoding`` values and Kombu ``compression`` header values) of each format.
 ALIASES = {
-    "gzip": "zlib",
-    "x-gzip": "zlib",
-    "application/x-gzip": "zlib",
-    "application/gzip": "zlib",
-    "zlib": "zlib",
-    "deflate": "zlib",
-    "application/zlib": "zlib",
-    "bzip2": "bz2",
-    "bzip": "bz2",
-    "x-bzip2": "bz2",
-    "application/x-bz2": "bz2",
-    "application/x-bzip2": "bz2",
-    "lzma": "lzma",
-    "xz": "lzma",
-    "application/x-lzma": "lzma",
-    "application/x-xz": "lzma",
+    **dict.fromkeys(("gzip", "x-gzip", "application/x-gzip", "application/gzip"), "zlib"),
+    **dict.fromkeys(("zlib", "deflate", "application/zlib"), "zlib"),
+    **dict.fromkeys(("bzip2", "bzip", "x-bzip2"), "bz2"),
+    **dict.fromkeys(("application/x-bz2", "application/x-bzip2"), "bz2"),
+    **dict.fromkeys(("lzma", "xz", "application/x-lzma", "application/x-xz"), "lzma"),
 }
 #: Compressions Kombu or HTTP know that this module cannot undo without extra packages.
 UNSUPPORTED = frozenset({"br", "brotli", "application/x-brotli", "zstd", "application/zstd"})

@@ -77,8 +77,7 @@ class ProtobufRegistry:
 
     def candidates(self) -> Iterator[tuple[str, type[Message]]]:
         """``(full name, message class)`` of every candidate type, sorted by name."""
-        for name in sorted(self._classes):
-            yield name, self._classes[name]
+        return iter(sorted(self._classes.items()))
 
     def add_descriptor_set(self, source: str | os.PathLike[str] | bytes) -> list[str]:
         """Register every message type of a ``FileDescriptorSet``: a path to the file written by

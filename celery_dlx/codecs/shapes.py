@@ -16,24 +16,11 @@ if TYPE_CHECKING:  # protobuf is an extra
 
 # FieldDescriptor.TYPE_* numbers (fixed by descriptor.proto) -> the wire type they travel as.
 WIRE_OF = {
-    1: FIXED64,  # double
-    2: FIXED32,  # float
-    3: VARINT,  # int64
-    4: VARINT,  # uint64
-    5: VARINT,  # int32
-    6: FIXED64,  # fixed64
-    7: FIXED32,  # fixed32
-    8: VARINT,  # bool
-    9: LEN,  # string
+    **dict.fromkeys((3, 4, 5, 8, 13, 14, 17, 18), VARINT),  # (u)int32/64, bool, enum, sint32/64
+    **dict.fromkeys((1, 6, 16), FIXED64),  # double, fixed64, sfixed64
+    **dict.fromkeys((2, 7, 15), FIXED32),  # float, fixed32, sfixed32
+    **dict.fromkeys((9, 11, 12), LEN),  # string, message, bytes
     10: START_GROUP,  # group
-    11: LEN,  # message
-    12: LEN,  # bytes
-    13: VARINT,  # uint32
-    14: VARINT,  # enum
-    15: FIXED32,  # sfixed32
-    16: FIXED64,  # sfixed64
-    17: VARINT,  # sint32
-    18: VARINT,  # sint64
 }
 TYPE_BOOL, TYPE_STRING, TYPE_BYTES, TYPE_ENUM = 8, 9, 12, 14
 #: 32-bit varint types whose negatives travel sign-extended to 64 bits (int32, enum).
