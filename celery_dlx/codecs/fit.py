@@ -62,15 +62,11 @@ def rank(
     registry: ProtobufRegistry, scanned: Scan, data: bytes, hint: str | None = None
 ) -> tuple[list[Fit], bool]:
     """Registered types that parse ``data``, best first (``hint``, when it parses, first of all),
-    and whether the search stopped at :data:`PRESELECTED` with types left that might fit better.
-
-    Every type gets a quick score from the top-level wire types alone, which can only fall once
-    nested messages and string contents are looked at. Types are measured field by field in quick
-    score order until no unmeasured type can beat the runner-up, or :data:`PRESELECTED` different
-    shapes were measured (types of one shape are measured once). The best
-    :data:`MAX_CANDIDATES` are parsed by protobuf, which also finds missing required fields in
-    nested messages.
-    """
+    and whether the search stopped at :data:`PRESELECTED` shapes with types left that might fit
+    better. Types are measured field by field in the order of a quick score from top-level wire
+    types (which measuring can only lower) until none left can beat the runner-up; types of one
+    shape are measured once. The best :data:`MAX_CANDIDATES` are parsed by protobuf, which also
+    finds missing required fields in nested messages."""
     shapes = registry.shapes
     pairs = Counter((f.number, f.wire_type) for f in scanned.fields)
     candidates = [shape_of(cls.DESCRIPTOR, shapes) for _, cls in registry.candidates()]
