@@ -15,67 +15,51 @@ def header_text(value: Any) -> str | None:
     """A header value as text (bytes decoded as UTF-8), or None."""
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
-    if value is None:
-        return None
-    return value if isinstance(value, str) else str(value)
+    return None if value is None else str(value)
 
 
 def header_task(headers: Mapping[str, object] | None) -> str | None:
     """The task name of a protocol 2 message, from its ``task`` header, if there is one."""
-    if not headers:
-        return None
-    name = header_text(header(headers, "task"))
-    return name or None
+    return header_text(header(headers, "task")) or None
 
 
 def celery_view(
-    value: object, headers: Mapping[str, object] | None
+    value: Any, headers: Mapping[str, object] | None
 ) -> tuple[dict[str, object] | None, str | None]:
     """``(view, None)`` when ``value`` (a decoded body) is a Celery message, ``(None, note)`` when
     the headers name a task but the body lacks Celery's shape, else ``(None, None)``."""
     task = header_task(headers)
-    if task is not None and headers is not None:
-        return _protocol2(task, value, headers)
+    if task is not None:
+        if not (
+            isinstance(value, list)
+            and len(value) == 3
+            and isinstance(value[0], list)
+            and isinstance(value[1], Mapping)
+            and (value[2] is None or isinstance(value[2], Mapping))
+        ):
+            return None, (
+                f"header task={task!r} says Celery protocol 2, but the body is not "
+                "[args, kwargs, embed]: shown as it is"
+            )
+        return {
+            "task": task,
+            "id": header_text(header(headers, "id")),
+            "args": value[0],
+            "kwargs": value[1],
+            "embed": value[2] or {},
+            "protocol": 2,
+        }, None
     if (
         isinstance(value, Mapping)
         and isinstance(value.get("task"), str)
         and ("args" in value or "kwargs" in value)
     ):
-        return _protocol1(value), None
+        return {
+            "task": value["task"],
+            "id": header_text(value.get("id")),
+            "args": value.get("args") or [],
+            "kwargs": value.get("kwargs") or {},
+            "embed": {k: value[k] for k in _PROTOCOL1_EMBED if value.get(k) is not None},
+            "protocol": 1,
+        }, None
     return None, None
-
-
-def _protocol2(
-    task: str, value: object, headers: Mapping[str, object]
-) -> tuple[dict[str, object] | None, str | None]:
-    if not (
-        isinstance(value, list)
-        and len(value) == 3
-        and isinstance(value[0], list)
-        and isinstance(value[1], Mapping)
-        and (value[2] is None or isinstance(value[2], Mapping))
-    ):
-        return None, (
-            f"header task={task!r} says Celery protocol 2, but the body is not "
-            "[args, kwargs, embed]: shown as it is"
-        )
-    view: dict[str, object] = {
-        "task": task,
-        "id": header_text(header(headers, "id")),
-        "args": value[0],
-        "kwargs": value[1],
-        "embed": value[2] or {},
-        "protocol": 2,
-    }
-    return view, None
-
-
-def _protocol1(value: Mapping[str, Any]) -> dict[str, object]:
-    return {
-        "task": value["task"],
-        "id": header_text(value.get("id")),
-        "args": value.get("args") or [],
-        "kwargs": value.get("kwargs") or {},
-        "embed": {k: value[k] for k in _PROTOCOL1_EMBED if value.get(k) is not None},
-        "protocol": 1,
-    }

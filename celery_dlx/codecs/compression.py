@@ -7,26 +7,15 @@ import lzma
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
 #: Names (``content_encoding`` values and Kombu ``compression`` header values) of each format.
 ALIASES = {
-    "gzip": "zlib",
-    "x-gzip": "zlib",
-    "application/x-gzip": "zlib",
-    "application/gzip": "zlib",
-    "zlib": "zlib",
-    "deflate": "zlib",
-    "application/zlib": "zlib",
-    "bzip2": "bz2",
-    "bzip": "bz2",
-    "x-bzip2": "bz2",
-    "application/x-bz2": "bz2",
-    "application/x-bzip2": "bz2",
-    "lzma": "lzma",
-    "xz": "lzma",
-    "application/x-lzma": "lzma",
-    "application/x-xz": "lzma",
+    **dict.fromkeys(("gzip", "x-gzip", "application/x-gzip", "application/gzip"), "zlib"),
+    **dict.fromkeys(("zlib", "deflate", "application/zlib"), "zlib"),
+    **dict.fromkeys(("bzip2", "bzip", "x-bzip2"), "bz2"),
+    **dict.fromkeys(("application/x-bz2", "application/x-bzip2"), "bz2"),
+    **dict.fromkeys(("lzma", "xz", "application/x-lzma", "application/x-xz"), "lzma"),
 }
 #: Compressions Kombu or HTTP know that this module cannot undo without extra packages.
 UNSUPPORTED = frozenset({"br", "brotli", "application/x-brotli", "zstd", "application/zstd"})
@@ -34,16 +23,6 @@ UNSUPPORTED = frozenset({"br", "brotli", "application/x-brotli", "zstd", "applic
 GZIP_MAGIC = b"\x1f\x8b"
 BZ2_MAGIC = b"BZh"
 XZ_MAGIC = b"\xfd7zXZ\x00"
-
-
-class _Decompressor(Protocol):
-    @property
-    def eof(self) -> bool: ...
-
-    @property
-    def unused_data(self) -> bytes: ...
-
-    def decompress(self, data: bytes, max_length: int = ..., /) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -97,7 +76,7 @@ def _zlib(data: bytes, cap: int) -> Inflated:
         return _stream(lambda: zlib.decompressobj(wbits=-15), data, cap)
 
 
-def _stream(make: Callable[[], _Decompressor], data: bytes, cap: int) -> Inflated:
+def _stream(make: Callable[[], Any], data: bytes, cap: int) -> Inflated:
     """Run decompressors over ``data`` (several members, as gzip and xz allow) up to ``cap``."""
     out = bytearray()
     rest = data

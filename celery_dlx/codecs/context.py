@@ -5,10 +5,8 @@ from __future__ import annotations
 import codecs
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from celery_dlx.codecs.registry import ProtobufRegistry
-from celery_dlx.codecs.result import RunnerUp
 from celery_dlx.compat.python import is_text_codec
 
 #: Media types that declare JSON (besides any ``*/*+json``).
@@ -129,14 +127,3 @@ class Context:
         self.notes.extend(child.notes)
         self.layers = child.layers
         self.truncated = self.truncated or child.truncated
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One step's reading of the bytes, before the data is bounded and the result assembled."""
-
-    kind: str
-    data: Any = None
-    type_name: str | None = None
-    score: float | None = None
-    runner_up: RunnerUp | None = None

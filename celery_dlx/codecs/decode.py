@@ -12,7 +12,7 @@ from typing import Any
 from celery_dlx.codecs import protobuf_view
 from celery_dlx.codecs.celery_body import celery_view, header_task, header_text
 from celery_dlx.codecs.compression import UNSUPPORTED, format_of, inflate, sniff_format
-from celery_dlx.codecs.context import Context, Reading, charset_of, header, media_type
+from celery_dlx.codecs.context import Context, charset_of, header, media_type
 from celery_dlx.codecs.jsonsafe import is_printable, opaque_view, printable_text, prune
 from celery_dlx.codecs.limits import DEFAULT_LIMIT, MAX_EMBEDDED, MAX_LAYERS, MIN_LIMIT
 from celery_dlx.codecs.registry import ProtobufRegistry
@@ -111,16 +111,7 @@ def _decode(
     if cut:
         ctx.truncated = True
         ctx.notes.append(f"data cut to about {ctx.limit} characters (the decode limit)")
-    return Decoded(
-        kind=reading.kind,
-        data=shown,
-        notes=ctx.notes,
-        type_name=reading.type_name,
-        score=reading.score,
-        runner_up=reading.runner_up,
-        layers=ctx.layers,
-        truncated=ctx.truncated,
-    )
+    return replace(reading, data=shown, notes=ctx.notes, layers=ctx.layers, truncated=ctx.truncated)
 
 
 def _declared_layers(data: bytes, encoding: str | None, ctx: Context) -> bytes:
@@ -137,19 +128,15 @@ def _declared_layers(data: bytes, encoding: str | None, ctx: Context) -> bytes:
         elif name.strip().lower() in UNSUPPORTED:
             ctx.notes.append(f"compression {name!r} is not supported: shown as received")
         elif name.strip().lower() == "base64":
-            data = _declared_base64(data, ctx)
+            found = unbase64(data.decode("latin-1"))
+            if found is None:
+                ctx.notes.append(
+                    "content_encoding says base64 but the body is not base64: shown as received"
+                )
+            else:
+                ctx.layers.append("base64")
+                data = found.data
     return data
-
-
-def _declared_base64(data: bytes, ctx: Context) -> bytes:
-    found = unbase64(data.decode("latin-1"))
-    if found is None:
-        ctx.notes.append(
-            "content_encoding says base64 but the body is not base64: shown as received"
-        )
-        return data
-    ctx.layers.append("base64")
-    return found.data
 
 
 def _sniffed_layers(data: bytes, ctx: Context) -> bytes:
@@ -197,14 +184,14 @@ def _cap(data: bytes, ctx: Context) -> bytes:
     return data[: ctx.limit]
 
 
-def _interpret(data: bytes, ctx: Context, depth: int) -> Reading:
+def _interpret(data: bytes, ctx: Context, depth: int) -> Decoded:
     """Read bytes (any wrapping already undone) as the most specific thing they turn out to be."""
     if not data:
-        return Reading(KIND_EMPTY, None)
+        return Decoded(KIND_EMPTY, None)
     reason = unsafe_reason(data, ctx.media)
     if reason is not None:
         ctx.notes.append(reason)
-        return Reading(KIND_OPAQUE_UNSAFE, _opaque(data, ctx))
+        return Decoded(KIND_OPAQUE_UNSAFE, _opaque(data, ctx))
     structured = _structured(data, ctx, depth)
     if structured is not None:
         return structured
@@ -219,13 +206,13 @@ def _opaque(data: bytes, ctx: Context) -> dict[str, object]:
     if pickle_protocol(data) is not None:
         view["pickle_globals"] = pickle_globals(data)
     task = header_task(ctx.headers)
-    if task is not None and ctx.headers is not None:
+    if task is not None:
         view["task"] = task
         view["id"] = header_text(header(ctx.headers, "id"))
     return view
 
 
-def _structured(data: bytes, ctx: Context, depth: int) -> Reading | None:
+def _structured(data: bytes, ctx: Context, depth: int) -> Decoded | None:
     """JSON or msgpack, when the bytes are that."""
     if ctx.declares_msgpack:
         return _msgpack(data, ctx, depth)
@@ -244,7 +231,7 @@ def _structured(data: bytes, ctx: Context, depth: int) -> Reading | None:
     return None
 
 
-def _msgpack(data: bytes, ctx: Context, depth: int) -> Reading | None:
+def _msgpack(data: bytes, ctx: Context, depth: int) -> Decoded | None:
     try:
         msgpack = importlib.import_module("msgpack")
     except ImportError:
@@ -260,19 +247,19 @@ def _msgpack(data: bytes, ctx: Context, depth: int) -> Reading | None:
     return _from_value(value, KIND_MSGPACK, ctx, depth)
 
 
-def _from_value(value: Any, kind: str, ctx: Context, depth: int) -> Reading:
+def _from_value(value: Any, kind: str, ctx: Context, depth: int) -> Decoded:
     view, note = celery_view(value, ctx.headers)
     if note is not None:
         ctx.notes.append(note)
     if view is not None:
         _embedded(view, ctx)
-        return Reading(KIND_CELERY, view)
+        return Decoded(KIND_CELERY, view)
     if isinstance(value, str):
         inner = _inside_base64(value, ctx, depth, strong_only=True)
         if inner is not None:
             ctx.notes.append("the body is a JSON string holding base64")
             return inner
-    return Reading(kind, value)
+    return Decoded(kind, value)
 
 
 def _embedded(view: dict[str, Any], ctx: Context) -> None:
@@ -313,7 +300,7 @@ def _text(data: bytes, ctx: Context) -> str | None:
     return text
 
 
-def _from_text(text: str, data: bytes, ctx: Context, depth: int) -> Reading:
+def _from_text(text: str, data: bytes, ctx: Context, depth: int) -> Decoded:
     declared = ctx.declares_protobuf
     inner = _inside_base64(text, ctx, depth, strong_only=not declared)
     if inner is not None:
@@ -322,10 +309,10 @@ def _from_text(text: str, data: bytes, ctx: Context, depth: int) -> Reading:
         proto = protobuf_view.typed(data, ctx) or protobuf_view.wire(data, ctx, declared=True)
         if proto is not None:
             return proto
-    return Reading(KIND_TEXT, text)
+    return Decoded(KIND_TEXT, text)
 
 
-def _inside_base64(text: str, ctx: Context, depth: int, *, strong_only: bool) -> Reading | None:
+def _inside_base64(text: str, ctx: Context, depth: int, *, strong_only: bool) -> Decoded | None:
     """What ``text`` holds when it is base64, if that reading is convincing; else None."""
     if depth >= MAX_LAYERS:
         return None
@@ -346,7 +333,7 @@ def _inside_base64(text: str, ctx: Context, depth: int, *, strong_only: bool) ->
     return reading
 
 
-def _from_binary(data: bytes, ctx: Context) -> Reading:
+def _from_binary(data: bytes, ctx: Context) -> Decoded:
     declared = ctx.declares_protobuf
     scanned = scan(data)
     reading = protobuf_view.typed(data, ctx, scanned) or protobuf_view.wire(
@@ -357,4 +344,4 @@ def _from_binary(data: bytes, ctx: Context) -> Reading:
     if not declared:
         why = f" (as protobuf: {scanned.error})" if scanned.error else ""
         ctx.notes.append(f"not JSON, text or protobuf{why}: shown as opaque bytes")
-    return Reading(KIND_BINARY, opaque_view(data))
+    return Decoded(KIND_BINARY, opaque_view(data))

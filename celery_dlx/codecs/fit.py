@@ -62,33 +62,23 @@ def rank(
     registry: ProtobufRegistry, scanned: Scan, data: bytes, hint: str | None = None
 ) -> tuple[list[Fit], bool]:
     """Registered types that parse ``data``, best first (``hint``, when it parses, first of all),
-    and whether the search stopped at :data:`PRESELECTED` with types left that might fit better.
-
-    Every type gets a quick score from the top-level wire types alone, which can only fall once
-    nested messages and string contents are looked at. Types are measured field by field in quick
-    score order until no unmeasured type can beat the runner-up, or :data:`PRESELECTED` different
-    shapes were measured (types of one shape are measured once). The best
-    :data:`MAX_CANDIDATES` are parsed by protobuf, which also finds missing required fields in
-    nested messages.
-    """
+    and whether the search stopped at :data:`PRESELECTED` shapes with types left that might fit
+    better. Types are measured field by field in the order of a quick score from top-level wire
+    types (which measuring can only lower) until none left can beat the runner-up; types of one
+    shape are measured once. The best :data:`MAX_CANDIDATES` are parsed by protobuf, which also
+    finds missing required fields in nested messages."""
     shapes = registry.shapes
     pairs = Counter((f.number, f.wire_type) for f in scanned.fields)
-    quick = sorted(
-        (
-            (_quick(shape_of(cls.DESCRIPTOR, shapes), pairs), cls)
-            for _, cls in registry.candidates()
-        ),
-        key=lambda item: item[0],
-    )
+    candidates = [shape_of(cls.DESCRIPTOR, shapes) for _, cls in registry.candidates()]
+    quick = sorted(((_quick(shape, pairs), shape) for shape in candidates), key=lambda i: i[0])
     scans: dict[int, tuple[bytes, Scan]] = {}
     measured: list[Fit] = []
     alike: dict[tuple[Any, ...], Fit] = {}
     cut_short = False
-    for (bound, *_), cls in quick:
+    for (bound, *_), shape in quick:
         # Only the best and the runner-up need exact scores; the rest are parse fallbacks.
         if len(measured) >= 2 and -bound < measured[1].score:
             break
-        shape = shape_of(cls.DESCRIPTOR, shapes)
         twin = alike.get(shape.signature)
         if twin is not None:
             measured.append(replace(twin, type_name=shape.name, nested=shape.nested))
@@ -96,12 +86,11 @@ def rank(
             cut_short = True
             break
         else:
-            alike[shape.signature] = _measure(cls, scanned, shapes, scans)
+            alike[shape.signature] = _measure(shape, scanned, shapes, scans)
             measured.append(alike[shape.signature])
         measured.sort(key=_order)
-    named = [cls for _, cls in quick if hint is not None and cls.DESCRIPTOR.full_name == hint]
-    if named and all(f.type_name != hint for f in measured):
-        measured.append(_measure(named[0], scanned, shapes, scans))
+    if hint is not None and hint in registry and all(f.type_name != hint for f in measured):
+        measured.append(_measure(shapes[hint], scanned, shapes, scans))
     chosen = [f for i, f in enumerate(measured) if i < MAX_CANDIDATES or f.type_name == hint]
     parsed = [fit for fit in (_parse(f, registry, data) for f in chosen) if fit is not None]
     parsed.sort(key=lambda f: (f.type_name != hint, *_order(f)))
@@ -143,9 +132,8 @@ def _score(match: float, coverage: float, required_ok: bool) -> float:
 
 
 def _measure(
-    cls: Any, scanned: Scan, shapes: dict[str, Shape], scans: dict[int, tuple[bytes, Scan]]
+    shape: Shape, scanned: Scan, shapes: dict[str, Shape], scans: dict[int, tuple[bytes, Scan]]
 ) -> Fit:
-    shape = shape_of(cls.DESCRIPTOR, shapes)
     tally = _Tally(shapes, scans)
     match = _walk(shape, scanned.fields, 0, tally) if scanned.fields else 0.0
     missing = tuple(name for number, name in shape.required if number not in tally.seen)

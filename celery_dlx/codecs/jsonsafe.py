@@ -41,7 +41,8 @@ def _prune(value: Any, budget: _Budget, depth: int) -> Any:
         budget.take(6)
         return value
     if isinstance(value, int):
-        budget.take(_int_size(value))
+        # Huge integers (JSON allows 4300 digits) are measured without formatting them.
+        budget.take(min(value.bit_length() * 3 // 10 + 2, 4400) + 1)
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -60,11 +61,6 @@ def _prune(value: Any, budget: _Budget, depth: int) -> Any:
     if isinstance(value, (list, tuple)):
         return _prune_sequence(value, budget, depth)
     return _cut_text(str(value), budget)
-
-
-def _int_size(value: int) -> int:
-    # Huge integers (JSON allows 4300 digits) are measured without formatting them.
-    return min(value.bit_length() * 3 // 10 + 2, 4400) + 1
 
 
 def _cut_text(text: str, budget: _Budget) -> str:
@@ -113,18 +109,14 @@ def hex_preview(data: bytes, limit: int = PREVIEW_BYTES) -> str:
     return f"{data[:limit].hex()}…(+{len(data) - limit} bytes)"
 
 
-def ascii_preview(data: bytes, limit: int = PREVIEW_BYTES) -> str:
-    """The first ``limit`` bytes with every non-printable byte shown as ``.``."""
-    return "".join(chr(b) if 0x20 <= b < 0x7F else "." for b in data[:limit])
-
-
 def opaque_view(data: bytes) -> dict[str, object]:
-    """Length, sha256 and a short preview of bytes nobody should or could decode."""
+    """Length, sha256 and a short preview (hex, and ASCII with ``.`` for other bytes) of bytes
+    nobody should or could decode."""
     return {
         "length": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
         "hex": hex_preview(data),
-        "ascii": ascii_preview(data),
+        "ascii": "".join(chr(b) if 0x20 <= b < 0x7F else "." for b in data[:PREVIEW_BYTES]),
     }
 
 

@@ -49,18 +49,14 @@ def _single(fd: Any, value: Any, depth: int) -> Any:
     if fd.type == TYPE_ENUM:
         known = fd.enum_type.values_by_number.get(value)
         return known.name if known is not None else value
+    if isinstance(value, bytes) and fd.type != TYPE_BYTES:
+        return value.decode("utf-8", errors="replace")
     if isinstance(value, bytes):
-        return _bytes(value) if fd.type == TYPE_BYTES else value.decode("utf-8", errors="replace")
+        text = printable_text(value)
+        return text if text is not None else "0x" + hex_preview(value, _BYTES_SHOWN)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
-
-
-def _bytes(value: bytes) -> str:
-    text = printable_text(value)
-    if text is not None:
-        return text
-    return "0x" + hex_preview(value, _BYTES_SHOWN)
 
 
 def _well_known(value: Any) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery_dlx.codecs.context import Context, Reading
+from celery_dlx.codecs.context import Context
 from celery_dlx.codecs.fit import MIN_MATCH, Fit, rank
 from celery_dlx.codecs.limits import PRESELECTED
 from celery_dlx.codecs.messages import message_data
@@ -12,11 +12,11 @@ from celery_dlx.codecs.registry import (
     SETS_SETTING,
     protobuf_available,
 )
-from celery_dlx.codecs.result import KIND_PROTOBUF, KIND_PROTOBUF_WIRE, RunnerUp
+from celery_dlx.codecs.result import KIND_PROTOBUF, KIND_PROTOBUF_WIRE, Decoded, RunnerUp
 from celery_dlx.codecs.wire import Scan, dump, scan
 
 
-def typed(data: bytes, ctx: Context, scanned: Scan | None = None) -> Reading | None:
+def typed(data: bytes, ctx: Context, scanned: Scan | None = None) -> Decoded | None:
     """``data`` decoded with the registered type that fits it best, or None (with a note why)."""
     if not ctx.registry:
         return None
@@ -49,7 +49,7 @@ def typed(data: bytes, ctx: Context, scanned: Scan | None = None) -> Reading | N
     return _reading(best, fits[1] if len(fits) > 1 else None, ctx, chosen_by_hint)
 
 
-def _reading(best: Fit, second: Fit | None, ctx: Context, chosen_by_hint: bool) -> Reading:
+def _reading(best: Fit, second: Fit | None, ctx: Context, chosen_by_hint: bool) -> Decoded:
     data = message_data(best.message)
     if best.strays:
         numbers = ", ".join(str(n) for n in sorted({f.number for f in best.strays}))
@@ -68,12 +68,14 @@ def _reading(best: Fit, second: Fit | None, ctx: Context, chosen_by_hint: bool) 
             f"(score {best.score}); a top-level type, else the first by name, is shown"
         )
     runner_up = RunnerUp(second.type_name, second.score) if second is not None else None
-    return Reading(KIND_PROTOBUF, data, best.type_name, best.score, runner_up)
+    return Decoded(
+        KIND_PROTOBUF, data, type_name=best.type_name, score=best.score, runner_up=runner_up
+    )
 
 
 def wire(
     data: bytes, ctx: Context, *, declared: bool, scanned: Scan | None = None
-) -> Reading | None:
+) -> Decoded | None:
     """A schema-less dump of ``data``, or None when it is not protobuf wire format (a body cut at
     the limit, or declared protobuf but corrupt, is dumped up to the damage, with a note)."""
     scanned = scanned or scan(data)
@@ -101,4 +103,4 @@ def wire(
             f"schema-less wire dump: no protobuf type registered (settings {SETS_SETTING}, "
             f"{MODULES_SETTING})"
         )
-    return Reading(KIND_PROTOBUF_WIRE, fields)
+    return Decoded(KIND_PROTOBUF_WIRE, fields)

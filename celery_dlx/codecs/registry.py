@@ -77,8 +77,7 @@ class ProtobufRegistry:
 
     def candidates(self) -> Iterator[tuple[str, type[Message]]]:
         """``(full name, message class)`` of every candidate type, sorted by name."""
-        for name in sorted(self._classes):
-            yield name, self._classes[name]
+        return iter(sorted(self._classes.items()))
 
     def add_descriptor_set(self, source: str | os.PathLike[str] | bytes) -> list[str]:
         """Register every message type of a ``FileDescriptorSet``: a path to the file written by
@@ -102,14 +101,8 @@ class ProtobufRegistry:
         if self._pool is None:
             self._pool = descriptor_pool.DescriptorPool()
         self._add_files(list(files), label)
-        added = []
-        for file_proto in files:
-            for name in _message_names(file_proto.package, file_proto.message_type):
-                descriptor = self._pool.FindMessageTypeByName(name)
-                if self._register(name, message_factory.GetMessageClass(descriptor)):
-                    added.append(name)
-        self._sources.append(label)
-        return added
+        found = [self._pool.FindFileByName(f.name).message_types_by_name.values() for f in files]
+        return self._register([d for types in found for d in types], message_factory, label)
 
     def _add_files(self, files: list[Any], label: str) -> None:
         # --include_imports writes dependencies first, but hand-made sets may not: add what is
@@ -155,25 +148,33 @@ class ProtobufRegistry:
             module = importlib.import_module(name)
         except Exception as exc:  # an import runs arbitrary module code; report whatever it raised
             raise ConfigurationError(f"{MODULES_SETTING}: cannot import {name!r}: {exc}") from None
-        descriptors = list(_module_descriptors(module))
-        if not descriptors:
+        file_descriptor = getattr(module, "DESCRIPTOR", None)
+        roots = list(getattr(file_descriptor, "message_types_by_name", {}).values())
+        for value in vars(module).values():
+            descriptor = getattr(value, "DESCRIPTOR", None)
+            if isinstance(value, type) and hasattr(descriptor, "fields_by_number"):
+                roots.append(descriptor)
+        if not roots:
             raise ConfigurationError(
                 f"{MODULES_SETTING}: module {name!r} holds no protobuf message type"
             )
-        added = []
-        for descriptor in descriptors:
-            if self._register(descriptor.full_name, message_factory.GetMessageClass(descriptor)):
-                added.append(descriptor.full_name)
-        self._sources.append(name)
-        return added
+        return self._register(roots, message_factory, name)
 
-    def _register(self, name: str, cls: type[Message]) -> bool:
-        if name in self._classes or name.startswith(_NOT_CANDIDATES):
-            return False
-        if cls.DESCRIPTOR.GetOptions().map_entry:
-            return False
-        self._classes[name] = cls
-        return True
+    def _register(self, roots: list[Any], message_factory: Any, source: str) -> list[str]:
+        """Register the message types ``roots`` and the types nested in them; the names added."""
+        added = []
+        stack = roots
+        while stack:
+            descriptor = stack.pop()
+            stack.extend(descriptor.nested_types)
+            name = descriptor.full_name
+            if name in self._classes or name.startswith(_NOT_CANDIDATES):
+                continue
+            if not descriptor.GetOptions().map_entry:
+                self._classes[name] = message_factory.GetMessageClass(descriptor)
+                added.append(name)
+        self._sources.append(source)
+        return added
 
 
 def _read(path: str) -> bytes:
@@ -183,30 +184,6 @@ def _read(path: str) -> bytes:
         raise ConfigurationError(
             f"{SETS_SETTING}: cannot read {path}: {exc.strerror or exc}"
         ) from None
-
-
-def _message_names(scope: str, messages: Iterable[Any]) -> Iterator[str]:
-    for message in messages:
-        name = f"{scope}.{message.name}" if scope else message.name
-        yield name
-        yield from _message_names(name, message.nested_type)
-
-
-def _module_descriptors(module: Any) -> Iterator[Any]:
-    seen: set[str] = set()
-    file_descriptor = getattr(module, "DESCRIPTOR", None)
-    roots = list(getattr(file_descriptor, "message_types_by_name", {}).values())
-    for value in vars(module).values():
-        descriptor = getattr(value, "DESCRIPTOR", None)
-        if isinstance(value, type) and hasattr(descriptor, "fields_by_number"):
-            roots.append(descriptor)
-    stack = roots
-    while stack:
-        descriptor = stack.pop()
-        if descriptor.full_name not in seen:
-            seen.add(descriptor.full_name)
-            yield descriptor
-            stack.extend(descriptor.nested_types)
 
 
 class ProtobufSettings(Protocol):

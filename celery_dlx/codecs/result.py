@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 #: Nothing in the body.
 KIND_EMPTY = "empty"
@@ -38,28 +38,6 @@ KINDS = (
 )
 
 
-class RunnerUpJSON(TypedDict):
-    """:meth:`RunnerUp.to_json`."""
-
-    type_name: str
-    score: float
-
-
-class DecodedJSON(TypedDict):
-    """:meth:`Decoded.to_json`: the attributes of a :class:`Decoded`, as plain data."""
-
-    kind: str
-    data: object
-    notes: list[str]
-    type_name: str | None
-    score: float | None
-    runner_up: RunnerUpJSON | None
-    size: int
-    sha256: str
-    layers: list[str]
-    truncated: bool
-
-
 @dataclass(frozen=True)
 class RunnerUp:
     """The second-best protobuf type for a body, with its score (0 to 1)."""
@@ -67,7 +45,7 @@ class RunnerUp:
     type_name: str
     score: float
 
-    def to_json(self) -> RunnerUpJSON:
+    def to_json(self) -> dict[str, object]:
         return {"type_name": self.type_name, "score": self.score}
 
 
@@ -98,7 +76,7 @@ class Decoded:
     layers: list[str] = field(default_factory=list)
     truncated: bool = False
 
-    def to_json(self) -> DecodedJSON:
+    def to_json(self) -> dict[str, object]:
         """A plain dict (``json.dumps`` accepts it with ``allow_nan=False``)."""
         return {
             "kind": self.kind,

@@ -6,32 +6,21 @@ so fitting a body against hundreds of types stays cheap.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from celery_dlx.codecs.wire import FIXED32, FIXED64, LEN, START_GROUP, VARINT
 
+if TYPE_CHECKING:  # protobuf is an extra
+    from google.protobuf.descriptor import FieldDescriptor
+
 # FieldDescriptor.TYPE_* numbers (fixed by descriptor.proto) -> the wire type they travel as.
 WIRE_OF = {
-    1: FIXED64,  # double
-    2: FIXED32,  # float
-    3: VARINT,  # int64
-    4: VARINT,  # uint64
-    5: VARINT,  # int32
-    6: FIXED64,  # fixed64
-    7: FIXED32,  # fixed32
-    8: VARINT,  # bool
-    9: LEN,  # string
+    **dict.fromkeys((3, 4, 5, 8, 13, 14, 17, 18), VARINT),  # (u)int32/64, bool, enum, sint32/64
+    **dict.fromkeys((1, 6, 16), FIXED64),  # double, fixed64, sfixed64
+    **dict.fromkeys((2, 7, 15), FIXED32),  # float, fixed32, sfixed32
+    **dict.fromkeys((9, 11, 12), LEN),  # string, message, bytes
     10: START_GROUP,  # group
-    11: LEN,  # message
-    12: LEN,  # bytes
-    13: VARINT,  # uint32
-    14: VARINT,  # enum
-    15: FIXED32,  # sfixed32
-    16: FIXED64,  # sfixed64
-    17: VARINT,  # sint32
-    18: VARINT,  # sint64
 }
 TYPE_BOOL, TYPE_STRING, TYPE_BYTES, TYPE_ENUM = 8, 9, 12, 14
 #: 32-bit varint types whose negatives travel sign-extended to 64 bits (int32, enum).
@@ -40,36 +29,7 @@ SIGNED_32 = frozenset({5, 14})
 UNSIGNED_32 = frozenset({13, 17})
 
 
-class FieldDescriptorLike(Protocol):
-    """What is read of a protobuf field descriptor (of the Python or the upb implementation)."""
-
-    @property
-    def number(self) -> int: ...
-
-    @property
-    def type(self) -> int: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def message_type(self) -> DescriptorLike | None: ...
-
-
-class DescriptorLike(Protocol):
-    """What is read of a protobuf message descriptor (of the Python or the upb implementation)."""
-
-    @property
-    def full_name(self) -> str: ...
-
-    @property
-    def fields(self) -> Sequence[FieldDescriptorLike]: ...
-
-    @property
-    def containing_type(self) -> object: ...
-
-
-def _flag(fd: FieldDescriptorLike, name: str, label: str) -> bool:
+def _flag(fd: FieldDescriptor, name: str, label: str) -> bool:
     flag = getattr(fd, name, None)
     if flag is not None:
         return bool(flag)
@@ -77,7 +37,7 @@ def _flag(fd: FieldDescriptorLike, name: str, label: str) -> bool:
     return bool(legacy.label == getattr(legacy, label))
 
 
-def is_repeated(fd: FieldDescriptorLike) -> bool:
+def is_repeated(fd: FieldDescriptor) -> bool:
     """Whether a field descriptor is repeated (works across protobuf versions)."""
     return _flag(fd, "is_repeated", "LABEL_REPEATED")
 
@@ -89,7 +49,7 @@ class FieldShape:
     wire: int | None
     type: int
     repeated: bool
-    message: DescriptorLike | None = None
+    message: Any = None  # its message descriptor
 
 
 @dataclass(frozen=True)
@@ -104,8 +64,8 @@ class Shape:
     signature: tuple[Any, ...] = ()
 
 
-def shape_of(descriptor: DescriptorLike, cache: dict[str, Shape]) -> Shape:
-    """The shape of a message descriptor, built once per ``cache``."""
+def shape_of(descriptor: Any, cache: dict[str, Shape]) -> Shape:
+    """The shape of a message descriptor (Python or upb), built once per ``cache``."""
     name = descriptor.full_name
     found = cache.get(name)
     if found is not None:

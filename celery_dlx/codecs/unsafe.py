@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pickletools
 import re
-from collections.abc import Iterator
-from typing import Any
 
 #: Content types of serializers that can run code when loaded.
 UNSAFE_CONTENT_TYPES = frozenset(
@@ -85,26 +83,21 @@ def _disassembles(data: bytes) -> bool:
 def pickle_globals(data: bytes) -> list[str]:
     """``module.name`` of every global a pickle would import when loaded (not imported here)."""
     found: list[str] = []
+    recent: list[str] = []
     try:
-        for name in _globals(pickletools.genops(data)):
-            if name not in found:
-                found.append(name)
-            if len(found) >= _MAX_GLOBALS:
+        for count, (op, arg, _pos) in enumerate(pickletools.genops(data)):
+            if count > _MAX_OPS or len(found) >= _MAX_GLOBALS:
                 break
+            name = None
+            if op.name in {"GLOBAL", "INST"} and isinstance(arg, str):
+                name = arg.replace(" ", ".", 1)
+            elif op.name in _STRING_OPS and isinstance(arg, str):
+                recent = [*recent[-1:], arg]
+            elif op.name == "STACK_GLOBAL" and len(recent) == 2:
+                # Usually the two strings pushed just before; memo lookups can hide them.
+                name = f"{recent[0]}.{recent[1]}"
+            if name is not None and name not in found:
+                found.append(name)
     except Exception:  # a cut or corrupt pickle: keep what was read before the damage
         pass
     return found
-
-
-def _globals(ops: Iterator[tuple[Any, Any, int | None]]) -> Iterator[str]:
-    recent: list[str] = []
-    for count, (op, arg, _pos) in enumerate(ops):
-        if count > _MAX_OPS:
-            return
-        if op.name in {"GLOBAL", "INST"} and isinstance(arg, str):
-            yield arg.replace(" ", ".", 1)
-        elif op.name in _STRING_OPS and isinstance(arg, str):
-            recent = [*recent[-1:], arg]
-        elif op.name == "STACK_GLOBAL" and len(recent) == 2:
-            # Usually the two strings pushed just before; memo lookups can hide them.
-            yield f"{recent[0]}.{recent[1]}"

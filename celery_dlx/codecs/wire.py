@@ -112,26 +112,21 @@ def _field(data: bytes, pos: int, depth: int) -> tuple[Field, int]:
     if wire_type == VARINT:
         value, pos = _varint(data, pos)
         return Field(number, wire_type, value, start), pos
-    if wire_type in (FIXED64, FIXED32):
-        size = 8 if wire_type == FIXED64 else 4
+    if wire_type in (FIXED64, FIXED32, LEN):
+        if wire_type == LEN:
+            size, pos = _varint(data, pos)
+        else:
+            size = 8 if wire_type == FIXED64 else 4
         if pos + size > len(data):
             raise _Ended(
-                f"field {number} ({WIRE_NAMES[wire_type]}) at byte {start} needs {size} bytes "
+                f"field {number} ({WIRE_NAMES[wire_type]}) at byte {start} "
+                f"{'claims' if wire_type == LEN else 'needs'} {size} bytes "
                 f"but only {len(data) - pos} remain",
                 pos + size,
             )
-        return Field(
-            number, wire_type, int.from_bytes(data[pos : pos + size], "little"), start
-        ), pos + size
-    if wire_type == LEN:
-        size, pos = _varint(data, pos)
-        if pos + size > len(data):
-            raise _Ended(
-                f"field {number} (length-delimited) at byte {start} claims {size} bytes "
-                f"but only {len(data) - pos} remain",
-                pos + size,
-            )
-        return Field(number, wire_type, data[pos : pos + size], start), pos + size
+        raw = data[pos : pos + size]
+        content = raw if wire_type == LEN else int.from_bytes(raw, "little")
+        return Field(number, wire_type, content, start), pos + size
     if wire_type == START_GROUP:
         return _group(data, pos, number, start, depth)
     if wire_type == END_GROUP:

@@ -27,12 +27,9 @@ __all__ = [
 
 
 def install_integrations(app: Celery, runtime: Runtime) -> list[Listener]:
-    """Add the listeners the settings enable to ``runtime.listeners`` and quiet Celery's echo of
-    handled runs; idempotent. Returns the listeners added (empty when already installed).
-
-    ``dlx_sentry`` (with sentry-sdk installed) reports to Sentry when the app's own
-    ``sentry_sdk.init`` ran; ``dlx_send_events`` sends the ``task-requeued``/``task-parked``/
-    ``task-buried``/``task-replayed`` events; ``dlx_breaker`` alerts Sentry of openings.
+    """Add the listeners ``dlx_sentry``, ``dlx_send_events`` and ``dlx_breaker`` enable to
+    ``runtime.listeners`` and quiet Celery's echo of handled runs; idempotent. Returns the
+    listeners added (empty when already installed).
 
     Raises:
         ValueError: ``runtime`` belongs to another app.

@@ -8,7 +8,7 @@ The opening's WARNING line stays out of Sentry (``celery_dlx.*`` loggers are ign
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict
 
 from celery_dlx.fates import FateEvent
 from celery_dlx.integrations.sentry import sentry_active
@@ -40,25 +40,14 @@ class BreakerAlert:
             ):
                 if value:
                     scope.set_tag(tag, value)
-            scope.set_context("breaker", self._context(event))
+            settings = self.runtime.config.breaker_for(event.queue)
+            context = {"exc_message": event.exc_message, **(asdict(settings) if settings else {})}
+            scope.set_context("breaker", context)
             sentry_sdk.capture_message(
                 f"celery_dlx breaker opened: {event.exc_type or 'failure'} of "
                 f"{event.task or '-'} on {event.queue} held (cause {event.cause})",
                 level="warning",
             )
-
-    def _context(self, event: FateEvent) -> dict[str, object]:
-        settings = self.runtime.config.breaker_for(event.queue)
-        context: dict[str, Any] = {"exc_message": event.exc_message}
-        if settings is not None:
-            context.update(
-                failures=settings.failures,
-                window=settings.window,
-                hold=settings.hold,
-                probe=settings.probe,
-                release_rate=settings.release_rate,
-            )
-        return context
 
 
 def install_breaker_alert(runtime: Runtime) -> BreakerAlert | None:

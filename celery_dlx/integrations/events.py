@@ -1,44 +1,24 @@
-"""Celery task events for fate changes, so Flower and other event monitors see them.
+"""Celery task events for fate changes (``task-requeued``, ``task-parked``, ``task-buried``,
+``task-replayed``, ``uuid`` the message's id), so Flower and other event monitors see them; the
+fields and what Flower makes of them are in docs/monitoring.md.
 
-Sent through the app's event dispatcher with ``uuid`` the message's id (the Celery task id):
-
-=================  ==================================================================
-event type         sent when
-=================  ==================================================================
-``task-requeued``  a copy went to the tail of the same queue
-``task-parked``    the message waits in the parking store (``delay`` seconds)
-``task-buried``    the message went to the graveyard (once, by the DLX service)
-``task-replayed``  an obituary's message was put back on its queue
-=================  ==================================================================
-
-Fields: ``name`` (task), ``queue``, ``attempt``, ``cause``, ``exc_type``, ``reason``,
-``importance``, ``delay`` (parked), ``obituary_id`` (when known), and for Flower's task page
-``exception`` (``Type('message')``), ``traceback`` (buried only) and ``result`` (a summary line).
-
-A worker sends them only while it sends task events (``-E``, ``worker_send_task_events``,
-``celery control enable_events``), as Celery sends its own (``dlx_events_follow_worker``, on by
-default; see :mod:`celery_dlx.worker.events`); the DLX service and the CLI whenever
-``dlx_send_events`` is on. Celery's event state makes ``task-<x>`` the custom state ``X``
-(``BURIED``...), and Flower counts them in ``flower_events_total{type="task-buried", ...}``.
+A worker sends them only while it sends task events, as Celery sends its own
+(``dlx_events_follow_worker``; see :mod:`celery_dlx.worker.events`); the DLX service and the CLI
+whenever ``dlx_send_events`` is on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from celery import Celery
-
 from celery_dlx.fates import BURIED, PARKED, REPLAYED, REQUEUED, FateEvent
 from celery_dlx.wiring.runtime import Runtime
 from celery_dlx.worker.events import TASK_EVENTS_KEY
-
-logger = logging.getLogger(__name__)
 
 #: Event type per fate; other fate changes are not sent.
 EVENT_TYPES = {
@@ -99,14 +79,6 @@ def obituary_id(event: FateEvent) -> str | None:
         obituary.get("id") if isinstance(obituary, dict) else None
     )
     return str(found) if found else None
-
-
-def event_hostname(app: Celery) -> str:
-    """The node name events are sent as: the worker's when inside a task, else ``celery_dlx@host``
-    (Flower lists each hostname as a worker: one stable name per host, not one per process)."""
-    task = getattr(app, "current_worker_task", None)
-    hostname = getattr(getattr(task, "request", None), "hostname", None) if task else None
-    return str(hostname) if hostname else f"celery_dlx@{socket.gethostname()}"
 
 
 class EventSender:
@@ -174,7 +146,7 @@ class EventSender:
 
     def _publish(self, events: Sequence[FateEvent], *, batched: bool) -> None:
         """Send ``events``, tried once more on a fresh connection."""
-        hostname = self.runtime.acting_node or event_hostname(self.app)
+        hostname = self.runtime.acting_node or self._hostname()
         with self._lock:
             for last in (False, True):
                 dispatcher = self._dispatcher(hostname, batched=batched)
@@ -189,6 +161,13 @@ class EventSender:
                     self._reset()
                     if last:
                         raise
+
+    def _hostname(self) -> str:
+        """The worker's node name inside a task, else ``celery_dlx@host`` (Flower lists each
+        hostname as a worker: one stable name per host, not one per process)."""
+        task = getattr(self.app, "current_worker_task", None)
+        hostname = getattr(getattr(task, "request", None), "hostname", None) if task else None
+        return str(hostname) if hostname else f"celery_dlx@{socket.gethostname()}"
 
     def close(self) -> None:
         """Close the kept connection (a new one is made by the next event)."""

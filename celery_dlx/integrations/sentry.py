@@ -1,16 +1,10 @@
-"""Sentry: one event per burial, grouped by cause, leveled by importance, rate-limited per cause.
+"""Sentry: one event per burial, fingerprinted by cause, leveled by importance, rate-limited per
+cause in Redis; other fate changes are breadcrumbs (see docs/monitoring.md).
 
-Sends only through the app's own active ``sentry_sdk`` client. A burial is one event
-fingerprinted by its cause (one issue per cause), level ``fatal`` for importance ``page``,
-``warning`` for ``notify``, nothing for ``ignore``; its attempt history comes as breadcrumbs, its
-payload only with ``dlx_sentry_include_payload``. At most ``dlx_sentry_rate_limit`` events per
-cause per ``dlx_sentry_rate_window`` seconds, counted in Redis so the budget holds across
-processes. Every other fate change is a breadcrumb, never an event.
-
-No double reports: the fate-line logger (``celery_dlx``) is kept out of Sentry's logging
-integration, and an event processor drops events about exceptions marked by
-:func:`mark_handled`. sentry-sdk's CeleryIntegration wraps ``DLXTask.__call__`` from outside, so
-it only sees the ``Ignore``/``Reject`` ending a handled run, which it treats as control flow.
+No double reports: the ``celery_dlx`` loggers are kept out of Sentry's logging integration, and
+an event processor drops events about exceptions marked by :func:`mark_handled`. sentry-sdk's
+CeleryIntegration wraps ``DLXTask.__call__`` from outside, so it only sees the ``Ignore``/``Reject``
+ending a handled run, which it treats as control flow.
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ import json
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from celery_dlx.compat import add_sentry_event_processor_once
@@ -80,30 +75,14 @@ def drop_handled(event: Event, hint: Hint) -> Event | None:
     return event
 
 
-def _sentry() -> Any:
-    import sentry_sdk
-
-    return sentry_sdk
-
-
 def sentry_active() -> bool:
     """True when sentry-sdk is installed and initialised with somewhere to send (a DSN)."""
     try:
-        sdk = _sentry()
+        import sentry_sdk
     except ImportError:
         return False
-    client = sdk.get_client()
+    client = sentry_sdk.get_client()
     return bool(client.is_active() and getattr(client, "transport", None) is not None)
-
-
-def install_sentry_hooks() -> None:
-    """Keep celery_dlx's fate lines out of Sentry's logging integration; drop handled failures.
-    Idempotent; safe before or after ``sentry_sdk.init``."""
-    from sentry_sdk.integrations.logging import ignore_logger
-
-    ignore_logger(FATE_LOGGER)
-    ignore_logger(f"{FATE_LOGGER}.*")  # the worker's quarantine lines: the service reports burials
-    add_sentry_event_processor_once(drop_handled)
 
 
 def _iso(ms: int | None) -> str | None:
@@ -225,15 +204,6 @@ def burial_release(event: FateEvent, client_release: str | None) -> str | None:
     return client_release or event.failure.code_version or None
 
 
-def _payload(event: FateEvent) -> tuple[bytes | None, str | None, str | None]:
-    """The raw body and its content type and encoding, as the DLX service puts them in ``extra``."""
-    body = event.extra.get("payload")
-    if not isinstance(body, (bytes, bytearray, memoryview)):
-        return None, None, None
-    ctype, cenc = event.extra.get("content_type"), event.extra.get("content_encoding")
-    return bytes(body), (str(ctype) if ctype else None), (str(cenc) if cenc else None)
-
-
 def payload_view(
     body: bytes,
     content_type: str | None,
@@ -281,7 +251,6 @@ class SentryReporter:
         config = runtime.config
         self.include_payload: bool = config.sentry_include_payload
         self.payload_limit: int = config.sentry_payload_limit
-        self._protobuf: tuple[Any] | None = None
         self.budget = runtime.budget("sentry", config.sentry_rate_limit, config.sentry_rate_window)
 
     def __call__(self, event: FateEvent) -> None:
@@ -290,19 +259,20 @@ class SentryReporter:
         if event.fate == BURIED:
             self.report(event)
         else:
-            _sentry().add_breadcrumb(fate_breadcrumb(event))
+            import sentry_sdk
 
-    def _registry(self) -> Any:
+            sentry_sdk.add_breadcrumb(fate_breadcrumb(event))
+
+    @cached_property
+    def _registry(self) -> ProtobufRegistry | None:
         """The protobuf registry of ``dlx_protobuf_*`` settings, made once; None if unusable."""
-        if self._protobuf is None:
-            try:
-                from celery_dlx.codecs import registry_from_config
+        try:
+            from celery_dlx.codecs import registry_from_config
 
-                self._protobuf = (registry_from_config(self.runtime.config),)
-            except Exception as exc:  # the payload is still shown, decoded without schemas
-                logger.warning("Sentry payloads decoded without protobuf types: %s", exc)
-                self._protobuf = (None,)
-        return self._protobuf[0]
+            return registry_from_config(self.runtime.config)
+        except Exception as exc:  # the payload is still shown, decoded without schemas
+            logger.warning("Sentry payloads decoded without protobuf types: %s", exc)
+            return None
 
     def _history(self, event: FateEvent) -> list[Any] | None:
         """The event's attempt history, else the attempts of its obituary in the graveyard."""
@@ -331,26 +301,33 @@ class SentryReporter:
             return None
         data = burial_event(event, level)
         data["contexts"]["celery_dlx"]["events_of_cause_in_window"] = used
-        release = burial_release(event, _sentry().get_client().options.get("release"))
+        import sentry_sdk
+
+        release = burial_release(event, sentry_sdk.get_client().options.get("release"))
         if release:
             data["release"] = release
-        if self.include_payload:
-            body, ctype, cenc = _payload(event)
-            if body is not None:
-                registry = self._registry()
-                data["extra"] = payload_view(body, ctype, cenc, self.payload_limit, registry)
-        sdk = _sentry()
-        with sdk.isolation_scope() as scope:
+        body = event.extra.get("payload")
+        if self.include_payload and isinstance(body, (bytes, bytearray, memoryview)):
+            ctype, cenc = event.extra.get("content_type"), event.extra.get("content_encoding")
+            data["extra"] = payload_view(
+                bytes(body),
+                str(ctype) if ctype else None,
+                str(cenc) if cenc else None,
+                self.payload_limit,
+                self._registry,
+            )
+        with sentry_sdk.isolation_scope() as scope:
             scope.clear_breadcrumbs()
             for crumb in history_breadcrumbs(event, self._history(event)):
                 scope.add_breadcrumb(crumb)
-            event_id: str | None = sdk.capture_event(data)
+            event_id: str | None = sentry_sdk.capture_event(data)
         return event_id
 
 
 def install_sentry(runtime: Runtime) -> SentryReporter | None:
     """The Sentry listener for ``runtime``, or None when ``dlx_sentry`` is off, or on by default
-    while sentry-sdk is not installed. Installs the hooks that prevent double reports.
+    while sentry-sdk is not installed. Keeps the fate lines out of Sentry's logging integration
+    and drops events about handled failures (no double reports).
 
     Raises:
         ConfigurationError: a ``dlx_sentry*`` setting is set explicitly but sentry-sdk cannot be
@@ -360,9 +337,13 @@ def install_sentry(runtime: Runtime) -> SentryReporter | None:
     if not config.sentry:
         return None
     try:
-        install_sentry_hooks()
+        from sentry_sdk.integrations.logging import ignore_logger
     except ImportError as exc:
         if config.explicit & SENTRY_SETTINGS:
             raise ConfigurationError(sentry_missing(config.explicit, str(exc))) from exc
         return None  # on by default; without sentry-sdk there is nothing to report to
+    # Idempotent, and safe before or after ``sentry_sdk.init``.
+    ignore_logger(FATE_LOGGER)
+    ignore_logger(f"{FATE_LOGGER}.*")  # the worker's quarantine lines: the service reports burials
+    add_sentry_event_processor_once(drop_handled)
     return SentryReporter(runtime)
