@@ -3,8 +3,7 @@ management API (queues without a dead-letter exchange, orphans; policy or rename
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 from celery import Celery
@@ -14,55 +13,45 @@ from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
     EXIT_PROBLEMS,
     EXIT_STALLED,
+    command,
     duration,
     echo_json,
-    handle_errors,
     json_option,
+    options,
     progress_bar,
     runtime_of,
     show_progress,
 )
 from celery_dlx.docs_url import doc_url
 from celery_dlx.ops.render import count, table
-from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:
     from celery_dlx.ops.checks import CheckReport
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def management_options(func: F) -> F:
-    """``--management-url/-user/-password`` (defaults from the broker URL)."""
-    for option in reversed(
-        (
-            click.option(
-                "--management-url",
-                "management_url",
-                envvar="CELERY_DLX_MANAGEMENT_URL",
-                multiple=True,
-                help=(
-                    "RabbitMQ management API; repeatable or comma-separated (the nodes of a "
-                    "cluster: the first that answers is used). Default: "
-                    "http://<host>:15672 of each URL of broker_url, in order."
-                ),
-            ),
-            click.option(
-                "--management-user",
-                envvar="CELERY_DLX_MANAGEMENT_USER",
-                default=None,
-                help="Management API user (default: the broker's).",
-            ),
-            click.option(
-                "--management-password",
-                envvar="CELERY_DLX_MANAGEMENT_PASSWORD",
-                default=None,
-                help="Management API password (default: the broker's).",
-            ),
-        )
-    ):
-        func = option(func)
-    return func
+#: ``--management-url/-user/-password`` (defaults from the broker URL).
+management_options = options(
+    click.option(
+        "--management-url",
+        "management_url",
+        envvar="CELERY_DLX_MANAGEMENT_URL",
+        multiple=True,
+        help="RabbitMQ management API; repeatable or comma-separated (the nodes of a cluster: "
+        "the first that answers is used). Default: http://<host>:15672 of each URL of "
+        "broker_url, in order.",
+    ),
+    click.option(
+        "--management-user",
+        envvar="CELERY_DLX_MANAGEMENT_USER",
+        default=None,
+        help="Management API user (default: the broker's).",
+    ),
+    click.option(
+        "--management-password",
+        envvar="CELERY_DLX_MANAGEMENT_PASSWORD",
+        default=None,
+        help="Management API password (default: the broker's).",
+    ),
+)
 
 
 def management_apis(
@@ -93,7 +82,7 @@ def management_api(
     return api
 
 
-@click.command("check")
+@command("check")
 @click.option(
     "--for",
     "for_seconds",
@@ -117,8 +106,6 @@ def management_api(
 )
 @management_options
 @json_option
-@click.pass_context
-@handle_errors
 def check_command(
     ctx: click.Context,
     for_seconds: float,
@@ -202,7 +189,7 @@ def _state_lines(report: CheckReport) -> list[str]:
     return lines
 
 
-@click.command("migrate")
+@command("migrate")
 @click.argument("queue")
 @click.option("--policy", "method", flag_value="policy", help="Add the DLX with a RabbitMQ policy.")
 @click.option(
@@ -222,8 +209,6 @@ def _state_lines(report: CheckReport) -> list[str]:
 @click.option("--dry-run", is_flag=True, help="Say what would be done; change nothing.")
 @management_options
 @json_option
-@click.pass_context
-@handle_errors
 def migrate_command(
     ctx: click.Context,
     queue: str,
@@ -239,7 +224,12 @@ def migrate_command(
     as_json: bool,
 ) -> None:
     """Give an existing QUEUE the dead-letter exchange without a 406 (--policy or --rename)."""
-    from celery_dlx.ops.migrate import QueueNotFound, migrate_policy, remove_policy
+    from celery_dlx.ops.migrate import (
+        QueueNotFound,
+        migrate_policy,
+        migrate_rename,
+        remove_policy,
+    )
 
     if method is None:
         raise click.UsageError(
@@ -255,9 +245,19 @@ def migrate_command(
         elif method == "policy":
             data = migrate_policy(api, queue, runtime.config.exchange, dry_run=dry_run)
         else:
-            data = _rename(
-                runtime, api, queue, to, no_bindings, keep_old_bindings, dry_run, as_json
-            )
+            ready = 0 if dry_run else (api.queue(queue) or {}).get("messages_ready")
+            total = ready if isinstance(ready, int) else 0  # absent until the broker's first stats
+            with progress_bar(total, "moving", show_progress(as_json)) as advance:
+                data = migrate_rename(
+                    runtime,
+                    api,
+                    queue,
+                    to=to,
+                    copy_bindings=not no_bindings,
+                    unbind_old=not keep_old_bindings,
+                    dry_run=dry_run,
+                    progress=advance,
+                )
     except QueueNotFound as exc:
         if as_json:
             echo_json({"error": "not found", "queue": queue, "detail": str(exc)})
@@ -268,33 +268,6 @@ def migrate_command(
         echo_json(data)
     else:
         click.echo(_migrate_text(data))
-
-
-def _rename(
-    runtime: Runtime,
-    api: Management,
-    queue: str,
-    to: str | None,
-    no_bindings: bool,
-    keep_old: bool,
-    dry_run: bool,
-    as_json: bool,
-) -> dict[str, object]:
-    from celery_dlx.ops.migrate import migrate_rename
-
-    ready = 0 if dry_run else (api.queue(queue) or {}).get("messages_ready")
-    total = ready if isinstance(ready, int) else 0  # absent until the broker's first stats
-    with progress_bar(total, "moving", show_progress(as_json)) as advance:
-        return migrate_rename(
-            runtime,
-            api,
-            queue,
-            to=to,
-            copy_bindings=not no_bindings,
-            unbind_old=not keep_old,
-            dry_run=dry_run,
-            progress=advance,
-        )
 
 
 def _migrate_text(data: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ import click
 
 from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
+    command,
     duration,
     echo_json,
     handle_errors,
@@ -22,7 +23,7 @@ from celery_dlx.fates import now_ms
 from celery_dlx.ops.render import ago, count, human_seconds, table
 
 
-@click.command("parked")
+@command("parked")
 @limit_option("Most parked retries to show, soonest due first.")
 @click.option(
     "--purge",
@@ -60,8 +61,6 @@ from celery_dlx.ops.render import ago, count, human_seconds, table
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
-@click.pass_context
-@handle_errors
 def parked_command(
     ctx: click.Context,
     limit: int,
@@ -176,7 +175,7 @@ def _act_on_parked(
         ctx.exit(EXIT_NOT_FOUND)
 
 
-@click.command("stats")
+@command("stats")
 @click.option(
     "--window",
     default="1h",
@@ -185,8 +184,6 @@ def _act_on_parked(
     help="Count fate changes over this long (up to 8d).",
 )
 @json_option
-@click.pass_context
-@handle_errors
 def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
     """Fate changes per queue and fate, the graveyard (oldest dead) and the parking store."""
     from celery_dlx.ops.inspection import stats_data
@@ -308,11 +305,9 @@ def export_command(
     )
 
 
-@click.command("migrate-keys")
+@command("migrate-keys")
 @click.option("--dry-run", is_flag=True, help="Count what would move, per queue; change nothing.")
 @json_option
-@click.pass_context
-@handle_errors
 def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     """Move parked retries and obituaries from the single-tag Redis layout to keys per queue.
 
@@ -346,7 +341,7 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
             )
 
 
-@click.command("overflow")
+@command("overflow")
 @click.option(
     "--requeue",
     is_flag=True,
@@ -354,8 +349,6 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
     "room: after a purge or a replay).",
 )
 @json_option
-@click.pass_context
-@handle_errors
 def overflow_command(ctx: click.Context, requeue: bool, as_json: bool) -> None:
     """Dead letters waiting in the overflow queue: their cause held dlx_graveyard_max_per_cause
     obituaries when they died. Nothing there is dropped."""
