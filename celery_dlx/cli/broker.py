@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from celery import Celery
 
-from celery_dlx.broker.management import Management
+from celery_dlx.broker.management import Management, first_answering, management_candidates
 from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
     EXIT_PROBLEMS,
@@ -55,31 +55,20 @@ management_options = options(
 
 
 def management_apis(
-    app: Celery, urls: tuple[str, ...], user: str | None, password: str | None
+    app: Celery,
+    management_url: tuple[str, ...],
+    management_user: str | None,
+    management_password: str | None,
 ) -> list[Management]:
     """The management APIs to try in order: ``--management-url`` values, else one per broker
     URL of the app's failover list."""
-    from celery_dlx.broker.management import management_candidates
-
     conn = app.connection_for_write()
     try:
-        return management_candidates(conn, urls=urls, user=user, password=password)
+        return management_candidates(
+            conn, urls=management_url, user=management_user, password=management_password
+        )
     finally:
         conn.release()
-
-
-def management_api(
-    app: Celery, urls: tuple[str, ...], user: str | None, password: str | None
-) -> Management:
-    """The first management API of :func:`management_apis` that answers (said on stderr when
-    there was a choice); :class:`ManagementError` naming each URL tried when none does."""
-    from celery_dlx.broker.management import first_answering
-
-    candidates = management_apis(app, urls, user, password)
-    api = first_answering(candidates)
-    if len(candidates) > 1:
-        click.echo(f"management API: {api.url} (first to answer of {len(candidates)})", err=True)
-    return api
 
 
 @command("check")
@@ -112,10 +101,8 @@ def check_command(
     all_queues: bool,
     max_backlog: int,
     no_management: bool,
-    management_url: tuple[str, ...],
-    management_user: str | None,
-    management_password: str | None,
     as_json: bool,
+    **management: Any,
 ) -> None:
     """Check the dead-letter topology, orphan queues, Redis memory and the DLX service's backlog;
     exit 4 when something is wrong, 7 when the dead-letter path is stalled (Redis full, or the
@@ -123,11 +110,7 @@ def check_command(
     from celery_dlx.ops.checks import run_check
 
     runtime = runtime_of(ctx)
-    api = (
-        None
-        if no_management
-        else management_apis(runtime.app, management_url, management_user, management_password)
-    )
+    api = None if no_management else management_apis(runtime.app, **management)
     report = run_check(
         runtime, api, for_seconds=for_seconds, all_queues=all_queues, max_backlog=max_backlog
     )
@@ -218,18 +201,11 @@ def migrate_command(
     no_bindings: bool,
     keep_old_bindings: bool,
     dry_run: bool,
-    management_url: tuple[str, ...],
-    management_user: str | None,
-    management_password: str | None,
     as_json: bool,
+    **management: Any,
 ) -> None:
     """Give an existing QUEUE the dead-letter exchange without a 406 (--policy or --rename)."""
-    from celery_dlx.ops.migrate import (
-        QueueNotFound,
-        migrate_policy,
-        migrate_rename,
-        remove_policy,
-    )
+    from celery_dlx.ops import migrate
 
     if method is None:
         raise click.UsageError(
@@ -238,17 +214,20 @@ def migrate_command(
     if remove and method != "policy":
         raise click.UsageError("--remove goes with --policy (it deletes the policy migrate wrote)")
     runtime = runtime_of(ctx)
-    api = management_api(runtime.app, management_url, management_user, management_password)
+    candidates = management_apis(runtime.app, **management)
+    api = first_answering(candidates)
+    if len(candidates) > 1:
+        click.echo(f"management API: {api.url} (first to answer of {len(candidates)})", err=True)
     try:
         if method == "policy" and remove:
-            data = remove_policy(api, queue)
+            data = migrate.remove_policy(api, queue)
         elif method == "policy":
-            data = migrate_policy(api, queue, runtime.config.exchange, dry_run=dry_run)
+            data = migrate.migrate_policy(api, queue, runtime.config.exchange, dry_run=dry_run)
         else:
             ready = 0 if dry_run else (api.queue(queue) or {}).get("messages_ready")
             total = ready if isinstance(ready, int) else 0  # absent until the broker's first stats
             with progress_bar(total, "moving", show_progress(as_json)) as advance:
-                data = migrate_rename(
+                data = migrate.migrate_rename(
                     runtime,
                     api,
                     queue,
@@ -258,7 +237,7 @@ def migrate_command(
                     dry_run=dry_run,
                     progress=advance,
                 )
-    except QueueNotFound as exc:
+    except migrate.QueueNotFound as exc:
         if as_json:
             echo_json({"error": "not found", "queue": queue, "detail": str(exc)})
         else:
