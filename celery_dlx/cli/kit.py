@@ -1,16 +1,7 @@
 """Shared pieces of the ``celery dlx`` commands: the app and runtime, exit codes, errors, output.
 
-Exit codes of every command (docs/cli.md lists them too):
-
-==  ===========================================================================================
-0   done, nothing wrong
-1   could not run: Redis, the broker or the management API unreachable, a bad setting, refused
-2   usage error (unknown option, bad value)
-3   not found: ``show`` of an unknown id, ``migrate`` of a missing queue
-4   ``check`` found a problem
-5   incomplete: ``replay``/``purge`` left some targets (not confirmed, refused, missing)
-6   the canary did not succeed: ``replay --canary`` stopped after it
-==  ===========================================================================================
+Exit codes (docs/cli.md lists them): 0 done, 1 could not run (:func:`handle_errors`), 2 usage
+error (click), and those below.
 """
 
 from __future__ import annotations
@@ -30,9 +21,13 @@ from celery_dlx.ops.render import dumps, parse_duration, parse_when
 if TYPE_CHECKING:
     from celery_dlx.wiring.runtime import Runtime
 
+#: ``show`` of an unknown id, ``migrate`` of a missing queue, ``breakers close`` of none open.
 EXIT_NOT_FOUND = 3
+#: ``check`` found a problem.
 EXIT_PROBLEMS = 4
+#: ``replay``/``purge`` left some targets (not confirmed, refused, missing).
 EXIT_INCOMPLETE = 5
+#: ``replay --canary``: the canary did not succeed, so the replay stopped after it.
 EXIT_CANARY = 6
 #: ``check``: the dead-letter path is stalled (Redis full, or the service queue over its limit).
 EXIT_STALLED = 7

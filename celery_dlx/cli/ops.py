@@ -128,8 +128,7 @@ def parked_command(
             (r["delay_queue"], r["queue"], human_seconds(r["delay_seconds"]), r["messages"])
             for r in data["ladder"]
         ]
-        click.echo("")
-        click.echo(f"TTL ladder: {sum(r['messages'] for r in data['ladder'])} waiting")
+        click.echo(f"\nTTL ladder: {sum(r['messages'] for r in data['ladder'])} waiting")
         if ladder:
             click.echo(table(("DELAY QUEUE", "RETURNS TO", "DELAY", "WAITING"), ladder))
 
@@ -198,9 +197,8 @@ def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
     click.echo(table(("QUEUE", *[f.upper() for f in fates]), rows) if rows else "  none")
     now = now_ms()
     g = data["graveyard"]
-    click.echo("")
     oldest = f", oldest buried {ago(g['oldest_ms'], now)}" if g["oldest_ms"] else ""
-    click.echo(f"graveyard: {count(g['count'], 'obituary', 'obituaries')}{oldest}")
+    click.echo(f"\ngraveyard: {count(g['count'], 'obituary', 'obituaries')}{oldest}")
     if g["queues"]:
         qrows = [
             (q["queue"], q["count"], ago(q["oldest_ms"], now), ago(q["last_ms"], now))
@@ -209,8 +207,7 @@ def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
         click.echo(table(("QUEUE", "DEAD", "OLDEST", "LAST"), qrows))
     p = data["parked"]
     nxt = f", next due {ago(p['next_due_ms'], now)}" if p["next_due_ms"] else ""
-    click.echo("")
-    click.echo(f"parked: {p['count']} ({p['due_now']} due now{nxt})")
+    click.echo(f"\nparked: {p['count']} ({p['due_now']} due now{nxt})")
     click.echo(f"history: {count(data['history_length'], 'entry', 'entries')}")
     for bad in data["malformed_counters"]:
         click.echo(f"unreadable counter {bad['key']} {bad['field']}: {bad['reason']}", err=True)
