@@ -42,20 +42,16 @@ class DLXQueues(Queues):
             queue = as_dlx_queue(queue, **self.dlx_options)
         super().__setitem__(name, queue)
 
-    # Celery's `add`/`add_compat` return the queue given; return the converted one stored, so a
-    # queue created on demand (`__missing__`, `worker -Q`) is declared with its arguments.
-    # celery-types declares `add(queue: Queue) -> None`; Celery also takes a name.
+    # Celery's `add`/`add_compat` return the queue given; return the converted one stored (by
+    # name, not through Celery's aliases), so a queue created on demand (`__missing__`, `worker
+    # -Q`) is declared with its arguments. celery-types declares `add(queue: Queue) -> None`;
+    # Celery also takes a name.
     def add(self, queue: Queue | str, **kwargs: Any) -> Queue:  # type: ignore[override]
         added: Queue = super().add(queue, **kwargs)  # type: ignore[arg-type, assignment]
-        return self._stored(added.name)
+        return dict.__getitem__(self, added.name)
 
     def add_compat(self, name: str, **options: Any) -> Queue:
-        added = super().add_compat(name, **options)
-        return self._stored(added.name)
-
-    def _stored(self, name: str) -> Queue:
-        stored: Queue = dict.__getitem__(self, name)  # by name, not through Celery's aliases
-        return stored
+        return dict.__getitem__(self, super().add_compat(name, **options).name)
 
 
 class DLXAMQP(AMQP):
@@ -94,11 +90,7 @@ def install(app: Celery) -> None:
         )
     app.task_cls = "celery_dlx.worker.task:AutoDLXTask"
     app.amqp_cls = "celery_dlx.install:DLXAMQP"
-
-    def on_configure(sender: Any = None, source: Any = None, **_: Any) -> None:
-        configure(app)
-
-    app.on_after_configure.connect(on_configure, weak=False)
+    app.on_after_configure.connect(lambda **_: configure(app), weak=False)
     mark_installed(app)
     if app.configured:  # type: ignore[attr-defined]  # celery-types omits Celery.configured
         configure(app)
@@ -121,12 +113,14 @@ def _warm(sender: Any = None, signal: Any = None, **_: Any) -> None:
     if runtime.config.enabled:
         # Fate listeners warm where tasks run (not a prefork main process, unless it writes the
         # parks: dlx_parent_parks).
+        from celery.concurrency.prefork import TaskPool
+
         from celery_dlx.worker.settler import hands_over
 
-        runs_tasks = (
-            signal is signals.worker_process_init or not _is_prefork(sender) or hands_over(app)
+        prefork = isinstance(getattr(sender, "pool", None), TaskPool)
+        runtime.warm(
+            listeners=signal is signals.worker_process_init or not prefork or hands_over(app)
         )
-        runtime.warm(listeners=runs_tasks)
 
 
 signals.worker_process_init.connect(_warm, dispatch_uid="celery_dlx.install.warm")
@@ -157,13 +151,6 @@ def _first_publish(sender: Any = None, **_: Any) -> None:
 
 signals.celeryd_after_setup.connect(_worker_starting, dispatch_uid="celery_dlx.install.forgotten")
 signals.before_task_publish.connect(_first_publish, dispatch_uid="celery_dlx.install.forgotten")
-
-
-def _is_prefork(consumer: Any) -> bool:
-    """True when ``consumer``'s worker runs its tasks in prefork pool processes."""
-    from celery.concurrency.prefork import TaskPool
-
-    return isinstance(getattr(consumer, "pool", None), TaskPool)
 
 
 def configure(app: Celery) -> None:

@@ -3,97 +3,75 @@ management API (queues without a dead-letter exchange, orphans; policy or rename
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 from celery import Celery
 
-from celery_dlx.broker.management import Management
+from celery_dlx.broker.management import Management, first_answering, management_candidates
 from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
     EXIT_PROBLEMS,
     EXIT_STALLED,
+    command,
     duration,
     echo_json,
-    handle_errors,
     json_option,
+    options,
     progress_bar,
     runtime_of,
     show_progress,
 )
 from celery_dlx.docs_url import doc_url
 from celery_dlx.ops.render import count, table
-from celery_dlx.wiring.runtime import Runtime
 
 if TYPE_CHECKING:
     from celery_dlx.ops.checks import CheckReport
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def management_options(func: F) -> F:
-    """``--management-url/-user/-password`` (defaults from the broker URL)."""
-    for option in reversed(
-        (
-            click.option(
-                "--management-url",
-                "management_url",
-                envvar="CELERY_DLX_MANAGEMENT_URL",
-                multiple=True,
-                help=(
-                    "RabbitMQ management API; repeatable or comma-separated (the nodes of a "
-                    "cluster: the first that answers is used). Default: "
-                    "http://<host>:15672 of each URL of broker_url, in order."
-                ),
-            ),
-            click.option(
-                "--management-user",
-                envvar="CELERY_DLX_MANAGEMENT_USER",
-                default=None,
-                help="Management API user (default: the broker's).",
-            ),
-            click.option(
-                "--management-password",
-                envvar="CELERY_DLX_MANAGEMENT_PASSWORD",
-                default=None,
-                help="Management API password (default: the broker's).",
-            ),
-        )
-    ):
-        func = option(func)
-    return func
+#: ``--management-url/-user/-password`` (defaults from the broker URL).
+management_options = options(
+    click.option(
+        "--management-url",
+        "management_url",
+        envvar="CELERY_DLX_MANAGEMENT_URL",
+        multiple=True,
+        help="RabbitMQ management API; repeatable or comma-separated (the nodes of a cluster: "
+        "the first that answers is used). Default: http://<host>:15672 of each URL of "
+        "broker_url, in order.",
+    ),
+    click.option(
+        "--management-user",
+        envvar="CELERY_DLX_MANAGEMENT_USER",
+        default=None,
+        help="Management API user (default: the broker's).",
+    ),
+    click.option(
+        "--management-password",
+        envvar="CELERY_DLX_MANAGEMENT_PASSWORD",
+        default=None,
+        help="Management API password (default: the broker's).",
+    ),
+)
 
 
 def management_apis(
-    app: Celery, urls: tuple[str, ...], user: str | None, password: str | None
+    app: Celery,
+    management_url: tuple[str, ...],
+    management_user: str | None,
+    management_password: str | None,
 ) -> list[Management]:
     """The management APIs to try in order: ``--management-url`` values, else one per broker
     URL of the app's failover list."""
-    from celery_dlx.broker.management import management_candidates
-
     conn = app.connection_for_write()
     try:
-        return management_candidates(conn, urls=urls, user=user, password=password)
+        return management_candidates(
+            conn, urls=management_url, user=management_user, password=management_password
+        )
     finally:
         conn.release()
 
 
-def management_api(
-    app: Celery, urls: tuple[str, ...], user: str | None, password: str | None
-) -> Management:
-    """The first management API of :func:`management_apis` that answers (said on stderr when
-    there was a choice); :class:`ManagementError` naming each URL tried when none does."""
-    from celery_dlx.broker.management import first_answering
-
-    candidates = management_apis(app, urls, user, password)
-    api = first_answering(candidates)
-    if len(candidates) > 1:
-        click.echo(f"management API: {api.url} (first to answer of {len(candidates)})", err=True)
-    return api
-
-
-@click.command("check")
+@command("check")
 @click.option(
     "--for",
     "for_seconds",
@@ -117,18 +95,14 @@ def management_api(
 )
 @management_options
 @json_option
-@click.pass_context
-@handle_errors
 def check_command(
     ctx: click.Context,
     for_seconds: float,
     all_queues: bool,
     max_backlog: int,
     no_management: bool,
-    management_url: tuple[str, ...],
-    management_user: str | None,
-    management_password: str | None,
     as_json: bool,
+    **management: Any,
 ) -> None:
     """Check the dead-letter topology, orphan queues, Redis memory and the DLX service's backlog;
     exit 4 when something is wrong, 7 when the dead-letter path is stalled (Redis full, or the
@@ -136,11 +110,7 @@ def check_command(
     from celery_dlx.ops.checks import run_check
 
     runtime = runtime_of(ctx)
-    api = (
-        None
-        if no_management
-        else management_apis(runtime.app, management_url, management_user, management_password)
-    )
+    api = None if no_management else management_apis(runtime.app, **management)
     report = run_check(
         runtime, api, for_seconds=for_seconds, all_queues=all_queues, max_backlog=max_backlog
     )
@@ -202,7 +172,7 @@ def _state_lines(report: CheckReport) -> list[str]:
     return lines
 
 
-@click.command("migrate")
+@command("migrate")
 @click.argument("queue")
 @click.option("--policy", "method", flag_value="policy", help="Add the DLX with a RabbitMQ policy.")
 @click.option(
@@ -222,8 +192,6 @@ def _state_lines(report: CheckReport) -> list[str]:
 @click.option("--dry-run", is_flag=True, help="Say what would be done; change nothing.")
 @management_options
 @json_option
-@click.pass_context
-@handle_errors
 def migrate_command(
     ctx: click.Context,
     queue: str,
@@ -233,13 +201,11 @@ def migrate_command(
     no_bindings: bool,
     keep_old_bindings: bool,
     dry_run: bool,
-    management_url: tuple[str, ...],
-    management_user: str | None,
-    management_password: str | None,
     as_json: bool,
+    **management: Any,
 ) -> None:
     """Give an existing QUEUE the dead-letter exchange without a 406 (--policy or --rename)."""
-    from celery_dlx.ops.migrate import QueueNotFound, migrate_policy, remove_policy
+    from celery_dlx.ops import migrate
 
     if method is None:
         raise click.UsageError(
@@ -248,17 +214,30 @@ def migrate_command(
     if remove and method != "policy":
         raise click.UsageError("--remove goes with --policy (it deletes the policy migrate wrote)")
     runtime = runtime_of(ctx)
-    api = management_api(runtime.app, management_url, management_user, management_password)
+    candidates = management_apis(runtime.app, **management)
+    api = first_answering(candidates)
+    if len(candidates) > 1:
+        click.echo(f"management API: {api.url} (first to answer of {len(candidates)})", err=True)
     try:
         if method == "policy" and remove:
-            data = remove_policy(api, queue)
+            data = migrate.remove_policy(api, queue)
         elif method == "policy":
-            data = migrate_policy(api, queue, runtime.config.exchange, dry_run=dry_run)
+            data = migrate.migrate_policy(api, queue, runtime.config.exchange, dry_run=dry_run)
         else:
-            data = _rename(
-                runtime, api, queue, to, no_bindings, keep_old_bindings, dry_run, as_json
-            )
-    except QueueNotFound as exc:
+            ready = 0 if dry_run else (api.queue(queue) or {}).get("messages_ready")
+            total = ready if isinstance(ready, int) else 0  # absent until the broker's first stats
+            with progress_bar(total, "moving", show_progress(as_json)) as advance:
+                data = migrate.migrate_rename(
+                    runtime,
+                    api,
+                    queue,
+                    to=to,
+                    copy_bindings=not no_bindings,
+                    unbind_old=not keep_old_bindings,
+                    dry_run=dry_run,
+                    progress=advance,
+                )
+    except migrate.QueueNotFound as exc:
         if as_json:
             echo_json({"error": "not found", "queue": queue, "detail": str(exc)})
         else:
@@ -268,33 +247,6 @@ def migrate_command(
         echo_json(data)
     else:
         click.echo(_migrate_text(data))
-
-
-def _rename(
-    runtime: Runtime,
-    api: Management,
-    queue: str,
-    to: str | None,
-    no_bindings: bool,
-    keep_old: bool,
-    dry_run: bool,
-    as_json: bool,
-) -> dict[str, object]:
-    from celery_dlx.ops.migrate import migrate_rename
-
-    ready = 0 if dry_run else (api.queue(queue) or {}).get("messages_ready")
-    total = ready if isinstance(ready, int) else 0  # absent until the broker's first stats
-    with progress_bar(total, "moving", show_progress(as_json)) as advance:
-        return migrate_rename(
-            runtime,
-            api,
-            queue,
-            to=to,
-            copy_bindings=not no_bindings,
-            unbind_old=not keep_old,
-            dry_run=dry_run,
-            progress=advance,
-        )
 
 
 def _migrate_text(data: dict[str, Any]) -> str:

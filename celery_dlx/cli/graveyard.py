@@ -13,6 +13,7 @@ import click
 from celery_dlx.cli.kit import (
     EXIT_CANARY,
     EXIT_INCOMPLETE,
+    command,
     duration,
     echo_json,
     filter_options,
@@ -40,7 +41,7 @@ _PROTO = click.option(
 )
 
 
-@click.command("list")
+@command("list")
 @filter_options
 @limit_option("Most obituaries to show.")
 @click.option("--oldest-first", is_flag=True, help="Oldest burial first (default: newest).")
@@ -56,8 +57,6 @@ _PROTO = click.option(
 )
 @_PROTO
 @json_option
-@click.pass_context
-@handle_errors
 def list_command(
     ctx: click.Context,
     /,
@@ -106,13 +105,11 @@ def list_command(
     click.echo(f"{data['count']} shown of {data['total']} in the graveyard")
 
 
-@click.command("show")
+@command("show")
 @click.argument("ident")
 @click.option("--raw", is_flag=True, help="Include the payload bytes as base64.")
 @_PROTO
 @json_option
-@click.pass_context
-@handle_errors
 def show_command(
     ctx: click.Context, ident: str, raw: bool, protos: tuple[str, ...], as_json: bool
 ) -> None:
@@ -180,7 +177,7 @@ def _show_text(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@click.command("groups")
+@command("groups")
 @json_option
 @click.option(
     "--new-since",
@@ -198,8 +195,6 @@ def _show_text(data: dict[str, Any]) -> str:
     help="unresolved: the causes with an obituary nobody replayed (or whose replay failed "
     "again); all: every cause, those whose obituaries were all replayed too.",
 )
-@click.pass_context
-@handle_errors
 def groups_command(ctx: click.Context, as_json: bool, new_since: str | None, status: str) -> None:
     """Obituaries grouped by cause fingerprint: count, how many were resolved by a replay,
     first and last seen, the code version it was first seen with, an example."""
@@ -238,7 +233,7 @@ def groups_command(ctx: click.Context, as_json: bool, new_since: str | None, sta
     click.echo(f"{count(data['count'], 'cause')}, {count(data['total'], 'obituary', 'obituaries')}")
 
 
-@click.command("replay")
+@command("replay")
 @click.argument("ids", nargs=-1)
 @filter_options
 @click.option("--all", "everything", is_flag=True, help="Replay the whole graveyard.")
@@ -278,8 +273,6 @@ def groups_command(ctx: click.Context, as_json: bool, new_since: str | None, sta
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be replayed; publish nothing.")
 @json_option
-@click.pass_context
-@handle_errors
 def replay_command(
     ctx: click.Context,
     /,
@@ -452,7 +445,7 @@ def edit_command(
         )
 
 
-@click.command("purge")
+@command("purge")
 @click.argument("ids", nargs=-1)
 @filter_options
 @click.option("--all", "everything", is_flag=True, help="Purge the whole graveyard.")
@@ -465,8 +458,6 @@ def edit_command(
     "(default: its summary only, so the purge frees the bytes it removes).",
 )
 @json_option
-@click.pass_context
-@handle_errors
 def purge_command(
     ctx: click.Context,
     /,

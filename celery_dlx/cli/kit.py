@@ -1,16 +1,7 @@
 """Shared pieces of the ``celery dlx`` commands: the app and runtime, exit codes, errors, output.
 
-Exit codes of every command (docs/cli.md lists them too):
-
-==  ===========================================================================================
-0   done, nothing wrong
-1   could not run: Redis, the broker or the management API unreachable, a bad setting, refused
-2   usage error (unknown option, bad value)
-3   not found: ``show`` of an unknown id, ``migrate`` of a missing queue
-4   ``check`` found a problem
-5   incomplete: ``replay``/``purge`` left some targets (not confirmed, refused, missing)
-6   the canary did not succeed: ``replay --canary`` stopped after it
-==  ===========================================================================================
+Exit codes (docs/cli.md lists them): 0 done, 1 could not run (:func:`handle_errors`), 2 usage
+error (click), and those below.
 """
 
 from __future__ import annotations
@@ -30,9 +21,13 @@ from celery_dlx.ops.render import dumps, parse_duration, parse_when
 if TYPE_CHECKING:
     from celery_dlx.wiring.runtime import Runtime
 
+#: ``show`` of an unknown id, ``migrate`` of a missing queue, ``breakers close`` of none open.
 EXIT_NOT_FOUND = 3
+#: ``check`` found a problem.
 EXIT_PROBLEMS = 4
+#: ``replay``/``purge`` left some targets (not confirmed, refused, missing).
 EXIT_INCOMPLETE = 5
+#: ``replay --canary``: the canary did not succeed, so the replay stopped after it.
 EXIT_CANARY = 6
 #: ``check``: the dead-letter path is stalled (Redis full, or the service queue over its limit).
 EXIT_STALLED = 7
@@ -90,15 +85,15 @@ def echo_json(data: object) -> None:
 
 
 def _parsed(
-    parse: Callable[[str, click.Parameter], T],
+    parse: Callable[[str, str], T], option: str | None = None
 ) -> Callable[[click.Context, click.Parameter, object], T | None]:
-    """A click callback: ``parse(value, param)``, a :class:`DLXError` as a bad parameter."""
+    """A click callback: ``parse(value, option)``, a :class:`DLXError` as a bad parameter."""
 
     def callback(ctx: click.Context, param: click.Parameter, value: object) -> T | None:
         if value is None:
             return None
         try:
-            return parse(str(value), param)
+            return parse(str(value), option or f"--{param.name}")
         except DLXError as exc:
             raise click.BadParameter(str(exc)) from exc
 
@@ -107,39 +102,49 @@ def _parsed(
 
 def duration(option: str) -> Callable[[click.Context, click.Parameter, object], float | None]:
     """A click callback parsing a duration option (``90s``, ``15m``, ``2h``)."""
-    return _parsed(lambda value, param: parse_duration(value, option))
+    return _parsed(parse_duration, option)
 
 
 #: A click callback parsing ``--since``/``--until`` (duration ago, ISO time, ``@epoch``).
-when = _parsed(lambda value, param: parse_when(value, f"--{param.name}"))
+when = _parsed(parse_when)
 
 
-def filter_options(func: F) -> F:
-    """The graveyard filters shared by ``list``, ``replay`` and ``purge``."""
-    for option in reversed(
-        (
-            click.option("--queue", "-Q", default=None, help="Only obituaries of this queue."),
-            click.option("--task", "-t", default=None, help="Only obituaries of this task name."),
-            click.option(
-                "--cause",
-                "--group",
-                "cause",
-                default=None,
-                help="Only this cause fingerprint (a group of `groups`).",
-            ),
-            click.option(
-                "--since",
-                default=None,
-                callback=when,
-                help="Buried at or after: 2h (ago), 2024-05-01T10:00 (UTC) or @<epoch>.",
-            ),
-            click.option(
-                "--until", default=None, callback=when, help="Buried at or before (same forms)."
-            ),
-        )
-    ):
-        func = option(func)
-    return func
+def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """The options ``decorators`` as one decorator, in the order given."""
+
+    def decorate(func: F) -> F:
+        for option in reversed(decorators):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
+    """``click.command(name)`` of a function given the context, whose errors
+    :func:`handle_errors` turns into exit code 1."""
+    return lambda func: click.command(name)(click.pass_context(handle_errors(func)))
+
+
+#: The graveyard filters shared by ``list``, ``replay`` and ``purge``.
+filter_options = options(
+    click.option("--queue", "-Q", default=None, help="Only obituaries of this queue."),
+    click.option("--task", "-t", default=None, help="Only obituaries of this task name."),
+    click.option(
+        "--cause",
+        "--group",
+        "cause",
+        default=None,
+        help="Only this cause fingerprint (a group of `groups`).",
+    ),
+    click.option(
+        "--since",
+        default=None,
+        callback=when,
+        help="Buried at or after: 2h (ago), 2024-05-01T10:00 (UTC) or @<epoch>.",
+    ),
+    click.option("--until", default=None, callback=when, help="Buried at or before (same forms)."),
+)
 
 
 #: ``--json``: print JSON instead of a table.

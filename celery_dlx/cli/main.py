@@ -17,10 +17,6 @@ from celery import Celery
 
 from celery_dlx.errors import DLXError
 
-#: Log format of the standalone commands (the worker has its own).
-LOG_FORMAT = "[%(asctime)s: %(levelname)s/%(name)s] %(message)s"
-
-
 #: Where the group's other commands live: (module, a command or a sequence of them).
 COMMAND_SOURCES: tuple[tuple[str, str], ...] = (
     ("celery_dlx.cli.graveyard", "COMMANDS"),
@@ -107,9 +103,7 @@ def dlx(ctx: click.Context, /, app_name: str | None, **_: object) -> None:
 
 
 def _no_app_named(ctx: click.Context) -> bool:
-    """True under ``celery dlx ...`` run without ``-A``/``--app`` (nor ``APP`` in the
-    environment): celery then hands its default app over, which has none of the user's
-    settings, queues or tasks."""
+    """True under ``celery dlx ...`` without ``-A`` (nor ``APP``): celery's default app then."""
     root = ctx.find_root()
     return root is not ctx and "app" in root.params and not root.params["app"]
 
@@ -127,7 +121,7 @@ def setup_logging(loglevel: str) -> None:
         raise click.BadParameter(f"unknown log level {loglevel!r}", param_hint="--loglevel")
     root = logging.getLogger()
     if not root.handlers:
-        logging.basicConfig(level=level, format=LOG_FORMAT)
+        logging.basicConfig(level=level, format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
     root.setLevel(level)
 
 

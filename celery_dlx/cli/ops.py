@@ -10,6 +10,7 @@ import click
 
 from celery_dlx.cli.kit import (
     EXIT_NOT_FOUND,
+    command,
     duration,
     echo_json,
     handle_errors,
@@ -22,7 +23,7 @@ from celery_dlx.fates import now_ms
 from celery_dlx.ops.render import ago, count, human_seconds, table
 
 
-@click.command("parked")
+@command("parked")
 @limit_option("Most parked retries to show, soonest due first.")
 @click.option(
     "--purge",
@@ -60,8 +61,6 @@ from celery_dlx.ops.render import ago, count, human_seconds, table
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
-@click.pass_context
-@handle_errors
 def parked_command(
     ctx: click.Context,
     limit: int,
@@ -129,8 +128,7 @@ def parked_command(
             (r["delay_queue"], r["queue"], human_seconds(r["delay_seconds"]), r["messages"])
             for r in data["ladder"]
         ]
-        click.echo("")
-        click.echo(f"TTL ladder: {sum(r['messages'] for r in data['ladder'])} waiting")
+        click.echo(f"\nTTL ladder: {sum(r['messages'] for r in data['ladder'])} waiting")
         if ladder:
             click.echo(table(("DELAY QUEUE", "RETURNS TO", "DELAY", "WAITING"), ladder))
 
@@ -176,7 +174,7 @@ def _act_on_parked(
         ctx.exit(EXIT_NOT_FOUND)
 
 
-@click.command("stats")
+@command("stats")
 @click.option(
     "--window",
     default="1h",
@@ -185,8 +183,6 @@ def _act_on_parked(
     help="Count fate changes over this long (up to 8d).",
 )
 @json_option
-@click.pass_context
-@handle_errors
 def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
     """Fate changes per queue and fate, the graveyard (oldest dead) and the parking store."""
     from celery_dlx.ops.inspection import stats_data
@@ -201,9 +197,8 @@ def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
     click.echo(table(("QUEUE", *[f.upper() for f in fates]), rows) if rows else "  none")
     now = now_ms()
     g = data["graveyard"]
-    click.echo("")
     oldest = f", oldest buried {ago(g['oldest_ms'], now)}" if g["oldest_ms"] else ""
-    click.echo(f"graveyard: {count(g['count'], 'obituary', 'obituaries')}{oldest}")
+    click.echo(f"\ngraveyard: {count(g['count'], 'obituary', 'obituaries')}{oldest}")
     if g["queues"]:
         qrows = [
             (q["queue"], q["count"], ago(q["oldest_ms"], now), ago(q["last_ms"], now))
@@ -212,8 +207,7 @@ def stats_command(ctx: click.Context, window: float, as_json: bool) -> None:
         click.echo(table(("QUEUE", "DEAD", "OLDEST", "LAST"), qrows))
     p = data["parked"]
     nxt = f", next due {ago(p['next_due_ms'], now)}" if p["next_due_ms"] else ""
-    click.echo("")
-    click.echo(f"parked: {p['count']} ({p['due_now']} due now{nxt})")
+    click.echo(f"\nparked: {p['count']} ({p['due_now']} due now{nxt})")
     click.echo(f"history: {count(data['history_length'], 'entry', 'entries')}")
     for bad in data["malformed_counters"]:
         click.echo(f"unreadable counter {bad['key']} {bad['field']}: {bad['reason']}", err=True)
@@ -308,11 +302,9 @@ def export_command(
     )
 
 
-@click.command("migrate-keys")
+@command("migrate-keys")
 @click.option("--dry-run", is_flag=True, help="Count what would move, per queue; change nothing.")
 @json_option
-@click.pass_context
-@handle_errors
 def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     """Move parked retries and obituaries from the single-tag Redis layout to keys per queue.
 
@@ -346,7 +338,7 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
             )
 
 
-@click.command("overflow")
+@command("overflow")
 @click.option(
     "--requeue",
     is_flag=True,
@@ -354,8 +346,6 @@ def migrate_keys_command(ctx: click.Context, dry_run: bool, as_json: bool) -> No
     "room: after a purge or a replay).",
 )
 @json_option
-@click.pass_context
-@handle_errors
 def overflow_command(ctx: click.Context, requeue: bool, as_json: bool) -> None:
     """Dead letters waiting in the overflow queue: their cause held dlx_graveyard_max_per_cause
     obituaries when they died. Nothing there is dropped."""
