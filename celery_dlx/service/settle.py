@@ -114,16 +114,15 @@ def buried_event(ob: Obituary, *, traceback_logged: bool = False) -> FateEvent:
 def _retry_event(work: _Work, now: int) -> FateEvent:
     verdict = work.verdict
     assert isinstance(verdict, (ParkVerdict, RequeueVerdict))
-    letter = work.letter
     parked = isinstance(verdict, ParkVerdict)
     return FateEvent.of(
         PARKED if parked else REQUEUED,
         verdict.failure.but(at_ms=now),
-        delay=verdict.delay if isinstance(verdict, ParkVerdict) else None,
+        delay=getattr(verdict, "delay", None),
         extra={
             "source": "dlx-service",
-            "death_reason": letter.death_reason,
-            "counted": verdict.counted if isinstance(verdict, ParkVerdict) else True,
+            "death_reason": work.letter.death_reason,
+            "counted": getattr(verdict, "counted", True),
         },
     )
 
@@ -200,7 +199,8 @@ class BatchSettler:
             # when the batch (held unacked) is settled again.
             parks = [w for w in live if isinstance(w.verdict, ParkVerdict)]
             self._park(parks, now)
-            self.runtime.record_many([_retry_event(w, now) for w in parks], log=False)
+            retried = [_retry_event(w, now) for w in parks]
+            self.runtime.record_many(retried, log=False)
             if parks:
                 faults.point("service.parked")
             burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
@@ -208,11 +208,13 @@ class BatchSettler:
             self._requeue(requeues, now)
             if requeues:
                 faults.point("service.published")
-            requeued = [w for w in requeues if isinstance(w.verdict, RequeueVerdict)]
-            self.runtime.record_many([_retry_event(w, now) for w in requeued], log=False)
+            requeued = [
+                _retry_event(w, now) for w in requeues if isinstance(w.verdict, RequeueVerdict)
+            ]
+            self.runtime.record_many(requeued, log=False)
+            retried += requeued
             # A copy the broker refused (its queue is gone) is buried after all.
             burials += self._bury([w for w in requeues if isinstance(w.verdict, BuryVerdict)], now)
-            retried = [_retry_event(w, now) for w in [*parks, *requeued]]
             if burials:
                 faults.point("service.buried")
             # The buried entries went to the history with the obituaries, atomically.
@@ -229,18 +231,14 @@ class BatchSettler:
         self.runtime.log_fates([*retried, *buried])
         self._forget(works)
         self._count([*ours, *live], len(works) - len(live) - len(ours))
-        self._count_refused(live)
-
-    def _count_refused(self, live: list[_Work]) -> None:
-        """Count the copies workers could not write themselves (``x-dlx-fate``), now written."""
+        # The copies workers could not write themselves (x-dlx-fate), now written.
         refused = Counter(w.letter.worker_fate for w in live if w.letter.worker_fate)
-        if not refused:
-            return
-        self.stats.add(refused_copies=sum(refused.values()))
-        try:
-            self.runtime.refusals.add({str(fate): n for fate, n in refused.items()})
-        except Exception:  # a count; the fates are written
-            logger.debug("could not count %d refused copies", sum(refused.values()), exc_info=True)
+        if refused:
+            self.stats.add(refused_copies=refused.total())
+            try:
+                self.runtime.refusals.add({str(fate): n for fate, n in refused.items()})
+            except Exception:  # a count; the fates are written
+                logger.debug("could not count %d refused copies", refused.total(), exc_info=True)
 
     def _count(self, live: list[_Work], duplicates: int) -> None:
         kinds = Counter(type(w.verdict) for w in live)
