@@ -28,10 +28,6 @@ class BuryVerdict(MaybeAttempt):
     history: tuple[HistoryEntry, ...]
     from_worker: bool = False
 
-    @property
-    def last_failure_ms(self) -> int | None:
-        return self.failure.at_ms
-
 
 @dict_init
 @dataclass(frozen=True)
@@ -272,7 +268,7 @@ def build_obituary(
     failures = [a.at_ms for a in attempts if a.fate != "buried"]
     first = verdict.first_failure_ms
     if first is None:
-        first = failures[0] if failures else verdict.last_failure_ms
+        first = failures[0] if failures else verdict.at_ms
     failure = verdict.failure.but(
         message_id=letter.identity,
         queue=verdict.queue or letter.queue,

@@ -357,12 +357,9 @@ class BatchSettler:
 
     def _tried_verdicts(self, works: list[_Work]) -> dict[str, Verdict]:
         """The verdicts earlier tries gave these letters (copy published, or fate written)."""
+        keys = [w.letter.key for w in works]
         with self._tried_lock:
-            return {
-                w.letter.key: self._tried[w.letter.key]
-                for w in works
-                if w.letter.key in self._tried
-            }
+            return {key: self._tried[key] for key in keys if key in self._tried}
 
     def _remember(self, works: list[_Work]) -> None:
         with self._tried_lock:
@@ -385,15 +382,9 @@ class BatchSettler:
         copies = []
         for w in works:
             assert isinstance(w.verdict, RequeueVerdict)
-            copies.append(
-                Outgoing(
-                    body=w.letter.body,
-                    routing_key=w.letter.queue,
-                    exchange="",
-                    headers=w.letter.copy_headers(w.verdict.state),
-                    properties=copy_properties(w.letter.properties),
-                )
-            )
+            headers = w.letter.copy_headers(w.verdict.state)
+            props = copy_properties(w.letter.properties)
+            copies.append(Outgoing(w.letter.body, w.letter.queue, "", headers, props))
         for w, ok in zip(works, self.publisher.publish_many(copies), strict=True):
             if not ok:
                 why = f"requeue to {w.letter.queue!r} refused by the broker (queue missing?)"
