@@ -160,17 +160,12 @@ def parse_matchers(value: object, name: str) -> tuple[Matcher, ...]:
         return ()
     if isinstance(value, type) or not isinstance(value, (list, tuple, set, frozenset)):
         value = (value,)
-    out: list[Matcher] = []
     for item in value:
-        if (isinstance(item, type) and issubclass(item, BaseException)) or (
-            callable(item) and not isinstance(item, type)
-        ):
-            out.append(item)
-        else:
+        if not callable(item) or (isinstance(item, type) and not issubclass(item, BaseException)):
             raise ConfigurationError(
                 f"{name} must hold exception classes or predicates, got {item!r}"
             )
-    return tuple(out)
+    return tuple(value)
 
 
 @dict_init

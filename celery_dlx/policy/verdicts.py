@@ -4,6 +4,7 @@ and the message's own headers, never ``x-death`` counts), and a burial's obituar
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from celery_dlx.fates import PARKED, REQUEUED, Park
 from celery_dlx.message.cause import CauseRecord
@@ -94,16 +95,14 @@ def bury_verdict(
     cause = fingerprint(letter.scope, exc_type, exc_message)
     state = letter.state
     history = (*state.history, HistoryEntry(now, "buried", cause))[-HISTORY_LIMIT:]
-    failure = Failure(
-        task=letter.task,
-        queue=letter.queue,
-        message_id=letter.identity,
+    failure = _letter_failure(
+        letter,
+        config,
         attempt=state.attempt + (1 if failed else 0),
         cause=cause,
         exc_type=exc_type,
         exc_message=exc_message,
         reason=reason,
-        importance=config.importance(letter.queue),
         first_failure_ms=state.first_failure_ms if state.first_failure_ms is not None else now,
         at_ms=letter.death_ms or now,
     )
@@ -120,10 +119,11 @@ def _expired_park(letter: DeadLetter, config: DLXConfig, now: int) -> ParkVerdic
         history=(*state.history, HistoryEntry(now, PARKED, EXPIRED_CAUSE))[-HISTORY_LIMIT:],
         queue=letter.queue,
     )
-    failure = _retry_failure(
+    failure = _letter_failure(
         letter,
-        new_state,
         config,
+        attempt=new_state.attempt,
+        first_failure_ms=new_state.first_failure_ms,
         cause=EXPIRED_CAUSE,
         exc_type="expired",
         exc_message="",
@@ -132,28 +132,14 @@ def _expired_park(letter: DeadLetter, config: DLXConfig, now: int) -> ParkVerdic
     return ParkVerdict(delay, new_state, failure, counted=False)
 
 
-def _retry_failure(
-    letter: DeadLetter,
-    state: DLXState,
-    config: DLXConfig,
-    *,
-    cause: str,
-    exc_type: str,
-    exc_message: str,
-    reason: str,
-) -> Failure:
-    """The facts of a park or requeue of ``letter`` with ``state``."""
+def _letter_failure(letter: DeadLetter, config: DLXConfig, **facts: Any) -> Failure:
+    """A failure of ``letter`` in its queue, with ``facts``."""
     return Failure(
         task=letter.task,
         queue=letter.queue,
         message_id=letter.identity,
-        attempt=state.attempt,
-        cause=cause,
-        exc_type=exc_type,
-        exc_message=exc_message,
-        reason=reason,
         importance=config.importance(letter.queue),
-        first_failure_ms=state.first_failure_ms,
+        **facts,
     )
 
 
@@ -173,10 +159,11 @@ def _from_policy(letter: DeadLetter, config: DLXConfig, exc: BaseException, now:
         exc_type=exc_type,
         exc_message=exc_message or None,
     )
-    failure = _retry_failure(
+    failure = _letter_failure(
         letter,
-        new_state,
         config,
+        attempt=new_state.attempt,
+        first_failure_ms=new_state.first_failure_ms,
         cause=cause,
         exc_type=exc_type,
         exc_message=exc_message,
@@ -192,10 +179,11 @@ def worker_retry(letter: DeadLetter, config: DLXConfig) -> ParkVerdict | Requeue
     written as it is: its state is already after the failure (no second count or decision)."""
     state = letter.state
     fate = letter.worker_fate
-    failure = _retry_failure(
+    failure = _letter_failure(
         letter,
-        state,
         config,
+        attempt=state.attempt,
+        first_failure_ms=state.first_failure_ms,
         cause=state.cause or "",
         exc_type=state.exc_type or "",
         exc_message=state.exc_message or "",
