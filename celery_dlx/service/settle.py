@@ -118,11 +118,11 @@ def _retry_event(work: _Work, now: int) -> FateEvent:
     return FateEvent.of(
         PARKED if parked else REQUEUED,
         verdict.failure.but(at_ms=now),
-        delay=getattr(verdict, "delay", None),
+        delay=verdict.delay if isinstance(verdict, ParkVerdict) else None,
         extra={
             "source": "dlx-service",
             "death_reason": work.letter.death_reason,
-            "counted": getattr(verdict, "counted", True),
+            "counted": verdict.counted if isinstance(verdict, ParkVerdict) else True,
         },
     )
 
