@@ -12,14 +12,12 @@ import math
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, TypeVar
 
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import PARKED, REQUEUED
 from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.headers import (
-    Death,
     DLXState,
     clean_headers,
     message_identity,
@@ -117,10 +115,6 @@ def text_or_none(value: object) -> str | None:
     return None
 
 
-def _ms(when: datetime | None) -> int | None:
-    return int(when.timestamp() * 1000) if when is not None else None
-
-
 def letter_key(
     queue: str,
     identity: str,
@@ -196,19 +190,6 @@ def _shape_problems(body: object, headers: object) -> list[str]:
     return problems
 
 
-def _origin_queue(
-    deaths: list[Death], headers: Mapping[str, Any], state: DLXState | None, routing_key: str
-) -> str | None:
-    """The queue a dead letter died in (see :class:`DeadLetter`)."""
-    return (
-        (deaths[0].queue if deaths else None)
-        or text_or_none(headers.get(QUEUE_HEADER))
-        or (state.queue if state else None)
-        or routing_key
-        or None
-    )
-
-
 def read_dead_letter(
     body: bytes,
     headers: Mapping[str, object] | None,
@@ -242,7 +223,12 @@ def read_dead_letter(
     provable = provable_identity(props, hdrs) is not None
     identity = message_identity(props, hdrs, raw_body)
     bury_reason = text_or_none(hdrs.get(REASON_HEADER))
-    queue = _origin_queue(deaths, hdrs, state, routing_key)
+    queue = (
+        (deaths[0].queue if deaths else None)
+        or text_or_none(hdrs.get(QUEUE_HEADER))
+        or (state.queue if state else None)
+        or routing_key
+    )
     if not queue:
         problems.append("undecodable: no x-death, x-dlx-queue or routing key names its queue")
         queue = "unknown"
@@ -273,7 +259,7 @@ def read_dead_letter(
         bury_reason=bury_reason,
         task=text_or_none(hdrs.get("task")),
         replayed_from=replayed,
-        death_ms=_ms(deaths[0].time) if deaths else None,
+        death_ms=int(deaths[0].time.timestamp() * 1000) if deaths and deaths[0].time else None,
         x_death=list(raw_x_death)
         if isinstance(raw_x_death, (list, tuple))
         else ([] if raw_x_death is None else [raw_x_death]),
