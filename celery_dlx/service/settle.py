@@ -159,7 +159,6 @@ class BatchSettler:
         # the broker confirmed, or whose fate a try wrote (then failed, and is being retried).
         self._tried: OrderedDict[str, Verdict] = OrderedDict()
         self._tried_lock = threading.Lock()
-        # Task name -> whether the app runs it as a DLX task (see _dlx_task).
         self._dlx_tasks: dict[str, bool] = {}
 
     def handle(self, messages: Sequence[Delivery]) -> None:
