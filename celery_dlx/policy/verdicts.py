@@ -217,11 +217,9 @@ def decide_letter(
     """
     if record is not None:
         return bury_from_record(letter, record, config, now)
-    if letter.bury_reason is not None:
+    if letter.bury_reason is not None or letter.problem:
         why = "; ".join(r for r in (letter.bury_reason, letter.problem) if r)
         return bury_verdict(letter, config, why, now, failed=True)
-    if letter.problem:
-        return bury_verdict(letter, config, letter.problem, now, failed=True)
     if letter.worker_fate is not None:
         return worker_retry(letter, config)
     reason = letter.death_reason
