@@ -2,10 +2,9 @@
 
 A batch is read (pure), looked up in Redis in one round trip (already handled? the worker's
 cause record?), decided, then written: parks and obituaries with their history entries first,
-then requeued copies published with confirms (a copy runs its task at once: published before a
-write Redis refuses, it would run again when the held batch is settled again), the seen markers
-last. A redelivery is recognised by its key (queue, message id, attempt, history) and given no
-second fate, but only when its message id is provable (``message_id``, Celery's task id, or the
+then requeued copies published with confirms, the seen markers last (``settle`` says why). A
+redelivery is recognised by its key (queue, message id, attempt, history) and given no second
+fate, but only when its message id is provable (``message_id``, Celery's task id, or the
 ``x-dlx-id`` stamped on copies): look-alikes without one are never merged.
 
 A batch is settled (and acked) only once ``dlx_redis_min_replicas`` replicas hold its writes:
