@@ -20,22 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from celery_dlx.errors import ConfigurationError
 
 # Re-exported; named with the other headers (in OWN_HEADERS, so a replay drops them).
 from celery_dlx.message.names import HELD_HEADER as HELD_HEADER
 from celery_dlx.message.names import HOLDS_HEADER as HOLDS_HEADER
-
-#: The keys of a ``dlx_breaker`` mapping, with their defaults.
-BREAKER_DEFAULTS: Mapping[str, float] = {
-    "failures": 50,
-    "window": 60.0,
-    "hold": 300.0,
-    "probe": 60.0,
-    "release_rate": 50,
-}
 
 
 @dataclass(frozen=True)
@@ -61,13 +53,17 @@ class BreakerSettings:
         return int(self.probe * 1000)
 
 
+#: The keys of a ``dlx_breaker`` mapping, with their defaults.
+BREAKER_DEFAULTS: Mapping[str, float] = asdict(BreakerSettings())
+
+
 def _positive(value: object, where: str, *, integer: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigurationError(f"{where} must be a positive number, got {value!r}")
     if value <= 0 or (integer and value != int(value)):
         kind = "a positive integer" if integer else "a positive number of seconds"
         raise ConfigurationError(f"{where} must be {kind}, got {value!r}")
-    return value
+    return int(value) if integer else float(value)
 
 
 def parse_breaker(value: object, name: str = "dlx_breaker") -> BreakerSettings | None:
@@ -88,18 +84,11 @@ def parse_breaker(value: object, name: str = "dlx_breaker") -> BreakerSettings |
         raise ConfigurationError(
             f"{name} has unknown keys {sorted(map(str, unknown))}; use {', '.join(BREAKER_DEFAULTS)}"
         )
-    merged = {**BREAKER_DEFAULTS, **value}
-    checked = {
-        key: _positive(merged[key], f"{name}[{key!r}]", integer=key in ("failures", "release_rate"))
-        for key in BREAKER_DEFAULTS
+    checked: dict[str, Any] = {
+        key: _positive(value.get(key, default), f"{name}[{key!r}]", integer=type(default) is int)
+        for key, default in BREAKER_DEFAULTS.items()
     }
-    settings = BreakerSettings(
-        failures=int(checked["failures"]),
-        window=float(checked["window"]),
-        hold=float(checked["hold"]),
-        probe=float(checked["probe"]),
-        release_rate=int(checked["release_rate"]),
-    )
+    settings = BreakerSettings(**checked)
     if settings.probe > settings.hold:
         raise ConfigurationError(
             f"{name}['probe'] ({settings.probe}) must not exceed {name}['hold'] ({settings.hold}): "

@@ -27,13 +27,6 @@ from celery_dlx.policy.settings import (
 )
 
 
-def _check_extras(values: Mapping[str, Any], explicit: frozenset[str]) -> None:
-    """An integration the settings ask for must be installed; a default one may be absent."""
-    asked = values["dlx_sentry"] and explicit & SENTRY_SETTINGS
-    if asked and importlib.util.find_spec("sentry_sdk") is None:
-        raise ConfigurationError(sentry_missing(explicit, "no module named 'sentry_sdk'"))
-
-
 def _lookup(conf: Mapping[str, Any], name: str, namespace: str | None) -> tuple[bool, object]:
     candidates = [name, name.upper()]
     if namespace:
@@ -57,13 +50,6 @@ def enabled_setting(conf: Mapping[str, Any], namespace: str | None = None) -> bo
         return bool(SETTINGS["dlx_enabled"].check("dlx_enabled", value))
     except ConfigurationError:
         return True
-
-
-def _setting_name(key: str, namespace: str | None) -> str:
-    """``dlx_max_parkz`` of ``DLX_MAX_PARKZ`` or ``CELERY_DLX_MAX_PARKZ`` (the namespace's)."""
-    if namespace and key.startswith(f"{namespace}_"):
-        key = key[len(namespace) + 1 :]
-    return key.lower()
 
 
 def unknown_settings(conf: Mapping[str, Any], namespace: str | None = None) -> list[str]:
@@ -165,10 +151,9 @@ class DLXConfig:
 
     @property
     def code_version(self) -> str | None:
-        explicit = self.code_version_setting
-        return (
-            explicit or os.environ.get("DLX_CODE_VERSION") or os.environ.get("GIT_COMMIT") or None
-        )
+        env = os.environ
+        version = self.code_version_setting or env.get("DLX_CODE_VERSION") or env.get("GIT_COMMIT")
+        return version or None
 
     # Each of the four below: the setting, refined by ``dlx_queues[queue]`` when present.
     def policy(self, queue: str | None = None) -> Policy:
@@ -198,7 +183,9 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
     """
     unknown = unknown_settings(conf, namespace)
     if unknown:
-        hint = closest([_setting_name(key, namespace) for key in unknown], SETTINGS)
+        # dlx_max_parkz of DLX_MAX_PARKZ or CELERY_DLX_MAX_PARKZ (the namespace's)
+        names = [key.removeprefix(f"{namespace}_") if namespace else key for key in unknown]
+        hint = closest([name.lower() for name in names], SETTINGS)
         raise ConfigurationError(
             f"unknown celery_dlx setting(s): {', '.join(unknown)}{hint}; known settings: "
             f"{', '.join(sorted(SETTINGS))} (see {doc_url('configuration')})"
@@ -215,7 +202,10 @@ def load_config(conf: Mapping[str, Any], namespace: str | None = None) -> DLXCon
         raise ConfigurationError(
             "dlx_delivery_limit needs quorum queues: set dlx_quorum = True or remove dlx_delivery_limit"
         )
-    _check_extras(values, frozenset(explicit))
+    # An integration the settings ask for must be installed; a default one may be absent.
+    asked = values["dlx_sentry"] and explicit & SENTRY_SETTINGS
+    if asked and importlib.util.find_spec("sentry_sdk") is None:
+        raise ConfigurationError(sentry_missing(explicit, "no module named 'sentry_sdk'"))
     # A key prefix of its own gives an app broker names of its own: apps on one vhost stay apart.
     if "dlx_exchange" not in explicit:
         values["dlx_exchange"] = default_exchange(values["dlx_key_prefix"])

@@ -10,16 +10,14 @@ from __future__ import annotations
 import hashlib
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import PARKED, REQUEUED
 from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.headers import (
-    Death,
     DLXState,
     clean_headers,
     message_identity,
@@ -47,6 +45,8 @@ EXPIRED_CAUSE = "expired"
 #: Exception type given to failures whose type nobody knows (a foreign consumer's reject).
 UNDECODABLE = "undecodable"
 
+T = TypeVar("T")
+
 
 class Rejected(Exception):
     """A consumer rejected the message (``x-death`` reason ``rejected``); its error is unknown."""
@@ -57,22 +57,17 @@ class Rejected(Exception):
 class DeadLetter:
     """What the DLX service knows about one dead letter before any I/O.
 
-    ``queue``: the queue it died in (first ``x-death``, else ``x-dlx-queue``, else the routing
-    key); ``death_reason``: the ``x-death`` reason, :data:`PUBLISHED` or :data:`UNKNOWN`;
-    ``problem``: why its headers could not be read; ``key``: this death (queue, message,
-    attempt, history, replay), for dedup.
+    ``queue``: where it died (first ``x-death``, else ``x-dlx-queue``, else the routing key);
+    ``death_reason``: the ``x-death`` reason, :data:`PUBLISHED` or :data:`UNKNOWN`; ``problem``:
+    why its headers could not be read; ``key``: this death (queue, message, attempt, history,
+    replay), for dedup.
 
-    ``identity`` is the provable message id when there is one (``provable``); else the body's
-    digest joined with ``key``, which then includes the delivery, so look-alikes (one body, no
-    ``message_id``) never share a key and none is deduplicated away as another's redelivery.
-    Their copies carry ``identity`` in ``x-dlx-id`` (:meth:`copy_headers`).
-
-    ``burial_key``, the obituary id, names a provable message in its queue (and replay) from what
-    every copy carries, never from a failure's time: two copies left by a crash (a retry
-    published twice, or a second lineage) get one obituary.
-
-    ``worker_fate``/``worker_delay``: the park (seconds) or requeue a DLX worker decided but
-    could not write (:data:`~celery_dlx.message.names.FATE_HEADER`).
+    ``identity`` is the provable message id (``provable``), else the body's digest joined with
+    ``key``, which then names the delivery: look-alikes (one body, no ``message_id``) never share
+    a key, so none is deduplicated away as another's redelivery; their copies carry ``identity``
+    in ``x-dlx-id``. ``burial_key``, the obituary id, is built from what every copy carries, never
+    a failure's time: two copies left by a crash get one obituary. ``worker_fate``/
+    ``worker_delay``: the park (seconds) or requeue a DLX worker decided but could not write.
     """
 
     body: bytes
@@ -98,8 +93,7 @@ class DeadLetter:
     worker_delay: float | None = None
 
     def copy_headers(self, state: DLXState) -> dict[str, object]:
-        """The headers of a requeued or parked copy, with ``state`` (and identity, if not
-        provable)."""
+        """The headers of a requeued or parked copy, with ``state``."""
         headers = clean_headers(self.headers, state)
         for name in (FATE_HEADER, DELAY_HEADER):  # carried out once, by whoever reads it
             headers.pop(name, None)
@@ -121,10 +115,6 @@ def text_or_none(value: object) -> str | None:
     return None
 
 
-def _ms(when: datetime | None) -> int | None:
-    return int(when.timestamp() * 1000) if when is not None else None
-
-
 def letter_key(
     queue: str,
     identity: str,
@@ -144,8 +134,7 @@ def letter_key(
         last = state.history[-1].at_ms if state.history else 0
         tail = f"{state.attempt}\x1f{last}"
     parts = (queue, identity, tail, replayed or "", *((f"fate={fate}",) if fate else ()))
-    raw = "\x1f".join((*parts, delivery) if delivery is not None else parts)
-    return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
+    return _digest(*parts, *((delivery,) if delivery is not None else ()))
 
 
 def burial_key(queue: str, identity: str, replayed: str | None) -> str:
@@ -154,8 +143,12 @@ def burial_key(queue: str, identity: str, replayed: str | None) -> str:
     No failure time goes in: both lineages of an original redelivered after a crash must name one
     obituary (a reused message id reuses it too: the burial reads as already written).
     """
-    raw = "\x1f".join(("buried", queue, identity, replayed or ""))
-    return hashlib.sha1(raw.encode("utf-8", "replace"), usedforsecurity=False).hexdigest()[:20]
+    return _digest("buried", queue, identity, replayed or "")
+
+
+def _digest(*parts: str) -> str:
+    raw = "\x1f".join(parts).encode("utf-8", "replace")
+    return hashlib.sha1(raw, usedforsecurity=False).hexdigest()[:20]
 
 
 def _worker_fate(headers: Mapping[str, Any]) -> tuple[str | None, float | None]:
@@ -175,22 +168,16 @@ def _worker_fate(headers: Mapping[str, Any]) -> tuple[str | None, float | None]:
     return fate, delay
 
 
-def _first_death(headers: Mapping[str, Any]) -> tuple[list[Death], str | None]:
+def _parse(
+    parse: Callable[[Mapping[str, Any]], T], headers: Mapping[str, Any], what: str
+) -> tuple[T | None, str | None]:
+    """``parse(headers)``, or None and why not."""
     try:
-        return parse_x_death(headers), None
-    except MalformedHeader as exc:
-        return [], f"undecodable: {exc}"
-    except Exception as exc:  # the parser promises MalformedHeader; a letter must survive anyway
-        return [], f"undecodable: x-death: {type(exc).__name__}: {exc}"
-
-
-def _own_state(headers: Mapping[str, Any]) -> tuple[DLXState | None, str | None]:
-    try:
-        return read_state(headers), None
+        return parse(headers), None
     except MalformedHeader as exc:
         return None, f"undecodable: {exc}"
-    except Exception as exc:  # e.g. an infinite float where a count belongs
-        return None, f"undecodable: celery_dlx headers: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # the parsers promise MalformedHeader; a letter must survive anyway
+        return None, f"undecodable: {what}: {type(exc).__name__}: {exc}"
 
 
 def _shape_problems(body: object, headers: object) -> list[str]:
@@ -201,19 +188,6 @@ def _shape_problems(body: object, headers: object) -> list[str]:
     if headers is not None and not isinstance(headers, Mapping):
         problems.append(f"undecodable: headers are {type(headers).__name__}, not a table")
     return problems
-
-
-def _origin_queue(
-    deaths: list[Death], headers: Mapping[str, Any], state: DLXState | None, routing_key: str
-) -> str | None:
-    """The queue a dead letter died in (see :class:`DeadLetter`)."""
-    return (
-        (deaths[0].queue if deaths else None)
-        or text_or_none(headers.get(QUEUE_HEADER))
-        or (state.queue if state else None)
-        or routing_key
-        or None
-    )
 
 
 def read_dead_letter(
@@ -242,13 +216,19 @@ def read_dead_letter(
     undecodable = props.get(UNDECODABLE_PROPERTY)
     if undecodable is not None:  # its raw bytes are kept (x-dlx-raw-properties)
         problems.append(f"undecodable: AMQP properties: {undecodable}")
-    deaths, death_problem = _first_death(hdrs)
-    state, state_problem = _own_state(hdrs)
+    parsed_deaths, death_problem = _parse(parse_x_death, hdrs, "x-death")
+    deaths = parsed_deaths or []
+    state, state_problem = _parse(read_state, hdrs, "celery_dlx headers")
     problems += [p for p in (death_problem, state_problem) if p]
     provable = provable_identity(props, hdrs) is not None
     identity = message_identity(props, hdrs, raw_body)
     bury_reason = text_or_none(hdrs.get(REASON_HEADER))
-    queue = _origin_queue(deaths, hdrs, state, routing_key)
+    queue = (
+        (deaths[0].queue if deaths else None)
+        or text_or_none(hdrs.get(QUEUE_HEADER))
+        or (state.queue if state else None)
+        or routing_key
+    )
     if not queue:
         problems.append("undecodable: no x-death, x-dlx-queue or routing key names its queue")
         queue = "unknown"
@@ -279,7 +259,7 @@ def read_dead_letter(
         bury_reason=bury_reason,
         task=text_or_none(hdrs.get("task")),
         replayed_from=replayed,
-        death_ms=_ms(deaths[0].time) if deaths else None,
+        death_ms=int(deaths[0].time.timestamp() * 1000) if deaths and deaths[0].time else None,
         x_death=list(raw_x_death)
         if isinstance(raw_x_death, (list, tuple))
         else ([] if raw_x_death is None else [raw_x_death]),

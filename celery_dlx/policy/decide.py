@@ -160,17 +160,12 @@ def parse_matchers(value: object, name: str) -> tuple[Matcher, ...]:
         return ()
     if isinstance(value, type) or not isinstance(value, (list, tuple, set, frozenset)):
         value = (value,)
-    out: list[Matcher] = []
     for item in value:
-        if (isinstance(item, type) and issubclass(item, BaseException)) or (
-            callable(item) and not isinstance(item, type)
-        ):
-            out.append(item)
-        else:
+        if not callable(item) or (isinstance(item, type) and not issubclass(item, BaseException)):
             raise ConfigurationError(
                 f"{name} must hold exception classes or predicates, got {item!r}"
             )
-    return tuple(out)
+    return tuple(value)
 
 
 @dict_init
@@ -212,16 +207,6 @@ def classify(exc: BaseException, policy: Policy) -> str:
     return "escalate"
 
 
-def _park_or_bury(state: DLXState, policy: Policy, countdown: float | None, why: str) -> Decision:
-    if state.parks < policy.max_parks:
-        delay = countdown if countdown is not None else policy.backoff(state.parks)
-        return ToPark(delay=delay, reason=why)
-    return ToBury(
-        reason=f"retry budget spent: {_count(state.requeues, 'requeue')}, "
-        f"{_count(state.parks, 'park')} ({why})"
-    )
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun if n == 1 else noun + 's'}"
 
@@ -245,9 +230,7 @@ def reason_of(exc: BaseException) -> str:
     name = type(exc).__name__
     if isinstance(exc, FateRequest):
         message = str(exc)
-        default = isinstance(exc, Park) and (
-            message == "park" or message == f"park for {exc.countdown}s"
-        )
+        default = isinstance(exc, Park) and message in ("park", f"park for {exc.countdown}s")
         return f"{name}: {one_line(message)}" if message and not default else name
     return name
 
@@ -259,18 +242,18 @@ def decide(exc: BaseException, state: DLXState, policy: Policy) -> Decision:
     kind = classify(exc, policy)
     why = reason_of(exc)
     if kind == "bury":
-        reason = exc.reason if isinstance(exc, Bury) else f"permanent failure: {why}"
-        return ToBury(reason=reason)
-    countdown = exc.countdown if isinstance(exc, Park) else None
-    if isinstance(exc, Park) and not exc.budgeted:
-        # self.retry(): Celery's max_retries was checked before the park was asked for.
+        return ToBury(reason=exc.reason if isinstance(exc, Bury) else f"permanent failure: {why}")
+    if kind != "park" and state.requeues < policy.max_requeues:
+        return ToRequeue(reason=why)
+    # self.retry() parks unbudgeted: Celery's max_retries was checked before it asked.
+    if state.parks < policy.max_parks or (isinstance(exc, Park) and not exc.budgeted):
+        countdown = exc.countdown if isinstance(exc, Park) else None
         delay = countdown if countdown is not None else policy.backoff(state.parks)
         return ToPark(delay=delay, reason=why)
-    if kind == "park":
-        return _park_or_bury(state, policy, countdown, why)
-    if state.requeues < policy.max_requeues:
-        return ToRequeue(reason=why)
-    return _park_or_bury(state, policy, None, why)
+    return ToBury(
+        reason=f"retry budget spent: {_count(state.requeues, 'requeue')}, "
+        f"{_count(state.parks, 'park')} ({why})"
+    )
 
 
 def root_cause(exc: BaseException) -> BaseException:

@@ -43,28 +43,16 @@ def _number(value: object) -> float | None:
 
 
 def delay(value: object, name: str) -> float:
-    """``value`` as a delay before a retry.
-
-    Raises:
-        ConfigurationError: naming ``name``.
-    """
+    """``value`` as a delay before a retry (raises ConfigurationError naming ``name``)."""
     seconds = _number(value)
     if seconds is None or seconds < 0:
         raise ConfigurationError(f"{name} must hold non-negative seconds, got {value!r}")
-    _finite_and_bounded(seconds, value, name)
-    return seconds
+    return _bounded(seconds, value, name)
 
 
 def duration(value: object, name: str) -> float:
-    """``value`` as a duration setting.
-
-    Raises:
-        ConfigurationError: naming ``name``.
-    """
-    seconds = _number(value)
-    if seconds is None or seconds <= 0:
-        raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
-    _finite_and_bounded(seconds, value, name)
+    """``value`` as a duration setting (raises ConfigurationError naming ``name``)."""
+    seconds = _bounded(_step(value, name), value, name)
     if seconds < MIN_DURATION:
         raise ConfigurationError(
             f"{name} must be at least {MIN_DURATION} s (Redis counts whole milliseconds), "
@@ -73,11 +61,12 @@ def duration(value: object, name: str) -> float:
     return seconds
 
 
-def _finite_and_bounded(seconds: float, value: object, name: str) -> None:
+def _bounded(seconds: float, value: object, name: str) -> float:
     if not math.isfinite(seconds):
         raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
     if seconds > MAX_SECONDS:
         raise ConfigurationError(f"{name} must be at most {MAX_SECONDS:.0f} s, got {value!r}")
+    return seconds
 
 
 def step_ms(seconds: float) -> int:
@@ -86,11 +75,8 @@ def step_ms(seconds: float) -> int:
 
 
 def ladder(value: object, name: str = "dlx_ttl_ladder") -> tuple[float, ...]:
-    """``value`` as the steps of a TTL ladder, in seconds.
-
-    Raises:
-        ConfigurationError: naming ``name`` (or its step) and what is wrong.
-    """
+    """``value`` as the steps of a TTL ladder, in seconds (raises ConfigurationError naming
+    ``name`` or its step, and what is wrong)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigurationError(f"{name} must be a non-empty list of seconds, got {value!r}")
     steps = tuple(_step(v, f"{name}[{i}]") for i, v in enumerate(value))

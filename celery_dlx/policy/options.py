@@ -8,10 +8,10 @@ from types import FunctionType
 from typing import Any
 
 from celery_dlx.errors import ConfigurationError
-from celery_dlx.policy.breaker import BreakerSettings, parse_breaker
+from celery_dlx.policy.breaker import BreakerSettings
 from celery_dlx.policy.config import DLXConfig
-from celery_dlx.policy.decide import Policy, parse_backoff, parse_matchers
-from celery_dlx.policy.settings import IMPORTANCES, closest
+from celery_dlx.policy.decide import Policy, parse_matchers
+from celery_dlx.policy.settings import IMPORTANCES, SETTINGS, closest
 
 #: Options a task may set; each falls back to the ``dlx_*`` setting of the same name.
 TASK_OPTIONS = (
@@ -53,12 +53,6 @@ def _is_method(value: Any, name: str) -> bool:
     return isinstance(value, FunctionType) and value.__name__ == name
 
 
-def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(f"{where} must be a non-negative integer, got {value!r}")
-    return value
-
-
 def _importance(value: Any, where: str) -> str:
     if value not in IMPORTANCES:
         raise ConfigurationError(f"{where} must be one of {', '.join(IMPORTANCES)}, got {value!r}")
@@ -82,20 +76,24 @@ def resolve_task_options(
         )
     base = config.policy(queue)
 
-    def option(key: str, parse: Callable[[Any, str], Any], default: Any) -> Any:
+    def option(key: str, default: Any, parse: Callable[[Any, str], Any] | None = None) -> Any:
+        """The task's ``key``, checked as the setting of that name unless ``parse`` is given."""
         value = getattr(task_cls, key, None)
-        return default if value is None else parse(value, f"task {name}: option {key}")
+        if value is None:
+            return default
+        where = f"task {name}: option {key}"
+        return SETTINGS[key].check(where, value) if parse is None else parse(value, where)
 
-    importance = option("dlx_importance", _importance, None)
+    importance = option("dlx_importance", None, _importance)
     return TaskOptions(
         policy=Policy(
-            max_requeues=option("dlx_max_requeues", _count, base.max_requeues),
-            max_parks=option("dlx_max_parks", _count, base.max_parks),
-            backoff=option("dlx_backoff", parse_backoff, base.backoff),
-            requeue_on=option("dlx_requeue_on", parse_matchers, ()),
-            park_on=option("dlx_park_on", parse_matchers, ()),
-            bury_on=option("dlx_bury_on", parse_matchers, ()),
+            max_requeues=option("dlx_max_requeues", base.max_requeues),
+            max_parks=option("dlx_max_parks", base.max_parks),
+            backoff=option("dlx_backoff", base.backoff),
+            requeue_on=option("dlx_requeue_on", (), parse_matchers),
+            park_on=option("dlx_park_on", (), parse_matchers),
+            bury_on=option("dlx_bury_on", (), parse_matchers),
         ),
         importance=importance or config.importance(queue),
-        breaker=option("dlx_breaker", parse_breaker, config.breaker_for(queue)),
+        breaker=option("dlx_breaker", config.breaker_for(queue)),
     )

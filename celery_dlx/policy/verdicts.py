@@ -4,6 +4,7 @@ and the message's own headers, never ``x-death`` counts), and a burial's obituar
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from celery_dlx.fates import PARKED, REQUEUED, Park
 from celery_dlx.message.cause import CauseRecord
@@ -27,10 +28,6 @@ class BuryVerdict(MaybeAttempt):
     failure: Failure
     history: tuple[HistoryEntry, ...]
     from_worker: bool = False
-
-    @property
-    def last_failure_ms(self) -> int | None:
-        return self.failure.at_ms
 
 
 @dict_init
@@ -98,16 +95,14 @@ def bury_verdict(
     cause = fingerprint(letter.scope, exc_type, exc_message)
     state = letter.state
     history = (*state.history, HistoryEntry(now, "buried", cause))[-HISTORY_LIMIT:]
-    failure = Failure(
-        task=letter.task,
-        queue=letter.queue,
-        message_id=letter.identity,
+    failure = _letter_failure(
+        letter,
+        config,
         attempt=state.attempt + (1 if failed else 0),
         cause=cause,
         exc_type=exc_type,
         exc_message=exc_message,
         reason=reason,
-        importance=config.importance(letter.queue),
         first_failure_ms=state.first_failure_ms if state.first_failure_ms is not None else now,
         at_ms=letter.death_ms or now,
     )
@@ -124,10 +119,11 @@ def _expired_park(letter: DeadLetter, config: DLXConfig, now: int) -> ParkVerdic
         history=(*state.history, HistoryEntry(now, PARKED, EXPIRED_CAUSE))[-HISTORY_LIMIT:],
         queue=letter.queue,
     )
-    failure = _retry_failure(
+    failure = _letter_failure(
         letter,
-        new_state,
         config,
+        attempt=new_state.attempt,
+        first_failure_ms=new_state.first_failure_ms,
         cause=EXPIRED_CAUSE,
         exc_type="expired",
         exc_message="",
@@ -136,28 +132,14 @@ def _expired_park(letter: DeadLetter, config: DLXConfig, now: int) -> ParkVerdic
     return ParkVerdict(delay, new_state, failure, counted=False)
 
 
-def _retry_failure(
-    letter: DeadLetter,
-    state: DLXState,
-    config: DLXConfig,
-    *,
-    cause: str,
-    exc_type: str,
-    exc_message: str,
-    reason: str,
-) -> Failure:
-    """The facts of a park or requeue of ``letter`` with ``state``."""
+def _letter_failure(letter: DeadLetter, config: DLXConfig, **facts: Any) -> Failure:
+    """A failure of ``letter`` in its queue, with ``facts``."""
     return Failure(
         task=letter.task,
         queue=letter.queue,
         message_id=letter.identity,
-        attempt=state.attempt,
-        cause=cause,
-        exc_type=exc_type,
-        exc_message=exc_message,
-        reason=reason,
         importance=config.importance(letter.queue),
-        first_failure_ms=state.first_failure_ms,
+        **facts,
     )
 
 
@@ -177,10 +159,11 @@ def _from_policy(letter: DeadLetter, config: DLXConfig, exc: BaseException, now:
         exc_type=exc_type,
         exc_message=exc_message or None,
     )
-    failure = _retry_failure(
+    failure = _letter_failure(
         letter,
-        new_state,
         config,
+        attempt=new_state.attempt,
+        first_failure_ms=new_state.first_failure_ms,
         cause=cause,
         exc_type=exc_type,
         exc_message=exc_message,
@@ -196,10 +179,11 @@ def worker_retry(letter: DeadLetter, config: DLXConfig) -> ParkVerdict | Requeue
     written as it is: its state is already after the failure (no second count or decision)."""
     state = letter.state
     fate = letter.worker_fate
-    failure = _retry_failure(
+    failure = _letter_failure(
         letter,
-        state,
         config,
+        attempt=state.attempt,
+        first_failure_ms=state.first_failure_ms,
         cause=state.cause or "",
         exc_type=state.exc_type or "",
         exc_message=state.exc_message or "",
@@ -233,11 +217,9 @@ def decide_letter(
     """
     if record is not None:
         return bury_from_record(letter, record, config, now)
-    if letter.bury_reason is not None:
+    if letter.bury_reason is not None or letter.problem:
         why = "; ".join(r for r in (letter.bury_reason, letter.problem) if r)
         return bury_verdict(letter, config, why, now, failed=True)
-    if letter.problem:
-        return bury_verdict(letter, config, letter.problem, now, failed=True)
     if letter.worker_fate is not None:
         return worker_retry(letter, config)
     reason = letter.death_reason
@@ -272,7 +254,7 @@ def build_obituary(
     failures = [a.at_ms for a in attempts if a.fate != "buried"]
     first = verdict.first_failure_ms
     if first is None:
-        first = failures[0] if failures else verdict.last_failure_ms
+        first = failures[0] if failures else verdict.at_ms
     failure = verdict.failure.but(
         message_id=letter.identity,
         queue=verdict.queue or letter.queue,

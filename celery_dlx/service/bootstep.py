@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from celery import Celery, bootsteps
 from celery.worker.consumer import Consumer
@@ -26,11 +25,8 @@ class DLXServiceStep(bootsteps.StartStopStep):
     """Consumer bootstep running the app's DLX service in a thread of the worker."""
 
     name = "celery_dlx.service.loop"
-
-    def __init__(self, parent: Consumer, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self.service: DLXService | None = None
-        self.thread: threading.Thread | None = None
+    service: DLXService | None = None
+    thread: threading.Thread | None = None
 
     def include_if(self, parent: Consumer) -> bool:
         return bool(get_runtime(parent.app).config.service_in_worker)

@@ -26,7 +26,6 @@ from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.broker.management import management_for, other_services
 from celery_dlx.broker.topology import overflow_queue, service_queue
 from celery_dlx.docs_url import doc_url
-from celery_dlx.errors import TopologyError
 from celery_dlx.message.names import service_consumer_tag
 from celery_dlx.service.outage import RETRY_DELAYS, TRANSIENT_ERRORS, Outage
 from celery_dlx.service.settle import BatchSettler
@@ -89,8 +88,6 @@ class DLXService(BatchSettler):
             while not self._stop.is_set():
                 try:
                     self._consume(idle_timeout, outage)
-                except TopologyError:
-                    raise
                 except BROKER_ERRORS as exc:
                     self._wait(outage.begin(exc, len(self._inbox), self.stats))
                 finally:

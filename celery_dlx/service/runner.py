@@ -55,9 +55,15 @@ def run_service(
     if install_signals:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: service.stop())
-    drainer = _start_drainer(app) if drain else None
+    drainer = DrainerThread(app) if drain else None
     if drainer is None:
         logger.info("DLX service not draining parked retries: workers or another service must")
+    else:
+        drainer.start()
+        logger.info(
+            "DLX service draining parked retries every %ss while it holds the drain lease",
+            drainer.drainer.interval,
+        )
     try:
         stats = service.run(idle_timeout=idle_timeout)
     finally:
@@ -79,16 +85,6 @@ def _log_start(app: Celery, *, drain: bool, processes: int) -> None:
         return
     for line in lines:
         logger.info("%s", line)
-
-
-def _start_drainer(app: Celery) -> DrainerThread:
-    drainer = DrainerThread(app)
-    drainer.start()
-    logger.info(
-        "DLX service draining parked retries every %ss while it holds the drain lease",
-        drainer.drainer.interval,
-    )
-    return drainer
 
 
 def _child(

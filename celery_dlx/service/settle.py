@@ -2,10 +2,9 @@
 
 A batch is read (pure), looked up in Redis in one round trip (already handled? the worker's
 cause record?), decided, then written: parks and obituaries with their history entries first,
-then requeued copies published with confirms (a copy runs its task at once: published before a
-write Redis refuses, it would run again when the held batch is settled again), the seen markers
-last. A redelivery is recognised by its key (queue, message id, attempt, history) and given no
-second fate, but only when its message id is provable (``message_id``, Celery's task id, or the
+then requeued copies published with confirms, the seen markers last (``settle`` says why). A
+redelivery is recognised by its key (queue, message id, attempt, history) and given no second
+fate, but only when its message id is provable (``message_id``, Celery's task id, or the
 ``x-dlx-id`` stamped on copies): look-alikes without one are never merged.
 
 A batch is settled (and acked) only once ``dlx_redis_min_replicas`` replicas hold its writes:
@@ -114,7 +113,6 @@ def buried_event(ob: Obituary, *, traceback_logged: bool = False) -> FateEvent:
 def _retry_event(work: _Work, now: int) -> FateEvent:
     verdict = work.verdict
     assert isinstance(verdict, (ParkVerdict, RequeueVerdict))
-    letter = work.letter
     parked = isinstance(verdict, ParkVerdict)
     return FateEvent.of(
         PARKED if parked else REQUEUED,
@@ -122,7 +120,7 @@ def _retry_event(work: _Work, now: int) -> FateEvent:
         delay=verdict.delay if isinstance(verdict, ParkVerdict) else None,
         extra={
             "source": "dlx-service",
-            "death_reason": letter.death_reason,
+            "death_reason": work.letter.death_reason,
             "counted": verdict.counted if isinstance(verdict, ParkVerdict) else True,
         },
     )
@@ -160,7 +158,6 @@ class BatchSettler:
         # the broker confirmed, or whose fate a try wrote (then failed, and is being retried).
         self._tried: OrderedDict[str, Verdict] = OrderedDict()
         self._tried_lock = threading.Lock()
-        # Task name -> whether the app runs it as a DLX task (see _dlx_task).
         self._dlx_tasks: dict[str, bool] = {}
 
     def handle(self, messages: Sequence[Delivery]) -> None:
@@ -200,7 +197,8 @@ class BatchSettler:
             # when the batch (held unacked) is settled again.
             parks = [w for w in live if isinstance(w.verdict, ParkVerdict)]
             self._park(parks, now)
-            self.runtime.record_many([_retry_event(w, now) for w in parks], log=False)
+            retried = [_retry_event(w, now) for w in parks]
+            self.runtime.record_many(retried, log=False)
             if parks:
                 faults.point("service.parked")
             burials = self._bury([w for w in live if isinstance(w.verdict, BuryVerdict)], now)
@@ -208,11 +206,13 @@ class BatchSettler:
             self._requeue(requeues, now)
             if requeues:
                 faults.point("service.published")
-            requeued = [w for w in requeues if isinstance(w.verdict, RequeueVerdict)]
-            self.runtime.record_many([_retry_event(w, now) for w in requeued], log=False)
+            requeued = [
+                _retry_event(w, now) for w in requeues if isinstance(w.verdict, RequeueVerdict)
+            ]
+            self.runtime.record_many(requeued, log=False)
+            retried += requeued
             # A copy the broker refused (its queue is gone) is buried after all.
             burials += self._bury([w for w in requeues if isinstance(w.verdict, BuryVerdict)], now)
-            retried = [_retry_event(w, now) for w in [*parks, *requeued]]
             if burials:
                 faults.point("service.buried")
             # The buried entries went to the history with the obituaries, atomically.
@@ -229,18 +229,14 @@ class BatchSettler:
         self.runtime.log_fates([*retried, *buried])
         self._forget(works)
         self._count([*ours, *live], len(works) - len(live) - len(ours))
-        self._count_refused(live)
-
-    def _count_refused(self, live: list[_Work]) -> None:
-        """Count the copies workers could not write themselves (``x-dlx-fate``), now written."""
+        # The copies workers could not write themselves (x-dlx-fate), now written.
         refused = Counter(w.letter.worker_fate for w in live if w.letter.worker_fate)
-        if not refused:
-            return
-        self.stats.add(refused_copies=sum(refused.values()))
-        try:
-            self.runtime.refusals.add({str(fate): n for fate, n in refused.items()})
-        except Exception:  # a count; the fates are written
-            logger.debug("could not count %d refused copies", sum(refused.values()), exc_info=True)
+        if refused:
+            self.stats.add(refused_copies=refused.total())
+            try:
+                self.runtime.refusals.add({str(fate): n for fate, n in refused.items()})
+            except Exception:  # a count; the fates are written
+                logger.debug("could not count %d refused copies", refused.total(), exc_info=True)
 
     def _count(self, live: list[_Work], duplicates: int) -> None:
         kinds = Counter(type(w.verdict) for w in live)
@@ -359,12 +355,9 @@ class BatchSettler:
 
     def _tried_verdicts(self, works: list[_Work]) -> dict[str, Verdict]:
         """The verdicts earlier tries gave these letters (copy published, or fate written)."""
+        keys = [w.letter.key for w in works]
         with self._tried_lock:
-            return {
-                w.letter.key: self._tried[w.letter.key]
-                for w in works
-                if w.letter.key in self._tried
-            }
+            return {key: self._tried[key] for key in keys if key in self._tried}
 
     def _remember(self, works: list[_Work]) -> None:
         with self._tried_lock:
@@ -387,15 +380,9 @@ class BatchSettler:
         copies = []
         for w in works:
             assert isinstance(w.verdict, RequeueVerdict)
-            copies.append(
-                Outgoing(
-                    body=w.letter.body,
-                    routing_key=w.letter.queue,
-                    exchange="",
-                    headers=w.letter.copy_headers(w.verdict.state),
-                    properties=copy_properties(w.letter.properties),
-                )
-            )
+            headers = w.letter.copy_headers(w.verdict.state)
+            props = copy_properties(w.letter.properties)
+            copies.append(Outgoing(w.letter.body, w.letter.queue, "", headers, props))
         for w, ok in zip(works, self.publisher.publish_many(copies), strict=True):
             if not ok:
                 why = f"requeue to {w.letter.queue!r} refused by the broker (queue missing?)"
