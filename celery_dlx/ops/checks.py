@@ -345,11 +345,7 @@ def refused_copies(runtime: Runtime) -> dict[str, int]:
 
 def service_queue_counts(runtime: Runtime) -> tuple[int, int] | None:
     """Ready messages and consumers of the DLX service queue (a passive declare, retried
-    once), or None when it is missing.
-
-    Raises:
-        the broker's errors when it cannot be reached.
-    """
+    once), or None when it is missing; the broker's errors when it cannot be reached."""
     queue = runtime.config.service_queue
     return queue_counts(runtime.app, [queue], retries=1).get(queue)
 
