@@ -4,7 +4,8 @@
 replay one obituary, wait for its fate (watching the failure history for its message id, from
 the history's last entry before the replay), go on only if it succeeded:
 
-* ``recovered``: a DLX task ran the replayed message successfully. Success.
+* ``recovered``: a DLX task ran the replayed message successfully (DLXTask records it for a
+  replayed message even though the replay reset its attempts). Success.
 * ``failed``: it was requeued, parked or buried again. Nothing more is replayed.
 * ``consumed`` (foreign messages only, whose consumers record no success): the queue showed no
   ready message and no failure arrived within ``settle`` seconds after. Weaker: a consumer
