@@ -196,10 +196,8 @@ def find_orphans(
         if q.get("consumers") or not q.get("messages_ready"):
             continue
         evidence = [t for t in (_ms(q.get("idle_since")), first_seen.get(name)) if t is not None]
-        if not evidence:
-            continue
-        since = min(evidence)
-        if now - since < for_seconds * 1000:
+        since = min(evidence, default=None)
+        if since is None or now - since < for_seconds * 1000:
             continue
         detail = (
             f"queue {name!r} holds {q.get('messages_ready')} ready messages and has had no "
