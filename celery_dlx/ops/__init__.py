@@ -21,7 +21,6 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.message.status import STATUSES, UNRESOLVED
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.settings import SETTINGS
-from celery_dlx.roles import Graveyard
 from celery_dlx.store.errors import STORE_ERRORS
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
@@ -34,7 +33,6 @@ __all__ = [
     "UNRESOLVED",
     "DLXConfig",
     "Filters",
-    "Graveyard",
     "Obituary",
     "Outgoing",
     "ParkedMessage",
