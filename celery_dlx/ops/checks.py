@@ -322,11 +322,8 @@ def backlog_problems(
 def management_of(runtime: Runtime) -> Management | None:
     """The management API of the app's broker, or None when it cannot be had."""
     try:
-        conn = runtime.app.connection_for_write()
-        try:
+        with runtime.app.connection_for_write() as conn:
             return management_for(conn)
-        finally:
-            conn.release()
     except Exception:  # no management API
         return None
 
