@@ -122,7 +122,8 @@ def migrate_policy(
     wait: float = 15.0,
 ) -> dict[str, object]:
     """Add ``exchange`` as ``queue``'s dead-letter exchange with a policy; other policies stay.
-    Returns the plan, whether it was applied, and the dead-letter exchange the broker shows after.
+    Returns ``queue``, ``method`` (``policy``), ``dry_run``, ``policy`` (the plan), ``applied``,
+    and the ``dead_letter_exchange`` and ``set_by`` the broker shows after.
 
     Raises:
         QueueNotFound: no such queue.
@@ -244,12 +245,14 @@ def migrate_rename(
 ) -> dict[str, object]:
     """Declare ``to`` (default ``QUEUE.dlx``) with the DLX, give it ``queue``'s bindings, move the
     messages; the old queue stays (unbound) for consumers and producers to be cut over. Returns
-    the plan, the messages ``moved`` and those ``left`` on the old queue.
+    ``queue``, ``method`` (``rename``), ``new_queue``, ``arguments``, ``bound``, ``unbound``,
+    ``moved``, ``left`` (ready messages still on the old queue) and ``dry_run``.
 
     Args:
         api: the management API (needed to read the old queue's bindings and arguments).
         copy_bindings: bind the new queue like the old one (exchange producers switch at once).
-        unbind_old: then remove those bindings from the old queue.
+        unbind_old: then remove those bindings from the old queue (only messages published to
+            its name through the default exchange still arrive there).
         dry_run: plan only.
         progress: called with the number of messages moved after each batch.
 
