@@ -56,23 +56,6 @@ class ParkedActionReport:
         return cast(ParkedActionJSON, asdict(self))
 
 
-def _targets(
-    runtime: Runtime, entry_ids: Sequence[str] | None, cause: str | None
-) -> list[ParkedMessage | str]:
-    if bool(entry_ids) == (cause is not None):
-        raise DLXError("name parked retries by entry id or by --cause (one of the two)")
-    parking = runtime.parking
-    if cause is not None:
-        ids = [m.entry_id for m in parking.soonest(CAUSE_SCAN) if m.cause == cause]
-    else:
-        ids = list(dict.fromkeys(entry_ids or ()))
-    out: list[ParkedMessage | str] = []
-    for entry_id in ids:
-        found = parking.entry(entry_id)
-        out.append(found if found is not None else entry_id)
-    return out
-
-
 def _act(
     runtime: Runtime,
     action: str,
@@ -83,11 +66,20 @@ def _act(
     audit: bool,
     one: Callable[[ParkedMessage, ParkedActionReport], bool],
 ) -> ParkedActionReport:
-    """Run ``one`` on each target (True: done, False: a drain holds it), then audit."""
+    """Read every target, then run ``one`` on each (True: done, False: a drain holds it), then
+    audit."""
+    if bool(entry_ids) == (cause is not None):
+        raise DLXError("name parked retries by entry id or by --cause (one of the two)")
+    parking = runtime.parking
+    if cause is not None:
+        ids = [m.entry_id for m in parking.soonest(CAUSE_SCAN) if m.cause == cause]
+    else:
+        ids = list(dict.fromkeys(entry_ids or ()))
     report = ParkedActionReport(action, dry_run)
-    for target in _targets(runtime, entry_ids, cause):
-        if isinstance(target, str):
-            report.missing.append(target)
+    found = {entry_id: parking.entry(entry_id) for entry_id in ids}
+    for entry_id, target in found.items():
+        if target is None:
+            report.missing.append(entry_id)
         elif dry_run or one(target, report):
             report.done.append(target.entry_id)
         else:
