@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from celery_dlx.fates import PURGED
-from celery_dlx.message.graveyard import CHUNK, When
+from celery_dlx.message.graveyard import CHUNK, When, chunks
 from celery_dlx.ops.obituaries import resolve_targets
 from celery_dlx.wiring.retention import remove_all
 from celery_dlx.wiring.runtime import Runtime
@@ -88,8 +88,7 @@ def purge_targets(
     """:func:`purge` of obituary ids already chosen; ``progress`` is called with the number
     handled after each chunk."""
     report = PurgeReport(dry_run=dry_run, targets=len(targets))
-    for start in range(0, len(targets), CHUNK):
-        chunk = list(targets[start : start + CHUNK])
+    for chunk in chunks(targets, CHUNK):
         removed, missing = remove_all(
             runtime, chunk, PURGED, "purged by operator", dry_run, keep_whole=keep_whole
         )
