@@ -139,10 +139,9 @@ def expected_queues(app: Celery, config: DLXConfig) -> dict[str, str]:
     for queue in app.amqp.queues.values():
         if queue.exclusive or queue.auto_delete:
             continue
-        declared = (queue.queue_arguments or {}).get("x-dead-letter-exchange")
         if config.enabled:
             out[queue.name] = "an app queue (dlx_enabled)"
-        elif declared:
+        elif (queue.queue_arguments or {}).get("x-dead-letter-exchange"):
             out[queue.name] = "declared with a dead-letter exchange"
     for name in config.queues:
         out.setdefault(name, "named in dlx_queues")
