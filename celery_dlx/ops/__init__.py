@@ -1,8 +1,6 @@
-"""The operations: plain functions over an app's runtime that return data, one module per concern
-(:mod:`~celery_dlx.ops.obituaries`, :mod:`~celery_dlx.ops.replay`, :mod:`~celery_dlx.ops.purge`,
-:mod:`~celery_dlx.ops.checks`...); the command line and the console are thin layers over them.
-The names below are what their callers need beside them: the runtime, the clock, the records
-taken and returned, the obituary statuses, the errors a store read may raise, the settings table.
+"""The operations: plain functions over an app's runtime that return data, one module per concern;
+the command line and the console are thin layers over them. The names below are what their
+callers need beside them.
 
 The optional products, the console (:mod:`celery_dlx_console`), payload editing
 (:mod:`celery_dlx_edit`), protobuf fitting (:mod:`celery_dlx.codecs.fit`) and the Spark
@@ -23,7 +21,6 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.message.status import STATUSES, UNRESOLVED
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.settings import SETTINGS
-from celery_dlx.roles import Graveyard
 from celery_dlx.store.errors import STORE_ERRORS
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
@@ -36,7 +33,6 @@ __all__ = [
     "UNRESOLVED",
     "DLXConfig",
     "Filters",
-    "Graveyard",
     "Obituary",
     "Outgoing",
     "ParkedMessage",

@@ -1,9 +1,5 @@
-"""The operators' audit log: one entry per finished action, from the console or the command line.
-
-An entry is a set of text fields (when, who, what, on what, with which result) in the audit
-stream (``{prefix}:web:audit``, capped at about :data:`AUDIT_MAXLEN`) and one ``audit`` entry of
-the failure history, written in one round trip. The messages an action touched have their own
-``replayed``/``purged``/... history entries.
+"""The operators' audit log: one entry per finished action, from the console or the command line,
+in the audit stream (``{prefix}:web:audit``) and as an ``audit`` entry of the failure history.
 """
 
 from __future__ import annotations
@@ -28,7 +24,8 @@ def record_audit(
     reason: str,
     at_ms: int,
 ) -> str:
-    """Append ``fields`` to the audit stream and an ``audit`` entry to the failure history.
+    """Append ``fields`` to the audit stream and an ``audit`` entry to the failure history, in
+    one round trip; returns the audit stream entry's id.
 
     Args:
         fields: the audit stream entry (``at_ms``, ``user``, ``role``, ``action``, ``target``,
@@ -36,9 +33,6 @@ def record_audit(
         queue, cause, message_id, reason: the history entry's (``*`` for an action on several
             queues, "" for no cause, ``audit:<action>:...``, one line saying who did what).
         at_ms: when the action finished (epoch ms).
-
-    Returns:
-        The audit stream entry's id.
     """
     failure = Failure(
         queue=queue,

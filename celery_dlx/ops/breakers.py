@@ -1,8 +1,4 @@
-"""Open per-cause breakers (``dlx_breaker``): list them, close one by hand.
-
-Plain functions over the ``Breakers`` role (:class:`celery_dlx.roles.Breakers`), for
-``celery dlx breakers`` and the console.
-"""
+"""Open per-cause breakers (``dlx_breaker``): list them, close one by hand."""
 
 from __future__ import annotations
 

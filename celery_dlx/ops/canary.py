@@ -1,18 +1,13 @@
 """Replays for people on call: targets resolved first, a canary that must succeed, then the rest.
 
-:func:`celery_dlx.ops.replay.replay_targets` does the publishing, the ledger, the rate and the
-redirect to another queue. This module adds what the command line needs around it: the list of
-targets up front (so progress has a total), and the canary: replay one obituary, wait for its
-fate, go on only if it succeeded.
+:func:`celery_dlx.ops.replay.replay_targets` publishes and records; this module adds the canary:
+replay one obituary, wait for its fate (watching the failure history for its message id, from
+the history's last entry before the replay), go on only if it succeeded:
 
-How the canary's fate is known (watching the failure history for the message id, after the
-history's last entry before the replay):
-
-* ``recovered``: a DLX task ran the replayed message successfully (DLXTask records ``recovered``
-  for a replayed message even though the replay reset its attempts). Success.
-* ``requeued``, ``parked`` or ``buried``: it failed again. The canary failed; nothing more is
-  replayed (its new fate is already in the graveyard or the parking store).
-* ``consumed`` (only for foreign messages, whose consumers record no success): the queue shows no
+* ``recovered``: a DLX task ran the replayed message successfully (DLXTask records it for a
+  replayed message even though the replay reset its attempts). Success.
+* ``failed``: it was requeued, parked or buried again. Nothing more is replayed.
+* ``consumed`` (foreign messages only, whose consumers record no success): the queue showed no
   ready message and no failure arrived within ``settle`` seconds after. Weaker: a consumer
   slower than ``settle`` that fails afterwards is missed. Counts as success.
 * ``timeout``: none of the above within ``timeout`` seconds. Not a success.
@@ -59,11 +54,8 @@ class IdReason(TypedDict):
 
 
 class ReplayJSON(TypedDict):
-    """What ``celery dlx replay --json`` prints (and the console's replay answers).
-
-    ``replayed`` lists what was published; a dry run publishes nothing, so its ``replayed`` is
-    empty and ``would_replay`` lists what a real run would publish (empty on a real run).
-    """
+    """What ``celery dlx replay --json`` prints (and the console's replay answers): a dry run
+    lists under ``would_replay`` what a real run lists under ``replayed``."""
 
     dry_run: bool
     targets: int
@@ -115,7 +107,7 @@ class CanaryResult:
 
 @dataclass
 class ReplayRun:
-    """What ``celery dlx replay`` did: the graveyard's report, the canary, and whether it stopped."""
+    """What ``celery dlx replay`` did: the report, the canary, and whether it stopped."""
 
     targets: int
     report: ReplayReport
@@ -129,8 +121,6 @@ class ReplayRun:
         return not (self.report.failed or self.report.missing or self.stopped)
 
     def to_json(self) -> RedirectedReplayJSON:
-        """The run as ``--json`` prints it; a redirected replay adds ``to_queue`` and
-        ``from_queues`` (queue it died in -> replays)."""
         r = self.report
         data: RedirectedReplayJSON = {
             "dry_run": r.dry_run,
@@ -161,7 +151,7 @@ def watch_canary(
     queue: str | None = None,
 ) -> CanaryResult:
     """Wait for the fate of ``ob``'s replayed message (see the module's docstring); ``queue``:
-    where it was replayed to, when not the queue it died in."""
+    where it was replayed to, if not its own."""
     last = after
     start = clock()
     empty_since: float | None = None
@@ -212,13 +202,10 @@ def replay_run(
     progress: Callable[[int], None] | None = None,
     to_queue: str | None = None,
 ) -> ReplayRun:
-    """Replay ``targets`` (obituary ids), through a canary first when ``canary``.
-
-    The canary is the first target the ledger allows (a replayed one is skipped unless
-    ``force``). When it does not succeed, nothing else is replayed: ``stopped`` is True and
-    ``not_replayed`` lists the rest. On a dry run the canary is chosen but not replayed.
-    ``to_queue`` sends every replay (the canary's too) to that queue instead of the one each
-    message died in (see :func:`~celery_dlx.ops.replay.replay`).
+    """Replay ``targets`` (obituary ids). With ``canary`` (not on a dry run), the first the
+    ledger allows goes alone first; when it does not succeed nothing else is replayed:
+    ``stopped`` is True and ``not_replayed`` lists the rest. ``to_queue``: see
+    :func:`~celery_dlx.ops.replay.replay`.
 
     Raises:
         DLXError: a bad ``rate``; ``to_queue`` does not exist (nothing is replayed).
@@ -230,9 +217,21 @@ def replay_run(
     if to_queue is not None:
         to_queue = run.report.to_queue = check_target_queue(runtime, to_queue)
     if canary and not dry_run:
-        how = Canary(keep_attempts, force, canary_timeout, canary_settle, to_queue)
-        rest = _canary_first(runtime, run, rest, how, progress)
-        if run.stopped:
+        rest = []
+        for i, oid in enumerate(targets):
+            after = runtime.history.tail()
+            report = replay_targets(
+                runtime, [oid], keep_attempts=keep_attempts, force=force, to_queue=to_queue
+            )
+            _merge(run.report, report)
+            if progress is not None:
+                progress(1)
+            if report.replayed:
+                run.canary = _watch(runtime, oid, after, canary_timeout, canary_settle, to_queue)
+                rest = list(targets[i + 1 :])
+                break
+        if run.canary is not None and not run.canary.succeeded:
+            run.stopped = True
             run.not_replayed = rest
             return run
     if rest:
@@ -250,47 +249,13 @@ def replay_run(
     return run
 
 
-@dataclass(frozen=True)
-class Canary:
-    """How the canary is replayed and watched."""
-
-    keep_attempts: bool
-    force: bool
-    timeout: float
-    settle: float
-    to_queue: str | None
-
-
-def _canary_first(
-    runtime: Runtime,
-    run: ReplayRun,
-    targets: list[str],
-    how: Canary,
-    progress: Callable[[int], None] | None,
-) -> list[str]:
-    """Replay targets one by one until one is actually published, then watch it; the rest."""
-    yard = runtime.graveyard
-    for i, oid in enumerate(targets):
-        after = runtime.history.tail()
-        report = replay_targets(
-            runtime, [oid], keep_attempts=how.keep_attempts, force=how.force, to_queue=how.to_queue
-        )
-        _merge(run.report, report)
-        if progress is not None:
-            progress(1)
-        if not report.replayed:
-            continue
-        ob = yard.load([oid])[0]
-        if ob is None:  # purged meanwhile: its message is on its way all the same
-            run.canary = CanaryResult(oid, "", "", "timeout", detail="obituary vanished")
-            run.stopped = True
-            return targets[i + 1 :]
-        run.canary = watch_canary(
-            runtime, ob, after, timeout=how.timeout, settle=how.settle, queue=how.to_queue
-        )
-        run.stopped = not run.canary.succeeded
-        return targets[i + 1 :]
-    return []
+def _watch(
+    runtime: Runtime, oid: str, after: str, timeout: float, settle: float, to_queue: str | None
+) -> CanaryResult:
+    ob = runtime.graveyard.load([oid])[0]
+    if ob is None:  # purged meanwhile: its message is on its way all the same
+        return CanaryResult(oid, "", "", "timeout", detail="obituary vanished")
+    return watch_canary(runtime, ob, after, timeout=timeout, settle=settle, queue=to_queue)
 
 
 def _merge(into: ReplayReport, report: ReplayReport) -> None:

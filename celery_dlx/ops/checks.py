@@ -1,25 +1,16 @@
 """``celery dlx check``: is the dead-letter topology in place, and is any queue left unconsumed?
 
-Checked, each failure a :class:`Problem` (the command exits non-zero when there is one):
+Each finding is a :class:`Problem` (the command exits non-zero when there is one): the DLX
+exchange or service queue missing or not bound with ``#``; a queue that should dead-letter (every
+app queue under ``dlx_enabled``, those declared with a dead-letter exchange, those in
+``dlx_queues``) missing or not routing to ``dlx_exchange`` (by argument or policy);
+``install(app)`` not called; orphan queues; a stall (:data:`STALL_KINDS`: Redis refusing writes
+or unreadable, the graveyard at its budget, a service queue past ``max_backlog``); a
+``maxmemory-policy`` that may evict parked retries.
 
-* the DLX exchange and the DLX service queue exist, bound with ``#`` (over AMQP, and the
-  binding through the management API);
-* every queue of the app that should dead-letter (all of them under ``dlx_enabled``, those
-  declared with a dead-letter exchange otherwise, and every queue named in ``dlx_queues``) exists
-  and routes its dead letters to ``dlx_exchange``, by queue argument or by policy;
-* ``celery_dlx.install(app)`` was called if ``dlx_enabled`` is set (its own problem; the app's
-  queues then lacking a dead-letter exchange are not reported as needing a migration);
-* orphan queues (the seeds' alert): messages ready and no consumer for longer than ``for_seconds``.
-  How long a queue has had no consumer is the earlier of the broker's ``idle_since`` and the
-  first ``check`` that saw it without consumers (kept in Redis, so a ``check`` run from cron
-  measures it even while producers keep the queue busy);
-* the stall of a failure storm (:data:`STALL_KINDS`, exit 7 in the CLI): Redis refusing writes
-  (full at ``maxmemory`` with ``noeviction``: parks, cause records and burials are refused, and
-  dead letters wait in the service queue), a DLX service queue holding more than
-  ``max_backlog`` messages; and a ``maxmemory-policy`` that may evict parked retries. The report
-  also carries Redis memory against ``maxmemory`` and the graveyard budget
-  (``dlx_graveyard_max_bytes``), the writes Redis refused for memory (``INFO errorstats``) and the
-  parks workers could not write that the DLX service wrote for them.
+How long an orphan has had no consumer is the earlier of the broker's ``idle_since`` and the
+first ``check`` that saw it without consumers, kept in Redis so that a ``check`` run from cron
+measures it even while producers keep the queue busy.
 """
 
 from __future__ import annotations
@@ -96,24 +87,20 @@ class CheckReport:
     orphan_scope: int = 0
     problems: list[Problem] = field(default_factory=list)
     management: bool = True
-    #: The management API used (the first that answered among those tried).
+    #: The management API used: the first that answered of :attr:`management_tried`.
     management_url: str | None = None
-    #: The candidate management APIs, in order (one per broker URL of a failover list by
-    #: default); those before :attr:`management_url` did not answer.
     management_tried: list[str] = field(default_factory=list)
-    #: Redis memory (:meth:`celery_dlx.message.memory.RedisMemory.to_json`), None if unread.
+    #: Redis memory (:meth:`~celery_dlx.message.memory.RedisMemory.to_json`), None if unread.
     redis: dict[str, object] | None = None
-    #: The graveyard's budget in bytes (``dlx_graveyard_max_bytes``, or derived); None: unlimited.
+    #: The graveyard's budget (``dlx_graveyard_max_bytes``; None: unlimited) and the bytes it
+    #: holds (None: unread).
     graveyard_budget: int | None = None
-    #: The bytes the graveyard holds, as its budget counts them (None: unread).
     graveyard_bytes: int | None = None
-    #: The DLX service queue: ``messages`` (ready, and unacked when the management API says),
-    #: ``consumers``, ``oldest_age_s`` (None: unknown).
+    #: The service queue's ``messages``, ``consumers`` and ``oldest_age_s`` (None: unknown).
     backlog: dict[str, object] | None = None
-    #: Copies workers could not write (Redis refused the park), written by the DLX service: fate
-    #: -> count since the key was made.
+    #: Parks workers could not write (Redis refused them) that the DLX service wrote, per fate.
     refused: dict[str, int] = field(default_factory=dict)
-    #: The Celery app checked (its ``main`` name): ``check`` says which.
+    #: The ``main`` name of the Celery app checked.
     app: str = ""
 
     @property
@@ -152,10 +139,9 @@ def expected_queues(app: Celery, config: DLXConfig) -> dict[str, str]:
     for queue in app.amqp.queues.values():
         if queue.exclusive or queue.auto_delete:
             continue
-        declared = (queue.queue_arguments or {}).get("x-dead-letter-exchange")
         if config.enabled:
             out[queue.name] = "an app queue (dlx_enabled)"
-        elif declared:
+        elif (queue.queue_arguments or {}).get("x-dead-letter-exchange"):
             out[queue.name] = "declared with a dead-letter exchange"
     for name in config.queues:
         out.setdefault(name, "named in dlx_queues")
@@ -200,21 +186,17 @@ def find_orphans(
     now: int,
     first_seen: Mapping[str, int],
 ) -> list[Problem]:
-    """Queues with ready messages and no consumer for longer than ``for_seconds``.
-
-    ``queues`` as the management API lists them; ``now`` in epoch ms; ``first_seen``: queue ->
-    epoch ms a ``check`` first saw it without consumers.
-    """
+    """Queues (as the management API lists them) with ready messages and no consumer for
+    longer than ``for_seconds``; ``first_seen``: queue -> when a ``check`` first saw it without
+    consumers (epoch ms, as ``now``)."""
     out = []
     for q in queues:
         name = str(q.get("name"))
         if q.get("consumers") or not q.get("messages_ready"):
             continue
         evidence = [t for t in (_ms(q.get("idle_since")), first_seen.get(name)) if t is not None]
-        if not evidence:
-            continue
-        since = min(evidence)
-        if now - since < for_seconds * 1000:
+        since = min(evidence, default=None)
+        if since is None or now - since < for_seconds * 1000:
             continue
         detail = (
             f"queue {name!r} holds {q.get('messages_ready')} ready messages and has had no "
@@ -226,7 +208,6 @@ def find_orphans(
 
 
 def _amqp_checks(app: Celery, config: DLXConfig) -> list[Problem]:
-    """The DLX exchange and service queue exist (passive declares)."""
     missing = missing_entities(app, exchanges=[config.exchange], queues=[config.service_queue])
     exchange, queue = config.exchange, config.service_queue
     problems = []
@@ -278,7 +259,7 @@ def _mb(n: int) -> str:
 
 def memory_problems(memory: RedisMemory) -> list[Problem]:
     """Redis full (refusing writes, or within :data:`FULL_SHARE` of ``maxmemory``), or set to
-    evict keys (parked retries among them)."""
+    evict keys."""
     out = []
     node = memory.node or "redis"
     if memory.writable is False or (memory.share is not None and memory.share >= FULL_SHARE):
@@ -302,10 +283,8 @@ def memory_problems(memory: RedisMemory) -> list[Problem]:
 
 
 def graveyard_problems(used_bytes: int, budget: int | None, memory: RedisMemory) -> list[Problem]:
-    """The graveyard at its budget (within :data:`FULL_SHARE`), or Redis past the share burials
-    leave to parked retries (``1 - RESERVE`` of ``maxmemory``): the DLX service buries nothing
-    and dead letters wait in its queue (parks and drains go on)."""
-    # Within FULL_SHARE of the budget the next obituaries no longer fit (a few KB each).
+    """The graveyard within :data:`FULL_SHARE` of its budget (the next obituaries, a few KB
+    each, no longer fit), or Redis past the ``1 - RESERVE`` of ``maxmemory`` burials may take."""
     over_budget = budget is not None and used_bytes >= budget * FULL_SHARE
     over_memory = bool(memory.maxmemory) and memory.used > memory.maxmemory * (1 - RESERVE)
     if not (over_budget or over_memory):
@@ -340,20 +319,16 @@ def backlog_problems(
 
 
 def management_of(runtime: Runtime) -> Management | None:
-    """The management API of the app's broker, or None when it cannot be had (the checks then
-    run over AMQP only, as their report says)."""
+    """The management API of the app's broker, or None when it cannot be had."""
     try:
-        conn = runtime.app.connection_for_write()
-        try:
+        with runtime.app.connection_for_write() as conn:
             return management_for(conn)
-        finally:
-            conn.release()
     except Exception:  # no management API
         return None
 
 
 def redis_memory(runtime: Runtime) -> RedisMemory:
-    """The memory of the app's Redis, read without the probe write of :func:`run_check`."""
+    """The memory of the app's Redis (without the probe write of :func:`run_check`)."""
     return runtime.redis_memory()
 
 
@@ -364,17 +339,12 @@ def refused_copies(runtime: Runtime) -> dict[str, int]:
 
 def service_queue_counts(runtime: Runtime) -> tuple[int, int] | None:
     """Ready messages and consumers of the DLX service queue (a passive declare, retried
-    once), or None when the queue is missing.
-
-    Raises:
-        the broker's errors when it cannot be reached.
-    """
+    once), or None when it is missing; the broker's errors when it cannot be reached."""
     queue = runtime.config.service_queue
     return queue_counts(runtime.app, [queue], retries=1).get(queue)
 
 
 def _check_redis(runtime: Runtime, report: CheckReport) -> None:
-    """Redis memory against maxmemory and the graveyard budget, refused writes, refused parks."""
     try:
         memory = runtime.redis_memory(probe=True)
     except Exception as exc:  # reported as a problem, not a traceback
@@ -401,9 +371,8 @@ def _check_redis(runtime: Runtime, report: CheckReport) -> None:
 def _check_backlog(
     runtime: Runtime, report: CheckReport, api: Management | None, max_backlog: int
 ) -> None:
-    """The service queue's backlog: the management API's view when it answers (ready and
-    unacked, and the oldest message's age when its messages carry a timestamp), else a passive
-    declare (ready only)."""
+    """The service queue's backlog: from the management API (ready and unacked, and the oldest
+    message's age when messages carry a timestamp), else from a passive declare (ready only)."""
     queue = runtime.config.service_queue
     info = None
     if api is not None:
@@ -437,9 +406,9 @@ def run_check(
     """Check the topology and look for orphan queues (see the module's docstring).
 
     Args:
-        api: the management API, or several to try in order (the nodes of a cluster: the
-            first that answers is used, named in the report), or None to check over AMQP only
-            (no arguments, bindings or orphans: said in the report).
+        api: the management API, or several to try in order (a cluster's nodes: the first
+            that answers is used), or None to check over AMQP only (no arguments, bindings or
+            orphans).
         for_seconds: how long a queue may have ready messages and no consumer.
         all_queues: look for orphans among every queue of the virtual host, not only the app's
             queues, ``dlx_queues`` and queues dead-lettering to ``dlx_exchange``.
@@ -463,31 +432,32 @@ def run_check(
     report.problems.extend(_amqp_checks(runtime.app, config))
     _check_redis(runtime, report)
     expected = expected_queues(runtime.app, config)
+    mgmt = None
     if api is None:
         report.queues = [
             {"name": n, "why": w, "dead_letter_exchange": None} for n, w in expected.items()
         ]
-        _check_backlog(runtime, report, None, max_backlog)
+    else:
+        candidates = [api] if isinstance(api, Management) else list(api)
+        report.management_tried = [c.url for c in candidates]
+        try:
+            mgmt = first_answering(candidates)
+        except ManagementError as exc:
+            tried = ", ".join(report.management_tried)
+            report.problems.append(Problem(UNREACHABLE, tried, str(exc)))
+    _check_backlog(runtime, report, mgmt, max_backlog)
+    if mgmt is None:
         return report
-    candidates = [api] if isinstance(api, Management) else list(api)
-    report.management_tried = [c.url for c in candidates]
+    report.management_url = mgmt.url
     try:
-        api = first_answering(candidates)
-    except ManagementError as exc:
-        report.problems.append(Problem(UNREACHABLE, ", ".join(report.management_tried), str(exc)))
-        _check_backlog(runtime, report, None, max_backlog)
-        return report
-    _check_backlog(runtime, report, api, max_backlog)
-    report.management_url = api.url
-    try:
-        listed = [q for q in api.queues() if not q.get("exclusive") and not q.get("auto_delete")]
+        listed = [q for q in mgmt.queues() if not q.get("exclusive") and not q.get("auto_delete")]
         if not any(
             p.kind == MISSING_QUEUE and p.subject == config.service_queue for p in report.problems
         ):
-            report.problems.extend(_binding_problem(api, config.exchange, config.service_queue))
-        report.problems.extend(_shared_problems(api, config))
+            report.problems.extend(_binding_problem(mgmt, config.exchange, config.service_queue))
+        report.problems.extend(_shared_problems(mgmt, config))
     except ManagementError as exc:
-        report.problems.append(Problem(UNREACHABLE, api.url, str(exc)))
+        report.problems.append(Problem(UNREACHABLE, mgmt.url, str(exc)))
         return report
     by_name = {str(q["name"]): q for q in listed}
     for name, why in expected.items():

@@ -1,8 +1,6 @@
-"""What ``celery dlx list/show/groups/parked/stats`` show, as plain data.
-
-Every function takes a :class:`~celery_dlx.wiring.runtime.Runtime` (or what it read) and returns
-JSON-safe dicts; the command line prints them as tables or as JSON. Payloads are shown through
-:func:`celery_dlx.codecs.decode_payload` (pickle is never loaded).
+"""What ``celery dlx list/show/groups/parked/stats`` show, as JSON-safe dicts (the command line
+prints them as tables or JSON). Payloads are shown through :func:`celery_dlx.codecs.decode_payload`
+(pickle is never loaded).
 """
 
 from __future__ import annotations
@@ -126,9 +124,8 @@ class CodeVersion(TypedDict):
 
 
 class GroupList(TypedDict):
-    """Every cause group (:func:`groups_data`), how many, and the graveyard's size; the code
-    versions seen, oldest first (see :mod:`celery_dlx.ops.deploys`), the newest of them, and the
-    ``--new-since`` version the groups were filtered by (None: not filtered)."""
+    """:func:`groups_data`: the cause groups, how many, the graveyard's size, the code versions
+    seen (oldest first), the newest, and the ``--new-since`` filter (None: not filtered)."""
 
     groups: list[GroupRow]
     count: int
@@ -224,7 +221,7 @@ class Stats(TypedDict):
 
 
 def registry_for(runtime: Runtime, extra_sets: Sequence[str] = ()) -> ProtobufRegistry:
-    """The protobuf registry of the app's settings, plus descriptor sets given on the command line.
+    """The protobuf registry of the app's settings, plus descriptor sets from the command line.
 
     Raises:
         ConfigurationError: a descriptor set or module cannot be loaded.
@@ -311,11 +308,8 @@ def list_rows(
     decode: bool = True,
     **filters: Unpack[ObituaryFilters],
 ) -> ObituaryList:
-    """Obituaries matching ``filters`` (see :func:`celery_dlx.ops.obituaries.list_obituaries`).
-
-    Returns:
-        ``{"obituaries": [row, ...], "count": shown, "total": graveyard size}``.
-    """
+    """Obituaries matching ``filters`` (see :func:`celery_dlx.ops.obituaries.list_obituaries`),
+    how many, and the graveyard's size."""
     found = obituaries.list_obituaries(runtime, with_payload=decode, **filters)
     rows = [obituary_row(ob, registry) for ob in found]
     return {"obituaries": rows, "count": len(rows), "total": obituaries.count(runtime)}
@@ -324,12 +318,9 @@ def list_rows(
 def show_data(
     ob: Obituary, registry: ProtobufRegistry | None, *, raw: bool = False
 ) -> dict[str, object]:
-    """The whole obituary with its decoded payload (``celery dlx show --json``).
-
-    Every stored field of :class:`~celery_dlx.message.obituary.Obituary` is there (headers, properties
-    and x-death JSON-safe), plus ``*_at`` ISO times; ``payload.decoded`` is the codecs' view and
-    ``payload.base64`` the raw bytes, only when ``raw``.
-    """
+    """Every stored field of the obituary, JSON-safe, plus ``*_at`` ISO times, its payload
+    decoded as ``payload.decoded``, and with ``raw`` its bytes as ``payload.base64``
+    (``celery dlx show --json``)."""
     data = ob.json_safe()
     payload = data["payload"]
     if isinstance(payload, dict):  # always: json_safe's payload view
@@ -340,7 +331,7 @@ def show_data(
     data["buried_at"] = iso(ob.buried_ms)
     data["first_failure_at"] = iso(ob.first_failure_ms)
     data["last_failure_at"] = iso(ob.last_failure_ms)
-    data["attempts"] = [  # the record's attempts, each with its ISO time
+    data["attempts"] = [
         {"at_ms": a.at_ms, "fate": a.fate, "cause": a.cause, "at": iso(a.at_ms)}
         for a in ob.attempts
     ]
@@ -375,11 +366,8 @@ def group_row(group: Group) -> GroupRow:
 
 
 def groups_data(runtime: Runtime, *, new_since: str | None = None) -> GroupList:
-    """Every cause in the graveyard, most recently seen first, with the graveyard's size.
-
-    Args:
-        new_since: only the causes first seen with this code version or after it was first
-            seen (:func:`celery_dlx.ops.deploys.new_since`).
+    """Every cause in the graveyard, most recently seen first; with ``new_since``, only those
+    new since that code version (:func:`celery_dlx.ops.deploys.new_since`).
 
     Raises:
         UnknownVersion: ``new_since`` was never seen in this graveyard.
@@ -404,29 +392,26 @@ def groups_data(runtime: Runtime, *, new_since: str | None = None) -> GroupList:
 
 def parked_data(runtime: Runtime, *, limit: int = 50, at_ms: int | None = None) -> ParkedData:
     """Parked retries by due time (``celery dlx parked --json``), and the TTL ladder's depths.
-
-    A message whose score differs from its due time is claimed by a drain right now
-    (``claimed``: its score is the lease end).
+    ``claimed``: a drain holds it right now (its score is the lease's end, not its due time).
     """
     now = now_ms() if at_ms is None else at_ms
-    messages: list[ParkedRow] = []
-    for m in runtime.parking.peek(limit):
-        messages.append(
-            {
-                "entry_id": m.entry_id,
-                "message_id": m.message_id,
-                "task": m.task,
-                "queue": m.queue,
-                "attempt": m.attempt,
-                "cause": m.cause,
-                "parked_ms": m.parked_ms,
-                "parked_at": iso(m.parked_ms),
-                "due_ms": m.due_ms,
-                "due_at": iso(m.due_ms),
-                "due_in_s": round((m.due_ms - now) / 1000, 3),
-                "claimed": m.lease_score != m.due_ms,
-            }
-        )
+    messages: list[ParkedRow] = [
+        {
+            "entry_id": m.entry_id,
+            "message_id": m.message_id,
+            "task": m.task,
+            "queue": m.queue,
+            "attempt": m.attempt,
+            "cause": m.cause,
+            "parked_ms": m.parked_ms,
+            "parked_at": iso(m.parked_ms),
+            "due_ms": m.due_ms,
+            "due_at": iso(m.due_ms),
+            "due_in_s": round((m.due_ms - now) / 1000, 3),
+            "claimed": m.lease_score != m.due_ms,
+        }
+        for m in runtime.parking.peek(limit)
+    ]
     return {
         "backend": runtime.config.delay_backend,
         "count": runtime.parking.count(),
@@ -437,10 +422,8 @@ def parked_data(runtime: Runtime, *, limit: int = 50, at_ms: int | None = None) 
 
 
 def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> PurgeReport:
-    """Delete parked retries by entry id (``<message id>:<attempt>``, as ``parked`` shows).
-
-    Each purged retry is recorded in the failure history as ``purged``, with its whole record
-    (headers, properties, base64 body) under ``obituary``, so nothing is silently lost.
+    """Delete parked retries by entry id (``<message id>:<attempt>``, as ``parked`` shows); each
+    leaves a ``purged`` history entry with its whole record (body in base64) under ``obituary``.
     """
     parking = runtime.parking
     purged: list[str] = []
@@ -467,14 +450,8 @@ def purge_parked(runtime: Runtime, entry_ids: Sequence[str]) -> PurgeReport:
 
 
 def stats_data(runtime: Runtime, *, window_s: float = 3600.0, at_ms: int | None = None) -> Stats:
-    """Fate counts per queue over the last ``window_s``, the graveyard and the parking store.
-
-    Returns:
-        ``window_s``, ``fates`` (queue -> fate -> count), ``totals`` (fate -> count),
-        ``graveyard`` (count, oldest buried time and age, per-queue count, last and oldest
-        burial), ``parked`` (count, due now, next due), ``history_length`` and
-        ``malformed_counters`` (counter fields that could not be read, with the reason).
-    """
+    """Fate counts per queue over the last ``window_s`` (``fates``: queue -> fate -> count), the
+    graveyard and the parking store (:class:`Stats`)."""
     now = now_ms() if at_ms is None else at_ms
     counts = runtime.history.counts(window_s, at_ms=now)
     fates: dict[str, dict[str, int]] = {}

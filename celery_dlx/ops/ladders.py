@@ -11,15 +11,10 @@ from celery_dlx.wiring.runtime import Runtime
 
 
 def ladder_depths(runtime: Runtime, queues: Iterable[str] | None = None) -> list[dict[str, object]]:
-    """Messages waiting in each existing delay queue of the ladder (``celery dlx parked``).
-
-    Looks at every step of ``dlx_ttl_ladder`` for ``queues`` (default: the app's queues and
-    ``dlx_queues``) with passive declares; delay queues that do not exist are left out. A
-    passive declare counts as a use of the queue: it re-arms the queue's ``x-expires``.
-
-    Returns:
-        One row per existing delay queue, by work queue then delay: ``queue`` (the work queue),
-        ``delay_queue``, ``delay_seconds``, ``messages`` (ready), ``consumers``.
+    """A row per existing delay queue of the ladder for ``queues`` (default: the app's queues
+    and ``dlx_queues``), by work queue then delay: ``queue``, ``delay_queue``, ``delay_seconds``,
+    ``messages`` (ready), ``consumers``. The passive declares that count them re-arm each delay
+    queue's ``x-expires``.
 
     Raises:
         ConfigurationError: ``dlx_ttl_ladder`` is not a usable ladder.

@@ -4,13 +4,11 @@ RabbitMQ refuses to redeclare a queue with other arguments (406 PRECONDITION_FAI
 created before celery_dlx cannot simply be declared again with ``x-dead-letter-exchange``. Two
 ways out (docs/migration.md weighs them):
 
-* **policy** (:func:`migrate_policy`): a RabbitMQ policy matching only this queue sets
-  ``dead-letter-exchange`` and ``dead-letter-routing-key``. Nothing moves and no consumer
-  changes. A queue has one policy in effect (the highest priority), so the policy that applied
-  before is copied into ours, one priority above, and stays untouched;
-* **rename** (:func:`migrate_rename`): a new queue (``QUEUE.dlx`` or ``to``) declared with the
-  arguments, given the old queue's bindings, and the old queue's messages moved to it with
-  publisher confirms (a message is acked on the old queue only once the new one has it).
+* **policy** (:func:`migrate_policy`): a policy matching only this queue sets the dead-letter
+  exchange; nothing moves. A queue has one policy in effect (the highest priority), so the one
+  that applied before is copied into ours, one priority above, and stays untouched;
+* **rename** (:func:`migrate_rename`): a new queue declared with the arguments and given the old
+  one's bindings, and the old queue's messages moved to it with publisher confirms.
 """
 
 from __future__ import annotations
@@ -45,11 +43,6 @@ class MigrationError(DLXError):
 
 class QueueNotFound(MigrationError):
     """The queue to migrate does not exist."""
-
-
-def policy_pattern(queue: str) -> str:
-    """A policy pattern matching exactly ``queue``."""
-    return f"^{re.escape(queue)}$"
 
 
 def effective_policy(queue: str, policies: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -94,7 +87,7 @@ def plan_policy(
         MigrationError: the queue or the policy in effect names another dead-letter exchange.
     """
     name = str(queue["name"])
-    plan = PolicyPlan(name, policy_name(name), policy_pattern(name), {}, 0)
+    plan = PolicyPlan(name, policy_name(name), f"^{re.escape(name)}$", {}, 0)
     args = queue.get("arguments") or {}
     current = args.get("x-dead-letter-exchange")
     if current:
@@ -129,10 +122,8 @@ def migrate_policy(
     wait: float = 15.0,
 ) -> dict[str, object]:
     """Add ``exchange`` as ``queue``'s dead-letter exchange with a policy; other policies stay.
-
-    Returns:
-        ``queue``, ``method`` (``policy``), ``policy`` (the plan), ``applied`` (the broker shows
-        it in effect), ``dead_letter_exchange`` and ``set_by`` as the broker reports them after.
+    Returns ``queue``, ``method`` (``policy``), ``dry_run``, ``policy`` (the plan), ``applied``,
+    and the ``dead_letter_exchange`` and ``set_by`` the broker shows after.
 
     Raises:
         QueueNotFound: no such queue.
@@ -203,9 +194,8 @@ def plan_rename(
     delivery_limit: int | None = None,
     unbind_old: bool = True,
 ) -> RenamePlan:
-    """The new queue's arguments (the old ones plus the dead-letter ones) and bindings.
-
-    The default exchange's implicit binding is neither copied nor removed.
+    """The new queue's arguments (the old ones plus the dead-letter ones) and bindings (not the
+    default exchange's implicit one).
 
     Raises:
         MigrationError: the new name is the old one.
@@ -254,19 +244,17 @@ def migrate_rename(
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, object]:
     """Declare ``to`` (default ``QUEUE.dlx``) with the DLX, give it ``queue``'s bindings, move the
-    messages; the old queue stays (unbound) for consumers and producers to be cut over.
+    messages; the old queue stays (unbound) for consumers and producers to be cut over. Returns
+    ``queue``, ``method`` (``rename``), ``new_queue``, ``arguments``, ``bound``, ``unbound``,
+    ``moved``, ``left`` (ready messages still on the old queue) and ``dry_run``.
 
     Args:
         api: the management API (needed to read the old queue's bindings and arguments).
         copy_bindings: bind the new queue like the old one (exchange producers switch at once).
-        unbind_old: then remove those bindings from the old queue (no more new messages there
-            but those published to its name through the default exchange).
+        unbind_old: then remove those bindings from the old queue (only messages published to
+            its name through the default exchange still arrive there).
         dry_run: plan only.
         progress: called with the number of messages moved after each batch.
-
-    Returns:
-        ``queue``, ``method`` (``rename``), ``new_queue``, ``arguments``, ``bound``,
-        ``unbound``, ``moved``, ``left`` (ready messages still on the old queue) and ``dry_run``.
 
     Raises:
         QueueNotFound: no such queue. MigrationError: bad ``to``, or an unconfirmed move.

@@ -1,8 +1,4 @@
-"""Reading the graveyard: list, get, group and count obituaries without consuming anything.
-
-Plain functions over a :class:`~celery_dlx.wiring.runtime.Runtime` that return data; the command
-line, the web console and users' own code sit on them.
-"""
+"""Reading the graveyard: list, get, group and count obituaries without consuming anything."""
 
 from __future__ import annotations
 
@@ -44,8 +40,8 @@ def make_filters(
     until: When | None = None,
     status: str | None = None,
 ) -> Filters:
-    """A :class:`Filters` from the keyword filters every function here accepts (``status``:
-    one of :data:`celery_dlx.store.status.STATUSES`, or ``all`` / None for any).
+    """A :class:`Filters` from the keyword filters of this module (``status``: one of
+    :data:`~celery_dlx.message.status.STATUSES`, or ``all`` / None for any).
 
     Raises:
         DLXError: an unknown status.

@@ -1,7 +1,5 @@
-"""The overflow queue: dead letters whose cause holds ``dlx_graveyard_max_per_cause``
-obituaries wait there, whole, instead of in the graveyard (see ``celery_dlx.service.settle``).
-``dlx overflow`` says how many wait; ``--requeue`` hands them back to the DLX service, which
-buries them once their cause has room (after a purge or a replay) or moves them back."""
+"""The overflow queue: dead letters whose cause holds ``dlx_graveyard_max_per_cause`` obituaries
+wait there, whole, instead of in the graveyard (see ``celery_dlx.service.settle``)."""
 
 from __future__ import annotations
 
@@ -23,8 +21,8 @@ class OverflowJSON(TypedDict):
 
 def overflow(runtime: Runtime, *, requeue: bool = False) -> OverflowJSON:
     """How many dead letters wait in the overflow queue; with ``requeue``, move them back to
-    the DLX service queue first (with confirms: each is acked there only once the service queue
-    has it)."""
+    the DLX service queue first (with confirms), which buries them once their cause has room
+    or moves them back."""
     config = runtime.config
     moved, waiting = drain_overflow(
         runtime.app, config.service_queue, quorum=bool(config.quorum), requeue=requeue

@@ -1,12 +1,10 @@
 """Parked retries one by one: "retry now" and "bury now", by entry id or by cause, audited.
 
-A retry made due now is drained at the drain's next tick, as if its backoff had run out; one
-being drained at this moment (claimed) is left to that drain. A retry buried now leaves the
-parked set for the graveyard with the reason "buried by <who>", through the same obituary the
-DLX service would write; if a drain claims it meanwhile, the burial is taken back and the retry
-reported as claimed, so it never has two fates. Each action is one ``audit`` entry in the
-failure history and in the console's audit stream (the console's pages, which record their
-actions themselves with the operator's role and job, pass ``audit=False``).
+A retry made due now is drained at the drain's next tick; one a drain holds (claimed) is left
+to it. A retry buried now leaves the parked set for the graveyard through the obituary the DLX
+service would write (reason "buried by <who>"); if a drain claims it meanwhile, the burial is
+taken back, so it never has two fates. Each action is one ``audit`` entry (the console's pages,
+which audit with the operator's role and job, pass ``audit=False``).
 """
 
 from __future__ import annotations
@@ -43,10 +41,8 @@ class ParkedActionJSON(TypedDict):
 
 @dataclass
 class ParkedActionReport:
-    """What :func:`retry_now` or :func:`bury_now` did (or, dry, would do), by entry id.
-
-    ``done``: retried or buried (on a dry run, those it would act on); ``claimed``: being drained
-    right now, left to the drain; ``missing``: not parked (any more).
+    """What :func:`retry_now` or :func:`bury_now` did (or, dry, would do), by entry id:
+    ``claimed``: being drained right now, left to the drain; ``missing``: not parked (any more).
     """
 
     action: str
@@ -60,24 +56,6 @@ class ParkedActionReport:
         return cast(ParkedActionJSON, asdict(self))
 
 
-def _targets(
-    runtime: Runtime, entry_ids: Sequence[str] | None, cause: str | None
-) -> list[ParkedMessage | str]:
-    """The parked retries to act on (with bodies), or the ids not found."""
-    if bool(entry_ids) == (cause is not None):
-        raise DLXError("name parked retries by entry id or by --cause (one of the two)")
-    parking = runtime.parking
-    if cause is not None:
-        ids = [m.entry_id for m in parking.soonest(CAUSE_SCAN) if m.cause == cause]
-    else:
-        ids = list(dict.fromkeys(entry_ids or ()))
-    out: list[ParkedMessage | str] = []
-    for entry_id in ids:
-        found = parking.entry(entry_id)
-        out.append(found if found is not None else entry_id)
-    return out
-
-
 def _act(
     runtime: Runtime,
     action: str,
@@ -88,11 +66,20 @@ def _act(
     audit: bool,
     one: Callable[[ParkedMessage, ParkedActionReport], bool],
 ) -> ParkedActionReport:
-    """Run ``one`` on each target (True: done, False: a drain holds it), then audit."""
+    """Read every target, then run ``one`` on each (True: done, False: a drain holds it), then
+    audit."""
+    if bool(entry_ids) == (cause is not None):
+        raise DLXError("name parked retries by entry id or by --cause (one of the two)")
+    parking = runtime.parking
+    if cause is not None:
+        ids = [m.entry_id for m in parking.soonest(CAUSE_SCAN) if m.cause == cause]
+    else:
+        ids = list(dict.fromkeys(entry_ids or ()))
     report = ParkedActionReport(action, dry_run)
-    for target in _targets(runtime, entry_ids, cause):
-        if isinstance(target, str):
-            report.missing.append(target)
+    found = {entry_id: parking.entry(entry_id) for entry_id in ids}
+    for entry_id, target in found.items():
+        if target is None:
+            report.missing.append(entry_id)
         elif dry_run or one(target, report):
             report.done.append(target.entry_id)
         else:
@@ -111,8 +98,7 @@ def retry_now(
     dry_run: bool = False,
     audit: bool = True,
 ) -> ParkedActionReport:
-    """Make parked retries due now (drained at the next tick); ``audit=False`` leaves the
-    audit entry to the caller.
+    """Make parked retries due now; ``audit=False`` leaves the audit entry to the caller.
 
     Raises:
         DLXError: neither ids nor a cause, or both.

@@ -7,18 +7,15 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from celery_dlx.fates import PURGED
-from celery_dlx.message.graveyard import CHUNK, When
+from celery_dlx.message.graveyard import CHUNK, When, chunks
 from celery_dlx.ops.obituaries import resolve_targets
 from celery_dlx.wiring.retention import remove_all
 from celery_dlx.wiring.runtime import Runtime
 
 
 class PurgeJSON(TypedDict):
-    """What ``celery dlx purge --json`` prints (and the console's purge answers).
-
-    ``purged`` lists what was deleted; a dry run deletes nothing, so its ``purged`` is empty and
-    ``would_purge`` lists what a real run would delete (empty on a real run).
-    """
+    """What ``celery dlx purge --json`` prints (and the console's purge answers): a dry run
+    lists under ``would_purge`` what a real run lists under ``purged``."""
 
     dry_run: bool
     targets: int
@@ -29,7 +26,7 @@ class PurgeJSON(TypedDict):
 
 @dataclass
 class PurgeReport:
-    """What :func:`purge` did (or would do, on a dry run: then ``purged`` holds what would be)."""
+    """What :func:`purge` did (or, on a dry run, would do)."""
 
     purged: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
@@ -59,9 +56,9 @@ def purge(
     dry_run: bool = False,
     keep_whole: bool = False,
 ) -> PurgeReport:
-    """Delete obituaries; each leaves a ``purged`` history entry holding its identity and facts
-    (:meth:`~celery_dlx.message.obituary.Obituary.leaving_note`: no traceback, headers or payload),
-    or with ``keep_whole`` its whole JSON, so by default a purge frees what it removes.
+    """Delete obituaries; each leaves a ``purged`` history entry with its identity and facts
+    (no traceback, headers or payload, so a purge frees what it removes), or with ``keep_whole``
+    its whole JSON.
 
     Raises:
         DLXError: neither ids nor a filter (without ``everything``).
@@ -88,11 +85,10 @@ def purge_targets(
     keep_whole: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> PurgeReport:
-    """:func:`purge` of obituary ids already chosen, a chunk at a time; ``progress`` is called with
-    the number handled after each chunk."""
+    """:func:`purge` of obituary ids already chosen; ``progress`` is called with the number
+    handled after each chunk."""
     report = PurgeReport(dry_run=dry_run, targets=len(targets))
-    for start in range(0, len(targets), CHUNK):
-        chunk = list(targets[start : start + CHUNK])
+    for chunk in chunks(targets, CHUNK):
         removed, missing = remove_all(
             runtime, chunk, PURGED, "purged by operator", dry_run, keep_whole=keep_whole
         )

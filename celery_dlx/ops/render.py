@@ -1,8 +1,4 @@
-"""Text for people and JSON for scripts: times, durations, tables and one-line payload previews.
-
-Pure functions used by the command line (``celery dlx ...``); nothing here does I/O except
-:func:`dumps`'s callers printing its result.
-"""
+"""Text for people and JSON for scripts: times, durations, tables and one-line payload previews."""
 
 from __future__ import annotations
 
@@ -40,9 +36,8 @@ def parse_duration(text: str, option: str = "duration") -> float:
 
 
 def parse_when(text: str, option: str = "--since", *, now: datetime | None = None) -> datetime:
-    """The time ``text`` names: a duration ago (``2h``), an ISO date or time, or ``@epoch``.
-
-    ISO times without a zone are taken as UTC.
+    """The time ``text`` names: a duration ago (``2h``), an ISO date or time (UTC unless it
+    says), or ``@epoch``.
 
     Raises:
         DLXError: ``text`` is none of these; the message names ``option``.
@@ -74,8 +69,7 @@ def parse_when(text: str, option: str = "--since", *, now: datetime | None = Non
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
-    """``"1 cause"``, ``"2 causes"``: ``n`` and ``noun``, plural unless ``n`` is 1 (``plural``
-    when the noun does not take an s: ``count(n, "entry", "entries")``)."""
+    """``"1 cause"``, ``"2 causes"``; ``plural`` for a noun that does not take an s."""
     return f"{n} {noun if n == 1 else (plural or noun + 's')}"
 
 
@@ -125,14 +119,8 @@ def table(
     width: int | None = None,
     shrink: Sequence[str] = (),
 ) -> str:
-    """An aligned text table; the ``shrink`` columns are cut so the table fits ``width``.
-
-    Args:
-        headers: column titles.
-        rows: cell values (``None`` shows as ``-``).
-        width: total width (default: the terminal's, at least 80).
-        shrink: titles of the columns that may be cut, most expendable first.
-    """
+    """An aligned text table (``None`` shows as ``-``) cut to ``width`` (default: the terminal's,
+    at least 80) in the ``shrink`` columns, most expendable first."""
     total = width or max(80, shutil.get_terminal_size((120, 24)).columns)
     cells = [[("-" if v is None else " ".join(str(v).split())) for v in row] for row in rows]
     widths = [len(h) for h in headers]

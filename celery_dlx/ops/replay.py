@@ -1,15 +1,10 @@
 """Replay: put buried messages back on the queue that failed, once each, at a rate, with a ledger.
 
-:func:`replay` publishes copies (default exchange, publisher confirms, a fresh attempt budget unless
-``keep_attempts``) and records a ``replayed`` fate; the obituary stays in the graveyard. The
-canary and the run around it (targets first, a canary that must succeed) are in
-:mod:`celery_dlx.ops.canary`.
-
-A replay may be redirected (``to_queue``) to another queue that exists: the copy goes there
-through the default exchange, and its ``x-dlx-queue`` header names that queue, so a consumer
-that fails it there requeues, parks and buries it there, never back in the queue it first died
-in. The ledger keeps the queue of each redirected replay; the ``replayed`` history entry keeps
-the queue it died in and says where it went.
+A copy is published (default exchange, publisher confirms, a fresh attempt budget unless
+``keep_attempts``) and a ``replayed`` fate recorded; the obituary stays in the graveyard. A copy
+redirected to another existing queue (``to_queue``) names it in ``x-dlx-queue``, so a failure
+there requeues, parks and buries it there, never back in the queue it first died in; the ledger
+keeps that queue. The canary is in :mod:`celery_dlx.ops.canary`.
 """
 
 from __future__ import annotations
@@ -56,8 +51,7 @@ def check_target_queue(runtime: Runtime, name: str) -> str:
     """``name``, once the broker says the queue exists (a passive declare: nothing is created).
 
     Raises:
-        DLXError: an empty or too long name, no such queue (the broker's answer quoted), or a
-            broker that cannot be reached.
+        DLXError: an empty or too long name, no such queue, or an unreachable broker.
     """
     if not name or not name.strip():
         raise DLXError("--to-queue needs a queue name")
@@ -78,13 +72,10 @@ def check_target_queue(runtime: Runtime, name: str) -> str:
 def replay_copy(
     ob: Obituary, *, keep_attempts: bool = False, to_queue: str | None = None
 ) -> Outgoing:
-    """The message to publish for a replay of ``ob``: its payload to its queue (``to_queue`` when
-    given), default exchange.
-
-    celery_dlx's attempt headers are dropped (a fresh budget) unless ``keep_attempts``; broker
-    ``x-death*`` headers always are. ``x-dlx-replayed`` names the obituary. A redirected copy's
-    ``x-dlx-queue`` names ``to_queue``; every other header is kept as its producer wrote it.
-    """
+    """The message a replay of ``ob`` publishes: its payload to its queue (or ``to_queue``)
+    through the default exchange, with its producer's headers, ``x-dlx-replayed`` naming the
+    obituary, without broker ``x-death*`` headers, and without celery_dlx's attempt headers (a
+    fresh budget) unless ``keep_attempts``."""
     headers = clean_headers(ob.headers)
     if not keep_attempts:
         headers = {k: v for k, v in headers.items() if k not in OWN_HEADERS}
@@ -135,8 +126,7 @@ def _event(
 
 def _publish(runtime: Runtime, obs: Sequence[Obituary], copies: list[Outgoing]) -> list[bool]:
     """Publish ``copies`` of ``obs`` with confirms. The obituaries are marked replayed before
-    the publish and unmarked when their copy is not confirmed, so two replays of one never run
-    at once.
+    and unmarked when their copy is not confirmed, so two replays of one never run at once.
 
     Raises:
         the broker's errors (every obituary unmarked, the publisher reset).
@@ -156,8 +146,8 @@ def _publish(runtime: Runtime, obs: Sequence[Obituary], copies: list[Outgoing]) 
 
 
 class NotReplayed(DLXError):
-    """A copy :func:`replay_one` published was not confirmed: ``refused`` when the broker
-    refused it (its queue missing?), else the publish failed (the error is ``__cause__``)."""
+    """:func:`replay_one`'s copy was not confirmed: ``refused`` by the broker (its queue
+    missing?), or the publish failed (the error is ``__cause__``)."""
 
     def __init__(self, detail: str, *, refused: bool) -> None:
         super().__init__(detail)
@@ -173,10 +163,9 @@ def replay_one(
     reason: str,
     extra: dict[str, object],
 ) -> int:
-    """Publish ``copy`` of obituary ``ob`` (a copy :func:`replay_copy` made, then changed) as
-    its replay, with a confirm (see :func:`_publish`), and record it: the ledger's replay and a
-    ``replayed`` history entry with ``reason``, ``extra`` and a fresh attempt budget. Returns
-    when the replay was recorded (epoch ms).
+    """Publish ``copy`` (of :func:`replay_copy`, then changed) as the replay of ``ob``, with a
+    confirm, and record it in the ledger and as a ``replayed`` history entry (``reason``,
+    ``extra``, attempt 0). Returns when it was recorded (epoch ms).
 
     Raises:
         NotReplayed: the broker did not confirm the copy (nothing recorded).
@@ -231,10 +220,8 @@ def replay(
     progress: Callable[[int], None] | None = None,
     to_queue: str | None = None,
 ) -> ReplayReport:
-    """Put buried messages back on their queues (default exchange, publisher confirms).
-
-    Each obituary is replayed once: one already in the replay ledger is skipped unless
-    ``force``. The obituary stays in the graveyard; a ``replayed`` fate is recorded.
+    """Replay obituaries (see the module's docstring); one already in the ledger is skipped
+    unless ``force``.
 
     Args:
         ids: obituary ids; otherwise the filters (``cause`` replays one group) select them.
