@@ -236,11 +236,7 @@ def clean_headers(
     headers: Mapping[str, object] | None, state: DLXState | None = None
 ) -> dict[str, object]:
     """Headers for a republished copy: broker ``x-death*`` headers stripped, ``state`` written."""
-    out = {
-        k: v
-        for k, v in (headers or {}).items()
-        if k not in _NOT_COPIED and not str(k).startswith(BROKER_HEADER_PREFIXES)
-    }
+    out = {k: v for k, v in (headers or {}).items() if not is_broker_header(str(k))}
     if state is not None:
         out.update(state_headers(state))
     return out

@@ -138,8 +138,6 @@ class Keys:
         self.history_export = f"{self.history}:export"
         #: String: the Spark export's lock (``spark/dlx_stream.py``, likewise).
         self.history_export_lock = f"{self.history}:export:lock"
-        #: String per message: the cause of a burial known only to the worker (read by the service).
-        self.cause_prefix = f"{base}:cause:"
         #: Graveyard keys (obituaries and their indexes).
         self.graveyard_prefix = f"{base}:graveyard:"
         #: Hash per epoch minute: fate counters per queue (``store/counters.py`` formats them).
@@ -154,16 +152,6 @@ class Keys:
         self.check_probe = f"{base}:check:probe"
         #: Hash: fate -> copies workers could not write that the DLX service wrote for them.
         self.refused = f"{base}:refused"
-        #: Rate-limit budgets (Sentry events per cause...): ``budget(name)`` + what is counted.
-        self.budget_prefix = f"{base}:budget:"
-        #: String per run of a retried copy, set when it starts: a second copy of the same step
-        #: (its writer died between confirmed publish and delete) is acked, not run again.
-        self.run_prefix = f"{base}:run:"
-        #: String per requeued copy (queue, message, attempt): a redelivered original whose ack
-        #: was lost after the copy went out is the copy's, not a crash to count again.
-        self.copied_prefix = f"{base}:copied:"
-        #: String per message: a task rejected it with requeue=True itself (not a crash).
-        self.requeued_by_task_prefix = f"{base}:requeued-by-task:"
         #: Stream: the web console's audit log (who did what, when, with which result).
         self.web_audit = f"{base}:web:audit"
         #: String: the token of the worker whose drainer holds the drain lease (with a TTL).
@@ -173,7 +161,6 @@ class Keys:
         #: Sorted set of the open breakers (``QUEUE\tCAUSE`` -> opened ms); each has a state hash
         #: and a held set (:meth:`breaker_state`, :meth:`breaker_held`).
         self.breakers_open = f"{base}:breaker:open"
-        self._breaker_prefix = f"{base}:breaker:"
 
     @property
     def home_tag(self) -> str:
@@ -196,14 +183,15 @@ class Keys:
 
     def breaker_state(self, member: str) -> str:
         """The state hash of one breaker (``member`` is ``QUEUE\tCAUSE``)."""
-        return f"{self._breaker_prefix}state:{member}"
+        return f"{self.home_tag}:breaker:state:{member}"
 
     def breaker_held(self, member: str) -> str:
         """The set of parked entry ids one open breaker holds."""
-        return f"{self._breaker_prefix}held:{member}"
+        return f"{self.home_tag}:breaker:held:{member}"
 
     def cause(self, message_id: str) -> str:
-        return f"{self.cause_prefix}{message_id}"
+        """String: the cause of a burial known only to the worker (read by the service)."""
+        return f"{self.home_tag}:cause:{message_id}"
 
     def graveyard(self, suffix: str) -> str:
         return f"{self.graveyard_prefix}{suffix}"
@@ -217,20 +205,22 @@ class Keys:
         return f"{self.seen_prefix}{identity}"
 
     def copied(self, queue: str, message_id: str, attempt: int) -> str:
-        """The marker of a requeued copy of ``message_id`` in ``queue`` at ``attempt``."""
-        return f"{self.copied_prefix}{queue}:{message_id}:{attempt}"
+        """The marker of a requeued copy of ``message_id`` in ``queue`` at ``attempt``: a
+        redelivered original whose ack was lost after the copy went out is not a crash."""
+        return f"{self.home_tag}:copied:{queue}:{message_id}:{attempt}"
 
     def run(self, step: str) -> str:
-        """The marker of one run of a retried copy (``step``: message id, attempt, fate time)."""
-        return f"{self.run_prefix}{step}"
+        """The marker of one run of a retried copy (``step``: message id, attempt, fate time): a
+        second copy of the same step (its writer died between publish and delete) is not run."""
+        return f"{self.home_tag}:run:{step}"
 
     def requeued_by_task(self, message_id: str) -> str:
         """The marker of a task's own ``Reject(requeue=True)``: its redelivery is not a crash."""
-        return f"{self.requeued_by_task_prefix}{message_id}"
+        return f"{self.home_tag}:requeued-by-task:{message_id}"
 
     def budget(self, name: str) -> str:
-        """The prefix of one rate-limit budget's keys (``budget(name) + what``)."""
-        return f"{self.budget_prefix}{name}:"
+        """The prefix of one rate-limit budget's keys (Sentry events per cause...)."""
+        return f"{self.home_tag}:budget:{name}:"
 
 
 class ParkedKeys:
