@@ -12,6 +12,7 @@ from typing import Any
 from celery_dlx.message import jsoncodec
 from celery_dlx.message.event import FateEvent
 from celery_dlx.message.failure import FAILURE_FIELDS, Failure, KnownAttempt
+from celery_dlx.message.headers import HistoryEntry
 
 logger = logging.getLogger(__name__)
 
@@ -24,13 +25,8 @@ ORIGIN_CELERY = "celery"
 ORIGIN_FOREIGN = "foreign"
 
 
-@dataclass
-class Attempt:
-    """One failed run of the message: when (epoch ms), which fate followed, and its cause."""
-
-    at_ms: int
-    fate: str
-    cause: str = ""
+#: One failed run of the message: when (epoch ms), which fate followed, and its cause.
+Attempt = HistoryEntry
 
 
 @dataclass

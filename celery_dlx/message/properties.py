@@ -121,16 +121,11 @@ def _value(buf: bytes, offset: int, end: int) -> tuple[Any, int]:
             raise _past(offset + 8, end)
         seconds = _uint64(buf, offset)[0]
         try:
-            when = _naive_utc(seconds)
+            when = datetime.fromtimestamp(seconds, tz=timezone.utc).replace(tzinfo=None)
         except (OverflowError, OSError, ValueError) as exc:  # py-amqp raises: the long way
             raise PropertiesError(f"timestamp {seconds} out of range") from exc
         return when, offset + 8
     return _rare(tag, buf, offset, end)
-
-
-def _naive_utc(seconds: int) -> datetime:
-    """A timestamp field as py-amqp reads it, a naive UTC datetime."""
-    return datetime.fromtimestamp(seconds, tz=timezone.utc).replace(tzinfo=None)
 
 
 #: The field types few producers write: tag -> (reader, size). ``s`` is RabbitMQ's signed
