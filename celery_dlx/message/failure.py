@@ -98,10 +98,6 @@ class KnownAttempt(FailureFacts):
     def attempt(self) -> int:
         return self.failure.attempt or 0
 
-    @attempt.setter
-    def attempt(self, value: int) -> None:
-        self._set(attempt=value)
-
 
 class MaybeAttempt(FailureFacts):
     """:class:`FailureFacts` of a holder whose ``attempt`` and ``at_ms`` may be unknown (None)."""

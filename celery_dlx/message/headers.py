@@ -33,6 +33,7 @@ from celery_dlx.message.names import (
     PARKS_HEADER,
     QUEUE_HEADER,
     REQUEUES_HEADER,
+    STATE_HEADERS,
 )
 
 #: Reasons RabbitMQ gives in ``x-death``.
@@ -160,20 +161,6 @@ def _history(raw: Any) -> tuple[HistoryEntry, ...]:
     return tuple(entries)
 
 
-#: The headers :func:`read_state` reads; a message with none of them has the empty state.
-STATE_HEADERS = frozenset(
-    {
-        ATTEMPT_HEADER,
-        REQUEUES_HEADER,
-        PARKS_HEADER,
-        HISTORY_HEADER,
-        QUEUE_HEADER,
-        FIRST_FAILURE_HEADER,
-        CAUSE_HEADER,
-        EXC_TYPE_HEADER,
-        EXC_MESSAGE_HEADER,
-    }
-)
 _NO_STATE = DLXState()
 
 

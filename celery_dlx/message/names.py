@@ -37,27 +37,31 @@ FATE_HEADER = "x-dlx-fate"
 #: Header with the park delay (seconds, a decimal string) of a ``parked`` :data:`FATE_HEADER` copy.
 DELAY_HEADER = "x-dlx-delay"
 
-#: Every header celery_dlx owns: a replay drops them unless ``--keep-attempts``.
-OWN_HEADERS = frozenset(
+#: The headers of a message's failure state (:func:`~celery_dlx.message.headers.read_state`); a
+#: message with none of them has the empty state.
+STATE_HEADERS = frozenset(
     {
         ATTEMPT_HEADER,
         REQUEUES_HEADER,
         PARKS_HEADER,
         HISTORY_HEADER,
         QUEUE_HEADER,
+        FIRST_FAILURE_HEADER,
         CAUSE_HEADER,
         EXC_TYPE_HEADER,
         EXC_MESSAGE_HEADER,
-        REASON_HEADER,
-        REPLAYED_HEADER,
-        FIRST_FAILURE_HEADER,
-        IDENTITY_HEADER,
-        HELD_HEADER,
-        HOLDS_HEADER,
-        FATE_HEADER,
-        DELAY_HEADER,
     }
 )
+#: Every header celery_dlx owns: a replay drops them unless ``--keep-attempts``.
+OWN_HEADERS = STATE_HEADERS | {
+    REASON_HEADER,
+    REPLAYED_HEADER,
+    IDENTITY_HEADER,
+    HELD_HEADER,
+    HOLDS_HEADER,
+    FATE_HEADER,
+    DELAY_HEADER,
+}
 
 #: Broker-owned header prefixes stripped from every message celery_dlx republishes.
 BROKER_HEADER_PREFIXES = ("x-death", "x-first-death-", "x-last-death-")
