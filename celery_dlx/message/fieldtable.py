@@ -167,14 +167,12 @@ def _skip(buf: Buffer, offset: int, end: int) -> int:
     tag = buf[offset]
     offset += 1
     size = _FIXED_SIZES.get(tag)
-    if size is None:
-        if tag not in _SIZED:
-            raise FieldTableError(f"unknown field type {chr(tag)!r} at byte {offset - 1}")
-        _need(buf, offset, 4, end)
-        (size,) = unpack_from(">I", buf, offset)
-        offset += 4
-    _need(buf, offset, size, end)
-    return offset + size
+    if size is not None:
+        _need(buf, offset, size, end)
+        return offset + size
+    if tag not in _SIZED:
+        raise FieldTableError(f"unknown field type {chr(tag)!r} at byte {offset - 1}")
+    return _sized(buf, offset, end)[1]
 
 
 def _entries_value(buf: Buffer, offset: int, end: int, depth: int) -> dict[Any, Any]:

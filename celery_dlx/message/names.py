@@ -130,12 +130,9 @@ class Keys:
             )
         self.prefix = prefix
         base = "{" + prefix + "}"
-        #: Sorted set: parked entry id -> due time (ms); a claimed entry is re-scored to its lease end.
-        self.parked_due = f"{base}:parked:due"
-        #: Hash: parked entry id -> JSON metadata (queue, headers, properties, due, attempt...).
-        self.parked_meta = f"{base}:parked:meta"
-        #: Hash: parked entry id -> raw body bytes.
-        self.parked_body = f"{base}:parked:body"
+        legacy = ParkedKeys(base)
+        #: The keys of :attr:`parked_legacy` (:class:`ParkedKeys` says what each holds).
+        self.parked_due, self.parked_meta, self.parked_body = legacy.due, legacy.meta, legacy.body
         #: Stream: the failure history, one entry per fate change (``spark/dlx_source.py`` too).
         self.history = f"{base}:history"
         #: Hash: the Spark export's checkpoint (``spark/dlx_stream.py``, tested equal).
@@ -148,7 +145,6 @@ class Keys:
         self.counter_prefix = f"{base}:count:"
         #: String per message identity already handled by the DLX service (dedup of redeliveries).
         self.seen_prefix = f"{base}:seen:"
-        #: Replay ledger.
         self.replay_ledger = f"{base}:replay:ledger"
         #: Hash: queue -> epoch ms a ``check`` first saw it with messages and no consumer.
         self.consumerless = f"{base}:check:consumerless"

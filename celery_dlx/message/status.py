@@ -22,11 +22,9 @@ COUNTED = (REPLAYED, RESOLVED, FAILED_AGAIN)
 
 def parse(raw: Any) -> dict[str, Any]:
     """A stored status document (``{}`` for none or an unreadable one)."""
-    if raw is None:
-        return {}
     try:
         doc = json.loads(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # TypeError: None
         return {}
     return doc if isinstance(doc, dict) else {}
 
