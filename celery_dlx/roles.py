@@ -95,10 +95,6 @@ class Graveyard(Protocol):
 
     def count(self) -> int: ...
     def used_bytes(self) -> int: ...
-
-    def queues(self) -> list[str]:
-        """The queues with graveyard keys of their own (per-queue layout), sorted."""
-
     def latest_of_message(self, message_id: str) -> str | None: ...
 
     def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
@@ -149,10 +145,6 @@ class History(Protocol):
 
     def audit(self, limit: int = 100) -> list[tuple[str, dict[str, str]]]: ...
 
-    def read(
-        self, start: str = "-", end: str = "+", count: int | None = None
-    ) -> list[tuple[str, dict[str, str]]]: ...
-
     def tail(self) -> str: ...
 
     def after(
@@ -160,7 +152,6 @@ class History(Protocol):
     ) -> list[tuple[str, dict[str, str]]]: ...
 
     def length(self) -> int: ...
-    def dump(self, path: str, *, after: str | None = None, page: int = 10000) -> int: ...
 
     def counts(self, window_s: float, *, at_ms: int | None = None) -> Counts:
         """The per-minute fate counters over the last ``window_s`` seconds."""
@@ -170,7 +161,6 @@ class Causes(Protocol):
     """Cause records a worker leaves for the DLX service, and its own-requeue markers."""
 
     def stash(self, message_id: str, record: CauseRecord, ttl_seconds: float) -> None: ...
-    def read(self, message_id: str) -> CauseRecord | None: ...
     def note_requeue(self, message_id: str, ttl_seconds: int) -> None: ...
     def take_requeue(self, message_id: str) -> bool: ...
     def claim_run(self, step: str, ttl_seconds: float) -> bool: ...
@@ -266,17 +256,6 @@ class OpenBreaker(Protocol):
 
     @property
     def cause(self) -> str: ...
-
-    @property
-    def opened_ms(self) -> int: ...
-
-    @property
-    def probe_ms(self) -> int:
-        """When the next canary is due."""
-
-    @property
-    def held(self) -> int:
-        """Messages held since it opened."""
 
     def as_dict(self) -> dict[str, object]:
         """queue, cause, task, exc_type, opened_ms, probe_ms and held."""
