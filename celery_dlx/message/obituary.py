@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import base64
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,8 +12,6 @@ from celery_dlx.message import jsoncodec
 from celery_dlx.message.event import FateEvent
 from celery_dlx.message.failure import FAILURE_FIELDS, Failure, KnownAttempt
 from celery_dlx.message.headers import HistoryEntry
-
-logger = logging.getLogger(__name__)
 
 #: Payloads larger than this are left out of the hook task's message (it can fetch them by the
 #: obituary id), so a 10 MB body does not become a 13 MB task.

@@ -31,10 +31,3 @@ def parse(raw: Any) -> dict[str, Any]:
 
 def status_of(doc: dict[str, Any]) -> str:
     return str(doc.get("s") or UNRESOLVED)
-
-
-def check(status: str) -> str:
-    """``status`` if it names one (or ``all``); else ValueError."""
-    if status not in (*STATUSES, "all"):
-        raise ValueError(f"unknown status {status!r}: one of {', '.join((*STATUSES, 'all'))}")
-    return status
