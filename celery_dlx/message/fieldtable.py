@@ -75,9 +75,13 @@ Buffer = bytes | bytearray | memoryview
 _Key = TypeVar("_Key")
 
 
+def _past(stop: int, end: int) -> FieldTableError:
+    return FieldTableError(f"field ends past its table ({stop} > {end} bytes)")
+
+
 def _need(buf: Buffer, offset: int, size: int, end: int) -> None:
     if size < 0 or offset + size > end:
-        raise FieldTableError(f"field ends past its table ({offset + size} > {end} bytes)")
+        raise _past(offset + size, end)
 
 
 def _text(raw: Buffer) -> str | bytes:
@@ -449,21 +453,19 @@ def _entries(data: bytes, drop: tuple[bytes, ...] = ()) -> list[tuple[bytes, byt
     while offset < end:
         start = offset + 1 + data[offset]  # past the name: the value's type tag
         if start >= end:  # the name ends past the table, or no room for the tag
-            raise FieldTableError(
-                f"field ends past its table ({max(start, end + 1)} > {end} bytes)"
-            )
+            raise _past(max(start, end + 1), end)
         tag = data[start]
         size = _FIXED_SIZES.get(tag)
         if size is not None:
             stop = start + 1 + size
         elif tag in _SIZED:
             if start + 5 > end:
-                raise FieldTableError(f"field ends past its table ({start + 5} > {end} bytes)")
+                raise _past(start + 5, end)
             stop = start + 5 + int.from_bytes(data[start + 1 : start + 5], "big")
         else:
             raise FieldTableError(f"unknown field type {chr(tag)!r} at byte {start}")
         if stop > end:
-            raise FieldTableError(f"field ends past its table ({stop} > {end} bytes)")
+            raise _past(stop, end)
         name = data[offset + 1 : start]
         if not name.startswith(drop):
             out.append((name, data[start:stop]))
