@@ -54,8 +54,7 @@ FAILURE_FIELDS = frozenset(f.name for f in fields(Failure))
 
 
 class _Fact(Generic[T]):
-    """A field of the holder's ``failure``, read as the holder's; setting it (on a mutable holder)
-    replaces the frozen failure with a copy."""
+    """A field of the holder's ``failure``; setting it replaces the failure with a copy."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name

@@ -85,8 +85,7 @@ def _need(buf: Buffer, offset: int, size: int, end: int) -> None:
 
 
 def _text(raw: Buffer) -> str | bytes:
-    """A long string or a table key as py-amqp gives it: text (``surrogatepass``, as py-amqp),
-    or bytes when not UTF-8."""
+    """A long string or a table key as py-amqp gives it: text, or bytes when not UTF-8."""
     data = bytes(raw)
     try:
         return data.decode("utf-8", "surrogatepass")
