@@ -17,17 +17,20 @@ FAULT_ENV = "DLX_FAULT"
 #: Environment variable naming a file each crash is logged to before the exit.
 FAULT_LOG_ENV = "DLX_FAULT_LOG"
 #: Every crash point, with the window it sits in (a crash there must lose nothing).
-POINTS = {
-    "drain.claimed": "parked retries claimed in Redis, not yet published",
-    "drain.published": "retries published and confirmed, not yet deleted from Redis",
-    "service.parked": "the DLX service's parks (and their history) written, the rest not yet",
-    "service.published": "the DLX service's requeued copies confirmed, dead letters not yet acked",
-    "service.buried": "obituaries written to the graveyard, dead letters not yet acked",
-    # The broker redelivers the original: the park must be recognised, not given a second retry.
-    "worker.parked": "a worker's park written to Redis, its original not yet acked",
-    "worker.requeued": "a worker's requeued copy confirmed and recorded, its original not acked",
-    "worker.stashed": "a worker's cause record stashed, its original not yet rejected to the DLX",
-}
+POINTS = frozenset(
+    {
+        "drain.claimed",  # parked retries claimed in Redis, not yet published
+        "drain.published",  # retries published and confirmed, not yet deleted from Redis
+        "service.parked",  # the DLX service's parks (and their history) written, the rest not yet
+        "service.published",  # the DLX service's requeued copies confirmed, letters not yet acked
+        "service.buried",  # obituaries written to the graveyard, dead letters not yet acked
+        # A worker's park written to Redis, its original not yet acked (the broker redelivers the
+        # original: the park must be recognised, not given a second retry).
+        "worker.parked",
+        "worker.requeued",  # a worker's requeued copy confirmed and recorded, original not acked
+        "worker.stashed",  # a worker's cause record stashed, its original not yet rejected
+    }
+)
 
 # Reach counts per point in this process (the only mutable module state).
 _reached: dict[str, int] = {}
