@@ -12,6 +12,7 @@ from celery_dlx.message import jsoncodec
 from celery_dlx.message.event import FateEvent
 from celery_dlx.message.failure import FAILURE_FIELDS, Failure, KnownAttempt
 from celery_dlx.message.headers import HistoryEntry
+from celery_dlx.message.status import status_of
 
 #: Payloads larger than this are left out of the hook task's message (it can fetch them by the
 #: obituary id), so a 10 MB body does not become a 13 MB task.
@@ -70,7 +71,7 @@ class Obituary(KnownAttempt):
     @property
     def status_name(self) -> str:
         """``unresolved``, ``replayed``, ``resolved`` or ``failed-again``."""
-        return str(self.status.get("s") or "unresolved")
+        return status_of(self.status)
 
     @classmethod
     def from_fields(cls, **values: Any) -> Obituary:
