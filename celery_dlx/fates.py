@@ -5,8 +5,6 @@ from __future__ import annotations
 from celery_dlx.message.event import FateEvent as FateEvent
 from celery_dlx.message.event import now_ms as now_ms
 
-#: The message was handled (acked).
-DONE = "done"
 #: A copy went to the tail of the same queue.
 REQUEUED = "requeued"
 #: The message waits in the parking store until its due time.

@@ -4,20 +4,6 @@
 after a ``kill -9``) the 3rd time it reaches ``drain.claimed`` or the 1st time it reaches
 ``service.buried``. With ``DLX_FAULT_LOG=path`` a line (point, pid, epoch seconds) is appended to
 ``path`` first, so a test's ledger records where and when each process died.
-
-Points (each sits in a window where a crash must lose nothing):
-
-- ``drain.claimed``: parked retries claimed in Redis, not yet published.
-- ``drain.published``: retries published and confirmed, not yet deleted from Redis.
-- ``service.parked``: the DLX service's parks (and their history) written, the rest of its batch
-  not yet.
-- ``service.published``: the DLX service's requeued copies confirmed, dead letters not yet acked.
-- ``service.buried``: obituaries written to the graveyard, dead letters not yet acked.
-- ``worker.parked``: a worker's park written to Redis, its original not yet acked (the broker
-  redelivers the original: the park must be recognised, not given a second retry).
-- ``worker.requeued``: a worker's requeued copy confirmed and recorded, its original not yet
-  acked.
-- ``worker.stashed``: a worker's cause record stashed, its original not yet rejected to the DLX.
 """
 
 from __future__ import annotations
@@ -30,17 +16,19 @@ import time
 FAULT_ENV = "DLX_FAULT"
 #: Environment variable naming a file each crash is logged to before the exit.
 FAULT_LOG_ENV = "DLX_FAULT_LOG"
-#: Every crash point in the code.
+#: Every crash point, with the window it sits in (a crash there must lose nothing).
 POINTS = frozenset(
     {
-        "drain.claimed",
-        "drain.published",
-        "service.parked",
-        "service.published",
-        "service.buried",
+        "drain.claimed",  # parked retries claimed in Redis, not yet published
+        "drain.published",  # retries published and confirmed, not yet deleted from Redis
+        "service.parked",  # the DLX service's parks (and their history) written, the rest not yet
+        "service.published",  # the DLX service's requeued copies confirmed, letters not yet acked
+        "service.buried",  # obituaries written to the graveyard, dead letters not yet acked
+        # A worker's park written to Redis, its original not yet acked (the broker redelivers the
+        # original: the park must be recognised, not given a second retry).
         "worker.parked",
-        "worker.requeued",
-        "worker.stashed",
+        "worker.requeued",  # a worker's requeued copy confirmed and recorded, original not acked
+        "worker.stashed",  # a worker's cause record stashed, its original not yet rejected
     }
 )
 

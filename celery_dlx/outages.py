@@ -94,15 +94,14 @@ class OutageLog:
             self.last_failure = now
             entry = self._causes.get(cause)
             first = entry is None
-            if entry is None:
+            if entry is None:  # logged at once: counted from the next
                 entry = self._causes[cause] = _Cause(reported_at=now)
-            entry.count += 1
+            else:
+                entry.count += 1
             entry.total += 1
             due = not first and now - entry.reported_at >= self.window
             if due:
                 count, entry.count, entry.reported_at = entry.count, 0, now
-            elif first:
-                entry.count = 0
         tail = f"; {consequence}" if consequence else ""
         if first:
             self.logger.warning(

@@ -1,18 +1,6 @@
-"""celery_dlx's details of a task's last run, stored with the app's result backend.
-
-A DLX task stores them beside its result (under the result's key followed by ``:dlx``), just
-before Celery stores the state they describe, so the result's state and value stay exactly
-Celery's (``RETRY`` with the original exception, ``FAILURE`` with the task's own exception) while
-code that wants to know more can ask:
-
-- ``fate``: ``requeued``, ``parked``, ``buried`` or ``recovered`` (a later run succeeded);
-- ``attempt``: failed runs so far, this one included (for ``recovered``: before this run);
-- ``queue``, ``reason`` (the decision's), ``cause`` (the fingerprint the graveyard groups by),
-  ``exc_type``, ``first_failure_ms`` and ``at_ms`` (epoch milliseconds);
-- for ``parked``: ``delay`` (seconds) and ``due_ms``; for ``recovered``: ``replayed``.
-
-Stored by the key-value backends (Redis, Memcached, file system, S3...) through their public
-``set``/``get``; with the RPC, database and MongoDB backends ``dlx_details`` returns None.
+"""celery_dlx's details of a task's last run, stored beside its result (under the result's key
+followed by ``:dlx``) just before Celery stores the state they describe, so the result stays
+exactly Celery's. Only key-value backends (Redis, Memcached, file system, S3...) hold them.
 """
 
 from __future__ import annotations
@@ -22,12 +10,9 @@ from collections.abc import Mapping
 from celery.backends.base import BaseKeyValueStoreBackend
 from celery.result import AsyncResult
 
-#: What follows a result's key in the key of its details.
-DETAILS_KEY_SUFFIX = ":dlx"
-
 
 def _details_key(backend: BaseKeyValueStoreBackend, task_id: str) -> str:
-    return backend.get_key_for_task(task_id, DETAILS_KEY_SUFFIX)
+    return backend.get_key_for_task(task_id, ":dlx")
 
 
 def store_details(backend: object, task_id: str, details: Mapping[str, object]) -> bool:
@@ -40,7 +25,14 @@ def store_details(backend: object, task_id: str, details: Mapping[str, object]) 
 
 
 def dlx_details(result: AsyncResult[object]) -> dict[str, object] | None:
-    """celery_dlx's details of ``result``'s last requeue, park, burial or recovery, or None."""
+    """celery_dlx's details of ``result``'s last requeue, park, burial or recovery, or None (also
+    with the RPC, database and MongoDB backends).
+
+    ``fate`` (``requeued``, ``parked``, ``buried`` or ``recovered``), ``attempt`` (failed runs so
+    far, this one included; for ``recovered``: before this run), ``queue``, ``reason``, ``cause``,
+    ``exc_type``, ``first_failure_ms`` and ``at_ms``; for ``parked`` ``delay`` (seconds) and
+    ``due_ms``; for ``recovered`` ``replayed``.
+    """
     backend = result.backend
     if not isinstance(backend, BaseKeyValueStoreBackend):
         return None

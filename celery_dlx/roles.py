@@ -1,13 +1,6 @@
-"""The roles the composition root (:mod:`celery_dlx.wiring`) hands out, as small protocols.
-
-Everything outside ``store/`` and ``broker/`` reaches Redis and RabbitMQ through these, never
-holding a client, a key name or a channel; :class:`~celery_dlx.wiring.Runtime` picks each role's
-implementation once, by the app's settings. They live in ``store/`` (``store.parking``,
-``store.graveyard``, ``store.history``, ``store.causes``, ``store.seen``, ``store.breaker``,
-``store.lease``, ``store.ratelimit``, ``store.consumerless``, ``store.refusals``) and ``broker/``
-(``broker.ladder.LadderParking``: TTL delay queues; ``broker.publish.ConfirmingPublisher``).
-The records they take and return are pure values of :mod:`celery_dlx.message`.
-"""
+"""The roles :class:`~celery_dlx.wiring.Runtime` hands out, as protocols: everything outside
+``store/`` and ``broker/`` (where they are implemented) reaches Redis and RabbitMQ through these,
+never holding a client, a key name or a channel."""
 
 from __future__ import annotations
 
@@ -23,8 +16,7 @@ from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.breaker import BreakerSettings, Hold
 
-#: A Redis pipeline of ``store/`` that writes are queued in (opaque here: the roles import no
-#: client library).
+#: A ``store/`` Redis pipeline that writes are queued in (opaque: the roles import no client).
 Pipe = Any
 
 
@@ -45,7 +37,7 @@ class Parking(Protocol):
         and the history (per-queue layout, Redis Cluster, the broker's delay queues)."""
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
-        """Take up to ``limit`` due retries for ``lease_ms`` (claimed again after that)."""
+        """Take up to ``limit`` due retries for ``lease_ms`` (claimable again after that)."""
 
     def ack(self, messages: Iterable[ParkedMessage]) -> int:
         """Delete claimed retries whose republish was confirmed; how many were still ours."""
@@ -62,19 +54,15 @@ class Parking(Protocol):
     def soonest(self, limit: int, batch: int = 1000) -> Iterator[ParkedMessage]:
         """The ``limit`` soonest-due retries, without bodies."""
 
-    def entry(self, entry_id: str) -> ParkedMessage | None:
-        """One parked retry with its body, or None."""
-
-    def remove(self, entry_ids: Sequence[str]) -> int:
-        """Delete retries by entry id; how many were there."""
+    def entry(self, entry_id: str) -> ParkedMessage | None: ...
+    def remove(self, entry_ids: Sequence[str]) -> int: ...
 
     def load_scripts(self) -> None:
         """Prepare the store now rather than at the first park."""
 
 
 class ParkedStore(Parking, Protocol):
-    """The Redis side of parking, which every delay backend reads and drains: :class:`Parking`
-    plus what an operator does to one parked retry."""
+    """The Redis side of parking (every delay backend drains it), with an operator's actions."""
 
     def make_due(self, message: ParkedMessage, now: int | None = None) -> bool:
         """Make a parked retry due now; False if it was gone."""
@@ -84,8 +72,7 @@ class ParkedStore(Parking, Protocol):
 
 
 class Graveyard(Protocol):
-    """Obituaries of buried messages: written by the DLX service, listed, grouped, replayed and
-    purged by operators, without consuming anything."""
+    """Obituaries of buried messages: written by the DLX service, read and replayed by operators."""
 
     def write_many(
         self,
@@ -107,20 +94,14 @@ class Graveyard(Protocol):
         """Obituary ids matching ``filters``, newest first unless ``oldest_first``."""
 
     def count(self) -> int: ...
-
-    def used_bytes(self) -> int:
-        """The bytes of every obituary, as the budget counts them."""
-
-    def queues(self) -> list[str]:
-        """The queues with graveyard keys of their own (per-queue layout), sorted."""
-
+    def used_bytes(self) -> int: ...
     def latest_of_message(self, message_id: str) -> str | None: ...
 
     def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
-        """Add replay times (obituary id, ms) to the replay ledger."""
+        """Add ``(obituary id, ms)`` replay times to the replay ledger."""
 
     def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
-        """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
+        """Per id, its redirected replays: replay ms -> the queue it went to."""
 
     def mark_replayed(self, ids: Sequence[str], at: int) -> list[str]: ...
     def unmark_replayed(self, ids: Sequence[str], at: int) -> None: ...
@@ -158,17 +139,11 @@ class History(Protocol):
     def forget_copies(self, events: Sequence[FateEvent]) -> None:
         """Delete the retry markers :meth:`write` queued for ``events`` (their parks failed)."""
 
-    def append_many(self, events: Iterable[FateEvent]) -> int: ...
-
     def append_audit(self, fields: Mapping[str, str], event: FateEvent, *, maxlen: int) -> str:
         """An operator action in the audit stream and its ``audit`` history entry; the audit
         entry's id."""
 
     def audit(self, limit: int = 100) -> list[tuple[str, dict[str, str]]]: ...
-
-    def read(
-        self, start: str = "-", end: str = "+", count: int | None = None
-    ) -> list[tuple[str, dict[str, str]]]: ...
 
     def tail(self) -> str: ...
 
@@ -177,7 +152,6 @@ class History(Protocol):
     ) -> list[tuple[str, dict[str, str]]]: ...
 
     def length(self) -> int: ...
-    def dump(self, path: str, *, after: str | None = None, page: int = 10000) -> int: ...
 
     def counts(self, window_s: float, *, at_ms: int | None = None) -> Counts:
         """The per-minute fate counters over the last ``window_s`` seconds."""
@@ -187,8 +161,6 @@ class Causes(Protocol):
     """Cause records a worker leaves for the DLX service, and its own-requeue markers."""
 
     def stash(self, message_id: str, record: CauseRecord, ttl_seconds: float) -> None: ...
-    def read(self, message_id: str) -> CauseRecord | None: ...
-    def drop(self, message_id: str) -> None: ...
     def note_requeue(self, message_id: str, ttl_seconds: int) -> None: ...
     def take_requeue(self, message_id: str) -> bool: ...
     def claim_run(self, step: str, ttl_seconds: float) -> bool: ...
@@ -203,8 +175,7 @@ class Causes(Protocol):
 
 
 class Letters(Protocol):
-    """The DLX service's seen markers of settled dead letters, and its batch lookup of the cause
-    records workers stashed."""
+    """The DLX service's markers of settled dead letters, and its lookup of stashed causes."""
 
     def lookup(
         self, letter_keys: Sequence[str], identities: Sequence[str]
@@ -254,8 +225,7 @@ class Publisher(Protocol):
 
 
 class Breakers(Protocol):
-    """Per-cause breakers shared by every worker (``dlx_breaker``, see
-    :mod:`celery_dlx.policy.breaker`)."""
+    """Per-cause breakers shared by every worker (``dlx_breaker``)."""
 
     def fail(
         self,
@@ -286,17 +256,6 @@ class OpenBreaker(Protocol):
 
     @property
     def cause(self) -> str: ...
-
-    @property
-    def opened_ms(self) -> int: ...
-
-    @property
-    def probe_ms(self) -> int:
-        """When the next canary is due."""
-
-    @property
-    def held(self) -> int:
-        """Messages held since it opened."""
 
     def as_dict(self) -> dict[str, object]:
         """queue, cause, task, exc_type, opened_ms, probe_ms and held."""

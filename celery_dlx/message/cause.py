@@ -1,9 +1,5 @@
-"""The cause record: what a worker knows about a burial that the dead letter cannot carry.
-
-A task buried by reject reaches the DLX service as the original message; the exception, traceback
-and history live only in the worker, which stashes a :class:`CauseRecord` in Redis before it
-rejects, for the obituary. Its JSON is a flat object (``history`` as ``[[at_ms, fate, cause]]``).
-"""
+"""The cause record: what a worker knows about a burial that the dead letter cannot carry (the
+exception, traceback and history), stashed in Redis before it rejects, for the obituary."""
 
 from __future__ import annotations
 
@@ -48,16 +44,12 @@ class CauseRecord(MaybeAttempt):
         """The record stashed as ``raw``, or None when there is none or it is not a JSON object.
         A field of the wrong type reads as unknown (a record of another version yields what it
         can)."""
-        if raw is None:
-            return None
         try:
-            data = json.loads(raw)
+            data = json.loads(raw or "")
         except ValueError:
             return None
-        return cls.from_mapping(data) if isinstance(data, Mapping) else None
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, object]) -> CauseRecord:
+        if not isinstance(data, Mapping):
+            return None
         facts = {name: _READERS[name](data.get(name)) for name in _JSON_FIELDS if name != "history"}
         facts["code_version"] = _optional_str(data.get("code_version"))
         return cls(Failure(**facts), _history(data.get("history")))

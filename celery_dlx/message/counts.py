@@ -15,11 +15,6 @@ class Count:
     fate: str
     count: int
 
-    @property
-    def at_ms(self) -> int:
-        """Start of the minute, in epoch milliseconds."""
-        return self.minute * 60000
-
 
 @dataclass
 class Counts:

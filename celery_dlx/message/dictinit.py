@@ -1,10 +1,6 @@
-"""A faster ``__init__`` for the frozen dataclasses made once or more per message.
-
-A frozen dataclass's generated ``__init__`` sets each field with ``object.__setattr__``, one call
-per field; the DLX service makes several such records per dead letter. :func:`dict_init` gives
-such a class an ``__init__`` that fills ``__dict__`` in one ``dict.update``, with the same
-signature, still frozen afterwards. A class with ``__post_init__``, ``InitVar`` or ``init=False``
-fields, or ``__slots__`` is refused at import time (``TypeError``).
+"""A faster ``__init__`` for the frozen dataclasses made once or more per message: the generated
+one sets each field with ``object.__setattr__``, one call per field; :func:`dict_init`'s fills
+``__dict__`` in one ``dict.update``, with the same signature, still frozen afterwards.
 
 Counted gain (a speed trick stays where it saves 5% of its path): a whole P6 dead letter in a DLX
 service process (``benchmarks/p6_cpu.py --instructions 300,1300``) takes 903,418 instructions

@@ -61,10 +61,6 @@ class FateEvent(KnownAttempt):
     def at_ms(self) -> int:
         return self.failure.at_ms or 0
 
-    @at_ms.setter
-    def at_ms(self, value: int) -> None:
-        self._set(at_ms=value)
-
     def as_dict(self) -> dict[str, object]:
         """The flat dict of the event (events, Sentry, logs): its own and its failure's fields."""
         own = asdict(self)

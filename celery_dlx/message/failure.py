@@ -1,14 +1,9 @@
-"""The failure record: the facts of one failure, declared once.
-
-A :class:`Failure` is what a worker, the DLX service, the drain or an operator knows about one
-failed (or replayed, purged...) message. Fate events, cause records, verdicts and obituaries carry
-it as ``failure`` and read its fields through :class:`FailureFacts` (``event.cause``). A field at
-its default is unknown; each holder says what that means for it.
-"""
+"""The facts of one failure, declared once: fate events, cause records, verdicts and obituaries
+carry a :class:`Failure` as ``failure`` and read its fields through :class:`FailureFacts`
+(``event.cause``). A field at its default is unknown; each holder says what that means for it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, TypeVar
 
@@ -58,16 +53,8 @@ class Failure:
 FAILURE_FIELDS = frozenset(f.name for f in fields(Failure))
 
 
-def split_facts(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``values`` split into a :class:`Failure`'s fields and the holder's own."""
-    facts = {k: v for k, v in values.items() if k in FAILURE_FIELDS}
-    rest = {k: v for k, v in values.items() if k not in FAILURE_FIELDS}
-    return facts, rest
-
-
 class _Fact(Generic[T]):
-    """A field of the holder's ``failure``, read as the holder's; setting it (on a mutable holder)
-    replaces the frozen failure with a copy."""
+    """A field of the holder's ``failure``; setting it replaces the failure with a copy."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -109,10 +96,6 @@ class KnownAttempt(FailureFacts):
     @property
     def attempt(self) -> int:
         return self.failure.attempt or 0
-
-    @attempt.setter
-    def attempt(self, value: int) -> None:
-        self._set(attempt=value)
 
 
 class MaybeAttempt(FailureFacts):

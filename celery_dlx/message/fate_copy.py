@@ -1,10 +1,6 @@
-"""The copy a DLX worker sends to the DLX service with a fate it decided but could not write.
-
-A DLX worker rejects only to bury (a plain rejection let the service, without the cause record
-Redis had refused too, retry permanent failures). A park it cannot store or a requeued copy it
-cannot publish goes to the dead-letter exchange naming its fate
-(:data:`~celery_dlx.message.names.FATE_HEADER`) and delay; the service writes it as it is.
-"""
+"""The copy a DLX worker sends to the DLX service with a fate it decided but could not write (a
+park it cannot store, a requeued copy it cannot publish): it names its fate and delay, and the
+service carries it out (a plain rejection would leave it to decide without the cause record)."""
 
 from __future__ import annotations
 

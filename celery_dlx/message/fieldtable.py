@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import calendar
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from decimal import Decimal
-from struct import calcsize, pack, unpack_from
+from struct import Struct, pack, unpack_from
 from struct import error as StructError
 from typing import Any, TypeVar
 
@@ -73,17 +73,19 @@ class FieldTableError(DLXError, ValueError):
 Buffer = bytes | bytearray | memoryview
 #: A table's key type: text, or bytes for a key that is not UTF-8 (:func:`read_table`).
 _Key = TypeVar("_Key")
-_Reader = Callable[[Buffer, int, int, int], tuple[Any, int]]
+
+
+def _past(stop: int, end: int) -> FieldTableError:
+    return FieldTableError(f"field ends past its table ({stop} > {end} bytes)")
 
 
 def _need(buf: Buffer, offset: int, size: int, end: int) -> None:
     if size < 0 or offset + size > end:
-        raise FieldTableError(f"field ends past its table ({offset + size} > {end} bytes)")
+        raise _past(offset + size, end)
 
 
 def _text(raw: Buffer) -> str | bytes:
-    """A long string or a table key as py-amqp gives it: text (``surrogatepass``, as py-amqp),
-    or bytes when not UTF-8."""
+    """A long string or a table key as py-amqp gives it: text, or bytes when not UTF-8."""
     data = bytes(raw)
     try:
         return data.decode("utf-8", "surrogatepass")
@@ -103,15 +105,9 @@ def timestamp_value(seconds: int) -> datetime | int:
         return seconds
 
 
-_FORMATS = (">b", ">B", ">h", ">h", ">H", ">i", ">I", ">q", ">q", ">f", ">d")
-
-
-def _fixed(fmt: str, size: int) -> _Reader:
-    def read(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-        _need(buf, offset, size, end)
-        return unpack_from(fmt, buf, offset)[0], offset + size
-
-    return read
+#: The struct format of each number field. ``s`` is RabbitMQ's signed 16-bit int (the errata),
+#: ``L`` a signed 64-bit int as py-amqp reads it.
+_NUMBERS = {t: Struct(">" + f) for t, f in zip("bBsUuIilLfd", "bBhhHiIqqfd", strict=True)}
 
 
 def _sized(buf: Buffer, offset: int, end: int) -> tuple[int, int]:
@@ -122,73 +118,42 @@ def _sized(buf: Buffer, offset: int, end: int) -> tuple[int, int]:
     return offset + 4, offset + 4 + size
 
 
-def _long_string(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    start, stop = _sized(buf, offset, end)
-    return _text(buf[start:stop]), stop
-
-
-def _byte_array(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    start, stop = _sized(buf, offset, end)
-    return bytes(buf[start:stop]), stop
-
-
-def _decimal(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    _need(buf, offset, 5, end)
-    scale, unscaled = unpack_from(">Bi", buf, offset)
-    return Decimal(unscaled) / Decimal(10**scale), offset + 5  # py-amqp's value, to the digit
-
-
-def _timestamp(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    _need(buf, offset, 8, end)
-    return timestamp_value(unpack_from(">Q", buf, offset)[0]), offset + 8
-
-
-def _boolean(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    _need(buf, offset, 1, end)
-    return bool(buf[offset]), offset + 1
-
-
-def _void(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    return None, offset
-
-
-def _table(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    start, stop = _sized(buf, offset, end)
-    return _entries_value(buf, start, stop, depth + 1), stop
-
-
-def _array(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
-    offset, limit = _sized(buf, offset, end)
-    if depth + 1 > MAX_DEPTH:
-        raise FieldTableError(f"tables and arrays nested deeper than {MAX_DEPTH}")
-    items = []
-    while offset < limit:
-        value, offset = _read_value(buf, offset, limit, depth + 1)
-        items.append(value)
-    return items, limit
-
-
-#: The reader of each field type tag. ``s`` is RabbitMQ's signed 16-bit int (the errata), ``L``
-#: a signed 64-bit int as py-amqp reads it.
-_READERS: dict[int, _Reader] = {
-    **{ord(t): _fixed(f, calcsize(f)) for t, f in zip("bBsUuIilLfd", _FORMATS, strict=True)},
-    ord("S"): _long_string,
-    ord("x"): _byte_array,
-    ord("D"): _decimal,
-    ord("F"): _table,
-    ord("A"): _array,
-    ord("t"): _boolean,
-    ord("T"): _timestamp,
-    ord("V"): _void,
-}
-
-
 def _read_value(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, int]:
     _need(buf, offset, 1, end)
-    reader = _READERS.get(buf[offset])
-    if reader is None:
-        raise FieldTableError(f"unknown field type {chr(buf[offset])!r} at byte {offset}")
-    return reader(buf, offset + 1, end, depth)
+    tag = chr(buf[offset])
+    offset += 1
+    if tag in _NUMBERS:
+        number = _NUMBERS[tag]
+        _need(buf, offset, number.size, end)
+        return number.unpack_from(buf, offset)[0], offset + number.size
+    if tag in "SxFA":
+        start, stop = _sized(buf, offset, end)
+        if tag == "S":
+            return _text(buf[start:stop]), stop
+        if tag == "x":
+            return bytes(buf[start:stop]), stop
+        if tag == "F":
+            return _entries_value(buf, start, stop, depth + 1), stop
+        if depth + 1 > MAX_DEPTH:
+            raise FieldTableError(f"tables and arrays nested deeper than {MAX_DEPTH}")
+        items = []
+        while start < stop:
+            value, start = _read_value(buf, start, stop, depth + 1)
+            items.append(value)
+        return items, stop
+    if tag == "D":
+        _need(buf, offset, 5, end)
+        scale, unscaled = unpack_from(">Bi", buf, offset)
+        return Decimal(unscaled) / Decimal(10**scale), offset + 5  # py-amqp's value, to the digit
+    if tag == "T":
+        _need(buf, offset, 8, end)
+        return timestamp_value(unpack_from(">Q", buf, offset)[0]), offset + 8
+    if tag == "t":
+        _need(buf, offset, 1, end)
+        return bool(buf[offset]), offset + 1
+    if tag == "V":
+        return None, offset
+    raise FieldTableError(f"unknown field type {tag!r} at byte {offset - 1}")
 
 
 #: Size of each fixed-size field after its tag; the others (``_SIZED``) carry a 32-bit length.
@@ -205,26 +170,12 @@ def _skip(buf: Buffer, offset: int, end: int) -> int:
     tag = buf[offset]
     offset += 1
     size = _FIXED_SIZES.get(tag)
-    if size is None:
-        if tag not in _SIZED:
-            raise FieldTableError(f"unknown field type {chr(tag)!r} at byte {offset - 1}")
-        _need(buf, offset, 4, end)
-        (size,) = unpack_from(">I", buf, offset)
-        offset += 4
-    _need(buf, offset, size, end)
-    return offset + size
-
-
-def _split(buf: Buffer, offset: int, end: int) -> Iterator[tuple[bytes, int, int]]:
-    """``(key, value start, value end)`` of each entry of a table's content (values unread)."""
-    while offset < end:
-        size = buf[offset]
-        offset += 1
+    if size is not None:
         _need(buf, offset, size, end)
-        key = bytes(buf[offset : offset + size])
-        start = offset + size
-        offset = _skip(buf, start, end)
-        yield key, start, offset
+        return offset + size
+    if tag not in _SIZED:
+        raise FieldTableError(f"unknown field type {chr(tag)!r} at byte {offset - 1}")
+    return _sized(buf, offset, end)[1]
 
 
 def _entries_value(buf: Buffer, offset: int, end: int, depth: int) -> dict[Any, Any]:
@@ -261,13 +212,7 @@ def table_entries(content: Buffer) -> list[tuple[bytes, bytes]]:
     Raises:
         FieldTableError: the top level is not well-formed (an unknown tag, a length past the end).
     """
-    data = bytes(content)
-    try:
-        return [(key, data[start:stop]) for key, start, stop in _split(data, 0, len(data))]
-    except FieldTableError:
-        raise
-    except (StructError, IndexError, RecursionError) as exc:
-        raise FieldTableError(f"malformed table: {type(exc).__name__}: {exc}") from None
+    return _entries(bytes(content))
 
 
 def read_value(encoded: Buffer) -> object:
@@ -476,7 +421,7 @@ def user_origin(content: Buffer | None) -> bytes | None:
     if not content:
         return None
     try:
-        user = _user_entries(bytes(content))
+        user = _entries(bytes(content), _OWN_OR_BROKER)
         if not user or _written_back_alike(user):
             return None
         kept = b"".join(_short(k) + v for k, v in user)
@@ -492,36 +437,36 @@ def user_origin(content: Buffer | None) -> bytes | None:
 _OWN_OR_BROKER = (b"x-dlx-", *(n.encode() for n in (*BROKER_HEADER_PREFIXES, *BROKER_HEADERS)))
 
 
-def _user_entries(data: bytes) -> list[tuple[bytes, bytes]]:
-    """:func:`table_entries` without :data:`_OWN_OR_BROKER`'s, walked inline. Raises where it
-    raises.
+def _entries(data: bytes, drop: tuple[bytes, ...] = ()) -> list[tuple[bytes, bytes]]:
+    """:func:`table_entries`, without those whose name starts with one of ``drop``, walked inline.
 
-    Counted gain (a speed trick stays where it saves 5% of its path), against filtering
-    :func:`table_entries` (commit c4ac613 against ca70444, both without :func:`_written_back_alike`):
-    a P6 dead letter's own work without I/O (``benchmarks/tricks_cpu.py --part all``) takes
-    675,397 instructions with it and 721,585 without: 6.4% of it. A handled failure in a solo
-    worker (``benchmarks/tricks_io.py --part failure``): 2,960,454 against 3,053,697 (3.1%).
+    Counted gain (a speed trick stays where it saves 5% of its path): dropping
+    :data:`_OWN_OR_BROKER`'s inline against filtering the entries of a walk that called a helper
+    per field (commit c4ac613 against ca70444, both without :func:`_written_back_alike`): a P6 dead
+    letter's own work without I/O (``benchmarks/tricks_cpu.py --part all``) takes 675,397
+    instructions with it and 721,585 without: 6.4% of it. A handled failure in a solo worker
+    (``benchmarks/tricks_io.py --part failure``): 2,960,454 against 3,053,697 (3.1%).
     """
     out = []
     offset, end = 0, len(data)
     while offset < end:
         start = offset + 1 + data[offset]  # past the name: the value's type tag
-        if start >= end:
-            raise FieldTableError(f"field ends past its table ({start + 1} > {end} bytes)")
+        if start >= end:  # the name ends past the table, or no room for the tag
+            raise _past(max(start, end + 1), end)
         tag = data[start]
         size = _FIXED_SIZES.get(tag)
         if size is not None:
             stop = start + 1 + size
         elif tag in _SIZED:
             if start + 5 > end:
-                raise FieldTableError(f"field ends past its table ({start + 5} > {end} bytes)")
+                raise _past(start + 5, end)
             stop = start + 5 + int.from_bytes(data[start + 1 : start + 5], "big")
         else:
             raise FieldTableError(f"unknown field type {chr(tag)!r} at byte {start}")
         if stop > end:
-            raise FieldTableError(f"field ends past its table ({stop} > {end} bytes)")
+            raise _past(stop, end)
         name = data[offset + 1 : start]
-        if not name.startswith(_OWN_OR_BROKER):
+        if not name.startswith(drop):
             out.append((name, data[start:stop]))
         offset = stop
     return out

@@ -33,6 +33,7 @@ from celery_dlx.message.names import (
     PARKS_HEADER,
     QUEUE_HEADER,
     REQUEUES_HEADER,
+    STATE_HEADERS,
 )
 
 #: Reasons RabbitMQ gives in ``x-death``.
@@ -160,20 +161,6 @@ def _history(raw: Any) -> tuple[HistoryEntry, ...]:
     return tuple(entries)
 
 
-#: The headers :func:`read_state` reads; a message with none of them has the empty state.
-STATE_HEADERS = frozenset(
-    {
-        ATTEMPT_HEADER,
-        REQUEUES_HEADER,
-        PARKS_HEADER,
-        HISTORY_HEADER,
-        QUEUE_HEADER,
-        FIRST_FAILURE_HEADER,
-        CAUSE_HEADER,
-        EXC_TYPE_HEADER,
-        EXC_MESSAGE_HEADER,
-    }
-)
 _NO_STATE = DLXState()
 
 
@@ -236,11 +223,7 @@ def clean_headers(
     headers: Mapping[str, object] | None, state: DLXState | None = None
 ) -> dict[str, object]:
     """Headers for a republished copy: broker ``x-death*`` headers stripped, ``state`` written."""
-    out = {
-        k: v
-        for k, v in (headers or {}).items()
-        if k not in _NOT_COPIED and not str(k).startswith(BROKER_HEADER_PREFIXES)
-    }
+    out = {k: v for k, v in (headers or {}).items() if not is_broker_header(str(k))}
     if state is not None:
         out.update(state_headers(state))
     return out

@@ -1,19 +1,12 @@
-"""The one JSON codec of stored records (parked retries, obituaries): header tables with the
-values JSON cannot hold *tagged*, as one-key objects:
-
-* ``{"__bytes__": "00ff"}`` bytes, bytearray, memoryview (hex);
-* ``{"__datetime__": "2024-05-06T07:08:09+00:00"}`` a datetime; a date is tagged the same way and
-  told apart by its ISO text (``"2024-05-06"`` has no time part);
-* ``{"__decimal__": "12.50"}`` a :class:`~decimal.Decimal`;
-* ``{"__repr__": "{1}"}`` anything else, kept as its ``repr`` (comes back as that text).
-
-A table of user data whose keys look like a tag's (``{"__bytes__": None}``) is *escaped*: each
-such key gets the :data:`ESCAPED` prefix and the table an ``"__escaped__": 1`` marker, so user
-data never passes for a tag. Mapping keys become text; tuples become lists.
+"""The one JSON codec of stored records (parked retries, obituaries): header values JSON cannot
+hold are *tagged* as one-key objects: ``{"__bytes__": "00ff"}`` (hex), ``{"__datetime__": ISO}``
+(a date too: its text has no time part), ``{"__decimal__": "12.50"}``, and ``{"__repr__": ...}``
+for anything else (comes back as that text). A table of user data with a tag-shaped key is
+*escaped* (each such key prefixed with :data:`ESCAPED`, the table marked ``"__escaped__": 1``), so
+user data never passes for a tag. Mapping keys become text; tuples become lists.
 
 :func:`dumps` and :func:`loads` are the fast paths (tagging inside json's C loop);
-:func:`to_jsonable` and :func:`from_jsonable` give and read the same form as data. Records of the
-two codecs this one replaced read back alike.
+:func:`to_jsonable` and :func:`from_jsonable` give and read the same form as data.
 """
 
 from __future__ import annotations

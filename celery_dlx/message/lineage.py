@@ -1,10 +1,7 @@
-"""Which copy of a message a redelivered original already became, from what copies share.
-
-When the broker redelivers an original whose failure a park already counted (it stopped between
-park and ack), a retry of its own would start a second lineage, each running its budget. A copy
-and the delivery it came from share the message id and follow each other by attempt: the park of
-attempt ``n`` is stored under ``<message id>:<n + 1>``, its history the delivery's plus one entry.
-"""
+"""Which copy of a message a redelivered original already became (it stopped between park and
+ack): a retry of its own would start a second lineage, each running its budget. A copy and its
+delivery share the message id; the park of attempt ``n`` is stored under ``<message id>:<n + 1>``,
+its history the delivery's plus one entry."""
 
 from __future__ import annotations
 
@@ -33,8 +30,8 @@ def same_lineage(marker: str, delivery_lineage: str) -> bool:
 
 
 def park_entry_id(message_id: str, attempt: int) -> str:
-    """The parking store's entry id of the park of ``message_id`` whose copy carries ``attempt``
-    (:attr:`celery_dlx.message.parked.ParkedMessage.entry_id`)."""
+    """The entry id (:attr:`~celery_dlx.message.parked.ParkedMessage.entry_id`) of the park of
+    ``message_id`` whose copy carries ``attempt``."""
     if attempt < 0:
         raise ValueError(f"an attempt is a count of failed runs (>= 0), got {attempt}")
     return f"{message_id}:{attempt}"

@@ -37,27 +37,31 @@ FATE_HEADER = "x-dlx-fate"
 #: Header with the park delay (seconds, a decimal string) of a ``parked`` :data:`FATE_HEADER` copy.
 DELAY_HEADER = "x-dlx-delay"
 
-#: Every header celery_dlx owns: a replay drops them unless ``--keep-attempts``.
-OWN_HEADERS = frozenset(
+#: The headers of a message's failure state (:func:`~celery_dlx.message.headers.read_state`); a
+#: message with none of them has the empty state.
+STATE_HEADERS = frozenset(
     {
         ATTEMPT_HEADER,
         REQUEUES_HEADER,
         PARKS_HEADER,
         HISTORY_HEADER,
         QUEUE_HEADER,
+        FIRST_FAILURE_HEADER,
         CAUSE_HEADER,
         EXC_TYPE_HEADER,
         EXC_MESSAGE_HEADER,
-        REASON_HEADER,
-        REPLAYED_HEADER,
-        FIRST_FAILURE_HEADER,
-        IDENTITY_HEADER,
-        HELD_HEADER,
-        HOLDS_HEADER,
-        FATE_HEADER,
-        DELAY_HEADER,
     }
 )
+#: Every header celery_dlx owns: a replay drops them unless ``--keep-attempts``.
+OWN_HEADERS = STATE_HEADERS | {
+    REASON_HEADER,
+    REPLAYED_HEADER,
+    IDENTITY_HEADER,
+    HELD_HEADER,
+    HOLDS_HEADER,
+    FATE_HEADER,
+    DELAY_HEADER,
+}
 
 #: Broker-owned header prefixes stripped from every message celery_dlx republishes.
 BROKER_HEADER_PREFIXES = ("x-death", "x-first-death-", "x-last-death-")
@@ -126,27 +130,21 @@ class Keys:
             )
         self.prefix = prefix
         base = "{" + prefix + "}"
-        #: Sorted set: parked entry id -> due time (ms); a claimed entry is re-scored to its lease end.
-        self.parked_due = f"{base}:parked:due"
-        #: Hash: parked entry id -> JSON metadata (queue, headers, properties, due, attempt...).
-        self.parked_meta = f"{base}:parked:meta"
-        #: Hash: parked entry id -> raw body bytes.
-        self.parked_body = f"{base}:parked:body"
+        legacy = ParkedKeys(base)
+        #: The keys of :attr:`parked_legacy` (:class:`ParkedKeys` says what each holds).
+        self.parked_due, self.parked_meta, self.parked_body = legacy.due, legacy.meta, legacy.body
         #: Stream: the failure history, one entry per fate change (``spark/dlx_source.py`` too).
         self.history = f"{base}:history"
         #: Hash: the Spark export's checkpoint (``spark/dlx_stream.py``, tested equal).
         self.history_export = f"{self.history}:export"
         #: String: the Spark export's lock (``spark/dlx_stream.py``, likewise).
         self.history_export_lock = f"{self.history}:export:lock"
-        #: String per message: the cause of a burial known only to the worker (read by the service).
-        self.cause_prefix = f"{base}:cause:"
         #: Graveyard keys (obituaries and their indexes).
         self.graveyard_prefix = f"{base}:graveyard:"
         #: Hash per epoch minute: fate counters per queue (``store/counters.py`` formats them).
         self.counter_prefix = f"{base}:count:"
         #: String per message identity already handled by the DLX service (dedup of redeliveries).
         self.seen_prefix = f"{base}:seen:"
-        #: Replay ledger.
         self.replay_ledger = f"{base}:replay:ledger"
         #: Hash: queue -> epoch ms a ``check`` first saw it with messages and no consumer.
         self.consumerless = f"{base}:check:consumerless"
@@ -154,16 +152,6 @@ class Keys:
         self.check_probe = f"{base}:check:probe"
         #: Hash: fate -> copies workers could not write that the DLX service wrote for them.
         self.refused = f"{base}:refused"
-        #: Rate-limit budgets (Sentry events per cause...): ``budget(name)`` + what is counted.
-        self.budget_prefix = f"{base}:budget:"
-        #: String per run of a retried copy, set when it starts: a second copy of the same step
-        #: (its writer died between confirmed publish and delete) is acked, not run again.
-        self.run_prefix = f"{base}:run:"
-        #: String per requeued copy (queue, message, attempt): a redelivered original whose ack
-        #: was lost after the copy went out is the copy's, not a crash to count again.
-        self.copied_prefix = f"{base}:copied:"
-        #: String per message: a task rejected it with requeue=True itself (not a crash).
-        self.requeued_by_task_prefix = f"{base}:requeued-by-task:"
         #: Stream: the web console's audit log (who did what, when, with which result).
         self.web_audit = f"{base}:web:audit"
         #: String: the token of the worker whose drainer holds the drain lease (with a TTL).
@@ -173,7 +161,6 @@ class Keys:
         #: Sorted set of the open breakers (``QUEUE\tCAUSE`` -> opened ms); each has a state hash
         #: and a held set (:meth:`breaker_state`, :meth:`breaker_held`).
         self.breakers_open = f"{base}:breaker:open"
-        self._breaker_prefix = f"{base}:breaker:"
 
     @property
     def home_tag(self) -> str:
@@ -196,14 +183,15 @@ class Keys:
 
     def breaker_state(self, member: str) -> str:
         """The state hash of one breaker (``member`` is ``QUEUE\tCAUSE``)."""
-        return f"{self._breaker_prefix}state:{member}"
+        return f"{self.home_tag}:breaker:state:{member}"
 
     def breaker_held(self, member: str) -> str:
         """The set of parked entry ids one open breaker holds."""
-        return f"{self._breaker_prefix}held:{member}"
+        return f"{self.home_tag}:breaker:held:{member}"
 
     def cause(self, message_id: str) -> str:
-        return f"{self.cause_prefix}{message_id}"
+        """String: the cause of a burial known only to the worker (read by the service)."""
+        return f"{self.home_tag}:cause:{message_id}"
 
     def graveyard(self, suffix: str) -> str:
         return f"{self.graveyard_prefix}{suffix}"
@@ -217,20 +205,22 @@ class Keys:
         return f"{self.seen_prefix}{identity}"
 
     def copied(self, queue: str, message_id: str, attempt: int) -> str:
-        """The marker of a requeued copy of ``message_id`` in ``queue`` at ``attempt``."""
-        return f"{self.copied_prefix}{queue}:{message_id}:{attempt}"
+        """The marker of a requeued copy of ``message_id`` in ``queue`` at ``attempt``: a
+        redelivered original whose ack was lost after the copy went out is not a crash."""
+        return f"{self.home_tag}:copied:{queue}:{message_id}:{attempt}"
 
     def run(self, step: str) -> str:
-        """The marker of one run of a retried copy (``step``: message id, attempt, fate time)."""
-        return f"{self.run_prefix}{step}"
+        """The marker of one run of a retried copy (``step``: message id, attempt, fate time): a
+        second copy of the same step (its writer died between publish and delete) is not run."""
+        return f"{self.home_tag}:run:{step}"
 
     def requeued_by_task(self, message_id: str) -> str:
         """The marker of a task's own ``Reject(requeue=True)``: its redelivery is not a crash."""
-        return f"{self.requeued_by_task_prefix}{message_id}"
+        return f"{self.home_tag}:requeued-by-task:{message_id}"
 
     def budget(self, name: str) -> str:
-        """The prefix of one rate-limit budget's keys (``budget(name) + what``)."""
-        return f"{self.budget_prefix}{name}:"
+        """The prefix of one rate-limit budget's keys (Sentry events per cause...)."""
+        return f"{self.home_tag}:budget:{name}:"
 
 
 class ParkedKeys:

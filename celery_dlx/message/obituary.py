@@ -1,23 +1,18 @@
-"""The obituary: everything known about one buried message.
-
-Its record is JSON (values tagged by :mod:`celery_dlx.message.jsoncodec`); the payload is kept
-aside as raw bytes, never decoded or unpickled here. Its JSON-safe form (payload as base64) is what
-the ``dlx_obituary_task`` hook is sent.
-"""
+"""The obituary: everything known about one buried message. Its record is JSON (tagged by
+:mod:`celery_dlx.message.jsoncodec`); the payload stays raw bytes, never decoded or unpickled."""
 
 from __future__ import annotations
 
 import base64
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery_dlx.message import jsoncodec
 from celery_dlx.message.event import FateEvent
-from celery_dlx.message.failure import Failure, KnownAttempt, split_facts
-
-logger = logging.getLogger(__name__)
+from celery_dlx.message.failure import FAILURE_FIELDS, Failure, KnownAttempt
+from celery_dlx.message.headers import HistoryEntry
+from celery_dlx.message.status import status_of
 
 #: Payloads larger than this are left out of the hook task's message (it can fetch them by the
 #: obituary id), so a 10 MB body does not become a 13 MB task.
@@ -28,47 +23,32 @@ ORIGIN_CELERY = "celery"
 ORIGIN_FOREIGN = "foreign"
 
 
-@dataclass
-class Attempt:
-    """One failed run of the message: when (epoch ms), which fate followed, and its cause."""
-
-    at_ms: int
-    fate: str
-    cause: str = ""
+#: One failed run of the message: when (epoch ms), which fate followed, and its cause.
+Attempt = HistoryEntry
 
 
 @dataclass
 class Obituary(KnownAttempt):
     """The record of one buried message.
 
-    Its :class:`Failure` (``failure``) holds the burial's facts, read as the obituary's attributes
-    (``ob.cause``; ``ob.traceback = ...`` replaces the failure); its ``at_ms`` is the obituary's
-    ``last_failure_ms``. Build one from flat fields with :meth:`from_fields`.
+    Its :class:`Failure` holds the burial's facts, read as the obituary's attributes (``ob.cause``;
+    ``ob.traceback = ...`` replaces the failure); its ``at_ms`` is ``last_failure_ms``.
 
     Attributes:
-        id: derived from queue, message id, attempt and replay (stable: a redelivered dead
-            letter writes the same obituary).
+        id: from queue, message id, attempt and replay (a redelivered dead letter writes the same).
         buried_ms: when the graveyard received it (epoch ms).
-        failure: the burial's facts: ``message_id`` (``headers.message_identity``), ``queue``
-            (the queue it died in, where retries and replays return), ``reason`` (burial reason,
-            ``undecodable: ...``, x-death reason...), ``task`` (None for foreign messages),
-            ``cause`` (fingerprint), ``exc_type``, ``exc_message``, ``traceback`` (the last
-            failure, as far as known), ``importance`` (page, notify or ignore), ``attempt``
-            (failed runs, the last included), ``first_failure_ms``, ``last_failure_ms``,
-            ``code_version`` (at burial) and ``hostname`` (who decided the burial).
         origin: ``celery`` or ``foreign``.
         attempts: every failed run with its time and fate, ending with the burial.
-        death_reason: the broker's x-death reason (rejected, expired, maxlen, delivery_limit), or
-            ``published`` when a worker buried the message by publishing a clean copy.
-        x_death, headers, properties: the dead letter's x-death tables, headers and AMQP
-            properties, JSON-safe.
-        exchange, routing_key: where the dead letter was published (the DLX and the queue name).
-        payload: the raw body; None when listed without it. payload_size: its length in bytes.
+        death_reason: the broker's x-death reason, or ``published`` when a worker buried the
+            message by publishing a clean copy.
+        x_death, headers, properties: the dead letter's, JSON-safe.
+        exchange, routing_key: where the dead letter was published.
+        payload: the raw body; None when listed without it.
         replayed_from: the obituary this message was replayed from, if any.
         replays: epoch ms of every replay of this obituary (from the replay ledger).
-        status: what became of it after a replay (:mod:`celery_dlx.store.status`): ``{}`` for
-            an unresolved obituary never replayed, else ``s`` (the status), ``at`` (ms) and
-            ``next`` (the obituary of a failure again) or ``repeats`` (failures before this one).
+        status: what became of it after a replay (:mod:`celery_dlx.store.status`): ``{}`` while
+            never replayed, else ``s`` (the status), ``at`` (ms) and ``next`` (the obituary of a
+            failure again) or ``repeats`` (failures before this one).
     """
 
     id: str
@@ -91,19 +71,17 @@ class Obituary(KnownAttempt):
     @property
     def status_name(self) -> str:
         """``unresolved``, ``replayed``, ``resolved`` or ``failed-again``."""
-        return str(self.status.get("s") or "unresolved")
+        return status_of(self.status)
 
     @classmethod
     def from_fields(cls, **values: Any) -> Obituary:
         """An obituary of its flat fields (those of :meth:`record`, ``payload``, ``replays``); the
         failure's go into its :class:`Failure` (``importance`` ``notify``, ``attempt`` 0 by default).
         """
-        values = dict(values)
         if "last_failure_ms" in values:
             values["at_ms"] = values.pop("last_failure_ms")
-        facts, own = split_facts(values)
-        failure = Failure(**{"importance": "notify", "attempt": 0, **facts})
-        return cls(failure=failure, **own)
+        facts = {k: values.pop(k) for k in FAILURE_FIELDS & values.keys()}
+        return cls(failure=Failure(**{"importance": "notify", "attempt": 0, **facts}), **values)
 
     @property
     def last_failure_ms(self) -> int | None:
@@ -133,7 +111,7 @@ class Obituary(KnownAttempt):
 
     def _stored(self, tables: Callable[[object], object]) -> dict[str, object]:
         # Built by hand: dataclasses.asdict deep-copies every header value, 5x slower.
-        data = self._plain()
+        data: dict[str, object] = {name: getattr(self, name) for name in _PLAIN_FIELDS}
         data["attempts"] = [
             {"at_ms": a.at_ms, "fate": a.fate, "cause": a.cause} for a in self.attempts
         ]
@@ -141,9 +119,6 @@ class Obituary(KnownAttempt):
         data["properties"] = tables(self.properties)
         data["x_death"] = tables(self.x_death)
         return data
-
-    def _plain(self) -> dict[str, object]:
-        return {name: getattr(self, name) for name in _PLAIN_FIELDS}
 
     @classmethod
     def from_record(
@@ -191,8 +166,7 @@ class Obituary(KnownAttempt):
         return FateEvent.of(fate, failure, extra=extra)
 
     def leaving_note(self) -> dict[str, object]:
-        """What a removed obituary leaves in its history entry beside the entry's own fields: the
-        rest of what identifies it, without traceback, headers or payload."""
+        """What a removed obituary leaves in its history entry beside the entry's own fields."""
         return {
             "id": self.id,
             "exc_message": self.exc_message[:200],

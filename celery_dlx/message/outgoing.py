@@ -7,26 +7,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from celery_dlx.message.fieldtable import user_origin, write_properties, write_table
+from celery_dlx.message.fieldtable import (
+    BASIC_PROPERTIES,
+    user_origin,
+    write_properties,
+    write_table,
+)
 from celery_dlx.message.headers import clean_headers
 from celery_dlx.message.names import WIRE_HEADERS_PROPERTY
 
 #: Header carrying a per-publisher sequence number, so a returned message is matched to its publish.
 PUBLISH_SEQ_HEADER = "x-dlx-pubseq"
 
-#: AMQP basic properties celery_dlx carries over when it copies a message.
-AMQP_PROPERTIES = (
-    "content_type",
-    "content_encoding",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
+#: AMQP basic properties celery_dlx carries over when it copies a message: all but the header
+#: table (written from ``headers``), ``expiration`` and ``cluster_id``.
+AMQP_PROPERTIES = tuple(
+    name
+    for name, _, _ in BASIC_PROPERTIES
+    if name not in ("application_headers", "expiration", "cluster_id")
 )
 #: What a copy carries over of a received message's properties: those, and the raw header table
 #: (through Redis too), so user headers keep their field types.

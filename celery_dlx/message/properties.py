@@ -34,12 +34,10 @@ _uint32 = Struct(">I").unpack_from
 _int32 = Struct(">i").unpack_from
 _int64 = Struct(">q").unpack_from
 _uint64 = Struct(">Q").unpack_from
-_int16 = Struct(">h").unpack_from
 _uint16 = Struct(">H").unpack_from
-_int8 = Struct(">b").unpack_from
-_uint8 = Struct(">B").unpack_from
-_float = Struct(">f").unpack_from
-_double = Struct(">d").unpack_from
+#: The field types few producers write. ``s`` is RabbitMQ's signed 16-bit int, ``U`` the spec's
+#: short.
+_RARE = {t: Struct(">" + f) for t, f in zip(b"sUuBbifd", "hhHBbIfd", strict=True)}
 
 # Field type tags are literal octets (the letter in each comment): a constant compares faster
 # than a module global, once per field of every delivery.
@@ -121,44 +119,20 @@ def _value(buf: bytes, offset: int, end: int) -> tuple[Any, int]:
             raise _past(offset + 8, end)
         seconds = _uint64(buf, offset)[0]
         try:
-            when = _naive_utc(seconds)
+            when = datetime.fromtimestamp(seconds, tz=timezone.utc).replace(tzinfo=None)
         except (OverflowError, OSError, ValueError) as exc:  # py-amqp raises: the long way
             raise PropertiesError(f"timestamp {seconds} out of range") from exc
         return when, offset + 8
-    return _rare(tag, buf, offset, end)
-
-
-def _naive_utc(seconds: int) -> datetime:
-    """A timestamp field as py-amqp reads it, a naive UTC datetime."""
-    return datetime.fromtimestamp(seconds, tz=timezone.utc).replace(tzinfo=None)
-
-
-#: The field types few producers write: tag -> (reader, size). ``s`` is RabbitMQ's signed
-#: 16-bit int, ``U`` the spec's short.
-_RARE = {
-    115: (_int16, 2),  # s
-    85: (_int16, 2),  # U
-    117: (_uint16, 2),  # u
-    66: (_uint8, 1),  # B
-    98: (_int8, 1),  # b
-    105: (_uint32, 4),  # i
-    102: (_float, 4),  # f
-    100: (_double, 8),  # d
-}
-
-
-def _rare(tag: int, buf: bytes, offset: int, end: int) -> tuple[Any, int]:
     if tag == 68:  # D
         if offset + 5 > end:
             raise _past(offset + 5, end)
         return Decimal(_int32(buf, offset + 1)[0]) / Decimal(10 ** buf[offset]), offset + 5
-    found = _RARE.get(tag)
-    if found is None:
+    rare = _RARE.get(tag)
+    if rare is None:
         raise PropertiesError(f"unknown field type {chr(tag)!r}")
-    read, size = found
-    if offset + size > end:
-        raise _past(offset + size, end)
-    return read(buf, offset)[0], offset + size
+    if offset + rare.size > end:
+        raise _past(offset + rare.size, end)
+    return rare.unpack_from(buf, offset)[0], offset + rare.size
 
 
 def read_basic_properties(

@@ -22,21 +22,12 @@ COUNTED = (REPLAYED, RESOLVED, FAILED_AGAIN)
 
 def parse(raw: Any) -> dict[str, Any]:
     """A stored status document (``{}`` for none or an unreadable one)."""
-    if raw is None:
-        return {}
     try:
         doc = json.loads(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # TypeError: None
         return {}
     return doc if isinstance(doc, dict) else {}
 
 
 def status_of(doc: dict[str, Any]) -> str:
     return str(doc.get("s") or UNRESOLVED)
-
-
-def check(status: str) -> str:
-    """``status`` if it names one (or ``all``); else ValueError."""
-    if status not in (*STATUSES, "all"):
-        raise ValueError(f"unknown status {status!r}: one of {', '.join((*STATUSES, 'all'))}")
-    return status
