@@ -39,7 +39,7 @@ from celery_dlx.message.fate_copy import fate_copy
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.outages import OutageLog, outage_log
-from celery_dlx.wiring.runtime import get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.marks import mark_made, mark_pending
 
 if TYPE_CHECKING:
@@ -202,10 +202,8 @@ class Settler:
                 logger.exception("celery_dlx could not settle %s", handover.event.message_id)
 
     def _fall_back(self, request: Request, handover: Handover, err: BaseException) -> None:
-        """The copy could not be written: as ``DLXTask._fallback``, it goes to the DLX service
-        naming its fate and the original is acked (a rejection would mean a burial), marked
-        pending first (:mod:`celery_dlx.worker.marks`); if the broker refuses that copy too, the
-        original goes back to its queue."""
+        """The copy could not be written: it goes to the DLX service (:func:`send_to_service`)
+        and the original is acked, or back to its queue if the broker refuses that copy too."""
         runtime = get_runtime(self.app)
         if isinstance(handover, ParkHandover):
             parked = handover.message
@@ -213,22 +211,42 @@ class Settler:
             fate, delay = PARKED, max(0.0, (parked.due_ms - parked.parked_ms) / 1000)
         else:
             copy, fate, delay = handover.copy, REQUEUED, None
-        refusals = _refusals(self.app, fate)
         queue = handover.event.queue or copy.routing_key
-        routed = fate_copy(
-            copy, fate=fate, exchange=runtime.config.exchange, queue=queue, delay=delay
+        refused = send_to_service(
+            runtime, copy, fate, queue, delay, handover.event, _refusals(self.app, fate), err
         )
-        mark_pending(runtime, [handover.event])
-        try:
-            runtime.publisher.publish(routed)
-        except Exception:
-            runtime.reset_publisher()
-            refusals.failed(err, "the broker refused the copy for the DLX service too")
+        if refused is not None:
             reject_from_thread(request, requeue=True)
             return
-        refusals.failed(err, "sent to the DLX service, which writes it once it can")
-        mark_made(runtime, [handover.event])
         acknowledge_from_thread(request)
+
+
+def send_to_service(
+    runtime: Runtime,
+    copy: Outgoing,
+    fate: str,
+    queue: str,
+    delay: float | None,
+    event: FateEvent,
+    refusals: OutageLog,
+    err: BaseException,
+) -> Exception | None:
+    """Send a copy that could not be written to the DLX service naming its ``fate``, which
+    writes it once Redis and the broker answer (nothing lost, nothing decided twice), marked
+    pending first (:mod:`celery_dlx.worker.marks`). The caller then acks the original (a DLX
+    task's rejection means a burial); the broker's error when it refused this copy too (the
+    original then goes back to its queue: its redelivery counts as a crash)."""
+    routed = fate_copy(copy, fate=fate, exchange=runtime.config.exchange, queue=queue, delay=delay)
+    mark_pending(runtime, [event])
+    try:
+        runtime.publisher.publish(routed)
+    except Exception as again:
+        runtime.reset_publisher()
+        refusals.failed(err, "the broker refused the copy for the DLX service too")
+        return again
+    refusals.failed(err, "sent to the DLX service, which writes it once it can")
+    mark_made(runtime, [event])
+    return None
 
 
 def _refusals(app: Celery, fate: str) -> OutageLog:

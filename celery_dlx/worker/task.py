@@ -37,7 +37,6 @@ from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.failure import Failure
-from celery_dlx.message.fate_copy import fate_copy
 from celery_dlx.message.headers import (
     DLXState,
     HistoryEntry,
@@ -53,7 +52,6 @@ from celery_dlx.message.names import (
     REASON_HEADER,
     REPLAYED_HEADER,
 )
-from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.outages import OutageLog, outage_log
 from celery_dlx.policy.breaker import HELD_HEADER
@@ -72,6 +70,7 @@ from celery_dlx.worker.settler import (
     ParkHandover,
     RequeueHandover,
     hands_over,
+    send_to_service,
 )
 
 if TYPE_CHECKING:
@@ -705,7 +704,13 @@ class DLXTask(TracerHook, _Task):
             mark_pending(runtime, [event])
             runtime.publisher.publish(copy)
         except Exception as err:
-            self._fallback(runtime, delivery, plan, copy, event, err)
+            delay = plan.delay if plan.fate == fates.PARKED else None
+            refusals = _refusals(self.app, plan.fate)
+            refused = send_to_service(
+                runtime, copy, plan.fate, delivery.queue, delay, event, refusals, err
+            )
+            if refused is not None:
+                raise Reject(refused, requeue=True) from None
             return None
         _refusals(self.app, plan.fate).succeeded()
         if not runtime.record_settled(event):
@@ -751,35 +756,6 @@ class DLXTask(TracerHook, _Task):
         if held is not None:
             extra["breaker"] = "opened" if held.opened else ("canary" if held.canary else "held")
         return FateEvent.of(plan.fate, failure, delay=plan.delay, extra=extra)
-
-    def _fallback(
-        self,
-        runtime: Runtime,
-        delivery: Delivery,
-        plan: FailurePlan,
-        copy: Outgoing,
-        event: FateEvent,
-        err: Exception,
-    ) -> None:
-        """The copy could not be written: send it to the DLX service naming its fate, which
-        writes it once Redis and the broker answer (nothing lost, nothing decided twice), and ack
-        the original. Not rejected: a DLX task's rejection means a burial. If the broker refuses
-        this copy too, the original goes back to its queue (its redelivery counts as a crash)."""
-        fate = plan.fate
-        refusals = _refusals(self.app, fate)
-        delay = plan.delay if fate == fates.PARKED else None
-        routed = fate_copy(
-            copy, fate=fate, exchange=runtime.config.exchange, queue=delivery.queue, delay=delay
-        )
-        mark_pending(runtime, [event])
-        try:
-            runtime.publisher.publish(routed)
-        except Exception as again:
-            runtime.reset_publisher()
-            refusals.failed(err, "the broker refused the copy for the DLX service too")
-            raise Reject(again, requeue=True) from None
-        refusals.failed(err, "sent to the DLX service, which writes it once it can")
-        mark_made(runtime, [event])
 
     def _bury(
         self,
