@@ -1,24 +1,20 @@
 """The pool's parent writes its runs' parks and requeues in batches, then acks each original.
 
-A run failing into a park or requeue decides and builds the copy in the pool process, then ends
-with a handover (:class:`ParkHandover`, :class:`RequeueHandover`) that goes back with its result
-(:class:`celery_dlx.compat.HandedOver`); the main process's
-:class:`~celery_dlx.worker.request.DLXRequest` gives it to the :class:`Settler` instead of
-acking. A settler thread waits up to :data:`LINGER` for others, then writes the batch: parks in
-one ``MULTI``/``EXEC`` (``WAIT`` for ``dlx_redis_min_replicas``), requeued copies on one
-confirm-mode channel with pipelined confirms. The pool process starts its next task meanwhile,
-and a burst of failures costs one Redis round trip and one confirm wait per batch, not per
-message.
+A run failing into a park or requeue builds the copy in the pool process and ends with a
+handover (:class:`ParkHandover`, :class:`RequeueHandover`, carried by
+:class:`celery_dlx.compat.HandedOver`), which the main process's
+:class:`~celery_dlx.worker.request.DLXRequest` gives to the :class:`Settler` instead of acking.
+Its thread waits up to :data:`LINGER` for others, then writes parks in one ``MULTI``/``EXEC``
+(``WAIT`` for ``dlx_redis_min_replicas``) and requeued copies with pipelined confirms: a burst of
+failures costs one Redis round trip and one confirm wait per batch while the pool runs on.
 
-Guarantees, as for a copy the pool process writes: the original is acked only once its park is
-in Redis (and the replicas) or its copy is confirmed; a copy that cannot be written goes to the
-DLX service (:meth:`Settler._fall_back`). A worker that dies in between acks nothing: the broker
-redelivers the original (a park is idempotent per message id and attempt; a requeued copy may
-then run twice, as when a pool process dies before its ack).
-
-Used with the Redis delay backend on the prefork and threads pools (``dlx_parent_parks``);
-otherwise, and on the solo pool (whose runs block the event loop anyway), the run writes its
-copy before it ends.
+The original is acked only once its park is in Redis (and the replicas) or its copy is
+confirmed; a copy that cannot be written goes to the DLX service (:func:`send_to_service`). A
+worker that dies in between acks nothing: the broker redelivers the original (a park is
+idempotent per message id and attempt; a requeued copy may run twice, as when a pool process
+dies before its ack). Used with the Redis delay backend on the prefork and threads pools
+(``dlx_parent_parks``); elsewhere (the solo pool's runs block its loop anyway) the run writes
+its copy itself.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from celery import bootsteps
 
@@ -68,8 +64,7 @@ POOLS = ("prefork", "thread")
 
 @dataclass(frozen=True)
 class ParkHandover:
-    """A park left to the parent: the copy and its fate (a copy that fails goes to the DLX
-    service)."""
+    """A park left to the parent: the copy and its fate."""
 
     message: ParkedMessage
     event: FateEvent
@@ -77,7 +72,7 @@ class ParkHandover:
 
 @dataclass(frozen=True)
 class RequeueHandover:
-    """A requeue left to the parent: the copy and its fate (as :class:`ParkHandover`)."""
+    """A requeue left to the parent: the copy and its fate."""
 
     copy: Outgoing
     event: FateEvent
@@ -136,7 +131,7 @@ class Settler:
         self._settle(self._take(len(self._pending)))
 
     def submit(self, request: Request, handover: Handover) -> None:
-        """Write ``handover``'s copy and ack ``request``'s message once it is in (any thread)."""
+        """Write ``handover``'s copy, then ack ``request``'s message (any thread)."""
         if not self._running:  # stopping: the pool's last results
             self._settle([(request, handover)])
             return
@@ -250,7 +245,6 @@ def send_to_service(
 
 
 def _refusals(app: Celery, fate: str) -> OutageLog:
-    """The main process's outage log of the ``fate`` copies it could not write."""
     return outage_log(app, f"_celery_dlx_settler_refused_{fate}", logger, f"{fate} copies")
 
 
@@ -259,8 +253,8 @@ def _fill(
     indexed: Sequence[tuple[int, object]],
     write: Callable[[], list[BaseException | None]],
 ) -> None:
-    """Put ``write()``'s outcome for each ``(place, handover)`` of ``indexed`` in ``outcomes``;
-    if it raises, its error for each (the thread must not die; each message falls back)."""
+    """Put ``write()``'s outcome for each ``(place, handover)`` of ``indexed`` in ``outcomes``; its
+    error for each if it raises (the thread must not die; each message falls back)."""
     try:
         written = write()
     except Exception as err:
@@ -275,10 +269,6 @@ class SettlerStep(bootsteps.StartStopStep):
     name = "celery_dlx.worker.settler"
     requires = ("celery.worker.components:Hub", "celery.worker.components:Pool")
 
-    def __init__(self, parent: WorkController, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self.settler: Settler | None = None
-
     def include_if(self, parent: WorkController) -> bool:
         config = get_runtime(parent.app).config
         pool_name = worker_pool_name(parent)
@@ -291,17 +281,6 @@ class SettlerStep(bootsteps.StartStopStep):
         )
 
     def create(self, parent: WorkController) -> Settler:  # type: ignore[override]  # celery-stubs say None; Celery keeps what create returns as the step's obj
-        self.settler = Settler(parent.app, getattr(parent, "hostname", None))
-        parent.app.__dict__[_SETTLER_ATTR] = self.settler
-        return self.settler
-
-    def start(self, parent: WorkController) -> None:
-        assert self.settler is not None
-        self.settler.start()
-
-    def stop(self, parent: WorkController) -> None:
-        if self.settler is not None:
-            self.settler.stop()
-
-    def terminate(self, parent: WorkController) -> None:
-        self.stop(parent)
+        settler = Settler(parent.app, getattr(parent, "hostname", None))
+        parent.app.__dict__[_SETTLER_ATTR] = settler
+        return settler
