@@ -26,15 +26,12 @@ from celery_dlx.message.names import (
 )
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.wiring.runtime import get_runtime
-from celery_dlx.worker.strategy import _queue_of
+from celery_dlx.worker.strategy import Message, _queue_of
 
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from celery import Celery
-
-#: kombu's ``Message`` as Celery's consumer hands it over.
-Message = Any
 
 
 def bury_raw(app: Celery, message: Message, queue: str, reason: str) -> bool:

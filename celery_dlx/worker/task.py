@@ -97,8 +97,7 @@ class Redelivered(Exception):
 def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
     cache = task.__class__.__dict__.get("_dlx_options_cache")
     if cache is None:
-        cache = {}
-        task.__class__._dlx_options_cache = cache
+        cache = task.__class__._dlx_options_cache = {}
     key = (id(runtime.config), queue)
     options: TaskOptions | None = cache.get(key)
     if options is None:
@@ -161,7 +160,6 @@ def _step(delivery: Delivery) -> str:
 
 
 def _refusals(app: Celery, fate: str) -> OutageLog:
-    """This process's outage log of refused writes of ``fate``."""
     return outage_log(app, f"_celery_dlx_refused_{fate}", logger, _REFUSED_WRITES[fate])
 
 
@@ -242,11 +240,8 @@ class DLXTask(TracerHook, _Task):
         return bool((runtime or get_runtime(app)).config.enabled)
 
     def push_request(self, *args: Any, **kwargs: Any) -> None:
-        """Celery 5.5's ``Task.push_request``: the pushed request keeps the current one's fields.
-
-        Before 5.5, ``Task.__call__`` (called by DLXTask's own ``__call__``) pushed an empty
-        request (id None, retries 0) over the run's in eager mode and in-process workers.
-        """
+        """Celery 5.5's ``Task.push_request``, keeping the current request's fields: before 5.5,
+        ``Task.__call__`` pushed an empty one over the run's (eager mode, in-process workers)."""
         push_request_keeping_fields(self, *args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -268,7 +263,7 @@ class DLXTask(TracerHook, _Task):
         unrun = False
         if delivery.redelivered and not self._redelivery_was_asked(runtime, delivery):
             known = False
-            try:
+            try:  # each look-up raises a Redis error when Redis does not answer
                 known = (
                     self._succeeded_before(runtime, delivery)
                     or self._parked_before(runtime, delivery)
@@ -276,9 +271,9 @@ class DLXTask(TracerHook, _Task):
                 )
                 unrun = not known and self._never_ran(runtime, delivery)
             except RetryPending as err:  # its copy is on its way to the DLX service
-                self._wait_for_store(runtime, delivery, err, PENDING_WAIT)
+                self._wait_for_store(runtime, err, PENDING_WAIT)
             except STORE_ERRORS as err:  # waits in its queue until Redis answers (or ttl: a crash)
-                self._wait_for_store(runtime, delivery, err, REDIS_WAIT)
+                self._wait_for_store(runtime, err, REDIS_WAIT)
             if known:
                 self._end_settled()
             if not unrun:
@@ -390,11 +385,7 @@ class DLXTask(TracerHook, _Task):
 
     def _parked_before(self, runtime: Runtime, delivery: Delivery) -> bool:
         """True when this redelivered message's failure was parked already (the broker lost the
-        ack after the park): a second retry of the original would start a second lineage.
-
-        Raises:
-            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
-        """
+        ack after the park): a second retry of the original would start a second lineage."""
         entry_id = next_park_id(delivery.message_id, delivery.state)
         try:
             entry = runtime.parking.entry(entry_id)
@@ -419,11 +410,7 @@ class DLXTask(TracerHook, _Task):
         """True when a run of this redelivered retry's step succeeded already: a second copy
         of the retry (a drain or the DLX service published it again) that its first worker lost
         before running it, or this copy whose ack the broker lost. Counted as a crash, it would
-        be given a retry of its own and could be buried although its task succeeded.
-
-        Raises:
-            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
-        """
+        be given a retry of its own and could be buried although its task succeeded."""
         if delivery.state.attempt == 0 or not runtime.causes.run_finished(_step(delivery)):
             return False
         logger.info(
@@ -474,11 +461,7 @@ class DLXTask(TracerHook, _Task):
         """True when this redelivered copy of a retry never started a run: no run claimed its
         step (every run of a retry claims it first, :meth:`_first_run_of_copy`), so its worker
         died, or its copy went back to its queue, before running it. It then runs as the
-        step's first run (claimed now) instead of counting as a crash.
-
-        Raises:
-            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
-        """
+        step's first run (claimed now) instead of counting as a crash."""
         if delivery.state.attempt == 0 or runtime.history_optional:
             return False
         if not runtime.causes.claim_run(_step(delivery), runtime.config.cause_ttl):
@@ -491,11 +474,7 @@ class DLXTask(TracerHook, _Task):
     def _retried_before(self, runtime: Runtime, delivery: Delivery) -> bool:
         """True when this redelivered message's failure has its retry already (published, parked
         or sent to the DLX service, then the broker lost the ack): a second one would start a
-        second lineage and run the failure past its budget.
-
-        Raises:
-            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
-        """
+        second lineage and run the failure past its budget."""
         copied = runtime.causes.was_copied(
             delivery.queue,
             delivery.message_id,
@@ -509,9 +488,7 @@ class DLXTask(TracerHook, _Task):
             )
         return copied
 
-    def _wait_for_store(
-        self, runtime: Runtime, delivery: Delivery, err: BaseException, why: str
-    ) -> None:
+    def _wait_for_store(self, runtime: Runtime, err: BaseException, why: str) -> None:
         """Whether this redelivered message's retry exists is not known yet: Redis did not
         answer, or the retry's copy is on its way to the DLX service (:class:`RetryPending`).
         Counted as a crash, it could get a second retry beside the one its first worker made
