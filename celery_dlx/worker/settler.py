@@ -99,13 +99,12 @@ def settler_of(app: Celery) -> Settler | None:
 
 
 class Settler:
-    """Writes handed-over parks in batches on a thread of its own, then acks each original.
+    """Writes handed-over copies in batches on a thread of its own, then acks each original.
 
-    The acks go through Celery's ``Request.acknowledge``, whose ``Hub.call_soon`` called from
-    this thread wakes the loop (:func:`celery_dlx.compat.celery.acknowledge_from_thread`). From
-    inside a loop callback, the ack would wait for the loop's next event: up to a second, with a
-    prefetch slot held (seen at prefetch 1).
-    """
+    From this thread an ack wakes the loop
+    (:func:`~celery_dlx.compat.celery.acknowledge_from_thread`); from inside a loop callback it
+    would wait for the loop's next event: up to a second, with a prefetch slot held (seen at
+    prefetch 1)."""
 
     def __init__(self, app: Celery, hostname: str | None = None) -> None:
         self.app = app

@@ -152,7 +152,8 @@ def _replayed(delivery: Delivery) -> str | None:
 
 
 def _step(delivery: Delivery) -> str:
-    """A retry step: queue, message, attempt, lineage and holds (``_first_run_of_copy``)."""
+    """A retry step: queue, message, attempt, lineage (a replay starts one) and holds (a held copy
+    runs again at the same attempt), not who made the copy or when."""
     state = delivery.state
     holds = delivery.headers.get(HOLDS_HEADER, 0)
     line = lineage(state, _replayed(delivery))
@@ -431,14 +432,10 @@ class DLXTask(TracerHook, _Task):
     def _first_run_of_copy(self, runtime: Runtime, delivery: Delivery) -> bool:
         """False for a second copy of one retry step, acked unrun (it would run the failure past
         its budget): a drain or the DLX service died between a retry's confirmed publish and its
-        delete, or a worker's copy and the one it handed to the DLX service both went out. A step
-        is queue, message, attempt, lineage (a replay starts one) and holds (a held copy runs
-        again at the same attempt), not who made the copy or when.
-
-        Every run of a retry claims its step first, so a redelivered copy whose step has no
-        claim never ran (:meth:`_never_ran`). Redis that does not answer is waited for (a
-        restart, :func:`~celery_dlx.worker.marks.patiently`); through a longer outage, a full
-        Redis, or with the ``ttl`` delay backend (Redis optional) it runs unclaimed."""
+        delete, or a worker's copy and the one it handed to the DLX service both went out. Every
+        run of a retry claims its :func:`_step` first (so :meth:`_never_ran` can tell). Redis that
+        does not answer is waited for (a restart); through a longer outage, a full Redis, or with
+        the ``ttl`` delay backend (Redis optional) it runs unclaimed."""
         step = _step(delivery)
         try:
             first = patiently(
@@ -828,12 +825,9 @@ class DLXTask(TracerHook, _Task):
     def _send_to_graveyard(
         self, runtime: Runtime, delivery: Delivery, reason: str, state: DLXState, *, requeue: bool
     ) -> None:
-        """Publish the burial copy (``reason`` in its bury-reason header) to the DLX service.
-
-        Raises:
-            Reject: the broker refused it: the original goes back to its queue (``requeue``), or
-                to the dead-letter exchange, where the service buries a DLX task's rejection.
-        """
+        """Publish the burial copy (``reason`` in its bury-reason header) to the DLX service; if
+        the broker refuses it, ``Reject`` sends the original back to its queue (``requeue``) or to
+        the dead-letter exchange, where the service buries a DLX task's rejection."""
         copy = celery_copy(
             self.request,
             state=state,
