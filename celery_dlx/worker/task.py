@@ -37,12 +37,7 @@ from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.failure import Failure
-from celery_dlx.message.headers import (
-    DLXState,
-    HistoryEntry,
-    fingerprint,
-    read_state,
-)
+from celery_dlx.message.headers import DLXState, HistoryEntry, fingerprint, read_state
 from celery_dlx.message.lineage import follows, lineage, next_park_id
 from celery_dlx.message.names import (
     EXC_MESSAGE_LIMIT,
@@ -455,10 +450,9 @@ class DLXTask(TracerHook, _Task):
         return first
 
     def _never_ran(self, runtime: Runtime, delivery: Delivery) -> bool:
-        """True when this redelivered copy of a retry never started a run: no run claimed its
-        step (every run of a retry claims it first, :meth:`_first_run_of_copy`), so its worker
-        died, or its copy went back to its queue, before running it. It then runs as the
-        step's first run (claimed now) instead of counting as a crash."""
+        """True when this redelivered copy of a retry never started a run (no run claimed its
+        step): its worker died, or its copy went back to its queue, before running it. It then
+        runs as the step's first run (claimed now) instead of counting as a crash."""
         if delivery.state.attempt == 0 or runtime.history_optional:
             return False
         if not runtime.causes.claim_run(_step(delivery), runtime.config.cause_ttl):
@@ -486,13 +480,11 @@ class DLXTask(TracerHook, _Task):
         return copied
 
     def _wait_for_store(self, runtime: Runtime, err: BaseException, why: str) -> None:
-        """Whether this redelivered message's retry exists is not known yet: Redis did not
-        answer, or the retry's copy is on its way to the DLX service (:class:`RetryPending`).
-        Counted as a crash, it could get a second retry beside the one its first worker made
-        before dying, and run past its budget; so it waits in its queue instead (rejected with
-        requeue after :data:`STORE_WAIT` seconds, so a pool does not spin). With the ``ttl``
-        delay backend Redis is optional: the redelivery counts as a crash, as without Redis it
-        must."""
+        """Whether this redelivered message's retry exists is not known yet (Redis did not
+        answer, or its copy is on its way to the DLX service): counted as a crash, it could get a
+        second retry beside its first worker's and run past its budget, so it waits in its queue
+        (rejected with requeue after :data:`STORE_WAIT` seconds, so a pool does not spin). With
+        the ``ttl`` delay backend (Redis optional) the redelivery counts as a crash."""
         if runtime.history_optional:
             return
         _refusals(self.app, "redelivery").failed(err, why)
@@ -504,10 +496,12 @@ class DLXTask(TracerHook, _Task):
         state = delivery.state
         return f"{self.name}[{delivery.message_id}] attempt={state.attempt} queue={delivery.queue}"
 
-    def _end_settled(self) -> NoReturn:
-        """End a run whose fate is settled already, acking its message, without a traceback."""
+    def _end_settled(self, handover: Handover | None = None) -> NoReturn:
+        """End a run whose fate is settled, acking its message (or handing ``handover`` to the
+        settler), without a traceback."""
         if settles(tracer_of(self)):
-            raise RunSettled(None) from None
+            raise RunSettled(handover) from None
+        # Without the failure as context: Celery's tracer formats the Ignore's traceback.
         raise Ignore() from None
 
     def _fail(
@@ -544,10 +538,7 @@ class DLXTask(TracerHook, _Task):
         event = self._fate_event(delivery, options, plan, held)
         handover = self._send_copy(runtime, delivery, plan, exc, event, held)
         self._mark_retry(plan.root, einfo)
-        if settles(tracer_of(self)):
-            raise RunSettled(handover) from None
-        # Without the failure as context: Celery's tracer formats the Ignore's traceback.
-        raise Ignore() from None
+        self._end_settled(handover)
 
     def _close_breaker(self, runtime: Runtime, delivery: Delivery) -> None:
         """A held message (the canary, usually) succeeded: close its cause's breaker."""
