@@ -52,25 +52,21 @@ BUDGET_SHARE = 0.8
 
 @dataclass
 class DrainResult:
-    """What one or more drain cycles did.
+    """What one or more drain cycles did."""
 
-    Attributes:
-        claimed: entries claimed from the store.
-        published: entries the broker confirmed (and that were then deleted, unless ``stale``).
-        released: entries the broker nacked or returned, made due again in ``RELEASE_DELAY``.
-        lateness_ms: per published entry, publish time minus due time, in milliseconds.
-        stale: confirmed entries another drain had claimed again after our lease ran out (they
-            will be published twice).
-        failed: a cycle stopped on a broker or Redis error (already logged once).
-        batches: drain cycles that claimed at least one entry.
-    """
-
+    #: entries claimed from the store
     claimed: int = 0
+    #: entries the broker confirmed (and that were then deleted, unless ``stale``)
     published: int = 0
+    #: entries the broker nacked or returned, made due again in ``RELEASE_DELAY``
     released: int = 0
+    #: per published entry, publish time minus due time, in milliseconds
     lateness_ms: list[int] = field(default_factory=list)
+    #: confirmed entries another drain had claimed again after our lease ran out (published twice)
     stale: int = 0
+    #: a cycle stopped on a broker or Redis error (already logged once)
     failed: bool = False
+    #: drain cycles that claimed at least one entry
     batches: int = 0
 
     def add(self, other: DrainResult) -> None:
@@ -245,12 +241,9 @@ def _publish(runtime: Runtime, claimed: list[ParkedMessage]) -> _Published | Non
 
 
 def _settle(runtime: Runtime, published: _Published) -> tuple[int, bool]:
-    """Delete confirmed entries and release refused ones.
-
-    Returns:
-        How many confirmed entries another drain had claimed again (stale), and whether Redis
-        failed (the unsettled entries come back after their lease: duplicates, never a loss).
-    """
+    """Delete confirmed entries and release refused ones; how many confirmed entries another
+    drain had claimed again (stale), and whether Redis failed (the unsettled entries come back
+    after their lease: duplicates, never a loss)."""
     store = runtime.parking
     sent, refused = published.sent, published.refused
     stale, failed = 0, False

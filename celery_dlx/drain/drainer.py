@@ -1,19 +1,16 @@
 """The drainer: the drain running in every worker (and DLX service), one at a time per prefix.
 
-A worker bootstep (:mod:`celery_dlx.worker.drainer`) and the standalone DLX service
-(:mod:`celery_dlx.service.runner`) each run a :class:`DrainerThread`, a daemon thread that
-republishes due parked retries (:func:`~celery_dlx.drain.core.run_drain`) every
-``dlx_drain_interval`` seconds, and at once again while a full batch keeps coming. It needs no beat and no
-task message: it runs whatever queues the worker consumes (``-Q orders``) and however deep their
-backlog, and it writes no log line per tick.
+Workers (:mod:`celery_dlx.worker.drainer`) and the standalone DLX service each run a
+:class:`DrainerThread` that republishes due parked retries
+(:func:`~celery_dlx.drain.core.run_drain`) every ``dlx_drain_interval`` seconds, and at once
+again while full batches come: no beat, no task message, no log line per tick, whatever queues
+the worker consumes.
 
-Only the holder of the drain lease drains: a Redis key (``{prefix}:drain:lease``) holding the
-holder's token with a TTL of :func:`lease_seconds`, renewed before every run. The other drainers
-(of workers and DLX services alike) check it every interval (one Redis call) and take it when it
-expires, so a process killed with ``-9`` is replaced within one lease; one that stops cleanly
-hands the lease on at once.
-Two drainers overlapping for a moment (a holder stalled past its lease) is safe: entries are
-claimed atomically under ``dlx_drain_lease`` (see :mod:`celery_dlx.drain.core`).
+Only the holder of the drain lease drains: a Redis key (``{prefix}:drain:lease``) holding its
+token for :func:`lease_seconds`, renewed before every run. The others check it every interval
+(one Redis call) and take it when it expires, so a process killed with ``-9`` is replaced within
+one lease; one that stops cleanly hands it on at once. Two drainers overlapping for a moment (a
+holder stalled past its lease) is safe: entries are claimed atomically under ``dlx_drain_lease``.
 """
 
 from __future__ import annotations
@@ -108,31 +105,25 @@ class Drainer:
         self.held = False
 
 
-class DrainerThread:
+class DrainerThread(threading.Thread):
     """A :class:`Drainer` in a daemon thread, started and stopped by its owner: the worker's
     :class:`DrainerStep` or the standalone DLX service. ``name``: the process's name in the lease
     token (default: the host name)."""
 
     def __init__(self, app: Celery, *, name: str | None = None) -> None:
+        super().__init__(name="celery_dlx-drainer", daemon=True)
         self.drainer = Drainer(app, name=name)
-        self.thread = threading.Thread(target=self._run, name="celery_dlx-drainer", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def is_alive(self) -> bool:
-        return self.thread.is_alive()
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> bool:
         """Stop after the drain in hand (the lease is released); True once the thread ended."""
         self.drainer.stop()
-        self.thread.join(timeout)
-        if self.thread.is_alive():
+        self.join(timeout)
+        if self.is_alive():
             logger.warning("the drainer did not stop within %ss", timeout)
             return False
         return True
 
-    def _run(self) -> None:
+    def run(self) -> None:
         try:
             self.drainer.run()
         except Exception:  # its owner keeps running; the failure must be visible

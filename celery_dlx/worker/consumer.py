@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery.utils.objects import Bunch
 
@@ -26,53 +26,9 @@ from celery_dlx.message.names import (
 )
 from celery_dlx.message.outgoing import Outgoing, copy_properties
 from celery_dlx.wiring.runtime import get_runtime
-from celery_dlx.worker.strategy import _queue_of
+from celery_dlx.worker.strategy import Message, _queue_of
 
 logger = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    from celery import Celery
-
-#: kombu's ``Message`` as Celery's consumer hands it over.
-Message = Any
-
-
-def bury_raw(app: Celery, message: Message, queue: str, reason: str) -> bool:
-    """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
-    runtime = get_runtime(app)
-    headers = dict(message.headers or {})
-    headers.pop(DELIVERY_QUEUE_HEADER, None)
-    raw_properties = (message.properties or {}).get(RAW_PROPERTIES_PROPERTY)
-    if raw_properties is not None:
-        headers[RAW_PROPERTIES_PROPERTY] = raw_properties  # a byte array on the wire
-    try:
-        state = read_state(headers)
-    except MalformedHeader:
-        state = DLXState()
-    copy = Outgoing(
-        body=message.body if isinstance(message.body, bytes) else str(message.body).encode(),
-        routing_key=str(queue),
-        exchange=runtime.config.exchange,
-        headers={
-            **clean_headers(headers, DLXState(attempt=state.attempt, queue=str(queue))),
-            REASON_HEADER: reason[:1000],
-            QUEUE_HEADER: str(queue),
-        },
-        properties={
-            **copy_properties(message.properties),
-            "content_type": message.content_type,
-            "content_encoding": message.content_encoding,
-        },
-    )
-    try:
-        runtime.publisher.publish(copy)
-    except Exception as err:
-        logger.warning("could not bury an undecodable message from %s (%r)", queue, err)
-        runtime.reset_publisher()
-        return False
-    # The DLX service logs (and alerts on) the burial itself, once, with the obituary.
-    logger.warning("quarantined a message from %s: %s: sent to the graveyard", queue, reason[:300])
-    return True
 
 
 class DLXConsumer(ConsumerHooks):
@@ -97,11 +53,47 @@ class DLXConsumer(ConsumerHooks):
         return on_task_received
 
     def _bury_raw(self, message: Message, reason: str) -> bool:
+        """Publish a clean copy of ``message`` to the dead-letter exchange; True if confirmed."""
         info = message.delivery_info or {}
-        queue = (
+        queue = str(
             _queue_of(self, message) or info.get("routing_key") or self.app.conf.task_default_queue
         )
-        return bury_raw(self.app, message, str(queue), reason)
+        runtime = get_runtime(self.app)
+        headers = dict(message.headers or {})
+        headers.pop(DELIVERY_QUEUE_HEADER, None)
+        raw_properties = (message.properties or {}).get(RAW_PROPERTIES_PROPERTY)
+        if raw_properties is not None:
+            headers[RAW_PROPERTIES_PROPERTY] = raw_properties  # a byte array on the wire
+        try:
+            state = read_state(headers)
+        except MalformedHeader:
+            state = DLXState()
+        copy = Outgoing(
+            body=message.body if isinstance(message.body, bytes) else str(message.body).encode(),
+            routing_key=queue,
+            exchange=runtime.config.exchange,
+            headers={
+                **clean_headers(headers, DLXState(attempt=state.attempt, queue=queue)),
+                REASON_HEADER: reason[:1000],
+                QUEUE_HEADER: queue,
+            },
+            properties={
+                **copy_properties(message.properties),
+                "content_type": message.content_type,
+                "content_encoding": message.content_encoding,
+            },
+        )
+        try:
+            runtime.publisher.publish(copy)
+        except Exception as err:
+            logger.warning("could not bury an undecodable message from %s (%r)", queue, err)
+            runtime.reset_publisher()
+            return False
+        # The DLX service logs (and alerts on) the burial itself, once, with the obituary.
+        logger.warning(
+            "quarantined a message from %s: %s: sent to the graveyard", queue, reason[:300]
+        )
+        return True
 
     def _divert(self, message: Message, reason: str) -> None:
         """Make Celery's coming reject of ``message`` an ack (buried) or a requeue (never DLX)."""

@@ -27,11 +27,9 @@ class Delivery:
     x_death_problem: str | None
 
 
-def read_delivery(task: Task[..., object], req: Any = None) -> Delivery:
-    """What ``req`` (default ``task.request``) says about its message; never raises: a malformed
-    header becomes ``Delivery.problem``."""
-    if req is None:
-        req = task.request
+def read_delivery(task: Task[..., object], req: Any) -> Delivery:
+    """What ``req`` (``task``'s request) says about its message; never raises: a malformed header
+    becomes ``Delivery.problem``."""
     headers = delivery_headers(req)
     info = req.delivery_info or {}
     problem = None

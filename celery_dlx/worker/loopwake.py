@@ -118,13 +118,9 @@ class LoopWakeStep(bootsteps.StartStopStep):
             and (pool_name == "solo" or not hub_wakes_for_other_threads())
         )
 
-    def create(self, parent: WorkController) -> LoopWakeStep:  # type: ignore[override]  # celery-stubs say None; Celery keeps what create returns as the step's obj
+    def create(self, parent: WorkController) -> None:
         self.wake = LoopWake(other_threads=not hub_wakes_for_other_threads())
         parent.app.__dict__[_WAKE_ATTR] = self.wake
-        return self
-
-    def start(self, parent: WorkController) -> None:
-        return None
 
     def register_with_event_loop(self, parent: WorkController, hub: Hub) -> None:
         if self.wake is not None:

@@ -1,24 +1,20 @@
 """The pool's parent writes its runs' parks and requeues in batches, then acks each original.
 
-A run failing into a park or requeue decides and builds the copy in the pool process, then ends
-with a handover (:class:`ParkHandover`, :class:`RequeueHandover`) that goes back with its result
-(:class:`celery_dlx.compat.HandedOver`); the main process's
-:class:`~celery_dlx.worker.request.DLXRequest` gives it to the :class:`Settler` instead of
-acking. A settler thread waits up to :data:`LINGER` for others, then writes the batch: parks in
-one ``MULTI``/``EXEC`` (``WAIT`` for ``dlx_redis_min_replicas``), requeued copies on one
-confirm-mode channel with pipelined confirms. The pool process starts its next task meanwhile,
-and a burst of failures costs one Redis round trip and one confirm wait per batch, not per
-message.
+A run failing into a park or requeue builds the copy in the pool process and ends with a
+handover (:class:`ParkHandover`, :class:`RequeueHandover`, carried by
+:class:`celery_dlx.compat.HandedOver`), which the main process's
+:class:`~celery_dlx.worker.request.DLXRequest` gives to the :class:`Settler` instead of acking.
+Its thread waits up to :data:`LINGER` for others, then writes parks in one ``MULTI``/``EXEC``
+(``WAIT`` for ``dlx_redis_min_replicas``) and requeued copies with pipelined confirms: a burst of
+failures costs one Redis round trip and one confirm wait per batch while the pool runs on.
 
-Guarantees, as for a copy the pool process writes: the original is acked only once its park is
-in Redis (and the replicas) or its copy is confirmed; a copy that cannot be written goes to the
-DLX service (:meth:`Settler._fall_back`). A worker that dies in between acks nothing: the broker
-redelivers the original (a park is idempotent per message id and attempt; a requeued copy may
-then run twice, as when a pool process dies before its ack).
-
-Used with the Redis delay backend on the prefork and threads pools (``dlx_parent_parks``);
-otherwise, and on the solo pool (whose runs block the event loop anyway), the run writes its
-copy before it ends.
+The original is acked only once its park is in Redis (and the replicas) or its copy is
+confirmed; a copy that cannot be written goes to the DLX service (:func:`send_to_service`). A
+worker that dies in between acks nothing: the broker redelivers the original (a park is
+idempotent per message id and attempt; a requeued copy may run twice, as when a pool process
+dies before its ack). Used with the Redis delay backend on the prefork and threads pools
+(``dlx_parent_parks``); elsewhere (the solo pool's runs block its loop anyway) the run writes
+its copy itself.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from celery import bootsteps
 
@@ -39,7 +35,7 @@ from celery_dlx.message.fate_copy import fate_copy
 from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.outages import OutageLog, outage_log
-from celery_dlx.wiring.runtime import get_runtime
+from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.marks import mark_made, mark_pending
 
 if TYPE_CHECKING:
@@ -68,8 +64,7 @@ POOLS = ("prefork", "thread")
 
 @dataclass(frozen=True)
 class ParkHandover:
-    """A park left to the parent: the copy and its fate (a copy that fails goes to the DLX
-    service)."""
+    """A park left to the parent: the copy and its fate."""
 
     message: ParkedMessage
     event: FateEvent
@@ -77,7 +72,7 @@ class ParkHandover:
 
 @dataclass(frozen=True)
 class RequeueHandover:
-    """A requeue left to the parent: the copy and its fate (as :class:`ParkHandover`)."""
+    """A requeue left to the parent: the copy and its fate."""
 
     copy: Outgoing
     event: FateEvent
@@ -104,13 +99,12 @@ def settler_of(app: Celery) -> Settler | None:
 
 
 class Settler:
-    """Writes handed-over parks in batches on a thread of its own, then acks each original.
+    """Writes handed-over copies in batches on a thread of its own, then acks each original.
 
-    The acks go through Celery's ``Request.acknowledge``, whose ``Hub.call_soon`` called from
-    this thread wakes the loop (:func:`celery_dlx.compat.celery.acknowledge_from_thread`). From
-    inside a loop callback, the ack would wait for the loop's next event: up to a second, with a
-    prefetch slot held (seen at prefetch 1).
-    """
+    From this thread an ack wakes the loop
+    (:func:`~celery_dlx.compat.celery.acknowledge_from_thread`); from inside a loop callback it
+    would wait for the loop's next event: up to a second, with a prefetch slot held (seen at
+    prefetch 1)."""
 
     def __init__(self, app: Celery, hostname: str | None = None) -> None:
         self.app = app
@@ -136,7 +130,7 @@ class Settler:
         self._settle(self._take(len(self._pending)))
 
     def submit(self, request: Request, handover: Handover) -> None:
-        """Write ``handover``'s copy and ack ``request``'s message once it is in (any thread)."""
+        """Write ``handover``'s copy, then ack ``request``'s message (any thread)."""
         if not self._running:  # stopping: the pool's last results
             self._settle([(request, handover)])
             return
@@ -202,10 +196,8 @@ class Settler:
                 logger.exception("celery_dlx could not settle %s", handover.event.message_id)
 
     def _fall_back(self, request: Request, handover: Handover, err: BaseException) -> None:
-        """The copy could not be written: as ``DLXTask._fallback``, it goes to the DLX service
-        naming its fate and the original is acked (a rejection would mean a burial), marked
-        pending first (:mod:`celery_dlx.worker.marks`); if the broker refuses that copy too, the
-        original goes back to its queue."""
+        """The copy could not be written: it goes to the DLX service (:func:`send_to_service`)
+        and the original is acked, or back to its queue if the broker refuses that copy too."""
         runtime = get_runtime(self.app)
         if isinstance(handover, ParkHandover):
             parked = handover.message
@@ -213,26 +205,45 @@ class Settler:
             fate, delay = PARKED, max(0.0, (parked.due_ms - parked.parked_ms) / 1000)
         else:
             copy, fate, delay = handover.copy, REQUEUED, None
-        refusals = _refusals(self.app, fate)
         queue = handover.event.queue or copy.routing_key
-        routed = fate_copy(
-            copy, fate=fate, exchange=runtime.config.exchange, queue=queue, delay=delay
+        refused = send_to_service(
+            runtime, copy, fate, queue, delay, handover.event, _refusals(self.app, fate), err
         )
-        mark_pending(runtime, [handover.event])
-        try:
-            runtime.publisher.publish(routed)
-        except Exception:
-            runtime.reset_publisher()
-            refusals.failed(err, "the broker refused the copy for the DLX service too")
+        if refused is not None:
             reject_from_thread(request, requeue=True)
             return
-        refusals.failed(err, "sent to the DLX service, which writes it once it can")
-        mark_made(runtime, [handover.event])
         acknowledge_from_thread(request)
 
 
+def send_to_service(
+    runtime: Runtime,
+    copy: Outgoing,
+    fate: str,
+    queue: str,
+    delay: float | None,
+    event: FateEvent,
+    refusals: OutageLog,
+    err: BaseException,
+) -> Exception | None:
+    """Send a copy that could not be written to the DLX service naming its ``fate``, which
+    writes it once Redis and the broker answer (nothing lost, nothing decided twice), marked
+    pending first (:mod:`celery_dlx.worker.marks`). The caller then acks the original (a DLX
+    task's rejection means a burial); the broker's error when it refused this copy too (the
+    original then goes back to its queue: its redelivery counts as a crash)."""
+    routed = fate_copy(copy, fate=fate, exchange=runtime.config.exchange, queue=queue, delay=delay)
+    mark_pending(runtime, [event])
+    try:
+        runtime.publisher.publish(routed)
+    except Exception as again:
+        runtime.reset_publisher()
+        refusals.failed(err, "the broker refused the copy for the DLX service too")
+        return again
+    refusals.failed(err, "sent to the DLX service, which writes it once it can")
+    mark_made(runtime, [event])
+    return None
+
+
 def _refusals(app: Celery, fate: str) -> OutageLog:
-    """The main process's outage log of the ``fate`` copies it could not write."""
     return outage_log(app, f"_celery_dlx_settler_refused_{fate}", logger, f"{fate} copies")
 
 
@@ -241,8 +252,8 @@ def _fill(
     indexed: Sequence[tuple[int, object]],
     write: Callable[[], list[BaseException | None]],
 ) -> None:
-    """Put ``write()``'s outcome for each ``(place, handover)`` of ``indexed`` in ``outcomes``;
-    if it raises, its error for each (the thread must not die; each message falls back)."""
+    """Put ``write()``'s outcome for each ``(place, handover)`` of ``indexed`` in ``outcomes``; its
+    error for each if it raises (the thread must not die; each message falls back)."""
     try:
         written = write()
     except Exception as err:
@@ -257,10 +268,6 @@ class SettlerStep(bootsteps.StartStopStep):
     name = "celery_dlx.worker.settler"
     requires = ("celery.worker.components:Hub", "celery.worker.components:Pool")
 
-    def __init__(self, parent: WorkController, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self.settler: Settler | None = None
-
     def include_if(self, parent: WorkController) -> bool:
         config = get_runtime(parent.app).config
         pool_name = worker_pool_name(parent)
@@ -273,17 +280,6 @@ class SettlerStep(bootsteps.StartStopStep):
         )
 
     def create(self, parent: WorkController) -> Settler:  # type: ignore[override]  # celery-stubs say None; Celery keeps what create returns as the step's obj
-        self.settler = Settler(parent.app, getattr(parent, "hostname", None))
-        parent.app.__dict__[_SETTLER_ATTR] = self.settler
-        return self.settler
-
-    def start(self, parent: WorkController) -> None:
-        assert self.settler is not None
-        self.settler.start()
-
-    def stop(self, parent: WorkController) -> None:
-        if self.settler is not None:
-            self.settler.stop()
-
-    def terminate(self, parent: WorkController) -> None:
-        self.stop(parent)
+        settler = Settler(parent.app, getattr(parent, "hostname", None))
+        parent.app.__dict__[_SETTLER_ATTR] = settler
+        return settler

@@ -23,12 +23,8 @@ Message = Any
 
 def _queue_of(consumer: Consumer, message: Message) -> str | None:
     tag = (message.delivery_info or {}).get("consumer_tag")
-    if not tag:
-        return None
-    for queue, active_tag in task_queue_tags(consumer).items():
-        if active_tag == tag:
-            return queue
-    return None
+    tags = task_queue_tags(consumer) if tag else {}
+    return next((queue for queue, active_tag in tags.items() if active_tag == tag), None)
 
 
 def dlx_strategy(

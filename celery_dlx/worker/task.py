@@ -37,13 +37,7 @@ from celery_dlx.errors import MalformedHeader
 from celery_dlx.fates import BURIED, Bury, FateEvent, now_ms
 from celery_dlx.message.cause import CauseRecord
 from celery_dlx.message.failure import Failure
-from celery_dlx.message.fate_copy import fate_copy
-from celery_dlx.message.headers import (
-    DLXState,
-    HistoryEntry,
-    fingerprint,
-    read_state,
-)
+from celery_dlx.message.headers import DLXState, HistoryEntry, fingerprint, read_state
 from celery_dlx.message.lineage import follows, lineage, next_park_id
 from celery_dlx.message.names import (
     EXC_MESSAGE_LIMIT,
@@ -53,7 +47,6 @@ from celery_dlx.message.names import (
     REASON_HEADER,
     REPLAYED_HEADER,
 )
-from celery_dlx.message.outgoing import Outgoing
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.outages import OutageLog, outage_log
 from celery_dlx.policy.breaker import HELD_HEADER
@@ -72,6 +65,7 @@ from celery_dlx.worker.settler import (
     ParkHandover,
     RequeueHandover,
     hands_over,
+    send_to_service,
 )
 
 if TYPE_CHECKING:
@@ -98,8 +92,7 @@ class Redelivered(Exception):
 def _options(task: DLXTask, runtime: Runtime, queue: str) -> TaskOptions:
     cache = task.__class__.__dict__.get("_dlx_options_cache")
     if cache is None:
-        cache = {}
-        task.__class__._dlx_options_cache = cache
+        cache = task.__class__._dlx_options_cache = {}
     key = (id(runtime.config), queue)
     options: TaskOptions | None = cache.get(key)
     if options is None:
@@ -154,7 +147,8 @@ def _replayed(delivery: Delivery) -> str | None:
 
 
 def _step(delivery: Delivery) -> str:
-    """A retry step: queue, message, attempt, lineage and holds (``_first_run_of_copy``)."""
+    """A retry step: queue, message, attempt, lineage (a replay starts one) and holds (a held copy
+    runs again at the same attempt), not who made the copy or when."""
     state = delivery.state
     holds = delivery.headers.get(HOLDS_HEADER, 0)
     line = lineage(state, _replayed(delivery))
@@ -162,7 +156,6 @@ def _step(delivery: Delivery) -> str:
 
 
 def _refusals(app: Celery, fate: str) -> OutageLog:
-    """This process's outage log of refused writes of ``fate``."""
     return outage_log(app, f"_celery_dlx_refused_{fate}", logger, _REFUSED_WRITES[fate])
 
 
@@ -243,11 +236,8 @@ class DLXTask(TracerHook, _Task):
         return bool((runtime or get_runtime(app)).config.enabled)
 
     def push_request(self, *args: Any, **kwargs: Any) -> None:
-        """Celery 5.5's ``Task.push_request``: the pushed request keeps the current one's fields.
-
-        Before 5.5, ``Task.__call__`` (called by DLXTask's own ``__call__``) pushed an empty
-        request (id None, retries 0) over the run's in eager mode and in-process workers.
-        """
+        """Celery 5.5's ``Task.push_request``, keeping the current request's fields: before 5.5,
+        ``Task.__call__`` pushed an empty one over the run's (eager mode, in-process workers)."""
         push_request_keeping_fields(self, *args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -269,7 +259,7 @@ class DLXTask(TracerHook, _Task):
         unrun = False
         if delivery.redelivered and not self._redelivery_was_asked(runtime, delivery):
             known = False
-            try:
+            try:  # each look-up raises a Redis error when Redis does not answer
                 known = (
                     self._succeeded_before(runtime, delivery)
                     or self._parked_before(runtime, delivery)
@@ -277,9 +267,9 @@ class DLXTask(TracerHook, _Task):
                 )
                 unrun = not known and self._never_ran(runtime, delivery)
             except RetryPending as err:  # its copy is on its way to the DLX service
-                self._wait_for_store(runtime, delivery, err, PENDING_WAIT)
+                self._wait_for_store(runtime, err, PENDING_WAIT)
             except STORE_ERRORS as err:  # waits in its queue until Redis answers (or ttl: a crash)
-                self._wait_for_store(runtime, delivery, err, REDIS_WAIT)
+                self._wait_for_store(runtime, err, REDIS_WAIT)
             if known:
                 self._end_settled()
             if not unrun:
@@ -391,11 +381,7 @@ class DLXTask(TracerHook, _Task):
 
     def _parked_before(self, runtime: Runtime, delivery: Delivery) -> bool:
         """True when this redelivered message's failure was parked already (the broker lost the
-        ack after the park): a second retry of the original would start a second lineage.
-
-        Raises:
-            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
-        """
+        ack after the park): a second retry of the original would start a second lineage."""
         entry_id = next_park_id(delivery.message_id, delivery.state)
         try:
             entry = runtime.parking.entry(entry_id)
@@ -420,11 +406,7 @@ class DLXTask(TracerHook, _Task):
         """True when a run of this redelivered retry's step succeeded already: a second copy
         of the retry (a drain or the DLX service published it again) that its first worker lost
         before running it, or this copy whose ack the broker lost. Counted as a crash, it would
-        be given a retry of its own and could be buried although its task succeeded.
-
-        Raises:
-            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
-        """
+        be given a retry of its own and could be buried although its task succeeded."""
         if delivery.state.attempt == 0 or not runtime.causes.run_finished(_step(delivery)):
             return False
         logger.info(
@@ -445,14 +427,10 @@ class DLXTask(TracerHook, _Task):
     def _first_run_of_copy(self, runtime: Runtime, delivery: Delivery) -> bool:
         """False for a second copy of one retry step, acked unrun (it would run the failure past
         its budget): a drain or the DLX service died between a retry's confirmed publish and its
-        delete, or a worker's copy and the one it handed to the DLX service both went out. A step
-        is queue, message, attempt, lineage (a replay starts one) and holds (a held copy runs
-        again at the same attempt), not who made the copy or when.
-
-        Every run of a retry claims its step first, so a redelivered copy whose step has no
-        claim never ran (:meth:`_never_ran`). Redis that does not answer is waited for (a
-        restart, :func:`~celery_dlx.worker.marks.patiently`); through a longer outage, a full
-        Redis, or with the ``ttl`` delay backend (Redis optional) it runs unclaimed."""
+        delete, or a worker's copy and the one it handed to the DLX service both went out. Every
+        run of a retry claims its :func:`_step` first (so :meth:`_never_ran` can tell). Redis that
+        does not answer is waited for (a restart); through a longer outage, a full Redis, or with
+        the ``ttl`` delay backend (Redis optional) it runs unclaimed."""
         step = _step(delivery)
         try:
             first = patiently(
@@ -472,14 +450,9 @@ class DLXTask(TracerHook, _Task):
         return first
 
     def _never_ran(self, runtime: Runtime, delivery: Delivery) -> bool:
-        """True when this redelivered copy of a retry never started a run: no run claimed its
-        step (every run of a retry claims it first, :meth:`_first_run_of_copy`), so its worker
-        died, or its copy went back to its queue, before running it. It then runs as the
-        step's first run (claimed now) instead of counting as a crash.
-
-        Raises:
-            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
-        """
+        """True when this redelivered copy of a retry never started a run (no run claimed its
+        step): its worker died, or its copy went back to its queue, before running it. It then
+        runs as the step's first run (claimed now) instead of counting as a crash."""
         if delivery.state.attempt == 0 or runtime.history_optional:
             return False
         if not runtime.causes.claim_run(_step(delivery), runtime.config.cause_ttl):
@@ -492,11 +465,7 @@ class DLXTask(TracerHook, _Task):
     def _retried_before(self, runtime: Runtime, delivery: Delivery) -> bool:
         """True when this redelivered message's failure has its retry already (published, parked
         or sent to the DLX service, then the broker lost the ack): a second one would start a
-        second lineage and run the failure past its budget.
-
-        Raises:
-            redis.RedisError: Redis did not answer (see :meth:`_wait_for_store`).
-        """
+        second lineage and run the failure past its budget."""
         copied = runtime.causes.was_copied(
             delivery.queue,
             delivery.message_id,
@@ -510,16 +479,12 @@ class DLXTask(TracerHook, _Task):
             )
         return copied
 
-    def _wait_for_store(
-        self, runtime: Runtime, delivery: Delivery, err: BaseException, why: str
-    ) -> None:
-        """Whether this redelivered message's retry exists is not known yet: Redis did not
-        answer, or the retry's copy is on its way to the DLX service (:class:`RetryPending`).
-        Counted as a crash, it could get a second retry beside the one its first worker made
-        before dying, and run past its budget; so it waits in its queue instead (rejected with
-        requeue after :data:`STORE_WAIT` seconds, so a pool does not spin). With the ``ttl``
-        delay backend Redis is optional: the redelivery counts as a crash, as without Redis it
-        must."""
+    def _wait_for_store(self, runtime: Runtime, err: BaseException, why: str) -> None:
+        """Whether this redelivered message's retry exists is not known yet (Redis did not
+        answer, or its copy is on its way to the DLX service): counted as a crash, it could get a
+        second retry beside its first worker's and run past its budget, so it waits in its queue
+        (rejected with requeue after :data:`STORE_WAIT` seconds, so a pool does not spin). With
+        the ``ttl`` delay backend (Redis optional) the redelivery counts as a crash."""
         if runtime.history_optional:
             return
         _refusals(self.app, "redelivery").failed(err, why)
@@ -531,10 +496,12 @@ class DLXTask(TracerHook, _Task):
         state = delivery.state
         return f"{self.name}[{delivery.message_id}] attempt={state.attempt} queue={delivery.queue}"
 
-    def _end_settled(self) -> NoReturn:
-        """End a run whose fate is settled already, acking its message, without a traceback."""
+    def _end_settled(self, handover: Handover | None = None) -> NoReturn:
+        """End a run whose fate is settled, acking its message (or handing ``handover`` to the
+        settler), without a traceback."""
         if settles(tracer_of(self)):
-            raise RunSettled(None) from None
+            raise RunSettled(handover) from None
+        # Without the failure as context: Celery's tracer formats the Ignore's traceback.
         raise Ignore() from None
 
     def _fail(
@@ -571,10 +538,7 @@ class DLXTask(TracerHook, _Task):
         event = self._fate_event(delivery, options, plan, held)
         handover = self._send_copy(runtime, delivery, plan, exc, event, held)
         self._mark_retry(plan.root, einfo)
-        if settles(tracer_of(self)):
-            raise RunSettled(handover) from None
-        # Without the failure as context: Celery's tracer formats the Ignore's traceback.
-        raise Ignore() from None
+        self._end_settled(handover)
 
     def _close_breaker(self, runtime: Runtime, delivery: Delivery) -> None:
         """A held message (the canary, usually) succeeded: close its cause's breaker."""
@@ -705,7 +669,13 @@ class DLXTask(TracerHook, _Task):
             mark_pending(runtime, [event])
             runtime.publisher.publish(copy)
         except Exception as err:
-            self._fallback(runtime, delivery, plan, copy, event, err)
+            delay = plan.delay if plan.fate == fates.PARKED else None
+            refusals = _refusals(self.app, plan.fate)
+            refused = send_to_service(
+                runtime, copy, plan.fate, delivery.queue, delay, event, refusals, err
+            )
+            if refused is not None:
+                raise Reject(refused, requeue=True) from None
             return None
         _refusals(self.app, plan.fate).succeeded()
         if not runtime.record_settled(event):
@@ -751,35 +721,6 @@ class DLXTask(TracerHook, _Task):
         if held is not None:
             extra["breaker"] = "opened" if held.opened else ("canary" if held.canary else "held")
         return FateEvent.of(plan.fate, failure, delay=plan.delay, extra=extra)
-
-    def _fallback(
-        self,
-        runtime: Runtime,
-        delivery: Delivery,
-        plan: FailurePlan,
-        copy: Outgoing,
-        event: FateEvent,
-        err: Exception,
-    ) -> None:
-        """The copy could not be written: send it to the DLX service naming its fate, which
-        writes it once Redis and the broker answer (nothing lost, nothing decided twice), and ack
-        the original. Not rejected: a DLX task's rejection means a burial. If the broker refuses
-        this copy too, the original goes back to its queue (its redelivery counts as a crash)."""
-        fate = plan.fate
-        refusals = _refusals(self.app, fate)
-        delay = plan.delay if fate == fates.PARKED else None
-        routed = fate_copy(
-            copy, fate=fate, exchange=runtime.config.exchange, queue=delivery.queue, delay=delay
-        )
-        mark_pending(runtime, [event])
-        try:
-            runtime.publisher.publish(routed)
-        except Exception as again:
-            runtime.reset_publisher()
-            refusals.failed(err, "the broker refused the copy for the DLX service too")
-            raise Reject(again, requeue=True) from None
-        refusals.failed(err, "sent to the DLX service, which writes it once it can")
-        mark_made(runtime, [event])
 
     def _bury(
         self,
@@ -875,12 +816,9 @@ class DLXTask(TracerHook, _Task):
     def _send_to_graveyard(
         self, runtime: Runtime, delivery: Delivery, reason: str, state: DLXState, *, requeue: bool
     ) -> None:
-        """Publish the burial copy (``reason`` in its bury-reason header) to the DLX service.
-
-        Raises:
-            Reject: the broker refused it: the original goes back to its queue (``requeue``), or
-                to the dead-letter exchange, where the service buries a DLX task's rejection.
-        """
+        """Publish the burial copy (``reason`` in its bury-reason header) to the DLX service; if
+        the broker refuses it, ``Reject`` sends the original back to its queue (``requeue``) or to
+        the dead-letter exchange, where the service buries a DLX task's rejection."""
         copy = celery_copy(
             self.request,
             state=state,
