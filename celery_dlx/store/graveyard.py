@@ -168,16 +168,17 @@ _REMOVE = _REMOVE.replace("OVERHEAD", str(OBITUARY_OVERHEAD)).replace(
 
 
 class GraveyardShard:
-    """The obituaries under one hash tag (``tag``): the app's (``{prefix}:graveyard:*``) or one
-    bucket of a queue (``{prefix:q:QUEUE:BUCKET}:graveyard:*``), with their replay ledger."""
+    """The obituaries under one hash tag (``tag``): the app's or one bucket of a queue, with
+    their replay ledger; ``cap``: ``dlx_graveyard_max_per_cause`` (0: no cap)."""
 
-    def __init__(self, client: RedisClient, keys: Keys, tag: str, scripts: _Scripts) -> None:
+    def __init__(
+        self, client: RedisClient, keys: Keys, tag: str, scripts: _Scripts, cap: int = 0
+    ) -> None:
         self.client = client
         self.keys = keys
         self.tag = tag
-        #: Most obituaries of one cause here (``dlx_graveyard_max_per_cause``; 0: no cap).
-        self.cap = 0
-        #: True for the app's tag, where the history stream and the cause records live too.
+        self.cap = cap
+        #: The app's tag, where the history stream and the cause records live too.
         self.home = tag == keys.home_tag
         self.scripts = scripts
         self._base = keys.graveyard_prefix if self.home else f"{tag}:graveyard:"
@@ -240,9 +241,7 @@ class GraveyardShard:
         *,
         drop_causes: bool = True,
     ) -> list[tuple[list[str], list[Any]]]:
-        """The ``(keys, args)`` of the burial script per item; ``limit``: the most bytes this
-        shard may hold after each (-1: none); ``drop_causes``: delete each message's cause
-        record too (in the app-tag shard)."""
+        """The ``(keys, args)`` of the burial script per item (``limit``: bytes, -1 none)."""
         return [
             self._write_call(ob, ob.record_json(), ob.payload or b"", event, limit, drop_causes)
             for ob, event in items
@@ -275,15 +274,14 @@ class GraveyardShard:
         return keys, args
 
     def write(self, calls: Sequence[tuple[list[str], list[Any]]]) -> list[int]:
-        """Run the burial script for ``calls`` in one round trip; per call, 1 if written, 0 if
-        there already, -1 if refused (past the budget)."""
+        """Run the burial ``calls`` in one round trip; the script's replies."""
         if is_cluster(self.client):  # a call each, as redis-py runs scripts on a Cluster
             return [int(r) for r in run_script_many(self.client, self.scripts.write, calls)]
         return [int(r) for r in run_script_batch(self.scripts.write_batch, calls)]
 
     def copy_in(self, ob: Obituary, record: Any, payload: Any, ledger: Any) -> bool:
-        """Write one obituary's stored record here, with its ledger entry and no history entry
-        (a move between layouts); False if it is here already."""
+        """Copy a stored obituary here, with its ledger entry and no history entry (a move
+        between layouts); False if it is here already."""
         keys, args = self._write_call(ob, record, payload, None, cap=0)
         (copied,) = self.write([(keys, args)])
         if ledger is not None:
@@ -291,8 +289,8 @@ class GraveyardShard:
         return copied == 1
 
     def remove(self, ob: Obituary, event: FateEvent | None) -> bool:
-        """Delete ``ob`` and, when given, append ``event`` to the history in the same script
-        (only the app-tag shard shares the stream's slot); False if it was gone."""
+        """Delete ``ob``, with ``event`` appended by the script in the app-tag shard; False if
+        it was gone."""
         keys = [
             *self._index_keys(ob),
             self.ledger,
@@ -310,8 +308,7 @@ class GraveyardShard:
     def set_status(
         self, ob: Obituary, new: str, at: int, extra: dict[str, Any], allowed_from: str = ""
     ) -> bool:
-        """Move ``ob`` to status ``new`` (when its current one is in ``allowed_from``,
-        comma-separated; "" any), merging ``extra`` into its status document."""
+        """:meth:`Graveyard.set_status` of one obituary (``allowed_from`` comma-separated)."""
         keys = [
             self.status_key,
             self.replayed_key,
@@ -323,19 +320,13 @@ class GraveyardShard:
         return bool(self.scripts.set_status(keys=keys, args=args))
 
     def statuses(self, ids: Sequence[str]) -> list[dict[str, Any]]:
-        """The status document of each id (``{}``: unresolved, never replayed)."""
-        if not ids:
-            return []
         return [status.parse(raw) for raw in self.client.hmget(self.status_key, list(ids))]
 
     def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
-        """Ids ``replayed`` or ``resolved`` (``kind``) at or before ``cutoff_ms``, oldest first."""
         key = self.replayed_key if kind == status.REPLAYED else self.resolved_key
         return [text(i) for i in self.client.zrangebyscore(key, "-inf", cutoff_ms, 0, limit)]
 
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
-        """The obituaries of ``ids`` (None where missing or unreadable), in order, with their
-        replay times and status."""
         if not ids:
             return []
         pipe = self.client.pipeline(transaction=False)
@@ -367,8 +358,7 @@ class GraveyardShard:
         return int(self.client.zcard(self.by_time))
 
     def stored_page(self, skip: int, count: int) -> list[tuple[str, Any, Any, Any]]:
-        """``(id, record, payload, ledger entry)`` as stored, of ``count`` obituaries from rank
-        ``skip``, oldest first."""
+        """``(id, record, payload, ledger entry)`` as stored, from rank ``skip``, oldest first."""
         ids = [text(i) for i in self.client.zrange(self.by_time, skip, skip + count - 1)]
         if not ids:
             return []
@@ -380,7 +370,7 @@ class GraveyardShard:
         return list(zip(ids, records, payloads, ledgers, strict=True))
 
     def driving_index(self, filters: Filters) -> str:
-        """The index a listing under ``filters`` reads (the narrowest given)."""
+        """The narrowest index ``filters`` name."""
         if filters.message_id is not None:
             return self.by_message(filters.message_id)
         if filters.cause is not None:
@@ -392,7 +382,7 @@ class GraveyardShard:
         return self.by_time
 
     def queue_group_reads(self, pipe: Any, causes: list[str]) -> None:
-        """Queue on ``pipe`` the reads :meth:`groups_from` takes (:data:`GROUP_READS` per cause)."""
+        """Queue the reads :meth:`groups_from` takes (:data:`GROUP_READS` per cause)."""
         for cause in causes:
             index = self.by_cause(cause)
             pipe.hgetall(self.group_key(cause))
@@ -402,7 +392,6 @@ class GraveyardShard:
             pipe.hgetall(self.cause_versions(cause))
 
     def groups_from(self, causes: list[str], results: list[Any]) -> list[Group]:
-        """The groups of ``causes`` from the replies of :meth:`queue_group_reads`."""
         out = []
         for i, cause in enumerate(causes):
             info, count, first, last, versions = results[GROUP_READS * i : GROUP_READS * (i + 1)]
@@ -435,7 +424,6 @@ class GraveyardShard:
         return out
 
     def version_times(self) -> dict[str, int]:
-        """Every code version seen in this shard -> when it was first seen (ms)."""
         scored = cast(
             "list[tuple[bytes, float]]",
             self.client.zrange(self.versions_key, 0, -1, withscores=True),
@@ -443,7 +431,6 @@ class GraveyardShard:
         return {text(v): int(ms) for v, ms in scored}
 
     def names(self, kind: str) -> list[tuple[str, int, int]]:
-        """``(name, obituaries, last burial ms)`` per queue (``kind="queue"``) or task."""
         key, index = (
             (self.queues_key, self.by_queue) if kind == "queue" else (self.tasks_key, self.by_task)
         )
@@ -459,7 +446,7 @@ class GraveyardShard:
 
     def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
         """Add replay times to the ledger (read-modify-write: an operator's record, not a lock);
-        ``to_queue``: the queue these replays were redirected to (kept per time, under ``to``)."""
+        ``to_queue``: where these replays went, kept per time under ``to``."""
         if not replayed:
             return
         ids = [oid for oid, _ in replayed]
@@ -474,19 +461,16 @@ class GraveyardShard:
         self.client.hset(self.ledger, mapping=mapping)
 
     def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
-        """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
         if not ids:
             return []
         raws = self.client.hmget(self.ledger, list(ids))
         return [{int(at): q for at, q in _ledger_redirects(raw).items()} for raw in raws]
 
     def scan_cause(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage:
-        """One page of a cause's ids, newest first, by this shard's indexes alone: without a
-        queue or task filter one ``ZREVRANGEBYSCORE ... LIMIT`` (``matching`` exact); with one,
-        the cause's ids checked against that queue's or task's index (``ZMSCORE``, no record
-        read), at most :data:`SCAN_CAP` ids for one page (``capped`` says so), ``offset`` then
-        counting the cause's ids, not matches. A status filter is checked the same way, against
-        the status hash (``HMGET``)."""
+        """One page of a cause's ids, newest first, by this shard's indexes alone. With a queue,
+        task or status filter the cause's ids are checked against that index (``ZMSCORE``) or
+        the status hash, no record read: at most :data:`SCAN_CAP` ids per page (``capped``),
+        ``offset`` then counting the cause's ids, not matches."""
         client, index = self.client, self.by_cause(cause)
         high = "+inf" if filters.until_ms is None else filters.until_ms
         low = "-inf" if filters.since_ms is None else filters.since_ms
@@ -554,7 +538,6 @@ class Budget:
         self._memory: tuple[float, MemoryInfo] | None = None
 
     def memory(self, client: RedisClient) -> MemoryInfo:
-        """Redis' ``INFO memory`` (reused for :attr:`ttl` seconds)."""
         now = time.monotonic()
         if self._memory is None or now - self._memory[0] > self.ttl:
             self._memory = (now, memory_info(client))
@@ -592,7 +575,7 @@ class Budget:
 
 
 class _Scripts:
-    """The graveyard scripts, registered once per graveyard (every shard runs the same ones)."""
+    """The graveyard scripts, registered once per graveyard for all its shards."""
 
     def __init__(self, client: RedisClient) -> None:
         self.write = client.register_script(_WRITE)
@@ -604,19 +587,15 @@ class _Scripts:
 class Graveyard:
     """Obituaries in Redis, in the single-tag layout or sharded by queue (same methods).
 
-    Reads go over every shard (:mod:`celery_dlx.store.shards`): listings merge the shards'
-    indexes a page at a time by burial time (:func:`heapq.merge`); counts, names, versions and a
-    cause's group are summed or merged. An obituary id tells its bucket (its CRC-32), not its
-    queue, so a load asks that bucket of every queue (one ``HMGET`` each, pipelined): its cost
-    grows with the number of queues, not with the graveyard.
+    Reads go over every shard: listings merge the shards' indexes a page at a time by burial
+    time; counts, names, versions and groups are summed. An obituary id tells its bucket, not
+    its queue, so a load asks that bucket of every queue (one pipelined ``HMGET`` each).
 
     In the single-tag layout a burial, its ``buried`` history entry and the deletion of the
-    worker's cause record are one script. Per queue, the history and the cause records live
-    under the app's tag (another slot): a burial appends its entry right after its script wrote
-    the obituary (a crash between leaves the obituary without its entry), a removal before its
-    script deletes it (a crash between leaves it in place with an extra entry: nothing leaves
-    without its record in the history). A queue bucket's burials wait for
-    ``dlx_redis_min_replicas`` on their own master.
+    worker's cause record are one script. Per queue, the history and the cause records live in
+    another slot: a burial appends its entry right after its script (a crash between leaves the
+    obituary without its entry), a removal before its script (a crash between leaves it in
+    place with an extra entry: nothing leaves without its record in the history).
 
     Past its budget (:class:`Budget`), or with Redis near its ``maxmemory``, a burial raises
     :class:`GraveyardFull` before it writes anything and the dead letter waits in RabbitMQ, so a
@@ -643,28 +622,20 @@ class Graveyard:
         self.keys = keys
         self.replicas = replicas or Replicas()
         self.budget = budget or Budget()
-        self.max_per_cause = max_per_cause
         self.scripts = _Scripts(client)
         self.shards: ShardSet[GraveyardShard] = ShardSet(
             client,
             Layout(keys, per_queue=per_queue, buckets=BUCKETS),
             keys.graveyard("shards"),
             "graveyard",
-            self._shard_of,
+            lambda tag: GraveyardShard(client, keys, tag, self.scripts, max_per_cause),
             self.replicas,
         )
 
-    def _shard_of(self, tag: str) -> GraveyardShard:
-        shard = GraveyardShard(self.client, self.keys, tag, self.scripts)
-        shard.cap = self.max_per_cause
-        return shard
-
     def shard(self, queue: str, obituary_id: str) -> GraveyardShard:
-        """The shard ``queue``'s obituary ``obituary_id`` is written to."""
         return self.shards.shard(queue, obituary_id)
 
     def queues(self) -> list[str]:
-        """The queues with graveyard keys of their own (per-queue layout), sorted."""
         return self.shards.queues()
 
     def write_many(
@@ -676,17 +647,16 @@ class Graveyard:
     ) -> list[bool]:
         """Write obituaries with their ``buried`` history entries, and delete the workers'
         cause records of their messages (unless ``drop_causes`` is False: the DLX service drops
-        them with its seen markers, in one step, :meth:`~celery_dlx.store.seen.Letters.mark`).
+        them with its seen markers, :meth:`~celery_dlx.store.seen.Letters.mark`).
 
         Returns:
-            Per obituary, True if it was written now, False if it was there already or (its
-            index then appended to ``over_cap``) its cause holds ``dlx_graveyard_max_per_cause``
-            obituaries already.
+            Per obituary, True if written now; False if there already or (its index appended
+            to ``over_cap``) its cause holds ``dlx_graveyard_max_per_cause`` obituaries.
 
         Raises:
-            NotReplicated: written in a queue's bucket, but fewer replicas than
-                ``dlx_redis_min_replicas`` confirmed it (its history entry is appended: the
-                retry finds the obituary there and writes nothing).
+            GraveyardFull: past the budget, or Redis near its ``maxmemory``.
+            NotReplicated: written in a queue's bucket, but too few replicas confirmed it (its
+                history entry is appended: the retry finds the obituary and writes nothing).
             redis.RedisError: not written (or not known to be); the caller retries.
         """
         if not items:
@@ -734,9 +704,8 @@ class Graveyard:
         return sum(int(n or 0) for n in self.shards.ask(lambda pipe, s: pipe.get(s.bytes_key)))
 
     def _limits(self, shards: Sequence[GraveyardShard]) -> list[int]:
-        """The byte limit each of ``shards`` gets for one batch (-1: none). One shard compares
-        the budget with its own count; several share what the budget has left. Raises
-        :class:`GraveyardFull` when Redis is too near its ``maxmemory``."""
+        """The byte limit each of ``shards`` gets for one batch (-1: none): one shard compares
+        the budget with its own count; several share what the budget has left."""
         limit = self.budget.check(self.client)
         if limit < 0:
             return [-1] * len(shards)
@@ -755,7 +724,7 @@ class Graveyard:
         limit: int,
         drop_causes: bool,
     ) -> list[int]:
-        """One shard's burials; a queue bucket's confirmed by its master's replicas."""
+        """One shard's burials; a queue bucket's wait for its master's replicas."""
         calls = shard.write_calls(items, limit, drop_causes=drop_causes)
         wanted = 0 if shard.home else self.replicas.wanted(self.client, shard.records)
         if not wanted:
@@ -787,7 +756,6 @@ class Graveyard:
         return holder.remove(ob, event)
 
     def locate(self, ids: Sequence[str]) -> list[GraveyardShard | None]:
-        """Per id, the shard that holds it, or None."""
         if not ids:
             return []
         queues = self.queues()
@@ -823,14 +791,13 @@ class Graveyard:
         return out
 
     def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
-        """Add replay times to the ledger of each obituary's shard."""
+        """:meth:`GraveyardShard.add_replays` in each obituary's shard."""
         for shard, where in self._by_shard([oid for oid, _ in replayed]):
             shard.add_replays([replayed[i] for i in where], to_queue=to_queue)
 
     def mark_replayed(self, ids: Sequence[str], at: int) -> list[str]:
-        """The obituaries ``ids`` are about to be replayed: ``replayed`` (before the copies go
-        out, so a copy that runs at once finds its obituary waiting for it). Returns the ids
-        changed, to hand to :meth:`unmark_replayed` if the copies do not go out."""
+        """Mark ``ids`` ``replayed`` before their copies go out (a copy that runs at once finds
+        its obituary waiting); the ids changed, for :meth:`unmark_replayed` if they do not."""
         return self.set_status(ids, status.REPLAYED, at, {"next": None})
 
     def unmark_replayed(self, ids: Sequence[str], at: int) -> None:
@@ -838,16 +805,13 @@ class Graveyard:
         self.set_status(ids, status.UNRESOLVED, at, allowed_from=[status.REPLAYED])
 
     def resolve(self, ids: Sequence[str], at: int, by: str) -> list[str]:
-        """The replayed obituaries ``ids`` are ``resolved`` (``by``: what told: ``success``, a
-        DLX task ran the replayed copy; ``quiet``, nothing dead-lettered it again within
-        ``dlx_resolve_after``). Returns the ids changed."""
-        allowed = [status.REPLAYED]
-        return self.set_status(ids, status.RESOLVED, at, {"by": by}, allowed_from=allowed)
+        """Mark the replayed ``ids`` ``resolved`` (``by``: ``success``, a DLX task ran the copy;
+        ``quiet``, nothing dead-lettered it within ``dlx_resolve_after``); the ids changed."""
+        return self.set_status(ids, status.RESOLVED, at, {"by": by}, allowed_from=[status.REPLAYED])
 
     def note_failed_again(self, buried: Sequence[Obituary], at: int) -> None:
-        """For each new obituary of a replayed message (``replayed_from``), the old one is
-        ``failed-again`` and names it; the new one counts the failures before it
-        (``repeats``)."""
+        """Each new obituary of a replayed message (``replayed_from``) makes the old one
+        ``failed-again``, naming it, and counts the ``repeats`` before it."""
         for ob in buried:
             old_id = ob.replayed_from
             if not old_id:
@@ -877,13 +841,11 @@ class Graveyard:
         return None if best is None else best[1]
 
     def ids(self, filters: Filters, *, limit: int | None, oldest_first: bool = False) -> list[str]:
-        """Obituary ids matching ``filters``, newest first unless ``oldest_first`` (each
-        shard's index read a page at a time, merged lazily)."""
+        """Obituary ids matching ``filters``, newest first unless ``oldest_first``."""
         shards = self.shards.every(filters.queue)
         page = CHUNK if limit is None else max(CHUNK, limit)
         sign = 1 if oldest_first else -1
-        # Every shard's first page in one pipelined round trip (per master); later pages as
-        # the merge reaches them.
+        # Every shard's first page in one round trip; later pages as the merge reaches them.
         pipe = self.client.pipeline(transaction=False)
         for shard in shards:
             _read_page(pipe, shard.driving_index(filters), filters, 0, page, oldest_first)
@@ -911,9 +873,8 @@ class Graveyard:
         *,
         allowed_from: Sequence[str] = (),
     ) -> list[str]:
-        """Move the obituaries ``ids`` to status ``new`` (those whose current status is one of
-        ``allowed_from``; empty: any), merging ``extra`` into their status documents. Returns
-        the ids changed."""
+        """Move ``ids`` whose status is one of ``allowed_from`` (empty: any) to ``new``, merging
+        ``extra`` into their status documents; the ids changed."""
         changed: list[str] = []
         allowed = ",".join(allowed_from)
         for shard, where in self._by_shard(ids):
@@ -923,8 +884,7 @@ class Graveyard:
         return changed
 
     def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
-        """Ids of up to ``limit`` obituaries ``replayed`` or ``resolved`` (``kind``) at or
-        before ``cutoff_ms``, oldest first."""
+        """Up to ``limit`` ids ``replayed`` or ``resolved`` (``kind``) by ``cutoff_ms``."""
         found: list[str] = []
         for shard in self.shards.every():
             found += shard.since(kind, cutoff_ms, limit - len(found))
@@ -933,7 +893,7 @@ class Graveyard:
         return found
 
     def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
-        """Ids of up to ``limit`` obituaries buried at or before ``cutoff_ms``, oldest first."""
+        """Up to ``limit`` ids buried by ``cutoff_ms``, oldest first."""
         replies = self.shards.ask(
             lambda pipe, s: pipe.zrangebyscore(
                 s.by_time, "-inf", cutoff_ms, 0, limit, withscores=True
@@ -943,8 +903,7 @@ class Graveyard:
         return [oid for _, oid in sorted(rows)[:limit]]
 
     def _latest(self, key: str, limit: int | None) -> list[tuple[str, int]]:
-        """``(member, score)`` of the ``key`` zset (``groups``, ``queues``, ``tasks``) of every
-        shard, max score per member, latest first."""
+        """``(member, latest score)`` of every shard's ``key`` zset, latest first."""
         stop = -1 if limit is None else limit - 1
         best: dict[str, int] = {}
         for rows in self.shards.ask(
@@ -970,8 +929,8 @@ class Graveyard:
         return self.groups_of([c for c, _ in self._latest("groups", None)])
 
     def groups_of(self, causes: list[str]) -> list[Group]:
-        """The :class:`Group` of each of ``causes`` still in the graveyard, in their order,
-        summed over the shards (one round trip: a page of causes never loads the others)."""
+        """The :class:`Group` of each of ``causes`` still in the graveyard, in their order
+        (one round trip)."""
         if not causes:
             return []
         shards = self.shards.every()
@@ -984,13 +943,9 @@ class Graveyard:
         return [_summed(parts[c]) for c in causes if c in parts]
 
     def cause_page(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage:
-        """One page of a cause's obituary ids, newest first (the console's cause page).
-        ``filters`` may add a queue, a task, a status and time bounds.
-
-        One shard is paged by its indexes alone (:meth:`GraveyardShard.scan_cause`). Over
-        several, the shards' matches are merged; ``matching`` is exact without a queue, task
-        or status filter, else None.
-        """
+        """One page of a cause's obituary ids under ``filters``, newest first (the console's
+        cause page). Over several shards ``matching`` is None with a queue, task or status
+        filter."""
         shards = self.shards.every()
         if len(shards) == 1:
             return shards[0].scan_cause(cause, filters, offset, limit)
@@ -1007,7 +962,7 @@ class Graveyard:
         return page
 
     def version_times(self) -> dict[str, int]:
-        """Every code version seen in the graveyard -> when it was first seen (ms)."""
+        """Code version -> when the graveyard first saw it (ms)."""
         out: dict[str, int] = {}
         for shard in self.shards.every():
             for version, ms in shard.version_times().items():
@@ -1029,8 +984,7 @@ class Graveyard:
 def _read_page(
     client: Any, index: str, filters: Filters, offset: int, page: int, oldest_first: bool
 ) -> Any:
-    """One page of ``index`` within the filters' time bounds, with scores (on ``client``, or
-    queued on a pipeline)."""
+    """One page of ``index`` within the filters' time bounds, with scores."""
     low = "-inf" if filters.since_ms is None else filters.since_ms
     high = "+inf" if filters.until_ms is None else filters.until_ms
     if oldest_first:
@@ -1041,8 +995,7 @@ def _read_page(
 def _pages(
     shard: GraveyardShard, filters: Filters, page: int, oldest_first: bool, first: Any
 ) -> Iterator[tuple[float, str]]:
-    """``(burial ms, id)`` of one shard's matches in order, read a page at a time (``first``:
-    its first page, read already)."""
+    """``(burial ms, id)`` of one shard's matches, a page at a time (``first``: read already)."""
     index = shard.driving_index(filters)
     check = _needs_post_filter(filters)
     offset = 0
@@ -1071,7 +1024,6 @@ def _pages(
 
 
 def _summed(parts: list[Group]) -> Group:
-    """One cause's group from its per-shard groups."""
     if len(parts) == 1:
         return parts[0]
     latest = max(parts, key=lambda g: g.last_ms)
@@ -1112,11 +1064,8 @@ def _ledger_redirects(raw: Any) -> dict[str, str]:
 
 
 def _ledger_times(raw: Any) -> list[int]:
-    if raw is None:
-        return []
     try:
-        data = json.loads(raw)
-        return [int(t) for t in data.get("replays", [])]
+        return [int(t) for t in json.loads(raw).get("replays", [])] if raw is not None else []
     except (ValueError, TypeError, AttributeError):
         return []
 
