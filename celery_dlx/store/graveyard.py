@@ -196,6 +196,7 @@ class GraveyardShard:
         self.status_key = self.key("status")
         self.replayed_key = self.key("replayed")
         self.resolved_key = self.key("resolved")
+        self.status_keys = [self.status_key, self.replayed_key, self.resolved_key]
 
     def key(self, suffix: str) -> str:
         return f"{self._base}{suffix}"
@@ -291,15 +292,8 @@ class GraveyardShard:
     def remove(self, ob: Obituary, event: FateEvent | None) -> bool:
         """Delete ``ob``, with ``event`` appended by the script in the app-tag shard; False if
         it was gone."""
-        keys = [
-            *self._index_keys(ob),
-            self.ledger,
-            self.cause_versions(ob.cause),
-            self.bytes_key,
-            self.status_key,
-            self.replayed_key,
-            self.resolved_key,
-        ]
+        keys = [*self._index_keys(ob), self.ledger, self.cause_versions(ob.cause), self.bytes_key]
+        keys += self.status_keys
         args = [ob.id, ob.queue, ob.task or "", ob.cause, ob.code_version or ""]
         if event is not None and self.home:
             args += history_args(event)
@@ -309,13 +303,7 @@ class GraveyardShard:
         self, ob: Obituary, new: str, at: int, extra: dict[str, Any], allowed_from: str = ""
     ) -> bool:
         """:meth:`Graveyard.set_status` of one obituary (``allowed_from`` comma-separated)."""
-        keys = [
-            self.status_key,
-            self.replayed_key,
-            self.resolved_key,
-            self.group_key(ob.cause),
-            self.records,
-        ]
+        keys = [*self.status_keys, self.group_key(ob.cause), self.records]
         args: list[Any] = [ob.id, new, at, json.dumps(extra), allowed_from]
         return bool(self.scripts.set_status(keys=keys, args=args))
 
@@ -424,19 +412,14 @@ class GraveyardShard:
         return out
 
     def version_times(self) -> dict[str, int]:
-        scored = cast(
-            "list[tuple[bytes, float]]",
-            self.client.zrange(self.versions_key, 0, -1, withscores=True),
-        )
+        scored: Any = self.client.zrange(self.versions_key, 0, -1, withscores=True)
         return {text(v): int(ms) for v, ms in scored}
 
     def names(self, kind: str) -> list[tuple[str, int, int]]:
         key, index = (
             (self.queues_key, self.by_queue) if kind == "queue" else (self.tasks_key, self.by_task)
         )
-        scored = cast(
-            "list[tuple[bytes, float]]", self.client.zrevrange(key, 0, -1, withscores=True)
-        )
+        scored: Any = self.client.zrevrange(key, 0, -1, withscores=True)
         rows = [(text(n), int(s)) for n, s in scored]
         pipe = self.client.pipeline(transaction=False)
         for name, _ in rows:

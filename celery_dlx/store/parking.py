@@ -19,7 +19,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from celery_dlx.fates import now_ms
 from celery_dlx.message.names import PARKED_BUCKETS, Keys, ParkedKeys
@@ -176,10 +176,7 @@ class ParkedShard:
 
     def page(self, start: int, count: int) -> list[tuple[str, int, Any, Any]]:
         """``(entry id, score, metadata, body)`` as stored from rank ``start``, in due order."""
-        rows = cast(
-            "list[tuple[bytes, float]]",
-            self.client.zrange(self.parked.due, start, start + count - 1, withscores=True),
-        )
+        rows: Any = self.client.zrange(self.parked.due, start, start + count - 1, withscores=True)
         if not rows:
             return []
         ids = [r for r, _ in rows]
@@ -240,9 +237,8 @@ class ParkedShard:
     def rows(self, page: int) -> Iterator[tuple[float, str, ParkedShard]]:
         start = 0
         while True:
-            rows = cast(
-                "list[tuple[bytes, float]]",
-                self.client.zrange(self.parked.due, start, start + page - 1, withscores=True),
+            rows: Any = self.client.zrange(
+                self.parked.due, start, start + page - 1, withscores=True
             )
             for entry, score in rows:
                 yield score, text(entry), self
