@@ -1,12 +1,11 @@
 """The Redis client of ``dlx_redis_url`` (plain, Sentinel or Cluster), the round-trip helpers
 that work on all three, and writes that count only once replicas have them (``WAIT``).
 
-Redis replicates asynchronously: a write the master acknowledged is lost if the master fails
-over to a replica that had not received it yet. :func:`execute_replicated` sends a pipeline and
-then ``WAIT numreplicas timeout`` on the same connection (:class:`OneConnection`: ``WAIT`` counts
-the replicas holding the writes of its own connection, and redis-py lends each command a pooled
-connection of its own), and raises :class:`NotReplicated` when fewer replicas than
-``dlx_redis_min_replicas`` confirmed them, so the caller does not count the write as done.
+Redis replicates asynchronously: a write the master acknowledged is lost if it fails over to a
+replica that had not received it. :func:`execute_replicated` sends a pipeline then ``WAIT`` on
+the same connection (``WAIT`` counts the replicas holding its own connection's writes, and
+redis-py lends each command a pooled connection), and raises :class:`NotReplicated` when too
+few replicas confirmed them.
 """
 
 from __future__ import annotations
@@ -133,8 +132,7 @@ SENTINEL_SCHEMES = ("sentinel", "sentinels")
 
 #: Seconds a ``WAIT`` reply may take beyond its own timeout (a busy server) before the read fails.
 WAIT_READ_MARGIN = 5.0
-#: Seconds a Redis Cluster master's count of replicas (``CLUSTER NODES``) is used before it is
-#: read again.
+#: Seconds a Redis Cluster master's count of replicas is used before it is read again.
 TOPOLOGY_TTL = 60.0
 
 
@@ -150,11 +148,8 @@ def is_sentinel_url(url: str) -> bool:
 
 class NotReplicated(StoreError, RedisError):
     """Fewer replicas than ``dlx_redis_min_replicas`` confirmed a write within
-    ``dlx_redis_replica_timeout``: a failover now could lose it, so it does not count as done.
-
-    A ``RedisError`` too, so every caller that treats a Redis outage as "not now" (the worker's
-    fallback to the dead-letter path, the DLX service's batch retry) treats this one alike.
-    """
+    ``dlx_redis_replica_timeout``: a failover could lose it, so it does not count as done (a
+    ``RedisError``, so callers take it as "not now", like an outage)."""
 
     def __init__(self, what: str, wanted: int, confirmed: int, timeout: float) -> None:
         super().__init__(

@@ -36,6 +36,7 @@ import heapq
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any, cast
@@ -78,15 +79,14 @@ SCAN_CAP = 10000
 
 # KEYS: records payloads time queue task cause message group groups queues tasks history causerec
 # cause-versions versions bytes
-# ARGV: id score record payload facts version home limit cap, facts = JSON [queue, task, cause, exc_type,
-# exc_message, history field, value, ...] (one argument instead of thirty: packing arguments
-# costs the client); version "" = unknown; home "1" or "2" when the history stream and the
-# worker's cause record share this shard's slot (the single-tag layout): the script then appends
-# the ``buried`` entry, and with "1" deletes the cause record, itself; "0": the caller does (KEYS[12]
-# and KEYS[13] are then any key of the shard's slot, never touched).
-# Writes nothing and returns 0 when the id is there already (a redelivered dead letter), and -1
-# when the shard's byte count (KEYS[16]) would pass ARGV[8] (-1: no limit): checked before the
-# first write, which is one Redis refuses at maxmemory, so a full Redis refuses the burial too.
+# ARGV: id score record payload facts version home limit cap; facts = JSON [queue, task, cause,
+# exc_type, exc_message, history field, value, ...] (one argument, not thirty: packing costs the
+# client); version "" = unknown; home "1" or "2" in the single-tag layout: the script appends the
+# ``buried`` entry, and with "1" deletes the cause record; "0": the caller does (KEYS[12] and
+# KEYS[13] are then any key of the slot, never touched).
+# Writes nothing and returns 0 when the id is there already (a redelivered dead letter), -1 when
+# the shard's byte count (KEYS[16]) would pass ARGV[8] (-1: no limit), -2 when the cause holds
+# ARGV[9] already: checked before the first write, which a Redis at maxmemory refuses too.
 _WRITE = """
 local home, drop = ARGV[7] ~= '0', ARGV[7] == '1'
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
@@ -306,9 +306,6 @@ class GraveyardShard:
         keys = [*self.status_keys, self.group_key(ob.cause), self.records]
         args: list[Any] = [ob.id, new, at, json.dumps(extra), allowed_from]
         return bool(self.scripts.set_status(keys=keys, args=args))
-
-    def statuses(self, ids: Sequence[str]) -> list[dict[str, Any]]:
-        return [status.parse(raw) for raw in self.client.hmget(self.status_key, list(ids))]
 
     def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
         key = self.replayed_key if kind == status.REPLAYED else self.resolved_key
@@ -738,13 +735,11 @@ class Graveyard:
             History(self.client, self.keys).append_many([event])
         return holder.remove(ob, event)
 
-    def locate(self, ids: Sequence[str]) -> list[GraveyardShard | None]:
-        if not ids:
-            return []
+    def _by_shard(self, ids: Sequence[str]) -> list[tuple[GraveyardShard, list[int]]]:
+        """The positions of ``ids`` grouped by the shard holding each (missing ones left out)."""
+        if not ids or not self.shards.layout.per_queue:  # one shard: no lookup first
+            return [(self.shards.home, list(range(len(ids))))] if ids else []
         queues = self.queues()
-        if not queues:  # the app-tag shard only
-            found = self.client.hmget(self.shards.home.records, list(ids))
-            return [self.shards.home if raw is not None else None for raw in found]
         asks = grouped(
             (s, i) for i, oid in enumerate(ids) for s in self.shards.holders(oid, queues)
         )
@@ -756,13 +751,7 @@ class Graveyard:
             for i, raw in zip(where, raws, strict=True):
                 if raw is not None and holders[i] is None:
                     holders[i] = shard
-        return holders
-
-    def _by_shard(self, ids: Sequence[str]) -> list[tuple[GraveyardShard, list[int]]]:
-        if not self.shards.layout.per_queue:  # one shard: no lookup first
-            return [(self.shards.home, list(range(len(ids))))] if ids else []
-        located = self.locate(ids)
-        return grouped((s, i) for i, s in enumerate(located) if s is not None)
+        return grouped((s, i) for i, s in enumerate(holders) if s is not None)
 
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
         """The obituaries of ``ids`` (None where missing or unreadable), in order."""
@@ -994,11 +983,11 @@ def _pages(
             keep = {ob.id for ob in obits if ob is not None and filters.matches(ob)}
             rows = [r for r in rows if r[1] in keep]
         if filters.status is not None and rows:
-            docs = shard.statuses([oid for _, oid in rows])
+            docs = shard.client.hmget(shard.status_key, [oid for _, oid in rows])
             rows = [
                 r
                 for r, doc in zip(rows, docs, strict=True)
-                if status.status_of(doc) == filters.status
+                if status.status_of(status.parse(doc)) == filters.status
             ]
         yield from rows
         if len(raw) < page:
@@ -1012,13 +1001,11 @@ def _summed(parts: list[Group]) -> Group:
     latest = max(parts, key=lambda g: g.last_ms)
     started = [g for g in parts if g.first_seen_ms is not None]
     first = min(started, key=lambda g: cast("int", g.first_seen_ms)) if started else None
-    versions: dict[str, int] = {}
-    statuses: dict[str, int] = {}
+    versions: Counter[str] = Counter()
+    statuses: Counter[str] = Counter()
     for g in parts:
-        for version, n in g.versions.items():
-            versions[version] = versions.get(version, 0) + n
-        for name, n in g.statuses.items():
-            statuses[name] = statuses.get(name, 0) + n
+        versions.update(g.versions)
+        statuses.update(g.statuses)
     return Group(
         cause=latest.cause,
         count=sum(g.count for g in parts),
@@ -1033,8 +1020,8 @@ def _summed(parts: list[Group]) -> Group:
         first_seen_ms=first.first_seen_ms if first is not None else None,
         first_version=first.first_version if first is not None else None,
         last_version=latest.last_version,
-        versions=versions,
-        statuses=statuses,
+        versions=dict(versions),
+        statuses=dict(statuses),
     )
 
 

@@ -62,12 +62,10 @@ end
 return out
 """
 
-# Park each entry (ARGV: id, due, meta, body of each in turn) unless it exists, so a second park
-# of the same id and attempt changes nothing; returns 1 (stored) or 0 (there already) per entry.
-# An entry already there is written back as it is: that write is replicated, so the caller's WAIT
-# also covers an entry another client parked and had not seen replicated (a worker whose WAIT
-# failed, then the DLX service parking its letter). One call per batch: a call per entry costs
-# the client a command to pack and a reply to parse, and the server a script run.
+# Park each entry (ARGV: id, due, meta, body of each in turn) unless it exists; returns 1 (stored)
+# or 0 (there already) per entry. An entry already there is written back as it is: that write is
+# replicated, so the caller's WAIT also covers an entry another client parked and had not seen
+# replicated (a worker whose WAIT failed, then the DLX service parking its letter).
 _PARK_MANY = """
 local out = {}
 for i = 1, #ARGV, 4 do
@@ -153,9 +151,6 @@ class ParkedShard:
 
     def wanted(self) -> int:
         return self.replicas.wanted(self.client, self.parked.due)
-
-    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
-        return self.put(_park_args(messages), parks_named(messages))
 
     def put(self, args: Sequence[Any], what: str) -> list[bool]:
         """Store entries as stored (id, score, metadata, body each) unless there, confirmed by
@@ -332,7 +327,8 @@ class ParkingStore:
         for shard, where in grouped(
             (self.shard(m.queue, m.entry_id), i) for i, m in enumerate(messages)
         ):
-            stored = shard.park_many([messages[i] for i in where])
+            batch = [messages[i] for i in where]
+            stored = shard.put(_park_args(batch), parks_named(batch))
             for i, ok in zip(where, stored, strict=True):
                 out[i] = ok
         return out

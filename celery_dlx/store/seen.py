@@ -1,9 +1,7 @@
 """The DLX service's ledger of dead letters it has given a fate, and its batch lookup.
 
 A dead letter redelivered after a crash (its batch settled, not yet acked) must get no second
-fate: each settled letter leaves a marker (``seen:<letter key>``) for :data:`SEEN_TTL_MS`. One
-batch's markers and the workers' cause records (:mod:`celery_dlx.store.causes`) are read in one
-round trip.
+fate: each settled letter leaves a marker (``seen:<letter key>``) for :data:`SEEN_TTL_MS`.
 """
 
 from __future__ import annotations
