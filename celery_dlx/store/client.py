@@ -292,7 +292,7 @@ class OneConnection:
 def execute_replicated(
     client: RedisClient,
     key: str,
-    queue: Callable[[Pipeline], None],
+    queue: Callable[[Pipeline], object],
     wanted: int,
     timeout: float,
     *,

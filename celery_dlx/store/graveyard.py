@@ -408,10 +408,6 @@ class GraveyardShard:
             )
         return out
 
-    def version_times(self) -> dict[str, int]:
-        scored: Any = self.client.zrange(self.versions_key, 0, -1, withscores=True)
-        return {text(v): int(ms) for v, ms in scored}
-
     def names(self, kind: str) -> list[tuple[str, int, int]]:
         key, index = (
             (self.queues_key, self.by_queue) if kind == "queue" else (self.tasks_key, self.by_task)
@@ -423,28 +419,6 @@ class GraveyardShard:
             pipe.zcard(index(name))
         counts = pipe.execute() if rows else []
         return [(n, int(c), s) for (n, s), c in zip(rows, counts, strict=True) if c]
-
-    def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
-        """Add replay times to the ledger (read-modify-write: an operator's record, not a lock);
-        ``to_queue``: where these replays went, kept per time under ``to``."""
-        if not replayed:
-            return
-        ids = [oid for oid, _ in replayed]
-        current = self.client.hmget(self.ledger, ids)
-        mapping: dict[Any, Any] = {}
-        for (oid, at), raw in zip(replayed, current, strict=True):
-            entry: dict[str, Any] = {"replays": [*_ledger_times(raw), at]}
-            to = {**_ledger_redirects(raw), **({str(at): to_queue} if to_queue else {})}
-            if to:
-                entry["to"] = to
-            mapping[oid] = json.dumps(entry)
-        self.client.hset(self.ledger, mapping=mapping)
-
-    def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
-        if not ids:
-            return []
-        raws = self.client.hmget(self.ledger, list(ids))
-        return [{int(at): q for at, q in _ledger_redirects(raw).items()} for raw in raws]
 
     def scan_cause(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage:
         """One page of a cause's ids, newest first, by this shard's indexes alone. With a queue,
@@ -763,9 +737,19 @@ class Graveyard:
         return out
 
     def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
-        """:meth:`GraveyardShard.add_replays` in each obituary's shard."""
+        """Add replay times to the ledger (read-modify-write: an operator's record, not a lock);
+        ``to_queue``: where these replays went, kept per time under ``to``."""
         for shard, where in self._by_shard([oid for oid, _ in replayed]):
-            shard.add_replays([replayed[i] for i in where], to_queue=to_queue)
+            mine = [replayed[i] for i in where]
+            current = self.client.hmget(shard.ledger, [oid for oid, _ in mine])
+            mapping: dict[Any, Any] = {}
+            for (oid, at), raw in zip(mine, current, strict=True):
+                entry: dict[str, Any] = {"replays": [*_ledger_times(raw), at]}
+                to = {**_ledger_redirects(raw), **({str(at): to_queue} if to_queue else {})}
+                if to:
+                    entry["to"] = to
+                mapping[oid] = json.dumps(entry)
+            self.client.hset(shard.ledger, mapping=mapping)
 
     def mark_replayed(self, ids: Sequence[str], at: int) -> list[str]:
         """Mark ``ids`` ``replayed`` before their copies go out (a copy that runs at once finds
@@ -797,8 +781,9 @@ class Graveyard:
         """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
         out: list[dict[int, str]] = [{} for _ in ids]
         for shard, where in self._by_shard(ids):
-            for i, found in zip(where, shard.redirects([ids[i] for i in where]), strict=True):
-                out[i] = found
+            raws = self.client.hmget(shard.ledger, [ids[i] for i in where])
+            for i, raw in zip(where, raws, strict=True):
+                out[i] = {int(at): q for at, q in _ledger_redirects(raw).items()}
         return out
 
     def latest_of_message(self, message_id: str) -> str | None:
@@ -937,8 +922,10 @@ class Graveyard:
         """Code version -> when the graveyard first saw it (ms)."""
         out: dict[str, int] = {}
         for shard in self.shards.every():
-            for version, ms in shard.version_times().items():
-                out[version] = min(out.get(version, ms), ms)
+            scored: Any = self.client.zrange(shard.versions_key, 0, -1, withscores=True)
+            for raw, ms in scored:
+                version = text(raw)
+                out[version] = min(out.get(version, int(ms)), int(ms))
         return out
 
     def names(self, kind: str) -> list[tuple[str, int, int]]:
@@ -975,8 +962,7 @@ def _pages(
     while True:
         if raw is None:
             raw = _read_page(shard.client, index, filters, offset, page, oldest_first)
-        scored = cast("list[tuple[bytes, float]]", raw)
-        rows = [(float(s), text(i)) for i, s in scored]
+        rows = [(float(s), text(i)) for i, s in raw]
         offset += len(rows)
         if check and rows:
             obits = shard.load([oid for _, oid in rows])

@@ -120,14 +120,10 @@ class ShardSet(Generic[S]):
         index = self.index_key
         wanted = self.replicas.wanted(self.client, index)
         if wanted:
-
-            def add(pipe: Any) -> None:
-                pipe.sadd(index, *new)
-
             execute_replicated(
                 self.client,
                 index,
-                add,
+                lambda pipe: pipe.sadd(index, *new),
                 wanted,
                 self.replicas.timeout,
                 what=f"the index of {len(new)} {self.kind} queue(s)",
