@@ -299,14 +299,6 @@ class GraveyardShard:
             args += history_args(event)
         return bool(self.scripts.remove(keys=keys, args=args))
 
-    def set_status(
-        self, ob: Obituary, new: str, at: int, extra: dict[str, Any], allowed_from: str = ""
-    ) -> bool:
-        """:meth:`Graveyard.set_status` of one obituary (``allowed_from`` comma-separated)."""
-        keys = [*self.status_keys, self.group_key(ob.cause), self.records]
-        args: list[Any] = [ob.id, new, at, json.dumps(extra), allowed_from]
-        return bool(self.scripts.set_status(keys=keys, args=args))
-
     def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
         key = self.replayed_key if kind == status.REPLAYED else self.resolved_key
         return [text(i) for i in self.client.zrangebyscore(key, "-inf", cutoff_ms, 0, limit)]
@@ -836,7 +828,11 @@ class Graveyard:
         allowed = ",".join(allowed_from)
         for shard, where in self._by_shard(ids):
             for ob in shard.load([ids[i] for i in where]):
-                if ob is not None and shard.set_status(ob, new, at, extra or {}, allowed):
+                if ob is None:
+                    continue
+                keys = [*shard.status_keys, shard.group_key(ob.cause), shard.records]
+                args: list[Any] = [ob.id, new, at, json.dumps(extra or {}), allowed]
+                if self.scripts.set_status(keys=keys, args=args):
                     changed.append(ob.id)
         return changed
 

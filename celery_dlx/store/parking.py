@@ -204,12 +204,6 @@ class ParkedShard:
         args = [x for pair in entries for x in pair]
         return int(self.scripts.ack(keys=self.keys, args=args)) if args else 0
 
-    def release(self, messages: Iterable[ParkedMessage], due_ms: int) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for m in messages:
-            pipe.zadd(self.parked.due, {m.entry_id: due_ms}, xx=True)
-        pipe.execute()
-
     def remove(self, entry_ids: Sequence[str]) -> int:
         pipe = self.client.pipeline(transaction=False)
         pipe.zrem(self.parked.due, *entry_ids)
@@ -411,7 +405,10 @@ class ParkingStore:
         when = now_ms() if due_ms is None else due_ms
         listed = list(messages)
         for shard, where in self._grouped(listed):
-            shard.release([listed[i] for i in where], when)
+            pipe = self.client.pipeline(transaction=False)
+            for i in where:
+                pipe.zadd(shard.parked.due, {listed[i].entry_id: when}, xx=True)
+            pipe.execute()
 
     def _grouped(self, listed: list[ParkedMessage]) -> list[tuple[ParkedShard, list[int]]]:
         pairs = []
