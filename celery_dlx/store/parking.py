@@ -211,18 +211,6 @@ class ParkedShard:
         pipe.hdel(self.parked.body, *entry_ids)
         return int(pipe.execute()[0])
 
-    def entry(self, entry_id: str) -> ParkedMessage | None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hget(self.parked.meta, entry_id)
-        pipe.hget(self.parked.body, entry_id)
-        meta, body = pipe.execute()
-        if meta is None:
-            return None
-        try:
-            return ParkedMessage.from_stored(meta, bytes(body or b""))
-        except (ValueError, TypeError, KeyError):
-            return None
-
     def rows(self, page: int) -> Iterator[tuple[float, str, ParkedShard]]:
         start = 0
         while True:
@@ -470,9 +458,16 @@ class ParkingStore:
     def entry(self, entry_id: str) -> ParkedMessage | None:
         """The parked retry ``entry_id`` with its body, or None (gone, or unreadable)."""
         for shard in self.shards.holders(entry_id, self.queues()):
-            found = shard.entry(entry_id)
-            if found is not None:
-                return found
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(shard.parked.meta, entry_id)
+            pipe.hget(shard.parked.body, entry_id)
+            meta, body = pipe.execute()
+            if meta is None:
+                continue
+            try:
+                return ParkedMessage.from_stored(meta, bytes(body or b""))
+            except (ValueError, TypeError, KeyError):
+                continue
         return None
 
     def make_due(self, message: ParkedMessage, now: int | None = None) -> bool:
