@@ -400,18 +400,6 @@ class GraveyardShard:
             )
         return out
 
-    def names(self, kind: str) -> list[tuple[str, int, int]]:
-        key, index = (
-            (self.queues_key, self.by_queue) if kind == "queue" else (self.tasks_key, self.by_task)
-        )
-        scored: Any = self.client.zrevrange(key, 0, -1, withscores=True)
-        rows = [(text(n), int(s)) for n, s in scored]
-        pipe = self.client.pipeline(transaction=False)
-        for name, _ in rows:
-            pipe.zcard(index(name))
-        counts = pipe.execute() if rows else []
-        return [(n, int(c), s) for (n, s), c in zip(rows, counts, strict=True) if c]
-
     def scan_cause(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage:
         """One page of a cause's ids, newest first, by this shard's indexes alone. With a queue,
         task or status filter the cause's ids are checked against that index (``ZMSCORE``) or
@@ -927,13 +915,20 @@ class Graveyard:
     def names(self, kind: str) -> list[tuple[str, int, int]]:
         """``(name, obituaries, last burial ms)`` per queue (``kind="queue"``) or task."""
         counts: dict[str, list[int]] = {}
-        for shard in self.shards.every():
-            for name, n, last in shard.names(kind):
-                seen = counts.setdefault(name, [0, 0])
-                seen[0] += n
-                seen[1] = max(seen[1], last)
-        rows = [(n, c, last) for n, (c, last) in counts.items()]
-        return sorted(rows, key=lambda r: (-r[2], r[0]))
+        for s in self.shards.every():
+            key, index = (s.queues_key, s.by_queue) if kind == "queue" else (s.tasks_key, s.by_task)
+            scored: Any = self.client.zrevrange(key, 0, -1, withscores=True)
+            rows = [(text(n), int(last)) for n, last in scored]
+            pipe = self.client.pipeline(transaction=False)
+            for name, _ in rows:
+                pipe.zcard(index(name))
+            for (name, last), n in zip(rows, pipe.execute() if rows else [], strict=True):
+                if n:
+                    seen = counts.setdefault(name, [0, 0])
+                    seen[0] += int(n)
+                    seen[1] = max(seen[1], last)
+        found = [(name, n, last) for name, (n, last) in counts.items()]
+        return sorted(found, key=lambda r: (-r[2], r[0]))
 
 
 def _read_page(
