@@ -299,10 +299,6 @@ class GraveyardShard:
             args += history_args(event)
         return bool(self.scripts.remove(keys=keys, args=args))
 
-    def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
-        key = self.replayed_key if kind == status.REPLAYED else self.resolved_key
-        return [text(i) for i in self.client.zrangebyscore(key, "-inf", cutoff_ms, 0, limit)]
-
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
         if not ids:
             return []
@@ -828,7 +824,9 @@ class Graveyard:
         """Up to ``limit`` ids ``replayed`` or ``resolved`` (``kind``) by ``cutoff_ms``."""
         found: list[str] = []
         for shard in self.shards.every():
-            found += shard.since(kind, cutoff_ms, limit - len(found))
+            key = shard.replayed_key if kind == status.REPLAYED else shard.resolved_key
+            rows = self.client.zrangebyscore(key, "-inf", cutoff_ms, 0, limit - len(found))
+            found += [text(i) for i in rows]
             if len(found) >= limit:
                 break
         return found
