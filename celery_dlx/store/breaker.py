@@ -63,9 +63,6 @@ class Breakers:
     def state_key(self, queue: str, cause: str) -> str:
         return self.keys.breaker_state(self.member(queue, cause))
 
-    def held_key(self, queue: str, cause: str) -> str:
-        return self.keys.breaker_held(self.member(queue, cause))
-
     def fail(
         self,
         queue: str,
@@ -77,11 +74,10 @@ class Breakers:
         task: str = "",
         exc_type: str = "",
     ) -> Hold | None:
-        """Count one failure of ``cause`` on ``queue``; the hold verdict, or None (closed).
-
-        A held failure's parking entry ``entry_id`` is remembered for :meth:`close`.
-        """
-        state_key, held_key = self.state_key(queue, cause), self.held_key(queue, cause)
+        """Count one failure of ``cause`` on ``queue``; the hold verdict, or None (closed). A
+        held failure's parking entry ``entry_id`` is remembered for :meth:`close`."""
+        member = self.member(queue, cause)
+        state_key, held_key = self.keys.breaker_state(member), self.keys.breaker_held(member)
         ttl_ms = 2 * settings.hold_ms + settings.window_ms
         verdict: list[Hold | None] = [None]
 
@@ -93,7 +89,7 @@ class Breakers:
             mapping: dict[str, object] = {name: getattr(after, name) for name in _STATE_FIELDS}
             if hold is not None and hold.opened:
                 mapping.update(queue=queue, cause=cause, task=task, exc_type=exc_type)
-                pipe.zadd(self.open_index, {self.member(queue, cause): now_ms})
+                pipe.zadd(self.open_index, {member: now_ms})
             pipe.hset(state_key, mapping=mapping)
             pipe.pexpire(state_key, ttl_ms)
             if hold is not None:
@@ -106,12 +102,13 @@ class Breakers:
     def close(self, queue: str, cause: str) -> tuple[bool, list[str]]:
         """Close the breaker of ``cause`` on ``queue``: whether it was open, and the parking
         entry ids it held (to release)."""
-        state_key, held_key = self.state_key(queue, cause), self.held_key(queue, cause)
+        member = self.member(queue, cause)
+        state_key, held_key = self.keys.breaker_state(member), self.keys.breaker_held(member)
         pipe = self.client.pipeline(transaction=True)
         pipe.hget(state_key, "opened_ms")
         pipe.smembers(held_key)
         pipe.delete(state_key, held_key)
-        pipe.zrem(self.open_index, self.member(queue, cause))
+        pipe.zrem(self.open_index, member)
         opened, held, _, _ = pipe.execute()
         was_open = bool(opened) and int(opened) > 0
         return was_open, sorted(text(h) for h in held or ())

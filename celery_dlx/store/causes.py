@@ -1,11 +1,11 @@
 """Cause records in Redis: what a worker knows about a burial that the dead letter cannot carry.
 
-A Celery task buried by reject reaches the DLX service as the original message: the exception,
-traceback and attempt history live only in the worker. The worker stashes a
-:class:`~celery_dlx.message.cause.CauseRecord` here, keyed by message id, before it rejects; the
-DLX service takes it (in its batch lookup, :class:`~celery_dlx.store.seen.Letters`) when it writes
-the obituary. The worker also notes here the deliveries it requeued itself (a copy it published),
-so a redelivery of the original after a crash is not counted as a crash.
+A task buried by reject reaches the DLX service as the original message: the exception and
+attempt history live only in the worker, which stashes a
+:class:`~celery_dlx.message.cause.CauseRecord` here by message id before it rejects; the DLX
+service takes it (:class:`~celery_dlx.store.seen.Letters`) when it writes the obituary. The
+worker also notes the copies it requeued itself, so a redelivery of the original is not counted
+as a crash.
 """
 
 from __future__ import annotations
@@ -33,11 +33,10 @@ class Causes:
         self.keys = keys
 
     def stash(self, message_id: str, record: CauseRecord, ttl_seconds: float) -> None:
-        """Store ``record`` for ``message_id`` for ``ttl_seconds``."""
         self.client.set(self.keys.cause(message_id), record.to_json(), px=int(ttl_seconds * 1000))
 
     def read(self, message_id: str) -> CauseRecord | None:
-        """The stashed record for ``message_id``, or None. Unreadable records read as None."""
+        """The stashed record for ``message_id``, or None (also when unreadable)."""
         return CauseRecord.from_json(self.client.get(self.keys.cause(message_id)))
 
     def drop(self, message_id: str) -> None:
@@ -49,11 +48,13 @@ class Causes:
         self.client.set(self.keys.requeued_by_task(message_id), 1, ex=ttl_seconds)
 
     def was_copied(self, queue: str, message_id: str, attempt: int, lineage: str) -> bool:
-        """Whether the retry of ``message_id`` at ``attempt`` in ``queue`` exists already, made
-        from a delivery of ``lineage`` (:func:`celery_dlx.message.lineage.lineage`): its
-        ``requeued`` or ``parked`` fate was written with a marker
-        (:func:`celery_dlx.store.history.mark_copies`), or its copy went to the DLX service
-        (:meth:`mark_copied`)."""
+        """Whether the retry of ``message_id`` at ``attempt`` in ``queue`` exists, made from a
+        delivery of ``lineage``: its marker was written with its fate
+        (:func:`~celery_dlx.store.history.mark_copies`) or :meth:`mark_copied_many`.
+
+        Raises:
+            RetryPending: its copy is on its way (:meth:`mark_pending_many`).
+        """
         marker = self.client.get(self.keys.copied(queue, message_id, attempt))
         if marker is None:
             return False
@@ -69,9 +70,8 @@ class Causes:
     ) -> None:
         """Note, before their copies go out, that the retries ``(queue, message_id, attempt,
         lineage)`` may exist whatever the publish says: :meth:`was_copied` raises
-        :class:`RetryPending` until each one's marker replaces its mark
-        (:meth:`mark_copied_many`, or the ``requeued`` history entry) or ``ttl_seconds`` pass.
-        Never replaces a marker of a retry that exists. One round trip."""
+        :class:`RetryPending` until a marker replaces the mark or ``ttl_seconds`` pass. Never
+        replaces the marker of a retry that exists."""
         pipe = self.client.pipeline(transaction=False)
         for queue, message_id, attempt, lineage in retries:
             pipe.set(
@@ -83,25 +83,22 @@ class Causes:
         pipe.execute()
 
     def mark_copied_many(self, retries: Sequence[tuple[str, str, int, str]]) -> None:
-        """Note that the retries ``(queue, message_id, attempt, lineage)`` exist (their copies
-        are out): a redelivery of an original is then not given a second one. One round trip."""
+        """Note that the retries ``(queue, message_id, attempt, lineage)`` exist (copies out)."""
         pipe = self.client.pipeline(transaction=False)
         for queue, message_id, attempt, lineage in retries:
             pipe.set(self.keys.copied(queue, message_id, attempt), lineage, px=COPIED_TTL_MS)
         pipe.execute()
 
     def claim_run(self, step: str, ttl_seconds: float) -> bool:
-        """Note that the retry step ``step`` (queue, message id, attempt, lineage, holds) starts
-        running; False when a run of it started before (a duplicate copy)."""
+        """Note that the retry step ``step`` starts running; False when a run of it started
+        before (a duplicate copy)."""
         return bool(self.client.set(self.keys.run(step), 1, nx=True, px=int(ttl_seconds * 1000)))
 
     def finish_run(self, step: str, ttl_seconds: float) -> None:
-        """Note that a run of the copy ``step`` succeeded: a later copy of it is a duplicate
-        (:meth:`claim_run` says so) and a redelivered one too (:meth:`run_finished`)."""
+        """Note that a run of ``step`` succeeded (:meth:`run_finished`)."""
         self.client.set(self.keys.run(step), RUN_DONE, px=int(ttl_seconds * 1000))
 
     def run_finished(self, step: str) -> bool:
-        """Whether a run of the copy ``step`` succeeded (:meth:`finish_run`)."""
         return self.client.get(self.keys.run(step)) == RUN_DONE.encode()
 
     def take_requeue(self, message_id: str) -> bool:
@@ -112,10 +109,8 @@ class Causes:
 def stash_cause(
     client: RedisClient, keys: Keys, message_id: str, record: CauseRecord, ttl_seconds: float
 ) -> None:
-    """Store ``record`` for ``message_id`` for ``ttl_seconds`` (:meth:`Causes.stash`)."""
     Causes(client, keys).stash(message_id, record, ttl_seconds)
 
 
 def read_cause(client: RedisClient, keys: Keys, message_id: str) -> CauseRecord | None:
-    """The stashed record for ``message_id``, or None (:meth:`Causes.read`)."""
     return Causes(client, keys).read(message_id)

@@ -1,12 +1,11 @@
 """The Redis client of ``dlx_redis_url`` (plain, Sentinel or Cluster), the round-trip helpers
 that work on all three, and writes that count only once replicas have them (``WAIT``).
 
-Redis replicates asynchronously: a write the master acknowledged is lost if the master fails
-over to a replica that had not received it yet. :func:`execute_replicated` sends a pipeline and
-then ``WAIT numreplicas timeout`` on the same connection (:class:`OneConnection`: ``WAIT`` counts
-the replicas holding the writes of its own connection, and redis-py lends each command a pooled
-connection of its own), and raises :class:`NotReplicated` when fewer replicas than
-``dlx_redis_min_replicas`` confirmed them, so the caller does not count the write as done.
+Redis replicates asynchronously: a write the master acknowledged is lost if it fails over to a
+replica that had not received it. :func:`execute_replicated` sends a pipeline then ``WAIT`` on
+the same connection (``WAIT`` counts the replicas holding its own connection's writes, and
+redis-py lends each command a pooled connection), and raises :class:`NotReplicated` when too
+few replicas confirmed them.
 """
 
 from __future__ import annotations
@@ -32,23 +31,18 @@ RedisClient = Redis | RedisCluster
 
 
 def text(value: object) -> str:
-    """A Redis reply (bytes) as text."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def is_cluster(client: RedisClient) -> bool:
-    """True for a ``RedisCluster`` client (``dlx_redis_url`` with ``?cluster=true``)."""
     return isinstance(client, RedisCluster)
 
 
 def run_script_many(
     client: RedisClient, script: Any, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
 ) -> list[Any]:
-    """Run ``script`` once per ``(keys, args)`` of ``calls``; returns the replies in order.
-
-    One pipelined round trip on a plain client. redis-py refuses scripts in a Redis Cluster
-    pipeline, so there each call goes on its own (its keys share one hash tag, hence one slot).
-    """
+    """Run ``script`` once per ``(keys, args)`` of ``calls``, pipelined (on a Redis Cluster,
+    whose pipeline redis-py gives no scripts, one call at a time); the replies in order."""
     if is_cluster(client):
         return [script(keys=list(keys), args=list(args)) for keys, args in calls]
     pipe = client.pipeline(transaction=False)
@@ -58,9 +52,8 @@ def run_script_many(
 
 
 def batched_script(body: str) -> str:
-    """A script running ``body`` (a script over one call's ``KEYS`` and ``ARGV``) once per call
-    of a batch, in order: ``ARGV[1]`` and ``ARGV[2]`` are how many keys and arguments each call
-    has, then come each call's keys and arguments in turn. Returns the replies in a list.
+    """A script running ``body`` once per call of a batch: ``ARGV[1]`` and ``ARGV[2]`` are how
+    many keys and arguments each call has, then come each call's in turn; the replies in a list.
     """
     return f"""
 local function one(KEYS, ARGV)
@@ -82,10 +75,8 @@ def run_script_batch(
     script: Any, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
 ) -> list[Any]:
     """Run ``script`` (a :func:`batched_script`) once for all of ``calls`` (``(keys, args)``,
-    each with as many keys and arguments as the others); returns the replies in order.
-
-    One command instead of one per call: the client packs and parses one, the server runs one
-    script. Every key must be in one hash tag (one Redis Cluster slot).
+    every key in one hash tag); the replies in order. One command instead of one per call: the
+    client packs and parses one, the server runs one script.
 
     Raises:
         ValueError: the calls differ in their numbers of keys or arguments.
@@ -106,10 +97,8 @@ def run_script_batch(
 
 
 def mget_many(client: RedisClient, *key_lists: Sequence[str]) -> list[list[Any]]:
-    """``MGET`` of each key list (each within one hash tag), in one round trip where possible.
-
-    redis-py refuses ``MGET`` in a Redis Cluster pipeline; there each list is its own ``MGET``.
-    """
+    """``MGET`` of each key list (each within one hash tag) in one round trip (one each on a
+    Redis Cluster, whose pipeline redis-py gives no ``MGET``)."""
     if is_cluster(client):
         return [list(client.mget(list(keys))) if keys else [] for keys in key_lists]
     pipe = client.pipeline(transaction=False)
@@ -128,7 +117,7 @@ class MemoryInfo:
 
 
 def memory_info(client: RedisClient) -> MemoryInfo:
-    """Redis' memory use (on a Cluster, the node redis-py asks by default)."""
+    """Redis' ``INFO memory`` (on a Cluster, the node redis-py asks by default)."""
     info: dict[str, Any] = client.info("memory")
     if is_cluster(client) and info and all(isinstance(v, dict) for v in info.values()):
         info = next(iter(info.values()))  # per node: the first answers for the budget
@@ -139,13 +128,11 @@ def memory_info(client: RedisClient) -> MemoryInfo:
     )
 
 
-#: URL schemes of a master found through Sentinel.
 SENTINEL_SCHEMES = ("sentinel", "sentinels")
 
 #: Seconds a ``WAIT`` reply may take beyond its own timeout (a busy server) before the read fails.
 WAIT_READ_MARGIN = 5.0
-#: Seconds a Redis Cluster master's count of replicas (``CLUSTER NODES``) is used before it is
-#: read again.
+#: Seconds a Redis Cluster master's count of replicas is used before it is read again.
 TOPOLOGY_TTL = 60.0
 
 
@@ -156,17 +143,13 @@ def is_cluster_url(url: str) -> bool:
 
 
 def is_sentinel_url(url: str) -> bool:
-    """True for a ``sentinel://`` or ``sentinels://`` URL."""
     return urlparse(url).scheme in SENTINEL_SCHEMES
 
 
 class NotReplicated(StoreError, RedisError):
     """Fewer replicas than ``dlx_redis_min_replicas`` confirmed a write within
-    ``dlx_redis_replica_timeout``: a failover now could lose it, so it does not count as done.
-
-    A ``RedisError`` too, so every caller that treats a Redis outage as "not now" (the worker's
-    fallback to the dead-letter path, the DLX service's batch retry) treats this one alike.
-    """
+    ``dlx_redis_replica_timeout``: a failover could lose it, so it does not count as done (a
+    ``RedisError``, so callers take it as "not now", like an outage)."""
 
     def __init__(self, what: str, wanted: int, confirmed: int, timeout: float) -> None:
         super().__init__(
@@ -180,12 +163,9 @@ class NotReplicated(StoreError, RedisError):
 
 
 class ClusterReplicas:
-    """How many replicas each Redis Cluster master has, as the cluster's node table says
-    (``CLUSTER NODES`` on the master, read again after :data:`TOPOLOGY_TTL` seconds).
-
-    The table lists a master's replicas whatever their state (a stopped or failed one too), so a
-    lagging replica still counts; ``CLUSTER SLOTS`` (redis-py's slot map) leaves out replicas the
-    cluster has not yet seen replicate, and failed ones.
+    """How many replicas each Redis Cluster master has, as ``CLUSTER NODES`` on it says (read
+    again after :data:`TOPOLOGY_TTL` seconds): it lists replicas whatever their state, so a
+    lagging or failed one still counts (redis-py's slot map, ``CLUSTER SLOTS``, leaves those out).
     """
 
     def __init__(self) -> None:
@@ -193,7 +173,6 @@ class ClusterReplicas:
         self._known: dict[int, tuple[float, int]] = {}
 
     def count(self, master: Redis) -> int:
-        """Replicas of the cluster master ``master`` (a client of that node)."""
         pool_id = id(master.connection_pool)
         now = time.monotonic()
         with self._lock:
@@ -208,8 +187,7 @@ class ClusterReplicas:
 
 
 def _replicas_in_table(table: Any) -> int:
-    """Nodes of a ``CLUSTER NODES`` reply (text, or redis-py's dict of it) whose master is the
-    node that answered (``myself``)."""
+    """Nodes of a ``CLUSTER NODES`` reply (text, or redis-py's dict) replicating ``myself``."""
     if isinstance(table, dict):
         rows = [(str(n["node_id"]), str(n["flags"]), str(n["master_id"])) for n in table.values()]
     else:
@@ -228,10 +206,8 @@ class Replicas:
     """How many replicas must hold a write before it counts as done, and how long to wait.
 
     Args:
-        count: ``dlx_redis_min_replicas``: that many (0: none, no ``WAIT``); None: on a Redis
-            Cluster, one where the master holding the key has a replica in the cluster's node
-            table, none where it has none (no replica to fail over to: a cluster built with
-            ``--cluster-replicas 0``).
+        count: ``dlx_redis_min_replicas`` (0: no ``WAIT``); None: on a Redis Cluster, one where
+            the key's master has a replica in the node table, else none (nothing to fail over to).
         timeout: ``dlx_redis_replica_timeout``, seconds.
         topology: where the replicas of cluster masters are looked up (one per client).
     """
@@ -244,8 +220,8 @@ class Replicas:
     def for_url(
         cls, url: str, count: int | None, timeout: float, topology: ClusterReplicas | None = None
     ) -> Replicas:
-        """The replicas ``dlx_redis_min_replicas`` (``count``) asks for on ``url``; None means
-        the default: 1 behind Sentinel, one per replicated master on a Cluster, 0 on one node."""
+        """``count`` for ``url``; None is the default: 1 behind Sentinel, one per replicated
+        master on a Cluster, 0 on one node."""
         if count is None and not is_cluster_url(url):
             count = 1 if is_sentinel_url(url) else 0
         return cls(count, timeout, topology or ClusterReplicas())
@@ -264,10 +240,9 @@ class Replicas:
 
 
 def master_of(client: RedisClient, key: str) -> Redis:
-    """The plain client of the master holding ``key``: ``client`` itself, or on a Redis
-    Cluster the node owning the key's slot (``WAIT`` must reach that very node, on the write's
-    connection; redis-py's cluster client sends ``WAIT`` to its default node, one primary picked
-    when it connects, whichever master holds the key)."""
+    """The plain client of the master holding ``key``: ``client``, or on a Redis Cluster the
+    node owning the key's slot (redis-py's cluster client sends ``WAIT`` to its default node,
+    whichever master holds the key)."""
     if not is_cluster(client):
         assert isinstance(client, Redis)
         return client
@@ -281,12 +256,9 @@ def master_of(client: RedisClient, key: str) -> Redis:
 
 
 class OneConnection:
-    """One connection to the master holding ``key``, lent to a plain client until the ``with``
-    block ends, so that :meth:`wait` counts the replicas holding everything the block wrote.
-
-    On a Redis Cluster the connection goes to the node owning ``key``'s slot, so every key the
-    block touches must share that slot (celery_dlx's keys share one hash tag). The connection is
-    given back to the pool when the block ends, and closed first when it ended with an error
+    """One connection to the master holding ``key`` (every key the block touches must share
+    its slot), lent to a plain client until the ``with`` block ends, so that :meth:`wait` counts
+    the replicas holding everything the block wrote. Closed when the block ends with an error
     (the next one asks Sentinel for the master again).
     """
 
@@ -308,8 +280,7 @@ class OneConnection:
         """``WAIT wanted timeout`` on the held connection.
 
         Raises:
-            NotReplicated: fewer than ``wanted`` replicas confirmed the writes within
-                ``timeout`` seconds (``what`` names them in the message).
+            NotReplicated: fewer replicas confirmed the writes (``what`` names them).
         """
         connection = self._held.connection
         connection.send_command("WAIT", wanted, max(1, round(timeout * 1000)))
@@ -321,14 +292,14 @@ class OneConnection:
 def execute_replicated(
     client: RedisClient,
     key: str,
-    queue: Callable[[Pipeline], None],
+    queue: Callable[[Pipeline], object],
     wanted: int,
     timeout: float,
     *,
     what: str,
 ) -> list[Any]:
-    """Run the commands ``queue`` adds to a pipeline, then ``WAIT`` for ``wanted`` replicas
-    (at least one) for up to ``timeout`` seconds, on the same connection (:class:`OneConnection`).
+    """Run the commands ``queue`` adds to a pipeline, then ``WAIT`` for ``wanted`` replicas for
+    up to ``timeout`` seconds, on the same connection (:class:`OneConnection`).
 
     Raises:
         NotReplicated: the writes went to the master but fewer replicas confirmed them.
@@ -344,11 +315,8 @@ def execute_replicated(
 
 def execute_loading(pipe: Any, client: RedisClient, scripts: Mapping[str, str]) -> list[Any]:
     """Execute ``pipe``: the replies in order, an error in place of a command Redis refused.
-
-    Its scripts go as bare ``EVALSHA`` calls (``scripts``: sha -> source), without the ``SCRIPT
-    EXISTS`` round trip redis-py sends first; one Redis answers ``NOSCRIPT`` (it lost its scripts:
-    a restart) runs again by ``EVAL`` on ``client``, which loads it, and its reply (or error)
-    takes the error's place.
+    Its scripts go as bare ``EVALSHA`` (``scripts``: sha -> source), without redis-py's ``SCRIPT
+    EXISTS`` round trip; one answered ``NOSCRIPT`` (Redis restarted) runs again by ``EVAL``.
 
     Raises:
         redis.RedisError: the pipeline was not sent, or a transaction was discarded.

@@ -2,10 +2,8 @@
 
 Every recorded fate change increments one Redis hash per epoch minute, ``keys.counter(minute)``
 (``{prefix}:count:<minute>``), field ``<queue>|<fate>`` (:func:`field_name`); each hash expires
-after :data:`COUNTER_TTL` seconds. :func:`add_counts` is the write side (the runtime calls it in
-the pipeline that appends the history); the rest reads the hashes back: rows per minute, totals
-over a window, a zero-filled series for graphs, threshold checks an alert can exit on, and a
-Prometheus text rendering for a textfile collector.
+after :data:`COUNTER_TTL` seconds. :func:`add_counts` writes them in the pipeline that appends
+the history; the rest reads them back (windows, thresholds, Prometheus text).
 """
 
 from __future__ import annotations
@@ -34,13 +32,11 @@ MAX_MINUTES = COUNTER_TTL // 60
 
 
 def field_name(queue: str, fate: str) -> str:
-    """The hash field counting ``fate`` in ``queue``: ``<queue>|<fate>``."""
     return f"{queue}{SEPARATOR}{fate}"
 
 
 def add_counts(pipe: Pipeline | ClusterPipeline, keys: Keys, events: Iterable[FateEvent]) -> None:
-    """Queue in ``pipe`` the increments of ``events`` (one ``HINCRBY`` per minute and field, one
-    ``EXPIRE`` per minute); the caller executes it."""
+    """Queue in ``pipe`` the increments of ``events``; the caller executes it."""
     counts: Counter[tuple[str, str]] = Counter()
     for event in events:
         counts[(keys.counter(minute_of(event.at_ms)), field_name(event.queue, event.fate))] += 1
@@ -51,9 +47,8 @@ def add_counts(pipe: Pipeline | ClusterPipeline, keys: Keys, events: Iterable[Fa
 
 
 def parse_field(name: str) -> tuple[str, str]:
-    """Split a counter field into ``(queue, fate)``.
-
-    Queue names may themselves contain the separator, so the split is on the last one.
+    """Split a counter field into ``(queue, fate)``, on the last separator (a queue name may
+    hold one).
 
     Raises:
         ValueError: the field has no separator or an empty part.
@@ -65,14 +60,11 @@ def parse_field(name: str) -> tuple[str, str]:
 
 
 def minute_of(ms: int) -> int:
-    """The epoch minute holding epoch millisecond ``ms`` (the counters' key suffix)."""
     return ms // 60000
 
 
 def read_minutes(client: RedisClient, keys: Keys, start_minute: int, end_minute: int) -> Counts:
     """Every counter from ``start_minute`` to ``end_minute`` (epoch minutes, both included).
-
-    One pipelined round trip; missing minutes simply have no rows.
 
     Raises:
         ConfigurationError: the range is reversed or longer than :data:`MAX_MINUTES`.
@@ -108,10 +100,8 @@ def read_minutes(client: RedisClient, keys: Keys, start_minute: int, end_minute:
 def read_window(
     client: RedisClient, keys: Keys, seconds: float, *, at_ms: int | None = None
 ) -> Counts:
-    """The counters of the last ``seconds`` up to ``at_ms`` (default now), whole minutes.
-
-    The current minute is included, so a 60-second window reads two hashes (the current,
-    partial minute and the one before).
+    """The counters of the last ``seconds`` up to ``at_ms`` (default now), in whole minutes
+    (the current, partial one included: 60 seconds read two).
 
     Raises:
         ConfigurationError: ``seconds`` is not positive or exceeds the counters' retention.
@@ -185,11 +175,8 @@ def _label(value: str) -> str:
 
 
 def prometheus_text(totals: Mapping[tuple[str, str], int], seconds: float) -> str:
-    """Totals in Prometheus text format, for a node-exporter textfile collector.
-
-    One gauge, ``celery_dlx_fate_changes{queue, fate, window}``: how many messages of the queue
-    met the fate within the last ``window`` seconds.
-    """
+    """Totals in Prometheus text format (a gauge ``celery_dlx_fate_changes{queue, fate,
+    window}``), for a node-exporter textfile collector."""
     lines = [
         "# HELP celery_dlx_fate_changes Messages per queue and fate within the window.",
         "# TYPE celery_dlx_fate_changes gauge",

@@ -1,9 +1,5 @@
-"""The errors of the Redis store, for callers that must tell a store outage from a bug without
-importing the Redis client library.
-
-The one module of ``store/`` the layers above the composition root import (an import contract
-says so): exception classes only, no client.
-"""
+"""The errors of the Redis store, for callers that must tell a store outage from a bug: the one
+module of ``store/`` the layers above the composition root import (an import contract)."""
 
 from __future__ import annotations
 
@@ -24,17 +20,14 @@ def is_full(exc: BaseException) -> bool:
 
 
 class RetryPending(StoreError):
-    """A redelivered message's retry may exist: its copy went to the DLX service without a
-    confirm (the broker went away mid-publish), and the service has not written it yet. Its
-    original waits in its queue until the copy is written, or the mark expires (the copy was
-    lost: the redelivery then counts as a crash)."""
+    """A redelivered message's retry may exist: its copy went to the DLX service unconfirmed and
+    is not written yet. The original waits until it is, or the mark expires (the copy was lost:
+    the redelivery then counts as a crash)."""
 
 
 class GraveyardFull(StoreError, RedisError):
     """A burial refused before it wrote anything: the graveyard is at its budget, or Redis is
-    near its ``maxmemory``. Not now: the dead letter stays in RabbitMQ and is retried.
-
-    ``settled``: per item of the refused batch, whether its obituary is there all the same
-    (written before the refusal, or before this batch): those dead letters have their fate."""
+    near its ``maxmemory``; the dead letter stays in RabbitMQ and is retried. ``settled``: per
+    item of the refused batch, whether its obituary is there all the same."""
 
     settled: list[bool] = []

@@ -36,6 +36,7 @@ import heapq
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any, cast
@@ -78,15 +79,14 @@ SCAN_CAP = 10000
 
 # KEYS: records payloads time queue task cause message group groups queues tasks history causerec
 # cause-versions versions bytes
-# ARGV: id score record payload facts version home limit cap, facts = JSON [queue, task, cause, exc_type,
-# exc_message, history field, value, ...] (one argument instead of thirty: packing arguments
-# costs the client); version "" = unknown; home "1" or "2" when the history stream and the
-# worker's cause record share this shard's slot (the single-tag layout): the script then appends
-# the ``buried`` entry, and with "1" deletes the cause record, itself; "0": the caller does (KEYS[12]
-# and KEYS[13] are then any key of the shard's slot, never touched).
-# Writes nothing and returns 0 when the id is there already (a redelivered dead letter), and -1
-# when the shard's byte count (KEYS[16]) would pass ARGV[8] (-1: no limit): checked before the
-# first write, which is one Redis refuses at maxmemory, so a full Redis refuses the burial too.
+# ARGV: id score record payload facts version home limit cap; facts = JSON [queue, task, cause,
+# exc_type, exc_message, history field, value, ...] (one argument, not thirty: packing costs the
+# client); version "" = unknown; home "1" or "2" in the single-tag layout: the script appends the
+# ``buried`` entry, and with "1" deletes the cause record; "0": the caller does (KEYS[12] and
+# KEYS[13] are then any key of the slot, never touched).
+# Writes nothing and returns 0 when the id is there already (a redelivered dead letter), -1 when
+# the shard's byte count (KEYS[16]) would pass ARGV[8] (-1: no limit), -2 when the cause holds
+# ARGV[9] already: checked before the first write, which a Redis at maxmemory refuses too.
 _WRITE = """
 local home, drop = ARGV[7] ~= '0', ARGV[7] == '1'
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
@@ -168,16 +168,17 @@ _REMOVE = _REMOVE.replace("OVERHEAD", str(OBITUARY_OVERHEAD)).replace(
 
 
 class GraveyardShard:
-    """The obituaries under one hash tag (``tag``): the app's (``{prefix}:graveyard:*``) or one
-    bucket of a queue (``{prefix:q:QUEUE:BUCKET}:graveyard:*``), with their replay ledger."""
+    """The obituaries under one hash tag (``tag``): the app's or one bucket of a queue, with
+    their replay ledger; ``cap``: ``dlx_graveyard_max_per_cause`` (0: no cap)."""
 
-    def __init__(self, client: RedisClient, keys: Keys, tag: str, scripts: _Scripts) -> None:
+    def __init__(
+        self, client: RedisClient, keys: Keys, tag: str, scripts: _Scripts, cap: int = 0
+    ) -> None:
         self.client = client
         self.keys = keys
         self.tag = tag
-        #: Most obituaries of one cause here (``dlx_graveyard_max_per_cause``; 0: no cap).
-        self.cap = 0
-        #: True for the app's tag, where the history stream and the cause records live too.
+        self.cap = cap
+        #: The app's tag, where the history stream and the cause records live too.
         self.home = tag == keys.home_tag
         self.scripts = scripts
         self._base = keys.graveyard_prefix if self.home else f"{tag}:graveyard:"
@@ -195,6 +196,7 @@ class GraveyardShard:
         self.status_key = self.key("status")
         self.replayed_key = self.key("replayed")
         self.resolved_key = self.key("resolved")
+        self.status_keys = [self.status_key, self.replayed_key, self.resolved_key]
 
     def key(self, suffix: str) -> str:
         return f"{self._base}{suffix}"
@@ -240,9 +242,7 @@ class GraveyardShard:
         *,
         drop_causes: bool = True,
     ) -> list[tuple[list[str], list[Any]]]:
-        """The ``(keys, args)`` of the burial script per item; ``limit``: the most bytes this
-        shard may hold after each (-1: none); ``drop_causes``: delete each message's cause
-        record too (in the app-tag shard)."""
+        """The ``(keys, args)`` of the burial script per item (``limit``: bytes, -1 none)."""
         return [
             self._write_call(ob, ob.record_json(), ob.payload or b"", event, limit, drop_causes)
             for ob, event in items
@@ -275,15 +275,14 @@ class GraveyardShard:
         return keys, args
 
     def write(self, calls: Sequence[tuple[list[str], list[Any]]]) -> list[int]:
-        """Run the burial script for ``calls`` in one round trip; per call, 1 if written, 0 if
-        there already, -1 if refused (past the budget)."""
+        """Run the burial ``calls`` in one round trip; the script's replies."""
         if is_cluster(self.client):  # a call each, as redis-py runs scripts on a Cluster
             return [int(r) for r in run_script_many(self.client, self.scripts.write, calls)]
         return [int(r) for r in run_script_batch(self.scripts.write_batch, calls)]
 
     def copy_in(self, ob: Obituary, record: Any, payload: Any, ledger: Any) -> bool:
-        """Write one obituary's stored record here, with its ledger entry and no history entry
-        (a move between layouts); False if it is here already."""
+        """Copy a stored obituary here, with its ledger entry and no history entry (a move
+        between layouts); False if it is here already."""
         keys, args = self._write_call(ob, record, payload, None, cap=0)
         (copied,) = self.write([(keys, args)])
         if ledger is not None:
@@ -291,51 +290,16 @@ class GraveyardShard:
         return copied == 1
 
     def remove(self, ob: Obituary, event: FateEvent | None) -> bool:
-        """Delete ``ob`` and, when given, append ``event`` to the history in the same script
-        (only the app-tag shard shares the stream's slot); False if it was gone."""
-        keys = [
-            *self._index_keys(ob),
-            self.ledger,
-            self.cause_versions(ob.cause),
-            self.bytes_key,
-            self.status_key,
-            self.replayed_key,
-            self.resolved_key,
-        ]
+        """Delete ``ob``, with ``event`` appended by the script in the app-tag shard; False if
+        it was gone."""
+        keys = [*self._index_keys(ob), self.ledger, self.cause_versions(ob.cause), self.bytes_key]
+        keys += self.status_keys
         args = [ob.id, ob.queue, ob.task or "", ob.cause, ob.code_version or ""]
         if event is not None and self.home:
             args += history_args(event)
         return bool(self.scripts.remove(keys=keys, args=args))
 
-    def set_status(
-        self, ob: Obituary, new: str, at: int, extra: dict[str, Any], allowed_from: str = ""
-    ) -> bool:
-        """Move ``ob`` to status ``new`` (when its current one is in ``allowed_from``,
-        comma-separated; "" any), merging ``extra`` into its status document."""
-        keys = [
-            self.status_key,
-            self.replayed_key,
-            self.resolved_key,
-            self.group_key(ob.cause),
-            self.records,
-        ]
-        args: list[Any] = [ob.id, new, at, json.dumps(extra), allowed_from]
-        return bool(self.scripts.set_status(keys=keys, args=args))
-
-    def statuses(self, ids: Sequence[str]) -> list[dict[str, Any]]:
-        """The status document of each id (``{}``: unresolved, never replayed)."""
-        if not ids:
-            return []
-        return [status.parse(raw) for raw in self.client.hmget(self.status_key, list(ids))]
-
-    def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
-        """Ids ``replayed`` or ``resolved`` (``kind``) at or before ``cutoff_ms``, oldest first."""
-        key = self.replayed_key if kind == status.REPLAYED else self.resolved_key
-        return [text(i) for i in self.client.zrangebyscore(key, "-inf", cutoff_ms, 0, limit)]
-
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
-        """The obituaries of ``ids`` (None where missing or unreadable), in order, with their
-        replay times and status."""
         if not ids:
             return []
         pipe = self.client.pipeline(transaction=False)
@@ -367,8 +331,7 @@ class GraveyardShard:
         return int(self.client.zcard(self.by_time))
 
     def stored_page(self, skip: int, count: int) -> list[tuple[str, Any, Any, Any]]:
-        """``(id, record, payload, ledger entry)`` as stored, of ``count`` obituaries from rank
-        ``skip``, oldest first."""
+        """``(id, record, payload, ledger entry)`` as stored, from rank ``skip``, oldest first."""
         ids = [text(i) for i in self.client.zrange(self.by_time, skip, skip + count - 1)]
         if not ids:
             return []
@@ -380,7 +343,7 @@ class GraveyardShard:
         return list(zip(ids, records, payloads, ledgers, strict=True))
 
     def driving_index(self, filters: Filters) -> str:
-        """The index a listing under ``filters`` reads (the narrowest given)."""
+        """The narrowest index ``filters`` name."""
         if filters.message_id is not None:
             return self.by_message(filters.message_id)
         if filters.cause is not None:
@@ -392,7 +355,7 @@ class GraveyardShard:
         return self.by_time
 
     def queue_group_reads(self, pipe: Any, causes: list[str]) -> None:
-        """Queue on ``pipe`` the reads :meth:`groups_from` takes (:data:`GROUP_READS` per cause)."""
+        """Queue the reads :meth:`groups_from` takes (:data:`GROUP_READS` per cause)."""
         for cause in causes:
             index = self.by_cause(cause)
             pipe.hgetall(self.group_key(cause))
@@ -402,7 +365,6 @@ class GraveyardShard:
             pipe.hgetall(self.cause_versions(cause))
 
     def groups_from(self, causes: list[str], results: list[Any]) -> list[Group]:
-        """The groups of ``causes`` from the replies of :meth:`queue_group_reads`."""
         out = []
         for i, cause in enumerate(causes):
             info, count, first, last, versions = results[GROUP_READS * i : GROUP_READS * (i + 1)]
@@ -434,59 +396,11 @@ class GraveyardShard:
             )
         return out
 
-    def version_times(self) -> dict[str, int]:
-        """Every code version seen in this shard -> when it was first seen (ms)."""
-        scored = cast(
-            "list[tuple[bytes, float]]",
-            self.client.zrange(self.versions_key, 0, -1, withscores=True),
-        )
-        return {text(v): int(ms) for v, ms in scored}
-
-    def names(self, kind: str) -> list[tuple[str, int, int]]:
-        """``(name, obituaries, last burial ms)`` per queue (``kind="queue"``) or task."""
-        key, index = (
-            (self.queues_key, self.by_queue) if kind == "queue" else (self.tasks_key, self.by_task)
-        )
-        scored = cast(
-            "list[tuple[bytes, float]]", self.client.zrevrange(key, 0, -1, withscores=True)
-        )
-        rows = [(text(n), int(s)) for n, s in scored]
-        pipe = self.client.pipeline(transaction=False)
-        for name, _ in rows:
-            pipe.zcard(index(name))
-        counts = pipe.execute() if rows else []
-        return [(n, int(c), s) for (n, s), c in zip(rows, counts, strict=True) if c]
-
-    def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
-        """Add replay times to the ledger (read-modify-write: an operator's record, not a lock);
-        ``to_queue``: the queue these replays were redirected to (kept per time, under ``to``)."""
-        if not replayed:
-            return
-        ids = [oid for oid, _ in replayed]
-        current = self.client.hmget(self.ledger, ids)
-        mapping: dict[Any, Any] = {}
-        for (oid, at), raw in zip(replayed, current, strict=True):
-            entry: dict[str, Any] = {"replays": [*_ledger_times(raw), at]}
-            to = {**_ledger_redirects(raw), **({str(at): to_queue} if to_queue else {})}
-            if to:
-                entry["to"] = to
-            mapping[oid] = json.dumps(entry)
-        self.client.hset(self.ledger, mapping=mapping)
-
-    def redirects(self, ids: Sequence[str]) -> list[dict[int, str]]:
-        """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
-        if not ids:
-            return []
-        raws = self.client.hmget(self.ledger, list(ids))
-        return [{int(at): q for at, q in _ledger_redirects(raw).items()} for raw in raws]
-
     def scan_cause(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage:
-        """One page of a cause's ids, newest first, by this shard's indexes alone: without a
-        queue or task filter one ``ZREVRANGEBYSCORE ... LIMIT`` (``matching`` exact); with one,
-        the cause's ids checked against that queue's or task's index (``ZMSCORE``, no record
-        read), at most :data:`SCAN_CAP` ids for one page (``capped`` says so), ``offset`` then
-        counting the cause's ids, not matches. A status filter is checked the same way, against
-        the status hash (``HMGET``)."""
+        """One page of a cause's ids, newest first, by this shard's indexes alone. With a queue,
+        task or status filter the cause's ids are checked against that index (``ZMSCORE``) or
+        the status hash, no record read: at most :data:`SCAN_CAP` ids per page (``capped``),
+        ``offset`` then counting the cause's ids, not matches."""
         client, index = self.client, self.by_cause(cause)
         high = "+inf" if filters.until_ms is None else filters.until_ms
         low = "-inf" if filters.since_ms is None else filters.since_ms
@@ -554,7 +468,6 @@ class Budget:
         self._memory: tuple[float, MemoryInfo] | None = None
 
     def memory(self, client: RedisClient) -> MemoryInfo:
-        """Redis' ``INFO memory`` (reused for :attr:`ttl` seconds)."""
         now = time.monotonic()
         if self._memory is None or now - self._memory[0] > self.ttl:
             self._memory = (now, memory_info(client))
@@ -592,7 +505,7 @@ class Budget:
 
 
 class _Scripts:
-    """The graveyard scripts, registered once per graveyard (every shard runs the same ones)."""
+    """The graveyard scripts, registered once per graveyard for all its shards."""
 
     def __init__(self, client: RedisClient) -> None:
         self.write = client.register_script(_WRITE)
@@ -604,19 +517,15 @@ class _Scripts:
 class Graveyard:
     """Obituaries in Redis, in the single-tag layout or sharded by queue (same methods).
 
-    Reads go over every shard (:mod:`celery_dlx.store.shards`): listings merge the shards'
-    indexes a page at a time by burial time (:func:`heapq.merge`); counts, names, versions and a
-    cause's group are summed or merged. An obituary id tells its bucket (its CRC-32), not its
-    queue, so a load asks that bucket of every queue (one ``HMGET`` each, pipelined): its cost
-    grows with the number of queues, not with the graveyard.
+    Reads go over every shard: listings merge the shards' indexes a page at a time by burial
+    time; counts, names, versions and groups are summed. An obituary id tells its bucket, not
+    its queue, so a load asks that bucket of every queue (one pipelined ``HMGET`` each).
 
     In the single-tag layout a burial, its ``buried`` history entry and the deletion of the
-    worker's cause record are one script. Per queue, the history and the cause records live
-    under the app's tag (another slot): a burial appends its entry right after its script wrote
-    the obituary (a crash between leaves the obituary without its entry), a removal before its
-    script deletes it (a crash between leaves it in place with an extra entry: nothing leaves
-    without its record in the history). A queue bucket's burials wait for
-    ``dlx_redis_min_replicas`` on their own master.
+    worker's cause record are one script. Per queue, the history and the cause records live in
+    another slot: a burial appends its entry right after its script (a crash between leaves the
+    obituary without its entry), a removal before its script (a crash between leaves it in
+    place with an extra entry: nothing leaves without its record in the history).
 
     Past its budget (:class:`Budget`), or with Redis near its ``maxmemory``, a burial raises
     :class:`GraveyardFull` before it writes anything and the dead letter waits in RabbitMQ, so a
@@ -643,28 +552,20 @@ class Graveyard:
         self.keys = keys
         self.replicas = replicas or Replicas()
         self.budget = budget or Budget()
-        self.max_per_cause = max_per_cause
         self.scripts = _Scripts(client)
         self.shards: ShardSet[GraveyardShard] = ShardSet(
             client,
             Layout(keys, per_queue=per_queue, buckets=BUCKETS),
             keys.graveyard("shards"),
             "graveyard",
-            self._shard_of,
+            lambda tag: GraveyardShard(client, keys, tag, self.scripts, max_per_cause),
             self.replicas,
         )
 
-    def _shard_of(self, tag: str) -> GraveyardShard:
-        shard = GraveyardShard(self.client, self.keys, tag, self.scripts)
-        shard.cap = self.max_per_cause
-        return shard
-
     def shard(self, queue: str, obituary_id: str) -> GraveyardShard:
-        """The shard ``queue``'s obituary ``obituary_id`` is written to."""
         return self.shards.shard(queue, obituary_id)
 
     def queues(self) -> list[str]:
-        """The queues with graveyard keys of their own (per-queue layout), sorted."""
         return self.shards.queues()
 
     def write_many(
@@ -676,17 +577,16 @@ class Graveyard:
     ) -> list[bool]:
         """Write obituaries with their ``buried`` history entries, and delete the workers'
         cause records of their messages (unless ``drop_causes`` is False: the DLX service drops
-        them with its seen markers, in one step, :meth:`~celery_dlx.store.seen.Letters.mark`).
+        them with its seen markers, :meth:`~celery_dlx.store.seen.Letters.mark`).
 
         Returns:
-            Per obituary, True if it was written now, False if it was there already or (its
-            index then appended to ``over_cap``) its cause holds ``dlx_graveyard_max_per_cause``
-            obituaries already.
+            Per obituary, True if written now; False if there already or (its index appended
+            to ``over_cap``) its cause holds ``dlx_graveyard_max_per_cause`` obituaries.
 
         Raises:
-            NotReplicated: written in a queue's bucket, but fewer replicas than
-                ``dlx_redis_min_replicas`` confirmed it (its history entry is appended: the
-                retry finds the obituary there and writes nothing).
+            GraveyardFull: past the budget, or Redis near its ``maxmemory``.
+            NotReplicated: written in a queue's bucket, but too few replicas confirmed it (its
+                history entry is appended: the retry finds the obituary and writes nothing).
             redis.RedisError: not written (or not known to be); the caller retries.
         """
         if not items:
@@ -734,9 +634,8 @@ class Graveyard:
         return sum(int(n or 0) for n in self.shards.ask(lambda pipe, s: pipe.get(s.bytes_key)))
 
     def _limits(self, shards: Sequence[GraveyardShard]) -> list[int]:
-        """The byte limit each of ``shards`` gets for one batch (-1: none). One shard compares
-        the budget with its own count; several share what the budget has left. Raises
-        :class:`GraveyardFull` when Redis is too near its ``maxmemory``."""
+        """The byte limit each of ``shards`` gets for one batch (-1: none): one shard compares
+        the budget with its own count; several share what the budget has left."""
         limit = self.budget.check(self.client)
         if limit < 0:
             return [-1] * len(shards)
@@ -755,7 +654,7 @@ class Graveyard:
         limit: int,
         drop_causes: bool,
     ) -> list[int]:
-        """One shard's burials; a queue bucket's confirmed by its master's replicas."""
+        """One shard's burials; a queue bucket's wait for its master's replicas."""
         calls = shard.write_calls(items, limit, drop_causes=drop_causes)
         wanted = 0 if shard.home else self.replicas.wanted(self.client, shard.records)
         if not wanted:
@@ -786,14 +685,11 @@ class Graveyard:
             History(self.client, self.keys).append_many([event])
         return holder.remove(ob, event)
 
-    def locate(self, ids: Sequence[str]) -> list[GraveyardShard | None]:
-        """Per id, the shard that holds it, or None."""
-        if not ids:
-            return []
+    def _by_shard(self, ids: Sequence[str]) -> list[tuple[GraveyardShard, list[int]]]:
+        """The positions of ``ids`` grouped by the shard holding each (missing ones left out)."""
+        if not ids or not self.shards.layout.per_queue:  # one shard: no lookup first
+            return [(self.shards.home, list(range(len(ids))))] if ids else []
         queues = self.queues()
-        if not queues:  # the app-tag shard only
-            found = self.client.hmget(self.shards.home.records, list(ids))
-            return [self.shards.home if raw is not None else None for raw in found]
         asks = grouped(
             (s, i) for i, oid in enumerate(ids) for s in self.shards.holders(oid, queues)
         )
@@ -805,13 +701,7 @@ class Graveyard:
             for i, raw in zip(where, raws, strict=True):
                 if raw is not None and holders[i] is None:
                     holders[i] = shard
-        return holders
-
-    def _by_shard(self, ids: Sequence[str]) -> list[tuple[GraveyardShard, list[int]]]:
-        if not self.shards.layout.per_queue:  # one shard: no lookup first
-            return [(self.shards.home, list(range(len(ids))))] if ids else []
-        located = self.locate(ids)
-        return grouped((s, i) for i, s in enumerate(located) if s is not None)
+        return grouped((s, i) for i, s in enumerate(holders) if s is not None)
 
     def load(self, ids: Sequence[str], *, with_payload: bool = False) -> list[Obituary | None]:
         """The obituaries of ``ids`` (None where missing or unreadable), in order."""
@@ -823,14 +713,23 @@ class Graveyard:
         return out
 
     def add_replays(self, replayed: Sequence[tuple[str, int]], *, to_queue: str = "") -> None:
-        """Add replay times to the ledger of each obituary's shard."""
+        """Add replay times to the ledger (read-modify-write: an operator's record, not a lock);
+        ``to_queue``: where these replays went, kept per time under ``to``."""
         for shard, where in self._by_shard([oid for oid, _ in replayed]):
-            shard.add_replays([replayed[i] for i in where], to_queue=to_queue)
+            mine = [replayed[i] for i in where]
+            current = self.client.hmget(shard.ledger, [oid for oid, _ in mine])
+            mapping: dict[Any, Any] = {}
+            for (oid, at), raw in zip(mine, current, strict=True):
+                entry: dict[str, Any] = {"replays": [*_ledger_times(raw), at]}
+                to = {**_ledger_redirects(raw), **({str(at): to_queue} if to_queue else {})}
+                if to:
+                    entry["to"] = to
+                mapping[oid] = json.dumps(entry)
+            self.client.hset(shard.ledger, mapping=mapping)
 
     def mark_replayed(self, ids: Sequence[str], at: int) -> list[str]:
-        """The obituaries ``ids`` are about to be replayed: ``replayed`` (before the copies go
-        out, so a copy that runs at once finds its obituary waiting for it). Returns the ids
-        changed, to hand to :meth:`unmark_replayed` if the copies do not go out."""
+        """Mark ``ids`` ``replayed`` before their copies go out (a copy that runs at once finds
+        its obituary waiting); the ids changed, for :meth:`unmark_replayed` if they do not."""
         return self.set_status(ids, status.REPLAYED, at, {"next": None})
 
     def unmark_replayed(self, ids: Sequence[str], at: int) -> None:
@@ -838,16 +737,13 @@ class Graveyard:
         self.set_status(ids, status.UNRESOLVED, at, allowed_from=[status.REPLAYED])
 
     def resolve(self, ids: Sequence[str], at: int, by: str) -> list[str]:
-        """The replayed obituaries ``ids`` are ``resolved`` (``by``: what told: ``success``, a
-        DLX task ran the replayed copy; ``quiet``, nothing dead-lettered it again within
-        ``dlx_resolve_after``). Returns the ids changed."""
-        allowed = [status.REPLAYED]
-        return self.set_status(ids, status.RESOLVED, at, {"by": by}, allowed_from=allowed)
+        """Mark the replayed ``ids`` ``resolved`` (``by``: ``success``, a DLX task ran the copy;
+        ``quiet``, nothing dead-lettered it within ``dlx_resolve_after``); the ids changed."""
+        return self.set_status(ids, status.RESOLVED, at, {"by": by}, allowed_from=[status.REPLAYED])
 
     def note_failed_again(self, buried: Sequence[Obituary], at: int) -> None:
-        """For each new obituary of a replayed message (``replayed_from``), the old one is
-        ``failed-again`` and names it; the new one counts the failures before it
-        (``repeats``)."""
+        """Each new obituary of a replayed message (``replayed_from``) makes the old one
+        ``failed-again``, naming it, and counts the ``repeats`` before it."""
         for ob in buried:
             old_id = ob.replayed_from
             if not old_id:
@@ -861,8 +757,9 @@ class Graveyard:
         """Per id, the ledger's redirected replays: replay time (ms) -> the queue it went to."""
         out: list[dict[int, str]] = [{} for _ in ids]
         for shard, where in self._by_shard(ids):
-            for i, found in zip(where, shard.redirects([ids[i] for i in where]), strict=True):
-                out[i] = found
+            raws = self.client.hmget(shard.ledger, [ids[i] for i in where])
+            for i, raw in zip(where, raws, strict=True):
+                out[i] = {int(at): q for at, q in _ledger_redirects(raw).items()}
         return out
 
     def latest_of_message(self, message_id: str) -> str | None:
@@ -877,13 +774,11 @@ class Graveyard:
         return None if best is None else best[1]
 
     def ids(self, filters: Filters, *, limit: int | None, oldest_first: bool = False) -> list[str]:
-        """Obituary ids matching ``filters``, newest first unless ``oldest_first`` (each
-        shard's index read a page at a time, merged lazily)."""
+        """Obituary ids matching ``filters``, newest first unless ``oldest_first``."""
         shards = self.shards.every(filters.queue)
         page = CHUNK if limit is None else max(CHUNK, limit)
         sign = 1 if oldest_first else -1
-        # Every shard's first page in one pipelined round trip (per master); later pages as
-        # the merge reaches them.
+        # Every shard's first page in one round trip; later pages as the merge reaches them.
         pipe = self.client.pipeline(transaction=False)
         for shard in shards:
             _read_page(pipe, shard.driving_index(filters), filters, 0, page, oldest_first)
@@ -911,29 +806,33 @@ class Graveyard:
         *,
         allowed_from: Sequence[str] = (),
     ) -> list[str]:
-        """Move the obituaries ``ids`` to status ``new`` (those whose current status is one of
-        ``allowed_from``; empty: any), merging ``extra`` into their status documents. Returns
-        the ids changed."""
+        """Move ``ids`` whose status is one of ``allowed_from`` (empty: any) to ``new``, merging
+        ``extra`` into their status documents; the ids changed."""
         changed: list[str] = []
         allowed = ",".join(allowed_from)
         for shard, where in self._by_shard(ids):
             for ob in shard.load([ids[i] for i in where]):
-                if ob is not None and shard.set_status(ob, new, at, extra or {}, allowed):
+                if ob is None:
+                    continue
+                keys = [*shard.status_keys, shard.group_key(ob.cause), shard.records]
+                args: list[Any] = [ob.id, new, at, json.dumps(extra or {}), allowed]
+                if self.scripts.set_status(keys=keys, args=args):
                     changed.append(ob.id)
         return changed
 
     def since(self, kind: str, cutoff_ms: int, limit: int) -> list[str]:
-        """Ids of up to ``limit`` obituaries ``replayed`` or ``resolved`` (``kind``) at or
-        before ``cutoff_ms``, oldest first."""
+        """Up to ``limit`` ids ``replayed`` or ``resolved`` (``kind``) by ``cutoff_ms``."""
         found: list[str] = []
         for shard in self.shards.every():
-            found += shard.since(kind, cutoff_ms, limit - len(found))
+            key = shard.replayed_key if kind == status.REPLAYED else shard.resolved_key
+            rows = self.client.zrangebyscore(key, "-inf", cutoff_ms, 0, limit - len(found))
+            found += [text(i) for i in rows]
             if len(found) >= limit:
                 break
         return found
 
     def older_than(self, cutoff_ms: int, limit: int) -> list[str]:
-        """Ids of up to ``limit`` obituaries buried at or before ``cutoff_ms``, oldest first."""
+        """Up to ``limit`` ids buried by ``cutoff_ms``, oldest first."""
         replies = self.shards.ask(
             lambda pipe, s: pipe.zrangebyscore(
                 s.by_time, "-inf", cutoff_ms, 0, limit, withscores=True
@@ -943,8 +842,7 @@ class Graveyard:
         return [oid for _, oid in sorted(rows)[:limit]]
 
     def _latest(self, key: str, limit: int | None) -> list[tuple[str, int]]:
-        """``(member, score)`` of the ``key`` zset (``groups``, ``queues``, ``tasks``) of every
-        shard, max score per member, latest first."""
+        """``(member, latest score)`` of every shard's ``key`` zset, latest first."""
         stop = -1 if limit is None else limit - 1
         best: dict[str, int] = {}
         for rows in self.shards.ask(
@@ -970,8 +868,8 @@ class Graveyard:
         return self.groups_of([c for c, _ in self._latest("groups", None)])
 
     def groups_of(self, causes: list[str]) -> list[Group]:
-        """The :class:`Group` of each of ``causes`` still in the graveyard, in their order,
-        summed over the shards (one round trip: a page of causes never loads the others)."""
+        """The :class:`Group` of each of ``causes`` still in the graveyard, in their order
+        (one round trip)."""
         if not causes:
             return []
         shards = self.shards.every()
@@ -984,13 +882,9 @@ class Graveyard:
         return [_summed(parts[c]) for c in causes if c in parts]
 
     def cause_page(self, cause: str, filters: Filters, offset: int, limit: int) -> CausePage:
-        """One page of a cause's obituary ids, newest first (the console's cause page).
-        ``filters`` may add a queue, a task, a status and time bounds.
-
-        One shard is paged by its indexes alone (:meth:`GraveyardShard.scan_cause`). Over
-        several, the shards' matches are merged; ``matching`` is exact without a queue, task
-        or status filter, else None.
-        """
+        """One page of a cause's obituary ids under ``filters``, newest first (the console's
+        cause page). Over several shards ``matching`` is None with a queue, task or status
+        filter."""
         shards = self.shards.every()
         if len(shards) == 1:
             return shards[0].scan_cause(cause, filters, offset, limit)
@@ -1007,30 +901,38 @@ class Graveyard:
         return page
 
     def version_times(self) -> dict[str, int]:
-        """Every code version seen in the graveyard -> when it was first seen (ms)."""
+        """Code version -> when the graveyard first saw it (ms)."""
         out: dict[str, int] = {}
         for shard in self.shards.every():
-            for version, ms in shard.version_times().items():
-                out[version] = min(out.get(version, ms), ms)
+            scored: Any = self.client.zrange(shard.versions_key, 0, -1, withscores=True)
+            for raw, ms in scored:
+                version = text(raw)
+                out[version] = min(out.get(version, int(ms)), int(ms))
         return out
 
     def names(self, kind: str) -> list[tuple[str, int, int]]:
         """``(name, obituaries, last burial ms)`` per queue (``kind="queue"``) or task."""
         counts: dict[str, list[int]] = {}
-        for shard in self.shards.every():
-            for name, n, last in shard.names(kind):
-                seen = counts.setdefault(name, [0, 0])
-                seen[0] += n
-                seen[1] = max(seen[1], last)
-        rows = [(n, c, last) for n, (c, last) in counts.items()]
-        return sorted(rows, key=lambda r: (-r[2], r[0]))
+        for s in self.shards.every():
+            key, index = (s.queues_key, s.by_queue) if kind == "queue" else (s.tasks_key, s.by_task)
+            scored: Any = self.client.zrevrange(key, 0, -1, withscores=True)
+            rows = [(text(n), int(last)) for n, last in scored]
+            pipe = self.client.pipeline(transaction=False)
+            for name, _ in rows:
+                pipe.zcard(index(name))
+            for (name, last), n in zip(rows, pipe.execute() if rows else [], strict=True):
+                if n:
+                    seen = counts.setdefault(name, [0, 0])
+                    seen[0] += int(n)
+                    seen[1] = max(seen[1], last)
+        found = [(name, n, last) for name, (n, last) in counts.items()]
+        return sorted(found, key=lambda r: (-r[2], r[0]))
 
 
 def _read_page(
     client: Any, index: str, filters: Filters, offset: int, page: int, oldest_first: bool
 ) -> Any:
-    """One page of ``index`` within the filters' time bounds, with scores (on ``client``, or
-    queued on a pipeline)."""
+    """One page of ``index`` within the filters' time bounds, with scores."""
     low = "-inf" if filters.since_ms is None else filters.since_ms
     high = "+inf" if filters.until_ms is None else filters.until_ms
     if oldest_first:
@@ -1041,8 +943,7 @@ def _read_page(
 def _pages(
     shard: GraveyardShard, filters: Filters, page: int, oldest_first: bool, first: Any
 ) -> Iterator[tuple[float, str]]:
-    """``(burial ms, id)`` of one shard's matches in order, read a page at a time (``first``:
-    its first page, read already)."""
+    """``(burial ms, id)`` of one shard's matches, a page at a time (``first``: read already)."""
     index = shard.driving_index(filters)
     check = _needs_post_filter(filters)
     offset = 0
@@ -1050,19 +951,18 @@ def _pages(
     while True:
         if raw is None:
             raw = _read_page(shard.client, index, filters, offset, page, oldest_first)
-        scored = cast("list[tuple[bytes, float]]", raw)
-        rows = [(float(s), text(i)) for i, s in scored]
+        rows = [(float(s), text(i)) for i, s in raw]
         offset += len(rows)
         if check and rows:
             obits = shard.load([oid for _, oid in rows])
             keep = {ob.id for ob in obits if ob is not None and filters.matches(ob)}
             rows = [r for r in rows if r[1] in keep]
         if filters.status is not None and rows:
-            docs = shard.statuses([oid for _, oid in rows])
+            docs = shard.client.hmget(shard.status_key, [oid for _, oid in rows])
             rows = [
                 r
                 for r, doc in zip(rows, docs, strict=True)
-                if status.status_of(doc) == filters.status
+                if status.status_of(status.parse(doc)) == filters.status
             ]
         yield from rows
         if len(raw) < page:
@@ -1071,19 +971,16 @@ def _pages(
 
 
 def _summed(parts: list[Group]) -> Group:
-    """One cause's group from its per-shard groups."""
     if len(parts) == 1:
         return parts[0]
     latest = max(parts, key=lambda g: g.last_ms)
     started = [g for g in parts if g.first_seen_ms is not None]
     first = min(started, key=lambda g: cast("int", g.first_seen_ms)) if started else None
-    versions: dict[str, int] = {}
-    statuses: dict[str, int] = {}
+    versions: Counter[str] = Counter()
+    statuses: Counter[str] = Counter()
     for g in parts:
-        for version, n in g.versions.items():
-            versions[version] = versions.get(version, 0) + n
-        for name, n in g.statuses.items():
-            statuses[name] = statuses.get(name, 0) + n
+        versions.update(g.versions)
+        statuses.update(g.statuses)
     return Group(
         cause=latest.cause,
         count=sum(g.count for g in parts),
@@ -1098,8 +995,8 @@ def _summed(parts: list[Group]) -> Group:
         first_seen_ms=first.first_seen_ms if first is not None else None,
         first_version=first.first_version if first is not None else None,
         last_version=latest.last_version,
-        versions=versions,
-        statuses=statuses,
+        versions=dict(versions),
+        statuses=dict(statuses),
     )
 
 
@@ -1112,11 +1009,8 @@ def _ledger_redirects(raw: Any) -> dict[str, str]:
 
 
 def _ledger_times(raw: Any) -> list[int]:
-    if raw is None:
-        return []
     try:
-        data = json.loads(raw)
-        return [int(t) for t in data.get("replays", [])]
+        return [int(t) for t in json.loads(raw).get("replays", [])] if raw is not None else []
     except (ValueError, TypeError, AttributeError):
         return []
 

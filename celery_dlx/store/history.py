@@ -1,10 +1,8 @@
 """The failure history: every fate change appended to a Redis stream, in order, never trimmed here.
 
-The stream is read by ``celery dlx stats`` and by the Spark exporter (``spark/``), which trims it
-only after a successful, checkpointed export. Entries are appended by :meth:`History.append_many`
-(fates recorded by the runtime) and by the graveyard's Lua scripts (:func:`history_args`, in the
-same script as the obituary write); both encode with :func:`history_fields`. Each entry's fields
-are flat strings:
+The Spark exporter trims it only after a checkpointed export. Entries are appended by
+:meth:`History.append_many` and by the graveyard's Lua scripts (:func:`history_args`), both
+encoded by :func:`history_fields`; each entry's fields are flat strings:
 
 ========================  ==========================================================
 field                     meaning
@@ -52,10 +50,9 @@ COPIED_TTL_MS = 24 * 3600 * 1000
 
 def mark_copies(pipe: Any, keys: Keys, events: Iterable[FateEvent]) -> None:
     """Queue in ``pipe`` the marker of each requeue and park of ``events``: the retry of that
-    attempt exists (a copy in its queue, or parked, or drained since), so a redelivery of the
-    original the broker lost the ack of gets no second one (``DLXTask._retried_before``). Its value
-    is the lineage of the delivery the retry was made from (``extra["lineage"]``, set by the
-    worker; :data:`~celery_dlx.message.lineage.ANY_LINEAGE` from the DLX service)."""
+    attempt exists, so a redelivery of an original whose ack the broker lost gets no second one
+    (``DLXTask._retried_before``). Its value is the lineage of the delivery the retry was made
+    from (``extra["lineage"]``; :data:`~celery_dlx.message.lineage.ANY_LINEAGE` if none)."""
     for event in events:
         if event.fate in (REQUEUED, PARKED):
             marker = keys.copied(event.queue, event.message_id, event.attempt)
@@ -103,11 +100,7 @@ def history_fields(event: FateEvent) -> dict[str, str]:
 
 
 def history_args(event: FateEvent) -> list[str]:
-    """:func:`history_fields` flat (``field, value, ...``): what a Lua script's ``XADD`` takes.
-
-    The graveyard appends ``buried``, ``purged`` and ``archived`` entries in the script that
-    writes or deletes the obituary, so the two stay in step; the fields are the same.
-    """
+    """:func:`history_fields` flat (``field, value, ...``), for a Lua script's ``XADD``."""
     return [item for pair in history_fields(event).items() for item in pair]
 
 
@@ -121,11 +114,8 @@ class History:
     def append_many(
         self, events: Iterable[FateEvent], pipe: Pipeline | ClusterPipeline | None = None
     ) -> int:
-        """Append ``events``, in order, in ``pipe`` (not executed) or in one round trip now.
-
-        Returns:
-            How many ``XADD`` commands were queued (their results come first in ``pipe``'s).
-        """
+        """Append ``events`` in ``pipe`` (not executed) or in one round trip now; how many
+        ``XADD`` were queued."""
         target = self.client.pipeline(transaction=False) if pipe is None else pipe
         queued = 0
         for event in events:
@@ -138,12 +128,8 @@ class History:
         return queued
 
     def append_audit(self, fields: Mapping[str, str], event: FateEvent, *, maxlen: int) -> str:
-        """Append an operator action to the audit stream (``keys.web_audit``, capped at about
-        ``maxlen``) and its ``audit`` entry to the history, in one round trip.
-
-        Returns:
-            The audit stream entry's id.
-        """
+        """Append an operator action to the audit stream (capped at about ``maxlen``) and its
+        ``audit`` entry to the history, in one round trip; the audit entry's id."""
         pipe = self.client.pipeline(transaction=False)
         entry: dict[Any, Any] = dict(fields)
         pipe.xadd(self.keys.web_audit, entry, maxlen=maxlen, approximate=True)
@@ -155,18 +141,14 @@ class History:
         self, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[tuple[str, dict[str, str]]]:
         """Entries between ``start`` and ``end`` (stream ids), decoded to text."""
-        rows = cast(
-            "list[tuple[bytes, dict[bytes, bytes]]]",
-            self.client.xrange(self.keys.history, start, end, count=count),
-        )
-        return [(text(i), {text(k): text(v) for k, v in f.items()}) for i, f in rows]
+        return _decoded(self.client.xrange(self.keys.history, start, end, count=count))
 
     def length(self) -> int:
         return int(self.client.xlen(self.keys.history))
 
     def dump(self, path: str, *, after: str | None = None, page: int = 10000) -> int:
-        """Write the stream (entries after ``after``, or all) to a JSON-lines file: one object per
-        line, ``id`` plus the entry's fields; how many were written."""
+        """Write the entries after ``after`` (or all) to a JSON-lines file, ``id`` plus fields
+        each; how many."""
         start = "-" if after is None else "(" + after
         written = 0
         with open(path, "w", encoding="utf-8") as handle:
@@ -182,32 +164,19 @@ class History:
 
     def tail(self) -> str:
         """The id of the stream's last entry (``0-0`` when empty)."""
-        last = cast(
-            "list[tuple[Any, Any]]", self.client.xrevrange(self.keys.history, "+", "-", count=1)
-        )
+        last: Any = self.client.xrevrange(self.keys.history, "+", "-", count=1)
         return text(last[0][0]) if last else "0-0"
 
     def after(
         self, last: str, *, count: int = 1000, block_ms: int | None = None
     ) -> list[tuple[str, dict[str, str]]]:
         """Entries appended after the entry ``last``, waiting up to ``block_ms`` for one."""
-        reply = cast(
-            "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None",
-            self.client.xread({self.keys.history: last}, count=count, block=block_ms),
-        )
-        return [
-            (text(i), {text(k): text(v) for k, v in f.items()})
-            for _, entries in reply or ()
-            for i, f in entries
-        ]
+        reply: Any = self.client.xread({self.keys.history: last}, count=count, block=block_ms)
+        return [row for _, entries in reply or () for row in _decoded(entries)]
 
     def audit(self, limit: int = 100) -> list[tuple[str, dict[str, str]]]:
         """The latest ``limit`` entries of the operators' audit stream, newest first."""
-        rows = cast(
-            "list[tuple[bytes, dict[bytes, bytes]]]",
-            self.client.xrevrange(self.keys.web_audit, "+", "-", count=limit),
-        )
-        return [(text(i), {text(k): text(v) for k, v in f.items()}) for i, f in rows]
+        return _decoded(self.client.xrevrange(self.keys.web_audit, "+", "-", count=limit))
 
     def counts(self, window_s: float, *, at_ms: int | None = None) -> Counts:
         """The per-minute fate counters over the last ``window_s`` seconds."""
@@ -220,13 +189,9 @@ class History:
         history: bool = True,
         pipeline: Pipeline | ClusterPipeline | None = None,
     ) -> bool:
-        """Append ``events`` (unless ``history`` is False: the caller appended them), add them to
-        the counters and mark their retries (:func:`mark_copies`), in ``pipeline`` or in one
-        round trip now.
-
-        In ``pipeline`` the commands are queued, the caller executes them (the append first, an
-        ``XADD`` per event; then the counters and markers) and reads their replies; True is
-        returned.
+        """Append ``events`` (unless ``history`` is False: the caller did), count them and mark
+        their retries (:func:`mark_copies`), queued in ``pipeline`` (an ``XADD`` per event
+        first; True is returned) or in one round trip now.
 
         Returns:
             Whether the counters and markers went in (best effort: the caller logs a failure).
@@ -254,7 +219,7 @@ class History:
 
     def forget_copies(self, events: Sequence[FateEvent]) -> None:
         """Delete the markers :meth:`write` queued for ``events`` whose writes failed (best
-        effort: logged when Redis refuses it too)."""
+        effort)."""
         try:
             self.client.delete(
                 *(self.keys.copied(e.queue, e.message_id, e.attempt) for e in events)
@@ -266,3 +231,8 @@ class History:
                 len(events),
                 exc_info=True,
             )
+
+
+def _decoded(rows: Any) -> list[tuple[str, dict[str, str]]]:
+    """Stream entries ``(id, fields)`` as text."""
+    return [(text(i), {text(k): text(v) for k, v in f.items()}) for i, f in rows]

@@ -1,10 +1,8 @@
 """How full celery_dlx's Redis is, as ``INFO`` says, and whether it takes a write now.
 
-Read by ``celery dlx check`` and ``/metrics``: ``INFO memory`` (``used_memory``, ``maxmemory``,
-``maxmemory_policy``), ``INFO errorstats`` (``errorstat_OOM``: the writes Redis refused for
-memory since it started or since ``CONFIG RESETSTAT``) and one tiny write that expires at once
-(a full Redis with ``noeviction`` refuses it: the stall a failure storm brings, told as it is).
-On a Redis Cluster each master is read and the fullest is reported.
+Read by ``celery dlx check`` and ``/metrics``: ``INFO memory``, ``INFO errorstats``
+(``errorstat_OOM``: writes refused for memory) and one tiny write that expires at once (a full
+Redis with ``noeviction`` refuses it). On a Redis Cluster the fullest master is reported.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ def _oom_count(errorstats: dict[str, Any]) -> int:
 
 
 def _probe(server: Any, key: str) -> tuple[bool, str | None]:
-    """Whether Redis takes a write now (a key that expires at once), and its refusal if not."""
+    """Whether Redis takes a write now, and its refusal if not."""
     try:
         server.set(key, b"1", px=PROBE_TTL_MS)
     except (OutOfMemoryError, ReadOnlyError) as exc:
@@ -69,10 +67,8 @@ def _read(server: Any, probe_key: str | None, node: str, **target: Any) -> Redis
 
 
 def read_memory(client: RedisClient, probe_key: str | None = None) -> RedisMemory:
-    """The memory of ``client``'s server (the fullest master of a cluster).
-
-    ``probe_key``: a key to write (``PX`` :data:`PROBE_TTL_MS`) to learn whether Redis takes a
-    write now; None: no write.
+    """The memory of ``client``'s server (the fullest master of a cluster); ``probe_key``: a
+    key to write to learn whether Redis takes a write now (None: no write).
 
     Raises:
         redis.RedisError: Redis did not answer (a refused probe write is not an error).

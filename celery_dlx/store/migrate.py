@@ -1,10 +1,7 @@
 """``dlx migrate-keys``: move what the single-tag layout holds to the keys of each queue.
 
-Once ``dlx_redis_shards`` puts keys per queue, what an older version wrote under the app's tag
-stays readable (every read reads the app-tag shard too) until this moves it. Per entry: copy it
-to its queue's shard (nothing if it is there: a run interrupted and run again), then delete the
-original only if it is unchanged. Interrupted anywhere, a run again finishes the job and loses
-nothing. Built on the stores' shard methods only.
+Per entry: copy it to its queue's shard (nothing if it is there), then delete the original only
+if it is unchanged; interrupted anywhere, a run again finishes the job and loses nothing.
 """
 
 from __future__ import annotations
@@ -25,17 +22,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Migration:
-    """What a migration did (or, dry, would do).
-
-    Attributes:
-        found: entries read from the single-tag keys.
-        copied: entries written to their queue's keys now (0 on a dry run).
-        present: entries their queue's keys held already (an interrupted run's copies).
-        moved: entries deleted from the single-tag keys after their copy.
-        left: entries left in place (unreadable, or claimed by a drain while being moved).
-        gone: obituaries purged or swept while being moved (their copy is deleted too).
-        queues: entries found per queue.
-    """
+    """What a migration did (or, dry, would do): entries ``found`` under the app's tag,
+    ``copied`` to their queue's keys, ``present`` there already, ``moved`` (deleted after their
+    copy), ``left`` in place (unreadable, or claimed by a drain meanwhile), ``gone`` (obituaries
+    purged or swept meanwhile; their copy too), and found per queue (``queues``)."""
 
     found: int = 0
     copied: int = 0
@@ -50,9 +40,8 @@ class Migration:
 
 
 def migrate_parked(store: ParkingStore, *, dry_run: bool = False, batch: int = 500) -> Migration:
-    """Move parked retries from the app's tag to their queues' buckets, soonest first. An entry
-    a drain claims between its copy and its delete stays where it is and is drained from there,
-    its copy later too (a duplicate: at-least-once)."""
+    """Move parked retries from the app's tag to their queues' buckets, soonest first (one a
+    drain claims between copy and delete is drained from both: at-least-once)."""
     result = Migration()
     home = store.shards.home
     start = 0
@@ -93,14 +82,9 @@ def migrate_parked(store: ParkingStore, *, dry_run: bool = False, batch: int = 5
 
 
 def migrate_graveyard(yard: Graveyard, *, dry_run: bool = False, batch: int = 100) -> Migration:
-    """Move obituaries from the app's tag to their queues' buckets, oldest first: per
-    obituary, copy (record, payload, indexes, group and version stats, ledger entry; nothing if
-    the queue's keys hold it already) then delete the original (no history entry: nothing left
-    the graveyard).
-
-    A moved cause's lifetime ``total`` restarts at the obituaries moved (the single-tag group's
-    count of earlier burials is not carried over); its first-seen time is its oldest obituary's.
-    """
+    """Move obituaries from the app's tag to their queues' buckets, oldest first, without a
+    history entry (nothing left the graveyard). A moved cause's lifetime ``total`` restarts at
+    the obituaries moved; its first-seen time is its oldest obituary's."""
     result = Migration()
     home = yard.shards.home
     skip = 0

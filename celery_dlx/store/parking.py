@@ -8,9 +8,7 @@ claiming leaves them to be claimed again when the lease runs out. An entry is de
 its publish is confirmed. Parking is idempotent per message id and attempt.
 
 A park counts as done (the caller may ack the original) only once the replicas
-``dlx_redis_min_replicas`` asks for hold it (``WAIT`` on the write's connection,
-:func:`~celery_dlx.store.client.execute_replicated`; else
-:class:`~celery_dlx.store.client.NotReplicated`).
+``dlx_redis_min_replicas`` asks for hold it (:func:`~celery_dlx.store.client.execute_replicated`).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from celery_dlx.fates import now_ms
 from celery_dlx.message.names import PARKED_BUCKETS, Keys, ParkedKeys
@@ -64,12 +62,10 @@ end
 return out
 """
 
-# Park each entry (ARGV: id, due, meta, body of each in turn) unless it exists, so a second park
-# of the same id and attempt changes nothing; returns 1 (stored) or 0 (there already) per entry.
-# An entry already there is written back as it is: that write is replicated, so the caller's WAIT
-# also covers an entry another client parked and had not seen replicated (a worker whose WAIT
-# failed, then the DLX service parking its letter). One call per batch: a call per entry costs
-# the client a command to pack and a reply to parse, and the server a script run.
+# Park each entry (ARGV: id, due, meta, body of each in turn) unless it exists; returns 1 (stored)
+# or 0 (there already) per entry. An entry already there is written back as it is: that write is
+# replicated, so the caller's WAIT also covers an entry another client parked and had not seen
+# replicated (a worker whose WAIT failed, then the DLX service parking its letter).
 _PARK_MANY = """
 local out = {}
 for i = 1, #ARGV, 4 do
@@ -105,11 +101,10 @@ return n
 """
 
 
-# An operator's action on one entry (ARGV: id, due, new due, new metadata), unless a drain holds
-# it: an entry's score is its due time (its metadata's) until a claim re-scores it to its lease
-# end. With new metadata the entry is due at the new time (retry now: score and metadata change
-# together, so a score still tells a claimed entry); with "" it is deleted (bury now). Returns 1
-# if done, 0 if gone or claimed.
+# An operator's action on one entry (ARGV: id, due, new due, new metadata) unless a drain holds
+# it (a claim re-scores an entry from its due time to its lease end). New metadata: due at the
+# new time (retry now: score and metadata change together, so a score still tells a claimed
+# entry); "": deleted (bury now). Returns 1 if done, 0 if gone or claimed.
 _OPERATE = """
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
@@ -126,7 +121,6 @@ return 1
 
 
 def _park_args(messages: Sequence[ParkedMessage]) -> list[Any]:
-    """The park scripts' arguments for ``messages``: id, due time, metadata JSON, body each."""
     args: list[Any] = []
     for m in messages:
         args += (m.entry_id, m.due_ms, m.meta_json(), m.body)
@@ -134,7 +128,7 @@ def _park_args(messages: Sequence[ParkedMessage]) -> list[Any]:
 
 
 class _Scripts:
-    """The parking scripts, registered once per store (every shard runs the same ones)."""
+    """The parking scripts, registered once per store for all its shards."""
 
     def __init__(self, client: RedisClient) -> None:
         self.claim = client.register_script(_CLAIM)
@@ -156,16 +150,11 @@ class ParkedShard:
         self.keys = [parked.due, parked.meta, parked.body]
 
     def wanted(self) -> int:
-        """How many replicas a park must reach (``dlx_redis_min_replicas``, resolved)."""
         return self.replicas.wanted(self.client, self.parked.due)
 
-    def park_many(self, messages: Sequence[ParkedMessage]) -> list[bool]:
-        """Park a batch in one script call; per message, False if it was parked already."""
-        return self.put(_park_args(messages), parks_named(messages))
-
     def put(self, args: Sequence[Any], what: str) -> list[bool]:
-        """Store entries given as they are stored (id, score, metadata, body each) unless
-        there; per entry, False if it was there already. Confirmed by the replicas wanted."""
+        """Store entries as stored (id, score, metadata, body each) unless there, confirmed by
+        the replicas wanted; per entry, False if it was there already."""
         script = self.scripts.park_many
         wanted = self.wanted()
         if not wanted:
@@ -181,12 +170,8 @@ class ParkedShard:
         return [bool(r) for r in stored]
 
     def page(self, start: int, count: int) -> list[tuple[str, int, Any, Any]]:
-        """``(entry id, score, metadata, body)`` of ``count`` entries from rank ``start`` in
-        due order, as stored (metadata None where it vanished)."""
-        rows = cast(
-            "list[tuple[bytes, float]]",
-            self.client.zrange(self.parked.due, start, start + count - 1, withscores=True),
-        )
+        """``(entry id, score, metadata, body)`` as stored from rank ``start``, in due order."""
+        rows: Any = self.client.zrange(self.parked.due, start, start + count - 1, withscores=True)
         if not rows:
             return []
         ids = [r for r, _ in rows]
@@ -215,16 +200,9 @@ class ParkedShard:
         return self.delete_if_scored([(m.entry_id, m.lease_score) for m in messages])
 
     def delete_if_scored(self, entries: Sequence[tuple[str, int]]) -> int:
-        """Delete each ``(entry id, score)`` whose score is still that one (an entry a drain
-        claimed meanwhile is left to it); how many were deleted."""
+        """Delete each ``(entry id, score)`` still scored so (not claimed since); how many."""
         args = [x for pair in entries for x in pair]
         return int(self.scripts.ack(keys=self.keys, args=args)) if args else 0
-
-    def release(self, messages: Iterable[ParkedMessage], due_ms: int) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for m in messages:
-            pipe.zadd(self.parked.due, {m.entry_id: due_ms}, xx=True)
-        pipe.execute()
 
     def remove(self, entry_ids: Sequence[str]) -> int:
         pipe = self.client.pipeline(transaction=False)
@@ -233,25 +211,11 @@ class ParkedShard:
         pipe.hdel(self.parked.body, *entry_ids)
         return int(pipe.execute()[0])
 
-    def entry(self, entry_id: str) -> ParkedMessage | None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hget(self.parked.meta, entry_id)
-        pipe.hget(self.parked.body, entry_id)
-        meta, body = pipe.execute()
-        if meta is None:
-            return None
-        try:
-            return ParkedMessage.from_stored(meta, bytes(body or b""))
-        except (ValueError, TypeError, KeyError):
-            return None
-
     def rows(self, page: int) -> Iterator[tuple[float, str, ParkedShard]]:
-        """``(score, entry id, self)`` in due order, read a page at a time."""
         start = 0
         while True:
-            rows = cast(
-                "list[tuple[bytes, float]]",
-                self.client.zrange(self.parked.due, start, start + page - 1, withscores=True),
+            rows: Any = self.client.zrange(
+                self.parked.due, start, start + page - 1, withscores=True
             )
             for entry, score in rows:
                 yield score, text(entry), self
@@ -265,7 +229,7 @@ class ParkingStore:
 
     Args:
         replicas: the replicas a park must reach before it counts (default none).
-        per_queue: keys per queue (``dlx_redis_shards``), so a Redis Cluster spreads them.
+        per_queue: keys per queue (``dlx_redis_shards``).
     """
 
     def __init__(
@@ -300,18 +264,15 @@ class ParkingStore:
         return self.shards.layout.per_queue
 
     def load_scripts(self) -> None:
-        """Load the Lua scripts into Redis now (the first call otherwise pays for it); ``SCRIPT
-        LOAD`` reaches every master of a cluster."""
+        """Load the Lua scripts into Redis (every master of a cluster) now, not at first use."""
         s = self.scripts
         for script in (s.claim, s.park_many, s.ack, s.operate):
             self.client.script_load(script.script)  # redis-py computed script.sha already
 
     def queues(self) -> list[str]:
-        """The queues with parked-retry keys of their own (per-queue layout), sorted."""
         return self.shards.queues()
 
     def shard(self, queue: str, entry_id: str) -> ParkedShard:
-        """The shard ``queue``'s entry ``entry_id`` is parked in."""
         return self.shards.shard(queue, entry_id)
 
     def park(self, message: ParkedMessage) -> bool:
@@ -329,13 +290,11 @@ class ParkingStore:
         self, messages: Sequence[ParkedMessage], *, pipeline: Pipeline | None = None
     ) -> list[bool]:
         """Park a batch, one script call per shard; per message, False if already parked.
-
-        In ``pipeline`` (one :meth:`transaction` hands out), the park is queued as one script
-        call whose reply is that list (1 parked now, 0 parked before); [] is returned.
+        In ``pipeline`` (from :meth:`transaction`) it is queued, its reply that list of 1 and
+        0, and [] is returned.
 
         Raises:
-            NotReplicated: stored on the master, but fewer replicas than
-                ``dlx_redis_min_replicas`` confirmed it: not parks to ack on.
+            NotReplicated: as :meth:`park`.
             redis.RedisError: not stored (or not known to be); with several shards, the first
                 that failed (the others may have gone in: a park is idempotent).
         """
@@ -350,20 +309,18 @@ class ParkingStore:
         for shard, where in grouped(
             (self.shard(m.queue, m.entry_id), i) for i, m in enumerate(messages)
         ):
-            stored = shard.park_many([messages[i] for i in where])
+            batch = [messages[i] for i in where]
+            stored = shard.put(_park_args(batch), parks_named(batch))
             for i, ok in zip(where, stored, strict=True):
                 out[i] = ok
         return out
 
     def transaction(self, queue: Callable[[Pipeline], None], what: str) -> list[Any] | None:
         """Run the writes ``queue`` adds to a pipeline (:meth:`park_many`, the history's) in one
-        ``MULTI``/``EXEC``, confirmed by the replicas ``dlx_redis_min_replicas`` asks for
-        (``what`` names them in :class:`NotReplicated`): the replies in order, an error in
-        place of a command Redis refused (those after it went in).
-
-        None, without calling ``queue``, in the per-queue layout or on a Redis Cluster: the
-        history lives under the app's tag, in another slot than a queue's shard (and a Cluster
-        pipeline takes no script).
+        ``MULTI``/``EXEC`` confirmed by the replicas wanted (``what`` names them): the replies,
+        an error in place of a command Redis refused (those after it went in). None, without
+        calling ``queue``, in the per-queue layout (the history is in another slot) or on a
+        Redis Cluster (its pipeline takes no script).
 
         Raises:
             NotReplicated: the transaction went to the master, but fewer replicas confirmed it.
@@ -387,18 +344,14 @@ class ParkingStore:
         return execute_loading(pipe, client, scripts)
 
     def claim(self, limit: int, lease_ms: int, now: int | None = None) -> list[ParkedMessage]:
-        """Claim up to ``limit`` due entries for ``lease_ms``; they are hidden from other claims.
-
-        Over several shards, a share per shard first (so one queue with a backlog does not
-        starve the others), the rest from shards that had more; the shard a round starts from
-        turns from call to call.
-        """
+        """Claim up to ``limit`` due entries for ``lease_ms``, hidden from other claims. Over
+        several shards, a share per shard first (a backlog starves no other queue), the rest
+        from shards that had more; the first shard turns from call to call."""
         now = now_ms() if now is None else now
         every = self.shards.every()
         if len(every) == 1:
             return every[0].claim(limit, lease_ms, now)
-        # One pipelined count first (a round trip per master), so a claim runs only where
-        # something is due, not once per bucket of every queue.
+        # One pipelined count first, so a claim runs only where something is due.
         counts = self.shards.ask(lambda pipe, s: pipe.zcount(s.parked.due, "-inf", now), every)
         due = [s for s, n in zip(every, counts, strict=True) if int(n)]
         if not due:
@@ -440,10 +393,12 @@ class ParkingStore:
         when = now_ms() if due_ms is None else due_ms
         listed = list(messages)
         for shard, where in self._grouped(listed):
-            shard.release([listed[i] for i in where], when)
+            pipe = self.client.pipeline(transaction=False)
+            for i in where:
+                pipe.zadd(shard.parked.due, {listed[i].entry_id: when}, xx=True)
+            pipe.execute()
 
     def _grouped(self, listed: list[ParkedMessage]) -> list[tuple[ParkedShard, list[int]]]:
-        """Claimed entries grouped by the shard they were claimed from."""
         pairs = []
         with self._lock:
             for i, m in enumerate(listed):
@@ -468,8 +423,7 @@ class ParkingStore:
         return heapq.merge(*(s.rows(page) for s in self.shards.every()), key=lambda r: r[0])
 
     def _metas(self, rows: list[tuple[float, str, ParkedShard]]) -> Iterator[ParkedMessage]:
-        """The stored entries of ``rows`` (without bodies), in order; gone or unreadable ones
-        are skipped."""
+        """The entries of ``rows`` without bodies, in order; gone or unreadable ones skipped."""
         metas: list[Any] = [None] * len(rows)
         for shard, where in grouped((shard, i) for i, (_, _, shard) in enumerate(rows)):
             found = self.client.hmget(shard.parked.meta, [rows[i][1] for i in where])
@@ -484,14 +438,14 @@ class ParkingStore:
                 continue
 
     def peek(self, limit: int = 100, offset: int = 0) -> list[ParkedMessage]:
-        """Parked retries by due time, without claiming them (merged lazily over the shards)."""
+        """Parked retries by due time, without claiming them."""
         page = max(1, min(PAGE, limit + offset))
         rows = list(itertools.islice(self._merged(page), offset, offset + limit))
         return list(self._metas(rows))
 
     def soonest(self, limit: int, batch: int = 1000) -> Iterator[ParkedMessage]:
-        """The ``limit`` soonest-due retries (without bodies), in due order; entries gone or
-        unreadable are skipped. ``lease_score`` is each one's due (or lease end) in ms."""
+        """The ``limit`` soonest-due retries without bodies (unreadable ones skipped);
+        ``lease_score`` is each one's due time (or lease end), ms."""
         merged = self._merged(min(PAGE, batch, max(limit, 1)))
         read = 0
         while read < limit:
@@ -504,20 +458,27 @@ class ParkingStore:
     def entry(self, entry_id: str) -> ParkedMessage | None:
         """The parked retry ``entry_id`` with its body, or None (gone, or unreadable)."""
         for shard in self.shards.holders(entry_id, self.queues()):
-            found = shard.entry(entry_id)
-            if found is not None:
-                return found
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(shard.parked.meta, entry_id)
+            pipe.hget(shard.parked.body, entry_id)
+            meta, body = pipe.execute()
+            if meta is None:
+                continue
+            try:
+                return ParkedMessage.from_stored(meta, bytes(body or b""))
+            except (ValueError, TypeError, KeyError):
+                continue
         return None
 
     def make_due(self, message: ParkedMessage, now: int | None = None) -> bool:
         """Make the parked retry ``message`` due now (an operator's "retry now"); False when it
-        is gone or a drain holds it (its score is then its lease end, past its due time)."""
+        is gone or a drain holds it."""
         at = now_ms() if now is None else now
         return self._operate(message, at, replace(message, due_ms=at).meta_json())
 
     def take(self, message: ParkedMessage) -> bool:
-        """Delete the parked retry ``message`` unless a drain holds it (an operator's "bury
-        now"); False when it is gone or claimed."""
+        """Delete the parked retry ``message`` (an operator's "bury now"); False when it is gone
+        or a drain holds it."""
         return self._operate(message, 0, "")
 
     def _operate(self, message: ParkedMessage, due: int, meta: str) -> bool:

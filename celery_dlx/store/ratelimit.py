@@ -8,9 +8,8 @@ from typing import Any
 from celery_dlx.message.names import Keys
 from celery_dlx.store.client import RedisClient
 
-#: INCR the key; start its window (PEXPIRE) on the first hit; return the count so far.
-#: A key left without a TTL (a crash between the two calls is impossible in Lua, but a key
-#: written by hand is not) gets one, so a budget can never be spent forever.
+# INCR the key; start its window (PEXPIRE) on the first hit, or when it has no TTL (a key written
+# by hand), so a budget is never spent forever; return the count so far.
 _SPEND = """
 local n = redis.call('INCR', KEYS[1])
 if n == 1 or redis.call('PTTL', KEYS[1]) < 0 then
@@ -21,12 +20,9 @@ return n
 
 
 class WindowBudget:
-    """At most ``limit`` uses per key within ``window`` seconds of the key's first use.
-
-    The window starts with the first use of a key and ends ``window`` seconds later, across all
-    processes sharing the Redis: workers, the DLX service and the CLI alike. ``client`` is asked
-    for at each use (a pool process has its own); ``name`` (what is budgeted) is part of the key.
-    """
+    """At most ``limit`` uses per key within ``window`` seconds of the key's first use, across
+    every process sharing the Redis. ``client`` is asked for at each use (a pool process has its
+    own); ``name`` (what is budgeted) is part of the key."""
 
     def __init__(
         self,

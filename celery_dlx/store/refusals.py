@@ -1,11 +1,6 @@
 """Counts of the copies workers could not write (Redis refused their park, or the broker their
-requeued copy) and sent to the DLX service, which wrote them (``celery dlx check``, ``/metrics``).
-
-Counted by the service once it has written them, so the count survives the outage that made
-them (a counter a worker kept in Redis would be refused in the very outage it counts); during
-the outage the copies wait in the service queue (``check``'s backlog) and each worker logs the
-refusals once per outage (:mod:`celery_dlx.outages`).
-"""
+requeued copy) and sent to the DLX service, counted by the service once it wrote them (a worker's
+counter in Redis would be refused in the very outage it counts)."""
 
 from __future__ import annotations
 
@@ -23,7 +18,6 @@ class Refusals:
         self.key = keys.refused
 
     def add(self, counts: Mapping[str, int]) -> None:
-        """Add ``counts`` (fate -> copies) in one round trip."""
         counts = {fate: n for fate, n in counts.items() if n}
         if not counts:
             return
@@ -33,6 +27,5 @@ class Refusals:
         pipe.execute()
 
     def read(self) -> dict[str, int]:
-        """Fate -> copies, since the key was made."""
         stored = self.client.hgetall(self.key) or {}
         return {text(k): int(v) for k, v in stored.items()}

@@ -1,9 +1,7 @@
 """The DLX service's ledger of dead letters it has given a fate, and its batch lookup.
 
 A dead letter redelivered after a crash (its batch settled, not yet acked) must get no second
-fate: each settled letter leaves a marker (``seen:<letter key>``) for :data:`SEEN_TTL_MS`. One
-batch's markers and the workers' cause records (:mod:`celery_dlx.store.causes`) are read in one
-round trip.
+fate: each settled letter leaves a marker (``seen:<letter key>``) for :data:`SEEN_TTL_MS`.
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ class Letters:
     def lookup(
         self, letter_keys: Sequence[str], identities: Sequence[str]
     ) -> tuple[list[bool], list[CauseRecord | None]]:
-        """Which letters were settled before, and the cause record of each identity: two
-        ``MGET``s in one round trip."""
+        """Which letters were settled before, and the cause record of each identity."""
         seen, records = mget_many(
             self.client,
             [self.keys.seen(k) for k in letter_keys],
@@ -57,8 +54,7 @@ class Letters:
         drop_causes: Sequence[str] = (),
     ) -> None:
         """Remember that these letters were settled (for ``ttl_ms``) and, in the same step,
-        forget the cause records of the identities ``drop_causes`` (their obituaries are
-        written)."""
+        forget the cause records of ``drop_causes`` (their obituaries are written)."""
         keys = [self.keys.seen(k) for k in letter_keys]
         keys += [self.keys.cause(i) for i in drop_causes]
         if keys:

@@ -3,14 +3,12 @@
 ``dlx_redis_shards`` picks the layout once per app. In the single-tag layout every key of a role
 sits under ``{prefix}``, one Redis Cluster slot, so a park and its history entry, or an obituary
 and its ``buried`` entry, go in one transaction. In the per-queue layout each queue's keys sit
-under ``{prefix:q:QUEUE:BUCKET}`` in a fixed number of buckets (the CRC-32 of the entry id picks
-one), so a Redis Cluster spreads them over its masters, those of one busy queue too.
+under ``{prefix:q:QUEUE:BUCKET}`` in a fixed number of buckets (by the CRC-32 of the entry id),
+so a Redis Cluster spreads even one busy queue over its masters.
 
-A store is the same code in both: it reads over a :class:`ShardSet`, which holds the app-tag
-shard always (the whole store in the single-tag layout; what an older version wrote, read until
-``dlx migrate-keys`` moves it, in the per-queue layout) and, per queue, its buckets. A set under
-the app's tag names the queues that have keys; a queue is added before its first write, so no
-entry is ever outside it.
+A :class:`ShardSet` holds the app-tag shard always (in the per-queue layout: what an older
+version wrote, until ``dlx migrate-keys`` moves it) and each queue's buckets. A set under the
+app's tag names the queues that have keys; a queue is added before its first write.
 """
 
 from __future__ import annotations
@@ -27,22 +25,13 @@ S = TypeVar("S")
 
 
 class Layout:
-    """Pure: the hash tag an entry's keys live under: the app's, or with ``per_queue`` one of
+    """The hash tag an entry's keys live under: the app's, or with ``per_queue`` one of
     ``buckets`` tags per queue (fixed for a role: changing it would strand entries)."""
 
     def __init__(self, keys: Keys, *, per_queue: bool, buckets: int) -> None:
         self.keys = keys
         self.per_queue = per_queue
         self.buckets = buckets
-
-    @property
-    def home(self) -> str:
-        """The app's tag, ``{prefix}``."""
-        return self.keys.home_tag
-
-    def tag(self, queue: str, bucket: int) -> str:
-        """The tag of one bucket of ``queue``: ``{prefix:q:QUEUE:BUCKET}``."""
-        return self.keys.queue_tag(queue, bucket)
 
     def bucket(self, entry_id: str) -> int:
         return zlib.crc32(entry_id.encode()) % self.buckets
@@ -74,13 +63,13 @@ class ShardSet(Generic[S]):
         self.replicas = replicas or Replicas()
         self._make = make
         #: The app-tag shard.
-        self.home = make(layout.home)
+        self.home = make(layout.keys.home_tag)
         self._shards: dict[tuple[str, int], S] = {}
         self._indexed: set[str] = set()
         self._lock = threading.RLock()
 
     def shard(self, queue: str, entry_id: str) -> S:
-        """The shard new entries of ``queue`` with id ``entry_id`` are written to."""
+        """The shard ``queue``'s entry ``entry_id`` is written to."""
         if not self.layout.per_queue:
             return self.home
         return self.bucket(queue, self.layout.bucket(entry_id))
@@ -89,13 +78,12 @@ class ShardSet(Generic[S]):
         with self._lock:
             shard = self._shards.get((queue, bucket))
             if shard is None:
-                shard = self._make(self.layout.tag(queue, bucket))
+                shard = self._make(self.layout.keys.queue_tag(queue, bucket))
                 self._shards[(queue, bucket)] = shard
             return shard
 
     def queues(self) -> list[str]:
-        """The queues that have keys of their own (the index), sorted; none in the single-tag
-        layout (no round trip)."""
+        """The queues that have keys of their own, sorted (none in the single-tag layout)."""
         if not self.layout.per_queue:
             return []
         members = cast("set[Any]", self.client.smembers(self.index_key))
@@ -109,8 +97,7 @@ class ShardSet(Generic[S]):
         return [*(self.bucket(q, b) for b in buckets for q in queues), self.home]
 
     def ask(self, ask: Callable[[Any, S], object], shards: Iterable[S] | None = None) -> list[Any]:
-        """``ask(pipe, shard)`` of each of ``shards`` (default: :meth:`every`) in one pipelined
-        round trip (per master); the replies in order."""
+        """The replies of ``ask(pipe, shard)`` for ``shards`` (default: :meth:`every`), pipelined."""
         pipe = self.client.pipeline(transaction=False)
         for shard in self.every() if shards is None else shards:
             ask(pipe, shard)
@@ -122,9 +109,9 @@ class ShardSet(Generic[S]):
         return [*(self.bucket(q, bucket) for q in queues), self.home]
 
     def add_queues(self, queues: Iterable[str]) -> None:
-        """Name ``queues`` in the index before anything is written under their keys (once per
-        process and queue: the index only grows), on as many replicas as a write waits for, so
-        a failover cannot keep an entry and lose its queue's name."""
+        """Name ``queues`` in the index before their first write (once per process: it only
+        grows), on as many replicas as a write waits for, so a failover cannot keep an entry and
+        lose its queue's name."""
         if not self.layout.per_queue:
             return
         new = sorted(set(queues) - self._indexed)
@@ -133,14 +120,10 @@ class ShardSet(Generic[S]):
         index = self.index_key
         wanted = self.replicas.wanted(self.client, index)
         if wanted:
-
-            def add(pipe: Any) -> None:
-                pipe.sadd(index, *new)
-
             execute_replicated(
                 self.client,
                 index,
-                add,
+                lambda pipe: pipe.sadd(index, *new),
                 wanted,
                 self.replicas.timeout,
                 what=f"the index of {len(new)} {self.kind} queue(s)",

@@ -1,11 +1,9 @@
 """What became of a buried message after it was replayed: the obituary's status.
 
-An obituary is ``unresolved`` until someone replays it; then ``replayed`` (waiting for the
-outcome), and either ``resolved`` (the replayed copy ran: a DLX task recorded its success, or
-nothing dead-lettered it again within ``dlx_resolve_after``) or ``failed-again`` (the replayed
-copy was buried again: the new obituary names the old one and counts the repeats, as
-ServicePulse flags repeated failures). Resolved obituaries leave the graveyard after
-``dlx_resolved_retention``; their history stays.
+An obituary is ``unresolved`` until replayed; then ``replayed``, and either ``resolved`` (the
+copy ran, or nothing dead-lettered it within ``dlx_resolve_after``) or ``failed-again`` (the new
+obituary names the old one and counts the repeats). Resolved obituaries leave the graveyard
+after ``dlx_resolved_retention``; their history stays.
 
 Per shard: a hash ``status`` (obituary id -> JSON ``{"s": status, "at": ms, ...}``; none for an
 unresolved obituary never replayed), the zsets ``replayed`` and ``resolved`` (id -> when), and
