@@ -3,7 +3,7 @@
 py-amqp's ``TCPTransport`` reads each frame in three ``recv`` calls of exact sizes, so a delivery
 (method, content header and body frames) costs nine system calls and as many buffer copies; a
 backlog of small dead letters is mostly that. :class:`BufferedTransport` reads the socket in
-chunks of up to :data:`CHUNK` bytes and cuts the frames out of its buffer;
+chunks of up to ``CHUNK`` bytes and cuts the frames out of its buffer;
 :meth:`BufferedTransport.has_frame` tells, without a system call, whether a whole frame is in
 hand, so a consumer takes every buffered frame in one go (:func:`drain_buffered`).
 
@@ -19,21 +19,9 @@ import amqp
 from kombu import Connection
 from kombu.transport import pyamqp
 
-from celery_dlx.compat.amqp import (
-    CHUNK,
-    BufferedConnection,
-    BufferedTransport,
-    inbound_frame_handler,
-)
+from celery_dlx.compat.amqp import BufferedConnection, BufferedTransport, inbound_frame_handler
 
-__all__ = [
-    "CHUNK",
-    "BufferedAMQPTransport",
-    "BufferedConnection",
-    "BufferedTransport",
-    "buffered",
-    "drain_buffered",
-]
+__all__ = ["BufferedAMQPTransport", "BufferedTransport", "buffered", "drain_buffered"]
 
 
 class BufferedAMQPTransport(pyamqp.Transport):

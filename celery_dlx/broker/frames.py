@@ -53,14 +53,9 @@ def decode_content_header(buf: bytes) -> tuple[int, int, dict[str, object]]:
     return class_id, body_size, properties
 
 
-def read_frames(connection: amqp.Connection, callback: Callback) -> Callable[[Frame], bool]:
-    """py-amqp's ``method_framing.frame_handler`` with :func:`decode_content_header` for the
-    content header frame (:func:`celery_dlx.compat.amqp.frame_reader`)."""
-    return frame_reader(connection, callback, decode_content_header)
-
-
 class FrameHandler:
-    """:func:`read_frames` as py-amqp's ``frame_handler`` argument.
+    """py-amqp's ``frame_handler`` argument: its frame reader with :func:`decode_content_header`
+    for the content header frame.
 
     It sits in the connection's ``transport_options``, which kombu reports: ``Connection.info()``
     is in ``celery inspect stats``, serialized as JSON, and connections are pickled. So it has a
@@ -69,7 +64,7 @@ class FrameHandler:
     """
 
     def __call__(self, connection: amqp.Connection, callback: Callback) -> Callable[[Frame], bool]:
-        return read_frames(connection, callback)
+        return frame_reader(connection, callback, decode_content_header)
 
     def __json__(self) -> str:
         return "celery_dlx.broker.frames:frame_handler"
