@@ -40,10 +40,9 @@ def declare_renamed(
     unbind: Sequence[Mapping[str, Any]] = (),
     first: Iterable[Queue] = (),
 ) -> None:
-    """Declare ``new_queue`` with ``arguments``, bind it, and unbind ``queue``.
-
-    Bindings are ``source``, ``routing_key`` and ``arguments``. ``first``: queues declared
-    before, e.g. the DLX service queue the new queue's dead letters go to.
+    """Declare ``new_queue`` with ``arguments``, bind it, and unbind ``queue`` (bindings are
+    ``source``, ``routing_key`` and ``arguments``); ``first``: queues declared before (the DLX
+    service queue the new queue's dead letters go to).
 
     Raises:
         kombu/amqp errors: the broker is unreachable or refuses a declare (406 when
@@ -104,14 +103,10 @@ def move_messages(
     progress: Callable[[int], None] | None = None,
     limit: int | None = None,
 ) -> int:
-    """Move the ready messages of ``source`` to ``target`` (default exchange), with confirms.
-
-    Each batch is fetched unacked, published with ``mandatory`` and confirms, then acked; a
-    message the broker did not confirm is requeued on ``source`` and the move stops. Broker
-    ``x-death`` headers are stripped (as on every celery_dlx republish).
-
-    ``connection`` is a connected ``kombu.Connection``, best with celery_dlx's frame reader
-    (:func:`celery_dlx.broker.frames.connection_for`). Returns how many messages were moved.
+    """Move the ready messages of ``source`` to ``target`` (default exchange) over
+    ``connection`` (connected, best with celery_dlx's frame reader); how many moved. A message
+    the broker did not confirm is requeued on ``source`` and the move stops; broker ``x-death``
+    headers are stripped (as on every celery_dlx republish).
 
     Raises:
         MoveRefused: the broker did not confirm a batch (the rest stays on ``source``).

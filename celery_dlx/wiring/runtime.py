@@ -301,8 +301,7 @@ class Runtime:
 
     @property
     def history_optional(self) -> bool:
-        """True when the broker holds every fate (``dlx_delay_backend = "ttl"``): a failed
-        history append is then logged, not raised (Redis is optional)."""
+        """True when the broker holds every fate (``dlx_delay_backend = "ttl"``)."""
         return bool(self.config.delay_backend == "ttl")
 
     def park_recorded(self, message: ParkedMessage, event: FateEvent) -> None:
@@ -317,14 +316,13 @@ class Runtime:
 
     def follow_worker_events(self, switch: Callable[[], bool]) -> None:
         """In a worker's main process: ``switch`` says whether the worker sends task events now
-        (``-E``, or ``celery control enable_events``); fate events sent by this process outside
-        a task's run (a settler's batch, an in-worker DLX service) follow it."""
+        (``-E``, ``celery control enable_events``); fate events this process sends outside a
+        task's run follow it."""
         self._events_switch = (os.getpid(), switch)
 
     def worker_sends_task_events(self) -> bool | None:
-        """What the switch given to :meth:`follow_worker_events` says now, in the process that
-        gave it; None in any other (a pool process inherits its parent's switch, not its
-        meaning) and outside workers."""
+        """What the switch given to :meth:`follow_worker_events` says now; None outside workers
+        and in any other process (a pool process inherits the switch, not its meaning)."""
         found = self._events_switch
         if found is None or found[0] != os.getpid():
             return None
@@ -342,8 +340,8 @@ class Runtime:
     @contextlib.contextmanager
     def acting_for(self, node: str | None) -> Iterator[None]:
         """Within this block, fate changes this thread tells the listeners of are the worker
-        ``node``'s (a worker's main process settling what its pool handed over: its events
-        name the worker, as those sent from the task's run do). None changes nothing."""
+        ``node``'s (a worker's main process settling what its pool handed over); None changes
+        nothing."""
         before = getattr(self._local, "node", None)
         self._local.node = node or before
         try:
