@@ -88,20 +88,14 @@ def move_queue(
         channel = cast(AMQPChannel, conn.default_channel)
         for declared in first:
             declared(channel).declare()
-        moved = move_messages(conn, source, target, batch=batch, progress=progress) if move else 0
+        moved = move_messages(conn, source, target, batch, progress) if move else 0
         # celery-types: py-amqp answers a queue_declare_ok_t (a named tuple), not a plain tuple.
         left = cast(queue_declare_ok_t, channel.queue_declare(source, passive=True))
         return moved, int(left.message_count)
 
 
 def move_messages(
-    connection: Any,
-    source: str,
-    target: str,
-    *,
-    batch: int = 200,
-    progress: Callable[[int], None] | None = None,
-    limit: int | None = None,
+    connection: Any, source: str, target: str, batch: int, progress: Callable[[int], None] | None
 ) -> int:
     """Move the ready messages of ``source`` to ``target`` (default exchange) over
     ``connection`` (connected, best with celery_dlx's frame reader); how many moved. A message
@@ -117,9 +111,8 @@ def move_messages(
     channel.auto_decode = False
     moved = 0
     try:
-        while limit is None or moved < limit:
-            size = batch if limit is None else min(batch, limit - moved)
-            taken = _take(channel, source, size)
+        while True:
+            taken = _take(channel, source, batch)
             if not taken:
                 break
             copies = [

@@ -1,9 +1,7 @@
 """Kombu declarations for dead-lettering: work queues with a DLX, the DLX exchange and service queue.
 
-Pure builders (``dead_letter_arguments``, ``dlx_exchange``, ``service_queue``, ``dlx_queue``) sit
-next to one I/O function, :func:`declare_topology`. A :class:`DLXQueue` declares its dead-letter
-target before itself wherever kombu declares it (worker or producer), so a dead letter never meets
-a missing exchange: RabbitMQ silently drops a classic queue's dead letter when its DLX is missing.
+A :class:`DLXQueue` declares its dead-letter target before itself wherever kombu declares it
+(worker or producer): RabbitMQ silently drops a classic queue's dead letter when its DLX is missing.
 """
 
 from __future__ import annotations
@@ -214,10 +212,6 @@ def without_policy_arguments(arguments: Mapping[str, object]) -> dict[str, objec
     return {k: v for k, v in arguments.items() if k not in POLICY_DLX_ARGUMENTS}
 
 
-#: DLXQueue's own attributes, beside kombu's.
-_DLX_ATTRS = ("dlx_service_queue", "dlx_quorum_service", "dlx_app", "dlx_management")
-
-
 class DLXQueue(Queue):
     """A kombu ``Queue`` that declares its dead-letter exchange and service queue first."""
 
@@ -242,7 +236,7 @@ class DLXQueue(Queue):
         JSON) leaves out celery_dlx's, which only kombu's copies (``recurse=False``) need."""
         data: dict[str, object] = super().as_dict(recurse)
         if recurse:
-            for name in _DLX_ATTRS:
+            for name, _ in self.attrs[len(Queue.attrs) :]:  # celery_dlx's own
                 data.pop(name, None)
         return data
 

@@ -269,17 +269,16 @@ def tracer_of(task: object) -> Tracer | None:
 class RunSettled(BaseException):
     """Ends a DLX task's run once celery_dlx has carried out its requeue or park.
 
-    Celery's tracer turns every exception that ends a run into billiard ``ExceptionInfo``s: two
-    for an ``Ignore`` (the run's result, and one for a line logged at INFO), one for a ``Retry``,
-    each copying every position of Celery's long ``trace_task`` and formatting the traceback; a
-    prefork pool process then pickles one of them (about 35 KB) to its parent. A
-    ``BaseException`` is let through instead (``except BaseException: raise``), after the tracer's
-    own cleanup (``task_postrun``, the task and request stacks, ``process_cleanup``), to
+    Celery's tracer turns an exception that ends a run into billiard ``ExceptionInfo``s (two for
+    an ``Ignore``, one for a ``Retry``), each copying every position of Celery's long
+    ``trace_task`` and formatting the traceback, and a prefork pool process pickles one (about
+    35 KB) to its parent. A ``BaseException`` is let through instead, after the tracer's own
+    cleanup (``task_postrun``, the task and request stacks, ``process_cleanup``), to
     :func:`settling_tracer`. Raised only under that tracer.
 
-    ``handover``: what the pool's parent still has to do before the message is acked (a park it
-    writes to Redis, batched with other runs' parks: ``celery_dlx.worker.settler``); it reaches
-    the parent's ``Request.on_failure`` as a :class:`HandedOver` (an ``Ignore``).
+    ``handover``: what the pool's parent still has to do before the message is acked (a park,
+    batched: ``celery_dlx.worker.settler``); it reaches the parent's ``Request.on_failure`` as a
+    :class:`HandedOver` (an ``Ignore``).
     """
 
     def __init__(self, handover: object = None) -> None:
@@ -316,15 +315,12 @@ def settling_tracer(tracer: Tracer) -> Tracer:
     """``tracer`` (Celery's tracer of one task), reporting a run ended by :class:`RunSettled` as
     a run ended by ``Ignore``: the pool's parent acks the message, and does nothing else.
 
-    Internals: Celery's worker runs a task through its ``task.__trace__(uuid, args, kwargs,
-    request)``, which it sets to ``build_tracer(...)`` (the consumer for the solo and thread
-    pools, every prefork pool process when it starts); a tracer returns ``trace_ok_t(retval,
-    info, runtime, retstr)``; a run with an ``info`` is reported as failed, and the parent's
-    ``Request.on_failure`` reads ``retval.exception``: an ``Ignore`` is acked. What differs from
-    Celery's ``Ignore``: ``task_postrun`` receivers see ``state=None`` (as for any
-    ``BaseException``), no ``Task ... ignored`` line is logged at INFO (celery_dlx logs the
-    fate), and sentry-sdk marks the run's transaction (performance monitoring only)
-    ``internal_error`` instead of ``aborted``.
+    Internals: the worker runs a task through ``task.__trace__(uuid, args, kwargs, request)``,
+    set to ``build_tracer(...)``; a tracer returns ``trace_ok_t(retval, info, runtime, retstr)``;
+    a run with an ``info`` is reported as failed, and the parent's ``Request.on_failure`` reads
+    ``retval.exception``: an ``Ignore`` is acked. Unlike Celery's ``Ignore``: ``task_postrun``
+    receivers see ``state=None``, no ``Task ... ignored`` line is logged (celery_dlx logs the
+    fate), and sentry-sdk marks the run's transaction ``internal_error``, not ``aborted``.
     """
     from celery import states
     from celery.app.trace import TraceInfo, trace_ok_t
