@@ -317,8 +317,7 @@ class LadderParking:
         return iter(self.stored().soonest(limit, batch))
 
     def entry(self, entry_id: str) -> ParkedMessage | None:
-        found: ParkedMessage | None = self.stored().entry(entry_id)
-        return found
+        return self.stored().entry(entry_id)
 
     def remove(self, entry_ids: Sequence[str]) -> int:
         return int(self.stored().remove(entry_ids))

@@ -220,28 +220,18 @@ def management_candidates(
     urls: Iterable[str] | str | None = None,
     user: str | None = None,
     password: str | None = None,
-    timeout: float = 10.0,
 ) -> list[Management]:
     """The management APIs to try, in order, for a (possibly clustered) broker: one per URL of
     ``connection``'s failover list, or the ``urls`` the user gave (credentials and virtual host
     then from the broker's first URL); ``user``/``password`` override every candidate's."""
     given = split_urls(urls)
     if given:
-        return [
-            management_for(connection, url=url, user=user, password=password, timeout=timeout)
-            for url in given
-        ]
+        return [management_for(connection, url=url, user=user, password=password) for url in given]
     ssl = bool(getattr(connection, "ssl", False))
     out: list[Management] = []
     for broker_url in broker_urls(connection):
-        one = Connection(broker_url)
-        api = management_for(
-            one,
-            url=management_url_of(broker_url, ssl=ssl),
-            user=user,
-            password=password,
-            timeout=timeout,
-        )
+        url = management_url_of(broker_url, ssl=ssl)
+        api = management_for(Connection(broker_url), url=url, user=user, password=password)
         if all(api.url != seen.url or api.vhost != seen.vhost for seen in out):
             out.append(api)
     return out
