@@ -19,15 +19,12 @@ from __future__ import annotations
 from celery_dlx.compat.celery import (
     HandedOver,
     RunSettled,
-    Tracer,
     app_task_or_amqp_made,
     divert_reject,
     settles,
     settling_tracer,
 )
 from celery_dlx.compat.kombu import (
-    AttrType,
-    QueueAttrs,
     consumer_tags,
     hub_wakes_for_other_threads,
     queue_attrs,
@@ -42,11 +39,8 @@ from celery_dlx.compat.redis import (
 from celery_dlx.compat.sentry import add_sentry_event_processor_once
 
 __all__ = [
-    "AttrType",
     "HandedOver",
-    "QueueAttrs",
     "RunSettled",
-    "Tracer",
     "_accepts_keyword",
     "_requires_argument",
     "add_sentry_event_processor_once",
