@@ -3,14 +3,11 @@
 py-amqp's ``TCPTransport`` reads each frame in three ``recv`` calls of exact sizes, so a delivery
 (method, content header and body frames) costs nine system calls and as many buffer copies; a
 backlog of small dead letters is mostly that. :class:`BufferedTransport` reads the socket in
-chunks of up to :data:`CHUNK` bytes and cuts the frames out of its buffer;
+chunks of up to ``CHUNK`` bytes and cuts the frames out of its buffer;
 :meth:`BufferedTransport.has_frame` tells, without a system call, whether a whole frame is in
-hand, so a consumer takes every buffered frame in one go (:func:`drain_buffered`).
-
-Only connections made :func:`buffered` read this way (plain py-amqp, not TLS nor other
-transports); py-amqp's classes are not changed. The transport and connection class rely on
-py-amqp internals, so they live in :mod:`celery_dlx.compat.amqp`, checked against the installed
-py-amqp by ``tests/unit/test_amqp_compat.py``.
+hand, so a consumer takes every buffered frame in one go (:func:`drain_buffered`). Only
+connections made :func:`buffered` read this way (plain py-amqp, not TLS); the classes live in
+:mod:`celery_dlx.compat.amqp` (py-amqp internals).
 """
 
 from __future__ import annotations
@@ -19,21 +16,9 @@ import amqp
 from kombu import Connection
 from kombu.transport import pyamqp
 
-from celery_dlx.compat.amqp import (
-    CHUNK,
-    BufferedConnection,
-    BufferedTransport,
-    inbound_frame_handler,
-)
+from celery_dlx.compat.amqp import BufferedConnection, BufferedTransport, inbound_frame_handler
 
-__all__ = [
-    "CHUNK",
-    "BufferedAMQPTransport",
-    "BufferedConnection",
-    "BufferedTransport",
-    "buffered",
-    "drain_buffered",
-]
+__all__ = ["BufferedAMQPTransport", "BufferedTransport", "buffered", "drain_buffered"]
 
 
 class BufferedAMQPTransport(pyamqp.Transport):
@@ -43,8 +28,8 @@ class BufferedAMQPTransport(pyamqp.Transport):
 
 
 def buffered(connection: Connection) -> Connection:
-    """``connection`` reading in chunks: a clone of it on :class:`BufferedAMQPTransport` when its
-    transport is kombu's plain py-amqp one; any other (TLS, a subclass...) is returned as is."""
+    """``connection`` reading in chunks: a clone on :class:`BufferedAMQPTransport` when its
+    transport is kombu's plain py-amqp one; any other (TLS, a subclass...) as is."""
     if connection.get_transport_cls() is pyamqp.Transport and not connection.ssl:
         return connection.clone(transport=BufferedAMQPTransport)
     return connection

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any, cast
 
 from amqp.exceptions import PreconditionFailed
@@ -22,8 +21,8 @@ Delivery = Any
 
 class QueueConsumer:
     """Raw deliveries of ``queue`` appended to ``inbox``, on a connection of its own, after
-    ``declare`` declared the queue (and what it needs) on its channel. ``mismatch`` names the
-    settings in the 406 error; an empty ``tag`` lets the broker make one up.
+    ``declare`` declared the queue on its channel; ``mismatch`` names the settings in the 406
+    error, an empty ``tag`` lets the broker make one up.
 
     Raises (on entering):
         TopologyError: the queue exists with other arguments (its message names the settings).
@@ -70,20 +69,14 @@ class QueueConsumer:
         self._conn = conn
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._conn is not None:
             self._conn.release()
             self._conn = None
 
     def wait(self, timeout: float) -> bool:
-        """Receive for up to ``timeout`` seconds; False when nothing came (the heartbeat is
-        checked then). What one read brought in whole is handled at once: a backlog arrives in
-        socket-sized chunks of many deliveries."""
+        """Receive for up to ``timeout`` seconds (every delivery one read brought in whole);
+        False when nothing came (the heartbeat is checked then)."""
         try:
             self._conn.drain_events(timeout=timeout)
         except TimeoutError:

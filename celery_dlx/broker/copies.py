@@ -1,11 +1,7 @@
-"""Rebuilding a Celery task message inside the worker, to requeue or park an exact copy.
-
-The worker child has the delivery's full header table and properties (``request.properties``)
-and the decoded arguments; the body is re-encoded with the delivery's own serializer (kombu's
-registry), so a copy is the same message with celery_dlx's headers updated and broker headers
-stripped. A copy keeps the message's task protocol: protocol 2 (task headers, ``[args, kwargs,
-embed]`` body) or protocol 1 (everything in a dict body, no task headers), which Celery still
-accepts.
+"""Rebuilding a Celery task message inside the worker, to requeue or park an exact copy: the
+delivery's headers and properties, the decoded arguments re-encoded with its own serializer, in
+its own task protocol (2, or 1, which Celery still accepts); celery_dlx's headers updated and
+broker headers stripped.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The broker errors every celery_dlx process treats alike.
-
-One tuple for the drain, the DLX service and the TTL ladder: when one of these escapes a publish
-or a consume, the connection or channel is unusable (or a publish went unconfirmed), so the
-publisher is rebuilt and the work is retried later; anything else is a bug and is not retried as
-an outage.
-"""
+"""The broker errors every celery_dlx process treats alike: when one escapes a publish or a
+consume, the publisher is rebuilt and the work retried later; anything else is a bug, not an
+outage."""
 
 from __future__ import annotations
 

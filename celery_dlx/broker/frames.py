@@ -1,4 +1,4 @@
-"""celery_dlx's own AMQP frame reader and property writer, for celery_dlx's own connections.
+"""celery_dlx's own AMQP frame reader, for celery_dlx's own connections.
 
 py-amqp decodes a delivery's properties inside the connection's frame reader, and raises there on
 values RabbitMQ and other clients carry happily: a timestamp header outside Python's datetime
@@ -6,13 +6,11 @@ range (``OverflowError``; amqp091-go writes 1969 as the unsigned wrap-around), a
 that is not UTF-8, tables nested past the recursion limit, an unknown field type. The delivery
 never reaches the consumer; the broker redelivers it to the next one, which dies the same way.
 
-py-amqp takes the frame reader as a ``Connection`` argument (``frame_handler``), which kombu
-passes on from ``transport_options``. :func:`frame_handler` is py-amqp's reader
-(:func:`celery_dlx.compat.amqp.frame_reader`) with the content header decoded by py-amqp's own
-decoder first and, where that raises, by :func:`celery_dlx.message.fieldtable.read_properties`,
-which never does. The raw header table goes into the properties (``x-dlx-wire-headers``), so
-copies keep every header as its producer wrote it. Only connections made :func:`tolerant` read
-this way: no process-wide replacement of py-amqp's decoder.
+:data:`frame_handler` goes to py-amqp as the ``Connection(frame_handler=...)`` argument (kombu
+passes it on from ``transport_options``) of the connections made :func:`tolerant` only: its
+content headers are read by :func:`decode_content_header`, which never raises. The raw header
+table goes into the properties (``x-dlx-wire-headers``), so copies keep every header as its
+producer wrote it.
 """
 
 from __future__ import annotations
@@ -35,10 +33,8 @@ _PROPERTIES_AT = 12
 
 
 def decode_content_header(buf: bytes) -> tuple[int, int, dict[str, object]]:
-    """``(class id, body size, properties)`` of a content header frame's payload; never raises
-    for a well-framed header. Read by the fast reader
-    (:func:`~celery_dlx.message.properties.read_basic_properties`), else py-amqp's decoder, else
-    celery_dlx's total reader."""
+    """``(class id, body size, properties)`` of a content header frame's payload, read by the
+    fast reader, else py-amqp's decoder, else celery_dlx's total reader (which never raises)."""
     class_id, body_size = unpack_from(">HxxQ", buf, 0)
     try:
         properties, span = read_basic_properties(buf, _PROPERTIES_AT)
@@ -53,14 +49,9 @@ def decode_content_header(buf: bytes) -> tuple[int, int, dict[str, object]]:
     return class_id, body_size, properties
 
 
-def read_frames(connection: amqp.Connection, callback: Callback) -> Callable[[Frame], bool]:
-    """py-amqp's ``method_framing.frame_handler`` with :func:`decode_content_header` for the
-    content header frame (:func:`celery_dlx.compat.amqp.frame_reader`)."""
-    return frame_reader(connection, callback, decode_content_header)
-
-
 class FrameHandler:
-    """:func:`read_frames` as py-amqp's ``frame_handler`` argument.
+    """py-amqp's ``frame_handler`` argument: its frame reader with :func:`decode_content_header`
+    for the content header frame.
 
     It sits in the connection's ``transport_options``, which kombu reports: ``Connection.info()``
     is in ``celery inspect stats``, serialized as JSON, and connections are pickled. So it has a
@@ -69,7 +60,7 @@ class FrameHandler:
     """
 
     def __call__(self, connection: amqp.Connection, callback: Callback) -> Callable[[Frame], bool]:
-        return read_frames(connection, callback)
+        return frame_reader(connection, callback, decode_content_header)
 
     def __json__(self) -> str:
         return "celery_dlx.broker.frames:frame_handler"
@@ -86,8 +77,8 @@ frame_handler = FrameHandler()
 
 
 def tolerant(connection: Connection) -> Connection:
-    """``connection`` (not yet connected) with celery_dlx's frame reader when its transport is
-    py-amqp; other transports are left as they are. Returns the same connection."""
+    """``connection`` (not yet connected, returned) with celery_dlx's frame reader when its
+    transport is py-amqp."""
     if getattr(connection.transport, "driver_name", None) == "py-amqp":
         if connection.transport_options is None:
             connection.transport_options = {}
@@ -96,10 +87,7 @@ def tolerant(connection: Connection) -> Connection:
 
 
 def connection_for(app: Celery, *, write: bool = False, chunked: bool = False) -> Connection:
-    """A new connection to ``app``'s broker for celery_dlx's own use, with its frame reader.
-
-    ``chunked``: read the socket in chunks (:mod:`celery_dlx.broker.buffered`), for a connection
-    that receives a stream of deliveries.
-    """
+    """A new connection to ``app``'s broker with celery_dlx's frame reader; ``chunked``: reading
+    the socket in chunks (:mod:`celery_dlx.broker.buffered`), for a stream of deliveries."""
     connection = app.connection_for_write() if write else app.connection_for_read()
     return tolerant(buffered(connection) if chunked else connection)

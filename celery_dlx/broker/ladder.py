@@ -6,10 +6,6 @@ routing key ``<queue>``, so RabbitMQ itself returns the message to the queue tha
 TTL runs out. One queue per delay, because a per-message TTL only expires at the queue head (a
 long delay would hold every shorter one behind it). Delays between steps round **up** to the next
 step of ``dlx_ttl_ladder``; delays beyond the last step wait the last step (logged once per queue).
-
-Pure functions (names, arguments, rounding) sit next to :class:`Ladder`, the one I/O object: it
-declares a delay queue on demand (again every :data:`DECLARE_REFRESH` seconds, which re-arms its
-``x-expires``) and publishes with confirms to the default exchange.
 """
 
 from __future__ import annotations
@@ -44,11 +40,10 @@ MAX_QUEUE_NAME = 255
 #: Seconds a process trusts a delay queue it declared before a park declares it again. Every
 #: declare re-arms the queue's ``x-expires``; publishing does not.
 DECLARE_REFRESH = 60.0
-#: Seconds an unused delay queue outlives its TTL before RabbitMQ deletes it (``x-expires`` is
-#: TTL + this). RabbitMQ deletes an expired queue even if it still holds messages, so this must
-#: comfortably exceed :data:`DECLARE_REFRESH`: the last message published after the last declare
-#: then always leaves the queue before the queue does. The ladder's validator
-#: (:func:`celery_dlx.policy.durations.ladder_ms`) keeps TTL + this within RabbitMQ's limit.
+#: Seconds an unused delay queue outlives its TTL (``x-expires`` is TTL + this). RabbitMQ deletes
+#: an expired queue even if it holds messages, so this must comfortably exceed
+#: :data:`DECLARE_REFRESH`: the last message published after the last declare leaves first
+#: (:func:`~celery_dlx.policy.durations.ladder_ms` keeps TTL + this within RabbitMQ's limit).
 EXPIRES_MARGIN = EXPIRES_MARGIN_MS / 1000
 
 
@@ -63,10 +58,8 @@ class DelayQueue:
 
 
 def format_seconds(ms: int) -> str:
-    """``ms`` as seconds, the stable delay part of a delay queue's name.
-
-    Whole seconds have no decimals (``5000`` -> ``"5"``); others keep the milliseconds without
-    trailing zeros (``200`` -> ``"0.2"``, ``1250`` -> ``"1.25"``), so one delay has one name.
+    """``ms`` as seconds, the stable delay part of a delay queue's name: ``5000`` -> ``"5"``,
+    ``200`` -> ``"0.2"``, ``1250`` -> ``"1.25"``.
 
     Raises:
         ValueError: ``ms`` is not a positive integer.
@@ -78,10 +71,8 @@ def format_seconds(ms: int) -> str:
 
 
 def delay_queue_name(queue: str, ms: int) -> str:
-    """The delay queue of ``queue`` for ``ms`` milliseconds: ``<queue>_dlq_<seconds>``.
-
-    A name past RabbitMQ's 255 bytes keeps a prefix of ``queue`` plus a digest of all of it, so
-    it stays unique and stable.
+    """The delay queue of ``queue`` for ``ms`` milliseconds: ``<queue>_dlq_<seconds>``; past
+    RabbitMQ's 255 bytes, a prefix of ``queue`` plus a digest of all of it (unique and stable).
 
     Raises:
         ValueError: ``queue`` is empty or ``ms`` is not a positive integer.
@@ -104,9 +95,8 @@ def expires_ms(ms: int) -> int:
 
 
 def delay_queue_arguments(queue: str, ms: int, *, quorum: bool = False) -> dict[str, str | int]:
-    """Arguments of the delay queue returning messages to ``queue`` after ``ms`` milliseconds:
-    a queue-wide TTL, dead letters to the default exchange with routing key ``queue``, expiry
-    when unused. ``quorum``: at-least-once dead-lettering (classic queues: at-most-once).
+    """Arguments of the delay queue returning messages to ``queue`` after ``ms`` milliseconds;
+    ``quorum``: at-least-once dead-lettering (classic queues: at-most-once).
 
     Raises:
         ValueError: ``queue`` is empty or ``ms`` is not a positive integer.
@@ -196,15 +186,13 @@ class Ladder:
         )
 
     def park(self, publisher: ConfirmingPublisher, message: ParkedMessage) -> None:
-        """Park one message (see :meth:`park_many`)."""
         self.park_many(publisher, [message])
 
     def park_many(self, publisher: ConfirmingPublisher, messages: Sequence[ParkedMessage]) -> None:
-        """Publish each message, headers as they are, to the delay queue of its delay.
-
-        The delay is ``due_ms - parked_ms``. Delay queues are declared first unless this process
-        declared them within the refresh time; a publish the broker returns (its delay queue
-        vanished) is retried once after declaring the queue again.
+        """Publish each message, headers as they are, to the delay queue of its delay
+        (``due_ms - parked_ms``), declared first unless this process did within
+        :data:`DECLARE_REFRESH`; a publish the broker returns (its queue vanished) is retried once
+        after declaring the queue again.
 
         Raises:
             PublishError: the broker did not confirm every message (some may be parked: a retry
@@ -278,9 +266,8 @@ def close_quietly(channel: amqp.Channel) -> None:
 
 class LadderParking:
     """The ``Parking`` role with ``dlx_delay_backend = "ttl"``: retries wait in the broker's
-    delay queues, which give them back by themselves (no drain). Reads and drain calls go to
-    ``stored``, the Redis parking store: what was parked there before the backend changed still
-    drains and shows. ``publisher`` and ``stored`` are asked for when needed."""
+    delay queues, which give them back by themselves. Reads and drain calls go to ``stored``, the
+    Redis parking store, so what was parked there before the backend changed still drains."""
 
     def __init__(
         self,
@@ -293,15 +280,14 @@ class LadderParking:
         self.stored = stored
 
     def park(self, message: ParkedMessage) -> bool:
-        """Publish ``message`` to its delay queue (confirmed); always True (no dedup id)."""
+        """Always True: a delay queue has no dedup id."""
         self.ladder.park(self.publisher(), message)
         return True
 
     def park_many(
         self, messages: Sequence[ParkedMessage], *, pipeline: object = None
     ) -> list[bool]:
-        """Publish each to its delay queue (confirmed). No Redis pipeline is ever given: there
-        is no :meth:`transaction` here."""
+        """No Redis ``pipeline`` is ever given: :meth:`transaction` makes none."""
         self.ladder.park_many(self.publisher(), messages)
         return [True] * len(messages)
 
@@ -331,8 +317,7 @@ class LadderParking:
         return iter(self.stored().soonest(limit, batch))
 
     def entry(self, entry_id: str) -> ParkedMessage | None:
-        found: ParkedMessage | None = self.stored().entry(entry_id)
-        return found
+        return self.stored().entry(entry_id)
 
     def remove(self, entry_ids: Sequence[str]) -> int:
         return int(self.stored().remove(entry_ids))

@@ -1,8 +1,7 @@
 """A small ``urllib`` client of the RabbitMQ management HTTP API (``rabbitmq_management``).
 
-``celery dlx check`` reads queues, bindings and policies through it; ``migrate --policy`` writes
-one. URL and credentials default to the broker's (port 15672, 15671 for ``amqps``); a failover
-list of broker URLs gives one candidate per URL, the first that answers is used.
+URL and credentials default to the broker's (port 15672, 15671 for ``amqps``); a failover list of
+broker URLs gives one candidate per URL, the first that answers is used.
 """
 
 from __future__ import annotations
@@ -221,28 +220,18 @@ def management_candidates(
     urls: Iterable[str] | str | None = None,
     user: str | None = None,
     password: str | None = None,
-    timeout: float = 10.0,
 ) -> list[Management]:
     """The management APIs to try, in order, for a (possibly clustered) broker: one per URL of
     ``connection``'s failover list, or the ``urls`` the user gave (credentials and virtual host
     then from the broker's first URL); ``user``/``password`` override every candidate's."""
     given = split_urls(urls)
     if given:
-        return [
-            management_for(connection, url=url, user=user, password=password, timeout=timeout)
-            for url in given
-        ]
+        return [management_for(connection, url=url, user=user, password=password) for url in given]
     ssl = bool(getattr(connection, "ssl", False))
     out: list[Management] = []
     for broker_url in broker_urls(connection):
-        one = Connection(broker_url)
-        api = management_for(
-            one,
-            url=management_url_of(broker_url, ssl=ssl),
-            user=user,
-            password=password,
-            timeout=timeout,
-        )
+        url = management_url_of(broker_url, ssl=ssl)
+        api = management_for(Connection(broker_url), url=url, user=user, password=password)
         if all(api.url != seen.url or api.vhost != seen.vhost for seen in out):
             out.append(api)
     return out
@@ -254,8 +243,8 @@ PROBE_TIMEOUT = 5.0
 
 def first_answering(candidates: Sequence[Management]) -> Management:
     """The first of ``candidates`` whose ``GET /api/whoami`` succeeds within
-    :data:`PROBE_TIMEOUT`, so a dead cluster node costs that, not the whole command. A single
-    candidate is returned unprobed: its first real request reports what is wrong.
+    :data:`PROBE_TIMEOUT` (a dead cluster node costs that, not the whole command); a single one
+    is returned unprobed.
 
     Raises:
         ManagementError: none answered; the message names each URL tried and why it failed.
@@ -286,11 +275,9 @@ def first_answering(candidates: Sequence[Management]) -> Management:
 
 
 def other_services(api: Management, exchange: str, own_queue: str, prefix: str) -> dict[str, str]:
-    """Queues bound to the dead-letter exchange ``exchange`` besides ``own_queue`` that a DLX
-    service of another app (another key prefix, read from its consumer tag) consumes: queue ->
-    that app's key prefix. Each such queue gets a copy of every dead letter, so both services
-    park and bury it, each in its own Redis. A queue bound by hand to tap dead letters is not
-    one of them."""
+    """Queue -> key prefix of the queues bound to ``exchange`` besides ``own_queue`` that a DLX
+    service of another app consumes (read from its consumer tag): each gets a copy of every dead
+    letter, so both services park and bury it."""
     found: dict[str, str] = {}
     for binding in api.exchange_bindings(exchange):
         queue = str(binding.get("destination", ""))
@@ -307,11 +294,9 @@ def other_services(api: Management, exchange: str, own_queue: str, prefix: str) 
 
 
 def dead_letter_exchange_of(queue: Mapping[str, object]) -> tuple[str | None, str]:
-    """The dead-letter exchange a queue (as the API shows it) routes to, and where it is set.
-
-    Queue arguments win over policies, as in RabbitMQ; where is ``argument``, ``policy``,
-    ``operator-policy`` or ``none``.
-    """
+    """The dead-letter exchange a queue (as the API shows it) routes to, and where it is set:
+    ``argument`` (which wins over policies, as in RabbitMQ), ``policy``, ``operator-policy`` or
+    ``none``."""
     args = queue.get("arguments") or {}
     if isinstance(args, Mapping) and args.get("x-dead-letter-exchange"):
         return str(args["x-dead-letter-exchange"]), "argument"

@@ -40,10 +40,9 @@ def declare_renamed(
     unbind: Sequence[Mapping[str, Any]] = (),
     first: Iterable[Queue] = (),
 ) -> None:
-    """Declare ``new_queue`` with ``arguments``, bind it, and unbind ``queue``.
-
-    Bindings are ``source``, ``routing_key`` and ``arguments``. ``first``: queues declared
-    before, e.g. the DLX service queue the new queue's dead letters go to.
+    """Declare ``new_queue`` with ``arguments``, bind it, and unbind ``queue`` (bindings are
+    ``source``, ``routing_key`` and ``arguments``); ``first``: queues declared before (the DLX
+    service queue the new queue's dead letters go to).
 
     Raises:
         kombu/amqp errors: the broker is unreachable or refuses a declare (406 when
@@ -89,29 +88,19 @@ def move_queue(
         channel = cast(AMQPChannel, conn.default_channel)
         for declared in first:
             declared(channel).declare()
-        moved = move_messages(conn, source, target, batch=batch, progress=progress) if move else 0
+        moved = move_messages(conn, source, target, batch, progress) if move else 0
         # celery-types: py-amqp answers a queue_declare_ok_t (a named tuple), not a plain tuple.
         left = cast(queue_declare_ok_t, channel.queue_declare(source, passive=True))
         return moved, int(left.message_count)
 
 
 def move_messages(
-    connection: Any,
-    source: str,
-    target: str,
-    *,
-    batch: int = 200,
-    progress: Callable[[int], None] | None = None,
-    limit: int | None = None,
+    connection: Any, source: str, target: str, batch: int, progress: Callable[[int], None] | None
 ) -> int:
-    """Move the ready messages of ``source`` to ``target`` (default exchange), with confirms.
-
-    Each batch is fetched unacked, published with ``mandatory`` and confirms, then acked; a
-    message the broker did not confirm is requeued on ``source`` and the move stops. Broker
-    ``x-death`` headers are stripped (as on every celery_dlx republish).
-
-    ``connection`` is a connected ``kombu.Connection``, best with celery_dlx's frame reader
-    (:func:`celery_dlx.broker.frames.connection_for`). Returns how many messages were moved.
+    """Move the ready messages of ``source`` to ``target`` (default exchange) over
+    ``connection`` (connected, best with celery_dlx's frame reader); how many moved. A message
+    the broker did not confirm is requeued on ``source`` and the move stops; broker ``x-death``
+    headers are stripped (as on every celery_dlx republish).
 
     Raises:
         MoveRefused: the broker did not confirm a batch (the rest stays on ``source``).
@@ -122,9 +111,8 @@ def move_messages(
     channel.auto_decode = False
     moved = 0
     try:
-        while limit is None or moved < limit:
-            size = batch if limit is None else min(batch, limit - moved)
-            taken = _take(channel, source, size)
+        while True:
+            taken = _take(channel, source, batch)
             if not taken:
                 break
             copies = [

@@ -52,15 +52,10 @@ def ready_messages(app: Celery, queue: str) -> int | None:
     """Ready messages in ``queue``, or None when it cannot be read (no such queue, or the broker
     is unreachable)."""
     try:
-        with app.connection_for_read() as conn:
-            conn.ensure_connection(max_retries=1)
-            channel = conn.connection.channel()
-            try:
-                return int(channel.queue_declare(queue, passive=True).message_count)
-            finally:
-                channel.close()
-    except Exception:  # a missing queue or an unreachable broker: no evidence either way
+        found = queue_counts(app, [queue], retries=1).get(queue)
+    except Exception:  # an unreachable broker: no evidence either way
         return None
+    return None if found is None else found[0]
 
 
 def missing_entities(

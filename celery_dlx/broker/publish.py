@@ -1,8 +1,5 @@
-"""Publishing raw messages with pipelined publisher confirms.
-
-Every republish celery_dlx makes (requeue, drain, replay, service) goes through
-:class:`ConfirmingPublisher`: messages are published ``mandatory`` on one confirm-mode channel, and
-the caller learns per message whether the broker confirmed it. A message the broker returned
+"""Publishing raw messages with pipelined publisher confirms: every republish celery_dlx makes
+goes ``mandatory`` through :class:`ConfirmingPublisher`, and a message the broker returned
 (unroutable: its queue is gone) or nacked counts as not published, so the caller keeps it.
 """
 
@@ -58,8 +55,8 @@ class ConfirmingPublisher:
         self._lock = threading.RLock()
 
     def exclusive(self) -> AbstractContextManager[Any]:
-        """Hold the publisher (and its connection) for a sequence of calls: what else a caller
-        does on ``connection`` (a declare) must not interleave with another thread's batch."""
+        """Hold the publisher (and its connection) for a sequence of calls (a declare, then a
+        batch), so no other thread's batch interleaves."""
         return self._lock
 
     def connect(self) -> None:
@@ -114,10 +111,8 @@ class ConfirmingPublisher:
     _order: deque[int]
 
     def publish_many(self, messages: Sequence[Outgoing]) -> list[bool]:
-        """Publish ``messages`` and wait for their confirms.
-
-        Returns:
-            One flag per message: True only if the broker routed and confirmed it.
+        """Publish ``messages`` and wait for their confirms; per message, True only if the broker
+        routed and confirmed it.
 
         Raises:
             PublishError: the confirms did not all arrive within ``timeout``; nothing may be

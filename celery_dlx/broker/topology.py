@@ -1,9 +1,7 @@
 """Kombu declarations for dead-lettering: work queues with a DLX, the DLX exchange and service queue.
 
-Pure builders (``dead_letter_arguments``, ``dlx_exchange``, ``service_queue``, ``dlx_queue``) sit
-next to one I/O function, :func:`declare_topology`. A :class:`DLXQueue` declares its dead-letter
-target before itself wherever kombu declares it (worker or producer), so a dead letter never meets
-a missing exchange: RabbitMQ silently drops a classic queue's dead letter when its DLX is missing.
+A :class:`DLXQueue` declares its dead-letter target before itself wherever kombu declares it
+(worker or producer): RabbitMQ silently drops a classic queue's dead letter when its DLX is missing.
 """
 
 from __future__ import annotations
@@ -51,10 +49,9 @@ def dead_letter_arguments(
     quorum: bool = False,
     delivery_limit: int | None = None,
 ) -> dict[str, str | int]:
-    """Queue arguments routing ``queue_name``'s dead letters to ``exchange`` with key ``queue_name``.
-
-    With ``quorum``, the queue is a quorum queue dead-lettering at-least-once
-    (:data:`QUORUM_AT_LEAST_ONCE`), and ``delivery_limit`` sets ``x-delivery-limit``.
+    """Queue arguments routing ``queue_name``'s dead letters to ``exchange`` with key
+    ``queue_name``; with ``quorum``, a quorum queue dead-lettering at-least-once, whose
+    ``delivery_limit`` sets ``x-delivery-limit``.
 
     Raises:
         ValueError: a delivery limit without ``quorum``, or a non-positive one.
@@ -111,21 +108,13 @@ def overflow_name(service: str) -> str:
     return f"{service}.overflow"
 
 
-#: Prefix of the policies ``celery dlx migrate --policy`` writes (one per queue).
-POLICY_PREFIX = "celery-dlx-"
 #: Queue arguments a policy's ``dead-letter-exchange``/``dead-letter-routing-key`` stand for.
 POLICY_DLX_ARGUMENTS = ("x-dead-letter-exchange", "x-dead-letter-routing-key")
-#: Environment variables naming the management API (as for ``celery dlx check``/``migrate``).
-MANAGEMENT_ENV = (
-    "CELERY_DLX_MANAGEMENT_URL",
-    "CELERY_DLX_MANAGEMENT_USER",
-    "CELERY_DLX_MANAGEMENT_PASSWORD",
-)
 
 
 def policy_name(queue: str) -> str:
     """The policy ``celery dlx migrate QUEUE --policy`` writes for ``queue``."""
-    return f"{POLICY_PREFIX}{queue}"
+    return f"celery-dlx-{queue}"
 
 
 def app_reference(main: str | None, argv: Sequence[str] | None = None) -> str:
@@ -145,7 +134,10 @@ def app_reference(main: str | None, argv: Sequence[str] | None = None) -> str:
 def management_of_app(app: Celery) -> Management:
     """The management API of ``app``'s broker: ``http://<broker host>:15672`` with the broker's
     credentials, or ``$CELERY_DLX_MANAGEMENT_URL``/``_USER``/``_PASSWORD``."""
-    url, user, password = (os.environ.get(name) or None for name in MANAGEMENT_ENV)
+    url, user, password = (
+        os.environ.get(f"CELERY_DLX_MANAGEMENT_{name}") or None
+        for name in ("URL", "USER", "PASSWORD")
+    )
     conn = app.connection_for_write()
     try:
         return management_for(conn, url=url, user=user, password=password, timeout=5.0)
@@ -162,8 +154,8 @@ def vhost_of(channel: Any) -> str:
 def migration_hint(
     queue: str, exchange: str, app: str = "proj", detail: str = "", vhost: str = "/"
 ) -> str:
-    """The 406 error's text: what happened and the two ways out, with this app's name and the
-    ``rabbitmqctl`` line's ``-p`` vhost (without it the policy would go into ``/``)."""
+    """The 406 error's text: what happened and the two ways out (the ``rabbitmqctl`` line needs
+    its ``-p`` vhost, or the policy would go into ``/``)."""
     policy = policy_name(queue)
     return (
         f"queue {queue!r} already exists with other arguments (RabbitMQ answered 406 "
@@ -194,11 +186,9 @@ def _probe(channel: Any, queue: Queue, arguments: Mapping[str, Any]) -> bool:
     """Declare ``queue`` with ``arguments`` on a throwaway channel of ``channel``'s connection:
     False when RabbitMQ answers 406 (which closes only that channel).
 
-    Anything else raised (a timeout or Ctrl-C arriving mid-frame, a lost connection) goes to the
-    caller with the probe left as it is: py-amqp loses its place in the byte stream when a read
-    is interrupted by anything but a socket timeout, and closing the probe would then wait
-    forever for an answer it cannot read (seen: a pytest timeout in Celery's own suite turned
-    into a hang here, in a ``finally``).
+    Anything else raised (a timeout or Ctrl-C mid-frame) leaves the probe as it is: py-amqp
+    loses its place in the byte stream when a read is interrupted by anything but a socket
+    timeout, and closing the probe would then wait forever (seen in Celery's own suite).
     """
     probe = channel.connection.channel()
     try:
@@ -214,17 +204,12 @@ def _probe(channel: Any, queue: Queue, arguments: Mapping[str, Any]) -> bool:
 
 
 def _is_amqp(channel: Any) -> bool:
-    """A py-amqp channel: one whose connection opens throwaway channels."""
     return isinstance(channel, AMQPChannel)
 
 
 def without_policy_arguments(arguments: Mapping[str, object]) -> dict[str, object]:
     """``arguments`` less those a dead-letter policy provides."""
     return {k: v for k, v in arguments.items() if k not in POLICY_DLX_ARGUMENTS}
-
-
-#: DLXQueue's own attributes, beside kombu's.
-_DLX_ATTRS = ("dlx_service_queue", "dlx_quorum_service", "dlx_app", "dlx_management")
 
 
 class DLXQueue(Queue):
@@ -251,19 +236,18 @@ class DLXQueue(Queue):
         JSON) leaves out celery_dlx's, which only kombu's copies (``recurse=False``) need."""
         data: dict[str, object] = super().as_dict(recurse)
         if recurse:
-            for name in _DLX_ATTRS:
+            for name, _ in self.attrs[len(Queue.attrs) :]:  # celery_dlx's own
                 data.pop(name, None)
         return data
 
     def declare(self, nowait: bool = False, channel: StdChannel | None = None) -> str:
         """Declare the dead-letter target, then the queue, its exchange and bindings.
 
-        On a RabbitMQ channel the queue is first declared on a throwaway channel. When RabbitMQ
-        refuses its arguments (406: the queue existed before celery_dlx) but a policy already
-        sends its dead letters to the same exchange (``celery dlx migrate QUEUE --policy``), the
-        queue is declared without the dead-letter arguments, as it is: the worker and producers
-        start with no code change. Otherwise the 406 becomes a :class:`TopologyError` saying how
-        to migrate, and the caller's channel stays open.
+        On a RabbitMQ channel the queue is first probed on a throwaway channel. When RabbitMQ
+        refuses its arguments (406) but a policy already sends its dead letters to the same
+        exchange (``dlx migrate QUEUE --policy``), the queue is declared as it is, without them.
+        Otherwise the 406 becomes a :class:`TopologyError` saying how to migrate, and the
+        caller's channel stays open.
         """
         if self.no_declare:
             return str(self.name)
@@ -297,8 +281,8 @@ class DLXQueue(Queue):
             ) from exc
 
     def _check_policy(self, channel: Any, exchange: str) -> None:
-        """Return if a policy sends the queue's dead letters to ``exchange`` and the queue takes
-        a declaration without the dead-letter arguments; else raise the migration error."""
+        """Raise the migration error unless a policy sends the queue's dead letters to
+        ``exchange`` and the queue takes a declaration without the dead-letter arguments."""
         name = str(self.name)
         app = app_reference(self.dlx_app)
         vhost = vhost_of(channel)
@@ -382,14 +366,10 @@ def as_dlx_queue(
     app: str | None = None,
     management: Management | None = None,
 ) -> Queue:
-    """``queue`` with celery_dlx's dead-letter arguments, keeping its exchange and bindings.
-
-    ``app`` (the name errors give the app) and ``management`` (the API asked whether a policy
-    provides the dead-letter exchange of a queue that exists without it) go to the
-    :class:`DLXQueue`.
-
-    A queue that already names another dead-letter exchange is returned unchanged (its owner
-    routes its dead letters). Exclusive and auto-delete queues are left alone too.
+    """``queue`` with celery_dlx's dead-letter arguments, keeping its exchange and bindings;
+    ``app`` and ``management`` go to the :class:`DLXQueue`. A queue that names another
+    dead-letter exchange (its owner routes its dead letters), an exclusive or an auto-delete one
+    is returned unchanged.
     """
     if isinstance(queue, DLXQueue) or queue.exclusive or queue.auto_delete:
         return queue

@@ -1,15 +1,8 @@
-"""py-amqp internals celery_dlx relies on, for its own connections only (checked on py-amqp 5.4.2,
-installed here and the lowest release ``setup.cfg`` allows).
+"""py-amqp internals celery_dlx relies on, for its own connections only: none changes py-amqp for
+any other connection of the process (checked on py-amqp 5.4.2, installed here and the lowest
+release ``setup.cfg`` allows).
 
-- :class:`BufferedTransport` and :class:`BufferedConnection`: a plain TCP transport that reads
-  the socket in chunks (``celery_dlx.broker.buffered`` gives it to the DLX service's consumer).
-- :func:`frame_reader`: py-amqp's frame handler with a content-header decoder of celery_dlx's
-  (``celery_dlx.broker.frames`` passes it as ``Connection(frame_handler=...)``).
-- :func:`decode_properties`: py-amqp's own basic-properties decoder, which that reader tries.
-- :class:`EncodedMessage`: a message whose property list celery_dlx encoded itself.
-
-None of them changes py-amqp for any other connection of the process. Canaries:
-``tests/unit/test_amqp_compat.py`` (signatures and sources of what each relies on) and
+Canaries: ``tests/unit/test_amqp_compat.py`` (signatures and sources of what each relies on) and
 ``tests/unit/test_compat.py`` (py-amqp section).
 """
 
@@ -158,21 +151,10 @@ class BufferedConnection(pyamqp.Connection):
     ) -> Any:
         if ssl:
             return super().Transport(
-                host,
-                connect_timeout,
-                ssl=ssl,
-                read_timeout=read_timeout,
-                write_timeout=write_timeout,
-                socket_settings=socket_settings,
-                **kwargs,
+                host, connect_timeout, ssl, read_timeout, write_timeout, socket_settings, **kwargs
             )
         return BufferedTransport(
-            host,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            write_timeout=write_timeout,
-            socket_settings=socket_settings,
-            **kwargs,
+            host, connect_timeout, read_timeout, write_timeout, socket_settings, **kwargs
         )
 
 

@@ -1,11 +1,9 @@
 """Celery internals celery_dlx relies on (checked on Celery 5.7.0, installed here, and 5.3.0, the
 lowest stack's in ``tests/constraints/lowest.txt``, by reading its sources).
 
-Where a public extension point does the job, celery_dlx uses it: its task is a ``Task`` subclass
-(``Task.Request`` names its request class), its worker parts are bootsteps, its consumer is the
-class the ``worker_consumer`` setting names, a task's own failure ends with ``Ignore`` or
-``Reject``. What is here is what those do not offer, each with its reason. Canaries:
-``tests/unit/test_compat.py`` (Celery section) and ``tests/unit/test_compat_canaries.py``.
+What is here is what Celery's public extension points (a ``Task`` subclass and its
+``Task.Request``, bootsteps, the ``worker_consumer`` setting, ``Ignore``/``Reject``) do not offer.
+Canaries: ``tests/unit/test_compat.py`` (Celery section) and ``tests/unit/test_compat_canaries.py``.
 """
 
 from __future__ import annotations
@@ -48,11 +46,10 @@ def app_task_or_amqp_made(app: Celery) -> bool:
 
 
 def worker_pool_name(worker: WorkController) -> str:
-    """The name of the pool ``worker`` runs (``prefork``, ``solo``, ``thread``, ``eventlet``...):
-    the last part of its pool class's module.
+    """The name of the pool ``worker`` runs (``prefork``, ``solo``, ``thread``...).
 
-    Internal: ``WorkController.pool_cls``, the class the ``-P`` option or the ``worker_pool``
-    setting resolved to (``-P`` does not change the setting, so the setting alone may be wrong).
+    Internal: ``WorkController.pool_cls``, the class ``-P`` or ``worker_pool`` resolved to (``-P``
+    does not change the setting, so the setting alone may be wrong).
     """
     pool = getattr(worker, "pool_cls", None)
     return str(getattr(pool, "__module__", "") or "").rsplit(".", 1)[-1]
@@ -61,9 +58,7 @@ def worker_pool_name(worker: WorkController) -> str:
 def task_queue_tags(consumer: object) -> Mapping[str, str]:
     """Queue name to consumer tag of the task queues Celery's worker ``consumer`` consumes.
 
-    Internal: ``Consumer.task_consumer``, the kombu ``Consumer`` of the task queues (the
-    ``Tasks`` consumer bootstep sets it), and kombu's tags of it
-    (:func:`celery_dlx.compat.kombu.consumer_tags`).
+    Internal: ``Consumer.task_consumer``, the kombu ``Consumer`` the ``Tasks`` bootstep sets.
     """
     return consumer_tags(getattr(consumer, "task_consumer", None))
 
@@ -81,14 +76,13 @@ def default_strategy(task: Task[..., Any], app: Celery, consumer: Any, **kwargs:
 
 
 class ConsumerHooks(Consumer):
-    """Celery's worker consumer (the class of the ``worker_consumer`` setting) whose hooks call
-    celery_dlx's methods of the same purpose, each named ``dlx_*``.
+    """Celery's worker consumer (the ``worker_consumer`` setting's class) whose hooks call
+    celery_dlx's ``dlx_*`` methods of the same purpose.
 
-    Internal: Celery calls these methods of its ``Consumer`` (none is documented as a hook):
-    ``connection_for_read`` for the consuming connection, ``create_task_handler`` for the
-    callback of every delivery, ``on_decode_error`` for a body it cannot decode (it acks it:
-    lost), ``on_unknown_message`` for a message without a task name, ``on_unknown_task`` and
-    ``on_invalid_task`` (both reject it into the dead-letter exchange: see
+    Internal: Celery calls these ``Consumer`` methods (none documented as a hook):
+    ``connection_for_read``, ``create_task_handler`` (the callback of every delivery),
+    ``on_decode_error`` (Celery acks the message: lost), ``on_unknown_message``,
+    ``on_unknown_task`` and ``on_invalid_task`` (both reject it into the dead-letter exchange:
     :func:`divert_reject`). Same names and arguments on Celery 5.3.0 and 5.7.0.
     """
 
@@ -143,10 +137,9 @@ def divert_reject(message: Message, reject: Callable[..., None]) -> None:
     """Make Celery's coming ``message.reject_log_error(logger, errors)`` call ``reject`` instead.
 
     Internal: Celery's ``Consumer.on_unknown_message``, ``on_unknown_task`` and
-    ``on_invalid_task`` reject (dead-letter) the message with ``reject_log_error`` in the middle
-    of their work (logging, result state, events, signals), with no hook to decide otherwise.
-    celery_dlx keeps all that work and replaces only the reject, on this one message object.
-    ``reject`` is called as ``reject(logger, errors, requeue=False)``.
+    ``on_invalid_task`` reject the message with ``reject_log_error`` in the middle of their work
+    (logging, result state, events, signals), with no hook to decide otherwise; only the reject
+    is replaced, on this one message, by ``reject(logger, errors, requeue=False)``.
     """
     message.reject_log_error = reject  # type: ignore[method-assign]  # the patch itself
 
@@ -187,9 +180,9 @@ def divert_acknowledge(request: Request, instead: Callable[[], None]) -> None:
     """Make the next ``request.acknowledge()`` call ``instead()``, once; later calls are
     Celery's (or the request class's) own ``acknowledge`` again.
 
-    Internal: Celery acks a run that ended with ``Ignore`` inside ``Request.on_failure``, after
-    its own bookkeeping, with no argument to hold the ack back; the method is shadowed on this
-    request object only (an instance attribute), and the shadow removed before ``instead`` runs.
+    Internal: Celery acks a run that ended with ``Ignore`` inside ``Request.on_failure``, with no
+    argument to hold the ack back; the method is shadowed on this request object only, and the
+    shadow removed before ``instead`` runs.
     """
 
     def once() -> None:
@@ -202,11 +195,11 @@ def divert_acknowledge(request: Request, instead: Callable[[], None]) -> None:
 def acknowledge_from_thread(request: Request) -> None:
     """Ack ``request``'s message from a thread of celery_dlx's, not the worker's event loop.
 
-    Internal: ``Request.acknowledge`` hands the ack to the worker's event loop with
-    ``Consumer.call_soon`` (``call_soon_ack`` in later releases), that is kombu's ``Hub.call_soon``,
-    which kombu does not document as safe from other threads. It appends to a deque (atomic), and
-    from kombu 5.7 wakes the loop (:func:`celery_dlx.compat.kombu.hub_wakes_for_other_threads`);
-    before, ``celery_dlx.worker.loopwake`` wakes it.
+    Internal: ``Request.acknowledge`` hands the ack to the event loop with ``Consumer.call_soon``
+    (``call_soon_ack`` in later releases), kombu's ``Hub.call_soon``, not documented as safe from
+    other threads: it appends to a deque (atomic), and from kombu 5.7 wakes the loop
+    (:func:`~celery_dlx.compat.kombu.hub_wakes_for_other_threads`; before,
+    ``celery_dlx.worker.loopwake`` wakes it).
     """
     request.acknowledge()
 
@@ -224,10 +217,9 @@ def push_request_keeping_fields(task: Task[..., Any], *args: Any, **kwargs: Any)
     """Celery 5.5's ``Task.push_request``: the pushed request keeps the current one's fields.
 
     Version gate (Celery 5.3.0 and 5.7.0 checked): from 5.5, Celery's own ``push_request`` does
-    this. Before, it pushes a request of ``args`` and ``kwargs`` alone, and the task body run by
-    a ``__call__`` of its own (as DLXTask has) saw an empty request (id None, retries 0) in eager
-    mode and in-process workers; then the fields are copied from the current request's
-    ``__dict__`` (internal: where Celery's ``Context`` keeps them), as 5.5 does.
+    this. Before, the task body run by a ``__call__`` of its own (as DLXTask's) saw an empty
+    request (id None, retries 0) in eager mode and in-process workers, so the fields are copied
+    from the current request's ``__dict__`` (internal: where ``Context`` keeps them), as 5.5 does.
     """
     if CELERY_RELEASE >= (5, 5):
         Task.push_request(task, *args, **kwargs)
@@ -242,23 +234,20 @@ _TRACER_KEY = "_dlx_tracer"
 
 
 class TracerHook:
-    """A mixin for a Celery ``Task`` subclass: the tracer Celery's worker gives the task becomes
+    """A ``Task`` mixin: the tracer Celery's worker gives the task becomes
     :func:`settling_tracer` of it when :meth:`_dlx_settles_runs` says so.
 
-    Internal: ``Task.__trace__``, which Celery's worker sets to ``build_tracer(...)`` before a
-    task's first run and calls for each run (``celery.app.trace``); a property of that name
-    sees the tracer as it is set.
+    Internal: ``Task.__trace__``, which the worker sets to ``build_tracer(...)`` before a task's
+    first run and calls for each run (``celery.app.trace``); a property sees it as it is set.
     """
 
     def _dlx_settles_runs(self) -> bool:
-        """Whether this task's runs may end settled (acked without a traceback); the task class
-        says when (``DLXTask``: its fates are on). None of them by default."""
+        """Whether this task's runs may end settled (acked without a traceback); False here."""
         return False
 
     @property
     def __trace__(self) -> Tracer | None:
-        """Celery's tracer of this task in a worker, which sets it (``build_tracer``) before the
-        first run; for a DLX task, one that ends a requeued or parked run without a traceback."""
+        """Celery's tracer of this task in a worker (see :class:`TracerHook`)."""
         return tracer_of(self)
 
     @__trace__.setter
@@ -280,17 +269,16 @@ def tracer_of(task: object) -> Tracer | None:
 class RunSettled(BaseException):
     """Ends a DLX task's run once celery_dlx has carried out its requeue or park.
 
-    Celery's tracer turns every exception that ends a run into billiard ``ExceptionInfo``s: two
-    for an ``Ignore`` (the run's result, and one for a line logged at INFO), one for a ``Retry``,
-    each copying every position of Celery's long ``trace_task`` and formatting the traceback; a
-    prefork pool process then pickles one of them (about 35 KB) to its parent. A
-    ``BaseException`` is let through instead (``except BaseException: raise``), after the tracer's
-    own cleanup (``task_postrun``, the task and request stacks, ``process_cleanup``), to
+    Celery's tracer turns an exception that ends a run into billiard ``ExceptionInfo``s (two for
+    an ``Ignore``, one for a ``Retry``), each copying every position of Celery's long
+    ``trace_task`` and formatting the traceback, and a prefork pool process pickles one (about
+    35 KB) to its parent. A ``BaseException`` is let through instead, after the tracer's own
+    cleanup (``task_postrun``, the task and request stacks, ``process_cleanup``), to
     :func:`settling_tracer`. Raised only under that tracer.
 
-    ``handover``: what the pool's parent still has to do before the message is acked (a park it
-    writes to Redis, batched with other runs' parks: ``celery_dlx.worker.settler``); it reaches
-    the parent's ``Request.on_failure`` as a :class:`HandedOver` (an ``Ignore``).
+    ``handover``: what the pool's parent still has to do before the message is acked (a park,
+    batched: ``celery_dlx.worker.settler``); it reaches the parent's ``Request.on_failure`` as a
+    :class:`HandedOver` (an ``Ignore``).
     """
 
     def __init__(self, handover: object = None) -> None:
@@ -327,15 +315,12 @@ def settling_tracer(tracer: Tracer) -> Tracer:
     """``tracer`` (Celery's tracer of one task), reporting a run ended by :class:`RunSettled` as
     a run ended by ``Ignore``: the pool's parent acks the message, and does nothing else.
 
-    Internals: Celery's worker runs a task through its ``task.__trace__(uuid, args, kwargs,
-    request)``, which it sets to ``build_tracer(...)`` (the consumer for the solo and thread
-    pools, every prefork pool process when it starts); a tracer returns ``trace_ok_t(retval,
-    info, runtime, retstr)``; a run with an ``info`` is reported as failed, and the parent's
-    ``Request.on_failure`` reads ``retval.exception``: an ``Ignore`` is acked. What differs from
-    Celery's ``Ignore``: ``task_postrun`` receivers see ``state=None`` (as for any
-    ``BaseException``), no ``Task ... ignored`` line is logged at INFO (celery_dlx logs the
-    fate), and sentry-sdk marks the run's transaction (performance monitoring only)
-    ``internal_error`` instead of ``aborted``.
+    Internals: the worker runs a task through ``task.__trace__(uuid, args, kwargs, request)``,
+    set to ``build_tracer(...)``; a tracer returns ``trace_ok_t(retval, info, runtime, retstr)``;
+    a run with an ``info`` is reported as failed, and the parent's ``Request.on_failure`` reads
+    ``retval.exception``: an ``Ignore`` is acked. Unlike Celery's ``Ignore``: ``task_postrun``
+    receivers see ``state=None``, no ``Task ... ignored`` line is logged (celery_dlx logs the
+    fate), and sentry-sdk marks the run's transaction ``internal_error``, not ``aborted``.
     """
     from celery import states
     from celery.app.trace import TraceInfo, trace_ok_t

@@ -59,16 +59,13 @@ def read_reply(connection: Any, timeout: float) -> Any:
 
 
 class HeldConnectionPool:
-    """A stand-in for a redis-py ``ConnectionPool`` that lends one connection it holds, again and
-    again, to one thread: a ``Redis(connection_pool=...)`` over it sends every command, pipelines
-    included, on that connection.
+    """A stand-in for a redis-py ``ConnectionPool`` that lends the one connection it holds to one
+    thread: a ``Redis(connection_pool=...)`` over it sends every command, pipelines included, on it.
 
-    Internal: what a client asks of its pool. ``Redis`` and its ``Pipeline`` take a connection
-    with ``get_connection`` and give it back with ``release``, and read a few attributes of the
-    pool (``connection_kwargs``, ``get_encoder``...), passed on to the real pool here; redis-py
-    documents none of it. ``WAIT`` counts the replicas holding the writes of its own connection,
-    and redis-py's public ``single_connection_client`` does not hold the connection for
-    pipelines, so nothing public sends a pipeline and a ``WAIT`` on one connection.
+    Internal: what a client asks of its pool (``get_connection``, ``release``, and attributes
+    such as ``connection_kwargs``, ``get_encoder``, passed on to the real pool), undocumented.
+    ``WAIT`` counts the replicas holding its own connection's writes, and redis-py's public
+    ``single_connection_client`` does not hold the connection for pipelines.
     """
 
     def __init__(self, pool: Any) -> None:

@@ -1,9 +1,5 @@
-"""Whether ``celery_dlx.install(app)`` was called on an app whose settings ask for celery_dlx.
-
-Forgetting ``install()`` is silent otherwise: with ``dlx_enabled = True`` and no ``install()``,
-the app's tasks are plain Celery tasks, and their failures are acked and lost. The worker, a
-producer's first publish and ``celery dlx check`` ask :func:`not_installed` (see
-:mod:`celery_dlx.install`).
+"""Whether ``celery_dlx.install(app)`` was called on an app whose settings ask for celery_dlx:
+forgetting it is silent otherwise (plain Celery tasks, whose failures are acked and lost).
 """
 
 from __future__ import annotations

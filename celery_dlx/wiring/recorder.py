@@ -1,8 +1,6 @@
 """The fate recorder: every fate change logged (one line), appended to the failure history and
 counted (in one Redis round trip, with the park itself where one transaction can hold both), then
-told to the listeners (Flower events, Sentry). The runtime's ``record``, ``park_recorded``...
-delegate to it.
-"""
+told to the listeners (Flower events, Sentry)."""
 
 from __future__ import annotations
 
@@ -52,13 +50,11 @@ class FateRecorder:
         self._history_failing = False
 
     def park_recorded(self, message: ParkedMessage, event: FateEvent) -> None:
-        """Park ``message`` and record ``event`` (its ``parked`` fate) in one Redis round trip.
-
-        The park, the history append, the counters and the retry's marker go in one
-        ``MULTI``/``EXEC``: sent whole or not at all, so a park that failed to reach Redis leaves
-        no history entry behind. Then the fate is logged and the listeners are told. Where that
-        cannot be one transaction (the ``ttl`` delay backend, Redis Cluster, keys per queue),
-        the park, then :meth:`record_settled`.
+        """Park ``message`` and record ``event`` (its ``parked`` fate) in one ``MULTI``/``EXEC``
+        (park, history, counters, the retry's marker), so a park that failed to reach Redis
+        leaves no history entry behind; then log it and tell the listeners. Where that cannot be
+        one transaction (the ``ttl`` backend, keys per queue), the park, then
+        :meth:`record_settled`.
 
         Raises:
             NotReplicated: the park went to the master, but fewer replicas than
@@ -75,9 +71,7 @@ class FateRecorder:
         self, parks: Sequence[tuple[ParkedMessage, FateEvent]]
     ) -> list[BaseException | None]:
         """:meth:`park_recorded` for a batch (a worker's main process parking what its pool
-        handed over): every park, history entry, counter and marker in one ``MULTI``/``EXEC``
-        where the parking allows it; otherwise each parked as its parking can, the fates
-        recorded after.
+        handed over), in one transaction where the parking allows it.
 
         Returns:
             Per park, None when it is in (the fate then logged and the listeners told), or the
@@ -108,8 +102,8 @@ class FateRecorder:
         if isinstance(parked, Exception):
             history.forget_copies(events)  # their markers went in: a redelivery must retry them
             return [parked] * len(parks)
-        for event in events:
-            self._log(event)  # parked: not before, a failed park falls back to the dead-letter path
+        # Logged once parked, not before: a failed park falls back to the dead-letter path.
+        self.log_fates(events)
         failed = next((r for r in record if isinstance(r, Exception)), None)
         if failed is not None:
             self._unrecorded(events, failed)
@@ -122,10 +116,8 @@ class FateRecorder:
         *,
         unrecorded: Callable[[Sequence[FateEvent]], None] | None = None,
     ) -> list[BaseException | None]:
-        """Publish a batch of requeued copies (a worker's main process settling what its pool
-        handed over) on this process's confirm-mode channel, confirms pipelined, then record the
-        fates of those the broker confirmed: history and counters in one round trip, the
-        listeners told at once.
+        """Publish a batch of requeued copies (confirms pipelined), then record the fates of
+        those the broker confirmed in one round trip.
 
         Returns:
             Per copy, None when the broker confirmed it (its fate then recorded: a failed record
@@ -151,8 +143,7 @@ class FateRecorder:
         ]
         done = [event for (_, event), ok in zip(requeues, confirmed, strict=True) if ok]
         if done:
-            for event in done:
-                self._log(event)
+            self.log_fates(done)
             try:
                 counted = self._history().write(done)
             except Exception as err:
@@ -177,12 +168,9 @@ class FateRecorder:
 
     def record(self, event: FateEvent, *, history: bool = True) -> None:
         """Log one fate change, append and count it in one Redis round trip, notify listeners.
-
-        ``history=False`` is for callers that appended the event themselves (in the same
-        transaction as their own write): it is then logged, counted and notified only.
-
-        With the ``ttl`` delay backend the broker holds every fate, so a failed history append is
-        logged (once per outage) and not raised: Redis is optional there.
+        ``history=False``: the caller appended it in its own transaction (logged, counted and
+        notified only). With the ``ttl`` delay backend the broker holds every fate, so a failed
+        history append is logged (once per outage), not raised.
 
         Raises:
             redis.RedisError: the history append failed (it is part of the fate).
@@ -221,13 +209,10 @@ class FateRecorder:
     def record_many(
         self, events: Sequence[FateEvent], *, history: bool = True, log: bool = True
     ) -> None:
-        """Log many fate changes, append and count them in one Redis round trip, notify each.
-
-        History appends and counters go in one pipeline (a drain batch must not cost a round trip
-        per message). A failed history append propagates, after the rest of the batch was sent;
-        counters and listeners are best effort. ``history=False``: as in :meth:`record`, the
-        caller appended the events itself; they are logged, counted and notified only.
-        ``log=False``: the caller logs them with :meth:`log_fates` (the DLX service, once its writes are done).
+        """Log many fate changes, append and count them in one pipeline, notify each. A failed
+        history append propagates after the rest of the batch was sent; counters and listeners
+        are best effort. ``history=False`` as in :meth:`record`; ``log=False``: the caller logs
+        them with :meth:`log_fates` (the DLX service, once its writes are done).
 
         Raises:
             redis.RedisError: the pipeline failed or a history append was refused.
@@ -235,8 +220,7 @@ class FateRecorder:
         if not events:
             return
         if log:
-            for event in events:
-                self._log(event)
+            self.log_fates(events)
         counted = self._history().write(events, history=history)
         self._counted(len(events), not counted)
         for event in events:

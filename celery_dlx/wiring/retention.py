@@ -21,10 +21,8 @@ def remove_all(
     """Remove the obituaries ``ids`` from the graveyard, each with its ``fate`` (``purged``,
     ``archived``) in the history; ``(removed, missing)``. ``dry_run`` removes nothing.
 
-    The history entry holds the obituary's identity and facts
-    (:meth:`~celery_dlx.message.obituary.Obituary.leaving_note`: no traceback, headers or
-    payload), or with ``keep_whole`` its whole JSON: by default the bytes removed are freed, so a purge makes
-    room on a full Redis (the removal deletes before it appends)."""
+    The history entry holds the obituary's facts without traceback, headers or payload (with
+    ``keep_whole``, its whole JSON), so a purge makes room on a full Redis."""
     yard = runtime.graveyard
     removed: list[str] = []
     missing: list[str] = []

@@ -1,14 +1,10 @@
-"""The composition root: one :class:`Runtime` per app hands out celery_dlx's roles.
+"""The composition root: one :class:`Runtime` per app hands out celery_dlx's roles
+(:mod:`celery_dlx.roles`).
 
-Built once per app from its validated settings (``get_runtime(app)``), it makes the Redis client
-and broker connections lazily per process, so prefork children never share a socket with their
-parent (fork safety lives here, in one place), and hands out the roles of
-:mod:`celery_dlx.roles` (:attr:`Runtime.parking`: the delay backend, chosen here once). Its
-:class:`~celery_dlx.wiring.recorder.FateRecorder` records fate changes.
-
-Only this module and ``store/`` hold a Redis client or a key name; only this module and
-``broker/`` a broker connection. ``redis``, ``keys`` and ``store`` stay readable for tests and
-tools.
+It makes the Redis client and broker connections lazily per process, so prefork children never
+share a socket with their parent (fork safety lives here, in one place). Only this module and
+``store/`` hold a Redis client or a key name; only this module and ``broker/`` a broker
+connection.
 """
 
 from __future__ import annotations
@@ -119,13 +115,10 @@ class Runtime:
     @contextlib.contextmanager
     def replicated(self, what: str) -> Iterator[None]:
         """A block whose Redis writes count only once ``dlx_redis_min_replicas`` replicas hold
-        them: every Redis command this thread sends inside goes over one connection to the master
-        (:attr:`redis` is its client), and the block ends with ``WAIT`` on it.
-
-        A block without replicas to wait for (one Redis node, ``dlx_redis_min_replicas = 0``) or
-        inside another block changes nothing. Parks inside do not wait each: the block's ``WAIT``
-        covers them. The block's last write must be its caller's (``WAIT`` covers what the
-        master received before its connection's last write, from any client).
+        them: this thread's commands inside go over one connection to the master, and the block
+        ends with ``WAIT`` on it (which also covers the parks inside). Without replicas to wait
+        for, or inside another block, it changes nothing. The block's last write must be its
+        caller's (``WAIT`` covers what the master received before its connection's last write).
 
         Raises:
             NotReplicated: ``what`` went to the master, but fewer replicas confirmed it.
@@ -168,12 +161,10 @@ class Runtime:
 
     @property
     def store(self) -> roles.ParkedStore:
-        """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend):
-        one sorted set under the app's tag, or with :attr:`sharded` a few per queue. One per
-        process (a park in a pool process asks for it on every run; making it hashes its
-        scripts). Its parks count once ``dlx_redis_min_replicas`` replicas hold them (inside
-        :meth:`replicated`, by the block's ``WAIT`` in the single-tag layout; per queue, by each
-        bucket's own master's, since a queue's keys need not be on the block's master)."""
+        """The Redis parking store (what :attr:`parking` reads and drains, whatever the backend),
+        one per process (making it hashes its scripts). Inside :meth:`replicated` its parks wait
+        for the block's ``WAIT``, except per queue (:attr:`sharded`): a queue's keys need not be
+        on the block's master, so each bucket waits on its own."""
         return self._parking_store()
 
     def _in_block(self) -> bool:
@@ -224,9 +215,7 @@ class Runtime:
 
     @property
     def graveyard(self) -> roles.Graveyard:
-        """Obituaries: under the app's tag, or with :attr:`sharded` in buckets per queue (one
-        per process; in the single-tag layout inside :meth:`replicated`, on the block's client).
-        """
+        """Obituaries, one store per process (inside :meth:`replicated`, on the block's client)."""
         return self._yard()
 
     def _yard(self) -> Graveyard:
@@ -271,8 +260,7 @@ class Runtime:
 
     def redis_memory(self, *, probe: bool = False) -> RedisMemory:
         """Redis' memory (the fullest master of a cluster); with ``probe``, a short-lived write
-        tells whether Redis takes one now. Raises ``redis.RedisError`` when Redis did not answer.
-        """
+        tells whether Redis takes one now. Raises ``redis.RedisError`` when Redis did not answer."""
         return read_memory(self.redis, self.keys.check_probe if probe else None)
 
     def graveyard_limit(self) -> int | None:
@@ -313,37 +301,28 @@ class Runtime:
 
     @property
     def history_optional(self) -> bool:
-        """True when the broker holds every fate (``dlx_delay_backend = "ttl"``): a failed
-        history append is then logged, not raised (Redis is optional)."""
+        """True when the broker holds every fate (``dlx_delay_backend = "ttl"``)."""
         return bool(self.config.delay_backend == "ttl")
 
     def park_recorded(self, message: ParkedMessage, event: FateEvent) -> None:
-        """Park ``message`` and record ``event`` (its ``parked`` fate) in one Redis round trip
-        (:meth:`FateRecorder.park_recorded <celery_dlx.wiring.recorder.FateRecorder.park_recorded>`).
-
-        Raises:
-            NotReplicated: fewer replicas than ``dlx_redis_min_replicas`` confirmed the park.
-            redis.RedisError, ...: the message is not parked.
-        """
+        """:meth:`FateRecorder.park_recorded`."""
         self.recorder.park_recorded(message, event)
 
     def park_recorded_many(
         self, parks: Sequence[tuple[ParkedMessage, FateEvent]]
     ) -> list[BaseException | None]:
-        """:meth:`park_recorded` for a batch: per park, None when it is in, or the error that
-        kept it out. Never raises."""
+        """:meth:`FateRecorder.park_recorded_many`."""
         return self.recorder.park_recorded_many(parks)
 
     def follow_worker_events(self, switch: Callable[[], bool]) -> None:
         """In a worker's main process: ``switch`` says whether the worker sends task events now
-        (``-E``, or ``celery control enable_events``); fate events sent by this process outside
-        a task's run (a settler's batch, an in-worker DLX service) follow it."""
+        (``-E``, ``celery control enable_events``); fate events this process sends outside a
+        task's run follow it."""
         self._events_switch = (os.getpid(), switch)
 
     def worker_sends_task_events(self) -> bool | None:
-        """What the switch given to :meth:`follow_worker_events` says now, in the process that
-        gave it; None in any other (a pool process inherits its parent's switch, not its
-        meaning) and outside workers."""
+        """What the switch given to :meth:`follow_worker_events` says now; None outside workers
+        and in any other process (a pool process inherits the switch, not its meaning)."""
         found = self._events_switch
         if found is None or found[0] != os.getpid():
             return None
@@ -355,16 +334,14 @@ class Runtime:
         *,
         unrecorded: Callable[[Sequence[FateEvent]], None] | None = None,
     ) -> list[BaseException | None]:
-        """Publish a batch of requeued copies, confirms pipelined, then record the fates of those
-        the broker confirmed: per copy, None when confirmed, or the error that kept it out.
-        ``unrecorded`` is given the confirmed fates whose record failed. Never raises."""
+        """:meth:`FateRecorder.requeue_recorded_many`."""
         return self.recorder.requeue_recorded_many(requeues, unrecorded=unrecorded)
 
     @contextlib.contextmanager
     def acting_for(self, node: str | None) -> Iterator[None]:
         """Within this block, fate changes this thread tells the listeners of are the worker
-        ``node``'s (a worker's main process settling what its pool handed over: its events
-        name the worker, as those sent from the task's run do). None changes nothing."""
+        ``node``'s (a worker's main process settling what its pool handed over); None changes
+        nothing."""
         before = getattr(self._local, "node", None)
         self._local.node = node or before
         try:
@@ -379,8 +356,7 @@ class Runtime:
         return node
 
     def record_settled(self, event: FateEvent) -> bool:
-        """:meth:`record` a fate whose copy is already out (a failure is logged, not raised):
-        False when it was not recorded."""
+        """:meth:`FateRecorder.record_settled`."""
         return self.recorder.record_settled(event)
 
     @property
@@ -418,13 +394,7 @@ class Runtime:
         self._connection = None
 
     def record(self, event: FateEvent, *, history: bool = True) -> None:
-        """Log one fate change, append and count it in one Redis round trip, notify listeners
-        (:meth:`FateRecorder.record <celery_dlx.wiring.recorder.FateRecorder.record>`).
-
-        Raises:
-            redis.RedisError: the history append failed (it is part of the fate), unless the
-                broker holds every fate (``dlx_delay_backend = "ttl"``).
-        """
+        """:meth:`FateRecorder.record`."""
         self.recorder.record(event, history=history)
 
     def warm(self, *, listeners: bool = True) -> None:
@@ -454,16 +424,11 @@ class Runtime:
     def record_many(
         self, events: Sequence[FateEvent], *, history: bool = True, log: bool = True
     ) -> None:
-        """Log many fate changes, append and count them in one Redis round trip, notify each
-        (:meth:`FateRecorder.record_many <celery_dlx.wiring.recorder.FateRecorder.record_many>`).
-
-        Raises:
-            redis.RedisError: the pipeline failed or a history append was refused.
-        """
+        """:meth:`FateRecorder.record_many`."""
         self.recorder.record_many(events, history=history, log=log)
 
     def log_fates(self, events: Sequence[FateEvent]) -> None:
-        """Log ``events``, one line per fate change (the DLX service, once its writes are done)."""
+        """:meth:`FateRecorder.log_fates`."""
         self.recorder.log_fates(events)
 
 
