@@ -12,7 +12,7 @@ from celery_dlx.message.dictinit import dict_init
 from celery_dlx.message.failure import Failure, MaybeAttempt
 from celery_dlx.message.headers import DLXState, HistoryEntry, fingerprint
 from celery_dlx.message.names import HISTORY_LIMIT
-from celery_dlx.message.obituary import ORIGIN_CELERY, ORIGIN_FOREIGN, Attempt, Obituary
+from celery_dlx.message.obituary import ORIGIN_CELERY, ORIGIN_FOREIGN, Obituary
 from celery_dlx.message.outgoing import record_properties
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.deadletter import EXPIRED_CAUSE, UNDECODABLE, UNKNOWN, DeadLetter, Rejected
@@ -250,7 +250,7 @@ def build_obituary(
     hostname: str | None,
 ) -> Obituary:
     """The obituary of ``letter``, buried with ``verdict``."""
-    attempts = [Attempt(e.at_ms, e.fate, e.cause) for e in verdict.history]
+    attempts = list(verdict.history)
     failures = [a.at_ms for a in attempts if a.fate != "buried"]
     first = verdict.first_failure_ms
     if first is None:
