@@ -30,7 +30,9 @@ batches of ``--batch`` P10-shaped park events; the difference over ``(HIGH - LOW
 one event's instructions of the Python process (Redis's work is not in the count).
 
 ``failure``: one handled failure in a solo worker, every process of it counted (as P2 counts a
-task, ``p2_instructions.py``): ``bench.park_hour`` fails once with a retry due in an hour, so each
+task, ``p2_instructions.py``), or with ``--pool prefork`` in a prefork worker's main process
+alone (``-c 1``: the consumer, the settler thread and its batch writes; the pool child is left
+out): ``bench.park_hour`` fails once with a retry due in an hour, so each
 message's first run makes a copy of the Celery task message (``celery_copy``) and parks it with
 its fate (``park_recorded_many``: one transaction). Over a backlog of ``LOW`` and then ``HIGH``
 tasks; the difference over ``HIGH - LOW`` is one failure, start-up and shut-down left out.
@@ -43,7 +45,8 @@ Run: ``.venv/bin/python benchmarks/tricks_io.py --part consume [--messages 500,2
 [--rounds 3]``, ``.venv/bin/python benchmarks/tricks_io.py --part linger [--tasks 5000]
 [--good 1000 --poison 100] [--concurrency 1,2] [--rounds 3]``, ``.venv/bin/python
 benchmarks/tricks_io.py --part history [--batches 20,120] [--batch 2] [--compare PATH]`` or
-``.venv/bin/python benchmarks/tricks_io.py --part failure [--tasks 100,400] [--compare PATH]``;
+``.venv/bin/python benchmarks/tricks_io.py --part failure [--tasks 100,400] [--pool prefork]
+[--compare PATH]``;
 ``--json PATH`` writes every figure to a file.
 """
 
@@ -400,9 +403,10 @@ def count_history(tree: Path, batches: int, size: int) -> int:
     return found
 
 
-def count_failures(tree: Path, tasks: int) -> int:
-    """Instructions of a solo worker running ``tree``'s code over ``tasks`` failing tasks, each
-    parked once, from start to shut-down."""
+def count_failures(tree: Path, tasks: int, pool: str = "solo") -> int:
+    """Instructions of a worker running ``tree``'s code over ``tasks`` failing tasks, each parked
+    once, from start to shut-down: the solo worker's one process, or the prefork worker's main
+    process alone (its pool child, which runs the tasks, left out)."""
     import glob
     import signal
 
@@ -424,7 +428,7 @@ def count_failures(tree: Path, tasks: int) -> int:
             "PYTHONHASHSEED": "0",
         }
         proc = subprocess.Popen(
-            [*callgrind(f"{logs}/%p.log"), *worker_command("dlx", uid, "solo")],
+            [*callgrind(f"{logs}/%p.log"), *worker_command("dlx", uid, pool)],
             cwd=ROOT / "benchmarks",
             env=env,
             start_new_session=True,
@@ -442,10 +446,12 @@ def count_failures(tree: Path, tasks: int) -> int:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(600)
             cleanup(uid)
+        main_log = f"{logs}/{proc.pid}.log"  # valgrind runs as the worker's own process
         counts = [
             count
             for path in glob.glob(f"{logs}/*.log")
-            if (count := collected(Path(path).read_text())) is not None
+            if (pool == "solo" or path == main_log)
+            and (count := collected(Path(path).read_text())) is not None
         ]
     if len(counts) != 1:
         raise RuntimeError(f"{len(counts)} instruction counts, one worker process expected")
@@ -465,7 +471,10 @@ def compared(args: argparse.Namespace) -> dict[str, Any]:
     else:
         low, high = (int(n) for n in args.tasks.split(","))
         unit, per_unit = "failure", high - low
-        say(f"failure: instructions per {unit}, {low:,} and {high:,} tasks, load {load()}")
+        say(
+            f"failure ({args.pool}{', main process' if args.pool != 'solo' else ''}): "
+            f"instructions per {unit}, {low:,} and {high:,} tasks, load {load()}"
+        )
     if not 0 <= low < high:
         raise SystemExit(f"--{'batches' if args.part == 'history' else 'tasks'}: LOW,HIGH")
     per: dict[str, list[float]] = {name: [] for name, _ in trees}
@@ -474,7 +483,7 @@ def compared(args: argparse.Namespace) -> dict[str, Any]:
             if args.part == "history":
                 a, b = count_history(tree, low, args.batch), count_history(tree, high, args.batch)
             else:
-                a, b = count_failures(tree, low), count_failures(tree, high)
+                a, b = count_failures(tree, low, args.pool), count_failures(tree, high, args.pool)
             per[name].append((b - a) / per_unit)
             say(f"round {n}: {name} ({tree}): {per[name][-1]:,.0f} per {unit} (runs {a:,}, {b:,})")
     for name, values in per.items():
@@ -505,6 +514,9 @@ def main() -> None:
     parser.add_argument("--poison", type=int, default=100, help="linger: P1's poison messages")
     parser.add_argument("--good", type=int, default=1000, help="linger: P1's good messages")
     parser.add_argument("--concurrency", default="1,2", help="linger: -c values")
+    parser.add_argument(
+        "--pool", choices=("solo", "prefork"), default="solo", help="failure: the worker's pool"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
     if args.part == "linger":
