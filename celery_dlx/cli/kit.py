@@ -49,7 +49,7 @@ def handle_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from celery_dlx.broker.errors import UNREACHABLE
-        from celery_dlx.store.errors import STORE_ERRORS, is_full
+        from celery_dlx.wiring.errors import STORE_ERRORS, is_full
 
         try:
             return func(*args, **kwargs)

@@ -31,7 +31,7 @@ from celery_dlx.message.failure import Failure
 from celery_dlx.message.names import FIRST_FAILURE_HEADER
 from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.policy.config import DLXConfig
-from celery_dlx.store.errors import STORE_ERRORS
+from celery_dlx.wiring.errors import STORE_ERRORS
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 if TYPE_CHECKING:

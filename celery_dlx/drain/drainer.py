@@ -24,7 +24,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from celery_dlx.drain.core import BUDGET_SHARE, run_drain
-from celery_dlx.store.errors import STORE_ERRORS
+from celery_dlx.wiring.errors import STORE_ERRORS
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 if TYPE_CHECKING:

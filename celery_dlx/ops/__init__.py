@@ -21,7 +21,7 @@ from celery_dlx.message.parked import ParkedMessage
 from celery_dlx.message.status import STATUSES, UNRESOLVED
 from celery_dlx.policy.config import DLXConfig
 from celery_dlx.policy.settings import SETTINGS
-from celery_dlx.store.errors import STORE_ERRORS
+from celery_dlx.wiring.errors import STORE_ERRORS
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 __all__ = [

@@ -30,7 +30,7 @@ from celery_dlx.message.names import service_consumer_tag
 from celery_dlx.service.outage import RETRY_DELAYS, TRANSIENT_ERRORS, Outage
 from celery_dlx.service.settle import BatchSettler
 from celery_dlx.service.stats import ServiceStats
-from celery_dlx.store.errors import STORE_ERRORS
+from celery_dlx.wiring.errors import STORE_ERRORS
 from celery_dlx.wiring.retention import sweep_retention
 from celery_dlx.wiring.runtime import Runtime
 

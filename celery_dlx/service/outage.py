@@ -11,7 +11,7 @@ from collections.abc import Callable
 from celery_dlx.broker.errors import BROKER_ERRORS
 from celery_dlx.outages import later
 from celery_dlx.service.stats import ServiceStats
-from celery_dlx.store.errors import STORE_ERRORS
+from celery_dlx.wiring.errors import STORE_ERRORS
 
 logger = logging.getLogger(__name__)
 

@@ -60,7 +60,7 @@ from celery_dlx.policy.verdicts import (
 )
 from celery_dlx.roles import Parking, Publisher
 from celery_dlx.service.stats import ServiceStats
-from celery_dlx.store.errors import GraveyardFull
+from celery_dlx.wiring.errors import GraveyardFull
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from typing import TypeVar
 from celery_dlx.fates import FateEvent
 from celery_dlx.message.lineage import ANY_LINEAGE
 from celery_dlx.outages import OutageLog, outage_log
-from celery_dlx.store.errors import STORE_ERRORS, is_full
+from celery_dlx.wiring.errors import STORE_ERRORS, is_full
 from celery_dlx.wiring.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def patiently(call: Callable[[], T], patience: float = STORE_PATIENCE) -> T:
 
     For the markers that tell a second copy of a retry, or a redelivered original, from a new
     failure: written late they would be missing when that copy comes back. A full Redis
-    (:func:`~celery_dlx.store.errors.is_full`) is not waited for: it refuses the write at once
+    (:func:`~celery_dlx.wiring.errors.is_full`) is not waited for: it refuses the write at once
     and will for a while.
 
     Raises:

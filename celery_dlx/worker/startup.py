@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from celery import bootsteps
 
 from celery_dlx.errors import ConfigurationError
-from celery_dlx.store.errors import STORE_ERRORS
 from celery_dlx.wiring.banner import redacted, worker_lines
+from celery_dlx.wiring.errors import STORE_ERRORS
 from celery_dlx.wiring.runtime import get_runtime
 
 if TYPE_CHECKING:

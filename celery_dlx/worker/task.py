@@ -53,7 +53,7 @@ from celery_dlx.policy.breaker import HELD_HEADER
 from celery_dlx.policy.decide import FailurePlan, ToBury, plan_failure
 from celery_dlx.policy.options import TaskOptions, resolve_task_options
 from celery_dlx.results import store_details
-from celery_dlx.store.errors import STORE_ERRORS, RetryPending
+from celery_dlx.wiring.errors import STORE_ERRORS, RetryPending
 from celery_dlx.wiring.runtime import Runtime, get_runtime
 from celery_dlx.worker.breaker import Held, close_breaker, hold_failure
 from celery_dlx.worker.delivery import Delivery, read_delivery
