@@ -9,7 +9,7 @@ from typing import Any
 
 from celery_dlx import Runtime
 from celery_dlx.ops import now_ms
-from celery_dlx.ops.audit import record_audit
+from celery_dlx.ops.audit import audit_entries, record_audit
 from celery_dlx.ops.render import iso
 
 
@@ -59,14 +59,6 @@ def _result_json(result: dict[str, Any]) -> str:
 _TEXTS = ("user", "role", "action", "target", "params", "status", "summary", "result", "job")
 
 
-def _json_object(raw: str | None) -> dict[str, object]:
-    try:
-        value = json.loads(raw or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def record_action(runtime: Runtime, entry: AuditEntry) -> str:
     """Append ``entry`` to the audit stream and an ``audit`` entry to the failure history."""
     entry.at_ms = entry.at_ms or now_ms()
@@ -84,12 +76,9 @@ def record_action(runtime: Runtime, entry: AuditEntry) -> str:
 def read_audit(runtime: Runtime, *, limit: int = 100) -> list[dict[str, object]]:
     """The latest audit entries, newest first."""
     out: list[dict[str, object]] = []
-    for entry_id, fields in runtime.history.audit(limit):
+    for entry_id, fields in audit_entries(runtime, limit):
         at_ms = int(fields.get("at_ms") or 0)
         row: dict[str, object] = {"id": entry_id, "at_ms": at_ms, "at": iso(at_ms)}
         row.update((name, fields.get(name, "")) for name in _TEXTS)
-        row.update(
-            params=_json_object(fields.get("params")), result=_json_object(fields.get("result"))
-        )
         out.append(row)
     return out

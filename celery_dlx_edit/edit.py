@@ -31,7 +31,7 @@ from celery_dlx.ops import (
     Runtime,
     obituaries,
 )
-from celery_dlx.ops.audit import record_audit
+from celery_dlx.ops.audit import audit_entries, record_audit
 from celery_dlx.ops.replay import NotReplayed, check_target_queue, replay_copy, replay_one
 from celery_dlx_edit.payload import (
     ABSENT,
@@ -477,11 +477,10 @@ def edits_of(runtime: Runtime, obituary_id: str, *, scan: int = 1000) -> list[di
     """The edits recorded for ``obituary_id`` among the latest ``scan`` audit entries, newest
     first: when, who, which paths and headers, the new message id."""
     out = []
-    for entry_id, fields in runtime.history.audit(scan):
+    for entry_id, fields in audit_entries(runtime, scan):
         if fields.get("action") != EDIT_ACTION or fields.get("target") != obituary_id:
             continue
-        params = _loads(fields.get("params"))
-        result = _loads(fields.get("result"))
+        params, result = fields["params"], fields["result"]
         out.append(
             {
                 "id": entry_id,
@@ -496,11 +495,3 @@ def edits_of(runtime: Runtime, obituary_id: str, *, scan: int = 1000) -> list[di
             }
         )
     return out
-
-
-def _loads(raw: str | None) -> dict[str, object]:
-    try:
-        value = json.loads(raw or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}

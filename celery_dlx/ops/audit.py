@@ -4,7 +4,9 @@ in the audit stream (``{prefix}:web:audit``) and as an ``audit`` entry of the fa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from typing import Any
 
 from celery_dlx.fates import AUDIT, FateEvent
 from celery_dlx.message.failure import Failure
@@ -44,3 +46,23 @@ def record_audit(
         at_ms=at_ms,
     )
     return runtime.history.append_audit(fields, FateEvent.of(AUDIT, failure), maxlen=AUDIT_MAXLEN)
+
+
+def audit_entries(runtime: Runtime, limit: int) -> list[tuple[str, dict[str, Any]]]:
+    """The latest ``limit`` audit entries, newest first: ``(entry id, fields)``, with ``params``
+    and ``result`` decoded (``{}`` when absent or not a JSON object)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for entry_id, fields in runtime.history.audit(limit):
+        decoded: dict[str, Any] = dict(fields)
+        decoded["params"] = _json_object(fields.get("params"))
+        decoded["result"] = _json_object(fields.get("result"))
+        out.append((entry_id, decoded))
+    return out
+
+
+def _json_object(raw: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
