@@ -122,8 +122,8 @@ def _read_value(buf: Buffer, offset: int, end: int, depth: int) -> tuple[Any, in
     _need(buf, offset, 1, end)
     tag = chr(buf[offset])
     offset += 1
-    if tag in _NUMBERS:
-        number = _NUMBERS[tag]
+    number = _NUMBERS.get(tag)
+    if number is not None:
         _need(buf, offset, number.size, end)
         return number.unpack_from(buf, offset)[0], offset + number.size
     if tag in "SxFA":
